@@ -123,3 +123,9 @@ def test_default_cache_dir(monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", "/home/someone")
     assert demo.default_cache_dir() == Path("/home/someone/.cache/modelyard")
+
+
+def test_incomplete_version_dir_is_reported_not_overwritten(tmp_path):
+    (tmp_path / "models" / "my_mnist_model" / "0001").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="holds no saved_model.pb"):
+        demo.ensure_demo_model(tmp_path, log=lambda _: None)

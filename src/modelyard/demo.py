@@ -87,6 +87,12 @@ def ensure_demo_model(cache_dir: Path | None = None, log: Callable[[str], None] 
         for version, hidden in VERSIONS.items():
             if _has_version(base_path, version):
                 continue  # built by whoever held the lock before us
+            stray = base_path / version_dir_name(version)
+            if stray.exists():
+                # export() is atomic, so this was made by hand; refuse to guess.
+                raise FileExistsError(
+                    f"{stray} exists but holds no saved_model.pb; delete it to rebuild the demo model"
+                )
             log(f"building demo model version {version} (first run only, ~5s)...")
             started = time.monotonic()
             model, accuracy = _build_and_train(hidden)

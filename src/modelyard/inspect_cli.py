@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         info = describe(args.dir)
-    except InspectError as exc:
+    except (InspectError, OSError) as exc:  # OSError: e.g. an unreadable directory
         print(f"modelyard inspect: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
