@@ -1,0 +1,270 @@
+"""The training config: a YAML file, checked and resolved before TensorFlow starts.
+
+Example::
+
+    model: my_model.py            # build_model() and optionally make_dataset(input_context, split)
+    data: {source: digits}        # or a .npz / .csv / .tfrecord file (see modelyard.training.data)
+    strategy: {name: mirrored, devices: [CPU:0, CPU:1]}
+    devices: {logical_cpus: 2}
+    global_batch_size: 64
+    epochs: 5
+    job_dir: runs/mnist
+    export_to: models/my_mnist_model
+
+Every check here is plain Python (the model file is parsed, not run), so a wrong config
+fails in well under a second and before ``modelyard launch`` starts any process.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
+MULTI_WORKER = ("multi_worker_mirrored", "parameter_server")
+CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one")
+COMMUNICATION = ("auto", "ring", "nccl")
+BUILTIN_MODELS = {"demo": "modelyard.training.demo"}
+
+_TOP_KEYS = {
+    "model", "data", "strategy", "devices", "global_batch_size", "epochs", "steps_per_epoch",
+    "validation_steps", "learning_rate_scaling", "base_batch_size", "warmup_epochs", "seed",
+    "deterministic", "job_dir", "export_to", "verbose", "input_report", "tensorboard",
+}
+_STRATEGY_KEYS = {
+    "name", "device", "devices", "cross_device_ops", "compute_devices", "parameter_device",
+    "communication", "collective_timeout", "num_shards", "min_shard_bytes",
+}
+_DEVICE_KEYS = {"visible", "logical_cpus", "logical_gpus", "gpu_memory_growth", "gpu_memory_limit_mb", "log_placement"}
+_DATA_KEYS = {
+    "source", "train", "validation", "label", "x_key", "y_key", "shape", "shuffle_buffer", "cache",
+    "validation_fraction",
+}
+
+
+class ConfigError(ValueError):
+    """The training config is wrong; the message names the key and what to do."""
+
+
+@dataclass
+class TrainConfig:
+    """A checked config. ``raw`` is the resolved mapping written to the job directory."""
+
+    path: Path
+    model: str  # a .py path or an importable module name
+    data: dict[str, Any]
+    strategy: dict[str, Any]
+    devices: dict[str, Any]
+    global_batch_size: int
+    epochs: int
+    steps_per_epoch: int | None
+    validation_steps: int | None
+    learning_rate_scaling: str
+    base_batch_size: int | None
+    warmup_epochs: float
+    seed: int | None
+    deterministic: bool
+    job_dir: Path
+    export_to: Path | None
+    verbose: bool
+    input_report: bool
+    tensorboard: bool
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy["name"]
+
+
+def _int(raw: dict, key: str, default: int | None, minimum: int = 1) -> int | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _unknown(section: str, mapping: dict, allowed: set[str]) -> None:
+    extra = sorted(set(mapping) - allowed)
+    if extra:
+        raise ConfigError(f"{section}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _mapping(raw: dict, key: str) -> dict:
+    value = raw.get(key) or {}
+    if isinstance(value, str) and key == "strategy":
+        value = {"name": value}
+    if isinstance(value, str) and key == "data":
+        value = {"source": value}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping")
+    return dict(value)
+
+
+def _resolve_path(base: Path, value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path))
+
+
+def check_model_file(model: str, base: Path) -> str:
+    """Resolve ``model`` and make sure it defines ``build_model`` (parsed, not executed)."""
+    model = BUILTIN_MODELS.get(model, model)
+    if not model.endswith(".py"):
+        return model  # an importable module; checked at import time in the task
+    path = Path(_resolve_path(base, model))
+    if not path.is_file():
+        raise ConfigError(f"model: file {path} not found; give a .py file that defines build_model()")
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise ConfigError(f"model: {path} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    names |= {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    if "build_model" not in names:
+        raise ConfigError(
+            f"model: {path} defines no build_model(); add `def build_model():` returning a compiled tf_keras model"
+        )
+    return str(path)
+
+
+def _check_strategy(strategy: dict) -> None:
+    _unknown("strategy", strategy, _STRATEGY_KEYS)
+    name = strategy.setdefault("name", "default")
+    if name not in STRATEGIES:
+        raise ConfigError(f"strategy.name: {name!r} is not one of {', '.join(STRATEGIES)}")
+    ops = strategy.get("cross_device_ops")
+    if ops is not None and ops not in CROSS_DEVICE_OPS:
+        raise ConfigError(f"strategy.cross_device_ops: {ops!r} is not one of {', '.join(CROSS_DEVICE_OPS)}")
+    comm = strategy.setdefault("communication", "auto")
+    if comm not in COMMUNICATION:
+        raise ConfigError(f"strategy.communication: {comm!r} is not one of {', '.join(COMMUNICATION)}")
+    for key in ("devices", "compute_devices"):
+        if key in strategy and not (isinstance(strategy[key], list) and strategy[key]):
+            raise ConfigError(f"strategy.{key}: must be a non-empty list such as [CPU:0, CPU:1]")
+    timeout = strategy.setdefault("collective_timeout", 300)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError("strategy.collective_timeout: must be a number of seconds > 0")
+
+
+def _check_devices(devices: dict) -> None:
+    _unknown("devices", devices, _DEVICE_KEYS)
+    for key in ("logical_cpus", "logical_gpus", "gpu_memory_limit_mb"):
+        _int(devices, key, None)
+    if "visible" in devices and not isinstance(devices["visible"], list):
+        raise ConfigError("devices.visible: must be a list such as [GPU:0, GPU:1]")
+
+
+def replicas_per_worker(cfg: TrainConfig) -> int:
+    """Replicas this config puts on one worker, known without starting TensorFlow."""
+    strategy, logical = cfg.strategy, cfg.devices.get("logical_cpus")
+    name = strategy["name"]
+    if name == "mirrored":
+        if "devices" in strategy:
+            return len(strategy["devices"])
+        return cfg.devices.get("logical_gpus") or logical or 1
+    if name == "central_storage":
+        if "compute_devices" in strategy:
+            return len(strategy["compute_devices"])
+        return cfg.devices.get("logical_gpus") or logical or 1
+    return 1
+
+
+def check_batch(cfg: TrainConfig, workers: int = 1) -> int:
+    """Per-replica batch size; raise ConfigError if the global batch does not divide evenly."""
+    replicas = replicas_per_worker(cfg) * (workers if cfg.strategy_name == "multi_worker_mirrored" else 1)
+    if cfg.global_batch_size % replicas:
+        lower = cfg.global_batch_size - cfg.global_batch_size % replicas
+        raise ConfigError(
+            f"global_batch_size {cfg.global_batch_size} does not divide across {replicas} replicas; "
+            f"use a multiple of {replicas} (e.g. {lower or replicas} or {lower + replicas})"
+        )
+    return cfg.global_batch_size // replicas
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read, check and resolve a YAML config. Paths in it are relative to the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a YAML mapping with at least `model:`")
+    raw = copy.deepcopy(raw)
+    raw.update(overrides or {})
+    return from_mapping(raw, path)
+
+
+def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
+    """Check and resolve an already-parsed config (``path`` anchors relative paths)."""
+    base = path.resolve().parent
+    _unknown("config", raw, _TOP_KEYS)
+    if "model" not in raw:
+        raise ConfigError("model: missing; name a .py file with build_model(), or `demo` for the digits MLP")
+    model = check_model_file(str(raw["model"]), base)
+    data = _mapping(raw, "data")
+    _unknown("data", data, _DATA_KEYS)
+    for key in ("source", "train", "validation"):
+        if key in data and data[key] != "digits":
+            data[key] = _resolve_path(base, data[key])
+    strategy = _mapping(raw, "strategy")
+    _check_strategy(strategy)
+    devices = _mapping(raw, "devices")
+    _check_devices(devices)
+    scaling = raw.get("learning_rate_scaling", "none")
+    if scaling not in ("none", "linear"):
+        raise ConfigError("learning_rate_scaling: use `none` or `linear`")
+    base_batch = _int(raw, "base_batch_size", None)
+    if scaling == "linear" and base_batch is None:
+        raise ConfigError("learning_rate_scaling: linear needs base_batch_size (the batch the learning rate was tuned for)")
+    warmup = raw.get("warmup_epochs", 0)
+    if not isinstance(warmup, (int, float)) or warmup < 0:
+        raise ConfigError("warmup_epochs: must be a number >= 0")
+    job_dir = Path(_resolve_path(base, raw.get("job_dir") or f"runs/{path.stem}"))
+    export_to = raw.get("export_to")
+    cfg = TrainConfig(
+        path=path,
+        model=model,
+        data=data,
+        strategy=strategy,
+        devices=devices,
+        global_batch_size=_int(raw, "global_batch_size", 64),
+        epochs=_int(raw, "epochs", 1),
+        steps_per_epoch=_int(raw, "steps_per_epoch", None),
+        validation_steps=_int(raw, "validation_steps", None),
+        learning_rate_scaling=scaling,
+        base_batch_size=base_batch,
+        warmup_epochs=float(warmup),
+        seed=_int(raw, "seed", 0, minimum=0),
+        deterministic=bool(raw.get("deterministic", False)),
+        job_dir=job_dir,
+        export_to=Path(_resolve_path(base, export_to)) if export_to else None,
+        verbose=bool(raw.get("verbose", True)),
+        input_report=bool(raw.get("input_report", True)),
+        tensorboard=bool(raw.get("tensorboard", True)),
+    )
+    check_batch(cfg)
+    cfg.raw = resolved_mapping(cfg)
+    return cfg
+
+
+def resolved_mapping(cfg: TrainConfig) -> dict[str, Any]:
+    """The config with defaults filled in and paths absolute: what is saved in the job dir."""
+    out = {
+        key: getattr(cfg, key)
+        for key in sorted(_TOP_KEYS)
+        if key not in ("model", "data", "strategy", "devices")
+    }
+    out.update(model=cfg.model, data=cfg.data, strategy=cfg.strategy, devices=cfg.devices)
+    return json.loads(json.dumps(out, default=str))

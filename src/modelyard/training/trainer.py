@@ -1,0 +1,305 @@
+"""The trainer that runs inside every task: strategy, model, data, fit, checkpoints, export.
+
+One entry point, ``run(cfg)``. The task's role comes from TF_CONFIG (set by
+``modelyard launch``): parameter-server workers and ps tasks just serve, the
+evaluator evaluates checkpoints, everyone else calls ``fit``. The chief (or worker 0
+when there is no chief) writes ``metrics.json`` and exports the model.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from modelyard.training import data as data_mod
+from modelyard.training import devices as devices_mod
+from modelyard.training import strategy as strategy_mod
+from modelyard.training.config import ConfigError, TrainConfig, check_batch
+
+
+class TrainError(RuntimeError):
+    """Training could not run or finish; the message says what to do next."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's place in the job, from TF_CONFIG (absent: a one-process job)."""
+
+    type: str
+    index: int
+    cluster: dict[str, list[str]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def is_chief(self) -> bool:
+        if self.type == "chief":
+            return True
+        return self.type == "worker" and self.index == 0 and not self.cluster.get("chief")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.cluster.get("chief", [])) + len(self.cluster.get("worker", [])) or 1
+
+
+def current_role() -> Role:
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return Role("chief", 0, {})
+    try:
+        conf = json.loads(raw)
+        task = conf.get("task", {})
+        return Role(task.get("type", "worker"), int(task.get("index", 0)), conf.get("cluster", {}))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise TrainError(f"TF_CONFIG is not valid JSON ({exc}); let `modelyard launch` set it") from None
+
+
+def load_user_module(model: str) -> ModuleType:
+    """Import the config's model file (``.py`` path) or module name."""
+    if model.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"modelyard_user_{Path(model).stem}", model)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(Path(model).parent))  # let the file import its neighbours
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(model)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"model: cannot import {model!r} ({exc}); give a .py file or an importable module") from None
+    if not callable(getattr(module, "build_model", None)):
+        raise ConfigError(f"model: {model} defines no build_model(); add one returning a compiled tf_keras model")
+    return module
+
+
+def _build(module: ModuleType):
+    import tf_keras as keras
+
+    model = module.build_model()
+    if not isinstance(model, keras.Model):
+        raise TrainError(f"build_model() returned {type(model).__name__}, not a tf_keras model "
+                         "(use `import tf_keras as keras`)")
+    if model.optimizer is None:
+        raise TrainError("build_model() returned an uncompiled model; call model.compile(optimizer, loss) before returning it")
+    return model
+
+
+def _dataset_fns(cfg: TrainConfig, module: ModuleType) -> tuple[Callable, Callable | None]:
+    user = getattr(module, "make_dataset", None)
+    if callable(user) and not cfg.data:
+        return (lambda ctx: user(ctx, "train")), (lambda ctx: user(ctx, "validation"))
+    train = data_mod.builtin_dataset_fn(cfg.data, "train", cfg.global_batch_size, cfg.seed)
+    validation = data_mod.builtin_dataset_fn(cfg.data, "validation", cfg.global_batch_size, None)
+    return train, validation
+
+
+def _steps(cfg: TrainConfig, module: ModuleType, split: str, configured: int | None) -> int | None:
+    if configured:
+        return configured
+    if callable(getattr(module, "make_dataset", None)) and not cfg.data:
+        return None
+    count = data_mod.count_examples(cfg.data, split)
+    if count is None:
+        return None
+    steps = count // cfg.global_batch_size
+    if not steps:
+        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is larger than the {count} {split} examples")
+    return steps
+
+
+def _serve_forever(role: Role, cfg: TrainConfig) -> int:
+    """ParameterServerStrategy workers and ps tasks only host a server for the coordinator."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(), job_name=role.type, task_index=role.index,
+        protocol=resolver.rpc_layer or "grpc", start=True,
+    )
+    print(f"{role.name} serving for the coordinator at {server.target}", flush=True)
+    server.join()
+    return 0
+
+
+def _run_evaluator(cfg: TrainConfig, module: ModuleType) -> int:
+    """Side-car evaluation: evaluate each checkpoint the chief writes, until the last epoch."""
+    import tf_keras as keras
+
+    model = _build(module)
+    _, val_fn = _dataset_fns(cfg, module)
+    steps = _steps(cfg, module, "validation", cfg.validation_steps)
+    keras.utils.SidecarEvaluator(
+        model=model, data=val_fn(None), checkpoint_dir=str(cfg.job_dir / "checkpoints"),
+        steps=steps, max_evaluations=cfg.epochs,
+        callbacks=[keras.callbacks.TensorBoard(log_dir=str(cfg.job_dir / "tensorboard" / "evaluator"))],
+    ).start()
+    return 0
+
+
+def _resumable(job_dir: Path) -> bool:
+    backup = job_dir / "backup"
+    return backup.is_dir() and any(backup.iterdir())
+
+
+def _input_report(train_fn: Callable, strategy, global_batch: int, train_rate: float, steps: int | None) -> dict[str, Any]:
+    """Time the input pipeline alone and compare it with what training consumed."""
+    import tensorflow as tf
+
+    pipelines = strategy.extended._num_workers if hasattr(strategy.extended, "_num_workers") else 1
+    context = tf.distribute.InputContext(pipelines, 0, strategy.num_replicas_in_sync)
+    per_replica = context.get_per_replica_batch_size(global_batch)
+    batches = min(steps or 50, 50)
+    iterator = iter(train_fn(context))
+    next(iterator)  # warm up (build the pipeline, fill buffers) outside the timing
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    rate = batches * per_replica * pipelines / max(time.perf_counter() - start, 1e-9)
+    # Input keeps up only if it can run clearly faster than training consumes it.
+    bound = rate < 1.25 * train_rate
+    verdict = (
+        f"input-bound: the pipeline alone gives {rate:.0f} samples/s, training used {train_rate:.0f}; "
+        "add parallel map/interleave, cache or prefetch (modelyard.training.data.pipeline)"
+        if bound else
+        f"not input-bound: the pipeline alone gives {rate:.0f} samples/s, training used {train_rate:.0f}"
+    )
+    return {"input_samples_per_sec": rate, "train_samples_per_sec": train_rate, "input_bound": bound, "verdict": verdict}
+
+
+def _export(cfg: TrainConfig, module: ModuleType, model) -> Path:
+    """Export a strategy-free copy, so the SavedModel has plain variables a server can load."""
+    import modelyard
+
+    plain = _build(module)
+    plain.set_weights(model.get_weights())
+    return modelyard.export(plain, cfg.export_to)
+
+
+def _explain(exc: Exception) -> TrainError:
+    import tensorflow as tf
+
+    if isinstance(exc, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
+                        tf.errors.AbortedError)):
+        return TrainError(
+            f"a peer task is gone or not responding ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            "check the other tasks' output, then rerun (`modelyard launch --max-restarts K` restarts from the last checkpoint)"
+        )
+    return TrainError(f"training failed: {type(exc).__name__}: {exc}")
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Train as this process's role demands; returns the metrics written (empty for servers)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    role = current_role()
+    name = cfg.strategy_name
+    if role.cluster and name not in ("multi_worker_mirrored", "parameter_server") and role.num_workers > 1:
+        raise ConfigError(f"strategy {name} runs in one process; for a cluster use multi_worker_mirrored or parameter_server")
+    if name == "parameter_server" and not role.cluster.get("ps"):
+        raise ConfigError("strategy parameter_server needs ps tasks: modelyard launch --workers N --ps M -- modelyard train ...")
+    check_batch(cfg, workers=role.num_workers)
+    module = load_user_module(cfg.model)
+    devices_mod.configure(cfg.devices)
+    if name == "parameter_server" and role.type in ("worker", "ps"):
+        return {"served": _serve_forever(role, cfg)}
+    if role.type == "evaluator":
+        _run_evaluator(cfg, module)
+        return {}
+    if cfg.seed is not None:
+        keras.utils.set_random_seed(cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    strategy = strategy_mod.make(cfg.strategy)
+    job_dir = cfg.job_dir
+    job_dir.mkdir(parents=True, exist_ok=True)
+    resumed = _resumable(job_dir)
+    if role.is_chief:
+        (job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
+
+    with strategy.scope():
+        model = _build(module)
+    train_fn, val_fn = _dataset_fns(cfg, module)
+    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
+    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+    if name == "parameter_server":
+        if not steps:
+            raise ConfigError("parameter_server needs steps_per_epoch (its workers read an endless dataset)")
+        train = keras.utils.experimental.DatasetCreator(train_fn)
+        validation = keras.utils.experimental.DatasetCreator(val_fn) if val_fn and val_steps else None
+    else:
+        train = strategy.distribute_datasets_from_function(train_fn)
+        validation = strategy.distribute_datasets_from_function(val_fn) if val_fn and val_steps else None
+
+    from modelyard.training.progress import EpochTimer, MetricsWriter, Progress, WarmupAndScaling
+
+    timer = EpochTimer(cfg.global_batch_size)
+    metrics_name = "metrics.json" if role.is_chief else f"metrics.{role.type}-{role.index}.json"
+    info = {
+        "task": role.name, "strategy": name, "replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs, "resumed": resumed,
+    }
+    writer = MetricsWriter(job_dir / metrics_name, timer, info, resumed)
+    callbacks: list = []
+    factor = cfg.global_batch_size / cfg.base_batch_size if cfg.learning_rate_scaling == "linear" else 1.0
+    if factor != 1.0 or cfg.warmup_epochs:
+        callbacks.append(WarmupAndScaling(factor, cfg.warmup_epochs, steps))
+    initial_epoch = 0
+    if name in ("default", "mirrored", "multi_worker_mirrored"):
+        # Keras' own callback knows how to save consistently from several workers.
+        callbacks.append(keras.callbacks.BackupAndRestore(str(job_dir / "backup")))
+    else:
+        from modelyard.training.progress import EpochCheckpoint
+
+        resume = EpochCheckpoint(job_dir / "backup", model)
+        initial_epoch = resume.restore()
+        callbacks.append(resume)
+    callbacks.append(timer)
+    if role.is_chief or name != "parameter_server":
+        callbacks.append(keras.callbacks.ModelCheckpoint(str(job_dir / "checkpoints" / "ckpt-{epoch:04d}"),
+                                                         save_weights_only=True))
+    if cfg.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(str(job_dir / "tensorboard"), profile_batch=0))
+    callbacks.append(writer)
+    if cfg.verbose:
+        callbacks.append(Progress(timer, cfg.epochs))
+
+    print(f"{role.name}: training {Path(cfg.model).name} with {name} on {strategy.num_replicas_in_sync} replica(s), "
+          f"global batch {cfg.global_batch_size}{' (resuming from checkpoint)' if resumed else ''}", flush=True)
+    try:
+        history = model.fit(train, epochs=cfg.epochs, steps_per_epoch=steps, validation_data=validation,
+                            validation_steps=val_steps, callbacks=callbacks, verbose=0,
+                            initial_epoch=initial_epoch)
+    except tf.errors.OpError as exc:
+        raise _explain(exc) from exc
+    rates = [r["samples_per_sec"] for e, r in sorted(timer.records.items()) if e > 0] or \
+            [r["samples_per_sec"] for r in timer.records.values()]
+    summary: dict[str, Any] = {"completed": True, "epochs_completed": len(writer.epochs)}
+    if rates:
+        summary["samples_per_sec"] = sorted(rates)[len(rates) // 2]
+    if role.is_chief and cfg.input_report and name != "parameter_server" and rates:
+        report = _input_report(train_fn, strategy, cfg.global_batch_size, summary["samples_per_sec"], steps)
+        summary["input_report"] = report
+        print(f"{role.name}: {report['verdict']}", flush=True)
+    if role.is_chief and cfg.export_to:
+        version = _export(cfg, module, model)
+        summary["exported"] = str(version)
+        print(f"{role.name}: exported {version}", flush=True)
+    writer.flush(**summary)
+    del history
+    return writer.info | {"epochs": writer.epochs}
+
+
+def clean_job_dir(job_dir: Path) -> None:
+    """Remove a job directory's state so the next run starts from scratch."""
+    shutil.rmtree(job_dir, ignore_errors=True)
