@@ -1,16 +1,22 @@
-"""One conversion end to end: resolve SRC, check data, convert, measure; and ``compare`` across modes.
+"""One conversion end to end: resolve SRC, check data, convert, measure; ``compare`` across modes.
 
-Every check that can fail (source, signature, data shapes, option combinations)
-runs before the converter does, and nothing is written here: callers write the
-returned bytes only once everything succeeded.
+A source is either a SavedModel (a version dir, base path or ``BASE:VERSION``) or a
+tf_keras model (file or in memory, needed for QAT). Every check that can fail
+(source, signature, data shapes, option combinations) runs before the converter
+does, and nothing is written here: callers write the bytes once all succeeded.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from modelyard.edge.converter import convert_saved_model
-from modelyard.edge.data import Dataset, load_dataset, synthetic_dataset
+import numpy as np
+
+from modelyard.edge.converter import convert_keras_model, convert_saved_model
+from modelyard.edge.data import BUILTIN_DIGITS, Dataset, load_dataset, synthetic_dataset
+from modelyard.edge.errors import ConvertError
+from modelyard.edge.keras_source import is_keras_file, keras_signature, load_keras_model, run_keras
 from modelyard.edge.modes import MODES, ConvertOptions
 from modelyard.edge.report import ModeReport, Reference, measure
 from modelyard.edge.runtime import run_saved_model
@@ -19,57 +25,68 @@ from modelyard.edge.source import resolve_version_dir
 
 
 @dataclass
-class Conversion:
-    content: bytes
-    report: ModeReport | None
-
-
-@dataclass
 class Prepared:
     """A resolved source with its signature and data, ready to convert in any mode."""
 
-    version_dir: Path
+    description: str
     signature: SignatureSpec
     representative: Dataset | None
     reference: Reference | None
+    _convert: Callable[[ConvertOptions, Dataset | None], bytes]
+    keras_model: object | None = None  # set for Keras sources (QAT needs it)
 
     def convert(self, options: ConvertOptions) -> bytes:
-        return convert_saved_model(self.version_dir, self.signature, options, self.representative)
+        return self._convert(options, self.representative)
 
     def measure(self, content: bytes, options: ConvertOptions, float_size: int | None = None) -> ModeReport:
+        if self.reference is None:
+            raise ConvertError("no evaluation data prepared")
         return measure(
             content, self.reference, options.quantize, options.io_dtype, float_size,
             input_order=list(self.signature.inputs), output_order=list(self.signature.outputs),
         )
 
 
+def _eval_data(signature: SignatureSpec, representative: str | None, eval_data: str | None) -> Dataset:
+    if eval_data:
+        return load_dataset(eval_data, signature, split="test")
+    if representative == BUILTIN_DIGITS:
+        return load_dataset(BUILTIN_DIGITS, signature, split="test")  # held out from calibration
+    return synthetic_dataset(signature)
+
+
 def prepare(
-    src: str,
+    src: str | object,
     representative: str | None = None,
     eval_data: str | None = None,
     signature_name: str = DEFAULT_SIGNATURE,
     with_report: bool = True,
 ) -> Prepared:
-    """Resolve ``src``, load and check data, and run the original on the evaluation set."""
-    version_dir = resolve_version_dir(src)
-    signature = read_signature(version_dir, signature_name)
+    """Resolve ``src`` (path string or live tf_keras model), load and check data, run the original.
+
+    ``representative`` calibrates int8 (and is the training data for QAT); ``eval_data``
+    is the held-out set of the report (default: the digits test split when calibrating
+    on ``digits``, else random inputs that only measure agreement).
+    """
+    if not isinstance(src, str) or is_keras_file(src):
+        model = load_keras_model(src) if isinstance(src, str) else src
+        signature = keras_signature(model)
+        description = src if isinstance(src, str) else f"keras model {model.name}"
+        run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = lambda inputs: run_keras(model, inputs)
+        convert_fn = lambda options, data: convert_keras_model(model, options, data)
+    else:
+        model = None
+        version_dir: Path = resolve_version_dir(src)
+        signature = read_signature(version_dir, signature_name)
+        description = str(version_dir)
+        run = lambda inputs: run_saved_model(version_dir, signature, inputs)
+        convert_fn = lambda options, data: convert_saved_model(version_dir, signature, options, data)
     rep = load_dataset(representative, signature, split="train") if representative else None
     reference = None
     if with_report:
-        if eval_data:
-            data = load_dataset(eval_data, signature, split="test")
-        elif representative == "digits":
-            data = load_dataset("digits", signature, split="test")  # held out from calibration
-        else:
-            data = synthetic_dataset(signature)
-        reference = Reference(run_saved_model(version_dir, signature, data.inputs), data)
-    return Prepared(version_dir, signature, rep, reference)
-
-
-def convert(prepared: Prepared, options: ConvertOptions) -> Conversion:
-    content = prepared.convert(options)
-    report = prepared.measure(content, options) if prepared.reference is not None else None
-    return Conversion(content, report)
+        data = _eval_data(signature, representative, eval_data)
+        reference = Reference(run(data.inputs), data)
+    return Prepared(description, signature, rep, reference, convert_fn, model)
 
 
 def compare(prepared: Prepared, io_dtype: str = "uint8", allow_tf_ops: bool = False) -> list[ModeReport]:
@@ -84,3 +101,23 @@ def compare(prepared: Prepared, io_dtype: str = "uint8", allow_tf_ops: bool = Fa
         float_size = float_size or len(content)  # "none" runs first
         reports.append(prepared.measure(content, options, float_size))
     return reports
+
+
+def qat_convert(prepared: Prepared, epochs: int, io_dtype: str = "float32") -> tuple[object, bytes]:
+    """Fine-tune ``prepared``'s Keras model with fake-quantization, then convert to int8.
+
+    The representative data is the training set; the returned model is the QAT model.
+    """
+    from modelyard.edge.qat import quantize_aware_finetune
+
+    if prepared.keras_model is None:
+        raise ConvertError(
+            "--qat needs a tf_keras model file (.keras or .h5, written by model.save): SavedModels "
+            "written by tf.saved_model.save / modelyard.export no longer hold the Keras layers to fine-tune"
+        )
+    if prepared.representative is None:
+        raise ConvertError("--qat needs labelled training data: pass --representative-data FILE.npz (with 'labels') or 'digits'")
+    options = ConvertOptions("int8", io_dtype)
+    options.check(True)
+    qat_model = quantize_aware_finetune(prepared.keras_model, prepared.representative, epochs)
+    return qat_model, convert_keras_model(qat_model, options, prepared.representative)

@@ -48,8 +48,16 @@ class LiteModel:
             self.outputs = dict(zip(output_order or [d["name"] for d in outs], outs))
         self.interpreter.allocate_tensors()
 
+    def _input(self, alias: str) -> dict:
+        if alias in self.inputs:
+            return self.inputs[alias]
+        if len(self.inputs) == 1:
+            # Keras conversions name the input after the layer, which may differ from the alias.
+            return next(iter(self.inputs.values()))
+        raise KeyError(f"the flatbuffer has no input {alias!r} (inputs: {sorted(self.inputs)})")
+
     def _set(self, alias: str, value: np.ndarray) -> None:
-        detail = self.inputs[alias]
+        detail = self._input(alias)
         dtype = detail["dtype"]
         scale, zero = detail["quantization"]
         if value.dtype != dtype and np.issubdtype(dtype, np.integer) and scale:

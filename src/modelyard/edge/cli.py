@@ -1,0 +1,110 @@
+"""``modelyard convert``: SavedModel or Keras model -> TFLite, with a cost report.
+
+Parses arguments and calls ``modelyard.edge.pipeline``; writes output only after the
+conversion and its checks succeeded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from modelyard.edge.errors import ConvertError
+from modelyard.edge.modes import IO_DTYPES, MODES, ConvertOptions
+
+EPILOG = """examples:
+  modelyard convert models/my_mnist_model -o mnist.tflite --quantize dynamic
+  modelyard convert models/my_mnist_model:1 --into models/my_mnist_lite --quantize int8 \\
+      --representative-data digits --io-dtype uint8
+  modelyard convert models/my_mnist_model --compare --representative-data digits
+  modelyard convert model.keras --qat --epochs 1 --representative-data train.npz -o model.tflite
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a SavedModel or Keras model to TFLite (quantization, QAT, size/latency/accuracy report)",
+        description="Convert SRC to TFLite and report size, LiteRT latency and agreement with the original. "
+        "SRC is a SavedModel directory, a model base path (latest version), BASE:VERSION, or a .keras/.h5 file.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", metavar="OUT.tflite", help="write the flatbuffer here")
+    where.add_argument("--into", metavar="BASE", help="write BASE/<next version>/model.tflite (servable by modelyard serve)")
+    p.add_argument("--quantize", choices=MODES, default="none")
+    p.add_argument("--representative-data", metavar="FILE", help=".npz of typical inputs (int8 calibration, QAT training data), or 'digits'")
+    p.add_argument("--eval-data", metavar="FILE", help=".npz of held-out inputs (+ 'labels') for the report (default: digits test split with 'digits', else random inputs)")
+    p.add_argument("--io-dtype", choices=IO_DTYPES, default="float32", help="dtype of float inputs/outputs of an int8 model")
+    p.add_argument("--allow-tf-ops", action="store_true", help="embed ops missing from the builtin TFLite set as TF (Flex) ops")
+    p.add_argument("--signature", default="serving_default", help="signature of the SavedModel to convert")
+    p.add_argument("--compare", action="store_true", help="convert in every mode and print one table; writes nothing")
+    p.add_argument("--qat", action="store_true", help="quantization-aware fine-tuning of a Keras model, then int8")
+    p.add_argument("--epochs", type=int, default=1, help="QAT fine-tuning epochs (default 1)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--no-report", action="store_true", help="skip measuring (faster)")
+    p.set_defaults(func=run)
+
+
+def _print_reports(reports, as_json: bool) -> None:
+    from modelyard.edge.report import format_table, to_json
+
+    print(to_json(reports) if as_json else format_table(reports))
+
+
+def _quiet_tensorflow() -> None:
+    import logging
+
+    import tensorflow as tf
+
+    tf.get_logger().setLevel(logging.ERROR)  # deprecation notices of the TF1 session path
+
+
+def _write(content: bytes, args) -> Path:
+    from modelyard.edge.source import write_tflite_file, write_tflite_version
+
+    if args.into:
+        return write_tflite_version(content, Path(args.into))
+    return write_tflite_file(content, Path(args.output))
+
+
+def run(args) -> int:
+    if not (args.compare or args.output or args.into):
+        print("modelyard convert: give -o OUT.tflite, --into BASE, or --compare", file=sys.stderr)
+        return 2
+    try:
+        from modelyard.edge import pipeline
+
+        _quiet_tensorflow()
+        options = ConvertOptions(args.quantize, args.io_dtype, args.allow_tf_ops)
+        if not args.compare and not args.qat:
+            options.check(args.representative_data is not None)  # fail before loading anything
+        prepared = pipeline.prepare(
+            args.src, args.representative_data, args.eval_data, args.signature,
+            with_report=args.compare or not args.no_report,
+        )
+        if args.compare:
+            reports = pipeline.compare(prepared, io_dtype="uint8" if args.io_dtype == "float32" else args.io_dtype,
+                                       allow_tf_ops=args.allow_tf_ops)
+            _print_reports(reports, args.json)
+            return 0
+        if args.qat:
+            options = ConvertOptions("int8", args.io_dtype)
+            _, content = pipeline.qat_convert(prepared, args.epochs, args.io_dtype)
+        else:
+            content = prepared.convert(options)
+        report = None if args.no_report else prepared.measure(content, options)
+        if report is not None:
+            report.mode = "qat-int8" if args.qat else report.mode
+    except ConvertError as exc:
+        print(f"modelyard convert: error: {exc}", file=sys.stderr)
+        return 1
+    target = _write(content, args)
+    if report is not None:
+        _print_reports([report], args.json)
+    print(f"wrote {target}" + (f" ({len(content)} bytes)" if not args.json else ""), file=sys.stderr)
+    return 0
