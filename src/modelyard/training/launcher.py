@@ -1,0 +1,263 @@
+"""The launcher and supervisor: one process per task, output streamed, failures handled.
+
+Each task runs in its own process group (so stopping it also stops anything it
+spawned) with its TF_CONFIG. Output lines are prefixed with the task name. The job:
+
+* succeeds when every finishing task exits 0: chief and workers for collective jobs,
+  the chief (coordinator) alone when there are parameter servers, whose ps and
+  workers serve until told to stop;
+* fails at once when any task exits otherwise: all others are stopped and the dead
+  task, its exit code and its last lines are named; with ``max_restarts`` the whole
+  cluster is started again instead (the trainer resumes from its checkpoint);
+* stops every process on Ctrl-C (or SIGTERM).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelyard.training import cluster as cluster_mod
+from modelyard.training.cluster import ClusterError, Task
+
+_TAIL_LINES = 15
+_EVALUATOR_GRACE = 60.0  # the evaluator may still be scoring the last checkpoint
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be launched; the message says what to fix."""
+
+
+@dataclass
+class Running:
+    task: Task
+    process: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_TAIL_LINES))
+    reader: threading.Thread | None = None
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+class Supervisor:
+    """Runs one attempt of a job and reports how it ended."""
+
+    def __init__(self, spec: dict[str, list[str]], tasks: list[Task], command: list[str],
+                 grace: float = 5.0, out=None, attempt: int = 0):
+        self.spec, self.tasks, self.command, self.grace = spec, tasks, command, grace
+        self.out = out or sys.stdout
+        self.attempt = attempt
+        self.running: list[Running] = []
+        self._lock = threading.Lock()
+
+    def _env(self, task: Task) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            TF_CONFIG=cluster_mod.tf_config(self.spec, task),
+            MODELYARD_TASK=str(task),
+            MODELYARD_ATTEMPT=str(self.attempt),
+            PYTHONUNBUFFERED="1",
+        )
+        env.setdefault("TF_USE_LEGACY_KERAS", "1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return env
+
+    def _emit(self, task: Task, line: str) -> None:
+        with self._lock:
+            self.out.write(f"{task} | {line}\n")
+            self.out.flush()
+
+    def _pump(self, run: Running) -> None:
+        for raw in iter(run.process.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            run.tail.append(line)
+            self._emit(run.task, line)
+        run.process.stdout.close()
+
+    def start(self) -> None:
+        for task in self.tasks:
+            try:
+                process = subprocess.Popen(
+                    self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
+            except OSError as exc:
+                self.stop()
+                raise LaunchError(f"cannot start {shlex.join(self.command)}: {exc.strerror}") from None
+            run = Running(task, process)
+            run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
+            run.reader.start()
+            self.running.append(run)
+            self._emit(task, f"[modelyard] started pid {process.pid}")
+
+    def _signal(self, run: Running, sig: int) -> None:
+        try:
+            os.killpg(run.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, runs: list[Running] | None = None) -> None:
+        """SIGTERM each task's process group, SIGKILL whatever is left after the grace period."""
+        runs = [r for r in (self.running if runs is None else runs)]
+        for run in runs:
+            if run.process.poll() is None:
+                self._signal(run, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for run in runs:
+            try:
+                run.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for run in runs:
+            # Also kill the group of tasks that exited, in case they left children behind.
+            self._signal(run, signal.SIGKILL)
+            run.process.wait()
+            if run.reader:
+                run.reader.join(timeout=2)
+
+    def _finishing(self) -> list[Running]:
+        if self.spec.get("ps"):
+            return [r for r in self.running if r.task.type == "chief"]
+        return [r for r in self.running if r.task.type in ("chief", "worker")]
+
+    def wait(self, poll: float = 0.1) -> tuple[bool, str]:
+        """Block until the job ends; ``(True, '')`` on success, else ``(False, why)``."""
+        finishing = self._finishing()
+        while True:
+            for run in self.running:
+                code = run.process.poll()
+                if code is None or code == 0 and run in finishing:
+                    continue
+                if code == 0 and run.task.type == "evaluator":
+                    continue
+                if run.reader:
+                    run.reader.join(timeout=2)  # collect its last lines before quoting them
+                others = [r for r in self.running if r is not run]
+                self.stop(others)
+                tail = "\n".join(f"    {line}" for line in run.tail) or "    (no output)"
+                return False, f"task {run.task} exited with code {_signal_name(code)}; its last lines:\n{tail}"
+            if all(r.process.poll() == 0 for r in finishing):
+                evaluators = [r for r in self.running if r.task.type == "evaluator"]
+                deadline = time.monotonic() + _EVALUATOR_GRACE
+                for run in evaluators:
+                    try:
+                        run.process.wait(max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+                self.stop()
+                return True, ""
+            time.sleep(poll)
+
+
+def _interrupt(signum, frame) -> None:
+    # `kill <launcher>` stops the job the same clean way Ctrl-C does.
+    raise KeyboardInterrupt
+
+
+def _preflight(command: list[str], spec: dict[str, list[str]]) -> None:
+    """If the command is ``modelyard train CONFIG``, check the config before starting anything."""
+    try:
+        at = command.index("train")
+    except ValueError:
+        return
+    head = [Path(part).name for part in command[:at]]
+    if not (head[-1:] == ["modelyard"] or head[-2:] == ["-m", "modelyard"]) or at + 1 >= len(command):
+        return
+    from modelyard.training.config import ConfigError, check_batch, load
+
+    try:
+        cfg = load(command[at + 1])
+        if cfg.strategy_name == "multi_worker_mirrored":
+            check_batch(cfg, workers=cluster_mod.replicas_in(spec))
+        if cfg.strategy_name == "parameter_server" and not spec.get("ps"):
+            raise ConfigError("strategy parameter_server needs --ps N (and workers)")
+    except ConfigError as exc:
+        raise LaunchError(f"{command[at + 1]}: {exc}") from None
+
+
+def _describe(spec: dict[str, list[str]], tasks: list[Task]) -> str:
+    lines = []
+    for task in tasks:
+        lines.append(f"# {task}")
+        lines.append(f"export TF_CONFIG='{cluster_mod.tf_config(spec, task)}'")
+    return "\n".join(lines)
+
+
+def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int = 0, evaluator: bool = False,
+         max_restarts: int = 0, cluster_spec: str | None = None, task: str | None = None,
+         print_tf_config: bool = False, grace: float = 5.0, out=None) -> int:
+    """Run ``command`` as a supervised job; returns the launcher's exit code."""
+    out = out or sys.stdout
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    if max_restarts < 0:
+        raise LaunchError("--max-restarts must be 0 or more")
+    if cluster_spec:
+        if workers or ps or chief:
+            raise LaunchError("give either --cluster-spec or --chief/--workers/--ps, not both")
+        spec = cluster_mod.load_spec(cluster_spec)
+        all_tasks = cluster_mod.tasks_of(spec, evaluator)
+        if task:
+            chosen = cluster_mod.parse_task(task)
+            cluster_mod.check_task(spec, chosen)
+            all_tasks = [chosen]
+        elif not print_tf_config:
+            raise LaunchError("with --cluster-spec, name this host's task: --task worker:1 "
+                              "(or --print-tf-config to see every host's TF_CONFIG)")
+        fixed_spec = True
+    else:
+        if task:
+            raise LaunchError("--task needs --cluster-spec FILE")
+        if workers + ps + int(chief) == 0:
+            raise LaunchError("nothing to launch: give --workers N (and optionally --chief, --ps N, --evaluator)")
+        spec = cluster_mod.local_spec(workers, ps, chief)
+        all_tasks = cluster_mod.tasks_of(spec, evaluator)
+        fixed_spec = False
+    if print_tf_config:
+        print(_describe(spec, all_tasks), file=out)
+        return 0
+    if not command:
+        raise LaunchError("no command: put it after --, e.g. modelyard launch --workers 2 -- modelyard train job.yaml")
+    _preflight(command, spec)
+
+    attempt = 0
+    while True:
+        supervisor = Supervisor(spec, all_tasks, command, grace=grace, out=out, attempt=attempt)
+        interrupted = False
+        try:
+            supervisor.start()
+            ok, why = supervisor.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if interrupted or sys.exc_info()[0] is not None:
+                supervisor.stop()
+        if interrupted:
+            print("modelyard launch: interrupted; every task stopped", file=sys.stderr, flush=True)
+            return 130
+        if ok:
+            print(f"modelyard launch: job finished ({len(all_tasks)} task(s))", file=out, flush=True)
+            return 0
+        print(f"modelyard launch: {why}", file=sys.stderr, flush=True)
+        if attempt >= max_restarts:
+            hint = "" if max_restarts else "; rerun with --max-restarts K to restart from the last checkpoint"
+            print(f"modelyard launch: job failed{hint}", file=sys.stderr, flush=True)
+            return 1
+        attempt += 1
+        print(f"modelyard launch: restarting the job (restart {attempt} of {max_restarts})", file=out, flush=True)
+        if not fixed_spec:
+            # Fresh ports: the dead job's ports may still be held by lingering sockets.
+            spec = cluster_mod.local_spec(workers, ps, chief)
