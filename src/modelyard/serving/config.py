@@ -1,0 +1,95 @@
+"""TF Serving's text-format config files: ModelServerConfig, MonitoringConfig.
+
+ModelServerConfig comes from ``tensorflow-serving-api``'s generated protos. The pip
+package lacks MonitoringConfig, so its two fields are read with a small schema here.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving.manager import ModelConfig
+from modelyard.serving.versions import VersionPolicy
+
+
+def parse_model_server_config(text: str, source: str = "model config"):
+    from tensorflow_serving.config import model_server_config_pb2
+
+    proto = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as exc:
+        raise invalid_argument(f"Invalid {source}: {exc}") from None
+    return proto
+
+
+def read_model_server_config(path: str | Path):
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise invalid_argument(f"Cannot read --model_config_file {path}: {exc.strerror}") from None
+    return parse_model_server_config(text, f"--model_config_file {path}")
+
+
+def model_configs(proto) -> list[ModelConfig]:
+    """ModelServerConfig -> our ModelConfigs, with TF Serving's checks."""
+    if proto.WhichOneof("config") not in (None, "model_config_list"):
+        raise ServingError(
+            Code.FAILED_PRECONDITION,
+            "Cannot transition to requested config. It is only legal to transition from one ModelConfigList to another.",
+        )
+    configs = []
+    for entry in proto.model_config_list.config:
+        if not entry.name:
+            raise invalid_argument("Every model in the config needs a name")
+        if entry.model_platform not in ("", "tensorflow", "tflite"):
+            raise invalid_argument(f"Model {entry.name} requests unsupported platform {entry.model_platform}")
+        base = os.path.expandvars(entry.base_path)
+        if not os.path.isabs(base):
+            raise invalid_argument(
+                f"Expected model {entry.name} to have an absolute path or URI; got base_path()={entry.base_path}"
+            )
+        configs.append(
+            ModelConfig(
+                name=entry.name,
+                base_path=Path(base),
+                policy=VersionPolicy.from_proto(entry.model_version_policy),
+                labels=dict(entry.version_labels),
+            )
+        )
+    return configs
+
+
+@dataclass(frozen=True)
+class MonitoringConfig:
+    prometheus_enabled: bool = False
+    prometheus_path: str = "/monitoring/prometheus/metrics"
+
+
+def read_monitoring_config(path: str | Path) -> MonitoringConfig:
+    """Parse ``prometheus_config { enable: true path: "..." }`` (tensorflow.serving.MonitoringConfig)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name="modelyard_monitoring.proto", package="modelyard")
+    prom = file.message_type.add(name="PrometheusConfig")
+    prom.field.add(name="enable", number=1, type=8, label=1)  # bool
+    prom.field.add(name="path", number=2, type=9, label=1)  # string
+    top = file.message_type.add(name="MonitoringConfig")
+    top.field.add(name="prometheus_config", number=1, type=11, label=1, type_name=".modelyard.PrometheusConfig")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("modelyard.MonitoringConfig"))
+    proto = cls()
+    try:
+        text_format.Parse(Path(path).read_text(), proto)
+    except OSError as exc:
+        raise invalid_argument(f"Cannot read --monitoring_config_file {path}: {exc.strerror}") from None
+    except text_format.ParseError as exc:
+        raise invalid_argument(f"Invalid --monitoring_config_file {path}: {exc}") from None
+    prometheus = proto.prometheus_config
+    return MonitoringConfig(prometheus.enable, prometheus.path or MonitoringConfig.prometheus_path)

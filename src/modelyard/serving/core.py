@@ -1,0 +1,106 @@
+"""The core service: model lookup, predict/classify/regress, metadata and status, with metrics.
+
+Protocol-free. REST and gRPC build a ``ModelSpec`` and call the same methods, so both
+answer with the same results and the same errors.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from modelyard.errors import Code, ServingError, invalid_argument, not_found
+from modelyard.serving import inference
+from modelyard.serving.manager import Handle, Manager
+from modelyard.serving.metrics import ServingMetrics
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: int | None = None
+    label: str | None = None
+    signature_name: str = ""
+
+
+@dataclass
+class VersionStatus:
+    version: int
+    state: str
+    error_code: str
+    error_message: str
+
+
+class ServingCore:
+    def __init__(self, manager: Manager, metrics: ServingMetrics):
+        self.manager = manager
+        self.metrics = metrics
+
+    # ---- lookup ------------------------------------------------------------------------
+    def acquire(self, spec: ModelSpec) -> Handle:
+        if not spec.name:
+            raise invalid_argument("ModelSpec has no name specified.")
+        return self.manager.acquire(spec.name, spec.version, spec.label)
+
+    @contextmanager
+    def request(self, model_name: str, api: str, entrypoint: str):
+        """Count and time one request under TF Serving's metric names."""
+        started = time.perf_counter()
+        try:
+            yield
+        except ServingError as exc:
+            self.metrics.request_count.inc(model_name, exc.code.name)
+            raise
+        except Exception:
+            self.metrics.request_count.inc(model_name, Code.UNKNOWN.name)
+            raise
+        self.metrics.request_count.inc(model_name, "OK")
+        self.metrics.request_latency.observe((time.perf_counter() - started) * 1e6, model_name, api, entrypoint)
+
+    # ---- inference ---------------------------------------------------------------------
+    def predict(self, handle: Handle, signature_name: str, inputs, output_filter=None):
+        started = time.perf_counter()
+        sig, outputs = inference.run_predict(handle.servable, signature_name, inputs, output_filter)
+        self._runtime(handle, "Predict", started)
+        return sig, outputs
+
+    def classify(self, handle: Handle, signature_name: str, serialized: list[bytes]):
+        started = time.perf_counter()
+        result = inference.run_classify(handle.servable, signature_name, serialized)
+        self._runtime(handle, "Classify", started)
+        self.metrics.example_count_total.inc(handle.model_name, by=len(serialized))
+        return result
+
+    def regress(self, handle: Handle, signature_name: str, serialized: list[bytes]):
+        started = time.perf_counter()
+        result = inference.run_regress(handle.servable, signature_name, serialized)
+        self._runtime(handle, "Regress", started)
+        self.metrics.example_count_total.inc(handle.model_name, by=len(serialized))
+        return result
+
+    def _runtime(self, handle: Handle, api: str, started: float) -> None:
+        self.metrics.runtime_latency.observe(
+            (time.perf_counter() - started) * 1e6, handle.model_name, api, handle.servable.runtime
+        )
+
+    # ---- metadata and status -----------------------------------------------------------
+    def status(self, name: str, version: int | None = None) -> list[VersionStatus]:
+        if not name:
+            raise invalid_argument("Missing model name in request.")
+        records = self.manager.version_states(name)
+        if version is not None:
+            records = [r for r in records if r.version == version]
+            if not records:
+                raise not_found(f"Could not find version {version} of model {name}")
+        elif not records:
+            raise not_found(f"Could not find any versions of model {name}")
+        return [
+            VersionStatus(
+                r.version,
+                r.state,
+                r.error.code.name if r.error else "OK",
+                r.error.message if r.error else "",
+            )
+            for r in records
+        ]
+

@@ -1,0 +1,215 @@
+"""TF Serving's gRPC services (PredictionService, ModelService) over the core, with its status codes.
+
+Requests and responses are the generated protos of ``tensorflow-serving-api``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import grpc
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+from tensorflow_serving.apis import model_management_pb2
+
+from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving.core import ModelSpec, ServingCore
+from modelyard.serving.signatures import CLASSIFY_METHOD, REGRESS_METHOD
+from modelyard.serving.tensor_proto import from_ndarray, serialized_examples, to_ndarray
+
+log = logging.getLogger("modelyard.serving")
+_MESSAGE_LIMIT = 1024
+
+
+def _abort(context, error: ServingError):
+    message = error.message
+    if len(message) > _MESSAGE_LIMIT:
+        message = message[:_MESSAGE_LIMIT] + "...TRUNCATED"
+    context.abort(error.grpc_code(), message)
+
+
+def _guard(api: str) -> Callable:
+    """Run a handler, turning ServingErrors (and bugs) into gRPC statuses; count the request."""
+
+    def wrap(method):
+        def handler(self, request, context):
+            has_spec = "model_spec" in request.DESCRIPTOR.fields_by_name
+            name = request.model_spec.name if has_spec else ""
+            try:
+                if has_spec and not request.HasField("model_spec"):
+                    raise invalid_argument("Missing ModelSpec")
+                if api is None:
+                    return method(self, request, context)
+                with self.core.request(name, api, "GRPC"):
+                    return method(self, request, context)
+            except ServingError as exc:
+                _abort(context, exc)
+            except Exception as exc:
+                log.exception("gRPC %s failed", method.__name__)
+                _abort(context, ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+        return handler
+
+    return wrap
+
+
+def model_spec_of(proto) -> ModelSpec:
+    which = proto.WhichOneof("version_choice")
+    version = proto.version.value if which == "version" else None
+    label = proto.version_label if which == "version_label" else None
+    return ModelSpec(proto.name, version, label, proto.signature_name)
+
+
+def _fill_spec(target, name: str, version: int, signature_name: str | None) -> None:
+    target.name = name
+    target.version.value = version
+    if signature_name is not None:
+        target.signature_name = signature_name
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, core: ServingCore):
+        self.core = core
+
+    @_guard("Predict")
+    def Predict(self, request, context):
+        spec = model_spec_of(request.model_spec)
+        inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
+        with self.core.acquire(spec) as handle:
+            sig, outputs = self.core.predict(handle, spec.signature_name, inputs, list(request.output_filter))
+            response = predict_pb2.PredictResponse()
+            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
+        for alias, value in outputs.items():
+            from_ndarray(value, response.outputs[alias])
+        return response
+
+    @_guard("Classify")
+    def Classify(self, request, context):
+        spec = model_spec_of(request.model_spec)
+        examples = serialized_examples(request.input)
+        with self.core.acquire(spec) as handle:
+            sig, result = self.core.classify(handle, spec.signature_name, examples)
+            response = classification_pb2.ClassificationResponse()
+            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
+        fill_classifications(response.result, result, len(examples))
+        return response
+
+    @_guard("Regress")
+    def Regress(self, request, context):
+        spec = model_spec_of(request.model_spec)
+        examples = serialized_examples(request.input)
+        with self.core.acquire(spec) as handle:
+            sig, values = self.core.regress(handle, spec.signature_name, examples)
+            response = regression_pb2.RegressionResponse()
+            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
+        for value in values.tolist():
+            response.result.regressions.add(value=value)
+        return response
+
+    @_guard(None)
+    def MultiInference(self, request, context):
+        examples = serialized_examples(request.input)
+        if not request.tasks:
+            raise invalid_argument("Inference request should have at least one task")
+        names = {t.model_spec.name for t in request.tasks}
+        if len(names) != 1:
+            raise invalid_argument("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+        response = inference_pb2.MultiInferenceResponse()
+        first = model_spec_of(request.tasks[0].model_spec)
+        with self.core.request(first.name, "MultiInference", "GRPC"), self.core.acquire(first) as handle:
+            for task in request.tasks:
+                spec = model_spec_of(task.model_spec)
+                result = response.results.add()
+                if task.method_name == CLASSIFY_METHOD:
+                    sig, classes = self.core.classify(handle, spec.signature_name, examples)
+                    fill_classifications(result.classification_result, classes, len(examples))
+                elif task.method_name == REGRESS_METHOD:
+                    sig, values = self.core.regress(handle, spec.signature_name, examples)
+                    for value in values.tolist():
+                        result.regression_result.regressions.add(value=value)
+                else:
+                    raise invalid_argument(f"Unsupported signature method_name: {task.method_name}")
+                _fill_spec(result.model_spec, spec.name, handle.version, sig.name)
+        return response
+
+    @_guard(None)
+    def GetModelMetadata(self, request, context):
+        if not request.metadata_field:
+            raise invalid_argument("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise invalid_argument(f"Metadata field {field} is not supported")
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        spec = model_spec_of(request.model_spec)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        with self.core.acquire(spec) as handle:
+            sig_map = get_model_metadata_pb2.SignatureDefMap()
+            for name, sig_def in handle.servable.signature_def_map.items():
+                sig_map.signature_def[name].CopyFrom(sig_def)
+            _fill_spec(response.model_spec, spec.name, handle.version, None)
+        response.metadata["signature_def"].Pack(sig_map)
+        return response
+
+
+def fill_classifications(target, result, batch: int) -> None:
+    classes, scores = result.classes, result.scores
+    for i in range(batch):
+        row = target.classifications.add()
+        n = (scores if scores is not None else classes).shape[1]
+        for j in range(n):
+            cls = row.classes.add()
+            if classes is not None:
+                label = classes[i, j]
+                cls.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            if scores is not None:
+                cls.score = float(scores[i, j])
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, core: ServingCore, reload_config: Callable):
+        self.core = core
+        self.reload_config = reload_config
+
+    @_guard(None)
+    def GetModelStatus(self, request, context):
+        spec = model_spec_of(request.model_spec)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        State = get_model_status_pb2.ModelVersionStatus.State
+        for status in self.core.status(spec.name, spec.version):
+            entry = response.model_version_status.add(version=status.version, state=State.Value(status.state))
+            entry.status.error_code = Code[status.error_code].value
+            entry.status.error_message = status.error_message
+        return response
+
+    def HandleReloadConfigRequest(self, request, context):
+        response = model_management_pb2.ReloadConfigResponse()
+        try:
+            if not request.config.HasField("model_config_list"):
+                raise invalid_argument(
+                    "ServerModelConfig type not supported by HandleReloadConfigRequest. Only ModelConfigList "
+                    "is currently supported"
+                )
+            self.reload_config(request.config)
+        except ServingError as exc:
+            log.error("ReloadConfig failed: %s", exc.message)
+            response.status.error_code = exc.code.value
+            response.status.error_message = exc.message
+            context.set_code(exc.grpc_code())
+            context.set_details(exc.message)
+            return response
+        response.status.error_code = 0
+        return response
+
+
+def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable) -> None:
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, reload_config), server)

@@ -1,0 +1,129 @@
+"""Turn a version directory into a ready servable: pick the runtime, load, warm up, record metrics.
+
+A directory with ``model.tflite`` runs on LiteRT; a SavedModel runs in a TensorFlow session.
+Warmup replays ``assets.extra/tf_serving_warmup_requests`` before the version takes traffic.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from modelyard.errors import Code, ServingError
+from modelyard.savedmodel import TFLITE_FILE, SavedModelError, saved_model_file
+from modelyard.serving import inference
+from modelyard.serving.metrics import ServingMetrics
+from modelyard.serving.servable import Servable
+from modelyard.serving.tensor_proto import serialized_examples, to_ndarray
+
+log = logging.getLogger("modelyard.serving")
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000
+
+
+class VersionLoader:
+    """Callable used by the Manager: ``loader(model_name, version, path) -> Servable``."""
+
+    def __init__(self, metrics: ServingMetrics, session_config=None, warmup_iterations: int = 1):
+        self.metrics = metrics
+        self.session_config = session_config
+        self.warmup_iterations = warmup_iterations
+
+    def __call__(self, model_name: str, version: int, path: Path) -> Servable:
+        started = time.perf_counter()
+        try:
+            servable = self._load(path)
+        except Exception:
+            self.metrics.load_attempt_count.inc(str(path), "fail")
+            raise
+        self.metrics.load_attempt_count.inc(str(path), "success")
+        self.metrics.load_latency.inc(str(path), by=int((time.perf_counter() - started) * 1e6))
+        try:
+            self._warmup(servable, path)
+        except BaseException:
+            servable.close()
+            raise
+        self.metrics.model_runtime.set(model_name, str(version), servable.runtime, value=1)
+        return servable
+
+    def _load(self, path: Path) -> Servable:
+        if (path / TFLITE_FILE).is_file():
+            from modelyard.serving.litert import load_tflite
+
+            return load_tflite(path, path / TFLITE_FILE)
+        try:
+            saved_model_file(path)
+        except SavedModelError as exc:
+            raise ServingError(Code.NOT_FOUND, str(exc)) from None
+        from modelyard.serving.tf_session import load_saved_model
+
+        import tensorflow as tf
+
+        try:
+            return load_saved_model(path, self.session_config)
+        except tf.errors.OpError as exc:
+            raise ServingError(Code(exc.error_code), exc.message) from None
+
+    def _warmup(self, servable: Servable, path: Path) -> None:
+        warmup_path = path / WARMUP_FILE
+        if not warmup_path.is_file():
+            return
+        import tensorflow as tf
+        from tensorflow_serving.apis import prediction_log_pb2
+
+        started = time.perf_counter()
+        count = 0
+        try:
+            for record in tf.data.TFRecordDataset(str(warmup_path)).as_numpy_iterator():
+                count += 1
+                if count > MAX_WARMUP_RECORDS:
+                    raise ServingError(
+                        Code.INVALID_ARGUMENT,
+                        f"Number of warmup records exceeds the maximum ({MAX_WARMUP_RECORDS}) at {warmup_path}",
+                    )
+                entry = prediction_log_pb2.PredictionLog()
+                try:
+                    entry.ParseFromString(record)
+                except Exception:
+                    raise ServingError(
+                        Code.INVALID_ARGUMENT, f"Failed to parse warmup record from {warmup_path}"
+                    ) from None
+                for _ in range(self.warmup_iterations):
+                    replay(servable, entry)
+        except tf.errors.DataLossError as exc:
+            raise ServingError(
+                Code.DATA_LOSS, f"{exc.message}. Please verify your warmup data is in TFRecord format."
+            ) from None
+        except ServingError as exc:
+            self.metrics.warmup_latency.observe((time.perf_counter() - started) * 1e6, str(path), exc.code.name)
+            raise
+        self.metrics.warmup_latency.observe((time.perf_counter() - started) * 1e6, str(path), "OK")
+        log.info(
+            "Finished reading warmup data for model at %s. Number of warmup records read: %d.", warmup_path, count
+        )
+
+
+def replay(servable: Servable, entry) -> None:
+    """Run one PredictionLog's request against ``servable`` (answers are discarded)."""
+    kind = entry.WhichOneof("log_type")
+    if kind == "predict_log":
+        req = entry.predict_log.request
+        inputs = {alias: to_ndarray(t, alias) for alias, t in req.inputs.items()}
+        inference.run_predict(servable, req.model_spec.signature_name, inputs, list(req.output_filter))
+    elif kind == "classify_log":
+        req = entry.classify_log.request
+        inference.run_classify(servable, req.model_spec.signature_name, serialized_examples(req.input))
+    elif kind == "regress_log":
+        req = entry.regress_log.request
+        inference.run_regress(servable, req.model_spec.signature_name, serialized_examples(req.input))
+    elif kind == "multi_inference_log":
+        req = entry.multi_inference_log.request
+        examples = serialized_examples(req.input)
+        for task in req.tasks:
+            if task.method_name == "tensorflow/serving/classify":
+                inference.run_classify(servable, task.model_spec.signature_name, examples)
+            else:
+                inference.run_regress(servable, task.model_spec.signature_name, examples)
+    elif kind == "session_run_log":
+        raise ServingError(Code.UNIMPLEMENTED, f"Unsupported log_type for warmup: {kind}")

@@ -1,0 +1,300 @@
+"""The model manager: every model's versions, their states, labels, and availability-preserving swaps.
+
+States follow TF Serving: START -> LOADING -> AVAILABLE -> UNLOADING -> END; a failed load
+ends in END with its error kept for status. Requests read an immutable snapshot of the
+available versions, so loading and unloading never block them. A version stays loaded
+until a newer aspired version is AVAILABLE, so a failed or slow load never drops traffic.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from modelyard.errors import Code, ServingError
+from modelyard.serving.servable import Servable
+from modelyard.serving.versions import VersionPolicy, fingerprint, version_dirs
+
+log = logging.getLogger("modelyard.serving")
+
+START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    base_path: Path
+    policy: VersionPolicy = VersionPolicy()
+    labels: dict[str, int] = field(default_factory=dict)
+
+
+class VersionRecord:
+    """One version's lifecycle. ``inflight`` counts requests using the servable right now."""
+
+    def __init__(self, version: int, path: Path):
+        self.version = version
+        self.path = path
+        self.state = START
+        self.error: ServingError | None = None
+        self.servable: Servable | None = None
+        self.fingerprint: tuple = ()
+        self.inflight = 0
+        self.idle = threading.Condition()
+
+
+class Handle:
+    """A request's hold on one available version; unloading waits until every handle is released."""
+
+    __slots__ = ("record", "model_name")
+
+    def __init__(self, model_name: str, record: VersionRecord):
+        self.model_name = model_name
+        self.record = record
+
+    @property
+    def servable(self) -> Servable:
+        return self.record.servable
+
+    @property
+    def version(self) -> int:
+        return self.record.version
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        rec = self.record
+        with rec.idle:
+            rec.inflight -= 1
+            if rec.inflight == 0:
+                rec.idle.notify_all()
+
+
+class ModelState:
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.records: dict[int, VersionRecord] = {}
+        # Snapshot read by requests without locking: (latest available version, {version: record}).
+        self.available: tuple[int | None, dict[int, VersionRecord]] = (None, {})
+        self.removed = False
+
+
+LoadFn = Callable[[str, int, Path], Servable]
+
+
+class Manager:
+    def __init__(self, load: LoadFn, load_threads: int = 2, unload_timeout_s: float = 30.0):
+        self._load = load
+        self._models: dict[str, ModelState] = {}
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="load")
+        self._unload_timeout_s = unload_timeout_s
+        self._changed = threading.Condition(self._lock)
+        self.listeners: list[Callable[[str, VersionRecord], None]] = []
+
+    # ---- configuration -------------------------------------------------------------------
+    def model_names(self) -> list[str]:
+        return [n for n, m in self._models.items() if not m.removed]
+
+    def config_of(self, name: str) -> ModelConfig | None:
+        model = self._models.get(name)
+        return None if model is None or model.removed else model.config
+
+    def set_models(self, configs: list[ModelConfig]) -> None:
+        """Replace the set of served models: new ones are added, missing ones unloaded."""
+        names = [c.name for c in configs]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ServingError(
+                Code.INVALID_ARGUMENT, f"Illegal to list model {sorted(dupes)[0]} multiple times in config list"
+            )
+        with self._lock:
+            for config in configs:
+                model = self._models.get(config.name)
+                if model is None or model.removed:
+                    self._models[config.name] = ModelState(config)
+                else:
+                    model.config = config
+            for name, model in list(self._models.items()):
+                if name not in names and not model.removed:
+                    model.removed = True
+                    model.available = (None, {})
+                    for rec in model.records.values():
+                        if rec.state == AVAILABLE:
+                            self._start_unload(name, rec)
+        self.poll()
+
+    def set_labels(self, name: str, labels: dict[str, int]) -> None:
+        with self._lock:
+            model = self._models[name]
+            model.config = ModelConfig(model.config.name, model.config.base_path, model.config.policy, dict(labels))
+
+    # ---- polling and reconciliation ------------------------------------------------------
+    def poll(self) -> None:
+        """Look at every model's base path once and start the loads and unloads it calls for."""
+        with self._lock:
+            models = [(n, m) for n, m in self._models.items() if not m.removed]
+        for name, model in models:
+            on_disk = version_dirs(model.config.base_path)
+            prints = {v: fingerprint(p) for v, p in on_disk.items()}
+            with self._lock:
+                if model.removed:
+                    continue
+                self._reconcile(name, model, on_disk, prints)
+
+    def _reconcile(self, name: str, model: ModelState, on_disk: dict[int, Path], prints: dict) -> None:
+        aspired = model.config.policy.aspired(set(on_disk))
+        for version in sorted(aspired):
+            rec = model.records.get(version)
+            # An unloaded version aspired again reloads; a failed one only once its files change
+            # (e.g. a half-copied directory whose copy has since completed).
+            retry = rec is not None and rec.state == END and (
+                rec.error is None or prints[version] != rec.fingerprint
+            )
+            if rec is None or retry:
+                rec = VersionRecord(version, on_disk[version])
+                rec.fingerprint = prints[version]
+                model.records[version] = rec
+                self._notify(name, rec)
+                self._pool.submit(self._load_version, name, model, rec)
+        aspired_available = any(
+            model.records[v].state == AVAILABLE for v in aspired if v in model.records
+        )
+        for version, rec in list(model.records.items()):
+            if rec.state == AVAILABLE and version not in aspired and (aspired_available or not aspired):
+                self._start_unload(name, rec)
+
+    def _load_version(self, name: str, model: ModelState, rec: VersionRecord) -> None:
+        with self._lock:
+            rec.state = LOADING
+        self._notify(name, rec)
+        log.info("Loading servable version {name: %s version: %d} from %s", name, rec.version, rec.path)
+        started = time.perf_counter()
+        try:
+            servable = self._load(name, rec.version, rec.path)
+        except ServingError as exc:
+            self._fail(name, rec, exc)
+        except Exception as exc:  # a broken export must never take the server down
+            self._fail(name, rec, ServingError(Code.UNKNOWN, f"{type(exc).__name__}: {exc}"))
+        else:
+            with self._lock:
+                if model.removed:
+                    servable.close()
+                    rec.state = END
+                else:
+                    rec.servable = servable
+                    rec.state = AVAILABLE
+                    self._publish(model)
+            log.info(
+                "Successfully loaded servable version {name: %s version: %d} (%s runtime, %.2fs)",
+                name, rec.version, servable.runtime, time.perf_counter() - started,
+            )
+            self._notify(name, rec)
+            self.poll()  # a newly available version may allow older ones to unload
+
+    def _fail(self, name: str, rec: VersionRecord, error: ServingError) -> None:
+        with self._lock:
+            rec.error = error
+            rec.state = END
+        log.error("Failed to load servable version {name: %s version: %d}: %s", name, rec.version, error.message)
+        self._notify(name, rec)
+
+    def _start_unload(self, name: str, rec: VersionRecord) -> None:
+        rec.state = UNLOADING
+        model = self._models[name]
+        if not model.removed:
+            self._publish(model)
+        self._notify(name, rec)
+        self._pool.submit(self._unload_version, name, rec)
+
+    def _unload_version(self, name: str, rec: VersionRecord) -> None:
+        with rec.idle:
+            rec.idle.wait_for(lambda: rec.inflight == 0, timeout=self._unload_timeout_s)
+        servable, rec.servable = rec.servable, None
+        if servable is not None:
+            servable.close()
+        with self._lock:
+            rec.state = END
+        log.info("Unloaded servable version {name: %s version: %d}", name, rec.version)
+        self._notify(name, rec)
+
+    def _publish(self, model: ModelState) -> None:
+        available = {v: r for v, r in model.records.items() if r.state == AVAILABLE}
+        model.available = (max(available) if available else None, available)
+
+    def _notify(self, name: str, rec: VersionRecord) -> None:
+        with self._changed:
+            self._changed.notify_all()
+        for listener in self.listeners:
+            listener(name, rec)
+
+    # ---- waiting -------------------------------------------------------------------------
+    def settled(self, names: list[str] | None = None) -> bool:
+        """True when no load or unload is under way for ``names`` (default: all models)."""
+        with self._lock:
+            for name, model in self._models.items():
+                if names is not None and name not in names:
+                    continue
+                if any(r.state in (START, LOADING, UNLOADING) for r in model.records.values()):
+                    return False
+        return True
+
+    def wait_settled(self, names: list[str] | None = None, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self.settled(names):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._changed.wait(timeout=0.2 if remaining is None else min(remaining, 0.2))
+        return True
+
+    # ---- request path --------------------------------------------------------------------
+    def acquire(self, name: str, version: int | None = None, label: str | None = None) -> Handle:
+        """Hold an available version for one request (latest when no version or label is given)."""
+        model = self._models.get(name)
+        if label is not None:
+            labels = model.config.labels if model is not None and not model.removed else {}
+            if label not in labels:
+                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+            version = labels[label]
+        for _attempt in range(3):
+            latest, available = model.available if model is not None else (None, {})
+            rec = available.get(latest if version is None else version)
+            if rec is None:
+                break
+            with rec.idle:
+                if rec.state == AVAILABLE:
+                    rec.inflight += 1
+                    return Handle(name, rec)
+            # Lost a race with an unload; a newer snapshot has been published, so look again.
+        what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {what}")
+
+    def version_states(self, name: str) -> list[VersionRecord]:
+        """Every known version of ``name``, newest first (TF Serving's order)."""
+        model = self._models.get(name)
+        if model is None or model.removed:
+            return []
+        with self._lock:
+            return [model.records[v] for v in sorted(model.records, reverse=True)]
+
+    def is_available(self, name: str, version: int) -> bool:
+        model = self._models.get(name)
+        return model is not None and version in model.available[1]
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for name, model in self._models.items():
+                model.removed = True
+                model.available = (None, {})
+                for rec in model.records.values():
+                    if rec.servable is not None:
+                        rec.servable.close()
+                        rec.servable = None
+                        rec.state = END
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,137 @@
+"""``modelyard serve`` flags: TF Serving's names and defaults, checked for contradictions up front."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    flag = dict(type=_bool, nargs="?", const=True, default=False, metavar="BOOL")
+    add("--port", type=int, default=8500, help="gRPC port (default 8500)")
+    add("--rest_api_port", type=int, default=8501, help="REST port (default 8501; 0 disables REST)")
+    add("--host", default="0.0.0.0", help="address to bind both ports to (default 0.0.0.0)")
+    add("--model_name", default=None, help="name of the single model to serve (default 'default')")
+    add("--model_base_path", default=None, help="base path of the single model: holds version dirs 1, 2, ...")
+    add("--model_config_file", default=None, help="text ModelServerConfig naming several models")
+    add("--model_config_file_poll_wait_seconds", type=int, default=0,
+        help="re-read --model_config_file this often (0: read once)")
+    add("--file_system_poll_wait_seconds", type=int, default=1,
+        help="look for new versions this often (0: once at start)")
+    add("--allow_version_labels_for_unavailable_models", **flag,
+        help="allow labels to point at versions that are not loaded yet")
+    add("--monitoring_config_file", default=None, help="text MonitoringConfig (enables Prometheus metrics)")
+    add("--rest_api_enable_cors_support", **flag, help="send CORS headers on REST responses")
+    add("--rest_api_timeout_in_ms", type=int, default=30000, help="REST request timeout (default 30000; 0: none)")
+    add("--rest_api_num_threads", type=int, default=0, help="REST worker threads (default: 4 per core)")
+    add("--rest_api_max_body_bytes", type=int, default=256 * 1024 * 1024,
+        help="largest REST request body accepted, in bytes (default 256 MiB)")
+    add("--grpc_max_threads", type=int, default=0, help="gRPC worker threads (default: 4 per core)")
+    add("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="replay assets.extra/tf_serving_warmup_requests before serving a version (default true)")
+    add("--num_request_iterations_for_warmup", type=int, default=1, help="times each warmup record is replayed")
+    add("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF decides)")
+    add("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF decides)")
+
+
+@dataclass
+class ServeOptions:
+    port: int
+    rest_api_port: int
+    host: str
+    model_name: str | None
+    model_base_path: Path | None
+    model_config_file: Path | None
+    model_config_file_poll_wait_seconds: int
+    file_system_poll_wait_seconds: int
+    allow_version_labels_for_unavailable_models: bool
+    monitoring_config_file: Path | None
+    rest_api_enable_cors_support: bool
+    rest_api_timeout_in_ms: int
+    rest_api_num_threads: int
+    rest_api_max_body_bytes: int
+    grpc_max_threads: int
+    enable_model_warmup: bool
+    num_request_iterations_for_warmup: int
+    tensorflow_intra_op_parallelism: int
+    tensorflow_inter_op_parallelism: int
+    use_demo: bool = False
+
+
+class OptionsError(ValueError):
+    """A contradictory or impossible combination of flags; the message says how to fix it."""
+
+
+def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
+    """Flags (and TF Serving's MODEL_NAME / MODEL_BASE_PATH variables) -> checked options."""
+    model_name, base_path = args.model_name, args.model_base_path
+    if args.model_config_file and (model_name or base_path):
+        raise OptionsError(
+            "--model_config_file names the models itself: drop --model_name/--model_base_path, "
+            "or drop --model_config_file to serve one model"
+        )
+    use_demo = False
+    if not args.model_config_file and not base_path:
+        if "MODEL_BASE_PATH" in environ or "MODEL_NAME" in environ:
+            # As in TF Serving's Docker image: ${MODEL_BASE_PATH}/${MODEL_NAME}.
+            model_name = model_name or environ.get("MODEL_NAME", "model")
+            base_path = os.path.join(environ.get("MODEL_BASE_PATH", "/models"), model_name)
+        elif model_name:
+            raise OptionsError(f"--model_name {model_name} needs --model_base_path (the directory of its versions)")
+        else:
+            use_demo = True
+    if base_path and not Path(base_path).is_dir():
+        raise OptionsError(
+            f"model base path {base_path} is not a directory: export a model there first "
+            "(modelyard.export(model, path)) or fix --model_base_path"
+        )
+    if args.model_config_file and not Path(args.model_config_file).is_file():
+        raise OptionsError(f"--model_config_file {args.model_config_file} does not exist")
+    if args.monitoring_config_file and not Path(args.monitoring_config_file).is_file():
+        raise OptionsError(f"--monitoring_config_file {args.monitoring_config_file} does not exist")
+    for flag in ("port", "rest_api_port"):
+        value = getattr(args, flag)
+        if not 0 <= value <= 65535:
+            raise OptionsError(f"--{flag} must be between 0 and 65535, got {value}")
+    if args.port == 0:
+        raise OptionsError("--port must be a real port: the gRPC API is always served")
+    if args.rest_api_port and args.rest_api_port == args.port:
+        raise OptionsError(f"--rest_api_port and --port are both {args.port}: give them different ports")
+    for flag in ("rest_api_timeout_in_ms", "rest_api_num_threads", "rest_api_max_body_bytes", "grpc_max_threads",
+                 "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup"):
+        if getattr(args, flag) < 0:
+            raise OptionsError(f"--{flag} cannot be negative")
+    cores = os.cpu_count() or 1
+    return ServeOptions(
+        port=args.port,
+        rest_api_port=args.rest_api_port,
+        host=args.host,
+        model_name=model_name or ("my_mnist_model" if use_demo else "default"),
+        model_base_path=Path(base_path).resolve() if base_path else None,
+        model_config_file=Path(args.model_config_file).resolve() if args.model_config_file else None,
+        model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+        file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
+        allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
+        monitoring_config_file=Path(args.monitoring_config_file) if args.monitoring_config_file else None,
+        rest_api_enable_cors_support=args.rest_api_enable_cors_support,
+        rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
+        rest_api_num_threads=args.rest_api_num_threads or 4 * cores,
+        rest_api_max_body_bytes=args.rest_api_max_body_bytes,
+        grpc_max_threads=args.grpc_max_threads or 4 * cores,
+        enable_model_warmup=args.enable_model_warmup,
+        num_request_iterations_for_warmup=args.num_request_iterations_for_warmup,
+        tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,
+        tensorflow_inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+        use_demo=use_demo,
+    )

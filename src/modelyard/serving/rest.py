@@ -1,0 +1,198 @@
+"""TF Serving's REST API as a raw ASGI app: routing, body limits, CORS, and the error mapping.
+
+No web framework: the hot path is parse body -> core -> encode, with the model call on a
+thread pool so the event loop keeps accepting connections.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote
+
+import orjson
+
+from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving import rest_json
+from modelyard.serving.core import ModelSpec, ServingCore
+from modelyard.serving.signatures import DEFAULT_SIGNATURE
+
+log = logging.getLogger("modelyard.serving")
+
+_POST = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)", re.I)
+_GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.I)
+
+_JSON = [(b"content-type", b"application/json")]
+_CORS = [
+    (b"access-control-allow-origin", b"*"),
+    (b"access-control-allow-methods", b"POST, GET"),
+    (b"access-control-allow-headers", b"Content-Type"),
+]
+
+
+class RestApp:
+    def __init__(
+        self,
+        core: ServingCore,
+        threads: int,
+        timeout_ms: int = 0,
+        max_body_bytes: int = 0,
+        cors: bool = False,
+        metrics_path: str | None = None,
+    ):
+        self.core = core
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rest")
+        self.timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
+        self.max_body_bytes = max_body_bytes
+        self.extra_headers = _CORS if cors else []
+        self.metrics_path = metrics_path
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        headers = _JSON + self.extra_headers
+        if method == "OPTIONS" and self.extra_headers:
+            await _respond(send, 204, self.extra_headers, b"")
+            return
+        if self.metrics_path and path == self.metrics_path:
+            body = self.core.metrics.render().encode()
+            await _respond(send, 200, [(b"content-type", b"text/plain")] + self.extra_headers, body)
+            return
+        if not path.lower().startswith("/v1/"):
+            await _respond(send, 404, headers, rest_json.error_body(ServingError(Code.NOT_FOUND, f"Not found: {path}")))
+            return
+        body, too_large = await self._read_body(scope, receive)
+        if too_large:
+            message = (
+                f"Request body exceeds the limit of {self.max_body_bytes} bytes; send smaller batches or raise "
+                "--rest_api_max_body_bytes"
+            )
+            await _respond(send, 413, headers, orjson.dumps({"error": message}))
+            return
+        future = asyncio.get_running_loop().run_in_executor(self.pool, self.handle, method, path, body)
+        try:
+            status, payload = await asyncio.wait_for(future, self.timeout_s) if self.timeout_s else await future
+        except asyncio.TimeoutError:
+            error = ServingError(Code.DEADLINE_EXCEEDED, "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms")
+            status, payload = error.http_status, rest_json.error_body(error)
+        await _respond(send, status, headers, payload)
+
+    async def _read_body(self, scope, receive) -> tuple[bytes, bool]:
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and limit and value.isdigit() and int(value) > limit:
+                return b"", True
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if limit and size > limit:
+                return b"", True
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks), False
+
+    # ---- runs on the thread pool ------------------------------------------------------------
+    def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            if method == "POST":
+                match = _POST.fullmatch(path)
+                if match:
+                    return 200, self._post(match, body)
+            elif method == "GET":
+                match = _GET.fullmatch(path)
+                if match:
+                    return 200, self._get(match)
+            raise invalid_argument(f"Malformed request: {method} {path}")
+        except ServingError as exc:
+            return exc.http_status, rest_json.error_body(exc)
+        except Exception as exc:  # a bug must answer 500, never kill the server
+            log.exception("REST request failed: %s %s", method, path)
+            error = rest_json.internal_error(exc)
+            return error.http_status, rest_json.error_body(error)
+
+    def _spec(self, match) -> ModelSpec:
+        name, version, label = match.group(1), match.group(2), match.group(3)
+        if name is None:
+            raise invalid_argument("Missing model name in request.")
+        if version is not None:
+            try:
+                version_number = int(version)
+                if version_number >= 2**63:
+                    raise ValueError
+            except ValueError:
+                raise invalid_argument(f"Failed to convert version: {version} to numeric.") from None
+        return ModelSpec(unquote(name), int(version) if version else None, unquote(label) if label else None)
+
+    def _post(self, match, body: bytes) -> bytes:
+        spec = self._spec(match)
+        api = match.group(4).lower()
+        core = self.core
+        with core.request(spec.name, api, "REST"):
+            if api == "predict":
+                signature_name, key, payload = rest_json.parse_predict(body)
+                with core.acquire(spec) as handle:
+                    sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
+                    if sig is None:
+                        raise invalid_argument(
+                            f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
+                        )
+                    if key == "instances":
+                        inputs = rest_json.inputs_from_instances(payload, sig)
+                    else:
+                        inputs = rest_json.inputs_from_columns(payload, sig)
+                    _, outputs = core.predict(handle, sig.name, inputs)
+                return rest_json.predict_body(outputs, key == "instances")
+            signature_name, examples = rest_json.parse_examples(body, api)
+            with core.acquire(spec) as handle:
+                if api == "classify":
+                    _, result = core.classify(handle, signature_name, examples)
+                    return rest_json.classify_body(result.classes, result.scores, len(examples))
+                _, values = core.regress(handle, signature_name, examples)
+                return rest_json.regress_body(values)
+
+    def _get(self, match) -> bytes:
+        spec = self._spec(match)
+        if match.group(4):
+            return metadata_json(self.core, spec)
+        statuses = self.core.status(spec.name, spec.version)
+        return orjson.dumps(
+            {
+                "model_version_status": [
+                    {
+                        "version": str(s.version),
+                        "state": s.state,
+                        "status": {"error_code": s.error_code, "error_message": s.error_message},
+                    }
+                    for s in statuses
+                ]
+            }
+        )
+
+
+def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:
+    from google.protobuf import json_format
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    with core.acquire(spec) as handle:
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        for name, sig_def in handle.servable.signature_def_map.items():
+            sig_map.signature_def[name].CopyFrom(sig_def)
+        version = handle.version
+    signature_defs = json_format.MessageToDict(
+        sig_map, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+    )
+    return orjson.dumps(
+        {
+            "model_spec": {"name": spec.name, "signature_name": "", "version": str(version)},
+            "metadata": {"signature_def": signature_defs},
+        }
+    )
+
+
+async def _respond(send, status: int, headers, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers + [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,190 @@
+"""The model server process: wires sources, manager, core and both protocol adapters.
+
+Ports open only after the initial models have settled, so a client that can connect
+finds them AVAILABLE (TF Serving's readiness rule).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from modelyard.errors import Code, ServingError
+from modelyard.serving import config as config_files
+from modelyard.serving.core import ServingCore
+from modelyard.serving.grpc_api import add_services
+from modelyard.serving.loader import VersionLoader
+from modelyard.serving.manager import Manager, ModelConfig
+from modelyard.serving.metrics import ServingMetrics
+from modelyard.serving.options import ServeOptions
+from modelyard.serving.rest import RestApp
+
+log = logging.getLogger("modelyard.serving")
+
+RELOAD_WAIT_S = 300.0
+
+
+class ModelServer:
+    def __init__(self, options: ServeOptions):
+        self.options = options
+        self.metrics = ServingMetrics()
+        self.manager = Manager(VersionLoader(self.metrics, self._session_config(), self._warmup_iterations()))
+        self.core = ServingCore(self.manager, self.metrics)
+        self._stop = threading.Event()
+        self._config_text: str | None = None
+        self._reload_lock = threading.Lock()
+        self.grpc_server: grpc.Server | None = None
+        self.rest_app: RestApp | None = None
+
+    def _session_config(self):
+        import tensorflow as tf
+
+        o = self.options
+        return tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=o.tensorflow_intra_op_parallelism,
+            inter_op_parallelism_threads=o.tensorflow_inter_op_parallelism,
+        )
+
+    def _warmup_iterations(self) -> int:
+        return self.options.num_request_iterations_for_warmup if self.options.enable_model_warmup else 0
+
+    # ---- configuration ----------------------------------------------------------------------
+    def initial_configs(self) -> list[ModelConfig]:
+        o = self.options
+        if o.model_config_file:
+            self._config_text = o.model_config_file.read_text()
+            return config_files.model_configs(config_files.read_model_server_config(o.model_config_file))
+        return [ModelConfig(o.model_name, o.model_base_path)]
+
+    def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
+        """Replace the served models; labels are checked once the versions they name have loaded."""
+        with self._reload_lock:
+            allow = self.options.allow_version_labels_for_unavailable_models
+            known = set(self.manager.model_names())
+            for cfg in configs:  # existing models: refuse bad labels before changing anything
+                if cfg.name in known and not allow:
+                    self._check_labels(cfg)
+            staged = [c if c.name in known else ModelConfig(c.name, c.base_path, c.policy, {}) for c in configs]
+            if allow:
+                staged = configs
+            self.manager.set_models(staged)
+            names = [c.name for c in configs]
+            self.manager.wait_settled(names, timeout=wait_s)
+            failed = [
+                f"{{name: {c.name}}}" for c in configs
+                if not any(r.state == "AVAILABLE" for r in self.manager.version_states(c.name))
+            ]
+            for cfg in configs:
+                if cfg.name not in known and cfg.labels and not allow:
+                    self._check_labels(cfg)
+                    self.manager.set_labels(cfg.name, cfg.labels)
+            if failed:
+                raise ServingError(
+                    Code.UNKNOWN, f"{len(failed)} model(s) did not become available: {{{', '.join(failed)}}}"
+                )
+
+    def _check_labels(self, cfg: ModelConfig) -> None:
+        for label, version in cfg.labels.items():
+            if not self.manager.is_available(cfg.name, version):
+                raise ServingError(
+                    Code.FAILED_PRECONDITION,
+                    f"Request to assign label to version {version} of model {cfg.name}, which is not "
+                    "currently available for inference",
+                )
+
+    def reload_config(self, proto) -> None:
+        """ModelService.HandleReloadConfigRequest."""
+        self.apply_configs(config_files.model_configs(proto))
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        o = self.options
+        configs = self.initial_configs()
+        log.info("Loading %d model(s): %s", len(configs), ", ".join(c.name for c in configs))
+        try:
+            self.apply_configs(configs, wait_s=None)
+        except ServingError as exc:
+            if exc.code == Code.FAILED_PRECONDITION:
+                raise
+            log.error("%s; serving the rest (status shows why)", exc.message)
+        threading.Thread(target=self._poll_loop, name="source-poll", daemon=True).start()
+        self.grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
+            options=[("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)],
+        )
+        add_services(self.grpc_server, self.core, self.reload_config)
+        bound = self.grpc_server.add_insecure_port(f"{o.host}:{o.port}")
+        if bound == 0:
+            raise OSError(f"cannot bind gRPC port {o.host}:{o.port}: is another server running? Use --port")
+        self.grpc_server.start()
+        log.info("Running gRPC ModelServer at %s:%d ...", o.host, o.port)
+        metrics_path = None
+        if o.monitoring_config_file:
+            monitoring = config_files.read_monitoring_config(o.monitoring_config_file)
+            if monitoring.prometheus_enabled:
+                metrics_path = monitoring.prometheus_path
+        self.rest_app = RestApp(
+            self.core,
+            threads=o.rest_api_num_threads,
+            timeout_ms=o.rest_api_timeout_in_ms,
+            max_body_bytes=o.rest_api_max_body_bytes,
+            cors=o.rest_api_enable_cors_support,
+            metrics_path=metrics_path,
+        )
+
+    def _poll_loop(self) -> None:
+        o = self.options
+        if o.file_system_poll_wait_seconds <= 0 and o.model_config_file_poll_wait_seconds <= 0:
+            return
+        next_config_check = time.monotonic() + o.model_config_file_poll_wait_seconds
+        interval = o.file_system_poll_wait_seconds if o.file_system_poll_wait_seconds > 0 else 1
+        while not self._stop.wait(interval):
+            try:
+                if o.model_config_file and o.model_config_file_poll_wait_seconds > 0 and time.monotonic() >= next_config_check:
+                    next_config_check = time.monotonic() + o.model_config_file_poll_wait_seconds
+                    self._reread_config_file()
+                if o.file_system_poll_wait_seconds > 0:
+                    self.manager.poll()
+            except Exception:  # polling must survive a bad config edit or a vanished directory
+                log.exception("Polling failed; will try again")
+
+    def _reread_config_file(self) -> None:
+        text = self.options.model_config_file.read_text()
+        if text == self._config_text:
+            return
+        self._config_text = text
+        try:
+            self.apply_configs(config_files.model_configs(config_files.parse_model_server_config(text)))
+            log.info("Applied the changed --model_config_file")
+        except ServingError as exc:
+            log.error("Changed --model_config_file not fully applied: %s", exc.message)
+
+    def serve_rest_forever(self) -> None:
+        """Run the REST API in this thread until SIGINT/SIGTERM; then stop everything."""
+        o = self.options
+        try:
+            if o.rest_api_port:
+                import uvicorn
+
+                config = uvicorn.Config(
+                    self.rest_app, host=o.host, port=o.rest_api_port, loop="uvloop", http="httptools",
+                    lifespan="off", access_log=False, log_level="warning", timeout_keep_alive=30,
+                )
+                server = uvicorn.Server(config)
+                log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
+                server.run()
+                if not server.started:
+                    raise OSError(f"cannot bind REST port {o.host}:{o.rest_api_port}: use --rest_api_port")
+            else:
+                self.grpc_server.wait_for_termination()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=2)
+        self.manager.shutdown()

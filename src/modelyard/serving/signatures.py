@@ -1,0 +1,60 @@
+"""What a servable exposes: its signatures, each with typed, named inputs and outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from modelyard.serving import dtypes
+
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+DEFAULT_SIGNATURE = "serving_default"
+# TF2 exports carry this pseudo-signature; it runs initializers and is never served.
+INIT_OP_SIGNATURE = "__saved_model_init_op"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    alias: str  # the key clients use (signature input/output name)
+    tensor_name: str  # the graph tensor, e.g. "x:0" (or the LiteRT tensor name)
+    dtype: int  # tensorflow DataType enum value
+    shape: tuple[int, ...] | None  # None: unknown rank; -1: unknown dimension
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return dtypes.to_numpy(self.dtype)
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    method_name: str
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    # Default values for inputs the client may omit (TF2 SignatureDef.defaults).
+    defaults: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def specs_from_signature_def(tensor_map) -> dict[str, TensorSpec]:
+    specs = {}
+    for alias, info in tensor_map.items():
+        shape = None if info.tensor_shape.unknown_rank else tuple(d.size for d in info.tensor_shape.dim)
+        specs[alias] = TensorSpec(alias, info.name, info.dtype, shape)
+    return specs
+
+
+def from_signature_def(name: str, signature_def) -> Signature:
+    defaults = {}
+    if hasattr(signature_def, "defaults"):
+        from tensorflow.python.framework import tensor_util
+
+        defaults = {k: tensor_util.MakeNdarray(v) for k, v in signature_def.defaults.items()}
+    return Signature(
+        name=name,
+        method_name=signature_def.method_name,
+        inputs=specs_from_signature_def(signature_def.inputs),
+        outputs=specs_from_signature_def(signature_def.outputs),
+        defaults=defaults,
+    )

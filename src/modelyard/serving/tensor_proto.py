@@ -1,0 +1,78 @@
+"""TensorProto <-> NumPy, for gRPC requests, responses and warmup records.
+
+Responses use typed fields (``float_val`` ...) as TF Serving does, so clients that read
+``outputs['y'].float_val`` keep working; requests may use either form.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+from modelyard.errors import invalid_argument
+from modelyard.serving import dtypes
+
+# dtype enum -> the typed field TF writes values of that dtype into.
+_FIELD = {
+    types_pb2.DT_FLOAT: "float_val",
+    types_pb2.DT_DOUBLE: "double_val",
+    types_pb2.DT_INT32: "int_val",
+    types_pb2.DT_INT16: "int_val",
+    types_pb2.DT_INT8: "int_val",
+    types_pb2.DT_UINT8: "int_val",
+    types_pb2.DT_UINT16: "int_val",
+    types_pb2.DT_INT64: "int64_val",
+    types_pb2.DT_UINT32: "uint32_val",
+    types_pb2.DT_UINT64: "uint64_val",
+    types_pb2.DT_BOOL: "bool_val",
+    types_pb2.DT_STRING: "string_val",
+}
+
+
+def to_ndarray(proto, alias: str = "") -> np.ndarray:
+    """Decode a request TensorProto; a single typed value broadcasts to the whole shape."""
+    try:
+        shape = tuple(d.size for d in proto.tensor_shape.dim)
+        dtype = dtypes.to_numpy(proto.dtype)
+        if proto.tensor_content and dtype.kind != "O":
+            return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
+        from tensorflow.python.framework import tensor_util
+
+        return tensor_util.MakeNdarray(proto)
+    except (TypeError, ValueError) as exc:
+        raise invalid_argument(f"tensor parsing error: {alias} ({exc})") from None
+
+
+def from_ndarray(value: np.ndarray, proto=None):
+    """Encode a response array into ``proto`` (a new TensorProto when not given)."""
+    if proto is None:
+        proto = tensor_pb2.TensorProto()
+    value = np.asarray(value)
+    enum = dtypes.from_numpy(value.dtype)
+    proto.dtype = enum
+    proto.tensor_shape.CopyFrom(
+        tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in value.shape])
+    )
+    field = _FIELD.get(enum)
+    if field == "string_val":
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in value.ravel())
+    elif field is not None:
+        getattr(proto, field).extend(value.ravel().tolist())
+    elif enum == types_pb2.DT_HALF:
+        proto.half_val.extend(value.ravel().view(np.uint16).tolist())
+    else:
+        proto.tensor_content = np.ascontiguousarray(value).tobytes()
+    return proto
+
+
+def serialized_examples(input_proto) -> list[bytes]:
+    """A tensorflow.serving.Input as serialized tf.Examples (context merged into each)."""
+    from modelyard.serving.inference import merge_context
+
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        return [e.SerializeToString() for e in input_proto.example_list.examples]
+    if kind == "example_list_with_context":
+        lwc = input_proto.example_list_with_context
+        context = lwc.context.SerializeToString() if lwc.HasField("context") else b""
+        return merge_context([e.SerializeToString() for e in lwc.examples], context)
+    raise invalid_argument("Input is empty.")

@@ -1,0 +1,65 @@
+"""Version directories and version policies: which versions exist on disk and which to serve.
+
+A version is a sub-directory with an integer name (``0001`` is version 1); hidden and
+other names are ignored, which lets exporters write ``.tmp-*`` dirs and rename atomically.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def version_dirs(base_path: Path) -> dict[int, Path]:
+    """Integer-named sub-directories of ``base_path`` by version number."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(base_path))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if entry.name.isdigit() and entry.is_dir():
+            found.setdefault(int(entry.name), Path(entry.path))
+    return found
+
+
+def fingerprint(path: Path) -> tuple:
+    """Sizes and mtimes of every file under ``path``: changes while a copy is still under way."""
+    items = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                continue
+            items.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(items))
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """TF Serving's ServableVersionPolicy as data: kind is 'latest', 'all' or 'specific'."""
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: frozenset[int] = frozenset()
+
+    def aspired(self, on_disk: set[int]) -> set[int]:
+        if self.kind == "all":
+            return set(on_disk)
+        if self.kind == "specific":
+            return set(on_disk) & set(self.versions)
+        return set(sorted(on_disk)[-max(self.num_versions, 1):])
+
+    @classmethod
+    def from_proto(cls, policy) -> "VersionPolicy":
+        """Build from a FileSystemStoragePathSourceConfig.ServableVersionPolicy message."""
+        which = policy.WhichOneof("policy_choice")
+        if which == "all":
+            return cls("all")
+        if which == "specific":
+            return cls("specific", versions=frozenset(policy.specific.versions))
+        if which == "latest" and policy.latest.num_versions > 0:
+            return cls("latest", num_versions=policy.latest.num_versions)
+        return cls()
