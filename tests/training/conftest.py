@@ -1,0 +1,65 @@
+"""Helpers for training tests: run modelyard in subprocesses, always cleaned up."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+MODELYARD = [sys.executable, "-m", "modelyard"]
+
+
+def write_config(directory: Path, name: str, **values) -> Path:
+    values.setdefault("model", "demo")
+    values.setdefault("job_dir", str(directory / f"job-{name}"))
+    values.setdefault("tensorboard", False)
+    values.setdefault("input_report", False)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def run(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m modelyard ARGS`` in its own process group; kill the group if it overruns."""
+    proc = subprocess.Popen(MODELYARD + args, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def model_weights(version_dir: Path) -> dict[str, "object"]:
+    """Variables of an exported SavedModel, read from its checkpoint (no graph loaded)."""
+    import modelyard  # noqa: F401  (TF env before TF)
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(version_dir / "variables" / "variables"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "OPTIMIZER_SLOT" not in name and "_CHECKPOINTABLE_OBJECT_GRAPH" not in name}
+
+
+SLOW_MODEL = textwrap.dedent('''
+    """Digits MLP whose epochs take a few seconds, so a test can kill a task mid-training."""
+    from modelyard.training.demo import build_model  # noqa: F401
+''')
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    return tmp_path
