@@ -1,0 +1,40 @@
+"""Shared servers for the serving tests: started once, always stopped."""
+from __future__ import annotations
+
+import pytest
+
+from tests.serving.server_process import TESTDATA, ServerProcess
+
+if not TESTDATA.is_dir():  # the shared folder sits next to the repository
+    raise RuntimeError(f"TF Serving test models not found at {TESTDATA}")
+
+
+@pytest.fixture(scope="session")
+def testdata_config(tmp_path_factory):
+    """A ModelServerConfig serving every TF Serving test model under its own name."""
+    path = tmp_path_factory.mktemp("config") / "models.config"
+    entries = {
+        "default": "saved_model_half_plus_two_cpu",
+        "tf2": "saved_model_half_plus_two_tf2_cpu",
+        "tflite": "saved_model_half_plus_two_tflite",
+        "bad": "bad_half_plus_two",
+    }
+    body = "".join(
+        f'  config: {{ name: "{name}" base_path: "{TESTDATA / folder}" model_platform: "tensorflow" }}\n'
+        for name, folder in entries.items()
+    )
+    path.write_text("model_config_list: {\n" + body + "}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def testdata_server(testdata_config, tmp_path_factory):
+    server = ServerProcess(
+        "--model_config_file", str(testdata_config),
+        "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+        "--rest_api_enable_cors_support",
+        "--rest_api_max_body_bytes", "100000",
+        log_dir=tmp_path_factory.mktemp("logs"),
+    )
+    with server:
+        yield server
