@@ -7,10 +7,6 @@ from pathlib import Path
 import modelyard  # noqa: F401  (sets the TF/Keras environment before TensorFlow is imported)
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TFSERVING_TESTDATA = REPO_ROOT / ".." / "shared" / "testdata" / "tfserving"
-
-
 @pytest.fixture(scope="session")
 def demo_base(tmp_path_factory) -> Path:
     """The demo digits classifier (versions 0001, 0002), built into a per-session cache

@@ -97,9 +97,13 @@ def run(args) -> int:
             _, content = pipeline.qat_convert(prepared, args.epochs, args.io_dtype)
         else:
             content = prepared.convert(options)
-        report = None if args.no_report else prepared.measure(content, options)
-        if report is not None:
-            report.mode = "qat-int8" if args.qat else report.mode
+        report = None
+        if not args.no_report:
+            try:
+                report = prepared.measure(content, options)
+                report.mode = "qat-int8" if args.qat else report.mode
+            except pipeline.NotMeasurable as exc:
+                print(f"modelyard convert: warning: {exc}", file=sys.stderr)
     except ConvertError as exc:
         print(f"modelyard convert: error: {exc}", file=sys.stderr)
         return 1

@@ -41,10 +41,22 @@ class Prepared:
     def measure(self, content: bytes, options: ConvertOptions, float_size: int | None = None) -> ModeReport:
         if self.reference is None:
             raise ConvertError("no evaluation data prepared")
-        return measure(
-            content, self.reference, options.quantize, options.io_dtype, float_size,
-            input_order=list(self.signature.inputs), output_order=list(self.signature.outputs),
-        )
+        try:
+            return measure(
+                content, self.reference, options.quantize, options.io_dtype, float_size,
+                input_order=list(self.signature.inputs), output_order=list(self.signature.outputs),
+            )
+        except RuntimeError as exc:
+            if "Select TensorFlow op" in str(exc) or "Flex" in str(exc):
+                raise NotMeasurable(
+                    "the model contains TF (Flex) ops, which the installed LiteRT cannot run "
+                    "(no Flex delegate in the ai-edge-litert wheel): size only, no latency or accuracy"
+                ) from exc
+            raise
+
+
+class NotMeasurable(ConvertError):
+    """The flatbuffer is valid but cannot run in this process's LiteRT."""
 
 
 def _eval_data(signature: SignatureSpec, representative: str | None, eval_data: str | None) -> Dataset:
