@@ -51,7 +51,7 @@ def model_weights(version_dir: Path) -> dict[str, "object"]:
 
     reader = tf.train.load_checkpoint(str(version_dir / "variables" / "variables"))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "OPTIMIZER_SLOT" not in name and "_CHECKPOINTABLE_OBJECT_GRAPH" not in name}
+            if name.startswith("layer_with_weights-")}
 
 
 SLOW_MODEL = textwrap.dedent('''
