@@ -8,6 +8,7 @@ freezes the variables into constants first.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 from modelyard.edge.data import Dataset, representative_batches
@@ -26,7 +27,11 @@ def _unsupported_ops(message: str) -> list[str]:
 
 def _run(converter, options: ConvertOptions) -> bytes:
     try:
-        return converter.convert()
+        with warnings.catch_warnings():
+            # "Statistics for quantized inputs were expected": raised for inputs that are
+            # already integer (uint8 pixels), which need no statistics.
+            warnings.filterwarnings("ignore", message="Statistics for quantized inputs")
+            return converter.convert()
     except Exception as exc:  # the converter raises several unrelated types (ConverterError, ValueError...)
         message = str(exc)
         ops = _unsupported_ops(message)

@@ -16,7 +16,7 @@ def _quantizable_clone(model):
     import tensorflow as tf
     import tensorflow_model_optimization as tfmot
 
-    registry = tfmot.quantization.keras.default_8bit.default_8bit_quantize_registry.Default8BitQuantizeRegistry()
+    registry = tfmot.quantization.keras.default_8bit.Default8BitQuantizeRegistry()
 
     def annotate(layer):
         if registry.supports(layer):
