@@ -1,0 +1,87 @@
+"""Must-show 5: wrong inputs give a clear error before any process or training starts."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import run, write_config
+from modelyard.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _train_error(capsys, config) -> str:
+    assert main(["train", str(config)]) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_build_model_is_named(tmp, capsys):
+    model = tmp / "mymodel.py"
+    model.write_text("def build(): pass\n")
+    config = write_config(tmp, "nobuild", model=str(model))
+    err = _train_error(capsys, config)
+    assert "defines no build_model()" in err and "mymodel.py" in err
+    assert not (tmp / "job-nobuild").exists()  # nothing started, nothing written
+
+
+def test_missing_model_file_and_config(tmp, capsys):
+    err = _train_error(capsys, write_config(tmp, "nofile", model=str(tmp / "absent.py")))
+    assert "not found" in err and "build_model()" in err
+    err = _train_error(capsys, tmp / "absent.yaml")
+    assert "config file" in err and "not found" in err
+
+
+def test_batch_that_does_not_divide_across_replicas(tmp, capsys):
+    config = write_config(tmp, "odd", strategy="mirrored", devices={"logical_cpus": 2}, global_batch_size=33)
+    err = _train_error(capsys, config)
+    assert "global_batch_size 33 does not divide across 2 replicas" in err and "32 or 34" in err
+
+
+def test_launch_checks_the_config_before_starting_workers(tmp):
+    config = write_config(tmp, "mw-odd", strategy="multi_worker_mirrored", global_batch_size=33)
+    result = run(["launch", "--workers", "2", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    assert result.returncode == 2
+    assert "does not divide across 2 replicas" in result.stderr
+    assert "started pid" not in result.stdout
+    model = tmp / "nobuild.py"
+    model.write_text("x = 1\n")
+    config = write_config(tmp, "mw-nobuild", strategy="multi_worker_mirrored", model=str(model))
+    result = run(["launch", "--workers", "2", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    assert result.returncode == 2 and "defines no build_model()" in result.stderr
+    assert "started pid" not in result.stdout
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"strategy": "mirroed"}, "strategy.name: 'mirroed' is not one of"),
+    ({"strategy": {"name": "mirrored", "cross_device_ops": "fast"}}, "cross_device_ops"),
+    ({"epochs": 0}, "epochs: must be an integer >= 1"),
+    ({"learning_rate_scaling": "linear"}, "needs base_batch_size"),
+    ({"devices": {"gpu_memory": 1}}, "devices: unknown key"),
+    ({"optimiser": "sgd"}, "config: unknown key(s) optimiser"),
+])
+def test_config_mistakes_are_named(tmp, capsys, values, message):
+    assert message in _train_error(capsys, write_config(tmp, "bad", **values))
+
+
+def test_uncompiled_model_and_gpu_only_options(tmp):
+    model = tmp / "raw.py"
+    model.write_text("import tf_keras as keras\n"
+                     "def build_model():\n"
+                     "    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10)])\n")
+    result = run(["train", str(write_config(tmp, "raw", model=str(model)))])
+    assert result.returncode == 2 and "uncompiled model" in result.stderr and "compile" in result.stderr
+    config = write_config(tmp, "nccl", strategy={"name": "mirrored", "cross_device_ops": "nccl"},
+                          devices={"logical_cpus": 2, "gpu_memory_growth": True})
+    result = run(["train", str(config)])
+    assert result.returncode == 2
+    assert "nccl needs GPUs" in result.stderr and "reduce_to_one" in result.stderr
+    assert "gpu_memory_growth need a GPU" in result.stderr  # accepted, explained, ignored
+
+
+def test_launch_usage_errors():
+    assert run(["launch", "--", "true"]).returncode == 2
+    result = run(["launch", "--workers", "1"])
+    assert result.returncode == 2 and "no command" in result.stderr
+    result = run(["launch", "--workers", "1", "--task", "worker:0", "--", "true"])
+    assert result.returncode == 2 and "--cluster-spec" in result.stderr
