@@ -1,0 +1,39 @@
+"""Edge deployment: SavedModel / Keras model -> TFLite with the quantization the user picks,
+and a report of what each choice costs (size, LiteRT latency, accuracy / agreement).
+
+Modules, one job each:
+    source       SRC string -> version dir; atomic writes of .tflite files and versions
+    signature    the signature's inputs/outputs, read from saved_model.pb
+    data         representative / evaluation data (.npz or 'digits'), checked up front
+    modes        none / dynamic / float16 / int8 -> converter settings
+    converter    the TFLite converter, TF1 session fallback, clear op errors
+    keras_source tf_keras models as sources (needed by QAT)
+    qat          quantization-aware fine-tuning (tensorflow-model-optimization)
+    runtime      running the original and the flatbuffer (LiteRT)
+    report       size, latency, accuracy; table and JSON
+    pipeline     the above joined: prepare, compare, qat_convert
+    cli          ``modelyard convert``
+
+Python use::
+
+    from modelyard.edge import prepare, compare, ConvertOptions
+    prepared = prepare("models/my_mnist_model", representative="digits")
+    tflite_bytes = prepared.convert(ConvertOptions("int8", io_dtype="uint8"))
+    for row in compare(prepared): print(row)
+"""
+from __future__ import annotations
+
+from modelyard.edge.errors import ConvertError
+from modelyard.edge.modes import ConvertOptions
+
+
+def __getattr__(name: str):
+    # The pipeline imports TensorFlow-heavy modules; load it only when asked for.
+    if name in ("prepare", "compare", "qat_convert"):
+        from modelyard.edge import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(name)
+
+
+__all__ = ["ConvertError", "ConvertOptions", "prepare", "compare", "qat_convert"]
