@@ -112,6 +112,10 @@ def synthetic_dataset(signature: SignatureSpec, n: int = 64, seed: int = 0) -> D
     rng = np.random.default_rng(seed)
     inputs = {}
     for alias, spec in signature.inputs.items():
+        if spec.dtype.kind not in "iuf":
+            raise ConvertError(
+                f"input {spec.describe()}: cannot make random data for the report; pass --eval-data or --no-report"
+            )
         if spec.shape is None or any(d is None for d in spec.shape[1:]):
             raise ConvertError(f"input {spec.describe()} has unknown dimensions; pass --eval-data")
         shape = (n,) + tuple(spec.shape[1:])

@@ -25,7 +25,8 @@ class TensorSpec:
 
     def describe(self) -> str:
         dims = "?" if self.shape is None else "[" + ", ".join("-1" if d is None else str(d) for d in self.shape) + "]"
-        return f"{self.alias}: {self.dtype.name} {dims}"
+        dtype = "string" if self.dtype.kind == "O" else self.dtype.name
+        return f"{self.alias}: {dtype} {dims}"
 
 
 @dataclass(frozen=True)
