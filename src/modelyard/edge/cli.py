@@ -6,9 +6,7 @@ conversion and its checks succeeded.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from modelyard.edge.errors import ConvertError
@@ -45,15 +43,21 @@ def register(subparsers) -> None:
     p.add_argument("--compare", action="store_true", help="convert in every mode and print one table; writes nothing")
     p.add_argument("--qat", action="store_true", help="quantization-aware fine-tuning of a Keras model, then int8")
     p.add_argument("--epochs", type=int, default=1, help="QAT fine-tuning epochs (default 1)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="the report as JSON: alone, printed instead of the table; with FILE, written there too")
     p.add_argument("--no-report", action="store_true", help="skip measuring (faster)")
     p.set_defaults(func=run)
 
 
-def _print_reports(reports, as_json: bool) -> None:
+def _print_reports(reports, json_target: str | None) -> None:
     from modelyard.edge.report import format_table, to_json
 
-    print(to_json(reports) if as_json else format_table(reports))
+    if json_target == "-":
+        print(to_json(reports))
+        return
+    print(format_table(reports))
+    if json_target:
+        Path(json_target).write_text(to_json(reports) + "\n")
 
 
 def _quiet_tensorflow() -> None:
@@ -110,5 +114,5 @@ def run(args) -> int:
     target = _write(content, args)
     if report is not None:
         _print_reports([report], args.json)
-    print(f"wrote {target}" + (f" ({len(content)} bytes)" if not args.json else ""), file=sys.stderr)
+    print(f"wrote {target} ({len(content)} bytes)", file=sys.stderr)
     return 0
