@@ -97,4 +97,9 @@ def test_compare_cli_writes_json_file(demo_base, tmp_path, capsys):
     assert "float16" in table and "int8" in table
     rows = json.loads(target.read_text())
     assert [r["mode"] for r in rows] == ["none", "dynamic", "float16", "int8"]
+    # Version 1 is the single 100-unit hidden layer model: the must-show bounds hold there too.
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["dynamic"]["size_pct_of_float"] <= 30 and by_mode["dynamic"]["accuracy_drop_points"] <= 0.5
+    assert by_mode["float16"]["size_pct_of_float"] <= 55
+    assert by_mode["int8"]["io_dtype"] == "uint8" and by_mode["int8"]["accuracy_drop_points"] <= 1.0
     assert not any(p.suffix == ".tflite" for p in tmp_path.iterdir())  # --compare writes no model

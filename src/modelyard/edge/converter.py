@@ -7,7 +7,11 @@ freezes the variables into constants first.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,9 +29,29 @@ def _unsupported_ops(message: str) -> list[str]:
     return sorted(set(_TF_OP.findall(message)))
 
 
+@contextlib.contextmanager
+def _native_stderr_captured():
+    """Hold back what the converter's C++ side prints to fd 2 (MLIR diagnostics, quantizer
+    notes): the exception message carries the same facts, and ConvertError says them plainly."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield  # no real fd (e.g. an embedding host): leave output alone
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+
+
 def _run(converter, options: ConvertOptions) -> bytes:
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _native_stderr_captured():
             # "Statistics for quantized inputs were expected": raised for inputs that are
             # already integer (uint8 pixels), which need no statistics.
             warnings.filterwarnings("ignore", message="Statistics for quantized inputs")
@@ -46,8 +70,9 @@ def _run(converter, options: ConvertOptions) -> bytes:
                 f"full-integer quantization has no int8 kernel for: {', '.join(ops)}; "
                 "try --quantize dynamic or float16"
             ) from exc
-        first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-        raise ConvertError(f"TFLite conversion failed: {first}") from exc
+        lines = message.strip().splitlines() or [type(exc).__name__]
+        detail = "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
+        raise ConvertError(f"TFLite conversion failed: {detail}") from exc
 
 
 def _representative(data: Dataset | None, order: list[str], as_dict: bool):
