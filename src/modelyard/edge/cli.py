@@ -37,7 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--quantize", choices=MODES, default="none")
     p.add_argument("--representative-data", metavar="FILE", help=".npz of typical inputs (int8 calibration, QAT training data), or 'digits'")
     p.add_argument("--eval-data", metavar="FILE", help=".npz of held-out inputs (+ 'labels') for the report (default: digits test split with 'digits', else random inputs)")
-    p.add_argument("--io-dtype", choices=IO_DTYPES, default="float32", help="dtype of float inputs/outputs of an int8 model")
+    p.add_argument("--io-dtype", choices=IO_DTYPES, default=None,
+                   help="dtype of the float inputs/outputs of an int8 model (default float32; "
+                   "uint8 for the int8 row of --compare); integer inputs such as uint8 pixels keep their dtype")
     p.add_argument("--allow-tf-ops", action="store_true", help="embed ops missing from the builtin TFLite set as TF (Flex) ops")
     p.add_argument("--signature", default="serving_default", help="signature of the SavedModel to convert")
     p.add_argument("--compare", action="store_true", help="convert in every mode and print one table; writes nothing")
@@ -77,14 +79,22 @@ def _write(content: bytes, args) -> Path:
 
 
 def run(args) -> int:
+    usage = None
     if not (args.compare or args.output or args.into):
-        print("modelyard convert: give -o OUT.tflite, --into BASE, or --compare", file=sys.stderr)
+        usage = "give -o OUT.tflite, --into BASE, or --compare"
+    elif args.compare and (args.output or args.into or args.qat):
+        usage = "--compare only measures: it takes no -o, --into or --qat"
+    elif args.qat and args.quantize not in ("none", "int8"):
+        usage = "--qat always ends in int8; drop --quantize"
+    if usage:
+        print(f"modelyard convert: error: {usage}", file=sys.stderr)
         return 2
     try:
         from modelyard.edge import pipeline
 
         _quiet_tensorflow()
-        options = ConvertOptions(args.quantize, args.io_dtype, args.allow_tf_ops)
+        io_dtype = args.io_dtype or "float32"
+        options = ConvertOptions(args.quantize, io_dtype, args.allow_tf_ops)
         if not args.compare and not args.qat:
             options.check(args.representative_data is not None)  # fail before loading anything
         prepared = pipeline.prepare(
@@ -92,13 +102,12 @@ def run(args) -> int:
             with_report=args.compare or not args.no_report,
         )
         if args.compare:
-            reports = pipeline.compare(prepared, io_dtype="uint8" if args.io_dtype == "float32" else args.io_dtype,
-                                       allow_tf_ops=args.allow_tf_ops)
+            reports = pipeline.compare(prepared, io_dtype=args.io_dtype or "uint8", allow_tf_ops=args.allow_tf_ops)
             _print_reports(reports, args.json)
             return 0
         if args.qat:
-            options = ConvertOptions("int8", args.io_dtype)
-            _, content = pipeline.qat_convert(prepared, args.epochs, args.io_dtype)
+            options = ConvertOptions("int8", io_dtype)
+            _, content = pipeline.qat_convert(prepared, args.epochs, io_dtype)
         else:
             content = prepared.convert(options)
         report = None
