@@ -103,3 +103,16 @@ def test_compare_cli_writes_json_file(demo_base, tmp_path, capsys):
     assert by_mode["float16"]["size_pct_of_float"] <= 55
     assert by_mode["int8"]["io_dtype"] == "uint8" and by_mode["int8"]["accuracy_drop_points"] <= 1.0
     assert not any(p.suffix == ".tflite" for p in tmp_path.iterdir())  # --compare writes no model
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["convert", "m"],  # nowhere to write
+        ["convert", "m", "--compare", "-o", "x.tflite"],
+        ["convert", "m.keras", "--qat", "--quantize", "float16", "-o", "x.tflite"],
+    ],
+)
+def test_contradictory_flags_are_usage_errors(argv, capsys):
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().err
