@@ -151,8 +151,8 @@ def _check_strategy(strategy: dict) -> None:
         if key in strategy and not (isinstance(strategy[key], list) and strategy[key]):
             raise ConfigError(f"strategy.{key}: must be a non-empty list such as [CPU:0, CPU:1]")
     timeout = strategy.setdefault("collective_timeout", 300)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigError("strategy.collective_timeout: must be a number of seconds > 0")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError("strategy.collective_timeout: must be a number of seconds > 0, or null for none")
 
 
 def _check_devices(devices: dict) -> None:

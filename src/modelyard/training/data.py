@@ -1,9 +1,9 @@
 """Input pipelines: built-in sources and a tf.data helper that follows the performance guide.
 
 ``pipeline()`` orders the steps the way tf.data's guide recommends: shard per worker
-first (each worker reads only its part), cache after the expensive read, shuffle,
-repeat, parallel map, batch per replica, prefetch with AUTOTUNE so input overlaps
-compute. Built-in sources: the scikit-learn digits (``source: digits``), ``.npz``,
+first (each worker reads only its part), parallel decode, cache after the expensive
+decode, shuffle, repeat, parallel augmentation, batch per replica, prefetch with
+AUTOTUNE so input overlaps compute. ``files_dataset()`` interleaves many files. Built-in sources: the scikit-learn digits (``source: digits``), ``.npz``,
 ``.csv`` (a ``label`` column, every other column a float feature) and TFRecord files of
 ``tf.train.Example`` (float feature ``x`` of ``shape``, int64 feature ``y``).
 
@@ -91,7 +91,8 @@ def pipeline(
     batch_size: int,
     *,
     input_context=None,
-    map_fn: Callable | None = None,
+    decode: Callable | None = None,
+    augment: Callable | None = None,
     cache: bool = True,
     shuffle_buffer: int = 0,
     repeat: bool = True,
@@ -100,21 +101,24 @@ def pipeline(
     """Turn a dataset of examples into per-replica batches, tf.data-guide style.
 
     ``batch_size`` is per replica (``input_context.get_per_replica_batch_size(global)``).
-    ``map_fn`` runs per example in parallel (AUTOTUNE) and keeps order, so runs are
-    reproducible. The cache sits before the map so random augmentation in ``map_fn``
-    stays random each epoch; put a costly deterministic decode upstream of the cache.
+    ``decode`` is the costly, deterministic per-example step (parse, decode an image):
+    it runs in parallel and *before* the cache, so it runs once, not once per epoch.
+    ``augment`` is the random step: it runs in parallel *after* the cache so every
+    epoch sees fresh randomness. Both keep element order, so runs are reproducible.
     """
     import tensorflow as tf
 
     dataset = shard_for(dataset, input_context)
+    if decode is not None:
+        dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if cache:
         dataset = dataset.cache()
     if shuffle_buffer:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         dataset = dataset.repeat()
-    if map_fn is not None:
-        dataset = dataset.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if augment is not None:
+        dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # drop_remainder keeps every step the same shape on every replica, which
     # collectives need and which avoids a retrace for the last batch.
     dataset = dataset.batch(batch_size, drop_remainder=True)
@@ -179,8 +183,7 @@ def builtin_dataset_fn(data: dict[str, Any], split: str, global_batch_size: int,
         def tfrecord_fn(input_context=None):
             batch = input_context.get_per_replica_batch_size(global_batch_size) if input_context else global_batch_size
             examples = files_dataset(str(source), tf.data.TFRecordDataset, input_context=input_context)
-            return pipeline(examples.map(parse, num_parallel_calls=tf.data.AUTOTUNE), batch,
-                            cache=cache, shuffle_buffer=shuffle, seed=seed)
+            return pipeline(examples, batch, decode=parse, cache=cache, shuffle_buffer=shuffle, seed=seed)
 
         return tfrecord_fn
     x, y = load_arrays(data, split)

@@ -60,7 +60,7 @@ def _communication(options: dict[str, Any]):
         implementation={"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}[name],
         # Without a timeout a collective whose peer died waits forever; with it the
         # survivors fail with DeadlineExceeded and the trainer names the cause.
-        timeout_seconds=float(options.get("collective_timeout", 300)),
+        timeout_seconds=float(options["collective_timeout"]) if options.get("collective_timeout") else None,
     )
 
 
