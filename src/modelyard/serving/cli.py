@@ -33,6 +33,17 @@ def run(args: argparse.Namespace) -> int:
 
         options.model_base_path = demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr))
         print(f"Serving the demo model {options.model_name} from {options.model_base_path}", file=sys.stderr)
+
+    def announce() -> None:
+        if options.use_demo and options.rest_api_port:
+            from modelyard import demo
+
+            print("Try it:\n  " + demo.demo_curl_command(options.rest_api_port, options.model_name), file=sys.stderr)
+
+    if options.workers > 1:
+        from modelyard.serving.workers import run_supervised
+
+        return run_supervised(options, options.workers, on_ready=announce)
     from modelyard.errors import ServingError
     from modelyard.serving.server import ModelServer
 
@@ -43,9 +54,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"modelyard serve: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         server.stop()
         return 1
-    if options.use_demo and options.rest_api_port:
-        from modelyard import demo
-
-        print("Try it:\n  " + demo.demo_curl_command(options.rest_api_port, options.model_name), file=sys.stderr)
+    announce()
     server.serve_rest_forever()
     return 0

@@ -1,7 +1,8 @@
-"""The LiteRT backend: a version directory holding ``model.tflite``, run by the LiteRT interpreter.
+"""The LiteRT backend: ``.tflite`` flatbuffers run by the LiteRT interpreter.
 
-Signatures come from the flatbuffer's SignatureDefs; a model without any is served as
-``serving_default`` over its input and output tensors, named as in the file.
+Serves version directories holding ``model.tflite`` (signatures from the flatbuffer, or
+``serving_default`` over its tensors when it has none), and runs signatures that the
+``auto`` runtime converted from a SavedModel.
 """
 from __future__ import annotations
 
@@ -16,13 +17,56 @@ from modelyard.serving.servable import Servable
 from modelyard.serving.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 
 
+class LiteRTRunner:
+    """One interpreter addressed by tensor key (signature alias, or tensor name when unsigned).
+
+    Inputs are resized only when their shape changes: re-allocating tensors on every
+    call would cost more than a small model's whole invoke.
+    """
+
+    def __init__(self, content: bytes, signature_key: str | None = None):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self._interpreter = Interpreter(model_content=content, num_threads=1)
+        listed = self._interpreter.get_signature_list()
+        if listed:
+            key = signature_key if signature_key in listed else next(iter(listed))
+            # A signature runner pins its interpreter's buffers, so read the alias -> tensor
+            # mapping from a throwaway interpreter and drive this one by tensor index.
+            probe = Interpreter(model_content=content).get_signature_runner(key)
+            self.inputs = probe.get_input_details()
+            self.outputs = probe.get_output_details()
+        else:
+            self.inputs = {d["name"]: d for d in self._interpreter.get_input_details()}
+            self.outputs = {d["name"]: d for d in self._interpreter.get_output_details()}
+        self._interpreter.allocate_tensors()
+        self._shapes = {k: tuple(d["shape"]) for k, d in self.inputs.items()}
+        self._lock = threading.Lock()  # an interpreter runs one call at a time
+
+    def run(self, inputs: dict[str, np.ndarray], output_keys) -> dict[str, np.ndarray]:
+        it = self._interpreter
+        with self._lock:
+            resized = False
+            for key, value in inputs.items():
+                if self._shapes[key] != value.shape:
+                    it.resize_tensor_input(self.inputs[key]["index"], value.shape)
+                    self._shapes[key] = value.shape
+                    resized = True
+            if resized:
+                it.allocate_tensors()
+            for key, value in inputs.items():
+                it.set_tensor(self.inputs[key]["index"], value)
+            it.invoke()
+            return {k: it.get_tensor(self.outputs[k]["index"]) for k in output_keys}
+
+
 def _spec(alias: str, detail: dict) -> TensorSpec:
     shape = tuple(int(d) for d in detail.get("shape_signature", detail["shape"]))
     return TensorSpec(alias, detail["name"], dtypes.from_numpy(detail["dtype"]), shape)
 
 
-def _signature_def_map(signatures: dict[str, Signature]):
-    """Describe LiteRT signatures in SignatureDef form so metadata answers as for SavedModels."""
+def signature_def_map(signatures: dict[str, Signature]):
+    """Describe signatures in SignatureDef form so metadata answers as for SavedModels."""
     from tensorflow_serving.apis import get_model_metadata_pb2
 
     sig_map = get_model_metadata_pb2.SignatureDefMap()
@@ -39,67 +83,40 @@ def _signature_def_map(signatures: dict[str, Signature]):
     return sig_map.signature_def
 
 
+def _run_checked(runner: LiteRTRunner, inputs, output_keys):
+    try:
+        return runner.run(inputs, output_keys)
+    except ValueError as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
+    except RuntimeError as exc:
+        raise ServingError(Code.INTERNAL, str(exc)) from None
+
+
 class LiteRTServable(Servable):
+    """A version directory holding ``model.tflite``."""
+
     runtime = "litert"
+    inline_ok = True
 
     def __init__(self, path: Path, model_file: Path):
         from ai_edge_litert.interpreter import Interpreter
 
-        self._interpreter = Interpreter(model_path=str(model_file))
-        self._lock = threading.Lock()  # an interpreter runs one call at a time
-        listed = self._interpreter.get_signature_list()
-        self._runners = {}
-        signatures = {}
-        if listed:
-            for name in listed:
-                runner = self._interpreter.get_signature_runner(name)
-                self._runners[name] = runner
-                signatures[name] = Signature(
-                    name,
-                    PREDICT_METHOD,
-                    {a: _spec(a, d) for a, d in runner.get_input_details().items()},
-                    {a: _spec(a, d) for a, d in runner.get_output_details().items()},
-                )
-        else:
-            self._interpreter.allocate_tensors()
-            inputs = {d["name"]: d for d in self._interpreter.get_input_details()}
-            outputs = {d["name"]: d for d in self._interpreter.get_output_details()}
-            self._input_index = {a: d["index"] for a, d in inputs.items()}
-            self._output_index = {a: d["index"] for a, d in outputs.items()}
-            signatures[DEFAULT_SIGNATURE] = Signature(
-                DEFAULT_SIGNATURE,
+        content = model_file.read_bytes()
+        keys = list(Interpreter(model_content=content).get_signature_list()) or [DEFAULT_SIGNATURE]
+        self._runners = {key: LiteRTRunner(content, key) for key in keys}
+        signatures = {
+            key: Signature(
+                key,
                 PREDICT_METHOD,
-                {a: _spec(a, d) for a, d in inputs.items()},
-                {a: _spec(a, d) for a, d in outputs.items()},
+                {a: _spec(a, d) for a, d in runner.inputs.items()},
+                {a: _spec(a, d) for a, d in runner.outputs.items()},
             )
-        super().__init__(path, signatures, _signature_def_map(signatures))
+            for key, runner in self._runners.items()
+        }
+        super().__init__(path, signatures, signature_def_map(signatures))
 
     def run(self, signature, inputs, output_aliases):
-        try:
-            with self._lock:
-                if self._runners:
-                    results = self._runners[signature.name](**inputs)
-                    return {a: np.copy(results[a]) for a in output_aliases}
-                return self._run_plain(inputs, output_aliases)
-        except ValueError as exc:
-            raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
-        except RuntimeError as exc:
-            raise ServingError(Code.INTERNAL, str(exc)) from None
-
-    def _run_plain(self, inputs, output_aliases):
-        it = self._interpreter
-        resized = False
-        for alias, value in inputs.items():
-            index = self._input_index[alias]
-            if tuple(it.get_tensor(index).shape) != value.shape:
-                it.resize_tensor_input(index, value.shape)
-                resized = True
-        if resized:
-            it.allocate_tensors()
-        for alias, value in inputs.items():
-            it.set_tensor(self._input_index[alias], value)
-        it.invoke()
-        return {a: it.get_tensor(self._output_index[a]) for a in output_aliases}
+        return _run_checked(self._runners[signature.name], inputs, output_aliases)
 
 
 def load_tflite(path: Path, model_file: Path) -> LiteRTServable:

@@ -25,8 +25,11 @@ MAX_WARMUP_RECORDS = 1000
 class VersionLoader:
     """Callable used by the Manager: ``loader(model_name, version, path) -> Servable``."""
 
-    def __init__(self, metrics: ServingMetrics, session_config=None, warmup_iterations: int = 1):
+    def __init__(
+        self, metrics: ServingMetrics, session_config=None, warmup_iterations: int = 1, runtime: str = "auto"
+    ):
         self.metrics = metrics
+        self.runtime = runtime
         self.session_config = session_config
         self.warmup_iterations = warmup_iterations
 
@@ -48,7 +51,7 @@ class VersionLoader:
         return servable
 
     def _load(self, path: Path) -> Servable:
-        if (path / TFLITE_FILE).is_file():
+        if (path / TFLITE_FILE).is_file():  # a flatbuffer runs on LiteRT whatever --runtime says
             from modelyard.serving.litert import load_tflite
 
             return load_tflite(path, path / TFLITE_FILE)
@@ -61,9 +64,16 @@ class VersionLoader:
         import tensorflow as tf
 
         try:
-            return load_saved_model(path, self.session_config)
+            session = load_saved_model(path, self.session_config)
         except tf.errors.OpError as exc:
             raise ServingError(Code(exc.error_code), exc.message) from None
+        from modelyard.serving.accelerate import choose_runtime
+
+        try:
+            return choose_runtime(session, self.runtime)
+        except BaseException:
+            session.close()
+            raise
 
     def _warmup(self, servable: Servable, path: Path) -> None:
         warmup_path = path / WARMUP_FILE

@@ -275,6 +275,14 @@ class Manager:
         what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {what}")
 
+    def runs_inline(self, name: str) -> bool:
+        """True when every available version of ``name`` answers in microseconds (LiteRT, no batching)."""
+        model = self._models.get(name)
+        if model is None:
+            return False
+        available = model.available[1]
+        return bool(available) and all(getattr(r.servable, "inline_ok", False) for r in available.values())
+
     def version_states(self, name: str) -> list[VersionRecord]:
         """Every known version of ``name``, newest first (TF Serving's order)."""
         model = self._models.get(name)

@@ -1,10 +1,12 @@
 """Prometheus metrics under TF Serving's names (``:tensorflow:serving:request_count`` ...).
 
 A tiny registry instead of a client library: TF Serving's text format has no HELP
-lines and writes ``name{} N`` for unlabelled counters, which we reproduce.
+lines, which we reproduce. With several worker processes each one exports a snapshot
+(``snapshot()``) and the one answering a scrape merges its peers' into its own.
 """
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 
@@ -50,14 +52,26 @@ class Counter:
     def get(self, *labels: str) -> float:
         return self._values.get(labels, 0)
 
-    def lines(self) -> list[str]:
+    def snapshot(self) -> dict[tuple, float]:
         with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_labels(self.label_names, k)} {_fmt(v)}" for k, v in items]
+            return dict(self._values)
+
+    @staticmethod
+    def merge(into: dict, other: dict) -> None:
+        for key, value in other.items():
+            into[key] = into.get(key, 0) + value
+
+    def lines(self, values: dict[tuple, float]) -> list[str]:
+        return [f"{self.name}{_labels(self.label_names, k)} {_fmt(v)}" for k, v in sorted(values.items())]
 
 
 class Gauge(Counter):
     kind = "gauge"
+
+    @staticmethod
+    def merge(into: dict, other: dict) -> None:  # every worker reports the same state
+        for key, value in other.items():
+            into[key] = max(into.get(key, value), value)
 
 
 class Histogram:
@@ -73,23 +87,28 @@ class Histogram:
             row = self._values.get(labels)
             if row is None:
                 row = self._values[labels] = [0] * (len(self.buckets) + 3)
-            i = 0
-            while i < len(self.buckets) and value > self.buckets[i]:
-                i += 1
-            row[i] += 1
+            row[bisect.bisect_left(self.buckets, value)] += 1
             row[-2] += value
             row[-1] += 1
 
-    def lines(self) -> list[str]:
-        out = []
+    def snapshot(self) -> dict[tuple, list]:
         with self._lock:
-            items = sorted((k, list(v)) for k, v in self._values.items())
-        for key, row in items:
+            return {k: list(v) for k, v in self._values.items()}
+
+    @staticmethod
+    def merge(into: dict, other: dict) -> None:
+        for key, row in other.items():
+            mine = into.setdefault(key, [0] * len(row))
+            for i, n in enumerate(row):
+                mine[i] += n
+
+    def lines(self, values: dict[tuple, list]) -> list[str]:
+        out = []
+        for key, row in sorted(values.items()):
             cumulative = 0
             for limit, n in zip(self.buckets + [float("inf")], row[:-2]):
                 cumulative += n
-                le = "+Inf" if limit == float("inf") else _fmt(round(limit, 6))
-                le_label = 'le="' + le + '"'
+                le_label = 'le="' + ("+Inf" if limit == float("inf") else _fmt(round(limit, 6))) + '"'
                 out.append(f"{self.name}_bucket{_labels(self.label_names, key, le_label)} {cumulative}")
             out.append(f"{self.name}_sum{_labels(self.label_names, key)} {_fmt(row[-2])}")
             out.append(f"{self.name}_count{_labels(self.label_names, key)} {row[-1]}")
@@ -114,10 +133,18 @@ class ServingMetrics:
             self.example_count_total, self.request_latency, self.runtime_latency, self.warmup_latency,
         ]
 
-    def render(self) -> str:
+    def snapshot(self) -> dict[str, list]:
+        """This process's values, JSON-friendly: {metric name: [[labels...], value]}."""
+        return {m.name: [[list(k), v] for k, v in m.snapshot().items()] for m in self._all}
+
+    def render(self, peers: list[dict[str, list]] = ()) -> str:
+        """Prometheus text of this process's values plus ``peers``' snapshots."""
         lines = []
         for metric in self._all:
-            body = metric.lines()
+            values = metric.snapshot()
+            for peer in peers:
+                metric.merge(values, {tuple(k): v for k, v in peer.get(metric.name, [])})
+            body = metric.lines(values)
             if body:
                 lines.append(f"# TYPE {metric.name} {metric.kind}")
                 lines.extend(body)

@@ -37,10 +37,15 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--rest_api_num_threads", type=int, default=0, help="REST worker threads (default: 4 per core)")
     add("--rest_api_max_body_bytes", type=int, default=256 * 1024 * 1024,
         help="largest REST request body accepted, in bytes (default 256 MiB)")
+    add("--workers", type=int, default=1,
+        help="server processes sharing both ports, to use every core (default 1; 0: one per core)")
     add("--grpc_max_threads", type=int, default=0, help="gRPC worker threads (default: 4 per core)")
     add("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="replay assets.extra/tf_serving_warmup_requests before serving a version (default true)")
     add("--num_request_iterations_for_warmup", type=int, default=1, help="times each warmup record is replayed")
+    add("--runtime", choices=("auto", "tensorflow", "litert"), default="auto",
+        help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
+        "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
     add("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF decides)")
     add("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF decides)")
 
@@ -66,6 +71,8 @@ class ServeOptions:
     num_request_iterations_for_warmup: int
     tensorflow_intra_op_parallelism: int
     tensorflow_inter_op_parallelism: int
+    runtime: str = "auto"
+    workers: int = 1
     use_demo: bool = False
 
 
@@ -108,7 +115,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         raise OptionsError("--port must be a real port: the gRPC API is always served")
     if args.rest_api_port and args.rest_api_port == args.port:
         raise OptionsError(f"--rest_api_port and --port are both {args.port}: give them different ports")
-    for flag in ("rest_api_timeout_in_ms", "rest_api_num_threads", "rest_api_max_body_bytes", "grpc_max_threads",
+    for flag in ("workers", "rest_api_timeout_in_ms", "rest_api_num_threads", "rest_api_max_body_bytes", "grpc_max_threads",
                  "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup"):
         if getattr(args, flag) < 0:
             raise OptionsError(f"--{flag} cannot be negative")
@@ -133,5 +140,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         num_request_iterations_for_warmup=args.num_request_iterations_for_warmup,
         tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,
         tensorflow_inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+        runtime=args.runtime,
+        workers=args.workers or cores,
         use_demo=use_demo,
     )

@@ -40,6 +40,7 @@ class RestApp:
         max_body_bytes: int = 0,
         cors: bool = False,
         metrics_path: str | None = None,
+        peer_metrics=None,
     ):
         self.core = core
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rest")
@@ -47,6 +48,7 @@ class RestApp:
         self.max_body_bytes = max_body_bytes
         self.extra_headers = _CORS if cors else []
         self.metrics_path = metrics_path
+        self.peer_metrics = peer_metrics  # callable returning other workers' snapshots
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -57,7 +59,8 @@ class RestApp:
             await _respond(send, 204, self.extra_headers, b"")
             return
         if self.metrics_path and path == self.metrics_path:
-            body = self.core.metrics.render().encode()
+            peers = self.peer_metrics() if self.peer_metrics else []
+            body = self.core.metrics.render(peers).encode()
             await _respond(send, 200, [(b"content-type", b"text/plain")] + self.extra_headers, body)
             return
         if not path.lower().startswith("/v1/"):
@@ -70,6 +73,11 @@ class RestApp:
                 "--rest_api_max_body_bytes"
             )
             await _respond(send, 413, headers, orjson.dumps({"error": message}))
+            return
+        if self._cheap(path):
+            # A LiteRT call costs microseconds: a thread hop would cost more than the model.
+            status, payload = self.handle(method, path, body)
+            await _respond(send, status, headers, payload)
             return
         future = asyncio.get_running_loop().run_in_executor(self.pool, self.handle, method, path, body)
         try:
@@ -95,7 +103,12 @@ class RestApp:
             if not message.get("more_body"):
                 return b"".join(chunks), False
 
-    # ---- runs on the thread pool ------------------------------------------------------------
+    def _cheap(self, path: str) -> bool:
+        """Whether this request's model runs fast enough to run on the event loop itself."""
+        match = _POST.fullmatch(path)
+        return match is not None and self.core.manager.runs_inline(unquote(match.group(1)))
+
+    # ---- runs on the thread pool (or inline, for cheap models) -------------------------------
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         try:
             if method == "POST":

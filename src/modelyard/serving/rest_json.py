@@ -165,10 +165,17 @@ def to_array(value, spec: TensorSpec) -> np.ndarray:
             if not _fits(leaf, dtype):
                 raise _type_error(leaf, spec) from None
         raise
-    if dtype.kind in "iu" and inferred.size:
-        info = np.iinfo(dtype)
-        if inferred.min() < info.min or inferred.max() > info.max:
-            raise invalid_argument(f"JSON Value out of range for {dtypes.dtype_name(spec.dtype)}")
+    if dtype.kind in "iu" and inferred.dtype.kind != "b" and inferred.size and inferred.dtype.itemsize >= dtype.itemsize:
+        if dtype.kind == "u" and inferred.dtype.kind == "i" and dtype.itemsize < 8:
+            # one pass: any bit above the target's width (negatives included) is out of range
+            out_of_range = bool(np.bitwise_and(inferred, ~((1 << (8 * dtype.itemsize)) - 1)).any())
+        else:
+            info = np.iinfo(dtype)
+            out_of_range = bool(inferred.min() < info.min or inferred.max() > info.max)
+        if out_of_range:
+            raise invalid_argument(
+                f"JSON Value out of range for {dtypes.dtype_name(spec.dtype)[3:].lower()} in input {spec.alias}"
+            )
     return inferred.astype(dtype, copy=False)
 
 
@@ -299,7 +306,7 @@ def _encodable(alias: str, value: np.ndarray):
     """An array in a form orjson writes as TF Serving would."""
     kind = value.dtype.kind
     if kind == "f":
-        if value.dtype.itemsize < 4 or value.dtype.name == "bfloat16":
+        if value.dtype.itemsize < 4:
             value = value.astype(np.float32)
         if not np.isfinite(value).all():
             return _with_literals(value)

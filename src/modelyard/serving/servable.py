@@ -17,6 +17,8 @@ class Servable(abc.ABC):
     """One loaded version. ``signature_def_map`` is the proto metadata returns."""
 
     runtime: str = "unknown"
+    # Calls are cheap and never block (e.g. LiteRT on a small model): safe on the event loop.
+    inline_ok: bool = False
 
     def __init__(self, path: Path, signatures: dict[str, Signature], signature_def_map):
         self.path = path

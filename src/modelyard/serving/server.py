@@ -28,15 +28,18 @@ RELOAD_WAIT_S = 300.0
 
 
 class ModelServer:
-    def __init__(self, options: ServeOptions):
+    def __init__(self, options: ServeOptions, group=None):
         self.options = options
+        self.group = group  # a WorkerGroup when several worker processes share the ports
         self.metrics = ServingMetrics()
-        self.manager = Manager(VersionLoader(self.metrics, self._session_config(), self._warmup_iterations()))
+        loader = VersionLoader(self.metrics, self._session_config(), self._warmup_iterations(), options.runtime)
+        self.manager = Manager(loader)
         self.core = ServingCore(self.manager, self.metrics)
         self._stop = threading.Event()
         self._config_text: str | None = None
         self._reload_lock = threading.Lock()
         self.grpc_server: grpc.Server | None = None
+        self._rest_sock = None
         self.rest_app: RestApp | None = None
 
     def _session_config(self):
@@ -96,8 +99,34 @@ class ModelServer:
                 )
 
     def reload_config(self, proto) -> None:
-        """ModelService.HandleReloadConfigRequest."""
-        self.apply_configs(config_files.model_configs(proto))
+        """ModelService.HandleReloadConfigRequest: applied here and, with workers, by every peer."""
+        configs = config_files.model_configs(proto)
+        if self.group is None:
+            self.apply_configs(configs)
+            return
+        from google.protobuf import text_format
+
+        generation = self.group.publish_config(text_format.MessageToString(proto))
+        try:
+            self.apply_configs(configs)
+        finally:
+            self.group.ack(generation)
+        problems = self.group.wait_acks(generation, RELOAD_WAIT_S)
+        if problems:
+            raise ServingError(Code.UNKNOWN, "Config applied here but not by every worker: " + "; ".join(problems))
+
+    def _sync_with_group(self) -> None:
+        """Apply a config another worker received; publish this worker's metrics."""
+        pending = self.group.pending_config()
+        if pending is not None:
+            generation, text = pending
+            error = ""
+            try:
+                self.apply_configs(config_files.model_configs(config_files.parse_model_server_config(text)))
+            except ServingError as exc:
+                error = exc.message
+            self.group.ack(generation, error)
+        self.group.write_metrics(self.metrics.snapshot())
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,12 +142,18 @@ class ModelServer:
         threading.Thread(target=self._poll_loop, name="source-poll", daemon=True).start()
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
-            options=[("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)],
+            options=[
+                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.max_receive_message_length", 2**31 - 1),
+                # Workers share the port; a single server must fail loudly if the port is taken.
+                ("grpc.so_reuseport", 1 if self.group else 0),
+            ],
         )
         add_services(self.grpc_server, self.core, self.reload_config)
         bound = self.grpc_server.add_insecure_port(f"{o.host}:{o.port}")
         if bound == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.port}: is another server running? Use --port")
+        self._rest_sock = self._rest_socket() if o.rest_api_port else None
         self.grpc_server.start()
         log.info("Running gRPC ModelServer at %s:%d ...", o.host, o.port)
         metrics_path = None
@@ -133,20 +168,27 @@ class ModelServer:
             max_body_bytes=o.rest_api_max_body_bytes,
             cors=o.rest_api_enable_cors_support,
             metrics_path=metrics_path,
+            peer_metrics=self.group.peer_metrics if self.group else None,
         )
 
     def _poll_loop(self) -> None:
         o = self.options
-        if o.file_system_poll_wait_seconds <= 0 and o.model_config_file_poll_wait_seconds <= 0:
+        fs_interval = o.file_system_poll_wait_seconds
+        config_interval = o.model_config_file_poll_wait_seconds if o.model_config_file else 0
+        if fs_interval <= 0 and config_interval <= 0 and self.group is None:
             return
-        next_config_check = time.monotonic() + o.model_config_file_poll_wait_seconds
-        interval = o.file_system_poll_wait_seconds if o.file_system_poll_wait_seconds > 0 else 1
-        while not self._stop.wait(interval):
+        tick = min([i for i in (fs_interval, config_interval) if i > 0] + ([1] if self.group else []))
+        next_fs = next_config = time.monotonic()
+        while not self._stop.wait(tick):
+            now = time.monotonic()
             try:
-                if o.model_config_file and o.model_config_file_poll_wait_seconds > 0 and time.monotonic() >= next_config_check:
-                    next_config_check = time.monotonic() + o.model_config_file_poll_wait_seconds
+                if self.group is not None:
+                    self._sync_with_group()
+                if config_interval > 0 and now >= next_config + config_interval:
+                    next_config = now
                     self._reread_config_file()
-                if o.file_system_poll_wait_seconds > 0:
+                if fs_interval > 0 and now >= next_fs + fs_interval - 0.01:
+                    next_fs = now
                     self.manager.poll()
             except Exception:  # polling must survive a bad config edit or a vanished directory
                 log.exception("Polling failed; will try again")
@@ -175,13 +217,31 @@ class ModelServer:
                 )
                 server = uvicorn.Server(config)
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
-                server.run()
+                server.run(sockets=[self._rest_sock])
                 if not server.started:
                     raise OSError(f"cannot bind REST port {o.host}:{o.rest_api_port}: use --rest_api_port")
             else:
                 self.grpc_server.wait_for_termination()
         finally:
             self.stop()
+
+    def _rest_socket(self):
+        import socket
+
+        o = self.options
+        family = socket.AF_INET6 if ":" in o.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.group is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((o.host, o.rest_api_port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"cannot bind REST port {o.host}:{o.rest_api_port} ({exc.strerror}): use --rest_api_port") from None
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,0 +1,141 @@
+"""The runtime choice: serve a SavedModel's signatures through LiteRT when that gives TF's numbers.
+
+``auto`` converts each numeric predict-style signature to a TFLite flatbuffer at load
+time, runs both runtimes on sample inputs, and keeps LiteRT only where outputs match
+(same dtypes and shapes, max abs difference <= 1e-5 relative). Everything else, and
+every signature taking serialized Examples, stays on the TensorFlow session.
+``litert`` insists: a signature that cannot be converted or does not match fails the load.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from modelyard.errors import Code, ServingError
+from modelyard.serving.litert import LiteRTRunner, _run_checked
+from modelyard.serving.servable import Servable
+from modelyard.serving.signatures import Signature
+
+log = logging.getLogger("modelyard.serving")
+
+RUNTIMES = ("auto", "tensorflow", "litert")
+TOLERANCE = 1e-5
+SAMPLE_BATCHES = (1, 3)
+
+
+class MixedServable(Servable):
+    """A session servable whose listed signatures run on LiteRT instead."""
+
+    def __init__(self, session: Servable, fast: dict[str, tuple[LiteRTRunner, dict, dict]]):
+        super().__init__(session.path, session.signatures, session.signature_def_map)
+        self._session = session
+        self._fast = fast
+        self.runtime = "litert" if fast else session.runtime
+        self.inline_ok = set(fast) >= {n for n, s in session.signatures.items() if sample_inputs(s, 1) is not None}
+
+    def runtime_of(self, signature_name: str) -> str:
+        return "litert" if signature_name in self._fast else self._session.runtime
+
+    def run(self, signature, inputs, output_aliases):
+        fast = self._fast.get(signature.name)
+        if fast is None:
+            return self._session.run(signature, inputs, output_aliases)
+        runner, in_keys, out_keys = fast
+        results = _run_checked(runner, {in_keys[a]: v for a, v in inputs.items()}, [out_keys[a] for a in output_aliases])
+        return {a: results[out_keys[a]] for a in output_aliases}
+
+    def close(self) -> None:
+        self._fast.clear()
+        self._session.close()
+
+
+def sample_inputs(sig: Signature, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
+    """Plausible inputs for ``sig`` at ``batch`` rows, or None when shapes or dtypes can't be guessed."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for alias, spec in sig.inputs.items():
+        if spec.shape is None or not spec.shape or any(d < 0 for d in spec.shape[1:]):
+            return None
+        shape = (batch,) + tuple(spec.shape[1:])
+        dtype = spec.numpy_dtype
+        if dtype.kind == "f":
+            out[alias] = rng.normal(size=shape).astype(dtype)
+        elif dtype == np.uint8:
+            out[alias] = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        elif dtype.kind in "iu":
+            out[alias] = rng.integers(0, 10, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[alias] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            return None
+    return out
+
+
+def _matches(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> str | None:
+    for alias, ref in expected.items():
+        value = got[alias]
+        if value.dtype != ref.dtype or value.shape != ref.shape:
+            return f"output {alias}: {value.dtype}{list(value.shape)} vs TensorFlow's {ref.dtype}{list(ref.shape)}"
+        if ref.dtype.kind in "fc":
+            scale = max(1.0, float(np.max(np.abs(ref)))) if ref.size else 1.0
+            diff = float(np.max(np.abs(value - ref))) if ref.size else 0.0
+            if not diff <= TOLERANCE * scale:
+                return f"output {alias}: max abs difference {diff:.3g} > {TOLERANCE} relative"
+        elif not np.array_equal(value, ref):
+            return f"output {alias}: values differ"
+    return None
+
+
+def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dict]:
+    from modelyard.edge.converter import convert_saved_model
+    from modelyard.edge.modes import ConvertOptions
+    from modelyard.edge.signature import read_signature
+
+    content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions())
+    runner = LiteRTRunner(content, sig.name)
+
+    def keys(specs, available):
+        mapping = {}
+        for alias, spec in specs.items():
+            for candidate in (alias, spec.tensor_name.split(":")[0]):
+                if candidate in available:
+                    mapping[alias] = candidate
+                    break
+            else:
+                raise ValueError(f"converted model has no tensor for {alias}")
+        return mapping
+
+    return runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs)
+
+
+def choose_runtime(session: Servable, runtime: str) -> Servable:
+    """Return ``session`` itself (tensorflow) or a MixedServable with verified LiteRT signatures."""
+    if runtime == "tensorflow":
+        return session
+    fast = {}
+    for name, sig in session.signatures.items():
+        samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
+        reason = None
+        if any(s is None for s in samples):
+            reason = "inputs of unknown shape or non-numeric dtype"
+        else:
+            try:
+                candidate = _convert(session, sig)
+                trial = MixedServable(session, {name: candidate})
+                for sample in samples:
+                    expected = session.run(sig, sample, tuple(sig.outputs))
+                    reason = _matches(expected, trial.run(sig, sample, tuple(sig.outputs)))
+                    if reason:
+                        break
+                if not reason:
+                    fast[name] = candidate
+            except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if reason:
+            if runtime == "litert":
+                raise ServingError(Code.FAILED_PRECONDITION, f"--runtime litert cannot serve signature {name}: {reason}")
+            log.info("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
+        else:
+            log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
+    return MixedServable(session, fast) if fast else session

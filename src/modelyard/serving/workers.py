@@ -1,0 +1,161 @@
+"""Several server processes on the same ports, so parsing, running and encoding use every core.
+
+Each worker is a full ModelServer (its own manager and models) bound to the shared
+REST and gRPC ports with SO_REUSEPORT; the kernel spreads connections across them.
+What must agree across workers goes through a small state directory:
+- a config reload received by one worker is published there; the others apply it
+  and acknowledge, and the reload answers once all have (or names who did not);
+- each worker drops a metrics snapshot there every second, and the worker answering
+  a Prometheus scrape merges its peers' snapshots into its own.
+The supervisor (the ``modelyard serve`` process) starts the workers, restarts one that
+dies, and stops them all on SIGINT/SIGTERM.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("modelyard.serving")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class WorkerGroup:
+    """One worker's view of the shared state directory."""
+
+    def __init__(self, state_dir: str, index: int, count: int):
+        self.dir = Path(state_dir)
+        self.index = index
+        self.count = count
+        self.applied = 0
+
+    # ---- config reloads ---------------------------------------------------------------------
+    def publish_config(self, text: str) -> int:
+        generation = time.time_ns()
+        _write_atomic(self.dir / "config.txt", json.dumps({"generation": generation, "text": text}))
+        return generation
+
+    def pending_config(self) -> tuple[int, str] | None:
+        try:
+            data = json.loads((self.dir / "config.txt").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if data["generation"] <= self.applied:
+            return None
+        return data["generation"], data["text"]
+
+    def ack(self, generation: int, error: str = "") -> None:
+        self.applied = max(self.applied, generation)
+        _write_atomic(self.dir / f"ack-{self.index}.json", json.dumps({"generation": generation, "error": error}))
+
+    def wait_acks(self, generation: int, timeout: float) -> list[str]:
+        """Problems reported by peers (empty when all applied ``generation`` cleanly)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            problems, pending = [], []
+            for peer in range(self.count):
+                if peer == self.index:
+                    continue
+                try:
+                    data = json.loads((self.dir / f"ack-{peer}.json").read_text())
+                except (FileNotFoundError, ValueError):
+                    data = {"generation": 0, "error": ""}
+                if data["generation"] < generation:
+                    pending.append(peer)
+                elif data["generation"] == generation and data["error"]:
+                    problems.append(f"worker {peer}: {data['error']}")
+            if not pending:
+                return problems
+            if time.monotonic() > deadline:
+                return problems + [f"worker {p}: did not apply the config within {timeout:.0f}s" for p in pending]
+            time.sleep(0.05)
+
+    # ---- metrics ----------------------------------------------------------------------------
+    def write_metrics(self, snapshot: dict) -> None:
+        _write_atomic(self.dir / f"metrics-{self.index}.json", json.dumps(snapshot))
+
+    def peer_metrics(self) -> list[dict]:
+        peers = []
+        for peer in range(self.count):
+            if peer == self.index:
+                continue
+            try:
+                peers.append(json.loads((self.dir / f"metrics-{peer}.json").read_text()))
+            except (FileNotFoundError, ValueError):
+                pass
+        return peers
+
+
+def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None:
+    import logging as _logging
+
+    _logging.basicConfig(level=_logging.INFO, format=f"%(asctime)s %(levelname)s worker:{index} %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
+    from modelyard.serving.server import ModelServer
+
+    server = ModelServer(options, group=WorkerGroup(state_dir, index, count))
+    server.start()
+    ready.put(index)
+    server.serve_rest_forever()
+
+
+def run_supervised(options, count: int, on_ready=None) -> int:
+    """Start ``count`` workers and keep them running until SIGINT/SIGTERM; returns an exit code."""
+    ctx = multiprocessing.get_context("spawn")
+    state_dir = tempfile.mkdtemp(prefix="modelyard-serve-")
+    ready = ctx.Queue()
+    stopping = False
+
+    def start(index: int):
+        proc = ctx.Process(target=_worker_main, args=(options, index, count, state_dir, ready),
+                           name=f"modelyard-worker-{index}", daemon=False)
+        proc.start()
+        return proc
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    workers = [start(i) for i in range(count)]
+    started = set()
+    restarts = 0
+    try:
+        while not stopping:
+            while not ready.empty():
+                started.add(ready.get())
+                if len(started) == count and on_ready:
+                    on_ready()
+                    on_ready = None
+            for i, proc in enumerate(workers):
+                if proc.exitcode is not None and not stopping:
+                    if i not in started:
+                        log.error("worker %d failed to start (exit code %s); stopping", i, proc.exitcode)
+                        return 1
+                    restarts += 1
+                    log.error("worker %d exited with code %s; restarting it (restart %d)", i, proc.exitcode, restarts)
+                    time.sleep(min(5, restarts))
+                    workers[i] = start(i)
+            time.sleep(0.2)
+        return 0
+    finally:
+        for proc in workers:
+            if proc.exitcode is None:
+                proc.terminate()
+        for proc in workers:
+            proc.join(15)
+            if proc.exitcode is None:
+                proc.kill()
+        shutil.rmtree(state_dir, ignore_errors=True)
