@@ -21,6 +21,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.apis import model_management_pb2
 
 from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving.batching import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
 from modelyard.serving.signatures import CLASSIFY_METHOD, REGRESS_METHOD
 from modelyard.serving.tensor_proto import from_ndarray, serialized_examples, to_ndarray
@@ -41,6 +42,7 @@ def _guard(api: str) -> Callable:
 
     def wrap(method):
         def handler(self, request, context):
+            set_request_timeout(context.time_remaining())  # the client's deadline, for batching
             has_spec = "model_spec" in request.DESCRIPTOR.fields_by_name
             name = request.model_spec.name if has_spec else ""
             try:

@@ -12,6 +12,7 @@ from pathlib import Path
 from modelyard.errors import Code, ServingError
 from modelyard.savedmodel import TFLITE_FILE, SavedModelError, saved_model_file
 from modelyard.serving import inference
+from modelyard.serving.batching import maybe_batch
 from modelyard.serving.metrics import ServingMetrics
 from modelyard.serving.servable import Servable
 from modelyard.serving.tensor_proto import serialized_examples, to_ndarray
@@ -26,9 +27,11 @@ class VersionLoader:
     """Callable used by the Manager: ``loader(model_name, version, path) -> Servable``."""
 
     def __init__(
-        self, metrics: ServingMetrics, session_config=None, warmup_iterations: int = 1, runtime: str = "auto"
+        self, metrics: ServingMetrics, session_config=None, warmup_iterations: int = 1, runtime: str = "auto",
+        batching=None,
     ):
         self.metrics = metrics
+        self.batching = batching  # a BatchingPolicy: wrap each version so warmup and requests batch
         self.runtime = runtime
         self.session_config = session_config
         self.warmup_iterations = warmup_iterations
@@ -36,7 +39,7 @@ class VersionLoader:
     def __call__(self, model_name: str, version: int, path: Path) -> Servable:
         started = time.perf_counter()
         try:
-            servable = self._load(path)
+            servable = maybe_batch(self._load(path), path, self.batching)
         except Exception:
             self.metrics.load_attempt_count.inc(str(path), "fail")
             raise

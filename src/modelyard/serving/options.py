@@ -48,6 +48,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
     add("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF decides)")
     add("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF decides)")
+    add("--enable_batching", **flag, help="merge concurrent requests for a model into batches")
+    add("--batching_parameters_file", default=None,
+        help="text BatchingParameters for --enable_batching (default: TF Serving's defaults)")
+    add("--enable_per_model_batching_params", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="a version's own batching_params.pbtxt replaces --batching_parameters_file (default true)")
 
 
 @dataclass
@@ -74,6 +79,7 @@ class ServeOptions:
     runtime: str = "auto"
     workers: int = 1
     use_demo: bool = False
+    batching: object = None  # a batching_config.BatchingPolicy when --enable_batching
 
 
 class OptionsError(ValueError):
@@ -107,6 +113,16 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         raise OptionsError(f"--model_config_file {args.model_config_file} does not exist")
     if args.monitoring_config_file and not Path(args.monitoring_config_file).is_file():
         raise OptionsError(f"--monitoring_config_file {args.monitoring_config_file} does not exist")
+    if args.batching_parameters_file and not args.enable_batching:
+        raise OptionsError("--batching_parameters_file only applies with --enable_batching: add it or drop the file")
+    from modelyard.errors import ServingError
+    from modelyard.serving.batching_config import policy_from_flags
+
+    try:  # read the file now so a malformed one stops the server before it starts
+        batching = policy_from_flags(args.enable_batching, args.batching_parameters_file,
+                                     args.enable_per_model_batching_params)
+    except ServingError as exc:
+        raise OptionsError(exc.message) from None
     for flag in ("port", "rest_api_port"):
         value = getattr(args, flag)
         if not 0 <= value <= 65535:
@@ -143,4 +159,5 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         runtime=args.runtime,
         workers=args.workers or cores,
         use_demo=use_demo,
+        batching=batching,
     )
