@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import run, write_config
+from .conftest import run, write_config
 from modelyard.cli import main
 
 pytestmark = pytest.mark.timeout(120)

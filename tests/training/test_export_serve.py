@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import ENV, MODELYARD, kill_group, run, write_config
+from .conftest import ENV, MODELYARD, kill_group, run, write_config
 from modelyard.training.cluster import free_ports
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ENV, MODELYARD, kill_group, write_config
+from .conftest import ENV, MODELYARD, kill_group, write_config
 
 COLLECTIVE_TIMEOUT = 600  # far longer than the test may run: only the supervisor can end it in time
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ENV, MODELYARD, kill_group, run
+from .conftest import ENV, MODELYARD, kill_group, run
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import model_weights, run, write_config
+from .conftest import model_weights, run, write_config
 
 
 def _train(tmp, name, timeout=240, **values):

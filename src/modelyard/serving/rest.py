@@ -1,11 +1,11 @@
-"""TF Serving's REST API as a raw ASGI app: routing, body limits, CORS, and the error mapping.
+"""TF Serving's REST API: routing, body limits, CORS, and the error mapping.
 
-No web framework: the hot path is parse body -> core -> encode, with the model call on a
-thread pool so the event loop keeps accepting connections.
+Protocol-free: ``http_server`` feeds it parsed requests. The hot path is parse body ->
+core -> encode; models that answer in microseconds run on the event loop, others on
+a thread pool so the loop keeps accepting connections.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +15,7 @@ import orjson
 
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving import rest_json
+from modelyard.serving.batching import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
 from modelyard.serving.signatures import DEFAULT_SIGNATURE
 
@@ -47,69 +48,45 @@ class RestApp:
         self.timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
         self.max_body_bytes = max_body_bytes
         self.extra_headers = _CORS if cors else []
+        self.json_headers = _JSON + self.extra_headers
         self.metrics_path = metrics_path
         self.peer_metrics = peer_metrics  # callable returning other workers' snapshots
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
-        headers = _JSON + self.extra_headers
+    # ---- answered on the event loop, before or without the body ------------------------------
+    def immediate(self, method: str, path: str) -> tuple[int, list, bytes] | None:
+        """Responses that need no body and no model: CORS preflight, metrics, paths outside /v1/."""
         if method == "OPTIONS" and self.extra_headers:
-            await _respond(send, 204, self.extra_headers, b"")
-            return
+            return 204, self.extra_headers, b""
         if self.metrics_path and path == self.metrics_path:
             peers = self.peer_metrics() if self.peer_metrics else []
             body = self.core.metrics.render(peers).encode()
-            await _respond(send, 200, [(b"content-type", b"text/plain")] + self.extra_headers, body)
-            return
+            return 200, [(b"content-type", b"text/plain")] + self.extra_headers, body
         if not path.lower().startswith("/v1/"):
-            await _respond(send, 404, headers, rest_json.error_body(ServingError(Code.NOT_FOUND, f"Not found: {path}")))
-            return
-        body, too_large = await self._read_body(scope, receive)
-        if too_large:
-            message = (
-                f"Request body exceeds the limit of {self.max_body_bytes} bytes; send smaller batches or raise "
-                "--rest_api_max_body_bytes"
-            )
-            await _respond(send, 413, headers, orjson.dumps({"error": message}))
-            return
-        if self._cheap(path):
-            # A LiteRT call costs microseconds: a thread hop would cost more than the model.
-            status, payload = self.handle(method, path, body)
-            await _respond(send, status, headers, payload)
-            return
-        future = asyncio.get_running_loop().run_in_executor(self.pool, self.handle, method, path, body)
-        try:
-            status, payload = await asyncio.wait_for(future, self.timeout_s) if self.timeout_s else await future
-        except asyncio.TimeoutError:
-            error = ServingError(Code.DEADLINE_EXCEEDED, "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms")
-            status, payload = error.http_status, rest_json.error_body(error)
-        await _respond(send, status, headers, payload)
+            error = ServingError(Code.NOT_FOUND, f"Not found: {path}")
+            return 404, self.json_headers, rest_json.error_body(error)
+        return None
 
-    async def _read_body(self, scope, receive) -> tuple[bytes, bool]:
-        limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and limit and value.isdigit() and int(value) > limit:
-                return b"", True
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if limit and size > limit:
-                return b"", True
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks), False
+    def body_too_large(self) -> tuple[int, list, bytes]:
+        message = (
+            f"Request body exceeds the limit of {self.max_body_bytes} bytes; send smaller batches or raise "
+            "--rest_api_max_body_bytes"
+        )
+        return 413, self.json_headers, orjson.dumps({"error": message})
 
-    def _cheap(self, path: str) -> bool:
+    def deadline_exceeded(self) -> tuple[int, list, bytes]:
+        error = ServingError(
+            Code.DEADLINE_EXCEEDED, "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms"
+        )
+        return error.http_status, self.json_headers, rest_json.error_body(error)
+
+    def cheap(self, path: str) -> bool:
         """Whether this request's model runs fast enough to run on the event loop itself."""
         match = _POST.fullmatch(path)
         return match is not None and self.core.manager.runs_inline(unquote(match.group(1)))
 
     # ---- runs on the thread pool (or inline, for cheap models) -------------------------------
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        set_request_timeout(self.timeout_s)  # batching drops a request whose deadline passes in its queue
         try:
             if method == "POST":
                 match = _POST.fullmatch(path)
@@ -204,8 +181,3 @@ def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:
             "metadata": {"signature_def": signature_defs},
         }
     )
-
-
-async def _respond(send, status: int, headers, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers + [(b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})

@@ -32,7 +32,8 @@ class ModelServer:
         self.options = options
         self.group = group  # a WorkerGroup when several worker processes share the ports
         self.metrics = ServingMetrics()
-        loader = VersionLoader(self.metrics, self._session_config(), self._warmup_iterations(), options.runtime)
+        loader = VersionLoader(self.metrics, self._session_config(), self._warmup_iterations(), options.runtime,
+                               batching=options.batching)
         self.manager = Manager(loader)
         self.core = ServingCore(self.manager, self.metrics)
         self._stop = threading.Event()
@@ -209,17 +210,10 @@ class ModelServer:
         o = self.options
         try:
             if o.rest_api_port:
-                import uvicorn
+                from modelyard.serving.http_server import serve
 
-                config = uvicorn.Config(
-                    self.rest_app, host=o.host, port=o.rest_api_port, loop="uvloop", http="httptools",
-                    lifespan="off", access_log=False, log_level="warning", timeout_keep_alive=30,
-                )
-                server = uvicorn.Server(config)
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
-                server.run(sockets=[self._rest_sock])
-                if not server.started:
-                    raise OSError(f"cannot bind REST port {o.host}:{o.rest_api_port}: use --rest_api_port")
+                serve(self.rest_app, self._rest_sock)
             else:
                 self.grpc_server.wait_for_termination()
         finally:

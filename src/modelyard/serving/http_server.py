@@ -1,0 +1,197 @@
+"""A lean HTTP/1.1 server for the REST API, on httptools' parser and the uvloop event loop.
+
+An ASGI server spent more CPU per request than the whole predict path (scope dicts,
+receive/send coroutines, header lists), so requests go straight from the parser to
+``RestApp``. Keep-alive, pipelining (answered in order), ``Expect: 100-continue``,
+chunked request bodies (decoded by httptools) and the body limit are handled here.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import socket
+from http import HTTPStatus
+
+import httptools
+
+from modelyard.serving.rest import RestApp
+
+log = logging.getLogger("modelyard.serving")
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_REASONS[499] = b"Client Closed Request"
+
+
+def _head(status: int, headers: list, length: int, keep_alive: bool) -> bytes:
+    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
+    lines.extend(name + b": " + value for name, value in headers)
+    lines.append(b"content-length: %d" % length)
+    if not keep_alive:
+        lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+class _Request:
+    __slots__ = ("method", "path", "body", "keep_alive", "response")
+
+    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, response=None):
+        self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.response = response  # set when answered before the body (413, immediate routes)
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, app: RestApp):
+        self.app = app
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport = None
+        self.queue: collections.deque[_Request] = collections.deque()
+        self.busy = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.expect_continue = False
+        self.early = None
+
+    # ---- transport events ---------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, b"protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._fail(400, f"malformed HTTP request: {exc}".encode())
+
+    def _fail(self, status: int, message: bytes) -> None:
+        if self.transport is not None:
+            body = b'{"error": "' + message.replace(b'"', b"'") + b'"}'
+            self.transport.write(_head(status, self.app.json_headers, len(body), False) + body)
+            self.transport.close()
+
+    # ---- parser callbacks ---------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" and self.app.max_body_bytes and value.isdigit():
+            if int(value) > self.app.max_body_bytes:
+                self.early = self.app.body_too_large()
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        method = self.parser.get_method().decode("latin-1")
+        path = httptools.parse_url(self.url).path.decode("utf-8", "replace")
+        self.method, self.path = method, path
+        if self.early is not None and self.transport is not None and not self.queue and not self.busy:
+            # Declared too large: answer now and close rather than read a body we refuse.
+            status, headers, payload = self.early
+            self.transport.write(_head(status, headers, len(payload), False) + payload)
+            self.transport.close()
+            self.transport = None
+            return
+        if self.early is None:
+            self.early = self.app.immediate(method, path)
+        if self.expect_continue and self.early is None and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self.early is not None:
+            return  # answered already: drop the rest of the body
+        self.size += len(body)
+        if self.app.max_body_bytes and self.size > self.app.max_body_bytes:
+            self.early = self.app.body_too_large()
+            self.chunks = []
+            return
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        keep_alive = self.parser.should_keep_alive()
+        self.queue.append(_Request(self.method, self.path, b"".join(self.chunks), keep_alive, self.early))
+        self._reset()
+        if not self.busy:
+            self._next()
+
+    # ---- answering, in order ----------------------------------------------------------------
+    def _next(self) -> None:
+        while self.queue and not self.busy and self.transport is not None:
+            request = self.queue.popleft()
+            if request.response is not None:
+                self._write(request, request.response)
+            elif self.app.cheap(request.path):
+                # A LiteRT call costs microseconds: a thread hop would cost more than the model.
+                status, payload = self.app.handle(request.method, request.path, request.body)
+                self._write(request, (status, self.app.json_headers, payload))
+            else:
+                self.busy = True
+                self.transport.pause_reading()
+                self.loop.create_task(self._offload(request))
+
+    async def _offload(self, request: _Request) -> None:
+        app = self.app
+        future = self.loop.run_in_executor(app.pool, app.handle, request.method, request.path, request.body)
+        try:
+            if app.timeout_s:
+                status, payload = await asyncio.wait_for(future, app.timeout_s)
+            else:
+                status, payload = await future
+            response = (status, app.json_headers, payload)
+        except asyncio.TimeoutError:
+            response = app.deadline_exceeded()
+        self.busy = False
+        if self.transport is not None:
+            self._write(request, response)
+            if self.transport is not None:
+                self.transport.resume_reading()
+                self._next()
+
+    def _write(self, request: _Request, response) -> None:
+        status, headers, payload = response
+        self.transport.write(_head(status, headers, len(payload), request.keep_alive) + payload)
+        if not request.keep_alive:
+            self.transport.close()
+            self.transport = None
+
+
+def serve(app: RestApp, sock: socket.socket) -> None:
+    """Serve ``app`` on the listening ``sock`` until SIGINT or SIGTERM."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover (uvloop is a dependency; this keeps odd platforms working)
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    stopped = asyncio.Event()
+
+    async def main() -> None:
+        server = await loop.create_server(lambda: HttpProtocol(app), sock=sock, backlog=2048)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stopped.set)
+            except (ValueError, RuntimeError):  # not the main thread
+                pass
+        async with server:
+            await stopped.wait()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
