@@ -25,6 +25,8 @@ class DataError(ValueError):
 
 
 def _split_arrays(x: np.ndarray, y: np.ndarray, split: str, fraction: float, seed: int = 0):
+    if fraction <= 0:  # the file holds this split whole: keep its order
+        return x, y
     order = np.random.default_rng(seed).permutation(len(x))
     n_val = int(round(len(x) * fraction))
     idx = order[:n_val] if split == "validation" else order[n_val:]
