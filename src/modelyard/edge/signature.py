@@ -12,6 +12,7 @@ import numpy as np
 
 from modelyard.edge.errors import ConvertError
 from modelyard.savedmodel import SavedModelError, meta_graph, read_saved_model
+from modelyard.serving.dtypes import to_numpy  # the one dtype table, shared with serving
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -38,12 +39,10 @@ class SignatureSpec:
 
 
 def _spec(alias: str, info) -> TensorSpec:
-    from tensorflow.python.framework import dtypes  # no TF runtime start-up needed
-
     shape = None if info.tensor_shape.unknown_rank else tuple(
         None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim
     )
-    return TensorSpec(alias, info.name, np.dtype(dtypes.as_dtype(info.dtype).as_numpy_dtype), shape)
+    return TensorSpec(alias, info.name, to_numpy(info.dtype), shape)
 
 
 def read_signature(version_dir: Path, name: str = DEFAULT_SIGNATURE) -> SignatureSpec:
