@@ -76,3 +76,22 @@ def save_sleepy(path: Path) -> Path:
     module = Sleepy()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
     return path
+
+
+class BatchProbe(tf.Module):
+    """Shows the batch the model really ran: ``y = x``, ``n`` = rows in the batch, ``i`` = row index in it.
+
+    Served with batching, ``n`` and ``i`` expose padding and merging from outside: a
+    request's own rows come back with the size and position of the batch they ran in.
+    """
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+    def serve(self, x):
+        rows = tf.shape(x)[0]
+        return {"y": tf.identity(x), "n": tf.fill([rows], rows), "i": tf.range(rows)}
+
+
+def save_batch_probe(path: Path) -> Path:
+    module = BatchProbe()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path

@@ -18,9 +18,14 @@ warmup run through it unchanged. How it behaves, after TF Serving's BatchingSess
   One that could not fit even in an empty queue is refused (INVALID_ARGUMENT).
 - A full queue answers at once with RESOURCE_EXHAUSTED (HTTP 429): never a wait.
 - Deadlines: ``run(..., deadline=)`` or the per-request deadline the protocol adapters
-  set (``set_request_timeout`` / ``bind_request_timeout``). A request whose deadline
-  passes before its batch runs is dropped from the batch with DEADLINE_EXCEEDED; one
-  whose batch is still running when it passes stops waiting with the same error.
+  set (``set_request_timeout`` / ``bind_request_timeout``). When a request's deadline
+  passes it is answered at once with DEADLINE_EXCEEDED "Timed out waiting for
+  notification" (TensorFlow's message for a Session.run past its RunOptions timeout,
+  the error TF Serving's REST clients see): its queued rows leave the queue, freeing
+  room, and a running batch's rows for it are dropped. (TF Serving notices a deadline
+  only when the batch is dequeued, and answers a request that expired in the queue with
+  RESOURCE_EXHAUSTED "Run() timeout exceeded while waiting in batching queue" then; a
+  gRPC client sees its own DEADLINE_EXCEEDED either way.)
 - Every output must keep the batch dimension (dimension 0 == rows in the batch);
   otherwise the batch fails with FAILED_PRECONDITION rather than hand one request
   values computed from other requests' rows.
@@ -51,6 +56,8 @@ from modelyard.serving.signatures import Signature
 log = logging.getLogger("modelyard.serving")
 
 QUEUE_FULL = "The batch scheduling queue to which this task was submitted is full"
+# TensorFlow's DirectSession, word for word, when a run outlives its RunOptions timeout.
+DEADLINE_MESSAGE = "Timed out waiting for notification"
 # Waits poll at least this often so no thread ever sleeps unbounded on a missed wake-up.
 _MAX_WAIT_S = 1.0
 _JOIN_TIMEOUT_S = 10.0
@@ -90,7 +97,7 @@ def current_deadline() -> float | None:
 class _Task:
     """One request: its rows, its deadline, and where its answer (or error) lands."""
 
-    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "done")
+    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "done", "key")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None):
         self.inputs = inputs
@@ -101,6 +108,7 @@ class _Task:
         self.result: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.key: tuple | None = None  # the queue it waits in
 
 
 class _Piece:
@@ -247,6 +255,7 @@ class BatchingServable(Servable):
                 batch.size += chunk
                 start += chunk
             task.pending = len(chunks)
+            task.key = key
             self._cond.notify_all()
 
     def _wait(self, task: _Task) -> None:
@@ -256,11 +265,29 @@ class BatchingServable(Servable):
                 remaining = task.deadline - time.monotonic()
                 if remaining <= 0:
                     with self._cond:
-                        # Queued pieces are skipped when their batch runs; a running batch's rows are dropped.
+                        if task.done.is_set():
+                            continue  # answered just now
+                        # A running batch's rows are dropped; queued rows leave the queue now, freeing room.
+                        self._unqueue(task)
                         self._finish(task, error=_deadline_error())
                     return
                 timeout = min(timeout, remaining)
             task.done.wait(timeout)
+
+    def _unqueue(self, task: _Task) -> None:
+        """Take a task that has not started out of its queue (under the lock)."""
+        queue = self._queues.get(task.key)
+        if queue is None:
+            return
+        for batch in list(queue.batches):
+            kept = [piece for piece in batch.pieces if piece.task is not task]
+            if len(kept) != len(batch.pieces):
+                batch.pieces = kept
+                batch.size = sum(piece.stop - piece.start for piece in kept)
+                if not kept:
+                    queue.batches.remove(batch)
+        if not queue.batches:
+            del self._queues[task.key]
 
     # ---- the batch threads ---------------------------------------------------------------------
     def _work(self) -> None:
@@ -424,7 +451,7 @@ def _pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _deadline_error() -> ServingError:
-    return ServingError(Code.DEADLINE_EXCEEDED, "Deadline exceeded before the request's batch ran")
+    return ServingError(Code.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
 
 
 def _closed_error() -> ServingError:

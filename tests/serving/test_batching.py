@@ -1,0 +1,449 @@
+"""Serving at speed, batching: --enable_batching with global and per-version BatchingParameters.
+
+One batching server (module-scoped) serves five small models:
+- ``rows``: per-row outputs, global parameters (max 8, allowed sizes 4 and 8, 20 ms timeout);
+- ``probe``: answers the batch size and row index it ran at, global parameters;
+- ``merge``: the probe with its own batching_params.pbtxt (max 8, a batch runs only when full);
+- ``tiny``: ``rows`` with its own file (max 2 x 2 enqueued batches: larger requests are refused);
+- ``sleepy``: sleeps as long as a request asks, its own file (max 2, one queued batch, one thread).
+The server has ``--rest_api_timeout_in_ms 2000`` for the REST deadline test.
+Unit tests of BatchingServable cover what is hard to reach from outside deterministically.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+import modelyard  # noqa: F401  (TF environment first)
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from modelyard.errors import Code, ServingError
+from modelyard.serving.batching import DEADLINE_MESSAGE, QUEUE_FULL, BatchingServable
+from modelyard.serving.batching_config import BatchingParams, parse_batching_parameters
+from modelyard.serving.servable import Servable
+from tests.serving.affine_models import save_batch_probe, save_per_row, save_sleepy
+from tests.serving.server_process import ServerProcess
+
+GLOBAL_PARAMS = """
+max_batch_size { value: 8 }
+batch_timeout_micros { value: 20000 }
+max_enqueued_batches { value: 100 }
+num_batch_threads { value: 2 }
+allowed_batch_sizes: 4
+allowed_batch_sizes: 8
+"""
+MERGE_PARAMS = """
+max_batch_size { value: 8 }
+batch_timeout_micros { value: 30000000 }
+max_enqueued_batches { value: 4 }
+num_batch_threads { value: 1 }
+"""
+TINY_PARAMS = """
+max_batch_size { value: 2 }
+max_enqueued_batches { value: 2 }
+num_batch_threads { value: 1 }
+allowed_batch_sizes: 2
+"""
+SLEEPY_PARAMS = """
+max_batch_size { value: 2 }
+batch_timeout_micros { value: 0 }
+max_enqueued_batches { value: 1 }
+num_batch_threads { value: 1 }
+"""
+REST_TIMEOUT_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batching")
+    save_per_row(root / "rows" / "1")
+    save_batch_probe(root / "probe" / "1")
+    save_batch_probe(root / "merge" / "1")
+    (root / "merge" / "1" / "batching_params.pbtxt").write_text(MERGE_PARAMS)
+    save_per_row(root / "tiny" / "1")
+    (root / "tiny" / "1" / "batching_params.pbtxt").write_text(TINY_PARAMS)
+    save_sleepy(root / "sleepy" / "1")
+    (root / "sleepy" / "1" / "batching_params.pbtxt").write_text(SLEEPY_PARAMS)
+    (root / "params.txt").write_text(GLOBAL_PARAMS)
+    body = "".join(
+        f'  config: {{ name: "{name}" base_path: "{root / name}" model_platform: "tensorflow" }}\n'
+        for name in ("rows", "probe", "merge", "tiny", "sleepy")
+    )
+    (root / "models.config").write_text("model_config_list: {\n" + body + "}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs):
+    proc = ServerProcess(
+        "--model_config_file", str(model_dirs / "models.config"),
+        "--enable_batching", "--batching_parameters_file", str(model_dirs / "params.txt"),
+        "--enable_per_model_batching_params",
+        "--runtime", "tensorflow",
+        "--rest_api_timeout_in_ms", str(REST_TIMEOUT_MS),
+        "--file_system_poll_wait_seconds", "0",
+        log_dir=model_dirs,
+    )
+    with proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(server.grpc_target)
+    yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    channel.close()
+
+
+def rest_predict(server, model: str, x: np.ndarray, session=None) -> requests.Response:
+    body = json.dumps({"inputs": {"x": x.tolist()}})
+    return (session or requests).post(f"{server.base}/v1/models/{model}:predict", data=body, timeout=60)
+
+
+def rest_outputs(response: requests.Response, dtypes: dict[str, type]) -> dict[str, np.ndarray]:
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    return {name: np.asarray(outputs[name], dtype=dtype) for name, dtype in dtypes.items()}
+
+
+def grpc_request(model: str, x: np.ndarray) -> predict_pb2.PredictRequest:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(x))
+    return request
+
+
+def grpc_predict(stub, model: str, x: np.ndarray, timeout: float = 60.0) -> dict[str, np.ndarray]:
+    response = stub.Predict(grpc_request(model, x), timeout=timeout)
+    return {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
+
+
+def assert_bitwise_equal(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.dtype, got.shape, expected.shape)
+    assert got.tobytes() == expected.tobytes(), f"{what}: {got} != {expected}"
+
+
+# ---- (a) batched answers equal the model's own answers, bit for bit ----------------------------
+def test_concurrent_batched_answers_equal_unbatched_bitwise(server, stub, model_dirs):
+    from modelyard.serving.tf_session import load_saved_model
+
+    direct = load_saved_model(model_dirs / "rows" / "1", None)
+    signature = direct.signatures["serving_default"]
+    rng = np.random.default_rng(7)
+    # Row counts 1..6 merge and pad; 11 and 19 exceed max_batch_size 8 and are split.
+    sizes = [int(n) for n in rng.choice([1, 2, 3, 4, 5, 6, 11, 19], size=96)]
+    inputs = [rng.normal(scale=50, size=(n, 3)).astype(np.float32) for n in sizes]
+    try:
+        expected = [direct.run(signature, {"x": x}, ("y", "s", "k")) for x in inputs]  # each alone
+    finally:
+        direct.close()
+    local = threading.local()
+
+    def call(index: int) -> tuple[int, dict[str, np.ndarray]]:
+        x = inputs[index]
+        if index % 2:
+            return index, grpc_predict(stub, "rows", x)
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        return index, rest_outputs(rest_predict(server, "rows", x, local.session),
+                                   {"y": np.float32, "s": np.float32, "k": np.int32})
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = dict(pool.map(call, range(len(inputs))))
+    assert len(answers) == len(inputs)
+    for index, want in enumerate(expected):
+        for name in ("y", "s", "k"):
+            assert_bitwise_equal(answers[index][name], want[name], f"request {index} ({sizes[index]} rows) {name}")
+
+
+# ---- (b) padding never leaks; big requests are split and reassembled, or refused --------------
+@pytest.mark.parametrize("rows, padded_to", [(1, 4), (3, 4), (5, 8), (8, 8)])
+def test_padded_batch_returns_exactly_the_requests_rows(server, stub, rows, padded_to):
+    x = (np.arange(rows, dtype=np.float32) + 0.25).reshape(rows, 1) * (1 + rows)
+    for out in (rest_outputs(rest_predict(server, "probe", x), {"y": np.float32, "n": np.int32, "i": np.int32}),
+                grpc_predict(stub, "probe", x)):
+        assert_bitwise_equal(out["y"], x, "y")  # exactly its rows, in order: no padding row
+        # It ran in a padded batch of an allowed size (padding happened, and stayed inside):
+        assert out["n"].shape == (rows,) and set(out["n"].tolist()) <= {4, 8}
+        assert min(out["n"].tolist()) >= rows
+        # Its rows sit together in the batch, in order.
+        assert out["i"].tolist() == list(range(out["i"][0], out["i"][0] + rows))
+    # Sent alone, nothing else shares its batch: it is padded to the smallest allowed size.
+    alone = grpc_predict(stub, "probe", x)
+    assert alone["n"].tolist() == [padded_to] * rows and alone["i"].tolist() == list(range(rows))
+
+
+def test_request_larger_than_max_batch_size_is_split_and_reassembled(server, stub):
+    x = np.arange(20, dtype=np.float32).reshape(20, 1) - 7.5
+    out = grpc_predict(stub, "probe", x)
+    assert_bitwise_equal(out["y"], x, "y")
+    # Three chunks of at most max_batch_size 8 rows, each its own batch (the last padded 4 -> 4).
+    assert out["n"].tolist() == [8] * 8 + [8] * 8 + [4] * 4
+    assert out["i"].tolist() == list(range(8)) + list(range(8)) + list(range(4))
+    rest = rest_outputs(rest_predict(server, "probe", x), {"y": np.float32})
+    assert_bitwise_equal(rest["y"], x, "REST y")
+
+
+def test_concurrent_requests_share_one_batch_without_mixing_rows(server, stub):
+    # ``merge`` (its own batching_params.pbtxt) runs a batch only once it holds 8 rows.
+    a = np.full((3, 1), 11.0, np.float32) + np.arange(3, dtype=np.float32).reshape(3, 1)
+    b = np.full((5, 1), -4.0, np.float32) - np.arange(5, dtype=np.float32).reshape(5, 1)
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(grpc_predict, stub, "merge", a)
+        fb = pool.submit(lambda: rest_outputs(rest_predict(server, "merge", b),
+                                              {"y": np.float32, "n": np.int32, "i": np.int32}))
+        out_a, out_b = fa.result(), fb.result()
+    assert_bitwise_equal(out_a["y"], a, "a")
+    assert_bitwise_equal(out_b["y"], b, "b")
+    assert out_a["n"].tolist() == [8] * 3 and out_b["n"].tolist() == [8] * 5  # one batch of both
+    assert sorted(out_a["i"].tolist() + out_b["i"].tolist()) == list(range(8))
+
+
+def test_request_that_cannot_fit_the_queue_is_refused_clearly(server, stub):
+    x = np.ones((5, 3), np.float32)  # tiny: max_batch_size 2 x max_enqueued_batches 2 = 4 rows at most
+    r = rest_predict(server, "tiny", x)
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("Task size 5 is larger than maximum input batch size 4")
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_predict(stub, "tiny", x)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Task size 5 is larger than maximum input batch size 4" in info.value.details()
+    ok = rest_outputs(rest_predict(server, "tiny", x[:4]), {"k": np.int32})  # 4 rows: split in two
+    assert ok["k"].tolist() == [100] * 4
+
+
+# ---- (c) a full queue answers at once, and the server keeps serving ----------------------------
+def sleepy_input(rows: int, seconds: float, value: float = 1.0) -> np.ndarray:
+    return np.array([[value + i, seconds] for i in range(rows)], np.float32)
+
+
+def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
+    # sleepy: max_batch_size 2, one queued batch, one thread. A fills a batch and holds the thread.
+    events: list[tuple[float, str, object]] = []
+    lock = threading.Lock()
+
+    def record(kind, result):
+        with lock:
+            events.append((time.monotonic(), kind, result))
+
+    def slow():
+        record("A", grpc_predict(stub, "sleepy", sleepy_input(2, 1.0, value=10.0)))
+
+    def rest_one(i):
+        r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, value=20.0 + 10 * i))
+        record("rest", (r.status_code, r.json()))
+
+    def grpc_one(i):
+        try:
+            record("grpc", grpc_predict(stub, "sleepy", sleepy_input(2, 0.0, value=60.0 + 10 * i)))
+        except grpc.RpcError as exc:
+            record("grpc", exc)
+
+    a = threading.Thread(target=slow)
+    a.start()
+    # Four requests of 2 rows while A runs or waits: at most one of them fits the single queued batch.
+    others = [threading.Thread(target=rest_one, args=(i,)) for i in range(2)]
+    others += [threading.Thread(target=grpc_one, args=(i,)) for i in range(2)]
+    for t in others:
+        t.start()
+    for t in others + [a]:
+        t.join()
+    a_done = next(at for at, kind, _ in events if kind == "A")
+    a_result = next(result for _, kind, result in events if kind == "A")
+    assert a_result["y"].ravel().tolist() == [21.0, 23.0]
+    refused = []
+    for at, kind, result in events:
+        if kind == "rest" and result[0] == 429:
+            assert result[1] == {"error": QUEUE_FULL}
+            refused.append((at, kind))
+        elif kind == "grpc" and isinstance(result, grpc.RpcError):
+            assert result.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, result
+            assert result.details() == QUEUE_FULL
+            refused.append((at, kind))
+        elif kind == "rest":
+            assert result[0] == 200, result
+    assert len(refused) >= 3, events
+    assert {kind for _, kind in refused} == {"rest", "grpc"}
+    # Refused at once: every refusal came back while A was still running.
+    assert all(at < a_done for at, _ in refused), events
+    # The server keeps serving.
+    assert grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 3.0))["y"].ravel().tolist() == [7.0]
+    r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, 3.0))
+    assert r.status_code == 200 and r.json() == {"outputs": [[7.0], [9.0]]}
+
+
+# ---- (d) deadlines shorter than the queue wait -------------------------------------------------
+def test_deadline_passing_in_the_queue(server, stub):
+    a_result = {}
+    a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 3.0))))
+    a.start()
+    time.sleep(0.3)  # let A take the batch thread (if it has not, the requests below still queue behind it)
+    with ThreadPoolExecutor(2) as pool:
+        rest_future = pool.submit(rest_predict, server, "sleepy", sleepy_input(1, 0.0, 5.0))
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=0.5)
+        r = rest_future.result()
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert r.status_code == 504, r.text  # DEADLINE_EXCEEDED, TF Serving's HTTP status for it
+    a.join()
+    assert a_result["y"].ravel().tolist() == [3.0, 5.0]
+    # The server keeps serving, on both protocols.
+    assert grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 2.0), timeout=30)["y"].ravel().tolist() == [5.0]
+    ok = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 2.0))
+    assert ok.status_code == 200 and ok.json() == {"outputs": [[5.0]]}
+    expect_tf_serving_timeout_message(r)
+
+
+def test_rest_timeout_while_the_batch_runs(server):
+    r = rest_predict(server, "sleepy", sleepy_input(1, REST_TIMEOUT_MS / 1000 + 1.0))
+    assert r.status_code == 504, r.text
+    ok = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 4.0))
+    assert ok.status_code == 200 and ok.json() == {"outputs": [[9.0]]}
+    expect_tf_serving_timeout_message(r)
+
+
+def expect_tf_serving_timeout_message(r: requests.Response) -> None:
+    """TF Serving's REST body on a --rest_api_timeout_in_ms timeout: TensorFlow's Session.run message.
+
+    The batching queue answers it at the deadline; so does the HTTP layer (http_server.py /
+    rest.py, another engineer's files), with its own words, whichever comes first.
+    """
+    if r.json() == {"error": "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms"}:
+        pytest.xfail("rest.py RestApp.deadline_exceeded still answers its own message, not TF Serving's "
+                     f"{DEADLINE_MESSAGE!r}: see the batching report")
+    assert r.json() == {"error": DEADLINE_MESSAGE}
+
+
+# ---- BatchingServable on its own: the fine points, deterministic -------------------------------
+class GatedRows(Servable):
+    """``y = 3x + 1`` per row; records each batch's rows; can hold batches until a gate opens."""
+
+    def __init__(self):
+        super().__init__(Path("."), {}, {})
+        self.batches: list[np.ndarray] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Semaphore(0)
+        self.runtime = "fake"
+        self.closed = False
+
+    def run(self, signature, inputs, output_aliases):
+        self.batches.append(inputs["x"].copy())
+        self.entered.release()
+        assert self.gate.wait(30)
+        return {"y": inputs["x"] * 3 + 1}
+
+    def close(self):
+        self.closed = True
+
+
+class _Sig:
+    """Stands for a Signature: BatchingServable keys its queues by the name; the fake ignores it."""
+
+    name = "serving_default"
+
+
+def batching(inner, **params) -> BatchingServable:
+    return BatchingServable(inner, BatchingParams(**params))
+
+
+def test_unit_padding_rows_never_leave_and_order_holds():
+    inner = GatedRows()
+    servable = batching(inner, max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1,
+                        batch_timeout_micros=0)
+    try:
+        for rows in (1, 3, 5):
+            x = np.arange(rows, dtype=np.float32).reshape(rows, 1) + 10 * rows
+            out = servable.run(_Sig, {"x": x}, ("y",))
+            assert out["y"].tolist() == (x * 3 + 1).tolist()
+        assert [len(b) for b in inner.batches] == [4, 4, 8]
+        # Padding repeats the batch's first row (TF Serving's rule), and stays inside.
+        assert inner.batches[0].ravel().tolist() == [10.0] * 4
+    finally:
+        servable.close()
+    assert inner.closed
+
+
+def test_unit_queue_full_and_deadlines():
+    inner = GatedRows()
+    inner.gate.clear()
+    servable = batching(inner, max_batch_size=2, max_enqueued_batches=1, num_batch_threads=1,
+                        batch_timeout_micros=0)
+    results: dict[str, object] = {}
+
+    def call(name, x, deadline=None):
+        try:
+            results[name] = servable.run(_Sig, {"x": x}, ("y",), deadline=deadline)
+        except ServingError as exc:
+            results[name] = exc
+
+    try:
+        running = threading.Thread(target=call, args=("running", np.ones((2, 1), np.float32),
+                                                        time.monotonic() + 0.3))
+        running.start()
+        assert inner.entered.acquire(timeout=30)  # its batch is in the model now
+        queued = threading.Thread(target=call, args=("queued", np.full((2, 1), 2.0, np.float32),
+                                                       time.monotonic() + 0.3))
+        queued.start()
+        while not servable._queues:  # wait until it is queued
+            time.sleep(0.01)
+        call("full", np.full((1, 1), 5.0, np.float32))  # the one queued batch is full: refused at once
+        full = results["full"]
+        assert isinstance(full, ServingError) and (full.code, full.message) == (Code.RESOURCE_EXHAUSTED, QUEUE_FULL)
+        queued.join(30)
+        running.join(30)
+        q, r = results["queued"], results["running"]
+        for error in (q, r):  # expired in the queue, expired while its batch ran
+            assert isinstance(error, ServingError) and (error.code, error.message) == (
+                Code.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+        inner.gate.set()
+        call("after", np.full((1, 1), 7.0, np.float32))
+        assert results["after"]["y"].tolist() == [[22.0]]
+        # The timed-out queued request never reached the model.
+        assert [b.ravel().tolist() for b in inner.batches] == [[1.0, 1.0], [7.0]]
+    finally:
+        inner.gate.set()
+        servable.close()
+
+
+def test_unit_model_error_fails_every_request_of_its_batch_and_not_the_next():
+    class Failing(GatedRows):
+        def run(self, signature, inputs, output_aliases):
+            if (inputs["x"] < 0).any():
+                raise ServingError(Code.INVALID_ARGUMENT, "negative input")
+            return super().run(signature, inputs, output_aliases)
+
+    inner = Failing()
+    servable = batching(inner, max_batch_size=4, num_batch_threads=1, batch_timeout_micros=5_000_000)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            good = pool.submit(servable.run, _Sig, {"x": np.ones((2, 1), np.float32)}, ("y",))
+            bad = pool.submit(servable.run, _Sig, {"x": -np.ones((2, 1), np.float32)}, ("y",))
+            for future in (good, bad):
+                with pytest.raises(ServingError) as info:
+                    future.result(30)
+                assert info.value.code == Code.INVALID_ARGUMENT
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(servable.run, _Sig, {"x": np.full((2, 1), v, np.float32)}, ("y",)) for v in (1, 2)]
+            assert [f.result(30)["y"].ravel().tolist() for f in futures] == [[4.0, 4.0], [7.0, 7.0]]
+    finally:
+        servable.close()
+
+
+def test_unit_parameters_file_is_read_strictly():
+    params = parse_batching_parameters(GLOBAL_PARAMS)
+    assert (params.max_batch_size, params.batch_timeout_micros, params.max_enqueued_batches,
+            params.num_batch_threads, params.allowed_batch_sizes) == (8, 20000, 100, 2, (4, 8))
+    with pytest.raises(ServingError, match="allowed_batch_sizes"):
+        parse_batching_parameters("max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n")
+    with pytest.raises(ServingError, match="max_batch_sise"):
+        parse_batching_parameters("max_batch_sise { value: 8 }\n")
