@@ -33,6 +33,17 @@ def _head(status: int, headers: list, length: int, keep_alive: bool) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+def _json_head(app: RestApp, status: int, length: int, keep_alive: bool) -> bytes:
+    """``_head`` for ``app.json_headers``, from a per-status cache: most responses take this path."""
+    cached = app.json_heads.get(status)
+    if cached is None:
+        full = _head(status, app.json_headers, 0, True)
+        cached = app.json_heads[status] = full[: full.index(b"content-length: ") + len(b"content-length: ")]
+    if keep_alive:
+        return cached + b"%d\r\n\r\n" % length
+    return cached + b"%d\r\nconnection: close\r\n\r\n" % length
+
+
 class _Request:
     __slots__ = ("method", "path", "body", "keep_alive", "response")
 
@@ -138,7 +149,10 @@ class HttpProtocol(asyncio.Protocol):
             elif self.app.cheap(request.path):
                 # A LiteRT call costs microseconds: a thread hop would cost more than the model.
                 status, payload = self.app.handle(request.method, request.path, request.body)
-                self._write(request, (status, self.app.json_headers, payload))
+                self.transport.write(_json_head(self.app, status, len(payload), request.keep_alive) + payload)
+                if not request.keep_alive:
+                    self.transport.close()
+                    self.transport = None
             else:
                 self.busy = True
                 self.transport.pause_reading()
@@ -164,7 +178,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def _write(self, request: _Request, response) -> None:
         status, headers, payload = response
-        self.transport.write(_head(status, headers, len(payload), request.keep_alive) + payload)
+        if headers is self.app.json_headers:
+            head = _json_head(self.app, status, len(payload), request.keep_alive)
+        else:
+            head = _head(status, headers, len(payload), request.keep_alive)
+        self.transport.write(head + payload)
         if not request.keep_alive:
             self.transport.close()
             self.transport = None

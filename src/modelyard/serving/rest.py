@@ -49,8 +49,12 @@ class RestApp:
         self.max_body_bytes = max_body_bytes
         self.extra_headers = _CORS if cors else []
         self.json_headers = _JSON + self.extra_headers
+        self.json_heads: dict[int, bytes] = {}  # status -> response head up to the length (http_server)
         self.metrics_path = metrics_path
         self.peer_metrics = peer_metrics  # callable returning other workers' snapshots
+        # path -> (match, model name, ModelSpec or None when the path's version is malformed).
+        # Clients send the same few paths, so each is parsed once, not per request.
+        self._post_routes: dict[str, tuple] = {}
 
     # ---- answered on the event loop, before or without the body ------------------------------
     def immediate(self, method: str, path: str) -> tuple[int, list, bytes] | None:
@@ -79,19 +83,34 @@ class RestApp:
         )
         return error.http_status, self.json_headers, rest_json.error_body(error)
 
+    def _post_route(self, path: str) -> tuple | None:
+        route = self._post_routes.get(path)
+        if route is None:
+            match = _POST.fullmatch(path)
+            if match is None:
+                return None
+            try:
+                spec = self._spec(match)
+            except ServingError:
+                spec = None  # answered by _spec's error on every request
+            if len(self._post_routes) >= 512:  # many distinct paths: a scan, not a client; stay small
+                self._post_routes.clear()
+            route = self._post_routes[path] = (match, unquote(match.group(1)), spec)
+        return route
+
     def cheap(self, path: str) -> bool:
         """Whether this request's model runs fast enough to run on the event loop itself."""
-        match = _POST.fullmatch(path)
-        return match is not None and self.core.manager.runs_inline(unquote(match.group(1)))
+        route = self._post_route(path)
+        return route is not None and self.core.manager.runs_inline(route[1])
 
     # ---- runs on the thread pool (or inline, for cheap models) -------------------------------
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         set_request_timeout(self.timeout_s)  # batching drops a request whose deadline passes in its queue
         try:
             if method == "POST":
-                match = _POST.fullmatch(path)
-                if match:
-                    return 200, self._post(match, body)
+                route = self._post_route(path)
+                if route is not None:
+                    return 200, self._post(route[0], body, route[2])
             elif method == "GET":
                 match = _GET.fullmatch(path)
                 if match:
@@ -117,8 +136,9 @@ class RestApp:
                 raise invalid_argument(f"Failed to convert version: {version} to numeric.") from None
         return ModelSpec(unquote(name), int(version) if version else None, unquote(label) if label else None)
 
-    def _post(self, match, body: bytes) -> bytes:
-        spec = self._spec(match)
+    def _post(self, match, body: bytes, spec: ModelSpec | None = None) -> bytes:
+        if spec is None:
+            spec = self._spec(match)
         api = match.group(4).lower()
         core = self.core
         with core.request(spec.name, api, "REST"):
@@ -131,7 +151,7 @@ class RestApp:
                             f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
                         )
                     if key == "instances":
-                        inputs = rest_json.inputs_from_instances(payload, sig)
+                        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.only_ints(body))
                     else:
                         inputs = rest_json.inputs_from_columns(payload, sig)
                     _, outputs = core.predict(handle, sig.name, inputs)

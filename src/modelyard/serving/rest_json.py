@@ -144,11 +144,40 @@ def _shape_error(value) -> ServingError:
     return invalid_argument(walk(value, 0) or "Ragged or uneven lists cannot form a tensor")
 
 
-def to_array(value, spec: TensorSpec) -> np.ndarray:
-    """One JSON value (scalar or nested lists) as an array of the signature's dtype."""
+# Every byte of a body that is {"instances": <nested lists of integers>} and nothing else.
+_INT_DOC_BYTES = b"0123456789,[]- \t\n\r"
+_INT_DOC_REST = b'{"instances":}'
+
+
+def only_ints(body: bytes) -> bool:
+    """Whether ``body`` (already parsed as a JSON object) holds only 'instances' and integer leaves.
+
+    Then no leaf is a float, bool, string or null, and arrays can be built with a known
+    integer dtype instead of NumPy inferring one element by element (twice as fast).
+    """
+    return body.translate(None, _INT_DOC_BYTES) == _INT_DOC_REST
+
+
+def _int_array(value) -> np.ndarray | None:
+    """``np.asarray(value)`` for nested lists of Python ints, when it would be a non-empty int64 array."""
+    try:
+        arr = np.array(value, dtype=np.int64)
+    except (ValueError, OverflowError, TypeError):  # ragged, or beyond int64: the general path says why
+        return None
+    return arr if arr.size else None
+
+
+def to_array(value, spec: TensorSpec, ints: bool = False) -> np.ndarray:
+    """One JSON value (scalar or nested lists) as an array of the signature's dtype.
+
+    ``ints``: the caller checked that every leaf in ``value`` is a JSON integer (``only_ints``).
+    """
     dtype = spec.numpy_dtype
     if dtype.kind == "O":
         return _string_array(value, spec)
+    inferred = _int_array(value) if ints and dtype.kind in "iufc" and isinstance(value, list) else None
+    if inferred is not None:
+        return _int_to(inferred, dtype, spec)
     try:
         inferred = np.asarray(value)
     except ValueError:
@@ -165,6 +194,11 @@ def to_array(value, spec: TensorSpec) -> np.ndarray:
             if not _fits(leaf, dtype):
                 raise _type_error(leaf, spec) from None
         raise
+    return _int_to(inferred, dtype, spec)
+
+
+def _int_to(inferred: np.ndarray, dtype: np.dtype, spec: TensorSpec) -> np.ndarray:
+    """The range check for integer targets, then the cast."""
     if dtype.kind in "iu" and inferred.dtype.kind != "b" and inferred.size and inferred.dtype.itemsize >= dtype.itemsize:
         if dtype.kind == "u" and inferred.dtype.kind == "i" and dtype.itemsize < 8:
             # one pass: any bit above the target's width (negatives included) is out of range
@@ -227,7 +261,7 @@ def parse_predict(body: bytes):
     return name, key, doc[key]
 
 
-def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
+def inputs_from_instances(instances, sig: Signature, ints: bool = False) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise invalid_argument(f"JSON Value: {_dump({'instances': instances})} Excepting 'instances' to be an list/array")
     if not instances:
@@ -243,7 +277,7 @@ def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
         for i, item in enumerate(instances):
             if isinstance(item, dict) and not _is_b64(item):
                 raise invalid_argument(f"Expecting value/list but got object at item {i} of input list")
-        return {spec.alias: _batch(instances, spec)}
+        return {spec.alias: _batch(instances, spec, ints)}
     names = set(sig.inputs)
     for i, item in enumerate(instances):
         if not isinstance(item, dict) or _is_b64(item):
@@ -262,9 +296,9 @@ def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
     return {alias: _batch([item[alias] for item in instances], spec) for alias, spec in sig.inputs.items()}
 
 
-def _batch(rows: list, spec: TensorSpec) -> np.ndarray:
+def _batch(rows: list, spec: TensorSpec, ints: bool = False) -> np.ndarray:
     try:
-        return to_array(rows, spec)
+        return to_array(rows, spec, ints)
     except ServingError as exc:
         # Name the failing instance as TF Serving does, when one instance alone shows the problem.
         for i, row in enumerate(rows):

@@ -1,0 +1,847 @@
+"""Serving benchmark: modelyard against KServe's Python server and a hand-written FastAPI app.
+
+    python3 bench/serving.py                       # full run (~10-15 min), writes bench/results/serving.{md,png}
+    python3 bench/serving.py --quick               # smoke run: 2 s per run, fewer concurrencies
+    python3 bench/serving.py --modelyard-args "--workers 2 --runtime auto"
+
+Every server runs alone on the machine in turn (same model version, same runtime), driven
+by the same load generator: ``wrk`` (default) or ``hey`` for REST, and for gRPC a
+multi-process Python client (one grpc.aio channel per process, the in-flight calls split across them)
+sending a pre-serialized PredictRequest. One batch-1 digits image per request.
+
+Server CPU per request is the utime+stime of the server process and all its descendants
+(from /proc/<pid>/stat) over the measured window, divided by the requests it answered.
+The "in-process ceiling" rows time the model call alone, one thread, no server.
+
+Peers live in their own virtualenvs under ~/.cache/modelyard-bench/venvs (KServe pins
+protobuf and grpc versions of its own); the first run creates them, which takes minutes.
+This script imports only the standard library at the top so it can run inside those
+venvs too (its ``_prepare``, ``_ceiling`` and ``_plot`` sub-commands).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+PEERS = ROOT / "peers"
+RESULTS = ROOT / "results"
+CACHE = Path(os.environ.get("MODELYARD_BENCH_CACHE", Path.home() / ".cache" / "modelyard-bench"))
+
+MODEL = "my_mnist_model"
+CNN = "digits_cnn"
+TF_PIN = "tensorflow-cpu==2.21.*"
+VENVS = {
+    "kserve": ["kserve", TF_PIN, "ai-edge-litert"],
+    "fastapi": ["fastapi", "uvicorn[standard]", TF_PIN, "ai-edge-litert"],
+    "plot": ["matplotlib"],
+}
+DEFAULT_BATCHING = """max_batch_size { value: 32 }
+batch_timeout_micros { value: 2000 }
+max_enqueued_batches { value: 1000 }
+num_batch_threads { value: 2 }
+"""
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ environment
+def ensure_tools(loadgen: str) -> None:
+    if shutil.which(loadgen):
+        return
+    log(f"{loadgen} is not installed: installing Debian's package with apt-get (needs root) ...")
+    cmd = ["apt-get", "install", "-y", "-q", loadgen]
+    if os.geteuid() != 0:
+        cmd = ["sudo"] + cmd
+    if subprocess.call(cmd) != 0:
+        subprocess.call(cmd[:-4] + ["update", "-q"] if cmd[0] == "sudo" else ["apt-get", "update", "-q"])
+        if subprocess.call(cmd) != 0:
+            sys.exit(f"could not install {loadgen}; install it by hand: apt-get install -y {loadgen}")
+
+
+def ensure_venv(name: str) -> Path:
+    """A virtualenv under the cache dir holding VENVS[name]; created (minutes) on first use."""
+    venv = CACHE / "venvs" / name
+    py = venv / "bin" / "python"
+    spec = "\n".join(VENVS[name])
+    marker = venv / ".bench-requirements"
+    if py.exists() and marker.exists() and marker.read_text() == spec:
+        return py
+    log(f"creating virtualenv {venv} with {', '.join(VENVS[name])} (one-time, may take a few minutes) ...")
+    subprocess.check_call([sys.executable, "-m", "venv", "--clear", str(venv)])
+    subprocess.check_call([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *VENVS[name]])
+    marker.write_text(spec)
+    return py
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pkg_version(py: Path | str, module: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({module!r}))"
+    try:
+        return subprocess.check_output([str(py), "-c", code], text=True, stderr=subprocess.DEVNULL).strip()
+    except subprocess.CalledProcessError:
+        return "?"
+
+
+# ------------------------------------------------------------------ process CPU accounting
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, utime+stime ticks) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every live descendant."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st:
+                stats[int(entry)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return total / CLK_TCK
+
+
+# ------------------------------------------------------------------ servers
+class Server:
+    def __init__(self, label: str, cmd: list[str], rest_port: int, model: str, logfile: Path,
+                 env: dict | None = None, cwd: Path | None = None, grpc_port: int | None = None):
+        self.label, self.cmd, self.rest_port, self.grpc_port = label, cmd, rest_port, grpc_port
+        self.model, self.logfile, self.env, self.cwd = model, logfile, env or ENV, cwd
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}/v1/models/{self.model}:predict"
+
+    def start(self, timeout: float = 300) -> None:
+        log(f"starting {self.label}: {' '.join(shlex.quote(c) for c in self.cmd)}")
+        self._out = open(self.logfile, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=self.cwd, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        status_url = f"http://127.0.0.1:{self.rest_port}/v1/models/{self.model}"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; see {self.logfile}:\n"
+                                   + self.logfile.read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(status_url, timeout=2) as r:
+                    # TF Serving (and FastAPI peer): a version AVAILABLE; KServe V1: {"ready": true}.
+                    if r.status == 200 and ready_body(r.read()):
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            self.stop()
+            raise RuntimeError(f"{self.label} not ready after {timeout:.0f}s; see {self.logfile}")
+        if self.grpc_port:  # both ports open together in modelyard, but be sure
+            wait_port(self.grpc_port, deadline)
+        log(f"{self.label} ready (pid {self.proc.pid})")
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        self._out.close()
+
+    def log_text(self) -> str:
+        return self.logfile.read_text(errors="replace")
+
+
+def ready_body(data: bytes) -> bool:
+    compact = data.replace(b" ", b"")
+    return b"AVAILABLE" in compact or b'"ready":true' in compact
+
+
+def wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"port {port} never opened")
+
+
+def modelyard_runtime(server: Server, model: str) -> str:
+    """The runtime the server log says the newest loaded version of ``model`` runs on."""
+    found = "?"
+    for line in server.log_text().splitlines():
+        if "Successfully loaded servable version" in line and f"name: {model} " in line and " runtime" in line:
+            found = line.rsplit("(", 1)[1].split(" runtime")[0]
+    return found
+
+
+def check_predict(url: str, body: bytes) -> None:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = json.loads(r.read())
+    preds = out["predictions"]
+    if len(preds) != 1 or len(preds[0]) != 10:
+        raise RuntimeError(f"unexpected response from {url}: {str(out)[:200]}")
+
+
+# ------------------------------------------------------------------ REST load (wrk / hey)
+WRK_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[%s]==]
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH_JSON {\\"requests\\":%%d,\\"duration_us\\":%%d,\\"connect\\":%%d,\\"read\\":%%d," ..
+    "\\"write\\":%%d,\\"status\\":%%d,\\"timeout\\":%%d,\\"p50_us\\":%%d,\\"p99_us\\":%%d}\\n",
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def rest_load(loadgen: str, url: str, body: bytes, concurrency: int, duration: float, workdir: Path) -> dict:
+    if loadgen == "wrk":
+        script = workdir / "post.lua"
+        if not script.exists():
+            script.write_text(WRK_LUA % body.decode())
+        # One wrk thread keeps up with any server here and leaves the second core to the server.
+        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "10s", "-s", str(script), url]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        line = next(l for l in out.splitlines() if l.startswith("BENCH_JSON "))
+        r = json.loads(line[len("BENCH_JSON "):])
+        errors = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
+        ok = r["requests"] - r["status"]
+        secs = r["duration_us"] / 1e6
+        return {"requests": ok, "rps": ok / secs, "p50_ms": r["p50_us"] / 1e3, "p99_ms": r["p99_us"] / 1e3,
+                "errors": errors}
+    bodyfile = workdir / "body.json"
+    bodyfile.write_bytes(body)
+    cmd = ["hey", "-z", f"{duration:g}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
+           "-D", str(bodyfile), "-t", "10", url]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return parse_hey(out, duration)
+
+
+def parse_hey(out: str, duration: float) -> dict:
+    rps = p50 = p99 = float("nan")
+    ok = errors = 0
+    section = ""
+    for line in out.splitlines():
+        s = line.strip()
+        if s.startswith("Requests/sec:"):
+            rps = float(s.split()[1])
+        elif s.startswith("50% in"):
+            p50 = float(s.split()[2]) * 1e3
+        elif s.startswith("99% in"):
+            p99 = float(s.split()[2]) * 1e3
+        elif s.endswith("distribution:"):
+            section = s
+        elif s.startswith("[") and section.startswith("Status code"):
+            code, n = int(s[1:s.index("]")]), int(s.split()[1])
+            if 200 <= code < 300:
+                ok += n
+            else:
+                errors += n
+        elif s.startswith("[") and section.startswith("Error"):
+            errors += int(s[1:s.index("]")])
+    # hey's Requests/sec counts failures too; report successes only.
+    total = ok + errors
+    if total and rps == rps:
+        rps = rps * ok / total
+    return {"requests": ok, "rps": rps, "p50_ms": p50, "p99_ms": p99, "errors": errors}
+
+
+# ------------------------------------------------------------------ gRPC load
+PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+
+
+def _grpc_worker(target: str, request: bytes, inflight: int, duration: float, ready, start, results) -> None:
+    """One client process: ``inflight`` concurrent calls on one grpc.aio channel, raw bytes both ways.
+
+    asyncio tasks cost the client far less CPU per call than a thread each, which matters
+    when client and server share two cores.
+    """
+    import asyncio
+
+    import grpc
+
+    async def run() -> tuple[list[float], int]:
+        async with grpc.aio.insecure_channel(target) as channel:
+            # Raw bytes in and out: the client costs no protobuf work per call.
+            predict = channel.unary_unary(PREDICT_METHOD, request_serializer=None, response_deserializer=None)
+            await predict(request, timeout=30)
+            ready.put(1)
+            await asyncio.get_running_loop().run_in_executor(None, start.wait)
+            clock = time.perf_counter
+            deadline = clock() + duration
+            lat: list[float] = []
+            errs = 0
+
+            async def loop() -> None:
+                nonlocal errs
+                while True:
+                    t0 = clock()
+                    if t0 >= deadline:
+                        return
+                    try:
+                        reply = await predict(request, timeout=10)
+                    except grpc.RpcError:
+                        errs += 1
+                        continue
+                    if not reply:
+                        errs += 1
+                        continue
+                    lat.append(clock() - t0)
+
+            await asyncio.gather(*(loop() for _ in range(inflight)))
+            return lat, errs
+
+    results.put(asyncio.run(run()))
+
+
+def grpc_load(port: int, request: bytes, concurrency: int, duration: float, server: Server,
+              processes: int) -> tuple[dict, float]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    nproc = max(1, min(processes, concurrency))
+    split = [concurrency // nproc + (1 if i < concurrency % nproc else 0) for i in range(nproc)]
+    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_grpc_worker, args=(f"127.0.0.1:{port}", request, n, duration, ready, start, results))
+             for n in split]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+    start.set()
+    gathered = [results.get(timeout=duration + 120) for _ in procs]
+    elapsed = time.perf_counter() - t0
+    cpu = server.cpu_seconds() - cpu0
+    for p in procs:
+        p.join()
+    lats = sorted(x for l, _ in gathered for x in l)
+    errors = sum(e for _, e in gathered)
+    n = len(lats)
+    return {"requests": n, "rps": n / min(elapsed, duration + 0.05) if n else 0.0,
+            "p50_ms": lats[n // 2] * 1e3 if n else float("nan"),
+            "p99_ms": lats[min(n - 1, int(n * 0.99))] * 1e3 if n else float("nan"),
+            "errors": errors}, cpu
+
+
+# ------------------------------------------------------------------ sub-commands run in other interpreters
+def cmd_prepare(args) -> None:
+    """(modelyard's env) Demo model, the CNN, request bodies; prints JSON describing them."""
+    import numpy as np
+
+    import modelyard
+    from modelyard.demo import demo_instances, ensure_demo_model
+
+    out = Path(args.out)
+    base = Path(ensure_demo_model(log=lambda m: log(m)))
+    latest = max((d for d in base.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    cnn_base = out / "models" / CNN
+    if not any(cnn_base.glob("*/saved_model.pb")):
+        log("building the CNN SavedModel (Keras MNIST convnet shape, 1 epoch on the digits) ...")
+        import tensorflow as tf
+
+        from modelyard.datasets import load_digits_28
+
+        keras = tf.keras
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((28, 28), dtype="uint8", name="image"),
+            keras.layers.Rescaling(1 / 255.0),
+            keras.layers.Reshape((28, 28, 1)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax", name="probabilities"),
+        ])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        x, y = load_digits_28("train")
+        model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+        modelyard.export(model, str(cnn_base))
+    cnn_latest = max((d for d in cnn_base.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+
+    image = np.asarray(demo_instances(1), dtype=np.uint8)
+    body = json.dumps({"instances": image.tolist()}, separators=(",", ":")).encode()
+    (out / "body.json").write_bytes(body)
+    from tensorflow_serving.apis.predict_pb2 import PredictRequest
+    import tensorflow as tf
+
+    for name in (MODEL, CNN):
+        req = PredictRequest()
+        req.model_spec.name = name
+        req.model_spec.signature_name = "serving_default"
+        req.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+        (out / f"grpc_{name}.bin").write_bytes(req.SerializeToString())
+    print("PREPARED " + json.dumps({"base": str(base), "latest": str(latest), "cnn_base": str(cnn_base),
+                                     "cnn_latest": str(cnn_latest)}), flush=True)
+
+
+def cmd_ceiling(args) -> None:
+    """(modelyard's env) The model call alone, one thread, batch 1, for ``args.seconds`` per runtime."""
+    import numpy as np
+    import tensorflow as tf
+
+    from modelyard.demo import demo_instances
+
+    x = np.asarray(demo_instances(1), dtype=np.uint8)
+    rows = []
+
+    def measure(runtime: str, call) -> None:
+        for _ in range(50):
+            call()
+        lat = []
+        cpu0, end = time.process_time(), time.perf_counter() + args.seconds
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= end:
+                break
+            call()
+            lat.append(time.perf_counter() - t0)
+        cpu = time.process_time() - cpu0
+        lat.sort()
+        n = len(lat)
+        rows.append({"runtime": runtime, "requests": n, "rps": n / sum(lat), "p50_ms": lat[n // 2] * 1e3,
+                     "p99_ms": lat[int(n * 0.99)] * 1e3, "errors": 0, "cpu_us": cpu / n * 1e6})
+
+    # TF Serving's way: a Session callable through the SignatureDef.
+    graph = tf.Graph()
+    with graph.as_default():
+        sess = tf.compat.v1.Session(graph=graph)
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args.model_dir)
+        sig = meta.signature_def["serving_default"]
+        feed = graph.get_tensor_by_name(sig.inputs["image"].name)
+        fetch = graph.get_tensor_by_name(sig.outputs["probabilities"].name)
+        fn = sess.make_callable(fetch, [feed])
+    measure("tensorflow (Session callable)", lambda: fn(x))
+    # What the hand-written peers call: the TF2 signature function.
+    loaded = tf.saved_model.load(args.model_dir)
+    infer = loaded.signatures["serving_default"]
+    measure("tensorflow (TF2 signature fn)", lambda: infer(image=tf.constant(x))["probabilities"].numpy())
+    # LiteRT: the same SavedModel converted, one interpreter, set/invoke/get.
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=tf.lite.TFLiteConverter.from_saved_model(args.model_dir).convert(),
+                         num_threads=1)
+    interp.allocate_tensors()
+    i_idx = interp.get_input_details()[0]["index"]
+    o_idx = interp.get_output_details()[0]["index"]
+
+    def litert_call():
+        interp.set_tensor(i_idx, x)
+        interp.invoke()
+        return interp.get_tensor(o_idx)
+
+    measure("litert (invoke)", litert_call)
+    print("CEILING " + json.dumps(rows), flush=True)
+
+
+def cmd_plot(args) -> None:
+    """(plot venv) Two panels, req/s and p99 against concurrency, one line per server/protocol/runtime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(Path(args.data).read_text())
+    series: dict[str, list] = {}
+    for r in rows:
+        if r.get("scenario") != "digits" or r["server"] == "in-process ceiling" or r.get("rps") is None:
+            continue
+        series.setdefault(f"{r['server']} {r['protocol']} ({r['runtime']})", []).append(r)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
+    for label, rs in series.items():
+        rs.sort(key=lambda r: r["concurrency"])
+        cs = [r["concurrency"] for r in rs]
+        a.plot(cs, [r["rps"] for r in rs], marker="o", label=label)
+        b.plot(cs, [r["p99_ms"] for r in rs], marker="o", label=label)
+    for ax, title in ((a, "throughput (req/s)"), (b, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    b.set_yscale("log")
+    a.legend(fontsize=7)
+    fig.suptitle("digits model, batch-1 requests, 2-core machine", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=80)
+
+
+# ------------------------------------------------------------------ the benchmark
+def fmt(v, digits=1) -> str:
+    if v is None or v != v:
+        return "n/a"
+    return f"{v:,.{digits}f}"
+
+
+def run_rest_series(server: Server, body: bytes, concs, duration, loadgen, workdir, base_row) -> list[dict]:
+    rows = []
+    for c in concs:
+        cpu0 = server.cpu_seconds()
+        r = rest_load(loadgen, server.url, body, c, duration, workdir)
+        cpu = server.cpu_seconds() - cpu0
+        row = dict(base_row, concurrency=c, **r, cpu_us=cpu / r["requests"] * 1e6 if r["requests"] else None)
+        rows.append(row)
+        log(f"  {row['server']} {row['protocol']} c={c}: {row['rps']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
+            f"p99 {row['p99_ms']:.2f} ms, {row['errors']} errors, {fmt(row['cpu_us'], 0)} µs CPU/req")
+    return rows
+
+
+def run_grpc_series(server: Server, request: bytes, concs, duration, processes, base_row) -> list[dict]:
+    rows = []
+    for c in concs:
+        r, cpu = grpc_load(server.grpc_port, request, c, duration, server, processes)
+        row = dict(base_row, concurrency=c, **r, cpu_us=cpu / r["requests"] * 1e6 if r["requests"] else None)
+        rows.append(row)
+        log(f"  {row['server']} gRPC c={c}: {row['rps']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
+            f"p99 {row['p99_ms']:.2f} ms, {row['errors']} errors, {fmt(row['cpu_us'], 0)} µs CPU/req")
+    return rows
+
+
+def warm(server: Server, body: bytes, loadgen: str, workdir: Path, seconds: float) -> None:
+    check_predict(server.url, body)
+    rest_load(loadgen, server.url, body, 8, seconds, workdir)
+
+
+def modelyard_cmd(model: str, base: str, grpc_port: int, rest_port: int, extra: list[str]) -> list[str]:
+    exe = shutil.which("modelyard")
+    head = [exe] if exe else [sys.executable, "-m", "modelyard"]
+    return head + ["serve", "--model_name", model, "--model_base_path", base, "--port", str(grpc_port),
+                   "--rest_api_port", str(rest_port), "--host", "127.0.0.1", *extra]
+
+
+def serve_help() -> str:
+    exe = shutil.which("modelyard")
+    head = [exe] if exe else [sys.executable, "-m", "modelyard"]
+    return subprocess.run(head + ["serve", "--help"], capture_output=True, text=True, env=ENV).stdout
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 s per run, concurrency 1 and 32 (64 for batching)")
+    p.add_argument("--duration", type=float, help="seconds per run (default 10; 2 with --quick)")
+    p.add_argument("--concurrency", help="comma-separated concurrencies (default 1,8,32,128)")
+    p.add_argument("--modelyard-args", default="", help='extra `modelyard serve` flags, e.g. "--workers 2 --runtime auto"')
+    p.add_argument("--loadgen", choices=("wrk", "hey"), default="wrk", help="REST load generator (default wrk)")
+    p.add_argument("--grpc-processes", type=int, default=2, help="gRPC client processes (default 2)")
+    p.add_argument("--peer-runtime", choices=("match", "tensorflow", "litert", "both"), default="match",
+                   help="runtime of the peers: match modelyard's (default), one, or both")
+    p.add_argument("--peer-workers", type=int, default=1, help="server processes for each peer (default 1, their default)")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: kserve,fastapi,grpc,batching,ceiling")
+    p.add_argument("--batching-parameters-file", help="BatchingParameters text file (default: a built-in one)")
+    p.add_argument("--batching-concurrency", type=int, default=64)
+    p.add_argument("--out", default=str(RESULTS), help="directory for serving.md and serving.png")
+    args = p.parse_args(argv)
+
+    duration = args.duration or (2.0 if args.quick else 10.0)
+    concs = [int(c) for c in args.concurrency.split(",")] if args.concurrency else ([1, 32] if args.quick else [1, 8, 32, 128])
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    my_args = shlex.split(args.modelyard_args)
+    warm_s = 1.0 if args.quick else 2.0
+    ensure_tools(args.loadgen)
+    help_text = serve_help()
+    for flag in my_args:
+        if flag.startswith("--") and flag.split("=")[0] not in help_text:
+            sys.exit(f"`modelyard serve` has no flag {flag.split('=')[0]} (see `modelyard serve --help`)")
+    has_batching = "--enable_batching" in help_text and "--batching_parameters_file" in help_text
+
+    work = CACHE / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    for f in work.glob("*.lua"):
+        f.unlink()
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    started = time.time()
+
+    log("preparing models and requests ...")
+    prep = subprocess.run([sys.executable, __file__, "_prepare", "--out", str(work)], env=ENV,
+                          capture_output=True, text=True)
+    if prep.returncode:
+        sys.exit(prep.stdout + prep.stderr)
+    info = json.loads(next(l for l in prep.stdout.splitlines() if l.startswith("PREPARED "))[9:])
+    body = (work / "body.json").read_bytes()
+    grpc_req = {m: (work / f"grpc_{m}.bin").read_bytes() for m in (MODEL, CNN)}
+    rows: list[dict] = []
+    peer_py = {}
+    for name in ("kserve", "fastapi"):
+        if name not in skip:
+            peer_py[name] = ensure_venv(name)
+
+    # --- modelyard, REST then gRPC
+    grpc_port, rest_port = free_port(), free_port()
+    my = Server("modelyard", modelyard_cmd(MODEL, info["base"], grpc_port, rest_port, my_args), rest_port, MODEL,
+                logs / "modelyard.log", cwd=REPO, grpc_port=grpc_port)
+    my.start()
+    try:
+        runtime = modelyard_runtime(my, MODEL)
+        warm(my, body, args.loadgen, work, warm_s)
+        base_row = {"scenario": "digits", "server": "modelyard", "runtime": runtime, "protocol": "REST"}
+        rows += run_rest_series(my, body, concs, duration, args.loadgen, work, base_row)
+        if "grpc" not in skip:
+            rows += run_grpc_series(my, grpc_req[MODEL], concs, duration, args.grpc_processes,
+                                    dict(base_row, protocol="gRPC"))
+    finally:
+        my.stop()
+
+    # --- peers
+    peer_runtimes = {"match": ["litert" if runtime == "litert" else "tensorflow"], "both": ["litert", "tensorflow"]}.get(
+        args.peer_runtime, [args.peer_runtime])
+    for name, py in peer_py.items():
+        for prt in peer_runtimes:
+            port = free_port()
+            if name == "kserve":
+                cmd = [str(py), str(PEERS / "kserve_model.py"), "--model_name", MODEL, "--model_dir", info["latest"],
+                       "--runtime", prt, "--http_port", str(port), "--grpc_port", str(free_port()),
+                       "--workers", str(args.peer_workers),
+                       # KServe logs a latency line per request by default; off, to be fair to it.
+                       "--enable_latency_logging", "False"]
+                env = ENV
+            else:
+                cmd = [str(py), "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1", "--port", str(port),
+                       "--workers", str(args.peer_workers), "--log-level", "warning", "--no-access-log"]
+                env = dict(ENV, MODEL_DIR=info["latest"], RUNTIME=prt)
+            srv = Server(name, cmd, port, MODEL, logs / f"{name}-{prt}.log", env=env, cwd=PEERS)
+            try:
+                srv.start()
+                warm(srv, body, args.loadgen, work, warm_s)
+                rows += run_rest_series(srv, body, concs, duration, args.loadgen, work,
+                                        {"scenario": "digits", "server": "KServe" if name == "kserve" else "FastAPI+TF",
+                                         "runtime": prt, "protocol": "REST"})
+            except Exception as e:  # a peer failing must not lose modelyard's numbers
+                log(f"{name} ({prt}) failed: {e}")
+                rows.append({"scenario": "digits", "server": name, "runtime": prt, "protocol": "REST",
+                             "concurrency": None, "note": f"failed: {str(e).splitlines()[0][:120]}"})
+            finally:
+                srv.stop()
+
+    # --- in-process ceiling
+    if "ceiling" not in skip:
+        log("in-process ceiling (the model call alone) ...")
+        out = subprocess.run([sys.executable, __file__, "_ceiling", "--model-dir", info["latest"],
+                              "--seconds", str(min(duration, 5.0))], env=ENV, capture_output=True, text=True)
+        line = next((l for l in out.stdout.splitlines() if l.startswith("CEILING ")), None)
+        if line:
+            for r in json.loads(line[8:]):
+                rows.append(dict(r, scenario="digits", server="in-process ceiling", protocol="-", concurrency=1))
+                log(f"  ceiling {r['runtime']}: {r['rps']:,.0f} calls/s, p50 {r['p50_ms'] * 1e3:.1f} µs")
+        else:
+            log("ceiling failed:\n" + out.stderr[-2000:])
+
+    # --- batching on the CNN
+    if "batching" not in skip:
+        bc = args.batching_concurrency
+        bbody = body
+        variants = [("no batching", [])]
+        if has_batching:
+            bfile = Path(args.batching_parameters_file) if args.batching_parameters_file else work / "batching.config"
+            if not args.batching_parameters_file:
+                bfile.write_text(DEFAULT_BATCHING)
+            variants.append(("batching", ["--enable_batching", "--batching_parameters_file", str(bfile)]))
+        for label, flags in variants:
+            gp, rp = free_port(), free_port()
+            srv = Server(f"modelyard ({label})", modelyard_cmd(CNN, info["cnn_base"], gp, rp, my_args + flags), rp, CNN,
+                         logs / f"cnn-{label.replace(' ', '-')}.log", cwd=REPO, grpc_port=gp)
+            try:
+                srv.start()
+                rt = modelyard_runtime(srv, CNN)
+                warm(srv, bbody, args.loadgen, work, warm_s)
+                rows += run_rest_series(srv, bbody, [bc], duration, args.loadgen, work,
+                                        {"scenario": "cnn", "server": f"modelyard, {label}", "runtime": rt,
+                                         "protocol": "REST"})
+            finally:
+                srv.stop()
+        if not has_batching:
+            rows.append({"scenario": "cnn", "server": "modelyard, batching", "runtime": "-", "protocol": "REST",
+                         "concurrency": bc, "note": "not available: `modelyard serve` has no --enable_batching yet"})
+
+    versions = {
+        "python": platform.python_version(),
+        "tensorflow": pkg_version(sys.executable, "tensorflow-cpu") if pkg_version(sys.executable, "tensorflow-cpu") != "?" else pkg_version(sys.executable, "tensorflow"),
+        "ai-edge-litert": pkg_version(sys.executable, "ai-edge-litert"),
+    }
+    if "kserve" in peer_py:
+        versions["kserve"] = pkg_version(peer_py["kserve"], "kserve")
+    if "fastapi" in peer_py:
+        versions["fastapi"] = pkg_version(peer_py["fastapi"], "fastapi")
+        versions["uvicorn"] = pkg_version(peer_py["fastapi"], "uvicorn")
+    loadgen_version = subprocess.run([args.loadgen, "-v"] if args.loadgen == "wrk" else ["true"], capture_output=True,
+                                     text=True).stdout.splitlines()[:1]
+    meta = {"duration": duration, "concs": concs, "modelyard_args": args.modelyard_args, "loadgen": args.loadgen,
+            "loadgen_version": loadgen_version[0] if loadgen_version else args.loadgen,
+            "grpc_processes": args.grpc_processes, "peer_workers": args.peer_workers, "versions": versions,
+            "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
+            "model_version": Path(info["latest"]).name}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = report(rows, meta)
+    (out_dir / "serving.md").write_text(md)
+    print("\n" + md)
+    data = work / "rows.json"
+    data.write_text(json.dumps(rows))
+    try:
+        plot_py = ensure_venv("plot")
+        subprocess.run([str(plot_py), __file__, "_plot", "--data", str(data), "--out", str(out_dir / "serving.png")],
+                       check=True)
+        log(f"wrote {out_dir / 'serving.md'} and {out_dir / 'serving.png'}")
+    except Exception as e:
+        log(f"plot failed ({e}); wrote {out_dir / 'serving.md'}")
+    return 0
+
+
+def find(rows, **kw) -> dict | None:
+    for r in rows:
+        if all(r.get(k) == v for k, v in kw.items()) and r.get("rps") is not None:
+            return r
+    return None
+
+
+def report(rows: list[dict], meta: dict) -> str:
+    cpu_model = "?"
+    try:
+        cpu_model = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    v = meta["versions"]
+    lines = [
+        "# Serving benchmark",
+        "",
+        f"`python3 bench/serving.py{' --quick' if meta['quick'] else ''}"
+        f"{' --modelyard-args ' + shlex.quote(meta['modelyard_args']) if meta['modelyard_args'] else ''}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {os.cpu_count()} cores ({cpu_model}), "
+        f"Python {v['python']}, TensorFlow {v['tensorflow']}, ai-edge-litert {v['ai-edge-litert']}"
+        + (f", KServe {v['kserve']}" if "kserve" in v else "")
+        + (f", FastAPI {v['fastapi']} on uvicorn {v['uvicorn']}" if "fastapi" in v else "") + ".",
+        "",
+        f"Each run: {meta['duration']:g} s, one batch-1 28×28 uint8 image per request, the demo digits model "
+        f"(`{MODEL}` version {meta['model_version']}) unless marked CNN. REST load: `{meta['loadgen_version']}`, "
+        f"one thread; gRPC load: {meta['grpc_processes']} Python client processes, one grpc.aio channel each, "
+        f"concurrent calls split across them, pre-serialized PredictRequest. Servers run one at a time, on the same 2 cores as the "
+        f"load generator. Peers run {meta['peer_workers']} process(es) (their default). Server CPU is utime+stime of "
+        f"the server and its children over the run, per answered request. The in-process ceiling is the model "
+        f"call alone in a loop (one thread, no server): its req/s is calls/s.",
+        "",
+        "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        server = r["server"] + (" (CNN)" if r.get("scenario") == "cnn" else "")
+        if r.get("rps") is None:
+            lines.append(f"| {server} | {r['protocol']} | {r['runtime']} | {r.get('concurrency') or '-'} | "
+                         f"{r.get('note', 'n/a')} | | | | |")
+            continue
+        p50_digits = 3 if r["p50_ms"] < 1 else 2
+        lines.append(f"| {server} | {r['protocol']} | {r['runtime']} | {r['concurrency']} | {r['rps']:,.0f} | "
+                     f"{r['p50_ms']:.{p50_digits}f} | {r['p99_ms']:.{3 if r['p99_ms'] < 1 else 2}f} | {r['errors']} | "
+                     f"{fmt(r.get('cpu_us'), 0)} |")
+    lines += ["", "## Targets (issue 3, \"Serving at speed\")", "",
+              "| target | measured | result |", "| --- | --- | --- |"]
+
+    def verdict(ok) -> str:
+        return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+    my32 = find(rows, scenario="digits", server="modelyard", protocol="REST", concurrency=32)
+    ks32 = None
+    if my32:
+        ks32 = find(rows, scenario="digits", server="KServe", concurrency=32, runtime=my32["runtime"]) or \
+            find(rows, scenario="digits", server="KServe", concurrency=32)
+    if my32 and ks32:
+        ratio = my32["rps"] / ks32["rps"]
+        lines.append(f"| REST, digits, c=32: ≥ 3× KServe's req/s, zero errors | {my32['rps']:,.0f} vs "
+                     f"{ks32['rps']:,.0f} ({ks32['runtime']}) = {ratio:.2f}×, {my32['errors']} errors | "
+                     f"{verdict(ratio >= 3 and my32['errors'] == 0)} |")
+    else:
+        lines.append("| REST, digits, c=32: ≥ 3× KServe's req/s, zero errors | not measured | n/a |")
+    my8 = find(rows, scenario="digits", server="modelyard", protocol="REST", concurrency=8)
+    lines.append(f"| REST p99 at c=8 ≤ 10 ms | {fmt(my8['p99_ms'], 2) + ' ms' if my8 else 'not measured'} | "
+                 f"{verdict(my8['p99_ms'] <= 10 if my8 else None)} |")
+    g32 = find(rows, scenario="digits", server="modelyard", protocol="gRPC", concurrency=32)
+    if my32 and g32:
+        others = []
+        for c in meta["concs"]:
+            g = find(rows, scenario="digits", server="modelyard", protocol="gRPC", concurrency=c)
+            rr = find(rows, scenario="digits", server="modelyard", protocol="REST", concurrency=c)
+            if g and rr and c != 32:
+                others.append(f"c={c}: {g['rps'] / rr['rps']:.2f}×")
+        lines.append(f"| gRPC req/s ≥ REST req/s (c=32) | {g32['rps']:,.0f} vs {my32['rps']:,.0f} = "
+                     f"{g32['rps'] / my32['rps']:.2f}×{' (' + ', '.join(others) + ')' if others else ''} | "
+                     f"{verdict(g32['rps'] >= my32['rps'])} |")
+    else:
+        lines.append("| gRPC req/s ≥ REST req/s (c=32) | not measured | n/a |")
+    lines.append(f"| server CPU ≤ 150 µs per REST request at c=32 | "
+                 f"{fmt(my32.get('cpu_us'), 0) + ' µs' if my32 else 'not measured'} | "
+                 f"{verdict(my32['cpu_us'] <= 150 if my32 and my32.get('cpu_us') else None)} |")
+    nb = find(rows, scenario="cnn", server="modelyard, no batching")
+    b = find(rows, scenario="cnn", server="modelyard, batching")
+    if nb and b:
+        lines.append(f"| CNN, c={nb['concurrency']}: batching ≥ 2× unbatched req/s | {b['rps']:,.0f} vs {nb['rps']:,.0f} = "
+                     f"{b['rps'] / nb['rps']:.2f}× | {verdict(b['rps'] >= 2 * nb['rps'] and b['errors'] == 0)} |")
+        lines.append(f"| CNN, c={nb['concurrency']}: batched p99 ≤ 2× unbatched p99 | {b['p99_ms']:.2f} vs "
+                     f"{nb['p99_ms']:.2f} ms = {b['p99_ms'] / nb['p99_ms']:.2f}× | "
+                     f"{verdict(b['p99_ms'] <= 2 * nb['p99_ms'])} |")
+    else:
+        why = "not available (no --enable_batching in `modelyard serve`)" if not meta["has_batching"] else "not measured"
+        lines.append(f"| CNN: batching ≥ 2× unbatched req/s, p99 ≤ 2× | {why} | n/a |")
+    lines += ["", f"Whole run: {meta['elapsed_min']:.1f} min. Plot: `serving.png`.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        sub = argparse.ArgumentParser()
+        sub.add_argument("cmd")
+        sub.add_argument("--out")
+        sub.add_argument("--model-dir")
+        sub.add_argument("--seconds", type=float, default=5.0)
+        sub.add_argument("--data")
+        a = sub.parse_args()
+        {"_prepare": cmd_prepare, "_ceiling": cmd_ceiling, "_plot": cmd_plot}[a.cmd](a)
+        sys.exit(0)
+    sys.exit(main())
