@@ -4,11 +4,15 @@
 time, runs both runtimes on sample inputs, and keeps LiteRT only where outputs match
 (same dtypes and shapes, max abs difference <= 1e-5 relative). Everything else, and
 every signature taking serialized Examples, stays on the TensorFlow session.
-``litert`` insists: a signature that cannot be converted or does not match fails the load.
+``litert`` insists for every signature LiteRT can take: one that cannot be converted or
+does not match fails the load. Signatures LiteRT cannot take at all (serialized Examples,
+strings, inputs of unknown shape: classify and regress) stay on TensorFlow under every
+runtime, so TF Serving's models still load, and the log says so.
 """
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 
@@ -22,6 +26,15 @@ log = logging.getLogger("modelyard.serving")
 RUNTIMES = ("auto", "tensorflow", "litert")
 TOLERANCE = 1e-5
 SAMPLE_BATCHES = (1, 3)
+# The converter points the process's fd 2 at a temporary file while it runs, which swallows
+# whatever any other thread logs meanwhile. Versions load on several threads: conversions
+# and this module's log lines (which runtime serves what) take turns, so those lines survive.
+_STDERR_TURN = threading.Lock()
+
+
+def _say(message: str, *args) -> None:
+    with _STDERR_TURN:
+        log.info(message, *args)
 
 
 class MixedServable(Servable):
@@ -92,7 +105,8 @@ def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dic
     from modelyard.edge.modes import ConvertOptions
     from modelyard.edge.signature import read_signature
 
-    content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions())
+    with _STDERR_TURN:
+        content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions())
     runner = LiteRTRunner(content, sig.name)
 
     def keys(specs, available):
@@ -118,7 +132,10 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
         samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
         reason = None
         if any(s is None for s in samples):
-            reason = "inputs of unknown shape or non-numeric dtype"
+            # No runtime choice to make: LiteRT takes no serialized Examples or strings.
+            _say("Signature %s of %s stays on TensorFlow: LiteRT cannot take inputs of unknown shape or "
+                 "non-numeric dtype", name, session.path)
+            continue
         else:
             try:
                 candidate = _convert(session, sig)
@@ -135,7 +152,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
         if reason:
             if runtime == "litert":
                 raise ServingError(Code.FAILED_PRECONDITION, f"--runtime litert cannot serve signature {name}: {reason}")
-            log.info("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
+            _say("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
         else:
-            log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
+            _say("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
     return MixedServable(session, fast) if fast else session

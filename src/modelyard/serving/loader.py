@@ -50,8 +50,15 @@ class VersionLoader:
         except BaseException:
             servable.close()
             raise
-        self.metrics.model_runtime.set(model_name, str(version), servable.runtime, value=1)
+        for runtime in runtimes_of(servable):
+            self.metrics.model_runtime.set(model_name, str(version), runtime, value=1)
         return servable
+
+    def unloaded(self, model_name: str, version: int) -> None:
+        """Called by the Manager once a version is closed: its runtime gauge drops to 0."""
+        for labels in self.metrics.model_runtime.snapshot():
+            if labels[:2] == (model_name, str(version)):
+                self.metrics.model_runtime.set(*labels, value=0)
 
     def _load(self, path: Path) -> Servable:
         if (path / TFLITE_FILE).is_file():  # a flatbuffer runs on LiteRT whatever --runtime says
@@ -115,6 +122,14 @@ class VersionLoader:
         log.info(
             "Finished reading warmup data for model at %s. Number of warmup records read: %d.", warmup_path, count
         )
+
+
+def runtimes_of(servable: Servable) -> list[str]:
+    """Every runtime serving some signature of ``servable`` (LiteRT and TensorFlow when mixed)."""
+    runtime_of = getattr(servable, "runtime_of", None)
+    if runtime_of is None:
+        return [servable.runtime]
+    return sorted({runtime_of(name) for name in servable.signatures})
 
 
 def replay(servable: Servable, entry) -> None:

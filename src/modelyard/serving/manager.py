@@ -184,6 +184,7 @@ class Manager:
             with self._lock:
                 if model.removed:
                     servable.close()
+                    self._unloaded(name, rec)
                     rec.state = END
                 else:
                     rec.servable = servable
@@ -217,10 +218,16 @@ class Manager:
         servable, rec.servable = rec.servable, None
         if servable is not None:
             servable.close()
+            self._unloaded(name, rec)
         with self._lock:
             rec.state = END
         log.info("Unloaded servable version {name: %s version: %d}", name, rec.version)
         self._notify(name, rec)
+
+    def _unloaded(self, name: str, rec: VersionRecord) -> None:
+        hook = getattr(self._load, "unloaded", None)  # the VersionLoader drops its runtime gauge
+        if hook is not None:
+            hook(name, rec.version)
 
     def _publish(self, model: ModelState) -> None:
         available = {v: r for v, r in model.records.items() if r.state == AVAILABLE}
