@@ -286,11 +286,27 @@ def test_deadline_passing_in_the_queue(server, stub):
     a_result = {}
     a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 3.0))))
     a.start()
-    time.sleep(0.3)  # let A take the batch thread (if it has not, the requests below still queue behind it)
+
+    def rest_call():
+        while True:  # until A has left the queue for the batch thread, the queue is full: try again
+            r = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 5.0))
+            if r.status_code != 429:
+                return r
+            time.sleep(0.05)
+
+    def grpc_call():
+        while True:
+            try:
+                return grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=0.5)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+            time.sleep(0.05)
+
     with ThreadPoolExecutor(2) as pool:
-        rest_future = pool.submit(rest_predict, server, "sleepy", sleepy_input(1, 0.0, 5.0))
+        rest_future = pool.submit(rest_call)
         with pytest.raises(grpc.RpcError) as info:
-            grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=0.5)
+            grpc_call()
         r = rest_future.result()
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert r.status_code == 504, r.text  # DEADLINE_EXCEEDED, TF Serving's HTTP status for it
