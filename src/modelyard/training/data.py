@@ -99,6 +99,8 @@ def pipeline(
     shuffle_buffer: int = 0,
     repeat: bool = True,
     seed: int | None = 0,
+    num_parallel_calls: int | None = None,
+    deterministic: bool = True,
 ):
     """Turn a dataset of examples into per-replica batches, tf.data-guide style.
 
@@ -106,13 +108,19 @@ def pipeline(
     ``decode`` is the costly, deterministic per-example step (parse, decode an image):
     it runs in parallel and *before* the cache, so it runs once, not once per epoch.
     ``augment`` is the random step: it runs in parallel *after* the cache so every
-    epoch sees fresh randomness. Both keep element order, so runs are reproducible.
+    epoch sees fresh randomness. Both keep element order, so runs are reproducible;
+    ``deterministic=False`` lets a slow element be overtaken (faster when per-example
+    cost varies, e.g. reads from a network file system). ``num_parallel_calls`` defaults
+    to AUTOTUNE, which tf.data bounds by the number of cores; a decode that mostly waits
+    on I/O (and releases the GIL, if it is Python) can use more, e.g. 16.
     """
     import tensorflow as tf
 
+    parallel = num_parallel_calls or tf.data.AUTOTUNE
+
     dataset = shard_for(dataset, input_context)
     if decode is not None:
-        dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        dataset = dataset.map(decode, num_parallel_calls=parallel, deterministic=deterministic)
     if cache:
         dataset = dataset.cache()
     if shuffle_buffer:
@@ -120,7 +128,7 @@ def pipeline(
     if repeat:
         dataset = dataset.repeat()
     if augment is not None:
-        dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        dataset = dataset.map(augment, num_parallel_calls=parallel, deterministic=deterministic)
     # drop_remainder keeps every step the same shape on every replica, which
     # collectives need and which avoids a retrace for the last batch.
     dataset = dataset.batch(batch_size, drop_remainder=True)

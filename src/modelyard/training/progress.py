@@ -19,13 +19,35 @@ def _fmt(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 1000 else f"{value:.0f}"
 
 
+class _EpochStart(keras.callbacks.Callback):
+    """The timer's start hook: placed last, so other callbacks' epoch-begin work is not timed."""
+
+    def __init__(self, timer: "EpochTimer"):
+        super().__init__()
+        self.timer = timer
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self.timer._iterations = self.timer._read_iterations()
+        self.timer._train_end = None
+        self.timer._start = time.perf_counter()
+
+
 class EpochTimer(keras.callbacks.Callback):
-    """Times the training part of each epoch (validation excluded) and counts its steps."""
+    """Times the training steps of each epoch and counts them.
+
+    Put the timer first in the callback list and ``timer.start_hook`` last: the clock
+    then runs from the last epoch-begin hook to the start of validation (or the first
+    epoch-end hook), i.e. over the training steps only, the way a plain script timing
+    ``fit`` with a single callback measures them. ``epoch_seconds`` is the wall time
+    from the first epoch-begin hook to the end of validation.
+    """
 
     def __init__(self, global_batch_size: int):
         super().__init__()
         self.global_batch_size = global_batch_size
         self.records: dict[int, dict[str, float]] = {}
+        self.start_hook = _EpochStart(self)
+        self._wall_start = 0.0
         self._start = 0.0
         self._train_end: float | None = None
         self._iterations = 0
@@ -34,23 +56,22 @@ class EpochTimer(keras.callbacks.Callback):
         return int(keras.backend.get_value(self.model.optimizer.iterations))
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
-        self._iterations = self._read_iterations()
-        self._train_end = None
-        self._start = time.perf_counter()
+        self._wall_start = time.perf_counter()
 
     def on_test_begin(self, logs=None) -> None:
         if self._train_end is None:  # fit's validation starts: training part is over
             self._train_end = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        end = self._train_end or time.perf_counter()
+        now = time.perf_counter()
+        end = self._train_end or now
         steps = self._read_iterations() - self._iterations
         seconds = max(end - self._start, 1e-9)
         self.records[epoch] = {
             "steps": steps,
             "seconds": seconds,
             "samples_per_sec": steps * self.global_batch_size / seconds,
-            "epoch_seconds": time.perf_counter() - self._start,
+            "epoch_seconds": now - self._wall_start,
         }
 
 

@@ -56,11 +56,11 @@ def _communication(options: dict[str, Any]):
     name = options.get("communication", "auto")
     if name == "nccl" and not tf.config.list_logical_devices("GPU"):
         raise StrategyError("strategy.communication: nccl needs GPUs on every worker; on CPU use ring or auto")
+    # No timeout_seconds here: TensorFlow implements it with one thread per collective,
+    # which cost a third of the throughput. The trainer's CollectiveWatchdog enforces
+    # strategy.collective_timeout instead (see modelyard.training.watchdog).
     return tf.distribute.experimental.CommunicationOptions(
         implementation={"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}[name],
-        # Without a timeout a collective whose peer died waits forever; with it the
-        # survivors fail with DeadlineExceeded and the trainer names the cause.
-        timeout_seconds=float(options["collective_timeout"]) if options.get("collective_timeout") else None,
     )
 
 

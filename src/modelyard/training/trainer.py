@@ -189,8 +189,17 @@ def _explain(exc: Exception) -> TrainError:
 
     if isinstance(exc, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
                         tf.errors.AbortedError)):
+        import re
+
+        peers = sorted({f"{job}:{index}" for job, index in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", str(exc))})
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        # TF's message opens with "Graph execution error:" and a stack; the cause is further down.
+        cause = re.compile(r"reset|refused|unavailable|deadline|abort|timed out|closed|unreachable|down", re.I)
+        detail = next((line for line in lines[1:] if cause.search(line) and not line.startswith("File ")),
+                      lines[0] if lines else "")
+        who = f"peer task {', '.join(peers)} is" if peers else "a peer task is"
         return TrainError(
-            f"a peer task is gone or not responding ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            f"{who} gone or not responding ({type(exc).__name__}: {detail[:200]}); "
             "check the other tasks' output, then rerun (`modelyard launch --max-restarts K` restarts from the last checkpoint)"
         )
     return TrainError(f"training failed: {type(exc).__name__}: {exc}")
@@ -244,13 +253,22 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     from modelyard.training.progress import EpochTimer, MetricsWriter, Progress, WarmupAndScaling
 
     timer = EpochTimer(cfg.global_batch_size)
+    watchdog = None
     metrics_name = "metrics.json" if role.is_chief else f"metrics.{role.type}-{role.index}.json"
     info = {
         "task": role.name, "strategy": name, "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs, "resumed": resumed,
     }
     writer = MetricsWriter(job_dir / metrics_name, timer, info, resumed)
-    callbacks: list = []
+    # The timer's end hook runs first and its start hook last, so the time it measures is
+    # the training steps alone, as a plain script's timer measures them; checkpoint and
+    # summary writes at the epoch boundary are recorded apart (epoch_seconds).
+    callbacks: list = [timer]
+    if name == "multi_worker_mirrored" and cfg.strategy.get("collective_timeout"):
+        from modelyard.training.watchdog import CollectiveWatchdog
+
+        watchdog = CollectiveWatchdog(cfg.strategy["collective_timeout"], role.name)
+        callbacks.append(watchdog)
     factor = cfg.global_batch_size / cfg.base_batch_size if cfg.learning_rate_scaling == "linear" else 1.0
     if factor != 1.0 or cfg.warmup_epochs:
         callbacks.append(WarmupAndScaling(factor, cfg.warmup_epochs, steps))
@@ -264,7 +282,6 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         resume = EpochCheckpoint(job_dir / "backup", model)
         initial_epoch = resume.restore()
         callbacks.append(resume)
-    callbacks.append(timer)
     if role.is_chief or name != "parameter_server":
         callbacks.append(keras.callbacks.ModelCheckpoint(str(job_dir / "checkpoints" / "ckpt-{epoch:04d}"),
                                                          save_weights_only=True))
@@ -273,6 +290,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     callbacks.append(writer)
     if cfg.verbose:
         callbacks.append(Progress(timer, cfg.epochs))
+    callbacks.append(timer.start_hook)
 
     print(f"{role.name}: training {Path(cfg.model).name} with {name} on {strategy.num_replicas_in_sync} replica(s), "
           f"global batch {cfg.global_batch_size}{' (resuming from checkpoint)' if resumed else ''}", flush=True)
@@ -281,7 +299,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                             validation_steps=val_steps, callbacks=callbacks, verbose=0,
                             initial_epoch=initial_epoch)
     except tf.errors.OpError as exc:
+        if watchdog is not None and watchdog.fired:
+            raise TrainError(watchdog.fired) from exc
         raise _explain(exc) from exc
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
     rates = [r["samples_per_sec"] for e, r in sorted(timer.records.items()) if e > 0] or \
             [r["samples_per_sec"] for r in timer.records.values()]
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(writer.epochs)}
