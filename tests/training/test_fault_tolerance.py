@@ -1,4 +1,5 @@
-"""Must-show 4: a worker killed mid-training; with restarts the job resumes, without it fails fast."""
+"""Must-show 4: a worker killed mid-training; with restarts the job resumes, without it fails fast.
+And no hang when a peer on another host hangs: the collective timeout ends the wait."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -22,8 +24,8 @@ def _launch(config, *extra):
                             start_new_session=True)
 
 
-def _kill_after(proc, task, epoch_line, lines):
-    """Read output until ``task`` prints ``epoch_line``, then SIGKILL that task's process."""
+def _kill_after(proc, task, epoch_line, lines, sig=signal.SIGKILL):
+    """Read output until ``task`` prints ``epoch_line``, then send ``sig`` to that task's process."""
     pids = {}
     for line in proc.stdout:
         lines.append(line)
@@ -31,7 +33,7 @@ def _kill_after(proc, task, epoch_line, lines):
         if found:
             pids[found.group(1)] = int(found.group(2))
         if line.startswith(f"{task} | {epoch_line}"):
-            os.kill(pids[task], signal.SIGKILL)
+            os.kill(pids[task], sig)
             return time.monotonic()
     raise AssertionError("job ended before the kill point:\n" + "".join(lines[-40:]))
 
@@ -80,4 +82,71 @@ def test_killed_worker_without_restarts_fails_fast_naming_it(tmp):
     assert code == 1
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
     assert "rerun with --max-restarts" in out
-    assert stopped_after < COLLECTIVE_TIMEOUT / 5  # the supervisor, not the collective timeout, ended it
+    assert stopped_after < 30  # the supervisor ended it, long before the 600 s collective timeout could
+
+
+STUCK_INPUT_MODEL = textwrap.dedent('''
+    """Digits MLP whose input pipeline hangs on worker:1 after 60 batches: the process stays
+    alive and keeps TensorFlow's heartbeats going, it just never reaches the next collective."""
+    import os
+    import time
+
+    import tensorflow as tf
+
+    from modelyard.datasets import load_digits_28
+    from modelyard.training.demo import build_model  # noqa: F401
+
+    def make_dataset(input_context, split):
+        x, y = load_digits_28("train" if split == "train" else "test")
+        batch = input_context.get_per_replica_batch_size(64)
+        stuck = os.environ.get("MODELYARD_TASK") == "worker:1" and split == "train"
+
+        def maybe_hang(index):
+            if stuck and index >= 60:
+                time.sleep(3600)
+            return index
+
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(input_context.num_input_pipelines,
+                                                               input_context.input_pipeline_id)
+        ds = ds.repeat().batch(batch, drop_remainder=True).enumerate()
+        return ds.map(lambda i, xy: (tf.numpy_function(maybe_hang, [i], tf.int64), xy)).map(lambda i, xy: xy)
+''')
+
+
+@pytest.mark.timeout(180)
+def test_stuck_peer_on_another_host_times_out_with_a_clear_message(tmp):
+    """Two hosts simulated by two launchers (--cluster-spec, --task each). worker:1 is alive but
+    stuck, so neither its launcher nor TensorFlow's health checks end worker:0's wait: only the
+    collective timeout can, and it must say why."""
+    from modelyard.training.cluster import free_ports
+
+    timeout = 8
+    spec = tmp / "cluster.json"
+    spec.write_text(json.dumps({"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}))
+    model = tmp / "stuck.py"
+    model.write_text(STUCK_INPUT_MODEL)
+    config = write_config(tmp, "hosts", model=str(model), global_batch_size=64, epochs=50, steps_per_epoch=20,
+                          validation_steps=2, strategy={"name": "multi_worker_mirrored", "collective_timeout": timeout})
+    train = ["--", sys.executable, "-m", "modelyard", "train", str(config)]
+    hosts = [subprocess.Popen(MODELYARD + ["launch", "--cluster-spec", str(spec), "--task", f"worker:{i}", *train],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for i in range(2)]
+    try:
+        lines: list[str] = []
+        for line in hosts[0].stdout:
+            lines.append(line)
+            if line.startswith("worker:0 | epoch 3/50"):
+                break  # 60 batches done: worker:1 is stuck from here on
+        stuck_at = time.monotonic()
+        out = "".join(lines) + hosts[0].communicate(timeout=120)[0]
+        waited = time.monotonic() - stuck_at
+    finally:
+        for host in hosts:
+            kill_group(host)
+    assert hosts[0].returncode == 1, out[-3000:]
+    assert "worker:0 | epoch 3/50" in out and "epoch 4/50" not in out
+    assert "worker:1 |" not in out  # this host ran only its own task
+    assert re.search(rf"no training step completed for \d+ s \(strategy.collective_timeout {timeout} s\): "
+                     "a collective could not complete", out), out[-3000:]
+    assert "task worker:0 exited with code 2" in out  # modelyard train: error -> exit 2
+    assert waited < timeout + 40
