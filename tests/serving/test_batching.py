@@ -226,6 +226,22 @@ def sleepy_input(rows: int, seconds: float, value: float = 1.0) -> np.ndarray:
     return np.array([[value + i, seconds] for i in range(rows)], np.float32)
 
 
+def wait_until_running(stub, deadline_s: float) -> grpc.RpcError:
+    """Once sleepy's only batch thread runs a slow batch: a 1-row probe then waits in the queue and expires.
+
+    Before the slow request reaches the server the probe runs at once (OK); while the slow batch
+    waits in the queue the probe is refused (RESOURCE_EXHAUSTED). Returns the expired probe's error.
+    """
+    for _ in range(100):
+        try:
+            grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=deadline_s)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return exc
+        time.sleep(0.02)
+    raise AssertionError("the slow request never started")
+
+
 def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
     # sleepy: max_batch_size 2, one queued batch, one thread. A fills a batch and holds the thread.
     events: list[tuple[float, str, object]] = []
@@ -236,7 +252,7 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
             events.append((time.monotonic(), kind, result))
 
     def slow():
-        record("A", grpc_predict(stub, "sleepy", sleepy_input(2, 1.0, value=10.0)))
+        record("A", grpc_predict(stub, "sleepy", sleepy_input(2, 1.5, value=10.0)))
 
     def rest_one(i):
         r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, value=20.0 + 10 * i))
@@ -250,7 +266,8 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 
     a = threading.Thread(target=slow)
     a.start()
-    # Four requests of 2 rows while A runs or waits: at most one of them fits the single queued batch.
+    assert wait_until_running(stub, 0.2).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # Four requests of 2 rows while A runs: one fits the single queued batch, three are refused.
     others = [threading.Thread(target=rest_one, args=(i,)) for i in range(2)]
     others += [threading.Thread(target=grpc_one, args=(i,)) for i in range(2)]
     for t in others:
@@ -260,7 +277,7 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
     a_done = next(at for at, kind, _ in events if kind == "A")
     a_result = next(result for _, kind, result in events if kind == "A")
     assert a_result["y"].ravel().tolist() == [21.0, 23.0]
-    refused = []
+    refused, served = [], []
     for at, kind, result in events:
         if kind == "rest" and result[0] == 429:
             assert result[1] == {"error": QUEUE_FULL}
@@ -271,8 +288,12 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
             refused.append((at, kind))
         elif kind == "rest":
             assert result[0] == 200, result
-    assert len(refused) >= 3, events
+            served.append(result[1]["outputs"])
+        elif kind == "grpc":
+            served.append(result["y"].tolist())
+    assert len(refused) == 3 and len(served) == 1, events
     assert {kind for _, kind in refused} == {"rest", "grpc"}
+    assert served[0] in ([[41.0], [43.0]], [[61.0], [63.0]], [[121.0], [123.0]], [[141.0], [143.0]])
     # Refused at once: every refusal came back while A was still running.
     assert all(at < a_done for at, _ in refused), events
     # The server keeps serving.
@@ -284,31 +305,14 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 # ---- (d) deadlines shorter than the queue wait -------------------------------------------------
 def test_deadline_passing_in_the_queue(server, stub):
     a_result = {}
-    a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 3.0))))
+    a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 4.0))))
     a.start()
-
-    def rest_call():
-        while True:  # until A has left the queue for the batch thread, the queue is full: try again
-            r = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 5.0))
-            if r.status_code != 429:
-                return r
-            time.sleep(0.05)
-
-    def grpc_call():
-        while True:
-            try:
-                return grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=0.5)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise
-            time.sleep(0.05)
-
-    with ThreadPoolExecutor(2) as pool:
-        rest_future = pool.submit(rest_call)
-        with pytest.raises(grpc.RpcError) as info:
-            grpc_call()
-        r = rest_future.result()
-    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # gRPC: a deadline shorter than the wait behind A's batch.
+    expired = wait_until_running(stub, 0.5)
+    assert expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED, expired
+    # REST: 2 rows fit the queue only if the expired request's row has left it (else: 429 queue full);
+    # then --rest_api_timeout_in_ms (2 s) passes while A still runs.
+    r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, 5.0))
     assert r.status_code == 504, r.text  # DEADLINE_EXCEEDED, TF Serving's HTTP status for it
     a.join()
     assert a_result["y"].ravel().tolist() == [3.0, 5.0]
