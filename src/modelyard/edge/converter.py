@@ -49,9 +49,9 @@ def _native_stderr_captured():
             os.close(saved)
 
 
-def _run(converter, options: ConvertOptions) -> bytes:
+def _run(converter, options: ConvertOptions, hold_native_stderr: bool = True) -> bytes:
     try:
-        with warnings.catch_warnings(), _native_stderr_captured():
+        with warnings.catch_warnings(), (_native_stderr_captured() if hold_native_stderr else contextlib.nullcontext()):
             # "Statistics for quantized inputs were expected": raised for inputs that are
             # already integer (uint8 pixels), which need no statistics.
             warnings.filterwarnings("ignore", message="Statistics for quantized inputs")
@@ -81,7 +81,9 @@ def _representative(data: Dataset | None, order: list[str], as_dict: bool):
     return lambda: representative_batches(data, order, as_dict)
 
 
-def _convert_tf1(version_dir: Path, signature: SignatureSpec, options: ConvertOptions, data: Dataset | None) -> bytes:
+def _convert_tf1(
+    version_dir: Path, signature: SignatureSpec, options: ConvertOptions, data: Dataset | None, hold_native_stderr: bool
+) -> bytes:
     import tensorflow as tf
 
     order = list(signature.inputs)
@@ -92,22 +94,27 @@ def _convert_tf1(version_dir: Path, signature: SignatureSpec, options: ConvertOp
         outputs = [graph.get_tensor_by_name(s.tensor_name) for s in signature.outputs.values()]
         converter = tf.compat.v1.lite.TFLiteConverter.from_session(session, inputs, outputs)
         configure(converter, options, _representative(data, order, as_dict=False))
-        return _run(converter, options)
+        return _run(converter, options, hold_native_stderr)
 
 
 def convert_saved_model(
-    version_dir: Path, signature: SignatureSpec, options: ConvertOptions, data: Dataset | None = None
+    version_dir: Path, signature: SignatureSpec, options: ConvertOptions, data: Dataset | None = None,
+    hold_native_stderr: bool = True,
 ) -> bytes:
-    """Convert ``signature`` of the SavedModel at ``version_dir``; ``data`` calibrates int8."""
+    """Convert ``signature`` of the SavedModel at ``version_dir``; ``data`` calibrates int8.
+
+    ``hold_native_stderr=False`` leaves fd 2 alone: a multi-threaded process (the server)
+    must not lose other threads' output while the converter runs.
+    """
     import tensorflow as tf
 
     options.check(data is not None)
     if signature.is_tf1:
-        return _convert_tf1(version_dir, signature, options, data)
+        return _convert_tf1(version_dir, signature, options, data, hold_native_stderr)
     converter = tf.lite.TFLiteConverter.from_saved_model(str(version_dir), signature_keys=[signature.name])
     order = list(signature.inputs)
     configure(converter, options, _representative(data, order, as_dict=len(order) > 1))
-    return _run(converter, options)
+    return _run(converter, options, hold_native_stderr)
 
 
 def convert_keras_model(model, options: ConvertOptions, data: Dataset | None = None) -> bytes:

@@ -12,7 +12,6 @@ runtime, so TF Serving's models still load, and the log says so.
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 
@@ -26,17 +25,6 @@ log = logging.getLogger("modelyard.serving")
 RUNTIMES = ("auto", "tensorflow", "litert")
 TOLERANCE = 1e-5
 SAMPLE_BATCHES = (1, 3)
-# The converter points the process's fd 2 at a temporary file while it runs, which swallows
-# whatever any other thread logs meanwhile. Versions load on several threads: conversions
-# and this module's log lines (which runtime serves what) take turns, so those lines survive.
-_STDERR_TURN = threading.Lock()
-
-
-def _say(message: str, *args) -> None:
-    with _STDERR_TURN:
-        log.info(message, *args)
-
-
 class MixedServable(Servable):
     """A session servable whose listed signatures run on LiteRT instead."""
 
@@ -105,8 +93,9 @@ def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dic
     from modelyard.edge.modes import ConvertOptions
     from modelyard.edge.signature import read_signature
 
-    with _STDERR_TURN:
-        content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions())
+    # fd 2 stays open: other threads of the server log while this converts.
+    content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions(),
+                                  hold_native_stderr=False)
     runner = LiteRTRunner(content, sig.name)
 
     def keys(specs, available):
@@ -133,7 +122,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
         reason = None
         if any(s is None for s in samples):
             # No runtime choice to make: LiteRT takes no serialized Examples or strings.
-            _say("Signature %s of %s stays on TensorFlow: LiteRT cannot take inputs of unknown shape or "
+            log.info("Signature %s of %s stays on TensorFlow: LiteRT cannot take inputs of unknown shape or "
                  "non-numeric dtype", name, session.path)
             continue
         else:
@@ -152,7 +141,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
         if reason:
             if runtime == "litert":
                 raise ServingError(Code.FAILED_PRECONDITION, f"--runtime litert cannot serve signature {name}: {reason}")
-            _say("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
+            log.info("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
         else:
-            _say("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
+            log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
     return MixedServable(session, fast) if fast else session
