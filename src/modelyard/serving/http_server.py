@@ -45,11 +45,17 @@ def _json_head(app: RestApp, status: int, length: int, keep_alive: bool) -> byte
 
 
 class _Request:
-    __slots__ = ("method", "path", "body", "keep_alive", "response")
+    __slots__ = ("method", "path", "body", "keep_alive", "response", "answered", "timer")
 
     def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, response=None):
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
         self.response = response  # set when answered before the body (413, immediate routes)
+        self.answered = False  # offloaded: by its result or by its timeout, whichever comes first
+        self.timer = None
+
+
+# Pipelined requests queue while one runs; past this many, stop reading until the queue drains.
+_PAUSE_AT = 8
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -60,6 +66,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
         self.queue: collections.deque[_Request] = collections.deque()
         self.busy = False
+        self.paused = False
+        self.owed_continue = False
         self._reset()
 
     def _reset(self) -> None:
@@ -121,7 +129,14 @@ class HttpProtocol(asyncio.Protocol):
         if self.early is None:
             self.early = self.app.immediate(method, path)
         if self.expect_continue and self.early is None and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.busy or self.queue:
+                # Earlier responses go first: owe the 100 and stop reading until they are written.
+                self.owed_continue = True
+                if not self.paused:
+                    self.transport.pause_reading()
+                    self.paused = True
+            else:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self.early is not None:
@@ -139,6 +154,9 @@ class HttpProtocol(asyncio.Protocol):
         self._reset()
         if not self.busy:
             self._next()
+        elif len(self.queue) >= _PAUSE_AT and not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
 
     # ---- answering, in order ----------------------------------------------------------------
     def _next(self) -> None:
@@ -155,25 +173,56 @@ class HttpProtocol(asyncio.Protocol):
                     self.transport = None
             else:
                 self.busy = True
-                self.transport.pause_reading()
-                self.loop.create_task(self._offload(request))
+                self._offload(request)
+        if self.transport is None:
+            return
+        if self.owed_continue and not self.busy and not self.queue:
+            self.owed_continue = False
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.paused and len(self.queue) < _PAUSE_AT and not self.owed_continue:
+            self.transport.resume_reading()
+            self.paused = False
 
-    async def _offload(self, request: _Request) -> None:
-        app = self.app
-        future = self.loop.run_in_executor(app.pool, app.handle, request.method, request.path, request.body)
+    # No coroutine, task or wait_for per request: a pool future, a done-callback back into the
+    # loop and, with --rest_api_timeout_in_ms, one timer. Reading stays on (it is paused only
+    # for a long pipeline), sparing two epoll updates per request.
+    def _offload(self, request: _Request) -> None:
+        app, loop = self.app, self.loop
+        future = app.pool.submit(app.handle, request.method, request.path, request.body)
+        if app.timeout_s:
+            request.timer = loop.call_later(app.timeout_s, self._timed_out, request)
+
+        def done(f) -> None:  # on the pool thread
+            try:
+                loop.call_soon_threadsafe(self._answer, request, f)
+            except RuntimeError:  # the loop has closed: the server is stopping
+                pass
+
+        future.add_done_callback(done)
+
+    def _answer(self, request: _Request, future) -> None:
+        if request.answered:  # timed out already
+            return
+        if request.timer is not None:
+            request.timer.cancel()
         try:
-            if app.timeout_s:
-                status, payload = await asyncio.wait_for(future, app.timeout_s)
-            else:
-                status, payload = await future
-            response = (status, app.json_headers, payload)
-        except asyncio.TimeoutError:
-            response = app.deadline_exceeded()
+            status, payload = future.result()
+            response = (status, self.app.json_headers, payload)
+        except BaseException as exc:  # handle() answers every error itself; this is a last resort
+            log.error("REST request failed: %s %s: %r", request.method, request.path, exc)
+            response = (500, self.app.json_headers, b'{"error": "Internal error"}')
+        self._finish(request, response)
+
+    def _timed_out(self, request: _Request) -> None:
+        if not request.answered:
+            self._finish(request, self.app.deadline_exceeded())
+
+    def _finish(self, request: _Request, response) -> None:
+        request.answered = True
         self.busy = False
         if self.transport is not None:
             self._write(request, response)
             if self.transport is not None:
-                self.transport.resume_reading()
                 self._next()
 
     def _write(self, request: _Request, response) -> None:

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# A request waiting for its batch holds a worker thread, so with batching the pools must hold
+# several full batches of waiters, or batches never grow past the pool size.
+BATCHING_MIN_THREADS = 128
+
+
 def _bool(text: str) -> bool:
     lowered = text.lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -34,12 +39,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--monitoring_config_file", default=None, help="text MonitoringConfig (enables Prometheus metrics)")
     add("--rest_api_enable_cors_support", **flag, help="send CORS headers on REST responses")
     add("--rest_api_timeout_in_ms", type=int, default=30000, help="REST request timeout (default 30000; 0: none)")
-    add("--rest_api_num_threads", type=int, default=0, help="REST worker threads (default: 4 per core)")
+    add("--rest_api_num_threads", type=int, default=0,
+        help=f"REST worker threads (default: 4 per core; with --enable_batching at least {BATCHING_MIN_THREADS})")
     add("--rest_api_max_body_bytes", type=int, default=256 * 1024 * 1024,
         help="largest REST request body accepted, in bytes (default 256 MiB)")
     add("--workers", type=int, default=1,
         help="server processes sharing both ports, to use every core (default 1; 0: one per core)")
-    add("--grpc_max_threads", type=int, default=0, help="gRPC worker threads (default: 4 per core)")
+    add("--grpc_max_threads", type=int, default=0,
+        help=f"gRPC worker threads (default: 4 per core; with --enable_batching at least {BATCHING_MIN_THREADS})")
     add("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="replay assets.extra/tf_serving_warmup_requests before serving a version (default true)")
     add("--num_request_iterations_for_warmup", type=int, default=1, help="times each warmup record is replayed")
@@ -136,6 +143,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         if getattr(args, flag) < 0:
             raise OptionsError(f"--{flag} cannot be negative")
     cores = os.cpu_count() or 1
+    default_threads = max(4 * cores, BATCHING_MIN_THREADS) if args.enable_batching else 4 * cores
     return ServeOptions(
         port=args.port,
         rest_api_port=args.rest_api_port,
@@ -149,9 +157,9 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         monitoring_config_file=Path(args.monitoring_config_file) if args.monitoring_config_file else None,
         rest_api_enable_cors_support=args.rest_api_enable_cors_support,
         rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
-        rest_api_num_threads=args.rest_api_num_threads or 4 * cores,
+        rest_api_num_threads=args.rest_api_num_threads or default_threads,
         rest_api_max_body_bytes=args.rest_api_max_body_bytes,
-        grpc_max_threads=args.grpc_max_threads or 4 * cores,
+        grpc_max_threads=args.grpc_max_threads or default_threads,
         enable_model_warmup=args.enable_model_warmup,
         num_request_iterations_for_warmup=args.num_request_iterations_for_warmup,
         tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,

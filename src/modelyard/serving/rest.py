@@ -78,9 +78,8 @@ class RestApp:
         return 413, self.json_headers, orjson.dumps({"error": message})
 
     def deadline_exceeded(self) -> tuple[int, list, bytes]:
-        error = ServingError(
-            Code.DEADLINE_EXCEEDED, "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms"
-        )
+        # TF Serving passes the timeout to Session.run, whose error is TensorFlow's own words.
+        error = ServingError(Code.DEADLINE_EXCEEDED, "Timed out waiting for notification")
         return error.http_status, self.json_headers, rest_json.error_body(error)
 
     def _post_route(self, path: str) -> tuple | None:
