@@ -32,7 +32,7 @@ def run(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subpr
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
-        kill_group(proc)
+        stop_launcher(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -42,6 +42,18 @@ def kill_group(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def stop_launcher(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a ``modelyard launch`` the way Ctrl-C does, so it stops its tasks (each in its own
+    session, out of reach of ``kill_group``); SIGKILL its group if it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc)
 
 
 def model_weights(version_dir: Path) -> dict[str, "object"]:

@@ -99,3 +99,28 @@ def test_learning_rate_scaling_and_warmup():
     model.fit(x, y, batch_size=2, epochs=2, verbose=0, callbacks=[WarmupAndScaling(4.0, 1, 4), record])
     # lr 0.1 scaled x4 = 0.4, reached linearly over the first epoch (4 steps), then held.
     assert np.allclose(seen, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4, 0.4, 0.4], atol=1e-6)
+
+
+def test_collective_watchdog_fires_only_when_steps_stop(monkeypatch):
+    import time
+
+    import tf_keras as keras
+
+    from modelyard.training.watchdog import CollectiveWatchdog
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    watchdog = CollectiveWatchdog(0.6, "worker:0", poll=0.1)
+    stalls: list[float] = []
+    monkeypatch.setattr(watchdog, "abort", stalls.append)  # record instead of aborting collectives
+    watchdog.set_model(model)
+    watchdog.on_train_begin()
+    try:
+        for _ in range(12):  # steps keep completing: no abort however long it runs
+            model._train_counter.assign_add(1)
+            time.sleep(0.1)
+        assert stalls == []
+        time.sleep(1.5)  # steps stop
+        assert len(stalls) == 1 and stalls[0] >= 0.6
+    finally:
+        watchdog.stop()

@@ -59,6 +59,8 @@ def test_launch_checks_the_config_before_starting_workers(tmp):
     ({"learning_rate_scaling": "linear"}, "needs base_batch_size"),
     ({"devices": {"gpu_memory": 1}}, "devices: unknown key"),
     ({"optimiser": "sgd"}, "config: unknown key(s) optimiser"),
+    ({"data": {"source": "records/*.tfrecord", "shape": [28, 28]}}, "steps_per_epoch: needed for TFRecord"),
+    ({"strategy": {"name": "multi_worker_mirrored", "collective_timeout": -1}}, "collective_timeout: must be"),
 ])
 def test_config_mistakes_are_named(tmp, capsys, values, message):
     assert message in _train_error(capsys, write_config(tmp, "bad", **values))

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .conftest import ENV, MODELYARD, kill_group, write_config
+from .conftest import ENV, MODELYARD, stop_launcher, write_config
 
 COLLECTIVE_TIMEOUT = 600  # far longer than the test may run: only the supervisor can end it in time
 
@@ -53,7 +53,7 @@ def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
         lines += proc.stdout.readlines()
         assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
     finally:
-        kill_group(proc)
+        stop_launcher(proc)
     out = "".join(lines)
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
     assert "restarting the job (restart 1 of 1)" in out
@@ -77,7 +77,7 @@ def test_killed_worker_without_restarts_fails_fast_naming_it(tmp):
         code = proc.wait(timeout=200)
         stopped_after = time.monotonic() - killed_at
     finally:
-        kill_group(proc)
+        stop_launcher(proc)
     out = "".join(lines)
     assert code == 1
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
@@ -142,7 +142,7 @@ def test_stuck_peer_on_another_host_times_out_with_a_clear_message(tmp):
         waited = time.monotonic() - stuck_at
     finally:
         for host in hosts:
-            kill_group(host)
+            stop_launcher(host)  # worker:1 is still stuck: its launcher must stop it
     assert hosts[0].returncode == 1, out[-3000:]
     assert "worker:0 | epoch 3/50" in out and "epoch 4/50" not in out
     assert "worker:1 |" not in out  # this host ran only its own task

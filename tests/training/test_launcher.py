@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .conftest import ENV, MODELYARD, kill_group, run
+from .conftest import ENV, MODELYARD, run, stop_launcher
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,7 +81,7 @@ def test_interrupt_stops_every_process(tmp_path):
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
     finally:
-        kill_group(proc)
+        stop_launcher(proc)
 
 
 def test_cluster_spec_runs_only_this_hosts_task(tmp_path):

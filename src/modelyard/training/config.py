@@ -254,6 +254,11 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
         input_report=bool(raw.get("input_report", True)),
         tensorboard=bool(raw.get("tensorboard", True)),
     )
+    train_source = str(data.get("train") or data.get("source", ""))
+    if train_source.endswith((".tfrecord", ".tfrecords")) or "*" in train_source:
+        if cfg.steps_per_epoch is None:
+            # The helper repeats the records; with no count an epoch would never end.
+            raise ConfigError("steps_per_epoch: needed for TFRecord sources, whose size is not known up front")
     check_batch(cfg)
     cfg.raw = resolved_mapping(cfg)
     return cfg
