@@ -118,6 +118,14 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12])
 
 
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's finished children (the load generator runs)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds used so far by ``root`` and every live descendant."""
     stats = {}
@@ -316,6 +324,7 @@ def _grpc_worker(target: str, request: bytes, inflight: int, duration: float, re
             await predict(request, timeout=30)
             ready.put(1)
             await asyncio.get_running_loop().run_in_executor(None, start.wait)
+            cpu0 = time.process_time()
             clock = time.perf_counter
             deadline = clock() + duration
             lat: list[float] = []
@@ -338,7 +347,7 @@ def _grpc_worker(target: str, request: bytes, inflight: int, duration: float, re
                     lat.append(clock() - t0)
 
             await asyncio.gather(*(loop() for _ in range(inflight)))
-            return lat, errs
+            return lat, errs, time.process_time() - cpu0
 
     results.put(asyncio.run(run()))
 
@@ -364,13 +373,14 @@ def grpc_load(port: int, request: bytes, concurrency: int, duration: float, serv
     cpu = server.cpu_seconds() - cpu0
     for p in procs:
         p.join()
-    lats = sorted(x for l, _ in gathered for x in l)
-    errors = sum(e for _, e in gathered)
+    lats = sorted(x for l, _, _ in gathered for x in l)
+    errors = sum(e for _, e, _ in gathered)
+    client_cpu = sum(c for _, _, c in gathered)
     n = len(lats)
     return {"requests": n, "rps": n / min(elapsed, duration + 0.05) if n else 0.0,
             "p50_ms": lats[n // 2] * 1e3 if n else float("nan"),
             "p99_ms": lats[min(n - 1, int(n * 0.99))] * 1e3 if n else float("nan"),
-            "errors": errors}, cpu
+            "errors": errors, "client_us": client_cpu / n * 1e6 if n else None}, cpu
 
 
 # ------------------------------------------------------------------ sub-commands run in other interpreters
@@ -529,9 +539,10 @@ def fmt(v, digits=1) -> str:
 def run_rest_series(server: Server, body: bytes, concs, duration, loadgen, workdir, base_row) -> list[dict]:
     rows = []
     for c in concs:
-        cpu0 = server.cpu_seconds()
+        cpu0, gen0 = server.cpu_seconds(), children_cpu_seconds()
         r = rest_load(loadgen, server.url, body, c, duration, workdir)
         cpu = server.cpu_seconds() - cpu0
+        r["client_us"] = (children_cpu_seconds() - gen0) / r["requests"] * 1e6 if r["requests"] else None
         row = dict(base_row, concurrency=c, **r, cpu_us=cpu / r["requests"] * 1e6 if r["requests"] else None)
         rows.append(row)
         log(f"  {row['server']} {row['protocol']} c={c}: {row['rps']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
@@ -733,7 +744,9 @@ def main(argv=None) -> int:
             "loadgen_version": loadgen_version[0] if loadgen_version else args.loadgen,
             "grpc_processes": args.grpc_processes, "peer_workers": args.peer_workers, "versions": versions,
             "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
-            "model_version": Path(info["latest"]).name}
+            "model_version": Path(info["latest"]).name, "cnn_args": args.cnn_args,
+            "batching": (Path(args.batching_parameters_file).read_text() if args.batching_parameters_file
+                         else DEFAULT_BATCHING)}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = report(rows, meta)
@@ -781,21 +794,25 @@ def report(rows: list[dict], meta: dict) -> str:
         f"concurrent calls split across them, pre-serialized PredictRequest. Servers run one at a time, on the same 2 cores as the "
         f"load generator. Peers run {meta['peer_workers']} process(es) (their default). Server CPU is utime+stime of "
         f"the server and its children over the run, per answered request. The in-process ceiling is the model "
-        f"call alone in a loop (one thread, no server): its req/s is calls/s.",
+        f"call alone in a loop (one thread, no server): its req/s is calls/s. Load-gen CPU is the load "
+        f"generator's CPU per request (wrk's whole run; the gRPC clients' measured window): on 2 shared cores, "
+        f"CPU the client takes is CPU the server cannot use. The CNN rows run `modelyard serve "
+        f"{meta.get('cnn_args', '')}` with and without `--enable_batching` (parameters below).",
         "",
-        "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req "
+        "| load-gen CPU µs/req |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         server = r["server"] + (" (CNN)" if r.get("scenario") == "cnn" else "")
         if r.get("rps") is None:
             lines.append(f"| {server} | {r['protocol']} | {r['runtime']} | {r.get('concurrency') or '-'} | "
-                         f"{r.get('note', 'n/a')} | | | | |")
+                         f"{r.get('note', 'n/a')} | | | | | |")
             continue
         p50_digits = 3 if r["p50_ms"] < 1 else 2
         lines.append(f"| {server} | {r['protocol']} | {r['runtime']} | {r['concurrency']} | {r['rps']:,.0f} | "
                      f"{r['p50_ms']:.{p50_digits}f} | {r['p99_ms']:.{3 if r['p99_ms'] < 1 else 2}f} | {r['errors']} | "
-                     f"{fmt(r.get('cpu_us'), 0)} |")
+                     f"{fmt(r.get('cpu_us'), 0)} | {fmt(r.get('client_us'), 0) if r.get('protocol') != '-' else '-'} |")
     lines += ["", "## Targets (issue 3, \"Serving at speed\")", "",
               "| target | measured | result |", "| --- | --- | --- |"]
 
@@ -850,7 +867,17 @@ def report(rows: list[dict], meta: dict) -> str:
     else:
         why = "not available (no --enable_batching in `modelyard serve`)" if not meta["has_batching"] else "not measured"
         lines.append(f"| CNN: batching ≥ 2× unbatched req/s, p99 ≤ 2× | {why} | n/a |")
-    lines += ["", f"Whole run: {meta['elapsed_min']:.1f} min. Plot: `serving.png`.", ""]
+    lines += ["", "Notes:", "",
+              "- gRPC: Python's grpcio costs the server ~250-400 µs of CPU per unary call even with an empty "
+              "handler (measured on this machine with a bare generic handler, sync and grpc.aio servers alike), "
+              "about three times the whole REST request, and the Python client processes take a similar share of "
+              "the same two cores (load-gen CPU column, against wrk's). The gRPC rows therefore measure grpcio "
+              "on 2 shared cores more than modelyard; a C++ load generator (ghz) is not packaged in Debian.",
+              "- Workers: `--workers 2` shares the ports between two processes. With the load generator on the "
+              "same two cores, three busy processes contend for two cores, which shows in the p99 column; "
+              "`--workers` stays 1 by default.",
+              "- Batching parameters: " + meta.get("batching", "").replace("\n", "; ").strip("; ") + ".",
+              "", f"Whole run: {meta['elapsed_min']:.1f} min. Plot: `serving.png`.", ""]
     return "\n".join(lines)
 
 
