@@ -334,12 +334,9 @@ def test_rest_timeout_while_the_batch_runs(server):
 def expect_tf_serving_timeout_message(r: requests.Response) -> None:
     """TF Serving's REST body on a --rest_api_timeout_in_ms timeout: TensorFlow's Session.run message.
 
-    The batching queue answers it at the deadline; so does the HTTP layer (http_server.py /
-    rest.py, another engineer's files), with its own words, whichever comes first.
+    The batching queue answers it at the deadline; so does the HTTP layer, whichever comes
+    first: both must say the same.
     """
-    if r.json() == {"error": "Deadline exceeded: the request took longer than --rest_api_timeout_in_ms"}:
-        pytest.xfail("rest.py RestApp.deadline_exceeded still answers its own message, not TF Serving's "
-                     f"{DEADLINE_MESSAGE!r}: see the batching report")
     assert r.json() == {"error": DEADLINE_MESSAGE}
 
 
