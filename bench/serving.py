@@ -65,17 +65,18 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------ environment
-def ensure_tools(loadgen: str) -> None:
+def ensure_tools(loadgen: str, package: str | None = None) -> None:
     if shutil.which(loadgen):
         return
-    log(f"{loadgen} is not installed: installing Debian's package with apt-get (needs root) ...")
-    cmd = ["apt-get", "install", "-y", "-q", loadgen]
+    package = package or loadgen
+    log(f"{loadgen} is not installed: installing Debian's package {package} with apt-get (needs root) ...")
+    cmd = ["apt-get", "install", "-y", "-q", package]
     if os.geteuid() != 0:
         cmd = ["sudo"] + cmd
     if subprocess.call(cmd) != 0:
         subprocess.call(cmd[:-4] + ["update", "-q"] if cmd[0] == "sudo" else ["apt-get", "update", "-q"])
         if subprocess.call(cmd) != 0:
-            sys.exit(f"could not install {loadgen}; install it by hand: apt-get install -y {loadgen}")
+            sys.exit(f"could not install {loadgen}; install it by hand: apt-get install -y {package}")
 
 
 def ensure_venv(name: str) -> Path:
@@ -305,6 +306,8 @@ def parse_hey(out: str, duration: float) -> dict:
 
 # ------------------------------------------------------------------ gRPC load
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+METRICS_PATH = "/monitoring/prometheus/metrics"
+REQUEST_COUNT = ":tensorflow:serving:request_count"
 
 
 def _grpc_worker(target: str, request: bytes, inflight: int, duration: float, ready, start, results) -> None:
@@ -381,6 +384,54 @@ def grpc_load(port: int, request: bytes, concurrency: int, duration: float, serv
             "p50_ms": lats[n // 2] * 1e3 if n else float("nan"),
             "p99_ms": lats[min(n - 1, int(n * 0.99))] * 1e3 if n else float("nan"),
             "errors": errors, "client_us": client_cpu / n * 1e6 if n else None}, cpu
+
+
+def metric_total(rest_port: int, name: str, labels: str) -> float | None:
+    """Sum of a Prometheus counter's samples whose label text contains ``labels``."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{rest_port}{METRICS_PATH}", timeout=10).read().decode()
+    except OSError:
+        return None
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith(name + "{") and labels in l)
+
+
+def h2load_grpc_load(server: Server, request: bytes, concurrency: int, duration: float, workdir: Path) -> dict:
+    """Drive gRPC unary Predict with h2load (C, nghttp2): the client costs the shared cores little.
+
+    h2load sees HTTP/2 statuses only; a gRPC error is an HTTP 200 with a non-zero
+    grpc-status trailer. Errors are therefore counted from the server's own
+    request_count{status="OK"} metric against the responses h2load received.
+    """
+    body = workdir / "grpc_request.bin"
+    body.write_bytes(b"\x00" + len(request).to_bytes(4, "big") + request)  # gRPC message framing
+    logfile = workdir / "h2load.log"
+    logfile.unlink(missing_ok=True)  # h2load appends to an existing log
+    conns = min(concurrency, 8)  # like a few client channels, each multiplexing streams
+    streams = max(1, concurrency // conns)
+    label = f'model_name="{server.model}",status="OK"'
+    ok0 = metric_total(server.rest_port, REQUEST_COUNT, label)
+    cmd = ["h2load", "-D", f"{duration:g}", "-t1", "-c", str(conns), "-m", str(streams), "-d", str(body),
+           "-H", "content-type: application/grpc", "-H", "te: trailers", "--log-file", str(logfile),
+           f"http://127.0.0.1:{server.grpc_port}{PREDICT_METHOD}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    ok1 = metric_total(server.rest_port, REQUEST_COUNT, label)
+    lats, bad_http = [], 0
+    for line in logfile.read_text().splitlines():
+        _, status, micros = line.split("\t")
+        if status == "200":
+            lats.append(int(micros) / 1e3)
+        else:
+            bad_http += 1
+    failed = next((int(l.split()[l.split().index("failed,") - 1]) for l in out.splitlines()
+                   if l.startswith("requests:")), 0)
+    lats.sort()
+    n = len(lats)
+    grpc_errors = max(0, n - int(ok1 - ok0)) if ok0 is not None and ok1 is not None else 0
+    return {"requests": n - grpc_errors, "rps": (n - grpc_errors) / duration,
+            "p50_ms": lats[n // 2] if n else float("nan"),
+            "p99_ms": lats[min(n - 1, int(n * 0.99))] if n else float("nan"),
+            "errors": bad_http + failed + grpc_errors}
 
 
 # ------------------------------------------------------------------ sub-commands run in other interpreters
@@ -550,10 +601,17 @@ def run_rest_series(server: Server, body: bytes, concs, duration, loadgen, workd
     return rows
 
 
-def run_grpc_series(server: Server, request: bytes, concs, duration, processes, base_row) -> list[dict]:
+def run_grpc_series(server: Server, request: bytes, concs, duration, processes, base_row, loadgen: str,
+                    workdir: Path) -> list[dict]:
     rows = []
     for c in concs:
-        r, cpu = grpc_load(server.grpc_port, request, c, duration, server, processes)
+        if loadgen == "h2load":
+            cpu0, gen0 = server.cpu_seconds(), children_cpu_seconds()
+            r = h2load_grpc_load(server, request, c, duration, workdir)
+            cpu = server.cpu_seconds() - cpu0
+            r["client_us"] = (children_cpu_seconds() - gen0) / r["requests"] * 1e6 if r["requests"] else None
+        else:
+            r, cpu = grpc_load(server.grpc_port, request, c, duration, server, processes)
         row = dict(base_row, concurrency=c, **r, cpu_us=cpu / r["requests"] * 1e6 if r["requests"] else None)
         rows.append(row)
         log(f"  {row['server']} gRPC c={c}: {row['rps']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
@@ -569,8 +627,13 @@ def warm(server: Server, body: bytes, loadgen: str, workdir: Path, seconds: floa
 def modelyard_cmd(model: str, base: str, grpc_port: int, rest_port: int, extra: list[str]) -> list[str]:
     exe = shutil.which("modelyard")
     head = [exe] if exe else [sys.executable, "-m", "modelyard"]
+    # Metrics on (as in production) so the gRPC rows can count errors from request_count.
+    monitoring = CACHE / "run" / "monitoring.config"
+    monitoring.parent.mkdir(parents=True, exist_ok=True)
+    monitoring.write_text(f'prometheus_config {{ enable: true, path: "{METRICS_PATH}" }}\n')
     return head + ["serve", "--model_name", model, "--model_base_path", base, "--port", str(grpc_port),
-                   "--rest_api_port", str(rest_port), "--host", "127.0.0.1", *extra]
+                   "--rest_api_port", str(rest_port), "--host", "127.0.0.1",
+                   "--monitoring_config_file", str(monitoring), *extra]
 
 
 def serve_help() -> str:
@@ -588,7 +651,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers-variant", type=int, default=os.cpu_count() or 1,
                    help="also run modelyard with --workers N (default: the core count; 0: skip)")
     p.add_argument("--loadgen", choices=("wrk", "hey"), default="wrk", help="REST load generator (default wrk)")
-    p.add_argument("--grpc-processes", type=int, default=2, help="gRPC client processes (default 2)")
+    p.add_argument("--grpc-loadgen", choices=("h2load", "python"), default="h2load",
+                   help="gRPC load generator: h2load (C, Debian's nghttp2-client; default) or Python grpc.aio processes")
+    p.add_argument("--grpc-processes", type=int, default=2, help="with --grpc-loadgen python: client processes (default 2)")
     p.add_argument("--peer-runtime", choices=("match", "tensorflow", "litert", "both"), default="match",
                    help="runtime of the peers: match modelyard's (default), one, or both")
     p.add_argument("--peer-workers", type=int, default=1, help="server processes for each peer (default 1, their default)")
@@ -607,6 +672,8 @@ def main(argv=None) -> int:
     my_args = shlex.split(args.modelyard_args)
     warm_s = 1.0 if args.quick else 2.0
     ensure_tools(args.loadgen)
+    if args.grpc_loadgen == "h2load" and "grpc" not in skip:
+        ensure_tools("h2load", package="nghttp2-client")
     help_text = serve_help()
     for flag in my_args:
         if flag.startswith("--") and flag.split("=")[0] not in help_text:
@@ -652,7 +719,7 @@ def main(argv=None) -> int:
             rows += run_rest_series(my, body, concs, duration, args.loadgen, work, base_row)
             if "grpc" not in skip:
                 rows += run_grpc_series(my, grpc_req[MODEL], concs, duration, args.grpc_processes,
-                                        dict(base_row, protocol="gRPC"))
+                                        dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)
         finally:
             my.stop()
 
@@ -742,7 +809,7 @@ def main(argv=None) -> int:
                                      text=True).stdout.splitlines()[:1]
     meta = {"duration": duration, "concs": concs, "modelyard_args": args.modelyard_args, "loadgen": args.loadgen,
             "loadgen_version": loadgen_version[0] if loadgen_version else args.loadgen,
-            "grpc_processes": args.grpc_processes, "peer_workers": args.peer_workers, "versions": versions,
+            "grpc_processes": args.grpc_processes, "grpc_loadgen": args.grpc_loadgen, "peer_workers": args.peer_workers, "versions": versions,
             "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
             "model_version": Path(info["latest"]).name, "cnn_args": args.cnn_args,
             "batching": (Path(args.batching_parameters_file).read_text() if args.batching_parameters_file
@@ -790,8 +857,12 @@ def report(rows: list[dict], meta: dict) -> str:
         "",
         f"Each run: {meta['duration']:g} s, one batch-1 28×28 uint8 image per request, the demo digits model "
         f"(`{MODEL}` version {meta['model_version']}) unless marked CNN. REST load: `{meta['loadgen_version']}`, "
-        f"one thread; gRPC load: {meta['grpc_processes']} Python client processes, one grpc.aio channel each, "
-        f"concurrent calls split across them, pre-serialized PredictRequest. Servers run one at a time, on the same 2 cores as the "
+        f"one thread; gRPC load: " + (
+            "`h2load` (nghttp2, C), one thread, min(concurrency, 8) connections with the concurrent streams split "
+            "across them, a pre-serialized PredictRequest; gRPC errors counted from the server's request_count "
+            "metric" if meta.get("grpc_loadgen") == "h2load" else
+            f"{meta['grpc_processes']} Python client processes, one grpc.aio channel each, "
+            "concurrent calls split across them, pre-serialized PredictRequest") + ". Servers run one at a time, on the same 2 cores as the "
         f"load generator. Peers run {meta['peer_workers']} process(es) (their default). Server CPU is utime+stime of "
         f"the server and its children over the run, per answered request. The in-process ceiling is the model "
         f"call alone in a loop (one thread, no server): its req/s is calls/s. Load-gen CPU is the load "
@@ -868,11 +939,8 @@ def report(rows: list[dict], meta: dict) -> str:
         why = "not available (no --enable_batching in `modelyard serve`)" if not meta["has_batching"] else "not measured"
         lines.append(f"| CNN: batching ≥ 2× unbatched req/s, p99 ≤ 2× | {why} | n/a |")
     lines += ["", "Notes:", "",
-              "- gRPC: Python's grpcio costs the server ~250-400 µs of CPU per unary call even with an empty "
-              "handler (measured on this machine with a bare generic handler, sync and grpc.aio servers alike), "
-              "about three times the whole REST request, and the Python client processes take a similar share of "
-              "the same two cores (load-gen CPU column, against wrk's). The gRPC rows therefore measure grpcio "
-              "on 2 shared cores more than modelyard; a C++ load generator (ghz) is not packaged in Debian.",
+              "- gRPC: the load comes from h2load (C) unless `--grpc-loadgen python`, so the client takes little "
+              "of the two shared cores; the server CPU column is what one gRPC call costs the server.",
               "- Workers: `--workers 2` shares the ports between two processes. With the load generator on the "
               "same two cores, three busy processes contend for two cores, which shows in the p99 column; "
               "`--workers` stays 1 by default.",
