@@ -34,6 +34,13 @@ warmup run through it unchanged. How it behaves, after TF Serving's BatchingSess
 - An error from the model fails every request of that batch with that error.
 - ``close()`` fails still-queued requests with UNAVAILABLE, stops the threads, then
   closes the inner servable.
+- Two entry points share one queue: ``run()`` blocks its thread until the answer;
+  ``submit()`` returns a ``BatchFuture`` at once (the REST server completes its HTTP
+  response from the future's callback, holding no thread per queued request). A
+  future's deadline is enforced when its batch is dequeued, and at once when its holder
+  calls ``BatchFuture.expire()`` (the REST server's timer does, at the deadline).
+- Batch threads are woken only when there is something to do: a new batch opened
+  (its timeout starts) or a batch became full; every wait stays bounded.
 
 Threads belong to one servable (TF Serving shares one pool across models).
 """
@@ -44,6 +51,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Callable
 
 import numpy as np
@@ -97,9 +105,10 @@ def current_deadline() -> float | None:
 class _Task:
     """One request: its rows, its deadline, and where its answer (or error) lands."""
 
-    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "done", "key")
+    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "done", "key", "future")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None):
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None,
+                 future: "BatchFuture | None" = None):
         self.inputs = inputs
         self.size = size
         self.deadline = deadline
@@ -109,6 +118,44 @@ class _Task:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.key: tuple | None = None  # the queue it waits in
+        self.future = future  # submit(): settled once the task is done, outside the lock
+
+
+class BatchFuture(Future):
+    """``BatchingServable.submit``'s answer: a Future of ``{alias: array}`` with ``expire()``.
+
+    Its done-callbacks run on the thread that completes it (a batch thread, usually):
+    keep them short, e.g. ``loop.call_soon_threadsafe``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._expire: Callable[[], None] | None = None
+
+    def expire(self) -> None:
+        """Answer DEADLINE_EXCEEDED now unless answered: queued rows leave the queue, running rows are dropped."""
+        if self._expire is not None and not self.done():
+            self._expire()
+
+
+def _own_copy(error: BaseException) -> BaseException:
+    # Each waiter raises its own copy: several threads may fail from one batch error.
+    return ServingError(error.code, error.message) if isinstance(error, ServingError) else error
+
+
+def _settle(tasks: list[_Task]) -> None:
+    """Complete the futures of finished tasks (outside the lock: their callbacks run here)."""
+    for task in tasks:
+        future = task.future
+        if future is None or future.done():
+            continue
+        try:
+            if task.error is not None:
+                future.set_exception(_own_copy(task.error))
+            else:
+                future.set_result(task.result)
+        except InvalidStateError:  # cancelled by its holder meanwhile
+            pass
 
 
 class _Piece:
@@ -192,10 +239,39 @@ class BatchingServable(Servable):
         self._schedule(key, signature, tuple(output_aliases), task)
         self._wait(task)
         if task.error is not None:
-            error = task.error
-            # Each waiter raises its own copy: several threads may fail from one batch error.
-            raise ServingError(error.code, error.message) if isinstance(error, ServingError) else error
+            raise _own_copy(task.error)
         return task.result
+
+    def submit(
+        self,
+        signature: Signature,
+        inputs: dict[str, np.ndarray],
+        output_aliases: tuple[str, ...],
+        deadline: float | None = None,
+        executor: Executor | None = None,
+    ) -> BatchFuture:
+        """Queue the request and return at once: a ``BatchFuture`` of what ``run`` would return.
+
+        A request refused at the door (queue full, too large, past its deadline, closing)
+        raises here, as ``run`` does. The deadline is checked when the batch is dequeued;
+        call ``future.expire()`` at the deadline to answer at once. Inputs that cannot be
+        batched run on ``executor`` (inline when None) on the inner servable.
+        """
+        future = BatchFuture()
+        key, size = self._key(signature, inputs, output_aliases)
+        if key is None:
+            if executor is None:
+                future.set_result(self.inner.run(signature, inputs, output_aliases))
+            else:
+                inner = executor.submit(self.inner.run, signature, inputs, output_aliases)
+                inner.add_done_callback(lambda f: _copy_outcome(f, future))
+            return future
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _deadline_error()
+        task = _Task(inputs, size, deadline, future)
+        future._expire = lambda: self._expire(task)
+        self._schedule(key, signature, tuple(output_aliases), task)
+        return future
 
     def _key(self, signature: Signature, inputs: dict[str, np.ndarray], output_aliases) -> tuple[tuple | None, int]:
         """The queue a request joins and its row count; ``(None, 0)`` when it cannot be batched."""
@@ -235,6 +311,7 @@ class BatchingServable(Servable):
             if queue is None:
                 queue = self._queues[key] = _Queue(signature, tuple(sorted(task.inputs)), output_aliases)
             batches = queue.batches
+            before = len(batches)
             room = limit - batches[-1].size if batches else 0
             new_batches = 0
             for chunk in chunks:  # where each chunk would go: the open batch if it fits, else a new one
@@ -247,16 +324,23 @@ class BatchingServable(Servable):
                 raise ServingError(Code.RESOURCE_EXHAUSTED, QUEUE_FULL)
             now = time.monotonic()
             start = 0
+            filled = False
             for chunk in chunks:
                 if not batches or batches[-1].size + chunk > limit:
                     batches.append(_Batch(now))
                 batch = batches[-1]
                 batch.pieces.append(_Piece(task, start, start + chunk))
                 batch.size += chunk
+                filled = filled or batch.size >= limit
                 start += chunk
             task.pending = len(chunks)
             task.key = key
-            self._cond.notify_all()
+            # Wake one batch thread only when what it waits for changed: a batch opened (its
+            # timeout starts; the one before it, if any, is now closed) or one became full. A
+            # request joining an open batch changes neither. A thread that picks a batch wakes
+            # the next when more are ready (``_pick``); waits stay bounded (``_MAX_WAIT_S``).
+            if filled or len(batches) != before:
+                self._cond.notify()
 
     def _wait(self, task: _Task) -> None:
         while not task.done.is_set():
@@ -264,15 +348,20 @@ class BatchingServable(Servable):
             if task.deadline is not None:
                 remaining = task.deadline - time.monotonic()
                 if remaining <= 0:
-                    with self._cond:
-                        if task.done.is_set():
-                            continue  # answered just now
-                        # A running batch's rows are dropped; queued rows leave the queue now, freeing room.
-                        self._unqueue(task)
-                        self._finish(task, error=_deadline_error())
+                    self._expire(task)
                     return
                 timeout = min(timeout, remaining)
             task.done.wait(timeout)
+
+    def _expire(self, task: _Task) -> None:
+        """Fail ``task`` with DEADLINE_EXCEEDED unless it is done already."""
+        with self._cond:
+            if task.done.is_set():
+                return  # answered just now
+            # A running batch's rows are dropped; queued rows leave the queue now, freeing room.
+            self._unqueue(task)
+            self._finish(task, error=_deadline_error())
+        _settle([task])
 
     def _unqueue(self, task: _Task) -> None:
         """Take a task that has not started out of its queue (under the lock)."""
@@ -305,21 +394,26 @@ class BatchingServable(Servable):
             except BaseException as exc:  # a bug here must fail the batch, never kill the thread
                 log.exception("Batch failed unexpectedly")
                 with self._cond:
-                    for piece in picked[1].pieces:
-                        self._finish(piece.task, error=ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                    failed = [piece.task for piece in picked[1].pieces if not piece.task.done.is_set()]
+                    for task in failed:
+                        self._finish(task, error=ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                _settle(failed)
 
     def _pick(self, now: float) -> tuple[tuple[_Queue, _Batch] | None, float]:
         """The oldest batch ready to run (under the lock), or how long until one may be."""
         timeout_s = self.params.batch_timeout_micros / 1e6
+        limit = self.params.max_batch_size
         best: _Queue | None = None
+        ready = 0
         wait_s = _MAX_WAIT_S
         for queue in self._queues.values():
             if not queue.batches:
                 continue
             front = queue.batches[0]
-            closed = len(queue.batches) > 1 or front.size >= self.params.max_batch_size
+            closed = len(queue.batches) > 1 or front.size >= limit
             due = front.opened_at + timeout_s
             if closed or now >= due:
+                ready += 1
                 if best is None or front.opened_at < best.batches[0].opened_at:
                     best = queue
             else:
@@ -333,28 +427,44 @@ class BatchingServable(Servable):
                 if queue is best:
                     del self._queues[key]
                     break
+        else:
+            front = best.batches[0]
+            if len(best.batches) > 1 or front.size >= limit or now >= front.opened_at + timeout_s:
+                ready += 1
+        if ready > 1:
+            self._cond.notify()  # more is ready: hand it to another (idle) batch thread
         return (best, batch), 0.0
 
     def _execute(self, queue: _Queue, batch: _Batch) -> None:
         now = time.monotonic()
         live: list[_Piece] = []
+        finished: list[_Task] = []
         with self._cond:
             for piece in batch.pieces:
                 task = piece.task
                 if task.done.is_set():  # failed, timed out, or its other pieces failed
                     continue
+                if task.future is not None and task.future.cancelled():
+                    self._finish(task, error=ServingError(Code.CANCELLED, "Cancelled"))
+                    continue
                 if task.deadline is not None and now >= task.deadline:
                     self._finish(task, error=_deadline_error())
+                    finished.append(task)
                     continue
                 live.append(piece)
+        _settle(finished)
         if not live:
             return
+        finished = []
         try:
             answers = self._run_pieces(queue, live)
         except Exception as exc:
             with self._cond:
                 for piece in live:
-                    self._finish(piece.task, error=exc)
+                    if not piece.task.done.is_set():
+                        self._finish(piece.task, error=exc)
+                        finished.append(piece.task)
+            _settle(finished)
             return
         with self._cond:
             for piece, answer in zip(live, answers):
@@ -365,6 +475,8 @@ class BatchingServable(Servable):
                 task.pending -= 1
                 if task.pending == 0:
                     self._finish(task)
+                    finished.append(task)
+        _settle(finished)
 
     def _run_pieces(self, queue: _Queue, pieces: list[_Piece]) -> list[dict[str, np.ndarray]]:
         """Concatenate, pad, run once, check, and slice back one answer per piece."""
@@ -416,6 +528,7 @@ class BatchingServable(Servable):
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
         """Fail queued requests with UNAVAILABLE, stop the batch threads, close the inner servable."""
+        failed: list[_Task] = []
         with self._cond:
             if self._closed:
                 return
@@ -423,9 +536,12 @@ class BatchingServable(Servable):
             for queue in self._queues.values():
                 for batch in queue.batches:
                     for piece in batch.pieces:
-                        self._finish(piece.task, error=_closed_error())
+                        if not piece.task.done.is_set():
+                            self._finish(piece.task, error=_closed_error())
+                            failed.append(piece.task)
             self._queues.clear()
             self._cond.notify_all()
+        _settle(failed)
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(_JOIN_TIMEOUT_S)
@@ -448,6 +564,24 @@ def _pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
         grown[tuple(slice(0, d) for d in part.shape)] = part
         padded.append(grown)
     return padded
+
+
+def _copy_outcome(source: Future, target: Future) -> None:
+    if target.done():
+        return
+    try:
+        error = source.exception()
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(source.result())
+    except InvalidStateError:
+        pass
+    except BaseException as exc:  # the source was cancelled (its executor shut down)
+        try:
+            target.set_exception(exc)
+        except InvalidStateError:
+            pass
 
 
 def _deadline_error() -> ServingError:

@@ -27,7 +27,14 @@ class _Timed:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
+        self.finish(exc if kind is not None else None, kind)
+        return False
+
+    def finish(self, exc: BaseException | None = None, kind: type | None = None) -> None:
+        """Count the request (and time it when it succeeded): ``__exit__``, or by hand when it ends elsewhere."""
         metrics = self.metrics
+        if kind is None and exc is not None:
+            kind = type(exc)
         if kind is None:
             metrics.request_count.inc(self.model_name, "OK")
             metrics.request_latency.observe(
@@ -37,7 +44,6 @@ class _Timed:
             metrics.request_count.inc(self.model_name, exc.code.name)
         elif issubclass(kind, Exception):
             metrics.request_count.inc(self.model_name, Code.UNKNOWN.name)
-        return False
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,26 @@ class ServingCore:
         sig, outputs = inference.run_predict(handle.servable, signature_name, inputs, output_filter)
         self._runtime(handle, "Predict", started)
         return sig, outputs
+
+    def submit_predict(self, handle: Handle, signature_name: str, inputs, output_filter=None,
+                       deadline: float | None = None, executor=None):
+        """``predict`` through a batching servable's queue, without blocking: ``(signature, future of outputs)``.
+
+        The same checks as ``predict`` (they raise here, at once); the runtime latency is
+        recorded when the answer arrives, before the caller's own done-callbacks run.
+        ``handle.servable`` must have ``submit`` (``BatchingServable``); the future has
+        ``expire()`` for the caller's deadline timer.
+        """
+        started = time.perf_counter()
+        sig, inputs, aliases = inference.prepare_predict(handle.servable, signature_name, inputs, output_filter)
+        future = handle.servable.submit(sig, inputs, aliases, deadline, executor)
+
+        def answered(f) -> None:  # on the thread that completed it
+            if not f.cancelled() and f.exception() is None:
+                self._runtime(handle, "Predict", started)
+
+        future.add_done_callback(answered)
+        return sig, future
 
     def classify(self, handle: Handle, signature_name: str, serialized: list[bytes]):
         started = time.perf_counter()

@@ -45,13 +45,14 @@ def _json_head(app: RestApp, status: int, length: int, keep_alive: bool) -> byte
 
 
 class _Request:
-    __slots__ = ("method", "path", "body", "keep_alive", "response", "answered", "timer")
+    __slots__ = ("method", "path", "body", "keep_alive", "response", "answered", "timer", "pending")
 
     def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, response=None):
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
         self.response = response  # set when answered before the body (413, immediate routes)
         self.answered = False  # offloaded: by its result or by its timeout, whichever comes first
         self.timer = None
+        self.pending = None  # a predict waiting in a batching queue (rest.PendingPredict)
 
 
 # Pipelined requests queue while one runs; past this many, stop reading until the queue drains.
@@ -172,8 +173,15 @@ class HttpProtocol(asyncio.Protocol):
                     self.transport.close()
                     self.transport = None
             else:
-                self.busy = True
-                self._offload(request)
+                started = self.app.submit(request.method, request.path, request.body)
+                if started is None:
+                    self.busy = True
+                    self._offload(request)
+                elif type(started) is tuple:  # refused before the queue
+                    self._write(request, (started[0], self.app.json_headers, started[1]))
+                else:
+                    self.busy = True
+                    self._await_batch(request, started)
         if self.transport is None:
             return
         if self.owed_continue and not self.busy and not self.queue:
@@ -200,6 +208,30 @@ class HttpProtocol(asyncio.Protocol):
 
         future.add_done_callback(done)
 
+    # A predict on a batching model: parsed and checked here, then it waits in the queue holding
+    # no thread; the batch thread's done-callback hops back into the loop to encode and write.
+    def _await_batch(self, request: _Request, pending) -> None:
+        loop = self.loop
+        request.pending = pending
+        if self.app.timeout_s:
+            request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
+
+        def done(_f) -> None:  # on the batch thread (or here, when it failed at once)
+            try:
+                loop.call_soon_threadsafe(self._answer_batch, request)
+            except RuntimeError:  # the loop has closed: the server is stopping
+                pass
+
+        pending.future.add_done_callback(done)
+
+    def _answer_batch(self, request: _Request) -> None:
+        status, payload = request.pending.finish()  # always: it releases the version and counts the request
+        if request.answered:  # timed out already
+            return
+        if request.timer is not None:
+            request.timer.cancel()
+        self._finish(request, (status, self.app.json_headers, payload))
+
     def _answer(self, request: _Request, future) -> None:
         if request.answered:  # timed out already
             return
@@ -216,6 +248,8 @@ class HttpProtocol(asyncio.Protocol):
     def _timed_out(self, request: _Request) -> None:
         if not request.answered:
             self._finish(request, self.app.deadline_exceeded())
+            if request.pending is not None:
+                request.pending.expire()  # its queued rows leave the queue; counted as DEADLINE_EXCEEDED
 
     def _finish(self, request: _Request, response) -> None:
         request.answered = True

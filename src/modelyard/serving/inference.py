@@ -80,11 +80,20 @@ def check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.
     return inputs
 
 
-def run_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
-    """Returns ``(signature, {alias: array})`` in the order the outputs were asked for."""
+def prepare_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
+    """Every check of a predict request before the model runs: ``(signature, inputs, output aliases)``.
+
+    Shared by ``run_predict`` (blocking) and the core's ``submit_predict`` (batching queue).
+    """
     sig = predict_signature(servable, signature_name)
     inputs = check_inputs(sig, inputs)
-    return sig, servable.run(sig, inputs, output_aliases(sig, output_filter))
+    return sig, inputs, output_aliases(sig, output_filter)
+
+
+def run_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
+    """Returns ``(signature, {alias: array})`` in the order the outputs were asked for."""
+    sig, inputs, aliases = prepare_predict(servable, signature_name, inputs, output_filter)
+    return sig, servable.run(sig, inputs, aliases)
 
 
 # ---- classify and regress: serialized tf.Examples in, TF Serving's result shapes out ------------

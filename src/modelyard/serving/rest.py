@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
@@ -122,6 +123,50 @@ class RestApp:
             error = rest_json.internal_error(exc)
             return error.http_status, rest_json.error_body(error)
 
+    # ---- predict on a batching model: checked on the event loop, answered from the queue -------
+    def submit(self, method: str, path: str, body: bytes):
+        """Start a predict whose model batches, holding no thread while it waits in the queue.
+
+        Returns None when the request is not one (answer it with ``handle`` on the pool);
+        ``(status, payload)`` when it is answered already (an error before the queue); else
+        a ``PendingPredict``. Same checks, errors, metrics and answers as ``handle``:
+        ``_predict_inputs`` and ``ServingCore.submit_predict`` share ``predict``'s code.
+        """
+        if method != "POST":
+            return None
+        route = self._post_route(path)
+        if route is None or route[2] is None or route[0].group(4).lower() != "predict":
+            return None
+        spec = route[2]
+        try:
+            handle = self.core.acquire(spec)
+        except ServingError:
+            return None  # handle() answers it, with the same error in the same order
+        if getattr(handle.servable, "submit", None) is None:
+            handle.__exit__(None, None, None)
+            return None
+        timed = self.core.request(spec.name, "predict", "REST")
+        try:
+            signature_name, key, payload = rest_json.parse_predict(body)
+            sig, inputs = _predict_inputs(handle, signature_name, key, payload, body)
+            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+            _, future = self.core.submit_predict(handle, sig.name, inputs, deadline=deadline, executor=self.pool)
+        except BaseException as exc:
+            handle.__exit__(None, None, None)
+            return self._failed(timed, exc, method, path)
+        return PendingPredict(self, handle, timed, future, key == "instances", method, path)
+
+    def _failed(self, timed, exc: BaseException, method: str, path: str) -> tuple[int, bytes]:
+        """``handle``'s answer to an error, for a request whose metrics ``timed`` counts."""
+        timed.finish(exc)
+        if isinstance(exc, ServingError):
+            return exc.http_status, rest_json.error_body(exc)
+        if not isinstance(exc, Exception):
+            raise exc
+        log.error("REST request failed: %s %s", method, path, exc_info=exc)
+        error = rest_json.internal_error(exc)
+        return error.http_status, rest_json.error_body(error)
+
     def _spec(self, match) -> ModelSpec:
         name, version, label = match.group(1), match.group(2), match.group(3)
         if name is None:
@@ -144,15 +189,7 @@ class RestApp:
             if api == "predict":
                 signature_name, key, payload = rest_json.parse_predict(body)
                 with core.acquire(spec) as handle:
-                    sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
-                    if sig is None:
-                        raise invalid_argument(
-                            f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
-                        )
-                    if key == "instances":
-                        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.only_ints(body))
-                    else:
-                        inputs = rest_json.inputs_from_columns(payload, sig)
+                    sig, inputs = _predict_inputs(handle, signature_name, key, payload, body)
                     _, outputs = core.predict(handle, sig.name, inputs)
                 return rest_json.predict_body(outputs, key == "instances")
             signature_name, examples = rest_json.parse_examples(body, api)
@@ -180,6 +217,51 @@ class RestApp:
                 ]
             }
         )
+
+
+class PendingPredict:
+    """A REST predict waiting in a batching queue (``RestApp.submit``).
+
+    ``future`` completes on a batch thread; the HTTP server hops to its event loop, then
+    calls ``finish()`` exactly once: it releases the model version, counts the request
+    and encodes the answer there. ``expire()`` (the HTTP server's deadline timer) answers
+    the queued request DEADLINE_EXCEEDED at once, freeing its rows in the queue.
+    """
+
+    __slots__ = ("app", "handle", "timed", "future", "instances", "method", "path")
+
+    def __init__(self, app: RestApp, handle, timed, future, instances: bool, method: str, path: str):
+        self.app, self.handle, self.timed, self.future = app, handle, timed, future
+        self.instances, self.method, self.path = instances, method, path
+
+    def expire(self) -> None:
+        self.future.expire()
+
+    def finish(self) -> tuple[int, bytes]:
+        try:
+            try:
+                outputs = self.future.result(0)
+                payload = rest_json.predict_body(outputs, self.instances)
+            except BaseException as exc:
+                return self.app._failed(self.timed, exc, self.method, self.path)
+            self.timed.finish()
+            return 200, payload
+        finally:
+            self.handle.__exit__(None, None, None)
+
+
+def _predict_inputs(handle, signature_name: str | None, key: str, payload, body: bytes):
+    """The signature a REST predict names and its inputs as arrays (``predict`` checks them further)."""
+    sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
+    if sig is None:
+        raise invalid_argument(
+            f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
+        )
+    if key == "instances":
+        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.only_ints(body))
+    else:
+        inputs = rest_json.inputs_from_columns(payload, sig)
+    return sig, inputs
 
 
 def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:
