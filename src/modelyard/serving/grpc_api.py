@@ -5,7 +5,7 @@ Requests and responses are the generated protos of ``tensorflow-serving-api``.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import grpc
 from tensorflow_serving.apis import (
@@ -13,9 +13,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
-    model_service_pb2_grpc,
     predict_pb2,
-    prediction_service_pb2_grpc,
     regression_pb2,
 )
 from tensorflow_serving.apis import model_management_pb2
@@ -30,34 +28,60 @@ log = logging.getLogger("modelyard.serving")
 _MESSAGE_LIMIT = 1024
 
 
-def _abort(context, error: ServingError):
-    message = error.message
-    if len(message) > _MESSAGE_LIMIT:
-        message = message[:_MESSAGE_LIMIT] + "...TRUNCATED"
-    context.abort(error.grpc_code(), message)
+class Method(NamedTuple):
+    name: str
+    request_class: type
+    call: Callable  # request -> (response or None, Code, message)
+
+    @staticmethod
+    def response_serializer(response) -> bytes:
+        return response.SerializeToString()
 
 
-def _guard(api: str) -> Callable:
-    """Run a handler, turning ServingErrors (and bugs) into gRPC statuses; count the request."""
+_SERVICES: dict[str, dict[str, type]] = {
+    "tensorflow.serving.PredictionService": {
+        "Classify": classification_pb2.ClassificationRequest,
+        "Regress": regression_pb2.RegressionRequest,
+        "Predict": predict_pb2.PredictRequest,
+        "MultiInference": inference_pb2.MultiInferenceRequest,
+        "GetModelMetadata": get_model_metadata_pb2.GetModelMetadataRequest,
+    },
+    "tensorflow.serving.ModelService": {
+        "GetModelStatus": get_model_status_pb2.GetModelStatusRequest,
+        "HandleReloadConfigRequest": model_management_pb2.ReloadConfigRequest,
+    },
+}
+
+
+def _truncated(message: str) -> str:
+    return message[:_MESSAGE_LIMIT] + "...TRUNCATED" if len(message) > _MESSAGE_LIMIT else message
+
+
+def _guard(api: str | None) -> Callable:
+    """Run a handler, turning ServingErrors (and bugs) into (None, code, message); count the request.
+
+    The one error mapping of both gRPC servers: a guarded method returns
+    ``(response, Code.OK, "")`` or ``(None, code, message)`` and never raises.
+    """
 
     def wrap(method):
-        def handler(self, request, context):
-            set_request_timeout(context.time_remaining())  # the client's deadline, for batching
+        def handler(self, request):
             has_spec = "model_spec" in request.DESCRIPTOR.fields_by_name
             name = request.model_spec.name if has_spec else ""
             try:
                 if has_spec and not request.HasField("model_spec"):
                     raise invalid_argument("Missing ModelSpec")
                 if api is None:
-                    return method(self, request, context)
+                    return method(self, request), Code.OK, ""
                 with self.core.request(name, api, "GRPC"):
-                    return method(self, request, context)
+                    return method(self, request), Code.OK, ""
             except ServingError as exc:
-                _abort(context, exc)
+                return None, exc.code, _truncated(exc.message)
             except Exception as exc:
                 log.exception("gRPC %s failed", method.__name__)
-                _abort(context, ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                return None, Code.INTERNAL, _truncated(f"{type(exc).__name__}: {exc}")
 
+        handler.__name__ = method.__name__
         return handler
 
     return wrap
@@ -77,12 +101,24 @@ def _fill_spec(target, name: str, version: int, signature_name: str | None) -> N
         target.signature_name = signature_name
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: ServingCore):
+class Services:
+    """Every unary method of PredictionService and ModelService, protocol-free.
+
+    Each method takes a parsed request and returns ``(response or None, Code, message)``;
+    ``methods`` maps the HTTP/2 path (``/package.Service/Method``) to the method and its
+    request class, for both gRPC servers.
+    """
+
+    def __init__(self, core: ServingCore, reload_config: Callable):
         self.core = core
+        self.reload_config = reload_config
+        self.methods: dict[str, Method] = {}
+        for service, names in _SERVICES.items():
+            for name, request_class in names.items():
+                self.methods[f"/{service}/{name}"] = Method(name, request_class, getattr(self, name))
 
     @_guard("Predict")
-    def Predict(self, request, context):
+    def Predict(self, request):
         spec = model_spec_of(request.model_spec)
         inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
         with self.core.acquire(spec) as handle:
@@ -94,7 +130,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_guard("Classify")
-    def Classify(self, request, context):
+    def Classify(self, request):
         spec = model_spec_of(request.model_spec)
         examples = serialized_examples(request.input)
         with self.core.acquire(spec) as handle:
@@ -105,7 +141,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_guard("Regress")
-    def Regress(self, request, context):
+    def Regress(self, request):
         spec = model_spec_of(request.model_spec)
         examples = serialized_examples(request.input)
         with self.core.acquire(spec) as handle:
@@ -117,7 +153,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_guard(None)
-    def MultiInference(self, request, context):
+    def MultiInference(self, request):
         examples = serialized_examples(request.input)
         if not request.tasks:
             raise invalid_argument("Inference request should have at least one task")
@@ -143,14 +179,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_guard(None)
-    def GetModelMetadata(self, request, context):
+    def GetModelMetadata(self, request):
         if not request.metadata_field:
             raise invalid_argument("GetModelMetadataRequest must specify at least one metadata_field")
         for field in request.metadata_field:
             if field != "signature_def":
                 raise invalid_argument(f"Metadata field {field} is not supported")
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
         spec = model_spec_of(request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         with self.core.acquire(spec) as handle:
@@ -160,6 +194,39 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             _fill_spec(response.model_spec, spec.name, handle.version, None)
         response.metadata["signature_def"].Pack(sig_map)
         return response
+
+
+    @_guard(None)
+    def GetModelStatus(self, request):
+        spec = model_spec_of(request.model_spec)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        State = get_model_status_pb2.ModelVersionStatus.State
+        for status in self.core.status(spec.name, spec.version):
+            entry = response.model_version_status.add(version=status.version, state=State.Value(status.state))
+            entry.status.error_code = Code[status.error_code].value
+            entry.status.error_message = status.error_message
+        return response
+
+    def HandleReloadConfigRequest(self, request):
+        response = model_management_pb2.ReloadConfigResponse()
+        try:
+            if not request.config.HasField("model_config_list"):
+                raise invalid_argument(
+                    "ServerModelConfig type not supported by HandleReloadConfigRequest. Only ModelConfigList "
+                    "is currently supported"
+                )
+            self.reload_config(request.config)
+        except ServingError as exc:
+            log.error("ReloadConfig failed: %s", exc.message)
+            response.status.error_code = exc.code.value
+            response.status.error_message = exc.message
+            # TF Serving answers with both the response (carrying the status) and the gRPC error.
+            return response, exc.code, _truncated(exc.message)
+        except Exception as exc:
+            log.exception("gRPC HandleReloadConfigRequest failed")
+            return None, Code.INTERNAL, _truncated(f"{type(exc).__name__}: {exc}")
+        response.status.error_code = 0
+        return response, Code.OK, ""
 
 
 def fill_classifications(target, result, batch: int) -> None:
@@ -176,42 +243,31 @@ def fill_classifications(target, result, batch: int) -> None:
                 cls.score = float(scores[i, j])
 
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: ServingCore, reload_config: Callable):
-        self.core = core
-        self.reload_config = reload_config
-
-    @_guard(None)
-    def GetModelStatus(self, request, context):
-        spec = model_spec_of(request.model_spec)
-        response = get_model_status_pb2.GetModelStatusResponse()
-        State = get_model_status_pb2.ModelVersionStatus.State
-        for status in self.core.status(spec.name, spec.version):
-            entry = response.model_version_status.add(version=status.version, state=State.Value(status.state))
-            entry.status.error_code = Code[status.error_code].value
-            entry.status.error_message = status.error_message
+def _grpcio_handler(method: Method) -> Callable:
+    def handler(request, context):
+        set_request_timeout(context.time_remaining())  # the client's deadline, for batching
+        response, code, message = method.call(request)
+        if code != Code.OK:
+            if response is None:
+                context.abort(grpc.StatusCode[code.name], message)
+            context.set_code(grpc.StatusCode[code.name])
+            context.set_details(message)
         return response
 
-    def HandleReloadConfigRequest(self, request, context):
-        response = model_management_pb2.ReloadConfigResponse()
-        try:
-            if not request.config.HasField("model_config_list"):
-                raise invalid_argument(
-                    "ServerModelConfig type not supported by HandleReloadConfigRequest. Only ModelConfigList "
-                    "is currently supported"
-                )
-            self.reload_config(request.config)
-        except ServingError as exc:
-            log.error("ReloadConfig failed: %s", exc.message)
-            response.status.error_code = exc.code.value
-            response.status.error_message = exc.message
-            context.set_code(exc.grpc_code())
-            context.set_details(exc.message)
-            return response
-        response.status.error_code = 0
-        return response
+    return handler
 
 
 def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable) -> None:
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(core), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, reload_config), server)
+    """Register both services on a grpcio server (the ``--grpc_implementation=grpcio`` path)."""
+    services = Services(core, reload_config)
+    by_service: dict[str, dict] = {}
+    for path, method in services.methods.items():
+        service = path.split("/")[1]
+        by_service.setdefault(service, {})[method.name] = grpc.unary_unary_rpc_method_handler(
+            _grpcio_handler(method),
+            request_deserializer=method.request_class.FromString,
+            response_serializer=method.response_serializer,
+        )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]
+    )

@@ -11,8 +11,6 @@ import threading
 import time
 from concurrent import futures
 
-import grpc
-
 from modelyard.errors import Code, ServingError
 from modelyard.serving import config as config_files
 from modelyard.serving.core import ServingCore
@@ -40,7 +38,7 @@ class ModelServer:
         self._stop = threading.Event()
         self._config_text: str | None = None
         self._reload_lock = threading.Lock()
-        self.grpc_server: grpc.Server | None = None
+        self.grpc_server = None  # grpc_h2.LeanGrpcServer or grpc.Server: same start/stop/wait calls
         self._rest_sock = None
         self.rest_app: RestApp | None = None
 
@@ -142,19 +140,7 @@ class ModelServer:
                 raise
             log.error("%s; serving the rest (status shows why)", exc.message)
         threading.Thread(target=self._poll_loop, name="source-poll", daemon=True).start()
-        self.grpc_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
-            options=[
-                ("grpc.max_send_message_length", 2**31 - 1),
-                ("grpc.max_receive_message_length", 2**31 - 1),
-                # Workers share the port; a single server must fail loudly if the port is taken.
-                ("grpc.so_reuseport", 1 if self.group else 0),
-            ],
-        )
-        add_services(self.grpc_server, self.core, self.reload_config)
-        bound = self.grpc_server.add_insecure_port(f"{o.host}:{o.port}")
-        if bound == 0:
-            raise OSError(f"cannot bind gRPC port {o.host}:{o.port}: is another server running? Use --port")
+        self.grpc_server = self._grpc_server()
         self._rest_sock = self._rest_socket() if o.rest_api_port else None
         self.grpc_server.start()
         log.info("Running gRPC ModelServer at %s:%d ...", o.host, o.port)
@@ -172,6 +158,33 @@ class ModelServer:
             metrics_path=metrics_path,
             peer_metrics=self.group.peer_metrics if self.group else None,
         )
+
+    def _grpc_server(self):
+        """The gRPC server, bound but not started: the lean one, or grpcio's (--grpc_implementation)."""
+        o = self.options
+        if o.grpc_implementation == "lean":
+            from modelyard.serving.grpc_h2 import LeanGrpcServer
+
+            server = LeanGrpcServer(self.core, self.reload_config, o.host, o.port, max_threads=o.grpc_max_threads,
+                                    max_receive_bytes=o.grpc_max_receive_message_bytes,
+                                    reuse_port=self.group is not None)
+            server.bind()
+            return server
+        import grpc
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
+            options=[
+                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.max_receive_message_length", o.grpc_max_receive_message_bytes),
+                # Workers share the port; a single server must fail loudly if the port is taken.
+                ("grpc.so_reuseport", 1 if self.group else 0),
+            ],
+        )
+        add_services(server, self.core, self.reload_config)
+        if server.add_insecure_port(f"{o.host}:{o.port}") == 0:
+            raise OSError(f"cannot bind gRPC port {o.host}:{o.port}: is another server running? Use --port")
+        return server
 
     def _poll_loop(self) -> None:
         o = self.options
