@@ -47,27 +47,62 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 120) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        """Wait until the REST port answers; on any failure (exit, timeout, error) stop everything first."""
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+                try:
+                    requests.get(self.base + "/v1/models/x", timeout=1)
+                    return self
+                except requests.RequestException:  # refused, or accepted but not answering yet
+                    time.sleep(0.2)
+            raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()[-3000:]}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _group_alive(self) -> bool:
+        """Whether any live (not zombie) process is left in the server's process group."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
             try:
-                requests.get(self.base + "/v1/models/x", timeout=1)
-                return self
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()[-3000:]}")
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if fields[0] != "Z" and int(fields[2]) == self.proc.pid:
+                return True
+        return False
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
+        """Stop the server and every process of its group (worker children too), for sure. Idempotent."""
+        try:
+            if self.proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    self.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    self._signal_group(signal.SIGKILL)
+                    self.proc.wait(5)
+            # Children may outlive the main process (it crashed, or it did not wait for them):
+            # a moment to follow it, then whatever is left of the group is killed.
+            deadline = time.monotonic() + 5
+            while self._group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._group_alive():
+                self._signal_group(signal.SIGKILL)
+        finally:
+            if not self._log.closed:
+                self._log.close()
 
     def __enter__(self) -> "ServerProcess":
         return self.wait_ready()

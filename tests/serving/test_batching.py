@@ -31,7 +31,7 @@ from modelyard.serving.batching import DEADLINE_MESSAGE, QUEUE_FULL, BatchingSer
 from modelyard.serving.batching_config import BatchingParams, parse_batching_parameters
 from modelyard.serving.servable import Servable
 from tests.serving.affine_models import save_batch_probe, save_per_row, save_sleepy
-from tests.serving.server_process import ServerProcess
+from tests.serving.server_process import TESTDATA, ServerProcess, wait_for
 
 GLOBAL_PARAMS = """
 max_batch_size { value: 8 }
@@ -91,6 +91,7 @@ def server(model_dirs):
         "--runtime", "tensorflow",
         "--rest_api_timeout_in_ms", str(REST_TIMEOUT_MS),
         "--file_system_poll_wait_seconds", "0",
+        "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
         log_dir=model_dirs,
     )
     with proc:
@@ -303,19 +304,38 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 
 
 # ---- (d) deadlines shorter than the queue wait -------------------------------------------------
+def request_count(server, model: str, status: str) -> int:
+    """The server's own count of ``model``'s requests answered with ``status`` (Prometheus metrics)."""
+    text = requests.get(server.base + "/monitoring/prometheus/metrics", timeout=30).text
+    line = f':tensorflow:serving:request_count{{model_name="{model}",status="{status}"}} '
+    for row in text.splitlines():
+        if row.startswith(line):
+            return int(float(row[len(line):]))
+    return 0
+
+
 def test_deadline_passing_in_the_queue(server, stub):
+    expired_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
     a_result = {}
-    a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 4.0))))
+    # A holds sleepy's only batch thread for 6 s: far longer than what follows needs (about 2.5 s).
+    a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 6.0))))
     a.start()
     # gRPC: a deadline shorter than the wait behind A's batch.
     expired = wait_until_running(stub, 0.5)
     assert expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED, expired
+    # The client gives up at its deadline; the server drops the queued row at its own (a moment
+    # later) and then counts the request DEADLINE_EXCEEDED: wait for that, not for a clock.
+    wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") > expired_before, 30,
+             interval=0.02, what="the server to drop the expired request")
     # REST: 2 rows fit the queue only if the expired request's row has left it (else: 429 queue full);
     # then --rest_api_timeout_in_ms (2 s) passes while A still runs.
     r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, 5.0))
     assert r.status_code == 504, r.text  # DEADLINE_EXCEEDED, TF Serving's HTTP status for it
     a.join()
     assert a_result["y"].ravel().tolist() == [3.0, 5.0]
+    # The server counted both timeouts.
+    wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") >= expired_before + 2, 30,
+             interval=0.02, what="the REST timeout in the server's metrics")
     # The server keeps serving, on both protocols.
     assert grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 2.0), timeout=30)["y"].ravel().tolist() == [5.0]
     ok = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 2.0))
@@ -464,3 +484,109 @@ def test_unit_parameters_file_is_read_strictly():
         parse_batching_parameters("max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n")
     with pytest.raises(ServingError, match="max_batch_sise"):
         parse_batching_parameters("max_batch_sise { value: 8 }\n")
+
+
+# ---- submit(): the same queue, answered through a future ---------------------------------------
+def test_unit_submit_shares_batches_with_run_and_answers_through_futures():
+    inner = GatedRows()
+    # A batch runs only when full (8 rows) or after 30 s: three submits and one run() fill one batch.
+    servable = batching(inner, max_batch_size=8, num_batch_threads=1, batch_timeout_micros=30_000_000)
+    try:
+        futures = [servable.submit(_Sig, {"x": np.full((2, 1), v, np.float32)}, ("y",)) for v in (1, 2, 3)]
+        called = threading.Event()
+        futures[0].add_done_callback(lambda f: called.set())
+        assert not any(f.done() for f in futures)  # queued: nothing blocked, nothing ran
+        out = servable.run(_Sig, {"x": np.full((2, 1), 4.0, np.float32)}, ("y",))  # the 8th row: runs at once
+        assert out["y"].ravel().tolist() == [13.0, 13.0]
+        assert [f.result(30)["y"].ravel().tolist() for f in futures] == [[4.0, 4.0], [7.0, 7.0], [10.0, 10.0]]
+        assert called.wait(30)
+        assert [len(b) for b in inner.batches] == [8]  # one batch for all four
+        # A request refused at the door raises at once, as run() does.
+        with pytest.raises(ServingError) as info:
+            servable.submit(_Sig, {"x": np.ones((2, 1), np.float32)}, ("y",), deadline=time.monotonic() - 1)
+        assert (info.value.code, info.value.message) == (Code.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+        # Inputs that cannot be batched run on the executor given, unbatched.
+        with ThreadPoolExecutor(1) as pool:
+            scalar = servable.submit(_Sig, {"x": np.float32(2.0)}, ("y",), executor=pool)
+            assert scalar.result(30)["y"].tolist() == 7.0
+    finally:
+        servable.close()
+
+
+def test_unit_submit_expire_frees_the_queue_and_drops_running_rows():
+    inner = GatedRows()
+    inner.gate.clear()
+    servable = batching(inner, max_batch_size=2, max_enqueued_batches=1, num_batch_threads=1,
+                        batch_timeout_micros=0)
+    try:
+        running = servable.submit(_Sig, {"x": np.ones((2, 1), np.float32)}, ("y",))
+        assert inner.entered.acquire(timeout=30)  # its batch is in the model now
+        queued = servable.submit(_Sig, {"x": np.full((2, 1), 2.0, np.float32)}, ("y",))
+        with pytest.raises(ServingError) as info:  # the one queued batch is full
+            servable.submit(_Sig, {"x": np.full((1, 1), 5.0, np.float32)}, ("y",))
+        assert info.value.code == Code.RESOURCE_EXHAUSTED
+        queued.expire()  # its rows leave the queue: room again
+        with pytest.raises(ServingError) as info:
+            queued.result(0)
+        assert (info.value.code, info.value.message) == (Code.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+        after = servable.submit(_Sig, {"x": np.full((1, 1), 7.0, np.float32)}, ("y",))
+        running.expire()  # while its batch runs: answered now, its rows dropped later
+        with pytest.raises(ServingError) as info:
+            running.result(0)
+        assert info.value.code == Code.DEADLINE_EXCEEDED
+        inner.gate.set()
+        assert after.result(30)["y"].tolist() == [[22.0]]
+        running.expire()  # answered already: nothing happens
+        # The expired queued request never reached the model.
+        assert [b.ravel().tolist() for b in inner.batches] == [[1.0, 1.0], [7.0]]
+    finally:
+        inner.gate.set()
+        servable.close()
+
+
+def test_unit_close_fails_queued_futures_unavailable():
+    inner = GatedRows()
+    servable = batching(inner, max_batch_size=8, num_batch_threads=1, batch_timeout_micros=30_000_000)
+    future = servable.submit(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))
+    servable.close()
+    with pytest.raises(ServingError) as info:
+        future.result(30)
+    assert info.value.code == Code.UNAVAILABLE
+    assert inner.batches == []
+
+
+def test_unit_batch_threads_wake_for_a_full_batch_and_for_a_timeout():
+    """Wake-ups are sent only when a batch opens or fills: every batch must still run.
+
+    Full batches under a 30 s timeout run (woken by the fill, or by the thread that took the
+    batch before), and a lone row runs after its batch timeout with no further request.
+    (A lost wake-up would show as a delay of up to _MAX_WAIT_S, not as a hang: timings are
+    not asserted here.)
+    """
+    inner = GatedRows()
+    servable = batching(inner, max_batch_size=4, num_batch_threads=2, batch_timeout_micros=30_000_000)
+    try:
+        time.sleep(0.05)  # both threads asleep, nothing queued
+        futures = [servable.submit(_Sig, {"x": np.full((1, 1), v, np.float32)}, ("y",)) for v in range(8)]
+        # Two full batches: both run, each thread woken (the second by the first, or by its own fill).
+        assert [f.result(30)["y"].ravel().tolist() for f in futures] == [[3.0 * v + 1] for v in range(8)]
+        assert sorted(len(b) for b in inner.batches) == [4, 4]
+    finally:
+        servable.close()
+    inner = GatedRows()
+    servable = batching(inner, max_batch_size=4, num_batch_threads=2, batch_timeout_micros=50_000)
+    try:
+        lone = servable.submit(_Sig, {"x": np.full((1, 1), 2.0, np.float32)}, ("y",))
+        assert lone.result(30)["y"].tolist() == [[7.0]]  # closed by its timeout, nothing else arrived
+    finally:
+        servable.close()
+
+
+# ---- the server fixture itself -----------------------------------------------------------------
+def test_failed_start_leaves_no_server_process(tmp_path):
+    proc = ServerProcess("--model_name", "m", "--model_base_path", str(tmp_path), log_dir=tmp_path)
+    with pytest.raises(TimeoutError):
+        proc.wait_ready(timeout=0)  # the readiness probe gives up before the server can answer
+    assert proc.proc.poll() is not None
+    assert not proc._group_alive()
+    proc.stop()  # idempotent
