@@ -66,22 +66,25 @@ def plain(strategy_name: str, out: str) -> None:
             self.rates = []
 
         def on_epoch_begin(self, epoch, logs=None):
+            self.cpu = time.process_time()
             self.start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
-            self.rates.append(STEPS * GLOBAL_BATCH / (time.perf_counter() - self.start))
+            seconds, cpu = time.perf_counter() - self.start, time.process_time() - self.cpu
+            self.rates.append((STEPS * GLOBAL_BATCH / seconds, STEPS * GLOBAL_BATCH / cpu))
 
     timer = Timer()
     model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[timer], verbose=0)
-    Path(out).write_text(json.dumps({"samples_per_sec": statistics.median(timer.rates[1:])}))
+    Path(out).write_text(json.dumps({"samples_per_sec": statistics.median(r[0] for r in timer.rates[1:]),
+                                     "samples_per_cpu_sec": statistics.median(r[1] for r in timer.rates[1:])}))
 
 
-def _run_plain(strategy_name: str, workdir: Path) -> float:
+def _run_plain(strategy_name: str, workdir: Path) -> tuple[float, float]:
     me = [sys.executable, str(Path(__file__).resolve()), "_plain", strategy_name]
     if strategy_name != "multi_worker_mirrored":
         out = workdir / f"plain-{strategy_name}.json"
         subprocess.run(me + [str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.loads(out.read_text())["samples_per_sec"]
+        return _rates(out)
     from modelyard.training import cluster
 
     spec = cluster.local_spec(workers=2)
@@ -93,10 +96,16 @@ def _run_plain(strategy_name: str, workdir: Path) -> float:
     for proc in procs:
         if proc.wait() != 0:
             raise SystemExit("plain multi-worker baseline failed")
-    return json.loads((workdir / "plain-mwms-0.json").read_text())["samples_per_sec"]
+    return _rates(workdir / "plain-mwms-0.json")
 
 
-def _run_modelyard(strategy_name: str, workdir: Path) -> float:
+def _rates(path: Path) -> tuple[float, float]:
+    """(samples per wall-clock second, samples per CPU-second of the process) from a result file."""
+    result = json.loads(path.read_text())
+    return result["samples_per_sec"], result["samples_per_cpu_sec"]
+
+
+def _run_modelyard(strategy_name: str, workdir: Path) -> tuple[float, float]:
     import yaml
 
     config = {
@@ -113,7 +122,7 @@ def _run_modelyard(strategy_name: str, workdir: Path) -> float:
     cmd = train if strategy_name != "multi_worker_mirrored" else \
         [sys.executable, "-m", "modelyard", "launch", "--workers", "2", "--"] + train
     subprocess.run(cmd, env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads((workdir / f"job-{strategy_name}" / "metrics.json").read_text())["samples_per_sec"]
+    return _rates(workdir / f"job-{strategy_name}" / "metrics.json")
 
 
 # ---------------------------------------------------------------- input pipeline
@@ -173,10 +182,13 @@ def main() -> int:
                 ourses.append(_run_modelyard(name, workdir))
             # Other jobs on the machine only ever slow a run down, so the best run of each side is
             # the least disturbed measurement of it; both sides get the same treatment.
-            base, ours = max(bases), max(ourses)
-            rows.append((label, base, ours, ours / base))
-            print(f"{label}: plain {base:.0f}  modelyard {ours:.0f}  ratio {ours / base:.3f}  "
-                  f"(runs: plain {[round(b) for b in bases]}, modelyard {[round(o) for o in ourses]})", flush=True)
+            base, ours = max(b for b, _ in bases), max(o for o, _ in ourses)
+            pairs = statistics.median(o / b for (b, _), (o, _) in zip(bases, ourses))
+            cpu = statistics.median(c for _, c in ourses) / statistics.median(c for _, c in bases)
+            rows.append((label, base, ours, ours / base, pairs, cpu))
+            print(f"{label}: plain {base:.0f}  modelyard {ours:.0f}  ratio {ours / base:.3f}  pairs {pairs:.3f}  "
+                  f"cpu {cpu:.3f}  (runs: plain {[round(b) for b, _ in bases]}, modelyard {[round(o) for o, _ in ourses]})",
+                  flush=True)
             runs.append((label, bases, ourses))
         out = workdir / "input.json"
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "_input", str(out)], env=ENV, check=True)
@@ -194,17 +206,21 @@ def main() -> int:
         "metrics.json, collective watchdog for multi-worker, validation after each epoch) and its timer covers "
         "the same window: from the last epoch-begin hook to the start of validation, so per-epoch checkpoint "
         "writes and validation are outside it on the modelyard side just as they are absent on the plain side. "
-        f"Each side is run {REPEATS} times alternately in fresh processes; the table shows each side's best run "
-        "(other jobs on this shared 2-core CPU only ever slow a run down; single runs vary by up to +-20 %), "
-        "every run is listed below the table. No GPU. "
+        f"Each side is run {REPEATS} times alternately in fresh processes (plain, modelyard, plain, ...). Other jobs "
+        "share this 2-core CPU and single runs swing by up to 2x, so three views are given: each side's best run "
+        "(load only ever slows a run down), the median ratio of back-to-back pairs (neighbours see similar load), "
+        "and samples per CPU-second of the worker-0 process over the same window (what the steps cost, largely "
+        "independent of other load). Every run is listed below the table. No GPU. "
         f"Command: `python3 bench/training.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
         "",
-        "| strategy | plain tf.distribute (samples/s) | modelyard train (samples/s) | ratio |",
-        "| --- | ---: | ---: | ---: |",
+        "| strategy | plain tf.distribute, best run (samples/s) | modelyard train, best run (samples/s) | ratio of best runs "
+        "| ratio, median of back-to-back pairs | ratio of samples per CPU-second (medians) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {label} | {base:,.0f} | {ours:,.0f} | {ratio:.2f} |" for label, base, ours, ratio in rows]
+    lines += [f"| {label} | {base:,.0f} | {ours:,.0f} | {ratio:.2f} | {pairs:.2f} | {cpu:.2f} |"
+              for label, base, ours, ratio, pairs, cpu in rows]
     lines += ["", "All runs (samples/s, in run order):", ""]
-    lines += [f"- {label}: plain {', '.join(f'{b:,.0f}' for b in bases)}; modelyard {', '.join(f'{o:,.0f}' for o in ourses)}"
+    lines += [f"- {label}: plain {', '.join(f'{b:,.0f}' for b, _ in bases)}; modelyard {', '.join(f'{o:,.0f}' for o, _ in ourses)}"
               for label, bases, ourses in runs]
     lines += [
         "",

@@ -29,6 +29,7 @@ class _EpochStart(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self.timer._iterations = self.timer._read_iterations()
         self.timer._train_end = None
+        self.timer._cpu_start = time.process_time()
         self.timer._start = time.perf_counter()
 
 
@@ -50,6 +51,8 @@ class EpochTimer(keras.callbacks.Callback):
         self._wall_start = 0.0
         self._start = 0.0
         self._train_end: float | None = None
+        self._cpu_start = 0.0
+        self._cpu_end: float | None = None
         self._iterations = 0
 
     def _read_iterations(self) -> int:
@@ -61,16 +64,24 @@ class EpochTimer(keras.callbacks.Callback):
     def on_test_begin(self, logs=None) -> None:
         if self._train_end is None:  # fit's validation starts: training part is over
             self._train_end = time.perf_counter()
+            self._cpu_end = time.process_time()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         end = self._train_end or now
+        cpu_end = self._cpu_end if self._train_end else cpu_now
+        self._cpu_end = None
         steps = self._read_iterations() - self._iterations
         seconds = max(end - self._start, 1e-9)
+        cpu_seconds = max(cpu_end - self._cpu_start, 1e-9)
         self.records[epoch] = {
             "steps": steps,
             "seconds": seconds,
             "samples_per_sec": steps * self.global_batch_size / seconds,
+            # CPU time of this process over the same window: what the steps cost, whatever
+            # else the machine runs (wall-clock rates swing with other load, this does not).
+            "cpu_seconds": cpu_seconds,
+            "samples_per_cpu_sec": steps * self.global_batch_size / cpu_seconds,
             "epoch_seconds": now - self._wall_start,
         }
 

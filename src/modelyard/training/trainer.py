@@ -317,6 +317,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(writer.epochs)}
     if rates:
         summary["samples_per_sec"] = sorted(rates)[len(rates) // 2]
+        cpu_rates = [r["samples_per_cpu_sec"] for e, r in sorted(timer.records.items()) if e > 0] or \
+                    [r["samples_per_cpu_sec"] for r in timer.records.values()]
+        summary["samples_per_cpu_sec"] = sorted(cpu_rates)[len(cpu_rates) // 2]
     if role.is_chief and cfg.input_report and name != "parameter_server" and rates:
         report = _input_report(train_fn, strategy, cfg.global_batch_size, summary["samples_per_sec"], steps)
         summary["input_report"] = report
