@@ -332,7 +332,7 @@ class _Connection(asyncio.Protocol):
                              f"Received message larger than max ({size} vs. {limit})")
         if flags & h2.END_STREAM:
             self._end_of_request(stream)
-        elif length:
+        elif length and not stream.refused:  # a refused stream is reset: it needs no more window
             stream.consumed += length
             if stream.consumed >= _STREAM_WINDOW // 2:
                 self.out.append(h2.window_update(sid, stream.consumed))
