@@ -487,6 +487,7 @@ class _Connection(asyncio.Protocol):
         if self.draining and not self.streams and self.transport is not None:
             self._flush()
             self.transport.close()
+            self.transport = None  # nothing more to write; connection_lost still follows
 
     def _reset(self, stream: _Stream, code: int) -> None:
         stream.answered = True
@@ -505,6 +506,7 @@ class _Connection(asyncio.Protocol):
         self._flush()
         if not self.streams:
             self.transport.close()
+            self.transport = None
 
 
 def _response_headers(sid: int) -> bytes:
