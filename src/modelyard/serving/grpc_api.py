@@ -1,6 +1,9 @@
 """TF Serving's gRPC services (PredictionService, ModelService) over the core, with its status codes.
 
 Requests and responses are the generated protos of ``tensorflow-serving-api``.
+``Services`` holds the handlers and the one mapping of errors to gRPC statuses; both
+gRPC servers call it: the lean HTTP/2 server (``grpc_h2``, the default) and grpcio's
+(``add_services``, for ``--grpc_implementation=grpcio``).
 """
 from __future__ import annotations
 
@@ -194,7 +197,6 @@ class Services:
             _fill_spec(response.model_spec, spec.name, handle.version, None)
         response.metadata["signature_def"].Pack(sig_map)
         return response
-
 
     @_guard(None)
     def GetModelStatus(self, request):
