@@ -304,14 +304,43 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 
 
 # ---- (d) deadlines shorter than the queue wait -------------------------------------------------
-def request_count(server, model: str, status: str) -> int:
-    """The server's own count of ``model``'s requests answered with ``status`` (Prometheus metrics)."""
+def metric(server, line: str) -> float:
+    """One value of the server's Prometheus metrics: ``line`` is the name and labels, e.g. ``x{a="b"}``."""
     text = requests.get(server.base + "/monitoring/prometheus/metrics", timeout=30).text
-    line = f':tensorflow:serving:request_count{{model_name="{model}",status="{status}"}} '
     for row in text.splitlines():
-        if row.startswith(line):
-            return int(float(row[len(line):]))
-    return 0
+        if row.startswith(line + " "):
+            return float(row[len(line) + 1:])
+    return 0.0
+
+
+def request_count(server, model: str, status: str) -> int:
+    """The server's own count of ``model``'s requests answered with ``status``."""
+    return int(metric(server, f':tensorflow:serving:request_count{{model_name="{model}",status="{status}"}}'))
+
+
+def test_rest_predict_on_a_batching_model_is_counted_and_timed_like_any_other(server):
+    """REST predicts on batching models wait in the queue without a thread: same metrics as before."""
+    names = {
+        "ok": ':tensorflow:serving:request_count{model_name="probe",status="OK"}',
+        "invalid": ':tensorflow:serving:request_count{model_name="probe",status="INVALID_ARGUMENT"}',
+        "latency": ':tensorflow:serving:request_latency_count{model_name="probe",API="predict",entrypoint="REST"}',
+        "runtime": ':tensorflow:serving:runtime_latency_count{model_name="probe",API="Predict",runtime="tensorflow"}',
+    }
+    before = {key: metric(server, name) for key, name in names.items()}
+    ok = rest_outputs(rest_predict(server, "probe", np.ones((3, 1), np.float32)), {"y": np.float32})
+    assert ok["y"].ravel().tolist() == [1.0, 1.0, 1.0]
+    bad = requests.post(f"{server.base}/v1/models/probe:predict", timeout=60,
+                        data=json.dumps({"signature_name": "nope", "inputs": {"x": [[1.0]]}}))
+    assert bad.status_code == 400
+    assert bad.json() == {"error": 'Serving signature name: "nope" not found in signature def'}
+    bad_input = requests.post(f"{server.base}/v1/models/probe:predict", timeout=60,
+                              data=json.dumps({"inputs": {"z": [[1.0]]}}))
+    assert bad_input.status_code == 400, bad_input.text
+    after = {key: metric(server, name) for key, name in names.items()}
+    assert after["ok"] - before["ok"] == 1
+    assert after["invalid"] - before["invalid"] == 2
+    assert after["latency"] - before["latency"] == 1
+    assert after["runtime"] - before["runtime"] == 1
 
 
 def test_deadline_passing_in_the_queue(server, stub):

@@ -219,8 +219,8 @@ class HttpProtocol(asyncio.Protocol):
         def done(_f) -> None:  # on the batch thread (or here, when it failed at once)
             try:
                 loop.call_soon_threadsafe(self._answer_batch, request)
-            except RuntimeError:  # the loop has closed: the server is stopping
-                pass
+            except RuntimeError:  # the loop has closed (the server is stopping): still release the version
+                pending.finish()
 
         pending.future.add_done_callback(done)
 

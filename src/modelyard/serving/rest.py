@@ -2,7 +2,9 @@
 
 Protocol-free: ``http_server`` feeds it parsed requests. The hot path is parse body ->
 core -> encode; models that answer in microseconds run on the event loop, others on
-a thread pool so the loop keeps accepting connections.
+a thread pool so the loop keeps accepting connections. Predicts on a batching model are
+parsed and checked on the loop, wait in the batching queue holding no thread, and are
+encoded on the loop when their batch answers (``RestApp.submit``, ``PendingPredict``).
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ _CORS = [
     (b"access-control-allow-methods", b"POST, GET"),
     (b"access-control-allow-headers", b"Content-Type"),
 ]
+
+
+# Batched predicts are parsed on the event loop; a larger body is parsed on the pool (then waits there).
+_LOOP_PARSE_MAX_BYTES = 64 * 1024
 
 
 class RestApp:
@@ -127,12 +133,13 @@ class RestApp:
     def submit(self, method: str, path: str, body: bytes):
         """Start a predict whose model batches, holding no thread while it waits in the queue.
 
-        Returns None when the request is not one (answer it with ``handle`` on the pool);
+        Returns None when the request is not one, or its body is too large to parse on the
+        event loop (answer it with ``handle`` on the pool);
         ``(status, payload)`` when it is answered already (an error before the queue); else
         a ``PendingPredict``. Same checks, errors, metrics and answers as ``handle``:
         ``_predict_inputs`` and ``ServingCore.submit_predict`` share ``predict``'s code.
         """
-        if method != "POST":
+        if method != "POST" or len(body) > _LOOP_PARSE_MAX_BYTES:
             return None
         route = self._post_route(path)
         if route is None or route[2] is None or route[0].group(4).lower() != "predict":
@@ -140,7 +147,7 @@ class RestApp:
         spec = route[2]
         try:
             handle = self.core.acquire(spec)
-        except ServingError:
+        except Exception:
             return None  # handle() answers it, with the same error in the same order
         if getattr(handle.servable, "submit", None) is None:
             handle.__exit__(None, None, None)
