@@ -227,20 +227,40 @@ def sleepy_input(rows: int, seconds: float, value: float = 1.0) -> np.ndarray:
     return np.array([[value + i, seconds] for i in range(rows)], np.float32)
 
 
-def wait_until_running(stub, deadline_s: float) -> grpc.RpcError:
+def wait_until_running(server, stub, deadline_s: float) -> grpc.RpcError:
     """Once sleepy's only batch thread runs a slow batch: a 1-row probe then waits in the queue and expires.
 
     Before the slow request reaches the server the probe runs at once (OK); while the slow batch
-    waits in the queue the probe is refused (RESOURCE_EXHAUSTED). Returns the expired probe's error.
+    waits in the queue the probe is refused (RESOURCE_EXHAUSTED). Returns the expired probe's error
+    once the server has dropped the probe's row from the queue: the client gives up at its
+    deadline, the server at its own a moment later, and then counts the request DEADLINE_EXCEEDED.
+    Waiting for that count (server state, not a clock) keeps the queue's room exact for what follows.
     """
+    expired_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
     for _ in range(100):
         try:
             grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 6.0), timeout=deadline_s)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") > expired_before, 30,
+                         interval=0.02, what="the server to drop the expired probe")
                 return exc
         time.sleep(0.02)
     raise AssertionError("the slow request never started")
+
+
+def metric(server, line: str) -> float:
+    """One value of the server's Prometheus metrics: ``line`` is the name and labels, e.g. ``x{a="b"}``."""
+    text = requests.get(server.base + "/monitoring/prometheus/metrics", timeout=30).text
+    for row in text.splitlines():
+        if row.startswith(line + " "):
+            return float(row[len(line) + 1:])
+    return 0.0
+
+
+def request_count(server, model: str, status: str) -> int:
+    """The server's own count of ``model``'s requests answered with ``status``."""
+    return int(metric(server, f':tensorflow:serving:request_count{{model_name="{model}",status="{status}"}}'))
 
 
 def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
@@ -253,6 +273,7 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
             events.append((time.monotonic(), kind, result))
 
     def slow():
+        # 1.5 s: under the REST timeout (2 s), for a REST request queued behind A to be served.
         record("A", grpc_predict(stub, "sleepy", sleepy_input(2, 1.5, value=10.0)))
 
     def rest_one(i):
@@ -267,7 +288,7 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 
     a = threading.Thread(target=slow)
     a.start()
-    assert wait_until_running(stub, 0.2).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_until_running(server, stub, 0.2).code() == grpc.StatusCode.DEADLINE_EXCEEDED
     # Four requests of 2 rows while A runs: one fits the single queued batch, three are refused.
     others = [threading.Thread(target=rest_one, args=(i,)) for i in range(2)]
     others += [threading.Thread(target=grpc_one, args=(i,)) for i in range(2)]
@@ -304,20 +325,6 @@ def test_full_queue_answers_429_and_resource_exhausted_at_once(server, stub):
 
 
 # ---- (d) deadlines shorter than the queue wait -------------------------------------------------
-def metric(server, line: str) -> float:
-    """One value of the server's Prometheus metrics: ``line`` is the name and labels, e.g. ``x{a="b"}``."""
-    text = requests.get(server.base + "/monitoring/prometheus/metrics", timeout=30).text
-    for row in text.splitlines():
-        if row.startswith(line + " "):
-            return float(row[len(line) + 1:])
-    return 0.0
-
-
-def request_count(server, model: str, status: str) -> int:
-    """The server's own count of ``model``'s requests answered with ``status``."""
-    return int(metric(server, f':tensorflow:serving:request_count{{model_name="{model}",status="{status}"}}'))
-
-
 def test_rest_predict_on_a_batching_model_is_counted_and_timed_like_any_other(server):
     """REST predicts on batching models wait in the queue without a thread: same metrics as before."""
     names = {
@@ -349,13 +356,10 @@ def test_deadline_passing_in_the_queue(server, stub):
     # A holds sleepy's only batch thread for 6 s: far longer than what follows needs (about 2.5 s).
     a = threading.Thread(target=lambda: a_result.update(grpc_predict(stub, "sleepy", sleepy_input(2, 6.0))))
     a.start()
-    # gRPC: a deadline shorter than the wait behind A's batch.
-    expired = wait_until_running(stub, 0.5)
+    # gRPC: a deadline shorter than the wait behind A's batch; it returns once the server has
+    # dropped the expired row (its metrics count it), not after a wall-clock guess.
+    expired = wait_until_running(server, stub, 0.5)
     assert expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED, expired
-    # The client gives up at its deadline; the server drops the queued row at its own (a moment
-    # later) and then counts the request DEADLINE_EXCEEDED: wait for that, not for a clock.
-    wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") > expired_before, 30,
-             interval=0.02, what="the server to drop the expired request")
     # REST: 2 rows fit the queue only if the expired request's row has left it (else: 429 queue full);
     # then --rest_api_timeout_in_ms (2 s) passes while A still runs.
     r = rest_predict(server, "sleepy", sleepy_input(2, 0.0, 5.0))
