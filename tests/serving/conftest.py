@@ -27,14 +27,32 @@ def testdata_config(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def testdata_server(testdata_config, tmp_path_factory):
-    server = ServerProcess(
-        "--model_config_file", str(testdata_config),
+def _testdata_server(config, tmp_path_factory, *extra: str):
+    return ServerProcess(
+        "--model_config_file", str(config),
         "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
         "--rest_api_enable_cors_support",
         "--rest_api_max_body_bytes", "100000",
+        *extra,
         log_dir=tmp_path_factory.mktemp("logs"),
     )
-    with server:
+
+
+@pytest.fixture(scope="session")
+def testdata_server(testdata_config, tmp_path_factory):
+    with _testdata_server(testdata_config, tmp_path_factory) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def grpcio_testdata_server(testdata_config, tmp_path_factory):
+    """The same models behind grpcio's server (--grpc_implementation=grpcio), the fallback."""
+    with _testdata_server(testdata_config, tmp_path_factory, "--grpc_implementation=grpcio") as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["lean", "grpcio"])
+def grpc_target(request) -> str:
+    """Each gRPC test runs against both gRPC implementations: answers and errors must not differ."""
+    name = "testdata_server" if request.param == "lean" else "grpcio_testdata_server"
+    return request.getfixturevalue(name).grpc_target

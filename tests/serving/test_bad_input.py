@@ -104,8 +104,8 @@ def test_nan_and_infinity_round_trip(testdata_server):
 
 
 @pytest.fixture(scope="module")
-def stub(testdata_server):
-    channel = grpc.insecure_channel(testdata_server.grpc_target)
+def stub(grpc_target):
+    channel = grpc.insecure_channel(grpc_target)
     yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
     channel.close()
 

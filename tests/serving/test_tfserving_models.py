@@ -25,8 +25,8 @@ from tests.serving.server_process import TESTDATA
 
 
 @pytest.fixture(scope="module")
-def stub(testdata_server):
-    channel = grpc.insecure_channel(testdata_server.grpc_target)
+def stub(grpc_target):
+    channel = grpc.insecure_channel(grpc_target)
     yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
     channel.close()
 
