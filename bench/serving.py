@@ -416,6 +416,13 @@ def h2load_grpc_load(server: Server, request: bytes, concurrency: int, duration:
            f"http://127.0.0.1:{server.grpc_port}{PREDICT_METHOD}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     ok1 = metric_total(server.rest_port, REQUEST_COUNT, label)
+    settle = time.monotonic() + 5  # worker processes publish their counts about once a second
+    while ok0 is not None and ok1 is not None and time.monotonic() < settle:
+        time.sleep(1.2)
+        again = metric_total(server.rest_port, REQUEST_COUNT, label)
+        if again == ok1:
+            break
+        ok1 = again
     lats, bad_http = [], 0
     for line in logfile.read_text().splitlines():
         _, status, micros = line.split("\t")
