@@ -14,9 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
-
 from modelyard.errors import invalid_argument
+from modelyard.serving.config import parse_text_proto, read_flag_file
 
 PER_VERSION_FILE = "batching_params.pbtxt"
 
@@ -111,11 +110,7 @@ def _message_class():
 
 def parse_batching_parameters(text: str, source: str = "batching parameters") -> BatchingParams:
     """Text-format BatchingParameters -> checked ``BatchingParams`` (INVALID_ARGUMENT if malformed)."""
-    proto = _message_class()()
-    try:
-        text_format.Parse(text, proto)
-    except text_format.ParseError as exc:
-        raise invalid_argument(f"Invalid {source}: {exc}") from None
+    proto = parse_text_proto(text, _message_class()(), source)
     defaults = BatchingParams()
     values = {}
     for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
@@ -129,12 +124,7 @@ def parse_batching_parameters(text: str, source: str = "batching parameters") ->
 
 
 def read_batching_parameters(path: str | Path, what: str = "--batching_parameters_file") -> BatchingParams:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise invalid_argument(f"Cannot read {what} {path}: {exc.strerror}") from None
-    return parse_batching_parameters(text, f"{what} {path}")
+    return parse_batching_parameters(read_flag_file(path, what), f"{what} {path}")
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,8 @@ from modelyard.serving.manager import ModelConfig
 from modelyard.serving.versions import VersionPolicy
 
 
-def parse_model_server_config(text: str, source: str = "model config"):
-    from tensorflow_serving.config import model_server_config_pb2
-
-    proto = model_server_config_pb2.ModelServerConfig()
+def parse_text_proto(text: str, proto, source: str):
+    """Fill ``proto`` from protobuf text format; INVALID_ARGUMENT naming ``source`` if malformed."""
     try:
         text_format.Parse(text, proto)
     except text_format.ParseError as exc:
@@ -27,13 +25,23 @@ def parse_model_server_config(text: str, source: str = "model config"):
     return proto
 
 
-def read_model_server_config(path: str | Path):
-    path = Path(path)
+def read_flag_file(path: str | Path, flag: str) -> str:
+    """The text of the file a flag names; INVALID_ARGUMENT naming the flag if unreadable."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except OSError as exc:
-        raise invalid_argument(f"Cannot read --model_config_file {path}: {exc.strerror}") from None
-    return parse_model_server_config(text, f"--model_config_file {path}")
+        raise invalid_argument(f"Cannot read {flag} {path}: {exc.strerror}") from None
+
+
+def parse_model_server_config(text: str, source: str = "model config"):
+    from tensorflow_serving.config import model_server_config_pb2
+
+    return parse_text_proto(text, model_server_config_pb2.ModelServerConfig(), source)
+
+
+def read_model_server_config(path: str | Path):
+    flag = "--model_config_file"
+    return parse_model_server_config(read_flag_file(path, flag), f"{flag} {path}")
 
 
 def model_configs(proto) -> list[ModelConfig]:
@@ -84,12 +92,7 @@ def read_monitoring_config(path: str | Path) -> MonitoringConfig:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("modelyard.MonitoringConfig"))
-    proto = cls()
-    try:
-        text_format.Parse(Path(path).read_text(), proto)
-    except OSError as exc:
-        raise invalid_argument(f"Cannot read --monitoring_config_file {path}: {exc.strerror}") from None
-    except text_format.ParseError as exc:
-        raise invalid_argument(f"Invalid --monitoring_config_file {path}: {exc}") from None
+    flag = "--monitoring_config_file"
+    proto = parse_text_proto(read_flag_file(path, flag), cls(), f"{flag} {path}")
     prometheus = proto.prometheus_config
     return MonitoringConfig(prometheus.enable, prometheus.path or MonitoringConfig.prometheus_path)

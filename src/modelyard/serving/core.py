@@ -105,16 +105,15 @@ class ServingCore:
         return sig, future
 
     def classify(self, handle: Handle, signature_name: str, serialized: list[bytes]):
-        started = time.perf_counter()
-        result = inference.run_classify(handle.servable, signature_name, serialized)
-        self._runtime(handle, "Classify", started)
-        self.metrics.example_count_total.inc(handle.model_name, by=len(serialized))
-        return result
+        return self._on_examples(handle, "Classify", inference.run_classify, signature_name, serialized)
 
     def regress(self, handle: Handle, signature_name: str, serialized: list[bytes]):
+        return self._on_examples(handle, "Regress", inference.run_regress, signature_name, serialized)
+
+    def _on_examples(self, handle: Handle, api: str, run, signature_name: str, serialized: list[bytes]):
         started = time.perf_counter()
-        result = inference.run_regress(handle.servable, signature_name, serialized)
-        self._runtime(handle, "Regress", started)
+        result = run(handle.servable, signature_name, serialized)
+        self._runtime(handle, api, started)
         self.metrics.example_count_total.inc(handle.model_name, by=len(serialized))
         return result
 

@@ -31,6 +31,7 @@ from modelyard.serving import h2_frames as h2
 from modelyard.serving.batching import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
 from modelyard.serving.grpc_api import Method, Services
+from modelyard.serving.loop_bridge import when_done_on_loop
 
 log = logging.getLogger("modelyard.serving")
 
@@ -394,14 +395,7 @@ class _Connection(asyncio.Protocol):
         future = self.server.pool.submit(bind_request_timeout(_call_and_serialize, remaining), method, request)
         if remaining is not None:
             stream.timer = loop.call_later(remaining, self._timed_out, stream)
-
-        def done(f) -> None:  # on the pool thread
-            try:
-                loop.call_soon_threadsafe(self._done, stream, f)
-            except RuntimeError:  # the loop has closed: the server is stopping
-                pass
-
-        future.add_done_callback(done)
+        when_done_on_loop(loop, future, self._done, stream)
 
     def _done(self, stream: _Stream, future) -> None:
         try:

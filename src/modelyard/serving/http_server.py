@@ -16,6 +16,7 @@ from http import HTTPStatus
 
 import httptools
 
+from modelyard.serving.loop_bridge import when_done_on_loop
 from modelyard.serving.rest import RestApp
 
 log = logging.getLogger("modelyard.serving")
@@ -199,14 +200,7 @@ class HttpProtocol(asyncio.Protocol):
         future = app.pool.submit(app.handle, request.method, request.path, request.body)
         if app.timeout_s:
             request.timer = loop.call_later(app.timeout_s, self._timed_out, request)
-
-        def done(f) -> None:  # on the pool thread
-            try:
-                loop.call_soon_threadsafe(self._answer, request, f)
-            except RuntimeError:  # the loop has closed: the server is stopping
-                pass
-
-        future.add_done_callback(done)
+        when_done_on_loop(loop, future, self._answer, request)
 
     # A predict on a batching model: parsed and checked here, then it waits in the queue holding
     # no thread; the batch thread's done-callback hops back into the loop to encode and write.
@@ -215,16 +209,10 @@ class HttpProtocol(asyncio.Protocol):
         request.pending = pending
         if self.app.timeout_s:
             request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
+        # Even when the loop has closed, finishing releases the version.
+        when_done_on_loop(loop, pending.future, self._answer_batch, request, if_closed=pending.finish)
 
-        def done(_f) -> None:  # on the batch thread (or here, when it failed at once)
-            try:
-                loop.call_soon_threadsafe(self._answer_batch, request)
-            except RuntimeError:  # the loop has closed (the server is stopping): still release the version
-                pending.finish()
-
-        pending.future.add_done_callback(done)
-
-    def _answer_batch(self, request: _Request) -> None:
+    def _answer_batch(self, request: _Request, _future) -> None:
         status, payload = request.pending.finish()  # always: it releases the version and counts the request
         if request.answered:  # timed out already
             return

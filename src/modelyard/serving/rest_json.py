@@ -239,8 +239,8 @@ def _string_array(value, spec: TensorSpec) -> np.ndarray:
     return probe
 
 
-def parse_predict(body: bytes):
-    """Returns ``(signature_name, key, payload)`` with key 'instances' or 'inputs'."""
+def _request_doc(body: bytes) -> tuple[dict, str]:
+    """The request's JSON object and its ``signature_name`` ('' when absent), TF Serving's checks."""
     doc = loads(body)
     if not isinstance(doc, dict):
         raise invalid_argument(f"JSON Value: {_dump(doc)} Is not object")
@@ -249,6 +249,12 @@ def parse_predict(body: bytes):
         raise invalid_argument(
             f"JSON Value: {_dump(doc)} not formatted correctly. 'signature_name' key must be a string value."
         )
+    return doc, name
+
+
+def parse_predict(body: bytes):
+    """Returns ``(signature_name, key, payload)`` with key 'instances' or 'inputs'."""
+    doc, name = _request_doc(body)
     has_instances, has_inputs = "instances" in doc, "inputs" in doc
     if has_instances and has_inputs:
         raise invalid_argument(
@@ -432,14 +438,7 @@ def parse_examples(body: bytes, method: str):
     """Returns ``(signature_name, [serialized tf.Example])`` with the context merged in."""
     from modelyard.serving.inference import merge_context
 
-    doc = loads(body)
-    if not isinstance(doc, dict):
-        raise invalid_argument(f"JSON Value: {_dump(doc)} Is not object")
-    name = doc.get("signature_name", "")
-    if not isinstance(name, str):
-        raise invalid_argument(
-            f"JSON Value: {_dump(doc)} not formatted correctly. 'signature_name' key must be a string value."
-        )
+    doc, name = _request_doc(body)
     if "examples" not in doc:
         raise invalid_argument(
             f"JSON Value: {_dump(doc)} When method is {method}, key 'examples' is expected and was not found"
