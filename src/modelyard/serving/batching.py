@@ -51,12 +51,13 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Executor, Future, InvalidStateError
+from concurrent.futures import Executor, Future
 from typing import Callable
 
 import numpy as np
 
 from modelyard.errors import Code, ServingError
+from modelyard.serving.batch_future import BatchFuture
 from modelyard.serving.batching_config import BatchingParams
 from modelyard.serving.servable import Servable
 from modelyard.serving.signatures import Signature
@@ -103,12 +104,11 @@ def current_deadline() -> float | None:
 
 # ---- the queue's pieces -------------------------------------------------------------------------
 class _Task:
-    """One request: its rows, its deadline, and where its answer (or error) lands."""
+    """One request: its rows, its deadline, and the future its answer (or error) lands in."""
 
-    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "done", "key", "future")
+    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "finished", "key", "future")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None,
-                 future: "BatchFuture | None" = None):
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None, future: BatchFuture):
         self.inputs = inputs
         self.size = size
         self.deadline = deadline
@@ -116,26 +116,9 @@ class _Task:
         self.parts: list[tuple[int, dict[str, np.ndarray]]] = []
         self.result: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.finished = False  # under the lock: answered (the future is settled outside it)
         self.key: tuple | None = None  # the queue it waits in
-        self.future = future  # submit(): settled once the task is done, outside the lock
-
-
-class BatchFuture(Future):
-    """``BatchingServable.submit``'s answer: a Future of ``{alias: array}`` with ``expire()``.
-
-    Its done-callbacks run on the thread that completes it (a batch thread, usually):
-    keep them short, e.g. ``loop.call_soon_threadsafe``.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self._expire: Callable[[], None] | None = None
-
-    def expire(self) -> None:
-        """Answer DEADLINE_EXCEEDED now unless answered: queued rows leave the queue, running rows are dropped."""
-        if self._expire is not None and not self.done():
-            self._expire()
+        self.future = future
 
 
 def _own_copy(error: BaseException) -> BaseException:
@@ -146,16 +129,10 @@ def _own_copy(error: BaseException) -> BaseException:
 def _settle(tasks: list[_Task]) -> None:
     """Complete the futures of finished tasks (outside the lock: their callbacks run here)."""
     for task in tasks:
-        future = task.future
-        if future is None or future.done():
-            continue
-        try:
-            if task.error is not None:
-                future.set_exception(_own_copy(task.error))
-            else:
-                future.set_result(task.result)
-        except InvalidStateError:  # cancelled by its holder meanwhile
-            pass
+        if task.error is not None:
+            task.future.set_exception(_own_copy(task.error))
+        else:
+            task.future.set_result(task.result)
 
 
 class _Piece:
@@ -230,17 +207,17 @@ class BatchingServable(Servable):
         """Queue the request, wait for its batch, return its own rows of every output."""
         if deadline is None:
             deadline = _deadline.get()
-        key, size = self._key(signature, inputs, output_aliases)
-        if key is None:
-            return self.inner.run(signature, inputs, output_aliases)
-        if deadline is not None and time.monotonic() >= deadline:
-            raise _deadline_error()
-        task = _Task(inputs, size, deadline)
-        self._schedule(key, signature, tuple(output_aliases), task)
-        self._wait(task)
-        if task.error is not None:
-            raise _own_copy(task.error)
-        return task.result
+        future = self.submit(signature, inputs, output_aliases, deadline)
+        while not future.done():
+            timeout = _MAX_WAIT_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    future.expire()  # settled now, or by the batch thread that just finished it
+                    break
+                timeout = min(timeout, remaining)
+            future.wait(timeout)
+        return future.result()
 
     def submit(
         self,
@@ -257,9 +234,9 @@ class BatchingServable(Servable):
         call ``future.expire()`` at the deadline to answer at once. Inputs that cannot be
         batched run on ``executor`` (inline when None) on the inner servable.
         """
-        future = BatchFuture()
         key, size = self._key(signature, inputs, output_aliases)
         if key is None:
+            future = BatchFuture()
             if executor is None:
                 future.set_result(self.inner.run(signature, inputs, output_aliases))
             else:
@@ -268,8 +245,8 @@ class BatchingServable(Servable):
             return future
         if deadline is not None and time.monotonic() >= deadline:
             raise _deadline_error()
+        future = BatchFuture(lambda: self._expire(task))
         task = _Task(inputs, size, deadline, future)
-        future._expire = lambda: self._expire(task)
         self._schedule(key, signature, tuple(output_aliases), task)
         return future
 
@@ -342,21 +319,10 @@ class BatchingServable(Servable):
             if filled or len(batches) != before:
                 self._cond.notify()
 
-    def _wait(self, task: _Task) -> None:
-        while not task.done.is_set():
-            timeout = _MAX_WAIT_S
-            if task.deadline is not None:
-                remaining = task.deadline - time.monotonic()
-                if remaining <= 0:
-                    self._expire(task)
-                    return
-                timeout = min(timeout, remaining)
-            task.done.wait(timeout)
-
     def _expire(self, task: _Task) -> None:
         """Fail ``task`` with DEADLINE_EXCEEDED unless it is done already."""
         with self._cond:
-            if task.done.is_set():
+            if task.finished:
                 return  # answered just now
             # A running batch's rows are dropped; queued rows leave the queue now, freeing room.
             self._unqueue(task)
@@ -394,7 +360,7 @@ class BatchingServable(Servable):
             except BaseException as exc:  # a bug here must fail the batch, never kill the thread
                 log.exception("Batch failed unexpectedly")
                 with self._cond:
-                    failed = [piece.task for piece in picked[1].pieces if not piece.task.done.is_set()]
+                    failed = [piece.task for piece in picked[1].pieces if not piece.task.finished]
                     for task in failed:
                         self._finish(task, error=ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
                 _settle(failed)
@@ -442,10 +408,7 @@ class BatchingServable(Servable):
         with self._cond:
             for piece in batch.pieces:
                 task = piece.task
-                if task.done.is_set():  # failed, timed out, or its other pieces failed
-                    continue
-                if task.future is not None and task.future.cancelled():
-                    self._finish(task, error=ServingError(Code.CANCELLED, "Cancelled"))
+                if task.finished:  # failed, timed out, or its other pieces failed
                     continue
                 if task.deadline is not None and now >= task.deadline:
                     self._finish(task, error=_deadline_error())
@@ -461,7 +424,7 @@ class BatchingServable(Servable):
         except Exception as exc:
             with self._cond:
                 for piece in live:
-                    if not piece.task.done.is_set():
+                    if not piece.task.finished:
                         self._finish(piece.task, error=exc)
                         finished.append(piece.task)
             _settle(finished)
@@ -469,7 +432,7 @@ class BatchingServable(Servable):
         with self._cond:
             for piece, answer in zip(live, answers):
                 task = piece.task
-                if task.done.is_set():
+                if task.finished:
                     continue
                 task.parts.append((piece.start, answer))
                 task.pending -= 1
@@ -511,7 +474,7 @@ class BatchingServable(Servable):
 
     def _finish(self, task: _Task, error: BaseException | None = None) -> None:
         """Complete ``task`` once (under the lock): its error, or its pieces joined in row order."""
-        if task.done.is_set():
+        if task.finished:
             return
         if error is not None:
             task.error = error
@@ -523,7 +486,7 @@ class BatchingServable(Servable):
                 alias: np.concatenate([answer[alias] for _, answer in task.parts]) for alias in task.parts[0][1]
             }
         task.parts = []
-        task.done.set()
+        task.finished = True
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -536,7 +499,7 @@ class BatchingServable(Servable):
             for queue in self._queues.values():
                 for batch in queue.batches:
                     for piece in batch.pieces:
-                        if not piece.task.done.is_set():
+                        if not piece.task.finished:
                             self._finish(piece.task, error=_closed_error())
                             failed.append(piece.task)
             self._queues.clear()
@@ -566,22 +529,15 @@ def _pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
     return padded
 
 
-def _copy_outcome(source: Future, target: Future) -> None:
-    if target.done():
-        return
+def _copy_outcome(source: Future, target: BatchFuture) -> None:
     try:
         error = source.exception()
-        if error is not None:
-            target.set_exception(error)
-        else:
-            target.set_result(source.result())
-    except InvalidStateError:
-        pass
     except BaseException as exc:  # the source was cancelled (its executor shut down)
-        try:
-            target.set_exception(exc)
-        except InvalidStateError:
-            pass
+        error = exc
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
 
 
 def _deadline_error() -> ServingError:

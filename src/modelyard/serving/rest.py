@@ -265,7 +265,7 @@ def _predict_inputs(handle, signature_name: str | None, key: str, payload, body:
             f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
         )
     if key == "instances":
-        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.only_ints(body))
+        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.int_instances_text(body))
     else:
         inputs = rest_json.inputs_from_columns(payload, sig)
     return sig, inputs
