@@ -350,6 +350,42 @@ def test_rest_predict_on_a_batching_model_is_counted_and_timed_like_any_other(se
     assert after["runtime"] - before["runtime"] == 1
 
 
+def test_grpc_predict_on_a_batching_model_is_answered_counted_and_timed_like_any_other(server, stub):
+    """gRPC Predicts on batching models also wait in the queue without a thread: same answers and metrics."""
+    names = {
+        "ok": ':tensorflow:serving:request_count{model_name="probe",status="OK"}',
+        "invalid": ':tensorflow:serving:request_count{model_name="probe",status="INVALID_ARGUMENT"}',
+        "precondition": ':tensorflow:serving:request_count{model_name="probe",status="FAILED_PRECONDITION"}',
+        "latency": ':tensorflow:serving:request_latency_count{model_name="probe",API="Predict",entrypoint="GRPC"}',
+        "runtime": ':tensorflow:serving:runtime_latency_count{model_name="probe",API="Predict",runtime="tensorflow"}',
+    }
+    before = {key: metric(server, name) for key, name in names.items()}
+    response = stub.Predict(grpc_request("probe", np.ones((3, 1), np.float32)), timeout=60)
+    assert tf.make_ndarray(response.outputs["y"]).ravel().tolist() == [1.0, 1.0, 1.0]
+    assert response.model_spec.name == "probe" and response.model_spec.signature_name == "serving_default"
+    assert response.model_spec.version.value > 0
+    bad_signature = grpc_request("probe", np.ones((1, 1), np.float32))
+    bad_signature.model_spec.signature_name = "nope"
+    bad_input = predict_pb2.PredictRequest()
+    bad_input.model_spec.name = "probe"
+    bad_input.inputs["z"].CopyFrom(tf.make_tensor_proto(np.ones((1, 1), np.float32)))
+    # TF Serving's gRPC answers, as for models without batching.
+    for request, code, message in (
+        (bad_signature, grpc.StatusCode.FAILED_PRECONDITION, 'Serving signature key "nope" not found.'),
+        (bad_input, grpc.StatusCode.INVALID_ARGUMENT, "input"),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(request, timeout=60)
+        assert info.value.code() == code
+        assert message in info.value.details()
+    after = {key: metric(server, name) for key, name in names.items()}
+    assert after["ok"] - before["ok"] == 1
+    assert after["invalid"] - before["invalid"] == 1
+    assert after["precondition"] - before["precondition"] == 1
+    assert after["latency"] - before["latency"] == 1
+    assert after["runtime"] - before["runtime"] == 1
+
+
 def test_deadline_passing_in_the_queue(server, stub):
     expired_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
     a_result = {}

@@ -78,16 +78,21 @@ def _guard(api: str | None) -> Callable:
                     return method(self, request), Code.OK, ""
                 with self.core.request(name, api, "GRPC"):
                     return method(self, request), Code.OK, ""
-            except ServingError as exc:
-                return None, exc.code, _truncated(exc.message)
             except Exception as exc:
-                log.exception("gRPC %s failed", method.__name__)
-                return None, Code.INTERNAL, _truncated(f"{type(exc).__name__}: {exc}")
+                return (None, *status_of(exc, method.__name__))
 
         handler.__name__ = method.__name__
         return handler
 
     return wrap
+
+
+def status_of(exc: Exception, what: str) -> tuple[Code, str]:
+    """The gRPC status a failed call answers: a ServingError's own, else INTERNAL (logged: a bug)."""
+    if isinstance(exc, ServingError):
+        return exc.code, _truncated(exc.message)
+    log.error("gRPC %s failed", what, exc_info=exc)
+    return Code.INTERNAL, _truncated(f"{type(exc).__name__}: {exc}")
 
 
 def model_spec_of(proto) -> ModelSpec:
@@ -126,11 +131,37 @@ class Services:
         inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
         with self.core.acquire(spec) as handle:
             sig, outputs = self.core.predict(handle, spec.signature_name, inputs, list(request.output_filter))
-            response = predict_pb2.PredictResponse()
-            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
-        for alias, value in outputs.items():
-            from_ndarray(value, response.outputs[alias])
-        return response
+            version = handle.version
+        return _predict_response(spec.name, version, sig.name, outputs)
+
+    def start_predict(self, request, deadline: float | None, executor) -> "PendingPredict | tuple | None":
+        """Predict on a batching model without blocking a thread while the request is queued.
+
+        None when ``request`` is not that (the caller runs ``Predict`` as usual, which
+        answers every error in the same order); ``(None, code, message)`` when it fails
+        before the queue; else a ``PendingPredict`` whose future completes on a batch
+        thread. Same checks, errors, metrics and answers as ``Predict``.
+        """
+        if not request.HasField("model_spec"):
+            return None
+        spec = model_spec_of(request.model_spec)
+        try:
+            handle = self.core.acquire(spec)
+        except Exception:
+            return None
+        if getattr(handle.servable, "submit", None) is None:
+            handle.__exit__(None, None, None)
+            return None
+        timed = self.core.request(spec.name, "Predict", "GRPC")
+        try:
+            inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
+            sig, future = self.core.submit_predict(handle, spec.signature_name, inputs, list(request.output_filter),
+                                                   deadline=deadline, executor=executor)
+        except Exception as exc:
+            handle.__exit__(None, None, None)
+            timed.finish(exc)
+            return (None, *status_of(exc, "Predict"))
+        return PendingPredict(handle, timed, future, spec.name, sig.name)
 
     @_guard("Classify")
     def Classify(self, request):
@@ -273,3 +304,43 @@ def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable
     server.add_generic_rpc_handlers(
         [grpc.method_handlers_generic_handler(service, handlers) for service, handlers in by_service.items()]
     )
+
+
+def _predict_response(name: str, version: int, signature_name: str, outputs) -> predict_pb2.PredictResponse:
+    response = predict_pb2.PredictResponse()
+    _fill_spec(response.model_spec, name, version, signature_name)
+    for alias, value in outputs.items():
+        from_ndarray(value, response.outputs[alias])
+    return response
+
+
+class PendingPredict:
+    """A gRPC Predict waiting in a batching queue (``Services.start_predict``).
+
+    ``future`` completes on a batch thread; the server then calls ``finish()`` exactly
+    once (on its own thread): it releases the model version, counts the request and
+    returns ``(serialized response or None, Code, message)``. ``expire()`` answers a
+    still-queued request DEADLINE_EXCEEDED at once, freeing its rows in the queue.
+    """
+
+    __slots__ = ("handle", "timed", "future", "name", "signature_name")
+
+    def __init__(self, handle, timed, future, name: str, signature_name: str):
+        self.handle, self.timed, self.future = handle, timed, future
+        self.name, self.signature_name = name, signature_name
+
+    def expire(self) -> None:
+        self.future.expire()
+
+    def finish(self) -> tuple[bytes | None, Code, str]:
+        try:
+            outputs = self.future.result(0)
+            payload = _predict_response(self.name, self.handle.version, self.signature_name,
+                                        outputs).SerializeToString()
+        except Exception as exc:
+            self.timed.finish(exc)
+            return (None, *status_of(exc, "Predict"))
+        finally:
+            self.handle.__exit__(None, None, None)
+        self.timed.finish()
+        return payload, Code.OK, ""

@@ -388,7 +388,33 @@ class _Connection(asyncio.Protocol):
             response, code, message = method.call(request)
             self._answer(stream, None if response is None else response.SerializeToString(), code, message)
             return
+        if spec is not None and method.name == "Predict":
+            started = self.services.start_predict(request, stream.deadline, self.server.pool)
+            if type(started) is tuple:  # refused before the queue
+                self._answer(stream, *started)
+                return
+            if started is not None:
+                self._await_batch(stream, started)
+                return
         self._offload(stream, method, request, remaining)
+
+    # A Predict on a batching model waits in the queue holding no thread; the batch thread's
+    # done-callback hops back into the loop to serialize and answer.
+    def _await_batch(self, stream: _Stream, pending) -> None:
+        loop = self.loop
+        if stream.deadline is not None:
+            stream.timer = loop.call_later(stream.deadline - time.monotonic(), self._batch_timed_out, stream, pending)
+        # Even when the loop has closed, finishing releases the version.
+        when_done_on_loop(loop, pending.future, self._batch_done, stream, pending, if_closed=pending.finish)
+
+    def _batch_done(self, stream: _Stream, pending, _future) -> None:
+        payload, code, message = pending.finish()  # always: it releases the version and counts the request
+        self._answer(stream, payload, code, message)
+        self._flush()
+
+    def _batch_timed_out(self, stream: _Stream, pending) -> None:
+        self._timed_out(stream)
+        pending.expire()  # its queued rows leave the queue; counted as DEADLINE_EXCEEDED
 
     def _offload(self, stream: _Stream, method: Method, request, remaining: float | None) -> None:
         loop = self.loop
