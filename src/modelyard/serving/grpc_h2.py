@@ -89,6 +89,7 @@ class _Connection(asyncio.Protocol):
         self.decoder = h2.HeaderDecoder()
         self.continuation: tuple[int, int, list[bytes]] | None = None  # (sid, flags, fragments)
         self.out: list[bytes] = []
+        self.flush_queued = False  # a _queued_flush is waiting in the loop's ready queue
         self.draining = False  # GOAWAY sent: finish the streams in flight, accept no more
 
     # ---- transport events ---------------------------------------------------------------------
@@ -410,6 +411,14 @@ class _Connection(asyncio.Protocol):
     def _batch_done(self, stream: _Stream, pending, _future) -> None:
         payload, code, message = pending.finish()  # always: it releases the version and counts the request
         self._answer(stream, payload, code, message)
+        # A batch answers many streams at once, often several on this connection: their
+        # hand-backs sit in the loop's ready queue together, so one write after them sends all.
+        if not self.flush_queued:
+            self.flush_queued = True
+            self.loop.call_soon(self._queued_flush)
+
+    def _queued_flush(self) -> None:
+        self.flush_queued = False
         self._flush()
 
     def _batch_timed_out(self, stream: _Stream, pending) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
+import math
 
 import numpy as np
 import orjson
@@ -194,7 +196,7 @@ def _int_array(value: list, text: bytes) -> np.ndarray | None:
     if text.count(b"[") != lists:
         return None
     numbers = np.fromstring(text.translate(_BRACKETS_TO_SPACES), dtype=np.int64, sep=",")
-    if numbers.size != np.prod(shape):
+    if numbers.size != math.prod(shape):
         return None
     return numbers.reshape(shape)
 
@@ -210,7 +212,7 @@ def to_array(value, spec: TensorSpec, ints: bytes | None = None) -> np.ndarray:
         return _string_array(value, spec)
     inferred = _int_array(value, ints) if ints and dtype.kind in "iufc" and type(value) is list else None
     if inferred is not None:
-        lo, hi = int(inferred.min()), int(inferred.max())
+        lo, hi = int(np.minimum.reduce(inferred, axis=None)), int(np.maximum.reduce(inferred, axis=None))
         if lo > _INT64.min and hi < _INT64.max:  # at the limits: the text may have been clamped
             return _int_to(inferred, dtype, spec, lo, hi)
     try:
@@ -236,14 +238,20 @@ def _int_to(inferred: np.ndarray, dtype: np.dtype, spec: TensorSpec, lo: int | N
             hi: int | None = None) -> np.ndarray:
     """The range check for integer targets, then the cast (``lo``/``hi``: the extremes, if known)."""
     if dtype.kind in "iu" and inferred.dtype.kind != "b" and inferred.size and inferred.dtype.itemsize >= dtype.itemsize:
-        info = np.iinfo(dtype)
+        low, high = _int_limits(dtype)
         if lo is None:
             lo, hi = inferred.min(), inferred.max()
-        if lo < info.min or hi > info.max:
+        if lo < low or hi > high:
             raise invalid_argument(
                 f"JSON Value out of range for {dtypes.dtype_name(spec.dtype)[3:].lower()} in input {spec.alias}"
             )
     return inferred.astype(dtype, copy=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _int_limits(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def _string_array(value, spec: TensorSpec) -> np.ndarray:
