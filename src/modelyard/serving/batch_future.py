@@ -8,8 +8,8 @@ lock and builds an ``Event`` only for a caller that blocks in ``result()``.
 It keeps the part of ``Future``'s interface the server uses: ``done``, ``result``,
 ``exception``, ``add_done_callback`` (callbacks run on the completing thread, or at
 once when already done), ``set_result`` / ``set_exception`` (the first one wins; later
-ones return False instead of raising), ``cancelled`` (always False: requests leave the
-queue through ``expire``, which answers DEADLINE_EXCEEDED).
+ones return False instead of raising). There is no ``cancel``: requests leave the queue
+through ``expire``, which answers DEADLINE_EXCEEDED.
 """
 from __future__ import annotations
 
@@ -38,9 +38,6 @@ class BatchFuture:
     # ---- reading ----------------------------------------------------------------------------
     def done(self) -> bool:
         return self._state != _PENDING
-
-    def cancelled(self) -> bool:
-        return False
 
     def result(self, timeout: float | None = None):
         """The result, or raise the error; wait up to ``timeout`` seconds (TimeoutError after)."""

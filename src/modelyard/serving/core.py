@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from modelyard.errors import Code, ServingError, invalid_argument, not_found
 from modelyard.serving import inference
@@ -44,6 +45,42 @@ class _Timed:
             metrics.request_count.inc(self.model_name, exc.code.name)
         elif issubclass(kind, Exception):
             metrics.request_count.inc(self.model_name, Code.UNKNOWN.name)
+
+
+class QueuedPredict:
+    """A predict waiting in a batching queue (``ServingCore.queue_predict``).
+
+    It holds the model version and the request's metrics until ``finish()``, which the
+    protocol server calls exactly once when ``future`` completes (on a batch thread): it
+    returns the encoded answer or raises the request's error, after counting the request
+    and releasing the version. ``expire()`` answers a still-queued request
+    DEADLINE_EXCEEDED at once, freeing its rows in the queue.
+    """
+
+    __slots__ = ("handle", "timed", "future", "signature_name", "encode")
+
+    def __init__(self, handle: Handle, timed: _Timed, future, signature_name: str, encode: Callable):
+        self.handle, self.timed, self.future = handle, timed, future
+        self.signature_name, self.encode = signature_name, encode
+
+    @property
+    def version(self) -> int:
+        return self.handle.version
+
+    def expire(self) -> None:
+        self.future.expire()
+
+    def finish(self):
+        try:
+            try:
+                answer = self.encode(self, self.future.result(0))
+            except BaseException as exc:
+                self.timed.finish(exc)
+                raise
+            self.timed.finish()
+            return answer
+        finally:
+            self.handle.__exit__(None, None, None)
 
 
 @dataclass(frozen=True)
@@ -84,25 +121,40 @@ class ServingCore:
         self._runtime(handle, "Predict", started)
         return sig, outputs
 
-    def submit_predict(self, handle: Handle, signature_name: str, inputs, output_filter=None,
-                       deadline: float | None = None, executor=None):
-        """``predict`` through a batching servable's queue, without blocking: ``(signature, future of outputs)``.
+    def queue_predict(self, spec: "ModelSpec", api: str, entrypoint: str, read_request: Callable[[Handle], tuple],
+                      output_filter=None, deadline: float | None = None, executor=None) -> "QueuedPredict | None":
+        """Start a predict on a batching model without blocking: it waits in the queue, holding no thread.
 
-        The same checks as ``predict`` (they raise here, at once); the runtime latency is
-        recorded when the answer arrives, before the caller's own done-callbacks run.
-        ``handle.servable`` must have ``submit`` (``BatchingServable``); the future has
-        ``expire()`` for the caller's deadline timer.
+        None when ``spec``'s model does not batch (or cannot be found): the caller runs the
+        blocking path, which answers every error in its usual order. ``read_request(handle)``
+        returns ``(signature_name, inputs, encode)``, ``encode(queued, outputs)`` making the
+        protocol's answer. Its errors, and ``predict``'s checks, are counted under
+        ``api``/``entrypoint`` and raised here, at once.
         """
-        started = time.perf_counter()
-        sig, inputs, aliases = inference.prepare_predict(handle.servable, signature_name, inputs, output_filter)
-        future = handle.servable.submit(sig, inputs, aliases, deadline, executor)
+        try:
+            handle = self.acquire(spec)
+        except Exception:
+            return None
+        if getattr(handle.servable, "submit", None) is None:
+            handle.__exit__(None, None, None)
+            return None
+        timed = self.request(spec.name, api, entrypoint)
+        try:
+            started = time.perf_counter()
+            signature_name, inputs, encode = read_request(handle)
+            sig, inputs, aliases = inference.prepare_predict(handle.servable, signature_name, inputs, output_filter)
+            future = handle.servable.submit(sig, inputs, aliases, deadline, executor)
+        except BaseException as exc:
+            handle.__exit__(None, None, None)
+            timed.finish(exc)
+            raise
 
-        def answered(f) -> None:  # on the thread that completed it
-            if not f.cancelled() and f.exception() is None:
+        def answered(f) -> None:  # on the batch thread, before the caller's own callbacks
+            if f.exception() is None:
                 self._runtime(handle, "Predict", started)
 
         future.add_done_callback(answered)
-        return sig, future
+        return QueuedPredict(handle, timed, future, sig.name, encode)
 
     def classify(self, handle: Handle, signature_name: str, serialized: list[bytes]):
         return self._on_examples(handle, "Classify", inference.run_classify, signature_name, serialized)
@@ -123,6 +175,16 @@ class ServingCore:
         )
 
     # ---- metadata and status -----------------------------------------------------------
+    def signature_defs(self, spec: ModelSpec):
+        """The version ``spec`` resolves to and its ``SignatureDefMap``: the metadata both protocols answer."""
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        with self.acquire(spec) as handle:
+            sig_map = get_model_metadata_pb2.SignatureDefMap()
+            for name, sig_def in handle.servable.signature_def_map.items():
+                sig_map.signature_def[name].CopyFrom(sig_def)
+            return handle.version, sig_map
+
     def status(self, name: str, version: int | None = None) -> list[VersionStatus]:
         if not name:
             raise invalid_argument("Missing model name in request.")

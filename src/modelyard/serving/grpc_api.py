@@ -23,7 +23,7 @@ from tensorflow_serving.apis import model_management_pb2
 
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving.batching import set_request_timeout
-from modelyard.serving.core import ModelSpec, ServingCore
+from modelyard.serving.core import ModelSpec, QueuedPredict, ServingCore
 from modelyard.serving.signatures import CLASSIFY_METHOD, REGRESS_METHOD
 from modelyard.serving.tensor_proto import from_ndarray, serialized_examples, to_ndarray
 
@@ -134,56 +134,57 @@ class Services:
             version = handle.version
         return _predict_response(spec.name, version, sig.name, outputs)
 
-    def start_predict(self, request, deadline: float | None, executor) -> "PendingPredict | tuple | None":
+    def start_predict(self, request, deadline: float | None, executor) -> "QueuedPredict | tuple | None":
         """Predict on a batching model without blocking a thread while the request is queued.
 
         None when ``request`` is not that (the caller runs ``Predict`` as usual, which
         answers every error in the same order); ``(None, code, message)`` when it fails
-        before the queue; else a ``PendingPredict`` whose future completes on a batch
-        thread. Same checks, errors, metrics and answers as ``Predict``.
+        before the queue; else a ``QueuedPredict`` to answer with ``finish_queued`` once its
+        future completes. Same checks, errors, metrics and answers as ``Predict``.
         """
         if not request.HasField("model_spec"):
             return None
         spec = model_spec_of(request.model_spec)
-        try:
-            handle = self.core.acquire(spec)
-        except Exception:
-            return None
-        if getattr(handle.servable, "submit", None) is None:
-            handle.__exit__(None, None, None)
-            return None
-        timed = self.core.request(spec.name, "Predict", "GRPC")
-        try:
+
+        def encode(queued: QueuedPredict, outputs) -> bytes:
+            return _predict_response(spec.name, queued.version, queued.signature_name, outputs).SerializeToString()
+
+        def read_request(_handle):
             inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
-            sig, future = self.core.submit_predict(handle, spec.signature_name, inputs, list(request.output_filter),
-                                                   deadline=deadline, executor=executor)
+            return spec.signature_name, inputs, encode
+
+        try:
+            return self.core.queue_predict(spec, "Predict", "GRPC", read_request, list(request.output_filter),
+                                           deadline, executor)
         except Exception as exc:
-            handle.__exit__(None, None, None)
-            timed.finish(exc)
             return (None, *status_of(exc, "Predict"))
-        return PendingPredict(handle, timed, future, spec.name, sig.name)
+
+    @staticmethod
+    def finish_queued(queued: QueuedPredict) -> tuple[bytes | None, Code, str]:
+        """``(serialized response or None, Code, message)`` for a started predict (call exactly once)."""
+        try:
+            return queued.finish(), Code.OK, ""
+        except Exception as exc:
+            return (None, *status_of(exc, "Predict"))
 
     @_guard("Classify")
     def Classify(self, request):
-        spec = model_spec_of(request.model_spec)
-        examples = serialized_examples(request.input)
-        with self.core.acquire(spec) as handle:
-            sig, result = self.core.classify(handle, spec.signature_name, examples)
-            response = classification_pb2.ClassificationResponse()
-            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
-        fill_classifications(response.result, result, len(examples))
-        return response
+        return self._on_examples(request, self.core.classify, classification_pb2.ClassificationResponse,
+                                 fill_classifications)
 
     @_guard("Regress")
     def Regress(self, request):
+        return self._on_examples(request, self.core.regress, regression_pb2.RegressionResponse, fill_regressions)
+
+    def _on_examples(self, request, run: Callable, response_class: type, fill: Callable):
+        """Classify or Regress: run on the request's tf.Examples, answer with ``fill``-ed results."""
         spec = model_spec_of(request.model_spec)
         examples = serialized_examples(request.input)
         with self.core.acquire(spec) as handle:
-            sig, values = self.core.regress(handle, spec.signature_name, examples)
-            response = regression_pb2.RegressionResponse()
+            sig, result = run(handle, spec.signature_name, examples)
+            response = response_class()
             _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
-        for value in values.tolist():
-            response.result.regressions.add(value=value)
+        fill(response.result, result, len(examples))
         return response
 
     @_guard(None)
@@ -205,8 +206,7 @@ class Services:
                     fill_classifications(result.classification_result, classes, len(examples))
                 elif task.method_name == REGRESS_METHOD:
                     sig, values = self.core.regress(handle, spec.signature_name, examples)
-                    for value in values.tolist():
-                        result.regression_result.regressions.add(value=value)
+                    fill_regressions(result.regression_result, values, len(examples))
                 else:
                     raise invalid_argument(f"Unsupported signature method_name: {task.method_name}")
                 _fill_spec(result.model_spec, spec.name, handle.version, sig.name)
@@ -221,11 +221,8 @@ class Services:
                 raise invalid_argument(f"Metadata field {field} is not supported")
         spec = model_spec_of(request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
-        with self.core.acquire(spec) as handle:
-            sig_map = get_model_metadata_pb2.SignatureDefMap()
-            for name, sig_def in handle.servable.signature_def_map.items():
-                sig_map.signature_def[name].CopyFrom(sig_def)
-            _fill_spec(response.model_spec, spec.name, handle.version, None)
+        version, sig_map = self.core.signature_defs(spec)
+        _fill_spec(response.model_spec, spec.name, version, None)
         response.metadata["signature_def"].Pack(sig_map)
         return response
 
@@ -306,41 +303,14 @@ def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable
     )
 
 
+def fill_regressions(target, values, _count: int) -> None:
+    for value in values.tolist():
+        target.regressions.add(value=value)
+
+
 def _predict_response(name: str, version: int, signature_name: str, outputs) -> predict_pb2.PredictResponse:
     response = predict_pb2.PredictResponse()
     _fill_spec(response.model_spec, name, version, signature_name)
     for alias, value in outputs.items():
         from_ndarray(value, response.outputs[alias])
     return response
-
-
-class PendingPredict:
-    """A gRPC Predict waiting in a batching queue (``Services.start_predict``).
-
-    ``future`` completes on a batch thread; the server then calls ``finish()`` exactly
-    once (on its own thread): it releases the model version, counts the request and
-    returns ``(serialized response or None, Code, message)``. ``expire()`` answers a
-    still-queued request DEADLINE_EXCEEDED at once, freeing its rows in the queue.
-    """
-
-    __slots__ = ("handle", "timed", "future", "name", "signature_name")
-
-    def __init__(self, handle, timed, future, name: str, signature_name: str):
-        self.handle, self.timed, self.future = handle, timed, future
-        self.name, self.signature_name = name, signature_name
-
-    def expire(self) -> None:
-        self.future.expire()
-
-    def finish(self) -> tuple[bytes | None, Code, str]:
-        try:
-            outputs = self.future.result(0)
-            payload = _predict_response(self.name, self.handle.version, self.signature_name,
-                                        outputs).SerializeToString()
-        except Exception as exc:
-            self.timed.finish(exc)
-            return (None, *status_of(exc, "Predict"))
-        finally:
-            self.handle.__exit__(None, None, None)
-        self.timed.finish()
-        return payload, Code.OK, ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import socket
 import threading
@@ -406,10 +407,11 @@ class _Connection(asyncio.Protocol):
         if stream.deadline is not None:
             stream.timer = loop.call_later(stream.deadline - time.monotonic(), self._batch_timed_out, stream, pending)
         # Even when the loop has closed, finishing releases the version.
-        when_done_on_loop(loop, pending.future, self._batch_done, stream, pending, if_closed=pending.finish)
+        finish = functools.partial(self.services.finish_queued, pending)
+        when_done_on_loop(loop, pending.future, self._batch_done, stream, finish, if_closed=finish)
 
-    def _batch_done(self, stream: _Stream, pending, _future) -> None:
-        payload, code, message = pending.finish()  # always: it releases the version and counts the request
+    def _batch_done(self, stream: _Stream, finish, _future) -> None:
+        payload, code, message = finish()  # always: it releases the version and counts the request
         self._answer(stream, payload, code, message)
         # A batch answers many streams at once, often several on this connection: their
         # hand-backs sit in the loop's ready queue together, so one write after them sends all.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import signal
 import socket
@@ -53,7 +54,7 @@ class _Request:
         self.response = response  # set when answered before the body (413, immediate routes)
         self.answered = False  # offloaded: by its result or by its timeout, whichever comes first
         self.timer = None
-        self.pending = None  # a predict waiting in a batching queue (rest.PendingPredict)
+        self.pending = None  # a predict waiting in a batching queue (core.QueuedPredict)
 
 
 # Pipelined requests queue while one runs; past this many, stop reading until the queue drains.
@@ -210,10 +211,11 @@ class HttpProtocol(asyncio.Protocol):
         if self.app.timeout_s:
             request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
         # Even when the loop has closed, finishing releases the version.
-        when_done_on_loop(loop, pending.future, self._answer_batch, request, if_closed=pending.finish)
+        finish = functools.partial(self.app.finish_queued, pending, request.method, request.path)
+        when_done_on_loop(loop, pending.future, self._answer_batch, request, finish, if_closed=finish)
 
-    def _answer_batch(self, request: _Request, _future) -> None:
-        status, payload = request.pending.finish()  # always: it releases the version and counts the request
+    def _answer_batch(self, request: _Request, finish, _future) -> None:
+        status, payload = finish()  # always: it releases the version and counts the request
         if request.answered:  # timed out already
             return
         if request.timer is not None:

@@ -83,7 +83,7 @@ def check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.
 def prepare_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
     """Every check of a predict request before the model runs: ``(signature, inputs, output aliases)``.
 
-    Shared by ``run_predict`` (blocking) and the core's ``submit_predict`` (batching queue).
+    Shared by ``run_predict`` (blocking) and the core's ``queue_predict`` (batching queue).
     """
     sig = predict_signature(servable, signature_name)
     inputs = check_inputs(sig, inputs)

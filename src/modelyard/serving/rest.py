@@ -4,7 +4,7 @@ Protocol-free: ``http_server`` feeds it parsed requests. The hot path is parse b
 core -> encode; models that answer in microseconds run on the event loop, others on
 a thread pool so the loop keeps accepting connections. Predicts on a batching model are
 parsed and checked on the loop, wait in the batching queue holding no thread, and are
-encoded on the loop when their batch answers (``RestApp.submit``, ``PendingPredict``).
+encoded on the loop when their batch answers (``RestApp.submit``, ``RestApp.finish_queued``).
 """
 from __future__ import annotations
 
@@ -122,12 +122,8 @@ class RestApp:
                 if match:
                     return 200, self._get(match)
             raise invalid_argument(f"Malformed request: {method} {path}")
-        except ServingError as exc:
-            return exc.http_status, rest_json.error_body(exc)
-        except Exception as exc:  # a bug must answer 500, never kill the server
-            log.exception("REST request failed: %s %s", method, path)
-            error = rest_json.internal_error(exc)
-            return error.http_status, rest_json.error_body(error)
+        except Exception as exc:  # its own status for a ServingError; a bug answers 500, never kills the server
+            return self._error_answer(exc, method, path)
 
     # ---- predict on a batching model: checked on the event loop, answered from the queue -------
     def submit(self, method: str, path: str, body: bytes):
@@ -136,36 +132,38 @@ class RestApp:
         Returns None when the request is not one, or its body is too large to parse on the
         event loop (answer it with ``handle`` on the pool);
         ``(status, payload)`` when it is answered already (an error before the queue); else
-        a ``PendingPredict``. Same checks, errors, metrics and answers as ``handle``:
-        ``_predict_inputs`` and ``ServingCore.submit_predict`` share ``predict``'s code.
+        a ``QueuedPredict`` to answer with ``finish_queued``. Same checks, errors, metrics
+        and answers as ``handle``.
         """
         if method != "POST" or len(body) > _LOOP_PARSE_MAX_BYTES:
             return None
         route = self._post_route(path)
         if route is None or route[2] is None or route[0].group(4).lower() != "predict":
             return None
-        spec = route[2]
-        try:
-            handle = self.core.acquire(spec)
-        except Exception:
-            return None  # handle() answers it, with the same error in the same order
-        if getattr(handle.servable, "submit", None) is None:
-            handle.__exit__(None, None, None)
-            return None
-        timed = self.core.request(spec.name, "predict", "REST")
-        try:
+
+        def read_request(handle):
             signature_name, key, payload = rest_json.parse_predict(body)
             sig, inputs = _predict_inputs(handle, signature_name, key, payload, body)
-            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-            _, future = self.core.submit_predict(handle, sig.name, inputs, deadline=deadline, executor=self.pool)
-        except BaseException as exc:
-            handle.__exit__(None, None, None)
-            return self._failed(timed, exc, method, path)
-        return PendingPredict(self, handle, timed, future, key == "instances", method, path)
+            instances = key == "instances"
+            return sig.name, inputs, lambda _queued, outputs: rest_json.predict_body(outputs, instances)
 
-    def _failed(self, timed, exc: BaseException, method: str, path: str) -> tuple[int, bytes]:
-        """``handle``'s answer to an error, for a request whose metrics ``timed`` counts."""
-        timed.finish(exc)
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        try:
+            return self.core.queue_predict(route[2], "predict", "REST", read_request, deadline=deadline,
+                                           executor=self.pool)
+        except BaseException as exc:
+            return self._error_answer(exc, method, path)
+
+    def finish_queued(self, queued, method: str, path: str) -> tuple[int, bytes]:
+        """The answer to a ``submit``-ed predict once its future completed (call exactly once)."""
+        try:
+            return 200, queued.finish()
+        except BaseException as exc:
+            return self._error_answer(exc, method, path)
+
+    @staticmethod
+    def _error_answer(exc: BaseException, method: str, path: str) -> tuple[int, bytes]:
+        """TF Serving's REST answer to an error: its own status, or 500 for a bug (logged)."""
         if isinstance(exc, ServingError):
             return exc.http_status, rest_json.error_body(exc)
         if not isinstance(exc, Exception):
@@ -226,37 +224,6 @@ class RestApp:
         )
 
 
-class PendingPredict:
-    """A REST predict waiting in a batching queue (``RestApp.submit``).
-
-    ``future`` completes on a batch thread; the HTTP server hops to its event loop, then
-    calls ``finish()`` exactly once: it releases the model version, counts the request
-    and encodes the answer there. ``expire()`` (the HTTP server's deadline timer) answers
-    the queued request DEADLINE_EXCEEDED at once, freeing its rows in the queue.
-    """
-
-    __slots__ = ("app", "handle", "timed", "future", "instances", "method", "path")
-
-    def __init__(self, app: RestApp, handle, timed, future, instances: bool, method: str, path: str):
-        self.app, self.handle, self.timed, self.future = app, handle, timed, future
-        self.instances, self.method, self.path = instances, method, path
-
-    def expire(self) -> None:
-        self.future.expire()
-
-    def finish(self) -> tuple[int, bytes]:
-        try:
-            try:
-                outputs = self.future.result(0)
-                payload = rest_json.predict_body(outputs, self.instances)
-            except BaseException as exc:
-                return self.app._failed(self.timed, exc, self.method, self.path)
-            self.timed.finish()
-            return 200, payload
-        finally:
-            self.handle.__exit__(None, None, None)
-
-
 def _predict_inputs(handle, signature_name: str | None, key: str, payload, body: bytes):
     """The signature a REST predict names and its inputs as arrays (``predict`` checks them further)."""
     sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
@@ -273,13 +240,8 @@ def _predict_inputs(handle, signature_name: str | None, key: str, payload, body:
 
 def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:
     from google.protobuf import json_format
-    from tensorflow_serving.apis import get_model_metadata_pb2
 
-    with core.acquire(spec) as handle:
-        sig_map = get_model_metadata_pb2.SignatureDefMap()
-        for name, sig_def in handle.servable.signature_def_map.items():
-            sig_map.signature_def[name].CopyFrom(sig_def)
-        version = handle.version
+    version, sig_map = core.signature_defs(spec)
     signature_defs = json_format.MessageToDict(
         sig_map, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
     )
