@@ -412,6 +412,34 @@ def test_deadline_passing_in_the_queue(server, stub):
     expect_tf_serving_timeout_message(r)
 
 
+def test_grpc_call_cancelled_in_the_queue_leaves_it_at_once(server, stub):
+    """A client that resets its call (RST_STREAM) frees its rows now, not when the batch ahead finishes."""
+    a = threading.Thread(target=lambda: grpc_predict(stub, "sleepy", sleepy_input(2, 4.0)))
+    a.start()
+    wait_until_running(server, stub, 0.2)  # A runs; the queue is empty again
+    queued = stub.Predict.future(grpc_request("sleepy", sleepy_input(2, 0.0, 7.0)), timeout=60)
+    # Queued: the queue's single batch is full, so a third request is refused.
+    wait_for(lambda: _refused(stub), 10, interval=0.05, what="the cancelled call to sit in the queue")
+    dropped_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
+    queued.cancel()
+    wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") > dropped_before, 30,
+             interval=0.02, what="the server to drop the cancelled call")
+    assert a.is_alive(), "the drop must not wait for A's batch"
+    assert not _refused(stub), "the cancelled call's rows must have left the queue"
+    a.join()
+    assert grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 2.0), timeout=30)["y"].ravel().tolist() == [5.0]
+
+
+def _refused(stub) -> bool:
+    """Whether a 2-row sleepy call is refused at once (queue full); a call that is let in runs to the end."""
+    try:
+        grpc_predict(stub, "sleepy", sleepy_input(2, 0.0, 9.0), timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+        return True
+    return False
+
+
 def test_rest_timeout_while_the_batch_runs(server):
     r = rest_predict(server, "sleepy", sleepy_input(1, REST_TIMEOUT_MS / 1000 + 1.0))
     assert r.status_code == 504, r.text

@@ -54,7 +54,7 @@ _PING_ACK_HEADER = h2.frame_header(h2.PING, h2.ACK, 0, 8)
 
 class _Stream:
     __slots__ = ("sid", "headers", "chunks", "size", "remote_closed", "answered", "send_window",
-                 "pending", "trailer", "timer", "consumed", "deadline", "refused")
+                 "pending", "trailer", "timer", "consumed", "deadline", "refused", "queued")
 
     def __init__(self, sid: int, send_window: int):
         self.sid = sid
@@ -70,6 +70,21 @@ class _Stream:
         self.consumed = 0  # DATA bytes received since our last stream WINDOW_UPDATE
         self.deadline: float | None = None
         self.refused = False  # answered early (too large): drop the rest of its DATA
+        self.queued = None  # its Predict waiting in a batching queue (core.QueuedPredict)
+
+
+def _abandon(stream: _Stream) -> None:
+    """The client is gone (RST_STREAM, or the connection closed): stop the stream's timer.
+
+    A Predict still in a batching queue is expired: its rows leave the queue now rather
+    than wait for a batch nobody will read (counted DEADLINE_EXCEEDED: clients reset a
+    unary call when its deadline passes, often just before the server's own timer).
+    """
+    if stream.timer is not None:
+        stream.timer.cancel()
+        stream.timer = None
+    if stream.queued is not None:
+        stream.queued.expire()
 
 
 class _Connection(asyncio.Protocol):
@@ -109,8 +124,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.server.connections.discard(self)
         for stream in self.streams.values():
-            if stream.timer is not None:
-                stream.timer.cancel()
+            _abandon(stream)
         self.streams.clear()
         self.blocked.clear()
 
@@ -188,8 +202,7 @@ class _Connection(asyncio.Protocol):
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 stream.answered = True  # the client gave up: drop whatever the handler returns
-                if stream.timer is not None:
-                    stream.timer.cancel()
+                _abandon(stream)
                 stream.pending = None
         elif kind == h2.GOAWAY:
             pass  # the client closes the connection once its calls finish
@@ -404,8 +417,9 @@ class _Connection(asyncio.Protocol):
     # done-callback hops back into the loop to serialize and answer.
     def _await_batch(self, stream: _Stream, pending) -> None:
         loop = self.loop
+        stream.queued = pending
         if stream.deadline is not None:
-            stream.timer = loop.call_later(stream.deadline - time.monotonic(), self._batch_timed_out, stream, pending)
+            stream.timer = loop.call_later(stream.deadline - time.monotonic(), self._batch_timed_out, stream)
         # Even when the loop has closed, finishing releases the version.
         finish = functools.partial(self.services.finish_queued, pending)
         when_done_on_loop(loop, pending.future, self._batch_done, stream, finish, if_closed=finish)
@@ -423,9 +437,9 @@ class _Connection(asyncio.Protocol):
         self.flush_queued = False
         self._flush()
 
-    def _batch_timed_out(self, stream: _Stream, pending) -> None:
+    def _batch_timed_out(self, stream: _Stream) -> None:
         self._timed_out(stream)
-        pending.expire()  # its queued rows leave the queue; counted as DEADLINE_EXCEEDED
+        stream.queued.expire()  # its queued rows leave the queue; counted as DEADLINE_EXCEEDED
 
     def _offload(self, stream: _Stream, method: Method, request, remaining: float | None) -> None:
         loop = self.loop
