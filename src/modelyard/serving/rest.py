@@ -143,7 +143,7 @@ class RestApp:
 
         def read_request(handle):
             signature_name, key, payload = rest_json.parse_predict(body)
-            sig, inputs = _predict_inputs(handle, signature_name, key, payload, body)
+            sig, inputs = _predict_inputs(handle, signature_name, key, payload)
             instances = key == "instances"
             return sig.name, inputs, lambda _queued, outputs: rest_json.predict_body(outputs, instances)
 
@@ -194,7 +194,7 @@ class RestApp:
             if api == "predict":
                 signature_name, key, payload = rest_json.parse_predict(body)
                 with core.acquire(spec) as handle:
-                    sig, inputs = _predict_inputs(handle, signature_name, key, payload, body)
+                    sig, inputs = _predict_inputs(handle, signature_name, key, payload)
                     _, outputs = core.predict(handle, sig.name, inputs)
                 return rest_json.predict_body(outputs, key == "instances")
             signature_name, examples = rest_json.parse_examples(body, api)
@@ -224,7 +224,7 @@ class RestApp:
         )
 
 
-def _predict_inputs(handle, signature_name: str | None, key: str, payload, body: bytes):
+def _predict_inputs(handle, signature_name: str | None, key: str, payload):
     """The signature a REST predict names and its inputs as arrays (``predict`` checks them further)."""
     sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
     if sig is None:
@@ -232,7 +232,7 @@ def _predict_inputs(handle, signature_name: str | None, key: str, payload, body:
             f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
         )
     if key == "instances":
-        inputs = rest_json.inputs_from_instances(payload, sig, rest_json.int_instances_text(body))
+        inputs = rest_json.inputs_from_instances(payload, sig)
     else:
         inputs = rest_json.inputs_from_columns(payload, sig)
     return sig, inputs

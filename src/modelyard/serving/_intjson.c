@@ -1,0 +1,303 @@
+/* _intjson: read a REST predict body whose tensor is all JSON integers in one pass, in C.
+ *
+ * Images and token ids arrive as nested lists of integers. Parsing them into Python lists and
+ * then into an array cost most of a batched request's time on the event loop, so bodies of
+ * the shape
+ *
+ *     { "instances" | "inputs": <regular nested arrays of integers>, ["signature_name": "..."] }
+ *
+ * are read here straight into int64 values. Anything else, including every malformed body,
+ * returns None and the general parser (rest_json) decides what it is and words the error:
+ * this module never raises for bad input, so TF Serving's error messages stay in one place.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 32   /* deeper tensors take the general path */
+#define MAX_DIGITS 18  /* so a value always fits in int64; longer numbers take the general path */
+#define RELEASE_GIL_BYTES (64 * 1024)
+
+typedef struct {
+    const char *p;
+    const char *end;
+} Cursor;
+
+typedef struct {
+    int64_t *values;
+    Py_ssize_t count;
+    int ndim;
+    Py_ssize_t shape[MAX_DEPTH];
+    int64_t lo, hi;
+} Tensor;
+
+static void skip_ws(Cursor *c)
+{
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+/* One JSON integer, -?(0|[1-9][0-9]*), not followed by a fraction or exponent. */
+static int read_int(Cursor *c, int64_t *out)
+{
+    int negative = 0;
+    int64_t value = 0;
+    if (*c->p == '-') {
+        negative = 1;
+        c->p++;
+    }
+    if (c->p >= c->end || !is_digit(*c->p))
+        return -1;
+    if (*c->p == '0') {
+        c->p++;
+        if (c->p < c->end && is_digit(*c->p))
+            return -1; /* a leading zero is not JSON */
+    } else {
+        int digits = 0;
+        while (c->p < c->end && is_digit(*c->p)) {
+            if (++digits > MAX_DIGITS)
+                return -1;
+            value = value * 10 + (*c->p - '0');
+            c->p++;
+        }
+    }
+    if (c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E'))
+        return -1; /* a float */
+    *out = negative ? -value : value;
+    return 0;
+}
+
+/* Nested arrays of integers at c->p, every list at one depth the same length, none empty,
+ * numbers only at the innermost depth. 0 on success, -1 for anything else. */
+static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
+{
+    Py_ssize_t seen[MAX_DEPTH]; /* elements so far in the open list at each depth */
+    int depth = 0;              /* lists open */
+    int leaf_depth = -1;        /* where the numbers sit, from the first one */
+    int i;
+    for (i = 0; i < MAX_DEPTH; i++)
+        t->shape[i] = 0;
+    t->count = 0;
+    t->lo = INT64_MAX;
+    t->hi = INT64_MIN;
+    if (c->p >= c->end || *c->p != '[')
+        return -1;
+    for (;;) {
+        /* a value is expected */
+        skip_ws(c);
+        if (c->p >= c->end)
+            return -1;
+        if (*c->p == '[') {
+            if (depth == MAX_DEPTH || (leaf_depth >= 0 && depth >= leaf_depth))
+                return -1;
+            seen[depth++] = 0;
+            c->p++;
+            continue; /* a list opened: a value must follow (empty lists take the general path) */
+        }
+        if (*c->p != '-' && !is_digit(*c->p))
+            return -1;
+        if (leaf_depth < 0)
+            leaf_depth = depth;
+        else if (depth != leaf_depth)
+            return -1;
+        if (t->count == capacity)
+            return -1;
+        {
+            int64_t v;
+            if (read_int(c, &v) < 0)
+                return -1;
+            t->values[t->count++] = v;
+            if (v < t->lo)
+                t->lo = v;
+            if (v > t->hi)
+                t->hi = v;
+        }
+        seen[depth - 1]++;
+        /* after a value: a comma, or the end of one or more lists */
+        for (;;) {
+            skip_ws(c);
+            if (c->p >= c->end)
+                return -1;
+            if (*c->p == ',') {
+                c->p++;
+                break;
+            }
+            if (*c->p != ']')
+                return -1;
+            c->p++;
+            {
+                int level = depth - 1;
+                if (t->shape[level] == 0)
+                    t->shape[level] = seen[level];
+                else if (t->shape[level] != seen[level])
+                    return -1; /* ragged */
+            }
+            if (--depth == 0) {
+                t->ndim = leaf_depth;
+                return 0;
+            }
+            seen[depth - 1]++;
+        }
+    }
+}
+
+/* A JSON string with no escapes or control characters: [start, stop) of its contents. */
+static int read_plain_string(Cursor *c, const char **start, const char **stop)
+{
+    if (c->p >= c->end || *c->p != '"')
+        return -1;
+    c->p++;
+    *start = c->p;
+    while (c->p < c->end && *c->p != '"') {
+        if (*c->p == '\\' || (unsigned char)*c->p < 0x20)
+            return -1;
+        c->p++;
+    }
+    if (c->p >= c->end)
+        return -1;
+    *stop = c->p++;
+    return 0;
+}
+
+static int key_is(const char *start, const char *stop, const char *word)
+{
+    size_t n = strlen(word);
+    return (size_t)(stop - start) == n && memcmp(start, word, n) == 0;
+}
+
+/* The whole body: an object of the tensor's key and, optionally, "signature_name". */
+static int read_body(Cursor *c, Tensor *t, Py_ssize_t capacity, const char **tensor_key,
+                     const char **name_start, const char **name_stop)
+{
+    *tensor_key = NULL;
+    *name_start = *name_stop = NULL;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != '{')
+        return -1;
+    c->p++;
+    for (;;) {
+        const char *ks, *ke;
+        skip_ws(c);
+        if (read_plain_string(c, &ks, &ke) < 0)
+            return -1;
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != ':')
+            return -1;
+        c->p++;
+        skip_ws(c);
+        if (key_is(ks, ke, "instances") || key_is(ks, ke, "inputs")) {
+            if (*tensor_key != NULL) /* both keys, or one twice: the general path answers */
+                return -1;
+            *tensor_key = key_is(ks, ke, "inputs") ? "inputs" : "instances";
+            if (read_tensor(c, t, capacity) < 0)
+                return -1;
+        } else if (key_is(ks, ke, "signature_name")) {
+            if (*name_start != NULL)
+                return -1;
+            if (read_plain_string(c, name_start, name_stop) < 0)
+                return -1;
+        } else {
+            return -1;
+        }
+        skip_ws(c);
+        if (c->p >= c->end)
+            return -1;
+        if (*c->p == ',') {
+            c->p++;
+            continue;
+        }
+        if (*c->p != '}')
+            return -1;
+        c->p++;
+        break;
+    }
+    skip_ws(c);
+    return (c->p == c->end && *tensor_key != NULL) ? 0 : -1;
+}
+
+PyDoc_STRVAR(read_int_body_doc,
+"read_int_body(body: bytes) -> tuple | None\n\n"
+"(key, signature_name or None, int64 values as a bytearray, shape, min, max) when ``body`` is\n"
+"a predict request whose only tensor is regular nested arrays of JSON integers (each of at\n"
+"most 18 digits); None for any other body, valid or not.");
+
+static PyObject *read_int_body(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    Tensor t;
+    Cursor c;
+    const char *key, *name_start, *name_stop;
+    Py_ssize_t capacity;
+    int status;
+    PyObject *values = NULL, *shape = NULL, *name = NULL, *result = NULL;
+    int i;
+
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    /* every number takes at least one character and one separator */
+    capacity = view.len / 2 + 1;
+    t.values = (int64_t *)malloc((size_t)capacity * sizeof(int64_t));
+    if (t.values == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    c.p = (const char *)view.buf;
+    c.end = c.p + view.len;
+    if (view.len >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        status = read_body(&c, &t, capacity, &key, &name_start, &name_stop);
+        Py_END_ALLOW_THREADS
+    } else {
+        status = read_body(&c, &t, capacity, &key, &name_start, &name_stop);
+    }
+    if (status < 0) {
+        free(t.values);
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    if (name_start != NULL) {
+        name = PyUnicode_DecodeUTF8(name_start, name_stop - name_start, "strict");
+        if (name == NULL) { /* not UTF-8: the general path says so */
+            PyErr_Clear();
+            free(t.values);
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+    } else {
+        name = Py_NewRef(Py_None);
+    }
+    values = PyByteArray_FromStringAndSize((const char *)t.values, t.count * (Py_ssize_t)sizeof(int64_t));
+    free(t.values);
+    PyBuffer_Release(&view);
+    shape = PyTuple_New(t.ndim);
+    if (values == NULL || shape == NULL)
+        goto done;
+    for (i = 0; i < t.ndim; i++) {
+        PyObject *n = PyLong_FromSsize_t(t.shape[i]);
+        if (n == NULL)
+            goto done;
+        PyTuple_SET_ITEM(shape, i, n);
+    }
+    result = Py_BuildValue("(sOOOLL)", key, name, values, shape, (long long)t.lo, (long long)t.hi);
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(shape);
+    Py_XDECREF(name);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"read_int_body", read_int_body, METH_O, read_int_body_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_intjson",
+    "Integer-only REST predict bodies read in one pass (see rest_json.read_int_body).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__intjson(void) { return PyModule_Create(&module); }
