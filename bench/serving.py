@@ -46,11 +46,15 @@ MODEL = "my_mnist_model"
 CNN = "digits_cnn"
 CNN_DIR = "digits_cnn-dense1024"  # a new directory whenever the CNN's architecture changes
 # TF thread settings the CNN runs under, with and without batching: TF's own (as many intra-op
-# threads as cores, which spin between ops) and one thread per op (the batch threads, or the
-# concurrent requests, are the parallelism). The batching target compares best with best.
+# threads as cores, which spin between ops); one thread per op (the batch threads, or the
+# concurrent requests, are the parallelism); and one thread per op with the graph run in the
+# calling thread (inter-op -1: no hand-off to TF's inter-op pool, which left the batch thread's
+# core idle ~20% of the time). The batching target compares best with best.
 CNN_THREADS = {
     "TF default threads": [],
     "1 intra-op, 1 inter-op thread": ["--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "1"],
+    "1 intra-op thread, ops in the caller's thread": ["--tensorflow_intra_op_parallelism", "1",
+                                                      "--tensorflow_inter_op_parallelism", "-1"],
 }
 TF_PIN = "tensorflow-cpu==2.21.*"
 VENVS = {
@@ -58,10 +62,13 @@ VENVS = {
     "fastapi": ["fastapi", "uvicorn[standard]", TF_PIN, "ai-edge-litert"],
     "plot": ["matplotlib"],
 }
+# One batch thread: on two cores the REST event loop (parsing every request) needs the other
+# one. Measured on the CNN at c=64: one thread filled batches to ~31 rows and served 10-30%
+# more than two, which split the load into ~20-row batches that competed with the loop.
 DEFAULT_BATCHING = """max_batch_size { value: 32 }
 batch_timeout_micros { value: 2000 }
 max_enqueued_batches { value: 1000 }
-num_batch_threads { value: 2 }
+num_batch_threads { value: 1 }
 """
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -99,6 +106,11 @@ def ensure_venv(name: str) -> Path:
     subprocess.check_call([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *VENVS[name]])
     marker.write_text(spec)
     return py
+
+
+def slug(text: str) -> str:
+    """``text`` as a file-name part: lower-case words joined by '-'."""
+    return "-".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
 
 
 def free_port() -> int:
@@ -795,7 +807,7 @@ def main(argv=None) -> int:
                 gp, rp = free_port(), free_port()
                 cmd = modelyard_cmd(CNN, info["cnn_base"], gp, rp, my_args + shlex.split(args.cnn_args) + thread_flags + flags)
                 srv = Server(f"modelyard ({label}, {threads})", cmd, rp, CNN,
-                             logs / f"cnn-{label.replace(' ', '-')}-{threads.split(' ')[0]}.log", cwd=REPO, grpc_port=gp)
+                             logs / f"cnn-{label.replace(' ', '-')}-{slug(threads)}.log", cwd=REPO, grpc_port=gp)
                 try:
                     srv.start()
                     rt = modelyard_runtime(srv, CNN)

@@ -89,6 +89,9 @@ def server(model_dirs):
         "--enable_batching", "--batching_parameters_file", str(model_dirs / "params.txt"),
         "--enable_per_model_batching_params",
         "--runtime", "tensorflow",
+        # Batch threads run their graphs themselves (TF's caller-thread mode): the bitwise test
+        # below compares that with a session on TF's default threads.
+        "--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "-1",
         "--rest_api_timeout_in_ms", str(REST_TIMEOUT_MS),
         "--file_system_poll_wait_seconds", "0",
         "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
