@@ -60,8 +60,7 @@ def _signature(*dtypes: tf.DType):
 def _outcome(body: bytes, sig):
     try:
         _, key, payload = rest_json.parse_predict(body)
-        read = rest_json.inputs_from_instances if key == "instances" else rest_json.inputs_from_columns
-        arrays = read(payload, sig)
+        arrays = rest_json.predict_inputs(key, payload, sig)
     except ServingError as exc:
         return ("error", exc.code, exc.message)
     return [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in sorted(arrays.items())]

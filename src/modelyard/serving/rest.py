@@ -231,11 +231,7 @@ def _predict_inputs(handle, signature_name: str | None, key: str, payload):
         raise invalid_argument(
             f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
         )
-    if key == "instances":
-        inputs = rest_json.inputs_from_instances(payload, sig)
-    else:
-        inputs = rest_json.inputs_from_columns(payload, sig)
-    return sig, inputs
+    return sig, rest_json.predict_inputs(key, payload, sig)
 
 
 def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:

@@ -287,12 +287,17 @@ def parse_predict(body: bytes):
     return name, key, doc[key]
 
 
-def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
-    if type(instances) is IntTensor:
-        inputs = instances.as_input(sig)
+def predict_inputs(key: str, payload, sig: Signature) -> dict[str, np.ndarray]:
+    """The inputs of a predict body whose tensor key is ``key`` (``parse_predict``'s answer)."""
+    if type(payload) is IntTensor:
+        inputs = payload.as_input(sig)
         if inputs is not None:
             return inputs
-        instances = instances.general("instances")
+        payload = payload.general(key)
+    return inputs_from_instances(payload, sig) if key == "instances" else inputs_from_columns(payload, sig)
+
+
+def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise invalid_argument(f"JSON Value: {_dump({'instances': instances})} Excepting 'instances' to be an list/array")
     if not instances:
@@ -350,11 +355,6 @@ def _batch(rows: list, spec: TensorSpec) -> np.ndarray:
 
 
 def inputs_from_columns(inputs, sig: Signature) -> dict[str, np.ndarray]:
-    if type(inputs) is IntTensor:
-        tensors = inputs.as_input(sig)
-        if tensors is not None:
-            return tensors
-        inputs = inputs.general("inputs")
     if isinstance(inputs, dict) and not _is_b64(inputs):
         result = {}
         for alias, spec in sig.inputs.items():
