@@ -872,6 +872,10 @@ def verdict(ok) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
+def _thread_settings() -> str:
+    return "; ".join(f"{name}: `{' '.join(flags)}`" if flags else name for name, flags in CNN_THREADS.items())
+
+
 def cnn_targets(rows: list[dict], meta: dict) -> list[str]:
     """Batching's two targets, per protocol: the best batched run against the best unbatched one."""
     lines = []
@@ -928,9 +932,9 @@ def report(rows: list[dict], meta: dict) -> str:
         f"call alone in a loop (one thread, no server): its req/s is calls/s. Load-gen CPU is the load "
         f"generator's CPU per request (wrk's whole run; the gRPC clients' measured window): on 2 shared cores, "
         f"CPU the client takes is CPU the server cannot use. The CNN rows run `modelyard serve "
-        f"{meta.get('cnn_args', '')}` with and without `--enable_batching` (parameters below), under TF's "
-        f"default thread counts and with `--tensorflow_intra_op_parallelism 1 --tensorflow_inter_op_parallelism 1`, "
-        f"over REST and gRPC at concurrency {meta.get('batching_concurrency', 64)}.",
+        f"{meta.get('cnn_args', '')}` with and without `--enable_batching` (parameters below), under each "
+        f"thread setting ({_thread_settings()}), over REST and gRPC at concurrency "
+        f"{meta.get('batching_concurrency', 64)}.",
         "",
         "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req "
         "| load-gen CPU µs/req |",
