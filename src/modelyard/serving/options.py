@@ -59,7 +59,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
         "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
     add("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF decides)")
-    add("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF decides; -1: each call runs its ops in the calling thread)")
+    add("--tensorflow_inter_op_parallelism", type=int, default=0,
+        help="TF inter-op threads (0: TF decides; -1: each call runs its ops in the calling thread)")
     add("--enable_batching", **flag, help="merge concurrent requests for a model into batches")
     add("--batching_parameters_file", default=None,
         help="text BatchingParameters for --enable_batching (default: TF Serving's defaults)")
