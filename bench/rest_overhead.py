@@ -1,0 +1,188 @@
+"""What a REST predict costs modelyard itself: the serving path with the model call taken out.
+
+    python3 bench/rest_overhead.py       # prints the table, writes bench/results/rest_overhead.md
+
+The demo digits model is served in-process (``ModelServer``, ``--runtime tensorflow``) with
+its session call replaced by one that returns zeros at once, and a closed loop of fake
+connections is driven through the real ``HttpProtocol`` on uvloop: HTTP parsing, routing,
+JSON, batching queue, encoding and the response, without sockets or the model. CPU is
+``time.process_time`` (all threads) and ``time.thread_time`` of the event loop, per request.
+Every configuration runs in a fresh process; the table shows each one's best of ``--repeats``
+runs (the machine is shared and noisy). Use it to see where the per-request cost goes when
+changing the server; `bench/serving.py` measures the whole thing over real sockets.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+BATCHING = """max_batch_size { value: 32 }
+batch_timeout_micros { value: 2000 }
+max_enqueued_batches { value: 1000 }
+num_batch_threads { value: 1 }
+"""
+CONFIGS = [  # (label, batching)
+    ("batching (predicts wait in the queue, parsed on the event loop)", True),
+    ("no batching (predicts run on the REST thread pool)", False),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def one_run(batching: bool, requests: int, connections: int) -> dict:
+    """(child process) Serve the demo model with a no-op session and drive it; returns the figures."""
+    import asyncio
+    import gc
+
+    import numpy as np
+    import uvloop
+
+    from modelyard import demo
+    from modelyard.serving import tf_session
+    from modelyard.serving.http_server import HttpProtocol
+    from modelyard.serving.options import add_flags, resolve
+    from modelyard.serving.server import ModelServer
+
+    def instant_run(self, signature, inputs, output_aliases):
+        rows = next(iter(inputs.values())).shape[0]
+        return {alias: np.zeros((rows, 10), np.float32) for alias in output_aliases}
+
+    tf_session.SessionServable.run = instant_run  # the model call is what this benchmark leaves out
+
+    base = demo.ensure_demo_model(log=lambda m: log(m))
+    flags = ["--model_name", demo.MODEL_NAME, "--model_base_path", str(base), "--port", "1", "--rest_api_port", "2",
+             "--runtime", "tensorflow", "--tensorflow_intra_op_parallelism", "1",
+             "--tensorflow_inter_op_parallelism", "-1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        if batching:
+            params = Path(tmp) / "batching.config"
+            params.write_text(BATCHING)
+            flags += ["--enable_batching", "--batching_parameters_file", str(params)]
+        parser = argparse.ArgumentParser()
+        add_flags(parser)
+        server = ModelServer(resolve(parser.parse_args(flags)))
+        server.apply_configs(server.initial_configs(), wait_s=None)
+    from modelyard.serving.rest import RestApp
+
+    app = RestApp(server.core, threads=server.options.rest_api_num_threads)
+    body = json.dumps({"instances": demo.demo_instances(1).tolist()}, separators=(",", ":")).encode()
+    request = (b"POST /v1/models/%s:predict HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % (demo.MODEL_NAME.encode(), len(body))) + body
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    state = {"done": 0, "target": 0, "error": None}
+
+    class Transport:  # what HttpProtocol writes to: counts answers and sends the next request at once
+        def __init__(self):
+            self.protocol = None
+
+        def write(self, data: bytes) -> None:
+            if not data.startswith(b"HTTP/1.1 200"):
+                state["error"] = data[:300]
+                loop.stop()
+                return
+            state["done"] += 1
+            if state["done"] == state["target"]:
+                loop.stop()
+            if state["done"] < state["target"]:
+                loop.call_soon(self.protocol.data_received, request)
+
+        def close(self) -> None:
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_extra_info(self, *args, **kwargs):
+            return None
+
+    def start() -> None:
+        for _ in range(connections):
+            transport = Transport()
+            transport.protocol = HttpProtocol(app)
+            transport.protocol.connection_made(transport)
+            transport.protocol.data_received(request)
+
+    def drive(n: int) -> tuple[float, float, float]:
+        state.update(done=0, target=n)
+        loop.call_soon(start)
+        cpu, loop_cpu, wall = time.process_time(), time.thread_time(), time.perf_counter()
+        loop.run_forever()
+        if state["error"] is not None:
+            raise RuntimeError(f"the server answered {state['error']!r}")
+        return time.process_time() - cpu, time.thread_time() - loop_cpu, time.perf_counter() - wall
+
+    gc.collect()
+    gc.freeze()
+    drive(max(1000, requests // 10))  # warm-up
+    cpu, loop_cpu, wall = drive(requests)
+    done = state["done"]
+    server.stop()
+    return {"requests": done, "rps": done / wall, "cpu_us": 1e6 * cpu / done, "loop_us": 1e6 * loop_cpu / done,
+            "body_bytes": len(body)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=20000, help="requests per run (default 20000)")
+    p.add_argument("--connections", type=int, default=64, help="concurrent fake connections (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best is reported (default 3)")
+    p.add_argument("--out", default=str(ROOT / "results"), help="directory for rest_overhead.md")
+    p.add_argument("--_child", choices=("0", "1"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._child:
+        result = one_run(args._child == "1", args.requests, args.connections)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+
+    best: dict[str, dict] = {}
+    for repeat in range(args.repeats):
+        for label, batching in CONFIGS:  # configurations alternate, so a slow spell hits all of them
+            cmd = [sys.executable, __file__, "--requests", str(args.requests), "--connections", str(args.connections),
+                   "--_child", "1" if batching else "0"]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+            line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if out.returncode != 0 or line is None:
+                log(f"{label}: failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+                return 1
+            result = json.loads(line[len("RESULT "):])
+            log(f"run {repeat + 1}/{args.repeats} {label}: {result['rps']:,.0f} req/s, "
+                f"{result['cpu_us']:.0f} µs CPU/req, event loop {result['loop_us']:.0f} µs/req")
+            if label not in best or result["cpu_us"] < best[label]["cpu_us"]:
+                best[label] = result
+
+    lines = [
+        "# REST serving overhead (model call taken out)",
+        "",
+        f"`python3 bench/rest_overhead.py` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"the demo digits model's path with a session call that returns at once, {args.connections} fake "
+        f"connections in a closed loop through `HttpProtocol`, {args.requests:,} requests per run, best of "
+        f"{args.repeats} runs by CPU. One 28×28 uint8 image per request (JSON integers).",
+        "",
+        "| configuration | body bytes | req/s | CPU µs/req (all threads) | event loop µs/req |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, _ in CONFIGS:
+        r = best[label]
+        lines.append(f"| {label} | {r['body_bytes']:,} | {r['rps']:,.0f} | {r['cpu_us']:.0f} | {r['loop_us']:.0f} |")
+    md = "\n".join(lines) + "\n"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "rest_overhead.md").write_text(md)
+    print(md)
+    log(f"wrote {out_dir / 'rest_overhead.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
