@@ -33,13 +33,23 @@ MODELS = {
 METRICS = "/monitoring/prometheus/metrics"
 
 
+class Flatten4(tf.Module):
+    """``y = sum of the 4 values of each [2, 2] row``: a fixed inner shape, which LiteRT resizes differently."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2, 2], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": tf.matmul(tf.reshape(x, [-1, 4]), tf.ones([4, 1]))}
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     root = tmp_path_factory.mktemp("runtimes")
     save_sleepy(root / "tfonly" / "1")
+    flatten = Flatten4()
+    tf.saved_model.save(flatten, str(root / "flatten" / "1"), signatures={"serving_default": flatten.serve})
     body = "".join(
         f'  config: {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
-        for name, path in {**MODELS, "tfonly": root / "tfonly"}.items()
+        for name, path in {**MODELS, "tfonly": root / "tfonly", "flatten": root / "flatten"}.items()
     )
     (root / "models.config").write_text("model_config_list: {\n" + body + "}\n")
     started = {
@@ -102,6 +112,19 @@ def test_rest_answers_are_tf_servings_on_every_runtime(servers, path, body, expe
     assert json.loads(same_everywhere(servers, ask)) == expected
 
 
+def test_inputs_litert_cannot_take_get_tensorflows_answer(servers):
+    """A shape LiteRT's kernels refuse gets TensorFlow's error (TF Serving's), not LiteRT's 500."""
+    def ask(server, body):
+        r = post(server, "/v1/models/flatten:predict", body)
+        return r.status_code, r.content
+
+    status, error = same_everywhere(servers, lambda server: ask(server, {"instances": [[[1.0, 2.0, 3.0]]]}))
+    assert status == 400 and b"Input to reshape is a tensor with 3 values" in error, error
+    # The interpreter that refused is fine afterwards: a good request is answered on every runtime.
+    status, answer = same_everywhere(servers, lambda server: ask(server, {"instances": [[[1.0, 2.0], [3.0, 4.0]]]}))
+    assert status == 200 and json.loads(answer) == {"predictions": [[10.0]]}
+
+
 @pytest.mark.parametrize("model", ["default", "tf2", "tflite"])
 def test_random_inputs_bitwise_identical_over_grpc_and_rest(servers, model):
     x = np.random.default_rng(3).normal(scale=1000, size=(64, 1)).astype(np.float32)
@@ -158,11 +181,12 @@ def runtime_gauges(server) -> dict[tuple[str, str], float]:
 
 def test_metrics_and_log_say_which_runtime_serves_each_version(servers):
     tf_only = {("default", "tensorflow"): 1, ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1,
-               ("tflite", "litert"): 1}
+               ("tflite", "litert"): 1, ("flatten", "tensorflow"): 1}
     assert runtime_gauges(servers["tensorflow"]) == tf_only
     # auto: predict signatures on LiteRT, Example-taking ones on TensorFlow; tfonly falls back whole.
     mixed = {("default", "litert"): 1, ("default", "tensorflow"): 1, ("tf2", "litert"): 1,
-             ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1, ("tflite", "litert"): 1}
+             ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1, ("tflite", "litert"): 1,
+             ("flatten", "litert"): 1}
     assert runtime_gauges(servers["auto"]) == mixed
     # litert: the same, except tfonly, which it refuses (see below).
     assert runtime_gauges(servers["litert"]) == {k: v for k, v in mixed.items() if k[0] != "tfonly"}

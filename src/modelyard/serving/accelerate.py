@@ -3,7 +3,8 @@
 ``auto`` converts each numeric predict-style signature to a TFLite flatbuffer at load
 time, runs both runtimes on sample inputs, and keeps LiteRT only where outputs match
 (same dtypes and shapes, max abs difference <= 1e-5 relative). Everything else, and
-every signature taking serialized Examples, stays on the TensorFlow session.
+every signature taking serialized Examples, stays on the TensorFlow session, which also
+answers any request LiteRT refuses (so errors are TensorFlow's, as in TF Serving).
 ``litert`` insists for every signature LiteRT can take: one that cannot be converted or
 does not match fails the load. Signatures LiteRT cannot take at all (serialized Examples,
 strings, inputs of unknown shape: classify and regress) stay on TensorFlow under every
@@ -26,7 +27,7 @@ RUNTIMES = ("auto", "tensorflow", "litert")
 TOLERANCE = 1e-5
 SAMPLE_BATCHES = (1, 3)
 class MixedServable(Servable):
-    """A session servable whose listed signatures run on LiteRT instead."""
+    """A session servable whose listed signatures run on LiteRT instead (inputs LiteRT refuses: the session)."""
 
     def __init__(self, session: Servable, fast: dict[str, tuple[LiteRTRunner, dict, dict]]):
         super().__init__(session.path, session.signatures, session.signature_def_map)
@@ -43,7 +44,13 @@ class MixedServable(Servable):
         if fast is None:
             return self._session.run(signature, inputs, output_aliases)
         runner, in_keys, out_keys = fast
-        results = _run_checked(runner, {in_keys[a]: v for a, v in inputs.items()}, [out_keys[a] for a in output_aliases])
+        try:
+            results = _run_checked(runner, {in_keys[a]: v for a, v in inputs.items()},
+                                   [out_keys[a] for a in output_aliases])
+        except ServingError:
+            # LiteRT refused these inputs (say, a shape its kernels cannot take). TensorFlow answers
+            # them, with its own result or error (TF Serving's), so the runtime never changes either.
+            return self._session.run(signature, inputs, output_aliases)
         return {a: results[out_keys[a]] for a in output_aliases}
 
     def close(self) -> None:
