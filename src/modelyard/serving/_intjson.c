@@ -13,7 +13,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 32   /* deeper tensors take the general path */
@@ -71,6 +70,22 @@ static int read_int(Cursor *c, int64_t *out)
     return 0;
 }
 
+/* After a value: 1 for a comma (another value follows), 0 for ``closer`` (consumed), -1 otherwise. */
+static int after_value(Cursor *c, char closer)
+{
+    skip_ws(c);
+    if (c->p >= c->end)
+        return -1;
+    if (*c->p == ',') {
+        c->p++;
+        return 1;
+    }
+    if (*c->p != closer)
+        return -1;
+    c->p++;
+    return 0;
+}
+
 /* Nested arrays of integers at c->p, every list at one depth the same length, none empty,
  * numbers only at the innermost depth. 0 on success, -1 for anything else. */
 static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
@@ -119,16 +134,11 @@ static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
         seen[depth - 1]++;
         /* after a value: a comma, or the end of one or more lists */
         for (;;) {
-            skip_ws(c);
-            if (c->p >= c->end)
+            int next = after_value(c, ']');
+            if (next < 0)
                 return -1;
-            if (*c->p == ',') {
-                c->p++;
+            if (next == 1)
                 break;
-            }
-            if (*c->p != ']')
-                return -1;
-            c->p++;
             {
                 int level = depth - 1;
                 if (t->shape[level] == 0)
@@ -203,17 +213,13 @@ static int read_body(Cursor *c, Tensor *t, Py_ssize_t capacity, const char **ten
         } else {
             return -1;
         }
-        skip_ws(c);
-        if (c->p >= c->end)
-            return -1;
-        if (*c->p == ',') {
-            c->p++;
-            continue;
+        {
+            int next = after_value(c, '}');
+            if (next < 0)
+                return -1;
+            if (next == 0)
+                break;
         }
-        if (*c->p != '}')
-            return -1;
-        c->p++;
-        break;
     }
     skip_ws(c);
     return (c->p == c->end && *tensor_key != NULL) ? 0 : -1;
@@ -232,49 +238,47 @@ static PyObject *read_int_body(PyObject *module, PyObject *arg)
     Cursor c;
     const char *key, *name_start, *name_stop;
     Py_ssize_t capacity;
-    int status;
-    PyObject *values = NULL, *shape = NULL, *name = NULL, *result = NULL;
-    int i;
+    int status, i;
+    PyObject *values, *shape = NULL, *name = NULL, *result = NULL;
 
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    /* every number takes at least one character and one separator */
+    /* Every number takes at least one character and one separator. The values are written
+     * straight into the bytearray returned (trimmed to size after), so they are copied once. */
     capacity = view.len / 2 + 1;
-    t.values = (int64_t *)malloc((size_t)capacity * sizeof(int64_t));
-    if (t.values == NULL) {
+    values = PyByteArray_FromStringAndSize(NULL, capacity * (Py_ssize_t)sizeof(int64_t));
+    if (values == NULL) {
         PyBuffer_Release(&view);
-        return PyErr_NoMemory();
+        return NULL;
     }
+    t.values = (int64_t *)PyByteArray_AS_STRING(values);
     c.p = (const char *)view.buf;
     c.end = c.p + view.len;
-    if (view.len >= RELEASE_GIL_BYTES) {
+    if (view.len >= RELEASE_GIL_BYTES) { /* nothing else can see either buffer meanwhile */
         Py_BEGIN_ALLOW_THREADS
         status = read_body(&c, &t, capacity, &key, &name_start, &name_stop);
         Py_END_ALLOW_THREADS
     } else {
         status = read_body(&c, &t, capacity, &key, &name_start, &name_stop);
     }
-    if (status < 0) {
-        free(t.values);
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    if (name_start != NULL) {
+    if (status == 0 && name_start != NULL) {
         name = PyUnicode_DecodeUTF8(name_start, name_stop - name_start, "strict");
         if (name == NULL) { /* not UTF-8: the general path says so */
             PyErr_Clear();
-            free(t.values);
-            PyBuffer_Release(&view);
-            Py_RETURN_NONE;
+            status = -1;
         }
-    } else {
-        name = Py_NewRef(Py_None);
     }
-    values = PyByteArray_FromStringAndSize((const char *)t.values, t.count * (Py_ssize_t)sizeof(int64_t));
-    free(t.values);
     PyBuffer_Release(&view);
+    if (status < 0) {
+        Py_DECREF(values);
+        Py_RETURN_NONE;
+    }
+    if (name == NULL)
+        name = Py_NewRef(Py_None);
+    if (PyByteArray_Resize(values, t.count * (Py_ssize_t)sizeof(int64_t)) < 0)
+        goto done;
     shape = PyTuple_New(t.ndim);
-    if (values == NULL || shape == NULL)
+    if (shape == NULL)
         goto done;
     for (i = 0; i < t.ndim; i++) {
         PyObject *n = PyLong_FromSsize_t(t.shape[i]);
@@ -284,9 +288,9 @@ static PyObject *read_int_body(PyObject *module, PyObject *arg)
     }
     result = Py_BuildValue("(sOOOLL)", key, name, values, shape, (long long)t.lo, (long long)t.hi);
 done:
-    Py_XDECREF(values);
+    Py_DECREF(values);
     Py_XDECREF(shape);
-    Py_XDECREF(name);
+    Py_DECREF(name);
     return result;
 }
 
