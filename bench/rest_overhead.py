@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,15 +25,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
-BATCHING = """max_batch_size { value: 32 }
-batch_timeout_micros { value: 2000 }
-max_enqueued_batches { value: 1000 }
-num_batch_threads { value: 1 }
-"""
+sys.path.insert(0, str(ROOT))
+from serving import DEFAULT_BATCHING  # noqa: E402  (the serving benchmark's batching parameters)
 CONFIGS = [  # (label, batching)
     ("batching (predicts wait in the queue, parsed on the event loop)", True),
     ("no batching (predicts run on the REST thread pool)", False),
 ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def log(msg: str) -> None:
@@ -60,22 +64,20 @@ def one_run(batching: bool, requests: int, connections: int) -> dict:
     tf_session.SessionServable.run = instant_run  # the model call is what this benchmark leaves out
 
     base = demo.ensure_demo_model(log=lambda m: log(m))
-    flags = ["--model_name", demo.MODEL_NAME, "--model_base_path", str(base), "--port", "1", "--rest_api_port", "2",
-             "--runtime", "tensorflow", "--tensorflow_intra_op_parallelism", "1",
-             "--tensorflow_inter_op_parallelism", "-1"]
+    flags = ["--model_name", demo.MODEL_NAME, "--model_base_path", str(base), "--host", "127.0.0.1",
+             "--port", str(_free_port()), "--rest_api_port", str(_free_port()), "--runtime", "tensorflow",
+             "--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "-1"]
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
     with tempfile.TemporaryDirectory() as tmp:
         if batching:
             params = Path(tmp) / "batching.config"
-            params.write_text(BATCHING)
+            params.write_text(DEFAULT_BATCHING)
             flags += ["--enable_batching", "--batching_parameters_file", str(params)]
-        parser = argparse.ArgumentParser()
-        add_flags(parser)
         server = ModelServer(resolve(parser.parse_args(flags)))
-        server.apply_configs(server.initial_configs(), wait_s=None)
-    from modelyard.serving.rest import RestApp
-
-    app = RestApp(server.core, threads=server.options.rest_api_num_threads)
-    body = json.dumps({"instances": demo.demo_instances(1).tolist()}, separators=(",", ":")).encode()
+        server.start()  # loads the model; its sockets stay idle (requests come through fake transports)
+    app = server.rest_app
+    body = demo.demo_predict_body(1).encode()
     request = (b"POST /v1/models/%s:predict HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % (demo.MODEL_NAME.encode(), len(body))) + body
     loop = uvloop.new_event_loop()

@@ -463,10 +463,8 @@ def h2load_grpc_load(server: Server, request: bytes, concurrency: int, duration:
 # ------------------------------------------------------------------ sub-commands run in other interpreters
 def cmd_prepare(args) -> None:
     """(modelyard's env) Demo model, the CNN, request bodies; prints JSON describing them."""
-    import numpy as np
-
     import modelyard
-    from modelyard.demo import demo_instances, ensure_demo_model
+    from modelyard.demo import demo_instances, demo_predict_body, ensure_demo_model
 
     out = Path(args.out)
     base = Path(ensure_demo_model(log=lambda m: log(m)))
@@ -500,8 +498,8 @@ def cmd_prepare(args) -> None:
         modelyard.export(model, str(cnn_base))
     cnn_latest = max((d for d in cnn_base.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
 
-    image = np.asarray(demo_instances(1), dtype=np.uint8)
-    body = json.dumps({"instances": image.tolist()}, separators=(",", ":")).encode()
+    image = demo_instances(1)
+    body = demo_predict_body(1).encode()
     (out / "body.json").write_bytes(body)
     from tensorflow_serving.apis.predict_pb2 import PredictRequest
     import tensorflow as tf
@@ -793,7 +791,7 @@ def main(argv=None) -> int:
         else:
             log("ceiling failed:\n" + out.stderr[-2000:])
 
-    # --- batching on the CNN: REST and gRPC, under TF's own thread counts and one thread per op
+    # --- batching on the CNN: REST and gRPC, with and without batching, under each of CNN_THREADS
     if "batching" not in skip:
         bc = args.batching_concurrency
         batch_flags = {"no batching": []}
@@ -807,7 +805,7 @@ def main(argv=None) -> int:
                 gp, rp = free_port(), free_port()
                 cmd = modelyard_cmd(CNN, info["cnn_base"], gp, rp, my_args + shlex.split(args.cnn_args) + thread_flags + flags)
                 srv = Server(f"modelyard ({label}, {threads})", cmd, rp, CNN,
-                             logs / f"cnn-{label.replace(' ', '-')}-{slug(threads)}.log", cwd=REPO, grpc_port=gp)
+                             logs / f"cnn-{slug(label)}-{slug(threads)}.log", cwd=REPO, grpc_port=gp)
                 try:
                     srv.start()
                     rt = modelyard_runtime(srv, CNN)

@@ -112,9 +112,14 @@ def demo_instances(n: int) -> np.ndarray:
     return np.ascontiguousarray(images[np.arange(n) % len(images)])
 
 
+def demo_predict_body(n: int = 1) -> str:
+    """A REST predict body for ``n`` demo images: compact JSON, as clients send it."""
+    return json.dumps({"instances": demo_instances(n).tolist()}, separators=(",", ":"))
+
+
 def demo_curl_command(rest_port: int, model_name: str = MODEL_NAME) -> str:
     """A ready-to-paste ``curl`` predict request for one real digit image."""
-    body = json.dumps({"instances": demo_instances(1).tolist()}, separators=(",", ":"))
+    body = demo_predict_body(1)
     return (
         f"curl -s -X POST http://localhost:{rest_port}/v1/models/{model_name}:predict "
         f"-H 'Content-Type: application/json' -d '{body}'"
