@@ -643,6 +643,16 @@ def run_grpc_series(server: Server, request: bytes, concs, duration, processes, 
     return rows
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median req/s (the lower middle one for an even count), its errors summed
+    over all runs, and every run's req/s."""
+    ordered = sorted(runs, key=lambda r: r["rps"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["errors"] = sum(r["errors"] for r in runs)
+    row["rounds_rps"] = [round(r["rps"]) for r in runs]
+    return row
+
+
 def warm(server: Server, body: bytes, loadgen: str, workdir: Path, seconds: float) -> None:
     check_predict(server.url, body)
     rest_load(loadgen, server.url, body, 8, seconds, workdir)
@@ -684,6 +694,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to skip: kserve,fastapi,grpc,batching,ceiling")
     p.add_argument("--batching-parameters-file", help="BatchingParameters text file (default: a built-in one)")
     p.add_argument("--batching-concurrency", type=int, default=64)
+    p.add_argument("--cnn-rounds", type=int, default=3,
+                   help="CNN runs per server and protocol, batched and unbatched taking turns; the table "
+                   "reports the median run (default 3, each half of --duration)")
     p.add_argument("--cnn-args", default="--runtime tensorflow",
                    help="extra `modelyard serve` flags for both CNN runs, batched and not (default: --runtime "
                    "tensorflow, TF Serving's runtime, whose per-call cost batching amortizes)")
@@ -691,6 +704,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     duration = args.duration or (2.0 if args.quick else 10.0)
+    cnn_duration = max(2.0, duration / 2)
     concs = [int(c) for c in args.concurrency.split(",")] if args.concurrency else ([1, 32] if args.quick else [1, 8, 32, 128])
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     my_args = shlex.split(args.modelyard_args)
@@ -801,22 +815,37 @@ def main(argv=None) -> int:
                 bfile.write_text(DEFAULT_BATCHING)
             batch_flags["batching"] = ["--enable_batching", "--batching_parameters_file", str(bfile)]
         for threads, thread_flags in CNN_THREADS.items():
-            for label, flags in batch_flags.items():
-                gp, rp = free_port(), free_port()
-                cmd = modelyard_cmd(CNN, info["cnn_base"], gp, rp, my_args + shlex.split(args.cnn_args) + thread_flags + flags)
-                srv = Server(f"modelyard ({label}, {threads})", cmd, rp, CNN,
-                             logs / f"cnn-{slug(label)}-{slug(threads)}.log", cwd=REPO, grpc_port=gp)
-                try:
+            # Both servers of a thread setting run side by side (an idle one costs nothing) and
+            # take turns under load, so slow spells of a shared machine hit both alike.
+            servers = {}
+            try:
+                for label, flags in batch_flags.items():
+                    gp, rp = free_port(), free_port()
+                    cmd = modelyard_cmd(CNN, info["cnn_base"], gp, rp,
+                                        my_args + shlex.split(args.cnn_args) + thread_flags + flags)
+                    srv = servers[label] = Server(f"modelyard ({label}, {threads})", cmd, rp, CNN,
+                                                  logs / f"cnn-{slug(label)}-{slug(threads)}.log", cwd=REPO,
+                                                  grpc_port=gp)
                     srv.start()
-                    rt = modelyard_runtime(srv, CNN)
                     warm(srv, body, args.loadgen, work, warm_s)
-                    base_row = {"scenario": "cnn", "server": f"modelyard, {label}", "threads": threads, "runtime": rt}
-                    rows += run_rest_series(srv, body, [bc], duration, args.loadgen, work,
-                                            dict(base_row, protocol="REST"))
-                    if "grpc" not in skip:
-                        rows += run_grpc_series(srv, grpc_req[CNN], [bc], duration, args.grpc_processes,
-                                                dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)
-                finally:
+                base_rows = {label: {"scenario": "cnn", "server": f"modelyard, {label}", "threads": threads,
+                                     "runtime": modelyard_runtime(srv, CNN)} for label, srv in servers.items()}
+                protocols = ["REST"] + ([] if "grpc" in skip else ["gRPC"])
+                for protocol in protocols:
+                    runs: dict[str, list[dict]] = {label: [] for label in servers}
+                    for turn in range(args.cnn_rounds):
+                        order = list(servers) if turn % 2 == 0 else list(servers)[::-1]
+                        for label in order:
+                            row = dict(base_rows[label], protocol=protocol)
+                            if protocol == "REST":
+                                runs[label] += run_rest_series(servers[label], body, [bc], cnn_duration,
+                                                               args.loadgen, work, row)
+                            else:
+                                runs[label] += run_grpc_series(servers[label], grpc_req[CNN], [bc], cnn_duration,
+                                                               args.grpc_processes, row, args.grpc_loadgen, work)
+                    rows += [median_run(r) for r in runs.values()]
+            finally:
+                for srv in servers.values():
                     srv.stop()
         if not has_batching:
             rows.append({"scenario": "cnn", "server": "modelyard, batching", "runtime": "-", "protocol": "REST",
@@ -839,7 +868,8 @@ def main(argv=None) -> int:
             "grpc_processes": args.grpc_processes, "grpc_loadgen": args.grpc_loadgen, "peer_workers": args.peer_workers, "versions": versions,
             "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
             "model_version": Path(info["latest"]).name, "cnn_args": args.cnn_args,
-            "batching_concurrency": args.batching_concurrency,
+            "batching_concurrency": args.batching_concurrency, "cnn_rounds": args.cnn_rounds,
+            "cnn_duration": cnn_duration,
             "batching": (Path(args.batching_parameters_file).read_text() if args.batching_parameters_file
                          else DEFAULT_BATCHING)}
     out_dir = Path(args.out)
@@ -875,7 +905,8 @@ def _thread_settings() -> str:
 
 
 def cnn_targets(rows: list[dict], meta: dict) -> list[str]:
-    """Batching's two targets, per protocol: the best batched run against the best unbatched one."""
+    """Batching's two targets, per protocol: the best batched setting against the best unbatched one
+    (each row the median of its runs)."""
     lines = []
     for protocol in ("REST", "gRPC"):
         runs = [r for r in rows if r.get("scenario") == "cnn" and r.get("protocol") == protocol and r.get("rps")]
@@ -932,7 +963,9 @@ def report(rows: list[dict], meta: dict) -> str:
         f"CPU the client takes is CPU the server cannot use. The CNN rows run `modelyard serve "
         f"{meta.get('cnn_args', '')}` with and without `--enable_batching` (parameters below), under each "
         f"thread setting ({_thread_settings()}), over REST and gRPC at concurrency "
-        f"{meta.get('batching_concurrency', 64)}.",
+        f"{meta.get('batching_concurrency', 64)}. The batched and unbatched servers of a setting run side by "
+        f"side and take turns, {meta.get('cnn_rounds', 1)} runs of {meta.get('cnn_duration', meta['duration']):g} s "
+        f"each; a CNN row is the median run (its errors summed over all runs), every run's req/s in brackets.",
         "",
         "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req "
         "| load-gen CPU µs/req |",
@@ -940,6 +973,8 @@ def report(rows: list[dict], meta: dict) -> str:
     ]
     for r in rows:
         server = r["server"] + (f" (CNN, {r['threads']})" if r.get("scenario") == "cnn" else "")
+        if r.get("rounds_rps"):
+            server += " [" + ", ".join(f"{v:,}" for v in r["rounds_rps"]) + "]"
         if r.get("rps") is None:
             lines.append(f"| {server} | {r['protocol']} | {r['runtime']} | {r.get('concurrency') or '-'} | "
                          f"{r.get('note', 'n/a')} | | | | | |")
