@@ -51,6 +51,10 @@ def servers(tmp_path_factory):
         f'  config: {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
         for name, path in {**MODELS, "tfonly": root / "tfonly", "flatten": root / "flatten"}.items()
     )
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(root / "flatten" / "1"))
+    (root / "flatten_tflite" / "1").mkdir(parents=True)
+    (root / "flatten_tflite" / "1" / "model.tflite").write_bytes(converter.convert())
+    body += f'  config: {{ name: "flatten_tflite" base_path: "{root / "flatten_tflite"}" model_platform: "tensorflow" }}\n'
     (root / "models.config").write_text("model_config_list: {\n" + body + "}\n")
     started = {
         runtime: ServerProcess(
@@ -125,6 +129,21 @@ def test_inputs_litert_cannot_take_get_tensorflows_answer(servers):
     assert status == 200 and json.loads(answer) == {"predictions": [[10.0]]}
 
 
+def test_shape_a_bare_tflite_model_cannot_take_is_the_requests_error(servers):
+    """A ``model.tflite`` version (LiteRT only, no session behind it): 400 naming the shape, then fine."""
+    def ask(server, body):
+        r = post(server, "/v1/models/flatten_tflite:predict", body)
+        return r.status_code, r.json()
+
+    for server in servers.values():
+        status, error = ask(server, {"instances": [[[1.0, 2.0, 3.0]]]})
+        assert status == 400 and error["error"].startswith("The model cannot take input shape x [1, 1, 3]: "), error
+        assert ask(server, {"instances": [[[1.0, 2.0], [3.0, 4.0]]]}) == (200, {"predictions": [[10.0]]})
+        status, error = ask(server, {"instances": [[[1.0, 2.0, 3.0]]] * 2})
+        assert status == 400, error
+        assert ask(server, {"instances": [[[1.0, 2.0], [3.0, 4.0]]] * 3}) == (200, {"predictions": [[10.0]] * 3})
+
+
 @pytest.mark.parametrize("model", ["default", "tf2", "tflite"])
 def test_random_inputs_bitwise_identical_over_grpc_and_rest(servers, model):
     x = np.random.default_rng(3).normal(scale=1000, size=(64, 1)).astype(np.float32)
@@ -181,12 +200,12 @@ def runtime_gauges(server) -> dict[tuple[str, str], float]:
 
 def test_metrics_and_log_say_which_runtime_serves_each_version(servers):
     tf_only = {("default", "tensorflow"): 1, ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1,
-               ("tflite", "litert"): 1, ("flatten", "tensorflow"): 1}
+               ("tflite", "litert"): 1, ("flatten", "tensorflow"): 1, ("flatten_tflite", "litert"): 1}
     assert runtime_gauges(servers["tensorflow"]) == tf_only
     # auto: predict signatures on LiteRT, Example-taking ones on TensorFlow; tfonly falls back whole.
     mixed = {("default", "litert"): 1, ("default", "tensorflow"): 1, ("tf2", "litert"): 1,
              ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1, ("tflite", "litert"): 1,
-             ("flatten", "litert"): 1}
+             ("flatten", "litert"): 1, ("flatten_tflite", "litert"): 1}
     assert runtime_gauges(servers["auto"]) == mixed
     # litert: the same, except tfonly, which it refuses (see below).
     assert runtime_gauges(servers["litert"]) == {k: v for k, v in mixed.items() if k[0] != "tfonly"}

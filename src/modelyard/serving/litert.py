@@ -46,18 +46,32 @@ class LiteRTRunner:
     def run(self, inputs: dict[str, np.ndarray], output_keys) -> dict[str, np.ndarray]:
         it = self._interpreter
         with self._lock:
-            resized = False
-            for key, value in inputs.items():
-                if self._shapes[key] != value.shape:
-                    it.resize_tensor_input(self.inputs[key]["index"], value.shape)
-                    self._shapes[key] = value.shape
-                    resized = True
-            if resized:
-                it.allocate_tensors()
+            wanted = {key: value.shape for key, value in inputs.items() if self._shapes[key] != value.shape}
+            if wanted:
+                self._reshape(wanted)
             for key, value in inputs.items():
                 it.set_tensor(self.inputs[key]["index"], value)
             it.invoke()
             return {k: it.get_tensor(self.outputs[k]["index"]) for k in output_keys}
+
+
+    def _reshape(self, wanted: dict[str, tuple]) -> None:
+        """Resize inputs; shapes the model's kernels cannot take are the request's error (400)."""
+        it = self._interpreter
+        before = dict(self._shapes)
+        try:
+            for key, shape in wanted.items():
+                it.resize_tensor_input(self.inputs[key]["index"], shape)
+                self._shapes[key] = shape
+            it.allocate_tensors()
+        except (RuntimeError, ValueError) as exc:
+            # Put back the shapes that worked, so the next request finds a usable interpreter.
+            for key, shape in before.items():
+                it.resize_tensor_input(self.inputs[key]["index"], shape)
+            it.allocate_tensors()
+            self._shapes = before
+            shapes = ", ".join(f"{key} {list(shape)}" for key, shape in wanted.items())
+            raise ServingError(Code.INVALID_ARGUMENT, f"The model cannot take input shape {shapes}: {exc}") from None
 
 
 def _spec(alias: str, detail: dict) -> TensorSpec:
