@@ -423,10 +423,12 @@ def test_grpc_call_cancelled_in_the_queue_leaves_it_at_once(server, stub):
     queued = stub.Predict.future(grpc_request("sleepy", sleepy_input(2, 0.0, 7.0)), timeout=60)
     # Queued: the queue's single batch is full, so a third request is refused.
     wait_for(lambda: _refused(stub), 10, interval=0.05, what="the cancelled call to sit in the queue")
-    dropped_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
-    queued.cancel()
-    wait_for(lambda: request_count(server, "sleepy", "DEADLINE_EXCEEDED") > dropped_before, 30,
+    cancelled_before = request_count(server, "sleepy", "CANCELLED")
+    expired_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
+    queued.cancel()  # 60 s before its deadline: a cancel, counted as one
+    wait_for(lambda: request_count(server, "sleepy", "CANCELLED") > cancelled_before, 30,
              interval=0.02, what="the server to drop the cancelled call")
+    assert request_count(server, "sleepy", "DEADLINE_EXCEEDED") == expired_before
     assert a.is_alive(), "the drop must not wait for A's batch"
     assert not _refused(stub), "the cancelled call's rows must have left the queue"
     a.join()

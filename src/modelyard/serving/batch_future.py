@@ -27,7 +27,7 @@ class BatchFuture:
 
     __slots__ = ("_lock", "_state", "_value", "_callbacks", "_waiter", "_expire")
 
-    def __init__(self, expire: Callable[[], None] | None = None):
+    def __init__(self, expire: Callable[[BaseException | None], None] | None = None):
         self._lock = threading.Lock()
         self._state = _PENDING
         self._value = None
@@ -99,10 +99,11 @@ class BatchFuture:
         return True
 
     # ---- the queue's side -------------------------------------------------------------------
-    def expire(self) -> None:
-        """Answer DEADLINE_EXCEEDED now unless answered: queued rows leave the queue, running rows are dropped."""
+    def expire(self, error: BaseException | None = None) -> None:
+        """Answer ``error`` (default DEADLINE_EXCEEDED) now unless answered: queued rows leave the
+        queue, running rows are dropped."""
         if self._expire is not None and self._state == _PENDING:
-            self._expire()
+            self._expire(error)
 
 
 def _call(callback: Callable[[BatchFuture], object], future: BatchFuture) -> None:

@@ -245,7 +245,7 @@ class BatchingServable(Servable):
             return future
         if deadline is not None and time.monotonic() >= deadline:
             raise _deadline_error()
-        future = BatchFuture(lambda: self._expire(task))
+        future = BatchFuture(lambda error: self._expire(task, error))
         task = _Task(inputs, size, deadline, future)
         self._schedule(key, signature, tuple(output_aliases), task)
         return future
@@ -319,14 +319,14 @@ class BatchingServable(Servable):
             if filled or len(batches) != before:
                 self._cond.notify()
 
-    def _expire(self, task: _Task) -> None:
-        """Fail ``task`` with DEADLINE_EXCEEDED unless it is done already."""
+    def _expire(self, task: _Task, error: BaseException | None = None) -> None:
+        """Fail ``task`` with ``error`` (default DEADLINE_EXCEEDED) unless it is done already."""
         with self._cond:
             if task.finished:
                 return  # answered just now
             # A running batch's rows are dropped; queued rows leave the queue now, freeing room.
             self._unqueue(task)
-            self._finish(task, error=_deadline_error())
+            self._finish(task, error=error or _deadline_error())
         _settle([task])
 
     def _unqueue(self, task: _Task) -> None:

@@ -67,8 +67,9 @@ class QueuedPredict:
     def version(self) -> int:
         return self.handle.version
 
-    def expire(self) -> None:
-        self.future.expire()
+    def expire(self, error: BaseException | None = None) -> None:
+        """Leave the queue now, answered with ``error`` (default DEADLINE_EXCEEDED)."""
+        self.future.expire(error)
 
     def finish(self):
         try:

@@ -27,7 +27,7 @@ from typing import Callable
 
 from google.protobuf.message import DecodeError
 
-from modelyard.errors import Code
+from modelyard.errors import Code, ServingError
 from modelyard.serving import h2_frames as h2
 from modelyard.serving.batching import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
@@ -42,6 +42,9 @@ _STREAM_WINDOW = 4 * 1024 * 1024
 _CONN_WINDOW = 16 * 1024 * 1024
 _MAX_STREAMS = 1000
 _MAX_HEADER_BLOCK = 256 * 1024  # a header block split over CONTINUATIONs beyond this is an attack
+# A reset this close to the call's deadline is the client's deadline passing (its clock started
+# one network trip before ours), not a cancel.
+_DEADLINE_SKEW_S = 0.25
 
 _SERVER_SETTINGS = h2.settings({
     h2.SETTINGS_ENABLE_PUSH: 0,
@@ -76,15 +79,17 @@ class _Stream:
 def _abandon(stream: _Stream) -> None:
     """The client is gone (RST_STREAM, or the connection closed): stop the stream's timer.
 
-    A Predict still in a batching queue is expired: its rows leave the queue now rather
-    than wait for a batch nobody will read (counted DEADLINE_EXCEEDED: clients reset a
-    unary call when its deadline passes, often just before the server's own timer).
+    A Predict still in a batching queue leaves it now rather than wait for a batch nobody
+    will read. It is counted DEADLINE_EXCEEDED when its deadline is (nearly) up: a client
+    resets a unary call when its deadline passes, a little before the server's own timer,
+    which started when the request arrived. Otherwise the client cancelled: CANCELLED.
     """
     if stream.timer is not None:
         stream.timer.cancel()
         stream.timer = None
     if stream.queued is not None:
-        stream.queued.expire()
+        near_deadline = stream.deadline is not None and stream.deadline - time.monotonic() <= _DEADLINE_SKEW_S
+        stream.queued.expire(None if near_deadline else ServingError(Code.CANCELLED, "The client cancelled the call"))
 
 
 class _Connection(asyncio.Protocol):
