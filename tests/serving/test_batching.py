@@ -12,6 +12,7 @@ Unit tests of BatchingServable cover what is hard to reach from outside determin
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -433,6 +434,27 @@ def test_grpc_call_cancelled_in_the_queue_leaves_it_at_once(server, stub):
     assert not _refused(stub), "the cancelled call's rows must have left the queue"
     a.join()
     assert grpc_predict(stub, "sleepy", sleepy_input(1, 0.0, 2.0), timeout=30)["y"].ravel().tolist() == [5.0]
+
+
+def test_rest_client_gone_in_the_queue_leaves_it_at_once(server, stub):
+    """A REST client that closes its connection while its predict waits frees its rows now."""
+    a = threading.Thread(target=lambda: grpc_predict(stub, "sleepy", sleepy_input(2, 4.0)))
+    a.start()
+    wait_until_running(server, stub, 0.2)  # A runs; the queue is empty again
+    body = json.dumps({"inputs": {"x": sleepy_input(2, 0.0, 7.0).tolist()}}).encode()
+    host, port = server.base.removeprefix("http://").rsplit(":", 1)
+    cancelled_before = request_count(server, "sleepy", "CANCELLED")
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(b"POST /v1/models/sleepy:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        wait_for(lambda: _refused(stub), 10, interval=0.05, what="the REST predict to sit in the queue")
+    wait_for(lambda: request_count(server, "sleepy", "CANCELLED") > cancelled_before, 30,
+             interval=0.02, what="the server to drop the abandoned predict")
+    assert a.is_alive(), "the drop must not wait for A's batch"
+    assert not _refused(stub), "the abandoned predict's rows must have left the queue"
+    a.join()
+    ok = rest_predict(server, "sleepy", sleepy_input(1, 0.0, 2.0))
+    assert ok.status_code == 200 and ok.json() == {"outputs": [[5.0]]}
 
 
 def _refused(stub) -> bool:

@@ -17,6 +17,7 @@ from http import HTTPStatus
 
 import httptools
 
+from modelyard.errors import Code, ServingError
 from modelyard.serving.loop_bridge import when_done_on_loop
 from modelyard.serving.rest import RestApp
 
@@ -71,6 +72,7 @@ class HttpProtocol(asyncio.Protocol):
         self.busy = False
         self.paused = False
         self.owed_continue = False
+        self.waiting: _Request | None = None  # the predict this connection has in a batching queue
         self._reset()
 
     def _reset(self) -> None:
@@ -86,6 +88,12 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
+        request, self.waiting = self.waiting, None
+        if request is not None and not request.answered:
+            # Nobody will read its answer: its rows leave the queue now, counted CANCELLED.
+            if request.timer is not None:
+                request.timer.cancel()
+            request.pending.expire(ServingError(Code.CANCELLED, "The client closed the connection"))
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
@@ -208,6 +216,7 @@ class HttpProtocol(asyncio.Protocol):
     def _await_batch(self, request: _Request, pending) -> None:
         loop = self.loop
         request.pending = pending
+        self.waiting = request
         if self.app.timeout_s:
             request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
         # Even when the loop has closed, finishing releases the version.
@@ -244,6 +253,7 @@ class HttpProtocol(asyncio.Protocol):
     def _finish(self, request: _Request, response) -> None:
         request.answered = True
         self.busy = False
+        self.waiting = None
         if self.transport is not None:
             self._write(request, response)
             if self.transport is not None:
