@@ -166,6 +166,8 @@ class _Queue:
 
 
 def _chunks(size: int, limit: int) -> list[int]:
+    if size <= limit:  # nearly every request
+        return [size]
     return [min(limit, size - start) for start in range(0, size, limit)]
 
 

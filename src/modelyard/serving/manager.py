@@ -74,12 +74,16 @@ class Handle:
                 rec.idle.notify_all()
 
 
+_NOTHING_AVAILABLE: tuple = (None, {}, False)
+
+
 class ModelState:
     def __init__(self, config: ModelConfig):
         self.config = config
         self.records: dict[int, VersionRecord] = {}
-        # Snapshot read by requests without locking: (latest available version, {version: record}).
-        self.available: tuple[int | None, dict[int, VersionRecord]] = (None, {})
+        # Snapshot read by requests without locking: (latest available version, {version: record},
+        # whether every one of them runs inline).
+        self.available: tuple[int | None, dict[int, VersionRecord], bool] = _NOTHING_AVAILABLE
         self.removed = False
 
 
@@ -122,7 +126,7 @@ class Manager:
             for name, model in list(self._models.items()):
                 if name not in names and not model.removed:
                     model.removed = True
-                    model.available = (None, {})
+                    model.available = _NOTHING_AVAILABLE
                     for rec in model.records.values():
                         if rec.state == AVAILABLE:
                             self._start_unload(name, rec)
@@ -231,7 +235,8 @@ class Manager:
 
     def _publish(self, model: ModelState) -> None:
         available = {v: r for v, r in model.records.items() if r.state == AVAILABLE}
-        model.available = (max(available) if available else None, available)
+        inline = bool(available) and all(getattr(r.servable, "inline_ok", False) for r in available.values())
+        model.available = (max(available) if available else None, available, inline)
 
     def _notify(self, name: str, rec: VersionRecord) -> None:
         with self._changed:
@@ -270,7 +275,7 @@ class Manager:
                 raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
             version = labels[label]
         for _attempt in range(3):
-            latest, available = model.available if model is not None else (None, {})
+            latest, available, _ = model.available if model is not None else _NOTHING_AVAILABLE
             rec = available.get(latest if version is None else version)
             if rec is None:
                 break
@@ -285,10 +290,7 @@ class Manager:
     def runs_inline(self, name: str) -> bool:
         """True when every available version of ``name`` answers in microseconds (LiteRT, no batching)."""
         model = self._models.get(name)
-        if model is None:
-            return False
-        available = model.available[1]
-        return bool(available) and all(getattr(r.servable, "inline_ok", False) for r in available.values())
+        return model is not None and model.available[2]
 
     def version_states(self, name: str) -> list[VersionRecord]:
         """Every known version of ``name``, newest first (TF Serving's order)."""
@@ -306,7 +308,7 @@ class Manager:
         with self._lock:
             for name, model in self._models.items():
                 model.removed = True
-                model.available = (None, {})
+                model.available = _NOTHING_AVAILABLE
                 for rec in model.records.values():
                     if rec.servable is not None:
                         rec.servable.close()
