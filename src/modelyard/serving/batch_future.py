@@ -90,6 +90,9 @@ class BatchFuture:
                 return False
             self._state, self._value = state, value
             callbacks, self._callbacks = self._callbacks, None
+            # The expire hook refers back to the queue's task, which holds this future: drop it so
+            # reference counting frees a finished request at once, not the cyclic GC later.
+            self._expire = None
             waiter = self._waiter
         if waiter is not None:
             waiter.set()
@@ -102,8 +105,9 @@ class BatchFuture:
     def expire(self, error: BaseException | None = None) -> None:
         """Answer ``error`` (default DEADLINE_EXCEEDED) now unless answered: queued rows leave the
         queue, running rows are dropped."""
-        if self._expire is not None and self._state == _PENDING:
-            self._expire(error)
+        expire = self._expire
+        if expire is not None and self._state == _PENDING:
+            expire(error)
 
 
 def _call(callback: Callable[[BatchFuture], object], future: BatchFuture) -> None:
