@@ -54,7 +54,6 @@ class LiteRTRunner:
             it.invoke()
             return {k: it.get_tensor(self.outputs[k]["index"]) for k in output_keys}
 
-
     def _reshape(self, wanted: dict[str, tuple]) -> None:
         """Resize inputs; shapes the model's kernels cannot take are the request's error (400)."""
         it = self._interpreter
