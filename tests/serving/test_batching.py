@@ -638,10 +638,9 @@ def test_unit_submit_shares_batches_with_run_and_answers_through_futures():
         servable.close()
 
 
-def test_unit_answered_requests_leave_no_reference_cycles():
-    """An answered request is freed by reference counting: the cyclic GC, which the server runs
-    rarely, finds nothing of it. (A failed one may: its error's traceback refers back to frames
-    holding the future, as with ``concurrent.futures``; errors are the rare path.)"""
+def test_unit_finished_requests_leave_no_reference_cycles():
+    """Answered, failed and expired requests are freed by reference counting: the cyclic GC, which
+    the server runs rarely, finds nothing of theirs (so a failed request's tensors never linger)."""
     inner = GatedRows()
     servable = batching(inner, max_batch_size=4, num_batch_threads=1, batch_timeout_micros=0)
     gc.collect()
@@ -651,7 +650,25 @@ def test_unit_answered_requests_leave_no_reference_cycles():
             assert servable.run(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))["y"].tolist() == [[4.0]]
         futures = [servable.submit(_Sig, {"x": np.full((1, 1), v, np.float32)}, ("y",)) for v in range(8)]
         assert [f.result(30)["y"].item() for f in futures] == [3.0 * v + 1 for v in range(8)]
-        del futures
+        inner.gate.clear()
+        running = servable.submit(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))
+        assert inner.entered.acquire(timeout=30)
+        queued = servable.submit(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))
+        queued.expire()
+        running.expire(ServingError(Code.CANCELLED, "gone"))
+        blocked = ThreadPoolExecutor(1)
+        waiting = blocked.submit(servable.run, _Sig, {"x": np.ones((1, 1), np.float32)}, ("y",),
+                                 time.monotonic() + 0.2)
+        with pytest.raises(ServingError) as info:
+            waiting.result(30)  # run() past its deadline, while the gate holds the batch thread
+        assert info.value.code == Code.DEADLINE_EXCEEDED
+        inner.gate.set()
+        for future, code in ((queued, Code.DEADLINE_EXCEEDED), (running, Code.CANCELLED)):
+            with pytest.raises(ServingError) as info:
+                future.result(30)
+            assert info.value.code == code
+        blocked.shutdown()
+        del futures, running, queued, waiting, future, info
         assert gc.collect() == 0
     finally:
         gc.enable()

@@ -17,6 +17,8 @@ import logging
 import threading
 from typing import Callable
 
+from modelyard.errors import ServingError
+
 log = logging.getLogger("modelyard.serving")
 
 _PENDING, _RESULT, _ERROR = 0, 1, 2
@@ -43,7 +45,7 @@ class BatchFuture:
         """The result, or raise the error; wait up to ``timeout`` seconds (TimeoutError after)."""
         self._settled_within(timeout)
         if self._state == _ERROR:
-            raise self._value
+            raise _fresh(self._value)
         return self._value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -108,6 +110,15 @@ class BatchFuture:
         expire = self._expire
         if expire is not None and self._state == _PENDING:
             expire(error)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    # Each caller raises its own copy: several threads may raise one batch's error at once, and
+    # raising the stored error would tie its traceback (so the frames that hold this future) to
+    # the future, a reference cycle that only the cyclic GC frees, with the request's tensors.
+    if type(error) is ServingError:
+        return ServingError(error.code, error.message)
+    return error
 
 
 def _call(callback: Callable[[BatchFuture], object], future: BatchFuture) -> None:

@@ -121,16 +121,11 @@ class _Task:
         self.future = future
 
 
-def _own_copy(error: BaseException) -> BaseException:
-    # Each waiter raises its own copy: several threads may fail from one batch error.
-    return ServingError(error.code, error.message) if isinstance(error, ServingError) else error
-
-
 def _settle(tasks: list[_Task]) -> None:
     """Complete the futures of finished tasks (outside the lock: their callbacks run here)."""
     for task in tasks:
         if task.error is not None:
-            task.future.set_exception(_own_copy(task.error))
+            task.future.set_exception(task.error)
         else:
             task.future.set_result(task.result)
 
