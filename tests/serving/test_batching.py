@@ -641,7 +641,13 @@ def test_unit_submit_shares_batches_with_run_and_answers_through_futures():
 def test_unit_finished_requests_leave_no_reference_cycles():
     """Answered, failed and expired requests are freed by reference counting: the cyclic GC, which
     the server runs rarely, finds nothing of theirs (so a failed request's tensors never linger)."""
-    inner = GatedRows()
+    class FailsOnNegative(GatedRows):
+        def run(self, signature, inputs, output_aliases):
+            if (inputs["x"] < 0).any():
+                raise ServingError(Code.INVALID_ARGUMENT, "negative input")  # raised: it has a traceback
+            return super().run(signature, inputs, output_aliases)
+
+    inner = FailsOnNegative()
     servable = batching(inner, max_batch_size=4, num_batch_threads=1, batch_timeout_micros=0)
     gc.collect()
     gc.disable()
@@ -650,6 +656,13 @@ def test_unit_finished_requests_leave_no_reference_cycles():
             assert servable.run(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))["y"].tolist() == [[4.0]]
         futures = [servable.submit(_Sig, {"x": np.full((1, 1), v, np.float32)}, ("y",)) for v in range(8)]
         assert [f.result(30)["y"].item() for f in futures] == [3.0 * v + 1 for v in range(8)]
+        for _ in range(3):  # the model fails the batch: on both entry points
+            with pytest.raises(ServingError) as info:
+                servable.run(_Sig, {"x": -np.ones((1, 1), np.float32)}, ("y",))
+            assert info.value.code == Code.INVALID_ARGUMENT
+            with pytest.raises(ServingError) as info:
+                servable.submit(_Sig, {"x": -np.ones((1, 1), np.float32)}, ("y",)).result(30)
+            assert info.value.code == Code.INVALID_ARGUMENT
         inner.gate.clear()
         running = servable.submit(_Sig, {"x": np.ones((1, 1), np.float32)}, ("y",))
         assert inner.entered.acquire(timeout=30)

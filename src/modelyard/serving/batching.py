@@ -419,10 +419,11 @@ class BatchingServable(Servable):
         try:
             answers = self._run_pieces(queue, live)
         except Exception as exc:
+            error = _detached(exc)
             with self._cond:
                 for piece in live:
                     if not piece.task.finished:
-                        self._finish(piece.task, error=exc)
+                        self._finish(piece.task, error=error)
                         finished.append(piece.task)
             _settle(finished)
             return
@@ -535,6 +536,17 @@ def _copy_outcome(source: Future, target: BatchFuture) -> None:
         target.set_exception(error)
     else:
         target.set_result(source.result())
+
+
+def _detached(error: BaseException) -> BaseException:
+    """``error`` without its traceback and context, to be stored in the batch's tasks.
+
+    Its traceback's frames hold this batch's pieces, which hold the tasks that will hold the
+    error: a reference cycle (with every request's tensors) that only the cyclic GC would free.
+    Callers never see these: ``BatchFuture.result`` raises a fresh copy.
+    """
+    error.__traceback__ = error.__context__ = error.__cause__ = None
+    return error
 
 
 def _deadline_error() -> ServingError:
