@@ -46,7 +46,6 @@ def log(msg: str) -> None:
 def one_run(batching: bool, requests: int, connections: int) -> dict:
     """(child process) Serve the demo model with a no-op session and drive it; returns the figures."""
     import asyncio
-    import gc
 
     import numpy as np
     import uvloop
@@ -55,7 +54,7 @@ def one_run(batching: bool, requests: int, connections: int) -> dict:
     from modelyard.serving import tf_session
     from modelyard.serving.http_server import HttpProtocol
     from modelyard.serving.options import add_flags, resolve
-    from modelyard.serving.server import ModelServer
+    from modelyard.serving.server import ModelServer, settle_heap_for_serving
 
     def instant_run(self, signature, inputs, output_aliases):
         rows = next(iter(inputs.values())).shape[0]
@@ -124,8 +123,7 @@ def one_run(batching: bool, requests: int, connections: int) -> dict:
             raise RuntimeError(f"the server answered {state['error']!r}")
         return time.process_time() - cpu, time.thread_time() - loop_cpu, time.perf_counter() - wall
 
-    gc.collect()
-    gc.freeze()
+    settle_heap_for_serving()  # as `serve` does before its first request
     drive(max(1000, requests // 10))  # warm-up
     cpu, loop_cpu, wall = drive(requests)
     done = state["done"]

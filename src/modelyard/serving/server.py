@@ -24,6 +24,19 @@ from modelyard.serving.rest import RestApp
 log = logging.getLogger("modelyard.serving")
 _GC_THRESHOLD = 10_000  # tracked objects allocated (net) between young-generation collections
 
+
+def settle_heap_for_serving() -> None:
+    """Set the cyclic GC up for serving, once the models are loaded."""
+    # TensorFlow leaves ~300k long-lived objects; without the freeze every full collection walks
+    # them all, stalling every request for 100+ ms (batched CNN p99 halved, ~15% CPU/req saved).
+    gc.collect()
+    gc.freeze()
+    # A request leaves no reference cycles behind, so collections find nothing to free; at the
+    # default threshold (700) the objects of ~64 requests in flight started one every ~10
+    # requests, each walking them all. A threshold above what many in-flight requests hold
+    # makes them rare; cyclic garbage, if any, waits a little longer.
+    gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
+
 RELOAD_WAIT_S = 300.0
 
 
@@ -224,15 +237,7 @@ class ModelServer:
         """Run the REST API in this thread until SIGINT/SIGTERM; then stop everything."""
         o = self.options
         try:
-            # TensorFlow leaves ~300k long-lived objects; without this every full collection walks
-            # them all, stalling every request for 100+ ms (batched CNN p99 halved, ~15% CPU/req saved).
-            gc.collect()
-            gc.freeze()
-            # A request leaves no reference cycles behind, so collections find nothing to free;
-            # at the default threshold (700) the objects of ~64 requests in flight started one
-            # every ~10 requests, each walking them all. A threshold above what many in-flight
-            # requests hold makes them rare; cyclic garbage, if any, waits a little longer.
-            gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
+            settle_heap_for_serving()
             if o.rest_api_port:
                 from modelyard.serving.http_server import serve
 
