@@ -448,6 +448,9 @@ def test_rest_client_gone_in_the_queue_leaves_it_at_once(server, stub):
     with socket.create_connection((host, int(port)), timeout=30) as client:
         client.sendall(b"POST /v1/models/sleepy:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        # A probe must not overtake the predict (it would take the queue's place): give the REST
+        # thread time to read it first; the probe then proves it is queued.
+        time.sleep(0.5)
         wait_for(lambda: _refused(stub), 10, interval=0.05, what="the REST predict to sit in the queue")
     wait_for(lambda: request_count(server, "sleepy", "CANCELLED") > cancelled_before, 30,
              interval=0.02, what="the server to drop the abandoned predict")
