@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
 sys.path.insert(0, str(ROOT))
-from serving import DEFAULT_BATCHING  # noqa: E402  (the serving benchmark's batching parameters)
+from serving import DEFAULT_BATCHING, free_port  # noqa: E402  (the serving benchmark's parameters and helper)
 CONFIGS = [  # (label, batching)
     ("batching (predicts wait in the queue, parsed on the event loop)", True),
     ("no batching (predicts run on the REST thread pool)", False),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def log(msg: str) -> None:
@@ -64,7 +57,7 @@ def one_run(batching: bool, requests: int, connections: int) -> dict:
 
     base = demo.ensure_demo_model(log=lambda m: log(m))
     flags = ["--model_name", demo.MODEL_NAME, "--model_base_path", str(base), "--host", "127.0.0.1",
-             "--port", str(_free_port()), "--rest_api_port", str(_free_port()), "--runtime", "tensorflow",
+             "--port", str(free_port()), "--rest_api_port", str(free_port()), "--runtime", "tensorflow",
              "--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "-1"]
     parser = argparse.ArgumentParser()
     add_flags(parser)

@@ -47,14 +47,14 @@ def servers(tmp_path_factory):
     save_sleepy(root / "tfonly" / "1")
     flatten = Flatten4()
     tf.saved_model.save(flatten, str(root / "flatten" / "1"), signatures={"serving_default": flatten.serve})
-    body = "".join(
-        f'  config: {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
-        for name, path in {**MODELS, "tfonly": root / "tfonly", "flatten": root / "flatten"}.items()
-    )
     converter = tf.lite.TFLiteConverter.from_saved_model(str(root / "flatten" / "1"))
     (root / "flatten_tflite" / "1").mkdir(parents=True)
     (root / "flatten_tflite" / "1" / "model.tflite").write_bytes(converter.convert())
-    body += f'  config: {{ name: "flatten_tflite" base_path: "{root / "flatten_tflite"}" model_platform: "tensorflow" }}\n'
+    body = "".join(
+        f'  config: {{ name: "{name}" base_path: "{root / name if path is None else path}" '
+        'model_platform: "tensorflow" }\n'
+        for name, path in {**MODELS, "tfonly": None, "flatten": None, "flatten_tflite": None}.items()
+    )
     (root / "models.config").write_text("model_config_list: {\n" + body + "}\n")
     started = {
         runtime: ServerProcess(
