@@ -9,7 +9,11 @@ import pytest
 import tensorflow as tf
 
 from modelyard.errors import ServingError
-from modelyard.serving import _intjson, rest_json
+from modelyard.serving import rest_json
+
+# The extension is optional at install (no C compiler: the general parser reads every body);
+# .ci/run checks that CI's install built it, so these tests never skip there.
+_intjson = pytest.importorskip("modelyard.serving._intjson", reason="the C reader was not built (no C compiler)")
 from modelyard.serving.signatures import TensorSpec
 
 BODIES = [
@@ -66,17 +70,11 @@ def _outcome(body: bytes, sig):
     return [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in sorted(arrays.items())]
 
 
-class _NoFastReader:
-    @staticmethod
-    def read_int_body(body):
-        return None
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_the_c_reader_answers_as_the_general_parser(dtype, monkeypatch):
     sigs = [_signature(dtype), _signature(dtype, tf.float32)]
     fast = [_outcome(body, sig) for body in BODIES for sig in sigs]
-    monkeypatch.setattr(rest_json, "_intjson", _NoFastReader)
+    monkeypatch.setattr(rest_json, "_intjson", None)  # as when installed without a C compiler
     general = [_outcome(body, sig) for body in BODIES for sig in sigs]
     for body, f, g in zip([b for b in BODIES for _ in sigs], fast, general):
         assert f == g, body

@@ -15,7 +15,12 @@ import numpy as np
 import orjson
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving import _intjson, dtypes
+from modelyard.serving import dtypes
+
+try:
+    from modelyard.serving import _intjson
+except ImportError:  # built without a C compiler (the extension is optional): the general parser reads every body
+    _intjson = None
 from modelyard.serving.signatures import Signature, TensorSpec
 
 _NUMPY_OPT = orjson.OPT_SERIALIZE_NUMPY
@@ -179,6 +184,8 @@ class IntTensor(NamedTuple):
 
 def read_int_body(body: bytes) -> tuple[str, str, IntTensor] | None:
     """``parse_predict``'s answer for an integer-only body, read in one pass in C; else None."""
+    if _intjson is None:
+        return None
     read = _intjson.read_int_body(body)
     if read is None:
         return None

@@ -239,8 +239,13 @@ class ModelServer:
         try:
             settle_heap_for_serving()
             if o.rest_api_port:
+                from modelyard.serving import rest_json
                 from modelyard.serving.http_server import serve
 
+                if rest_json._intjson is None:
+                    log.warning("The C reader for integer REST bodies is not built (no C compiler at install): "
+                                "every body goes through the general JSON parser, which is slower. Install a C "
+                                "compiler and reinstall modelyard to build it.")
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
                 serve(self.rest_app, self._rest_sock)
             else:
