@@ -3,7 +3,8 @@
 An ASGI server spent more CPU per request than the whole predict path (scope dicts,
 receive/send coroutines, header lists), so requests go straight from the parser to
 ``RestApp``. Keep-alive, pipelining (answered in order), ``Expect: 100-continue``,
-chunked request bodies (decoded by httptools) and the body limit are handled here.
+chunked request bodies (decoded by httptools) and the body limit are handled here. Every
+byte leaves through the loop's ``ResponseWriter``, which sends a pass's answers together.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import httptools
 
 from modelyard.errors import Code, ServingError
 from modelyard.serving.loop_bridge import when_done_on_loop
+from modelyard.serving.response_writer import ResponseWriter, socket_fd
 from modelyard.serving.rest import RestApp
 
 log = logging.getLogger("modelyard.serving")
@@ -63,11 +65,13 @@ _PAUSE_AT = 8
 
 
 class HttpProtocol(asyncio.Protocol):
-    def __init__(self, app: RestApp):
+    def __init__(self, app: RestApp, writer: ResponseWriter | None = None):
         self.app = app
         self.loop = asyncio.get_running_loop()
+        self.writer = writer or ResponseWriter(self.loop)  # serve() shares one among the loop's connections
         self.parser = httptools.HttpRequestParser(self)
         self.transport = None
+        self.fd = -1
         self.queue: collections.deque[_Request] = collections.deque()
         self.busy = False
         self.paused = False
@@ -85,8 +89,11 @@ class HttpProtocol(asyncio.Protocol):
     # ---- transport events ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.fd = socket_fd(transport)
 
     def connection_lost(self, exc) -> None:
+        if self.transport is not None:
+            self.writer.forget(self.transport)
         self.transport = None
         request, self.waiting = self.waiting, None
         if request is not None and not request.answered:
@@ -108,8 +115,8 @@ class HttpProtocol(asyncio.Protocol):
     def _fail(self, status: int, message: bytes) -> None:
         if self.transport is not None:
             body = b'{"error": "' + message.replace(b'"', b"'") + b'"}'
-            self.transport.write(_head(status, self.app.json_headers, len(body), False) + body)
-            self.transport.close()
+            self._send(_head(status, self.app.json_headers, len(body), False) + body)
+            self.writer.close(self.transport)
 
     # ---- parser callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -133,9 +140,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.early is not None and self.transport is not None and not self.queue and not self.busy:
             # Declared too large: answer now and close rather than read a body we refuse.
             status, headers, payload = self.early
-            self.transport.write(_head(status, headers, len(payload), False) + payload)
-            self.transport.close()
-            self.transport = None
+            self._send(_head(status, headers, len(payload), False) + payload)
+            self._close()
             return
         if self.early is None:
             self.early = self.app.immediate(method, path)
@@ -147,7 +153,7 @@ class HttpProtocol(asyncio.Protocol):
                     self.transport.pause_reading()
                     self.paused = True
             else:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self.early is not None:
@@ -178,10 +184,9 @@ class HttpProtocol(asyncio.Protocol):
             elif self.app.cheap(request.path):
                 # A LiteRT call costs microseconds: a thread hop would cost more than the model.
                 status, payload = self.app.handle(request.method, request.path, request.body)
-                self.transport.write(_json_head(self.app, status, len(payload), request.keep_alive) + payload)
+                self._send(_json_head(self.app, status, len(payload), request.keep_alive) + payload)
                 if not request.keep_alive:
-                    self.transport.close()
-                    self.transport = None
+                    self._close()
             else:
                 started = self.app.submit(request.method, request.path, request.body)
                 if started is None:
@@ -196,7 +201,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.owed_continue and not self.busy and not self.queue:
             self.owed_continue = False
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
         if self.paused and len(self.queue) < _PAUSE_AT and not self.owed_continue:
             self.transport.resume_reading()
             self.paused = False
@@ -265,10 +270,17 @@ class HttpProtocol(asyncio.Protocol):
             head = _json_head(self.app, status, len(payload), request.keep_alive)
         else:
             head = _head(status, headers, len(payload), request.keep_alive)
-        self.transport.write(head + payload)
+        self._send(head + payload)
         if not request.keep_alive:
-            self.transport.close()
-            self.transport = None
+            self._close()
+
+    # Every byte goes through the loop's writer: it keeps each connection's bytes in order.
+    def _send(self, data: bytes) -> None:
+        self.writer.write(self.transport, self.fd, data)
+
+    def _close(self) -> None:
+        self.writer.close(self.transport)
+        self.transport = None
 
 
 def serve(app: RestApp, sock: socket.socket) -> None:
@@ -281,9 +293,10 @@ def serve(app: RestApp, sock: socket.socket) -> None:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     stopped = asyncio.Event()
+    writer = ResponseWriter(loop)
 
     async def main() -> None:
-        server = await loop.create_server(lambda: HttpProtocol(app), sock=sock, backlog=2048)
+        server = await loop.create_server(lambda: HttpProtocol(app, writer), sock=sock, backlog=2048)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stopped.set)

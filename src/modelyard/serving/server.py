@@ -239,13 +239,15 @@ class ModelServer:
         try:
             settle_heap_for_serving()
             if o.rest_api_port:
-                from modelyard.serving import rest_json
+                from modelyard.serving import response_writer, rest_json
                 from modelyard.serving.http_server import serve
 
-                if rest_json._intjson is None:
-                    log.warning("The C reader for integer REST bodies is not built (no C compiler at install): "
-                                "every body goes through the general JSON parser, which is slower. Install a C "
-                                "compiler and reinstall modelyard to build it.")
+                missing = [what for what, built in (("the integer body reader", rest_json._intjson),
+                                                    ("the answer writer", response_writer.send_many)) if built is None]
+                if missing:
+                    log.warning("The REST server's C extensions were not built (no C compiler at install): %s. "
+                                "It serves the same answers through slower pure-Python paths. Install a C "
+                                "compiler and reinstall modelyard to build them.", " and ".join(missing))
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
                 serve(self.rest_app, self._rest_sock)
             else:
