@@ -25,7 +25,8 @@ from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving.batching import set_request_timeout
 from modelyard.serving.core import ModelSpec, QueuedPredict, ServingCore
 from modelyard.serving.signatures import CLASSIFY_METHOD, REGRESS_METHOD
-from modelyard.serving.tensor_proto import from_ndarray, serialized_examples, to_ndarray
+from modelyard.serving import predict_response
+from modelyard.serving.tensor_proto import serialized_examples, to_ndarray
 
 log = logging.getLogger("modelyard.serving")
 _MESSAGE_LIMIT = 1024
@@ -38,7 +39,8 @@ class Method(NamedTuple):
 
     @staticmethod
     def response_serializer(response) -> bytes:
-        return response.SerializeToString()
+        """The wire bytes of a method's response: Predict's come encoded already (predict_response)."""
+        return response if type(response) is bytes else response.SerializeToString()
 
 
 _SERVICES: dict[str, dict[str, type]] = {
@@ -132,7 +134,7 @@ class Services:
         with self.core.acquire(spec) as handle:
             sig, outputs = self.core.predict(handle, spec.signature_name, inputs, list(request.output_filter))
             version = handle.version
-        return _predict_response(spec.name, version, sig.name, outputs)
+        return predict_response.encode(spec.name, version, sig.name, outputs)
 
     def start_predict(self, request, deadline: float | None, executor) -> "QueuedPredict | tuple | None":
         """Predict on a batching model without blocking a thread while the request is queued.
@@ -147,7 +149,7 @@ class Services:
         spec = model_spec_of(request.model_spec)
 
         def encode(queued: QueuedPredict, outputs) -> bytes:
-            return _predict_response(spec.name, queued.version, queued.signature_name, outputs).SerializeToString()
+            return predict_response.encode(spec.name, queued.version, queued.signature_name, outputs)
 
         def read_request(_handle):
             inputs = {alias: to_ndarray(t, alias) for alias, t in request.inputs.items()}
@@ -306,11 +308,3 @@ def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable
 def fill_regressions(target, values, _count: int) -> None:
     for value in values.tolist():
         target.regressions.add(value=value)
-
-
-def _predict_response(name: str, version: int, signature_name: str, outputs) -> predict_pb2.PredictResponse:
-    response = predict_pb2.PredictResponse()
-    _fill_spec(response.model_spec, name, version, signature_name)
-    for alias, value in outputs.items():
-        from_ndarray(value, response.outputs[alias])
-    return response

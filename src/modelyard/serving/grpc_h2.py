@@ -33,6 +33,7 @@ from modelyard.serving.batching import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
 from modelyard.serving.grpc_api import Method, Services
 from modelyard.serving.loop_bridge import when_done_on_loop
+from modelyard.serving.response_writer import ResponseWriter, socket_fd
 
 log = logging.getLogger("modelyard.serving")
 
@@ -98,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.services = server.services
         self.loop = server.loop
         self.transport = None
+        self.fd = -1
         self.buf = bytearray()
         self.preface_ok = False
         self.streams: dict[int, _Stream] = {}
@@ -116,6 +118,7 @@ class _Connection(asyncio.Protocol):
     # ---- transport events ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.fd = socket_fd(transport)
         self.server.connections.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -123,9 +126,12 @@ class _Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        transport.write(_SERVER_SETTINGS)  # the server preface may go before the client's
+        self.out.append(_SERVER_SETTINGS)  # the server preface may go before the client's
+        self._flush()
 
     def connection_lost(self, exc) -> None:
+        if self.transport is not None:
+            self.server.writer.forget(self.transport)
         self.transport = None
         self.server.connections.discard(self)
         for stream in self.streams.values():
@@ -173,14 +179,20 @@ class _Connection(asyncio.Protocol):
         log.debug("gRPC connection error %d: %s", code, message)
         if self.transport is not None:
             self.out.append(h2.goaway(self.last_sid, code, message.encode("utf-8", "replace")[:256]))
-            self._flush()
-            self.transport.close()
-            self.transport = None
+            self._close()
 
     def _flush(self) -> None:
+        # Through the loop's writer: the frames of every connection answered in this pass go out
+        # together at its end, GIL released (response_writer).
         if self.out and self.transport is not None:
-            self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+            self.server.writer.write(self.transport, self.fd, b"".join(self.out) if len(self.out) > 1 else self.out[0])
         self.out.clear()
+
+    def _close(self) -> None:
+        """Send what is queued, then close; connection_lost still follows."""
+        self._flush()
+        self.server.writer.close(self.transport)
+        self.transport = None
 
     # ---- frames -------------------------------------------------------------------------------
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
@@ -406,7 +418,7 @@ class _Connection(asyncio.Protocol):
             # Microseconds of model: a thread hop would cost more than the call.
             set_request_timeout(remaining)
             response, code, message = method.call(request)
-            self._answer(stream, None if response is None else response.SerializeToString(), code, message)
+            self._answer(stream, None if response is None else method.response_serializer(response), code, message)
             return
         if spec is not None and method.name == "Predict":
             started = self.services.start_predict(request, stream.deadline, self.server.pool)
@@ -535,9 +547,7 @@ class _Connection(asyncio.Protocol):
             # RFC 7540 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR).
             self.out.append(h2.rst_stream(stream.sid, h2.NO_ERROR))
         if self.draining and not self.streams and self.transport is not None:
-            self._flush()
-            self.transport.close()
-            self.transport = None  # nothing more to write; connection_lost still follows
+            self._close()  # nothing more to write
 
     def _reset(self, stream: _Stream, code: int) -> None:
         stream.answered = True
@@ -553,10 +563,10 @@ class _Connection(asyncio.Protocol):
             return
         self.draining = True
         self.out.append(h2.goaway(self.last_sid, h2.NO_ERROR))
-        self._flush()
-        if not self.streams:
-            self.transport.close()
-            self.transport = None
+        if self.streams:
+            self._flush()
+        else:
+            self._close()
 
 
 def _response_headers(sid: int) -> bytes:
@@ -568,7 +578,7 @@ _MAX_FRAME_RECEIVED = h2.DEFAULT_MAX_FRAME  # we advertise no larger SETTINGS_MA
 
 def _call_and_serialize(method: Method, request) -> tuple[bytes | None, Code, str]:
     response, code, message = method.call(request)
-    return (None if response is None else response.SerializeToString()), code, message
+    return (None if response is None else method.response_serializer(response)), code, message
 
 
 class LeanGrpcServer:
@@ -618,6 +628,7 @@ class LeanGrpcServer:
             self.loop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover
             self.loop = asyncio.new_event_loop()
+        self.writer = ResponseWriter(self.loop)
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -658,7 +669,7 @@ class LeanGrpcServer:
                 await asyncio.sleep(0.02)
             for conn in list(self.connections):
                 if conn.transport is not None:
-                    conn.transport.close()
+                    conn._close()
             await asyncio.sleep(0)
             loop.stop()
 

@@ -5,6 +5,8 @@ Responses use typed fields (``float_val`` ...) as TF Serving does, so clients th
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
@@ -31,10 +33,11 @@ _FIELD = {
 def to_ndarray(proto, alias: str = "") -> np.ndarray:
     """Decode a request TensorProto; a single typed value broadcasts to the whole shape."""
     try:
-        shape = tuple(d.size for d in proto.tensor_shape.dim)
+        shape = [d.size for d in proto.tensor_shape.dim]
         dtype = dtypes.to_numpy(proto.dtype)
-        if proto.tensor_content and dtype.kind != "O":
-            return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
+        content = proto.tensor_content
+        if content and dtype.kind != "O":
+            return np.frombuffer(content, dtype=dtype).reshape(shape)
         from tensorflow.python.framework import tensor_util
 
         return tensor_util.MakeNdarray(proto)
@@ -49,9 +52,7 @@ def from_ndarray(value: np.ndarray, proto=None):
     value = np.asarray(value)
     enum = dtypes.from_numpy(value.dtype)
     proto.dtype = enum
-    proto.tensor_shape.CopyFrom(
-        tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in value.shape])
-    )
+    proto.tensor_shape.CopyFrom(_shape_proto(value.shape))
     field = _FIELD.get(enum)
     if field == "string_val":
         proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in value.ravel())
@@ -62,6 +63,13 @@ def from_ndarray(value: np.ndarray, proto=None):
     else:
         proto.tensor_content = np.ascontiguousarray(value).tobytes()
     return proto
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_proto(shape: tuple[int, ...]) -> tensor_shape_pb2.TensorShapeProto:
+    # Answers repeat a few shapes: building the message once per shape saves a message per dimension
+    # on every response. Callers copy it (CopyFrom) and never change it.
+    return tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in shape])
 
 
 def serialized_examples(input_proto) -> list[bytes]:

@@ -1,0 +1,107 @@
+"""A gRPC PredictResponse's bytes, written directly from the output arrays.
+
+Building the message cost more than the rest of a small model's answer: a TensorProto per
+output, a message per shape dimension, and every value copied into ``float_val`` as a Python
+float. The wire format of the few messages involved is fixed (tensorflow_serving/apis/
+predict.proto and model.proto, tensorflow/core/framework/tensor.proto and tensor_shape.proto),
+so outputs of the dtypes whose typed field takes the array's own bytes (float, double, bool)
+are packed straight from the array; any other output is encoded through the protobuf message
+(``tensor_proto.from_ndarray``), so every dtype keeps exactly TF Serving's typed fields.
+Clients parse the same message either way (tests compare with the protobuf-built one).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from modelyard.serving.tensor_proto import from_ndarray
+
+# Field numbers and wire types of the messages written here.
+_LEN = 2  # wire type: length-delimited
+_VARINT = 0
+
+# TensorProto's dtype enum and packed typed field for the dtypes packed from the array's bytes.
+_PACKED = {
+    np.dtype(np.float32): (1, 5, "<f4"),  # DT_FLOAT, float_val
+    np.dtype(np.float64): (2, 6, "<f8"),  # DT_DOUBLE, double_val
+    np.dtype(np.bool_): (10, 11, "u1"),  # DT_BOOL, bool_val (varints of 0 and 1: one byte each)
+}
+
+
+def _varint(n: int) -> bytes:
+    """An int64 as a protobuf varint (a negative one as its 64-bit two's complement, as protobuf does)."""
+    if 0 <= n < 0x80:
+        return bytes((n,))
+    n &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return _varint(field << 3 | wire_type)
+
+
+def _field(field: int, payload: bytes) -> bytes:
+    """A length-delimited field: a string, bytes, a packed array or a sub-message."""
+    return _key(field, _LEN) + _varint(len(payload)) + payload
+
+
+def _shape(shape: tuple[int, ...]) -> bytes:
+    # TensorShapeProto { repeated Dim dim = 2 }; Dim { int64 size = 1 } (0, the default, is not written)
+    return b"".join(_field(2, _key(1, _VARINT) + _varint(size) if size else b"") for size in shape)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tensor_head(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, bytes, str] | None:
+    """(dtype and shape fields, the packed field's key, its wire dtype), or None: not packed here."""
+    packed = _PACKED.get(dtype)
+    if packed is None:
+        return None
+    enum, field, wire_dtype = packed
+    return _key(1, _VARINT) + _varint(enum) + _field(2, _shape(shape)), _key(field, _LEN), wire_dtype
+
+
+def tensor_bytes(value: np.ndarray) -> bytes:
+    """A serialized TensorProto of ``value``, as ``tensor_proto.from_ndarray`` would encode it."""
+    value = np.asarray(value)
+    head = _tensor_head(value.dtype, value.shape)
+    if head is None:
+        return from_ndarray(value).SerializeToString()
+    fields, packed_key, wire_dtype = head
+    if not value.size:  # an empty packed field is not written
+        return fields
+    data = np.ascontiguousarray(value, dtype=wire_dtype).tobytes()
+    return fields + packed_key + _varint(len(data)) + data
+
+
+@functools.lru_cache(maxsize=1024)
+def _entry_key(alias: str) -> bytes:
+    # map<string, TensorProto> outputs = 1: an entry message { string key = 1; TensorProto value = 2 }
+    return _field(1, alias.encode()) + _key(2, _LEN)
+
+
+@functools.lru_cache(maxsize=1024)
+def _model_spec(model_name: str, version: int, signature_name: str | None) -> bytes:
+    # ModelSpec model_spec = 2 { string name = 1; Int64Value version = 2 { int64 value = 1 };
+    # string signature_name = 3 }: empty strings and a zero version value are defaults, not written.
+    spec = _field(1, model_name.encode()) if model_name else b""
+    spec += _field(2, _key(1, _VARINT) + _varint(version) if version else b"")
+    if signature_name:
+        spec += _field(3, signature_name.encode())
+    return _field(2, spec)
+
+
+def encode(model_name: str, version: int, signature_name: str | None, outputs: dict[str, np.ndarray]) -> bytes:
+    """A serialized PredictResponse: ``outputs`` by alias, and the ModelSpec that answered."""
+    parts = []
+    for alias, value in outputs.items():
+        tensor = tensor_bytes(value)
+        entry = _entry_key(alias) + _varint(len(tensor)) + tensor
+        parts += (b"\x0a", _varint(len(entry)), entry)  # \x0a: field 1, length-delimited
+    parts.append(_model_spec(model_name, version, signature_name))
+    return b"".join(parts)
