@@ -33,7 +33,7 @@ _FIELD = {
 def to_ndarray(proto, alias: str = "") -> np.ndarray:
     """Decode a request TensorProto; a single typed value broadcasts to the whole shape."""
     try:
-        shape = [d.size for d in proto.tensor_shape.dim]
+        shape = _shape_of(proto.tensor_shape.SerializeToString())
         dtype = dtypes.to_numpy(proto.dtype)
         content = proto.tensor_content
         if content and dtype.kind != "O":
@@ -63,6 +63,13 @@ def from_ndarray(value: np.ndarray, proto=None):
     else:
         proto.tensor_content = np.ascontiguousarray(value).tobytes()
     return proto
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_of(serialized: bytes) -> tuple[int, ...]:
+    # Requests repeat a few shapes: reading the dimensions from their messages, one wrapper
+    # object per dimension, cost more than serializing the small shape message as the key.
+    return tuple(d.size for d in tensor_shape_pb2.TensorShapeProto.FromString(serialized).dim)
 
 
 @functools.lru_cache(maxsize=256)
