@@ -140,3 +140,16 @@ def test_malformed_http_gets_400_then_close_and_the_server_goes_on(testdata_serv
     with _connect(testdata_server) as sock:
         sock.sendall(_predict([4.0]))
         assert json.loads(_Reader(sock).response()[2]) == {"predictions": [4.0]}
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(testdata_server):
+    """FIN right behind a predict: the server answers, then closes. (Whether the FIN is read before the
+    pass's answers leave depends on timing; test_response_writer checks that case's hand-over.)"""
+    for _ in range(20):
+        with _connect(testdata_server) as sock:
+            sock.sendall(_predict([8.0]))
+            sock.shutdown(socket.SHUT_WR)
+            reader = _Reader(sock)
+            status, _, answer = reader.response()
+            assert status == 200 and json.loads(answer) == {"predictions": [6.0]}
+            assert reader.at_eof()

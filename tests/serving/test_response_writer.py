@@ -151,6 +151,20 @@ def test_a_gone_or_closing_connection_is_never_written(pair):
     assert _received(b) == b"" and gone.queued == [] and closing.queued == []
 
 
+def test_a_half_closed_connection_gets_its_queued_bytes_through_the_transport(pair):
+    a, b = pair
+    loop = _Loop()
+    writer = ResponseWriter(loop)
+    transport = _Transport()
+    writer.write(transport, a.fileno(), b"answer to a client ")
+    writer.write(transport, a.fileno(), b"that sent FIN")
+    writer.hand_over(transport)  # what the protocols' eof_received do before the transport closes
+    assert transport.queued == [b"answer to a client that sent FIN"]
+    transport.close()
+    loop.run_pending()
+    assert _received(b) == b"", "nothing is sent twice"
+
+
 def test_a_send_error_hands_everything_to_the_transport(pair):
     a, b = pair
     loop = _Loop()
@@ -180,6 +194,22 @@ def test_send_many_reports_each_socket_and_checks_its_arguments(pair):
         send_many([a.fileno()], ["text"])
     with pytest.raises(TypeError):
         send_many((a.fileno(),), (b"x",))
+    with pytest.raises(TypeError):
+        send_many([float(a.fileno())], [b"x"])
+    with pytest.raises(TypeError):
+        send_many([a.fileno()], [bytearray(b"x")])
+    for fd in (-1, 2**32 + a.fileno(), 2**80):
+        with pytest.raises(ValueError):
+            send_many([fd], [b"x"])
+
+    class _Sneaky:  # an int-like whose conversion would run Python code while the lists are read
+        def __index__(self):
+            buffers.clear()
+            return a.fileno()
+
+    buffers = [b"kept alive"]
+    with pytest.raises(TypeError):
+        send_many([_Sneaky()], buffers)
 
 
 def test_without_the_extension_every_write_goes_to_the_transport(pair, monkeypatch):

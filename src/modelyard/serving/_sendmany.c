@@ -13,10 +13,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 typedef struct {
+    PyObject *owner; /* our reference to the bytes object, held while the GIL is released */
     int fd;
     const char *data;
     Py_ssize_t size;
@@ -36,21 +38,29 @@ static PyObject *send_many(PyObject *module, PyObject *args)
     job_t *jobs = PyMem_Calloc(n ? n : 1, sizeof(job_t));
     if (jobs == NULL)
         return PyErr_NoMemory();
-    /* The lists keep every bytes object alive while the GIL is released: the caller holds them,
-     * and no Python code runs until the sends are done. */
+    /* Every argument is checked before any pointer is taken: only exact types, so no Python code
+     * (an __index__) runs and changes the lists meanwhile. Each buffer is held by a reference of
+     * our own while the GIL is released, when other threads may change the lists. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *fd = PyList_GET_ITEM(fds, i), *buffer = PyList_GET_ITEM(buffers, i);
+        if (!PyLong_CheckExact(fd) || !PyBytes_CheckExact(buffer)) {
+            PyMem_Free(jobs);
+            PyErr_SetString(PyExc_TypeError, "send_many: fds must be ints and buffers bytes");
+            return NULL;
+        }
+        long value = PyLong_AsLong(fd);
+        if ((value == -1 && PyErr_Occurred()) || value < 0 || value > INT_MAX) {
+            PyErr_Clear();
+            PyMem_Free(jobs);
+            PyErr_SetString(PyExc_ValueError, "send_many: a descriptor out of range");
+            return NULL;
+        }
+        jobs[i].fd = (int)value;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *buffer = PyList_GET_ITEM(buffers, i);
-        if (!PyBytes_Check(buffer)) {
-            PyMem_Free(jobs);
-            PyErr_SetString(PyExc_TypeError, "send_many: buffers must be bytes");
-            return NULL;
-        }
-        long fd = PyLong_AsLong(PyList_GET_ITEM(fds, i));
-        if (fd == -1 && PyErr_Occurred()) {
-            PyMem_Free(jobs);
-            return NULL;
-        }
-        jobs[i].fd = (int)fd;
+        Py_INCREF(buffer);
+        jobs[i].owner = buffer;
         jobs[i].data = PyBytes_AS_STRING(buffer);
         jobs[i].size = PyBytes_GET_SIZE(buffer);
     }
@@ -65,6 +75,8 @@ static PyObject *send_many(PyObject *module, PyObject *args)
         jobs[i].sent = sent;
     }
     Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(jobs[i].owner);
     PyObject *result = PyList_New(n);
     if (result != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {

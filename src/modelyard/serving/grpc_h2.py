@@ -139,6 +139,11 @@ class _Connection(asyncio.Protocol):
         self.streams.clear()
         self.blocked.clear()
 
+    def eof_received(self) -> None:
+        # The client half-closed: the transport closes now (returning None), after sending what it holds.
+        if self.transport is not None:
+            self.server.writer.hand_over(self.transport)
+
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
             return

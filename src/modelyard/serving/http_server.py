@@ -102,6 +102,11 @@ class HttpProtocol(asyncio.Protocol):
                 request.timer.cancel()
             request.pending.expire(ServingError(Code.CANCELLED, "The client closed the connection"))
 
+    def eof_received(self) -> None:
+        # The client half-closed: the transport closes now (returning None), after sending what it holds.
+        if self.transport is not None:
+            self.writer.hand_over(self.transport)
+
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
             return

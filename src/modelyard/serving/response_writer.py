@@ -56,6 +56,13 @@ class ResponseWriter:
             transport.write(b"".join(queued[1:]))
         transport.close()
 
+    def hand_over(self, transport: asyncio.WriteTransport) -> None:
+        """Give ``transport`` its queued bytes now: its peer half-closed, so the transport is about to
+        close, and it sends what it holds before closing (a queued answer would be skipped)."""
+        queued = self._pending.pop(transport, None)
+        if queued is not None:
+            transport.write(b"".join(queued[1:]))
+
     def forget(self, transport: asyncio.BaseTransport) -> None:
         """The connection is gone: drop its unsent answers (its descriptor may be reused)."""
         self._pending.pop(transport, None)
