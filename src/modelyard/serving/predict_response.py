@@ -14,19 +14,26 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from tensorflow.core.framework import tensor_pb2
 
-from modelyard.serving.tensor_proto import from_ndarray
+from modelyard.serving.dtypes import from_numpy
+from modelyard.serving.tensor_proto import TYPED_FIELD, from_ndarray
 
-# Field numbers and wire types of the messages written here.
-_LEN = 2  # wire type: length-delimited
+# Wire types of the fields written here.
+_LEN = 2  # length-delimited
 _VARINT = 0
 
-# TensorProto's dtype enum and packed typed field for the dtypes packed from the array's bytes.
-_PACKED = {
-    np.dtype(np.float32): (1, 5, "<f4"),  # DT_FLOAT, float_val
-    np.dtype(np.float64): (2, 6, "<f8"),  # DT_DOUBLE, double_val
-    np.dtype(np.bool_): (10, 11, "u1"),  # DT_BOOL, bool_val (varints of 0 and 1: one byte each)
-}
+
+def _packed(dtype, wire_dtype: str) -> tuple[np.dtype, tuple[int, int, str]]:
+    """dtype -> (its TensorProto dtype enum, the number of the typed field tensor_proto writes it
+    to, that field's little-endian element type): both encoders agree on the field by construction."""
+    enum = from_numpy(dtype)
+    field = tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name[TYPED_FIELD[enum]].number
+    return np.dtype(dtype), (enum, field, wire_dtype)
+
+
+# The dtypes whose typed field takes the array's own bytes (bools: varints of 0 and 1, a byte each).
+_PACKED = dict(_packed(dtype, wire) for dtype, wire in ((np.float32, "<f4"), (np.float64, "<f8"), (np.bool_, "u1")))
 
 
 def _varint(n: int) -> bytes:

@@ -14,7 +14,7 @@ from modelyard.errors import invalid_argument
 from modelyard.serving import dtypes
 
 # dtype enum -> the typed field TF writes values of that dtype into.
-_FIELD = {
+TYPED_FIELD = {
     types_pb2.DT_FLOAT: "float_val",
     types_pb2.DT_DOUBLE: "double_val",
     types_pb2.DT_INT32: "int_val",
@@ -53,7 +53,7 @@ def from_ndarray(value: np.ndarray, proto=None):
     enum = dtypes.from_numpy(value.dtype)
     proto.dtype = enum
     proto.tensor_shape.CopyFrom(_shape_proto(value.shape))
-    field = _FIELD.get(enum)
+    field = TYPED_FIELD.get(enum)
     if field == "string_val":
         proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in value.ravel())
     elif field is not None:
