@@ -643,7 +643,11 @@ def run_grpc_series(server: Server, request: bytes, concs, duration, processes, 
     return rows
 
 
-def paired_runs(server: Server, body: bytes, grpc_request: bytes, args, work: Path, base_row: dict) -> list[dict]:
+PAIRED = " (REST and gRPC taking turns)"  # the server label's suffix on paired_runs' rows
+
+
+def paired_runs(server: Server, body: bytes, grpc_request: bytes, args, seconds: float, work: Path,
+                base_row: dict) -> list[dict]:
     """REST and gRPC at c=32 taking turns, ``--pair-rounds`` runs each: their median runs.
 
     This machine's speed drifts by ±15% within minutes, more than REST and gRPC differ, so the
@@ -651,14 +655,12 @@ def paired_runs(server: Server, body: bytes, grpc_request: bytes, args, work: Pa
     """
     if not args.pair_rounds:
         return []
-    seconds = max(2.0, (args.duration or (2.0 if args.quick else 10.0)) / 2)
     runs: dict[str, list[dict]] = {"REST": [], "gRPC": []}
     for _ in range(args.pair_rounds):
         runs["REST"] += run_rest_series(server, body, [32], seconds, args.loadgen, work, base_row)
         runs["gRPC"] += run_grpc_series(server, grpc_request, [32], seconds, args.grpc_processes,
                                         dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)
-    return [dict(median_run(runs["REST"]), server=base_row["server"] + " (REST and gRPC taking turns)"),
-            dict(median_run(runs["gRPC"]), server=base_row["server"] + " (REST and gRPC taking turns)")]
+    return [dict(median_run(runs[protocol]), server=base_row["server"] + PAIRED) for protocol in ("REST", "gRPC")]
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -725,7 +727,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     duration = args.duration or (2.0 if args.quick else 10.0)
-    cnn_duration = max(2.0, duration / 2)
+    half_duration = max(2.0, duration / 2)
     concs = [int(c) for c in args.concurrency.split(",")] if args.concurrency else ([1, 32] if args.quick else [1, 8, 32, 128])
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     my_args = shlex.split(args.modelyard_args)
@@ -779,7 +781,8 @@ def main(argv=None) -> int:
             if "grpc" not in skip:
                 rows += run_grpc_series(my, grpc_req[MODEL], concs, duration, args.grpc_processes,
                                         dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)
-                rows += paired_runs(my, body, grpc_req[MODEL], args, work, dict(base_row, scenario="digits-pair"))
+                rows += paired_runs(my, body, grpc_req[MODEL], args, half_duration, work,
+                                    dict(base_row, scenario="digits-pair"))
         finally:
             my.stop()
 
@@ -860,10 +863,10 @@ def main(argv=None) -> int:
                         for label in order:
                             row = dict(base_rows[label], protocol=protocol)
                             if protocol == "REST":
-                                runs[label] += run_rest_series(servers[label], body, [bc], cnn_duration,
+                                runs[label] += run_rest_series(servers[label], body, [bc], half_duration,
                                                                args.loadgen, work, row)
                             else:
-                                runs[label] += run_grpc_series(servers[label], grpc_req[CNN], [bc], cnn_duration,
+                                runs[label] += run_grpc_series(servers[label], grpc_req[CNN], [bc], half_duration,
                                                                args.grpc_processes, row, args.grpc_loadgen, work)
                     rows += [median_run(r) for r in runs.values()]
             finally:
@@ -891,7 +894,7 @@ def main(argv=None) -> int:
             "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
             "model_version": Path(info["latest"]).name, "cnn_args": args.cnn_args,
             "batching_concurrency": args.batching_concurrency, "cnn_rounds": args.cnn_rounds,
-            "cnn_duration": cnn_duration, "pair_rounds": args.pair_rounds,
+            "cnn_duration": half_duration, "pair_rounds": args.pair_rounds,
             "batching": (Path(args.batching_parameters_file).read_text() if args.batching_parameters_file
                          else DEFAULT_BATCHING)}
     out_dir = Path(args.out)
@@ -1032,7 +1035,7 @@ def report(rows: list[dict], meta: dict) -> str:
         lines.append(f"| REST p99 at c=8 ≤ 10 ms{tag} | {fmt(my8['p99_ms'], 2) + ' ms' if my8 else 'not measured'} | "
                      f"{verdict(my8['p99_ms'] <= 10 if my8 else None)} |")
         g32 = find(rows, scenario="digits", server=label, protocol="gRPC", concurrency=32)
-        paired = label + " (REST and gRPC taking turns)"
+        paired = label + PAIRED
         pr32 = find(rows, scenario="digits-pair", server=paired, protocol="REST", concurrency=32)
         pg32 = find(rows, scenario="digits-pair", server=paired, protocol="gRPC", concurrency=32)
         if pr32 and pg32:
