@@ -58,6 +58,13 @@ def pair():
     b.close()
 
 
+@pytest.fixture
+def rig(pair):
+    """Socket pair (a writes, b reads), a loop whose passes the test runs, and the writer on it."""
+    loop = _Loop()
+    return pair[0], pair[1], loop, ResponseWriter(loop)
+
+
 def _received(sock: socket.socket) -> bytes:
     sock.settimeout(0.5)
     chunks = []
@@ -69,11 +76,9 @@ def _received(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-def test_a_pass_goes_out_in_one_flush_in_order(pair):
-    a, b = pair
+def test_a_pass_goes_out_in_one_flush_in_order(rig):
+    a, b, loop, writer = rig
     c, d = socket.socketpair()
-    loop = _Loop()
-    writer = ResponseWriter(loop)
     ta, tc = _Transport(), _Transport()
     writer.write(ta, a.fileno(), b"one ")
     writer.write(tc, c.fileno(), b"other")
@@ -87,11 +92,9 @@ def test_a_pass_goes_out_in_one_flush_in_order(pair):
     d.close()
 
 
-def test_what_a_full_socket_does_not_take_goes_to_the_transport_in_order(pair):
-    a, b = pair
+def test_what_a_full_socket_does_not_take_goes_to_the_transport_in_order(rig):
+    a, b, loop, writer = rig
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    loop = _Loop()
-    writer = ResponseWriter(loop)
     transport = _Transport()
     data = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes
     writer.write(transport, a.fileno(), data[:1000])
@@ -102,10 +105,8 @@ def test_what_a_full_socket_does_not_take_goes_to_the_transport_in_order(pair):
     assert taken + b"".join(transport.queued) == data, "the rest follows exactly where the socket stopped"
 
 
-def test_a_connection_with_unsent_bytes_writes_through_its_transport(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_a_connection_with_unsent_bytes_writes_through_its_transport(rig):
+    a, b, loop, writer = rig
     transport = _Transport(buffered=10)
     writer.write(transport, a.fileno(), b"after the queued bytes")
     assert transport.queued == [b"after the queued bytes"] and loop.scheduled == []
@@ -114,10 +115,8 @@ def test_a_connection_with_unsent_bytes_writes_through_its_transport(pair):
     assert no_socket.queued == [b"x"], "without a descriptor the transport writes"
 
 
-def test_bytes_queued_before_the_transport_filled_wait_for_its_queue(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_bytes_queued_before_the_transport_filled_wait_for_its_queue(rig):
+    a, b, loop, writer = rig
     transport = _Transport()
     writer.write(transport, a.fileno(), b"first")
     transport.buffered = 5  # the transport queued bytes since (e.g. a 100 Continue written directly)
@@ -125,10 +124,8 @@ def test_bytes_queued_before_the_transport_filled_wait_for_its_queue(pair):
     assert transport.queued == [b"first"] and _received(b) == b""
 
 
-def test_closing_sends_what_was_written_then_closes(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_closing_sends_what_was_written_then_closes(rig):
+    a, b, loop, writer = rig
     transport = _Transport()
     writer.write(transport, a.fileno(), b"last ")
     writer.write(transport, a.fileno(), b"answer")
@@ -138,10 +135,8 @@ def test_closing_sends_what_was_written_then_closes(pair):
     assert _received(b) == b"", "nothing is sent twice"
 
 
-def test_a_gone_or_closing_connection_is_never_written(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_a_gone_or_closing_connection_is_never_written(rig):
+    a, b, loop, writer = rig
     gone, closing = _Transport(), _Transport()
     writer.write(gone, a.fileno(), b"for the lost connection")
     writer.write(closing, a.fileno(), b"for the closing one")
@@ -151,10 +146,8 @@ def test_a_gone_or_closing_connection_is_never_written(pair):
     assert _received(b) == b"" and gone.queued == [] and closing.queued == []
 
 
-def test_a_half_closed_connection_gets_its_queued_bytes_through_the_transport(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_a_half_closed_connection_gets_its_queued_bytes_through_the_transport(rig):
+    a, b, loop, writer = rig
     transport = _Transport()
     writer.write(transport, a.fileno(), b"answer to a client ")
     writer.write(transport, a.fileno(), b"that sent FIN")
@@ -165,10 +158,8 @@ def test_a_half_closed_connection_gets_its_queued_bytes_through_the_transport(pa
     assert _received(b) == b"", "nothing is sent twice"
 
 
-def test_a_send_error_hands_everything_to_the_transport(pair):
-    a, b = pair
-    loop = _Loop()
-    writer = ResponseWriter(loop)
+def test_a_send_error_hands_everything_to_the_transport(rig):
+    a, b, loop, writer = rig
     transport = _Transport()
     b.close()  # the peer is gone: send fails (EPIPE), the transport reports it its own way
     writer.write(transport, a.fileno(), b"nobody reads this")

@@ -121,7 +121,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             body = b'{"error": "' + message.replace(b'"', b"'") + b'"}'
             self._send(_head(status, self.app.json_headers, len(body), False) + body)
-            self.writer.close(self.transport)
+            self._close()
 
     # ---- parser callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
