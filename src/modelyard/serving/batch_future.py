@@ -10,12 +10,19 @@ It keeps the part of ``Future``'s interface the server uses: ``done``, ``result`
 once when already done), ``set_result`` / ``set_exception`` (the first one wins; later
 ones return False instead of raising). There is no ``cancel``: requests leave the queue
 through ``expire``, which answers DEADLINE_EXCEEDED.
+
+``call_on_loop`` registers a callback to run on an asyncio loop instead. A batch thread
+settles its whole batch with ``settle_all``, which hands every loop its callbacks in one
+``call_soon_threadsafe``: one wake-up and one handle per batch instead of one per request,
+so the batch thread, the bottleneck under batched load, is back at the model sooner.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from typing import Callable
+import time
+from typing import Callable, Iterable
 
 from modelyard.errors import ServingError
 
@@ -27,7 +34,7 @@ _PENDING, _RESULT, _ERROR = 0, 1, 2
 class BatchFuture:
     """A one-shot result or error, settled by a batch thread, read by the request's owner."""
 
-    __slots__ = ("_lock", "_state", "_value", "_callbacks", "_waiter", "_expire")
+    __slots__ = ("_lock", "_state", "_value", "_callbacks", "_waiter", "_expire", "settled_at")
 
     def __init__(self, expire: Callable[[BaseException | None], None] | None = None):
         self._lock = threading.Lock()
@@ -36,6 +43,7 @@ class BatchFuture:
         self._callbacks: list[Callable[["BatchFuture"], object]] | None = None
         self._waiter: threading.Event | None = None
         self._expire = expire
+        self.settled_at: float | None = None  # time.perf_counter() when settled
 
     # ---- reading ----------------------------------------------------------------------------
     def done(self) -> bool:
@@ -79,18 +87,35 @@ class BatchFuture:
                 return
         _call(callback, self)
 
+    def call_on_loop(self, loop: asyncio.AbstractEventLoop, callback: Callable, *args,
+                     if_closed: Callable[[], object] | None = None) -> None:
+        """Run ``callback(*args, self)`` on ``loop`` once settled (see ``loop_bridge``).
+
+        When ``loop`` has closed by then, ``if_closed()`` runs instead, on the settling thread.
+        """
+        call = _LoopCall(loop, callback, args, if_closed)
+        with self._lock:
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = [call]
+                else:
+                    self._callbacks.append(call)
+                return
+        _post(loop, [(call, self)])
+
     # ---- settling ---------------------------------------------------------------------------
     def set_result(self, value) -> bool:
-        return self._settle(_RESULT, value)
+        return settle_all([(self, None, value)]) == 1
 
     def set_exception(self, error: BaseException) -> bool:
-        return self._settle(_ERROR, error)
+        return settle_all([(self, error, None)]) == 1
 
-    def _settle(self, state: int, value) -> bool:
+    def _take(self, state: int, value, now: float) -> list | None:
+        """Settle (the first settling wins) and hand back the callbacks to run; None if settled already."""
         with self._lock:
             if self._state != _PENDING:
-                return False
-            self._state, self._value = state, value
+                return None
+            self._state, self._value, self.settled_at = state, value, now
             callbacks, self._callbacks = self._callbacks, None
             # The expire hook refers back to the queue's task, which holds this future: drop it so
             # reference counting frees a finished request at once, not the cyclic GC later.
@@ -98,10 +123,7 @@ class BatchFuture:
             waiter = self._waiter
         if waiter is not None:
             waiter.set()
-        if callbacks:
-            for callback in callbacks:
-                _call(callback, self)
-        return True
+        return callbacks or _NONE
 
     # ---- the queue's side -------------------------------------------------------------------
     def expire(self, error: BaseException | None = None) -> None:
@@ -110,6 +132,67 @@ class BatchFuture:
         expire = self._expire
         if expire is not None and self._state == _PENDING:
             expire(error)
+
+
+_NONE: list = []
+
+
+class _LoopCall:
+    """A callback ``call_on_loop`` registered: where and what to run once the future settles."""
+
+    __slots__ = ("loop", "callback", "args", "if_closed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable, args: tuple,
+                 if_closed: Callable[[], object] | None):
+        self.loop, self.callback, self.args, self.if_closed = loop, callback, args, if_closed
+
+
+def settle_all(outcomes: Iterable[tuple[BatchFuture, BaseException | None, object]]) -> int:
+    """Settle each ``(future, error, result)`` (error None: the result); how many were still pending.
+
+    Plain callbacks run here, in order; each loop's ``call_on_loop`` callbacks reach it
+    together, in one ``call_soon_threadsafe``, after every future is settled.
+    """
+    now = time.perf_counter()
+    settled = 0
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for future, error, value in outcomes:
+        callbacks = future._take(_RESULT if error is None else _ERROR, value if error is None else error, now)
+        if callbacks is None:
+            continue
+        settled += 1
+        for callback in callbacks:
+            if type(callback) is _LoopCall:
+                calls = by_loop.get(callback.loop)
+                if calls is None:
+                    by_loop[callback.loop] = [(callback, future)]
+                else:
+                    calls.append((callback, future))
+            else:
+                _call(callback, future)
+    for loop, calls in by_loop.items():
+        _post(loop, calls)
+    return settled
+
+
+def _post(loop: asyncio.AbstractEventLoop, calls: list) -> None:
+    try:
+        loop.call_soon_threadsafe(_run_on_loop, calls)
+    except RuntimeError:  # the loop has closed: the server is stopping
+        for call, _future in calls:
+            if call.if_closed is not None:
+                try:
+                    call.if_closed()
+                except Exception:
+                    log.exception("A batching future's if_closed callback failed")
+
+
+def _run_on_loop(calls: list) -> None:
+    for call, future in calls:
+        try:
+            call.callback(*call.args, future)
+        except Exception:  # one failing answer must not keep the batch's others from going out
+            log.exception("A batching future's loop callback failed")
 
 
 def _fresh(error: BaseException) -> BaseException:

@@ -57,7 +57,7 @@ from typing import Callable
 import numpy as np
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.batch_future import BatchFuture
+from modelyard.serving.batch_future import BatchFuture, settle_all
 from modelyard.serving.batching_config import BatchingParams
 from modelyard.serving.servable import Servable
 from modelyard.serving.signatures import Signature
@@ -123,11 +123,8 @@ class _Task:
 
 def _settle(tasks: list[_Task]) -> None:
     """Complete the futures of finished tasks (outside the lock: their callbacks run here)."""
-    for task in tasks:
-        if task.error is not None:
-            task.future.set_exception(task.error)
-        else:
-            task.future.set_result(task.result)
+    if tasks:
+        settle_all([(task.future, task.error, task.result) for task in tasks])
 
 
 class _Piece:

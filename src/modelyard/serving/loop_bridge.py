@@ -14,6 +14,11 @@ def when_done_on_loop(loop: asyncio.AbstractEventLoop, future, callback: Callabl
     When the loop has already closed (the server is stopping) ``if_closed`` runs instead,
     on the completing thread, so resources the callback would free are still freed.
     """
+    call_on_loop = getattr(future, "call_on_loop", None)
+    if call_on_loop is not None:  # a batching future: its whole batch reaches the loop in one hop
+        call_on_loop(loop, callback, *args, if_closed=if_closed)
+        return
+
     def done(f) -> None:
         try:
             loop.call_soon_threadsafe(callback, *args, f)
