@@ -714,9 +714,10 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to skip: kserve,fastapi,grpc,batching,ceiling")
     p.add_argument("--batching-parameters-file", help="BatchingParameters text file (default: a built-in one)")
     p.add_argument("--batching-concurrency", type=int, default=64)
-    p.add_argument("--cnn-rounds", type=int, default=3,
+    p.add_argument("--cnn-rounds", type=int, default=5,
                    help="CNN runs per server and protocol, batched and unbatched taking turns; the table "
-                   "reports the median run (default 3, each half of --duration)")
+                   "reports the median run (default 5, each half of --duration: single runs swing by "
+                   "±10%% on this shared machine, and the batching target is a ratio of two of them)")
     p.add_argument("--pair-rounds", type=int, default=3,
                    help="digits, c=32: REST and gRPC runs taking turns for the gRPC ≥ REST target, each half of "
                    "--duration (default 3 each; 0: compare the series' single runs)")
