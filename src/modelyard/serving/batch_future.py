@@ -78,14 +78,8 @@ class BatchFuture:
 
     def add_done_callback(self, callback: Callable[["BatchFuture"], object]) -> None:
         """Call ``callback(self)`` once settled: on the settling thread, or now if settled already."""
-        with self._lock:
-            if self._state == _PENDING:
-                if self._callbacks is None:
-                    self._callbacks = [callback]
-                else:
-                    self._callbacks.append(callback)
-                return
-        _call(callback, self)
+        if not self._kept(callback):
+            _call(callback, self)
 
     def call_on_loop(self, loop: asyncio.AbstractEventLoop, callback: Callable, *args,
                      if_closed: Callable[[], object] | None = None) -> None:
@@ -94,14 +88,19 @@ class BatchFuture:
         When ``loop`` has closed by then, ``if_closed()`` runs instead, on the settling thread.
         """
         call = _LoopCall(loop, callback, args, if_closed)
+        if not self._kept(call):
+            _post(loop, [(call, self)])
+
+    def _kept(self, callback) -> bool:
+        """Keep ``callback`` for the settling if still pending; False when the caller must run it now."""
         with self._lock:
-            if self._state == _PENDING:
-                if self._callbacks is None:
-                    self._callbacks = [call]
-                else:
-                    self._callbacks.append(call)
-                return
-        _post(loop, [(call, self)])
+            if self._state != _PENDING:
+                return False
+            if self._callbacks is None:
+                self._callbacks = [callback]
+            else:
+                self._callbacks.append(callback)
+            return True
 
     # ---- settling ---------------------------------------------------------------------------
     def set_result(self, value) -> bool:
