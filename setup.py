@@ -1,6 +1,6 @@
 """Build configuration beyond pyproject.toml: two small C extensions for the REST event loop.
 
-``_intjson`` reads integer-only predict bodies; ``_sendmany`` writes a pass's answers with the
+``_numjson`` reads all-numbers predict bodies; ``_sendmany`` writes a pass's answers with the
 GIL released (see each file). Both are optional: without a C compiler the install still
 succeeds (setuptools prints a warning) and the server takes its pure-Python paths, with the
 same answers, more slowly.
@@ -8,6 +8,6 @@ same answers, more slowly.
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("modelyard.serving._intjson", ["src/modelyard/serving/_intjson.c"], optional=True),
+    Extension("modelyard.serving._numjson", ["src/modelyard/serving/_numjson.c"], optional=True),
     Extension("modelyard.serving._sendmany", ["src/modelyard/serving/_sendmany.c"], optional=True),
 ])

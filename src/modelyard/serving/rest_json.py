@@ -18,9 +18,9 @@ from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving import dtypes
 
 try:
-    from modelyard.serving import _intjson
+    from modelyard.serving import _numjson
 except ImportError:  # built without a C compiler (the extension is optional): the general parser reads every body
-    _intjson = None
+    _numjson = None
 from modelyard.serving.signatures import Signature, TensorSpec
 
 _NUMPY_OPT = orjson.OPT_SERIALIZE_NUMPY
@@ -151,11 +151,11 @@ def _shape_error(value) -> ServingError:
     return invalid_argument(walk(value, 0) or "Ragged or uneven lists cannot form a tensor")
 
 
-class IntTensor(NamedTuple):
-    """The tensor of an integer-only predict body, read by the C reader (``_intjson``)."""
+class NumericTensor(NamedTuple):
+    """The tensor of an all-numbers predict body, read by the C reader (``_numjson``)."""
 
-    values: np.ndarray  # int64, the body's shape
-    lo: int  # its extremes: the range check needs no pass over the values
+    values: np.ndarray  # the body's shape: int64, or float64 when a number had a fraction or exponent
+    lo: int  # the int64 values' extremes: the range check needs no pass over the values
     hi: int
     body: bytes  # for the general parser, when the signature needs more than this one tensor
 
@@ -172,6 +172,8 @@ class IntTensor(NamedTuple):
         if dtype.kind not in "iufc":
             return None
         if dtype.kind in "iu":
+            if self.values.dtype.kind == "f":  # fractions for an integer input: an error, worded there
+                return None
             low, high = _int_limits(dtype)
             if self.lo < low or self.hi > high:
                 return None
@@ -182,15 +184,16 @@ class IntTensor(NamedTuple):
         return loads(self.body)[key]
 
 
-def read_int_body(body: bytes) -> tuple[str, str, IntTensor] | None:
-    """``parse_predict``'s answer for an integer-only body, read in one pass in C; else None."""
-    if _intjson is None:
+def read_number_body(body: bytes) -> tuple[str, str, NumericTensor] | None:
+    """``parse_predict``'s answer for an all-numbers body, read in one pass in C; else None."""
+    if _numjson is None:
         return None
-    read = _intjson.read_int_body(body)
+    read = _numjson.read_number_body(body)
     if read is None:
         return None
-    key, name, values, shape, lo, hi = read
-    return name or "", key, IntTensor(np.frombuffer(values, np.int64).reshape(shape), lo, hi, body)
+    key, name, values, shape, lo, hi, floating = read
+    array = np.frombuffer(values, np.float64 if floating else np.int64).reshape(shape)
+    return name or "", key, NumericTensor(array, lo, hi, body)
 
 
 def to_array(value, spec: TensorSpec) -> np.ndarray:
@@ -276,9 +279,9 @@ def _request_doc(body: bytes) -> tuple[dict, str]:
 def parse_predict(body: bytes):
     """Returns ``(signature_name, key, payload)`` with key 'instances' or 'inputs'.
 
-    The payload is an ``IntTensor`` for an integer-only body, else the parsed JSON value.
+    The payload is a ``NumericTensor`` for an all-numbers body, else the parsed JSON value.
     """
-    fast = read_int_body(body)
+    fast = read_number_body(body)
     if fast is not None:
         return fast
     doc, name = _request_doc(body)
@@ -296,7 +299,7 @@ def parse_predict(body: bytes):
 
 def predict_inputs(key: str, payload, sig: Signature) -> dict[str, np.ndarray]:
     """The inputs of a predict body whose tensor key is ``key`` (``parse_predict``'s answer)."""
-    if type(payload) is IntTensor:
+    if type(payload) is NumericTensor:
         inputs = payload.as_input(sig)
         if inputs is not None:
             return inputs

@@ -242,7 +242,7 @@ class ModelServer:
                 from modelyard.serving import response_writer, rest_json
                 from modelyard.serving.http_server import serve
 
-                missing = [what for what, built in (("the integer body reader", rest_json._intjson),
+                missing = [what for what, built in (("the numeric body reader", rest_json._numjson),
                                                     ("the answer writer", response_writer.send_many)) if built is None]
                 if missing:
                     log.warning("The REST server's C extensions were not built (no C compiler at install): %s. "

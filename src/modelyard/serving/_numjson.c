@@ -1,23 +1,36 @@
-/* _intjson: read a REST predict body whose tensor is all JSON integers in one pass, in C.
+/* _numjson: read a REST predict body whose tensor is all JSON numbers in one pass, in C.
  *
- * Images and token ids arrive as nested lists of integers. Parsing them into Python lists and
- * then into an array cost most of a batched request's time on the event loop, so bodies of
+ * Images, features and token ids arrive as nested lists of numbers. Parsing them into Python
+ * lists and then into an array cost most of a request's time on the event loop, so bodies of
  * the shape
  *
- *     { "instances" | "inputs": <regular nested arrays of integers>, ["signature_name": "..."] }
+ *     { "instances" | "inputs": <regular nested arrays of numbers>, ["signature_name": "..."] }
  *
- * are read here straight into int64 values. Anything else, including every malformed body,
- * returns None and the general parser (rest_json) decides what it is and words the error:
- * this module never raises for bad input, so TF Serving's error messages stay in one place.
+ * are read here straight into int64 values, or into float64 values once a number has a
+ * fraction or an exponent (the integers before it are converted then, exactly: a tensor
+ * with an integer beyond 2^53 among fractions takes the general path). Fractions are
+ * converted by the C library's strtod in the "C" locale, correctly rounded, as Python's
+ * own parsers do, so the doubles are the ones the general path would get.
+ *
+ * Anything else, including every malformed body, returns None and the general parser
+ * (rest_json) decides what it is and words the error: this module never raises for bad
+ * input, so TF Serving's error messages stay in one place.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <locale.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 32   /* deeper tensors take the general path */
-#define MAX_DIGITS 18  /* so a value always fits in int64; longer numbers take the general path */
+#define MAX_DIGITS 18  /* so an integer always fits in int64; longer numbers take the general path */
+#define MAX_NUMBER_CHARS 64 /* longer fractions take the general path */
+#define MAX_EXACT_INT ((int64_t)1 << 53) /* integers a double holds exactly */
 #define RELEASE_GIL_BYTES (64 * 1024)
+
+static locale_t c_locale; /* strtod's decimal point must not follow the process's locale */
 
 typedef struct {
     const char *p;
@@ -25,11 +38,12 @@ typedef struct {
 } Cursor;
 
 typedef struct {
-    int64_t *values;
+    int64_t *values; /* int64 until the first fraction, then float64 in the same 8-byte slots */
     Py_ssize_t count;
     int ndim;
     Py_ssize_t shape[MAX_DEPTH];
-    int64_t lo, hi;
+    int64_t lo, hi; /* the extremes while the values are integers */
+    int floating;
 } Tensor;
 
 static void skip_ws(Cursor *c)
@@ -40,10 +54,101 @@ static void skip_ws(Cursor *c)
 
 static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 
-/* One JSON integer, -?(0|[1-9][0-9]*), not followed by a fraction or exponent. */
-static int read_int(Cursor *c, int64_t *out)
+static void store_double(Tensor *t, double d) { memcpy(&t->values[t->count++], &d, sizeof d); }
+
+/* Turn the integers read so far into doubles, in place; -1 if one would not be exact. */
+static int to_floating(Tensor *t)
 {
-    int negative = 0;
+    Py_ssize_t i;
+    for (i = 0; i < t->count; i++)
+        if (t->values[i] > MAX_EXACT_INT || t->values[i] < -MAX_EXACT_INT)
+            return -1;
+    for (i = 0; i < t->count; i++) {
+        double d = (double)t->values[i];
+        memcpy(&t->values[i], &d, sizeof d);
+    }
+    t->floating = 1;
+    return 0;
+}
+
+/* 10^0 .. 10^22: every one exact as a double. */
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The double nearest ``text`` (a JSON number with a fraction or exponent, n characters).
+ *
+ * Most numbers clients send have a short significand: when it fits in 53 bits and the power of
+ * ten is at most 22, both are exact doubles and one multiplication or division rounds once,
+ * correctly (Clinger's fast path), at a fraction of strtod's cost. Everything else goes to
+ * strtod. -1 on overflow or underflow (the general path decides what those mean). */
+static int fraction_value(const char *text, size_t n, double *out)
+{
+    const char *p = text, *end = text + n;
+    uint64_t significand = 0;
+    int digits = 0;    /* significant digits in ``significand`` */
+    long exponent = 0; /* of ten, with the fraction's digits counted in */
+    int negative = *p == '-';
+    if (negative)
+        p++;
+    for (; p < end && is_digit(*p); p++) { /* the integer part */
+        if (significand == 0 && *p == '0')
+            continue;
+        if (++digits > 19)
+            goto slow;
+        significand = significand * 10 + (uint64_t)(*p - '0');
+    }
+    if (p < end && *p == '.') {
+        for (p++; p < end && is_digit(*p); p++) {
+            exponent--;
+            if (significand == 0 && *p == '0') /* the leading zeros of 0.00123 */
+                continue;
+            if (++digits > 19)
+                goto slow;
+            significand = significand * 10 + (uint64_t)(*p - '0');
+        }
+    }
+    if (p < end) { /* e or E, a sign, digits (checked by read_number) */
+        long written = 0;
+        int written_negative = 0;
+        p++;
+        if (*p == '+' || *p == '-')
+            written_negative = *p++ == '-';
+        for (; p < end; p++) {
+            if (written > 100000)
+                goto slow;
+            written = written * 10 + (*p - '0');
+        }
+        exponent += written_negative ? -written : written;
+    }
+    if (significand == 0) {
+        *out = negative ? -0.0 : 0.0;
+        return 0;
+    }
+    if (significand <= ((uint64_t)1 << 53) && exponent >= -22 && exponent <= 22) {
+        double d = (double)significand;
+        d = exponent < 0 ? d / POW10[-exponent] : d * POW10[exponent];
+        *out = negative ? -d : d;
+        return 0;
+    }
+slow:
+    {
+        char copy[MAX_NUMBER_CHARS];
+        char *stop;
+        if (n >= sizeof copy)
+            return -1;
+        memcpy(copy, text, n);
+        copy[n] = '\0';
+        errno = 0;
+        *out = strtod_l(copy, &stop, c_locale);
+        return (stop == copy + n && errno != ERANGE) ? 0 : -1;
+    }
+}
+
+/* One JSON number, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, appended to the tensor. */
+static int read_number(Cursor *c, Tensor *t)
+{
+    const char *start = c->p;
+    int negative = 0, fraction = 0, digits = 0;
     int64_t value = 0;
     if (*c->p == '-') {
         negative = 1;
@@ -56,7 +161,6 @@ static int read_int(Cursor *c, int64_t *out)
         if (c->p < c->end && is_digit(*c->p))
             return -1; /* a leading zero is not JSON */
     } else {
-        int digits = 0;
         while (c->p < c->end && is_digit(*c->p)) {
             if (++digits > MAX_DIGITS)
                 return -1;
@@ -64,9 +168,48 @@ static int read_int(Cursor *c, int64_t *out)
             c->p++;
         }
     }
-    if (c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E'))
-        return -1; /* a float */
-    *out = negative ? -value : value;
+    if (c->p < c->end && *c->p == '.') {
+        fraction = 1;
+        c->p++;
+        if (c->p >= c->end || !is_digit(*c->p))
+            return -1;
+        while (c->p < c->end && is_digit(*c->p))
+            c->p++;
+    }
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        fraction = 1;
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-'))
+            c->p++;
+        if (c->p >= c->end || !is_digit(*c->p))
+            return -1;
+        while (c->p < c->end && is_digit(*c->p))
+            c->p++;
+    }
+    if (!fraction) {
+        if (negative)
+            value = -value;
+        if (t->floating) {
+            if (value > MAX_EXACT_INT || value < -MAX_EXACT_INT)
+                return -1;
+            store_double(t, (double)value);
+            return 0;
+        }
+        t->values[t->count++] = value;
+        if (value < t->lo)
+            t->lo = value;
+        if (value > t->hi)
+            t->hi = value;
+        return 0;
+    }
+    if (!t->floating && to_floating(t) < 0)
+        return -1;
+    {
+        double d;
+        if (fraction_value(start, (size_t)(c->p - start), &d) < 0)
+            return -1;
+        store_double(t, d);
+    }
     return 0;
 }
 
@@ -86,7 +229,7 @@ static int after_value(Cursor *c, char closer)
     return 0;
 }
 
-/* Nested arrays of integers at c->p, every list at one depth the same length, none empty,
+/* Nested arrays of numbers at c->p, every list at one depth the same length, none empty,
  * numbers only at the innermost depth. 0 on success, -1 for anything else. */
 static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
 {
@@ -99,6 +242,7 @@ static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
     t->count = 0;
     t->lo = INT64_MAX;
     t->hi = INT64_MIN;
+    t->floating = 0;
     if (c->p >= c->end || *c->p != '[')
         return -1;
     for (;;) {
@@ -121,16 +265,8 @@ static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
             return -1;
         if (t->count == capacity)
             return -1;
-        {
-            int64_t v;
-            if (read_int(c, &v) < 0)
-                return -1;
-            t->values[t->count++] = v;
-            if (v < t->lo)
-                t->lo = v;
-            if (v > t->hi)
-                t->hi = v;
-        }
+        if (read_number(c, t) < 0)
+            return -1;
         seen[depth - 1]++;
         /* after a value: a comma, or the end of one or more lists */
         for (;;) {
@@ -225,13 +361,14 @@ static int read_body(Cursor *c, Tensor *t, Py_ssize_t capacity, const char **ten
     return (c->p == c->end && *tensor_key != NULL) ? 0 : -1;
 }
 
-PyDoc_STRVAR(read_int_body_doc,
-"read_int_body(body: bytes) -> tuple | None\n\n"
-"(key, signature_name or None, int64 values as a bytearray, shape, min, max) when ``body`` is\n"
-"a predict request whose only tensor is regular nested arrays of JSON integers (each of at\n"
-"most 18 digits); None for any other body, valid or not.");
+PyDoc_STRVAR(read_number_body_doc,
+"read_number_body(body: bytes) -> tuple | None\n\n"
+"(key, signature_name or None, values as a bytearray, shape, min, max, floating) when ``body``\n"
+"is a predict request whose only tensor is regular nested arrays of JSON numbers. The values\n"
+"are int64 (min and max their extremes) or, when ``floating``, float64. None for any other\n"
+"body, valid or not.");
 
-static PyObject *read_int_body(PyObject *module, PyObject *arg)
+static PyObject *read_number_body(PyObject *module, PyObject *arg)
 {
     Py_buffer view;
     Tensor t;
@@ -286,7 +423,8 @@ static PyObject *read_int_body(PyObject *module, PyObject *arg)
             goto done;
         PyTuple_SET_ITEM(shape, i, n);
     }
-    result = Py_BuildValue("(sOOOLL)", key, name, values, shape, (long long)t.lo, (long long)t.hi);
+    result = Py_BuildValue("(sOOOLLO)", key, name, values, shape, (long long)t.lo, (long long)t.hi,
+                           t.floating ? Py_True : Py_False);
 done:
     Py_DECREF(values);
     Py_XDECREF(shape);
@@ -295,13 +433,21 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"read_int_body", read_int_body, METH_O, read_int_body_doc},
+    {"read_number_body", read_number_body, METH_O, read_number_body_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_intjson",
-    "Integer-only REST predict bodies read in one pass (see rest_json.read_int_body).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_numjson",
+    "Numeric REST predict bodies read in one pass (see rest_json.read_number_body).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__intjson(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__numjson(void)
+{
+    if (c_locale == (locale_t)0) {
+        c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+        if (c_locale == (locale_t)0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyModule_Create(&module);
+}
