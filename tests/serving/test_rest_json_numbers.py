@@ -56,10 +56,17 @@ CASES = [
     (b'{"instances":[[0.5,-2.25],[1e-3,3E+2]]}', True),
     (b'{"instances":[1,2.5,-0]}', True),
     (b'{"instances":[-0.0,0.0,-0e0]}', True),
-    (b'{"inputs":[[0.1,0.2],[0.30000000000000004,1e-7]],"signature_name":"serving_default"}', True),
+    (b'{"inputs":[[0.1,0.2],[0.3000000000000001,1e-7]],"signature_name":"serving_default"}', True),
+    # past Clinger's fast path (17 digits, 10^23, 10^-23): the general path reads the body
+    (b'{"inputs":[[0.1,0.2],[0.30000000000000004,1e-7]]}', False),
+    (b'{"instances":[0.5,1e23]}', False),
+    (b'{"instances":[0.5,1e-23]}', False),
+    (b'{"instances":[1e22,1e-22,9007199254740992e0,-9007199254740992e-22]}', True),
+    (b'{"instances":[9007199254740993e0]}', False),
     (b'{"instances":[[1.5],[2]]}', True),
     (b'{"instances":[255.0,-1.0]}', True),  # whole-valued fractions: still fractions for an integer input
-    (b'{"instances":[3.4028235e38,3.5e38,65504,65520]}', True),  # float32's and float16's largest, and past them
+    (b'{"instances":[3.4028235e22,65504.0,65520.5,1e5]}', True),  # float16's largest, and past it
+    (b'{"instances":[3.4028235e38,3.5e38]}', False),  # float32's: past the fast path
     (b'{"instances":[9007199254740992,0.5]}', True),  # 2^53: exact as a double
     (b'{"instances":[9007199254740993,0.5]}', False),  # 2^53 + 1 is not
     (b'{"instances":[0.5,9007199254740993]}', False),
@@ -137,24 +144,29 @@ HARD_NUMBERS = [
 
 
 def test_each_number_is_the_double_python_reads():
+    taken = 0
     for text in HARD_NUMBERS:
         read = _numjson.read_number_body(b'{"instances":[%s]}' % text.encode())
-        expected = float(text)
-        if read is None:  # the general path: past the normal range, or too long for the C reader
-            assert not 2.2250738585072014e-308 <= abs(expected) <= 1.7976931348623157e308 or len(text) >= 64, text
+        if read is None:  # past the fast path: the general path reads it (compared in the tests above and below)
             continue
+        taken += 1
         value = np.frombuffer(read[2], np.float64)[0]
-        assert value.tobytes() == np.float64(expected).tobytes(), text
+        assert value.tobytes() == np.float64(float(text)).tobytes(), text
+    assert taken >= 15
 
 
-def _float_texts(rng: random.Random, count: int) -> list[str]:
-    """Numbers as clients write them: shortest repr, fixed and scientific, 17 digits, and more digits
-    than a double holds (where only correct rounding gives Python's value)."""
+def _float_texts(rng: random.Random, count: int, short: bool) -> list[str]:
+    """Numbers as clients write them. ``short``: what the C reader computes itself (few digits,
+    powers of ten within 22); else also 17-digit reprs, far exponents and more digits than a
+    double holds (where only correct rounding gives Python's value)."""
     texts = []
     for _ in range(count):
-        x = rng.choice([rng.random(), rng.uniform(-1, 1), rng.uniform(-1e6, 1e6), rng.gauss(0, 1e-3),
-                        10.0 ** rng.uniform(-300, 300) * rng.choice([-1, 1]), float(rng.randint(-10**6, 10**6))])
-        style = rng.randrange(6)
+        if short:
+            x = rng.choice([rng.random(), rng.uniform(-1, 1), rng.uniform(-1e4, 1e4), rng.gauss(0, 1e-3)])
+            style = rng.choice([2, 3, 5])
+        else:
+            x = rng.choice([rng.random(), rng.uniform(-1e6, 1e6), 10.0 ** rng.uniform(-300, 300) * rng.choice([-1, 1])])
+            style = rng.randrange(6)
         if style == 0:
             texts.append(repr(x))
         elif style == 1:
@@ -162,7 +174,7 @@ def _float_texts(rng: random.Random, count: int) -> list[str]:
         elif style == 2:
             texts.append(f"{x:.{rng.randint(1, 9)}e}".replace("e", rng.choice("eE")))
         elif style == 3:
-            texts.append(f"{x:.{rng.randint(0, 12)}f}" if abs(x) < 1e15 else repr(x))
+            texts.append(f"{x:.{rng.randint(0, 11)}f}" if abs(x) < 1e4 else repr(x))
         elif style == 4:  # halfway-ish: long decimal expansions
             digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(18, 40)))
             texts.append(f"{rng.choice(['', '-'])}0.{digits}e{rng.randint(-30, 30)}")
@@ -178,11 +190,11 @@ def test_fractions_read_in_c_equal_the_general_parser_bit_for_bit(dtype, monkeyp
     bodies = []
     for _ in range(60):
         rows, cols = rng.randint(1, 4), rng.randint(1, 30)
-        texts = _float_texts(rng, rows * cols)
+        texts = _float_texts(rng, rows * cols, short=len(bodies) % 2 == 0)
         cols = max(1, len(texts) // rows)
         grid = [texts[r * cols:(r + 1) * cols] for r in range(rows)]
         bodies.append(('{"instances":[' + ",".join("[" + ",".join(row) + "]" for row in grid) + "]}").encode())
-    assert sum(_numjson.read_number_body(b) is not None for b in bodies) > 50  # the C reader took them
+    assert sum(_numjson.read_number_body(b) is not None for b in bodies) >= 25  # the C reader took the short ones
     with np.errstate(over="ignore"):
         fast = [_outcome(body, sig) for body in bodies]
         monkeypatch.setattr(rest_json, "_numjson", None)

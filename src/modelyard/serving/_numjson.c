@@ -7,10 +7,13 @@
  *     { "instances" | "inputs": <regular nested arrays of numbers>, ["signature_name": "..."] }
  *
  * are read here straight into int64 values, or into float64 values once a number has a
- * fraction or an exponent (the integers before it are converted then, exactly: a tensor
- * with an integer beyond 2^53 among fractions takes the general path). Fractions are
- * converted by the C library's strtod in the "C" locale, correctly rounded, as Python's
- * own parsers do, so the doubles are the ones the general path would get.
+ * fraction or an exponent (the integers before it are converted then, exactly). A fraction is
+ * read only when its value is exact to compute with one rounding: a significand of at most
+ * 2^53 and a power of ten of at most 22 (Clinger's fast path; both are exact doubles, so one
+ * multiplication or division gives the correctly rounded double, the one Python's parsers
+ * give). A number past that (a 17-digit double repr, 1e23, 1e-30), or an integer beyond
+ * 2^53 among fractions, sends the whole body to the general path: there a correctly
+ * rounding parser (orjson) is faster than a strtod call per number here.
  *
  * Anything else, including every malformed body, returns None and the general parser
  * (rest_json) decides what it is and words the error: this module never raises for bad
@@ -18,19 +21,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <errno.h>
-#include <locale.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 32   /* deeper tensors take the general path */
 #define MAX_DIGITS 18  /* so an integer always fits in int64; longer numbers take the general path */
-#define MAX_NUMBER_CHARS 64 /* longer fractions take the general path */
 #define MAX_EXACT_INT ((int64_t)1 << 53) /* integers a double holds exactly */
 #define RELEASE_GIL_BYTES (64 * 1024)
-
-static locale_t c_locale; /* strtod's decimal point must not follow the process's locale */
 
 typedef struct {
     const char *p;
@@ -75,12 +72,8 @@ static int to_floating(Tensor *t)
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* The double nearest ``text`` (a JSON number with a fraction or exponent, n characters).
- *
- * Most numbers clients send have a short significand: when it fits in 53 bits and the power of
- * ten is at most 22, both are exact doubles and one multiplication or division rounds once,
- * correctly (Clinger's fast path), at a fraction of strtod's cost. Everything else goes to
- * strtod. -1 on overflow or underflow (the general path decides what those mean). */
+/* The double a JSON number with a fraction or exponent (``text``, n characters) stands for, when
+ * Clinger's fast path computes it exactly rounded; -1 for any other number. */
 static int fraction_value(const char *text, size_t n, double *out)
 {
     const char *p = text, *end = text + n;
@@ -93,8 +86,8 @@ static int fraction_value(const char *text, size_t n, double *out)
     for (; p < end && is_digit(*p); p++) { /* the integer part */
         if (significand == 0 && *p == '0')
             continue;
-        if (++digits > 19)
-            goto slow;
+        if (++digits > 16) /* 10^16 > 2^53: no longer exact */
+            return -1;
         significand = significand * 10 + (uint64_t)(*p - '0');
     }
     if (p < end && *p == '.') {
@@ -102,8 +95,8 @@ static int fraction_value(const char *text, size_t n, double *out)
             exponent--;
             if (significand == 0 && *p == '0') /* the leading zeros of 0.00123 */
                 continue;
-            if (++digits > 19)
-                goto slow;
+            if (++digits > 16)
+                return -1;
             significand = significand * 10 + (uint64_t)(*p - '0');
         }
     }
@@ -115,7 +108,7 @@ static int fraction_value(const char *text, size_t n, double *out)
             written_negative = *p++ == '-';
         for (; p < end; p++) {
             if (written > 100000)
-                goto slow;
+                return -1;
             written = written * 10 + (*p - '0');
         }
         exponent += written_negative ? -written : written;
@@ -124,24 +117,14 @@ static int fraction_value(const char *text, size_t n, double *out)
         *out = negative ? -0.0 : 0.0;
         return 0;
     }
-    if (significand <= ((uint64_t)1 << 53) && exponent >= -22 && exponent <= 22) {
+    if (significand > ((uint64_t)1 << 53) || exponent < -22 || exponent > 22)
+        return -1;
+    {
         double d = (double)significand;
         d = exponent < 0 ? d / POW10[-exponent] : d * POW10[exponent];
         *out = negative ? -d : d;
-        return 0;
     }
-slow:
-    {
-        char copy[MAX_NUMBER_CHARS];
-        char *stop;
-        if (n >= sizeof copy)
-            return -1;
-        memcpy(copy, text, n);
-        copy[n] = '\0';
-        errno = 0;
-        *out = strtod_l(copy, &stop, c_locale);
-        return (stop == copy + n && errno != ERANGE) ? 0 : -1;
-    }
+    return 0;
 }
 
 /* One JSON number, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, appended to the tensor. */
@@ -442,12 +425,4 @@ static struct PyModuleDef module = {
     "Numeric REST predict bodies read in one pass (see rest_json.read_number_body).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__numjson(void)
-{
-    if (c_locale == (locale_t)0) {
-        c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-        if (c_locale == (locale_t)0)
-            return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__numjson(void) { return PyModule_Create(&module); }
