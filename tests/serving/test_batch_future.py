@@ -138,3 +138,29 @@ def test_a_blocked_reader_wakes_when_its_batch_settles():
     started = time.monotonic()
     assert future.result(5) == "late"
     assert time.monotonic() - started < 5
+
+
+def test_an_escaping_base_exception_stops_no_other_answer(counting_loop):
+    futures = [BatchFuture() for _ in range(4)]
+    ran = []
+
+    def answer(i, _future):
+        if i == 1:
+            raise asyncio.CancelledError()  # a BaseException, not an Exception
+        ran.append(i)
+
+    for i, future in enumerate(futures):
+        when_done_on_loop(counting_loop.loop, future, answer, i)
+    settle_all([(f, None, i) for i, f in enumerate(futures)])
+    counting_loop.drain()
+    assert ran == [0, 2, 3]
+
+    # A plain callback's BaseException leaves settle_all, after every loop got its answers.
+    more = [BatchFuture() for _ in range(2)]
+    more[0].add_done_callback(lambda f: (_ for _ in ()).throw(KeyboardInterrupt()))
+    for i, future in enumerate(more):
+        when_done_on_loop(counting_loop.loop, future, answer, 10 + i)
+    with pytest.raises(KeyboardInterrupt):
+        settle_all([(f, None, i) for i, f in enumerate(more)])
+    counting_loop.drain()
+    assert ran == [0, 2, 3, 10, 11]

@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -117,6 +118,11 @@ static int fraction_value(const char *text, size_t n, double *out)
         *out = negative ? -0.0 : 0.0;
         return 0;
     }
+#if FLT_EVAL_METHOD != 0 || defined(__FAST_MATH__)
+    /* Wider intermediates (x87) round twice and fast-math reorders: neither gives the exact
+     * rounding the fast path relies on, so such builds leave every fraction to the general path. */
+    return -1;
+#endif
     if (significand > ((uint64_t)1 << 53) || exponent < -22 || exponent > 22)
         return -1;
     {

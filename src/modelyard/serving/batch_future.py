@@ -79,7 +79,7 @@ class BatchFuture:
     def add_done_callback(self, callback: Callable[["BatchFuture"], object]) -> None:
         """Call ``callback(self)`` once settled: on the settling thread, or now if settled already."""
         if not self._kept(callback):
-            _call(callback, self)
+            _run_each([(callback, (self,))], "done-callback")
 
     def call_on_loop(self, loop: asyncio.AbstractEventLoop, callback: Callable, *args,
                      if_closed: Callable[[], object] | None = None) -> None:
@@ -149,11 +149,12 @@ class _LoopCall:
 def settle_all(outcomes: Iterable[tuple[BatchFuture, BaseException | None, object]]) -> int:
     """Settle each ``(future, error, result)`` (error None: the result); how many were still pending.
 
-    Plain callbacks run here, in order; each loop's ``call_on_loop`` callbacks reach it
-    together, in one ``call_soon_threadsafe``, after every future is settled.
+    Once every future is settled, plain callbacks run here, in order, and each loop's
+    ``call_on_loop`` callbacks reach it together, in one ``call_soon_threadsafe``.
     """
     now = time.perf_counter()
     settled = 0
+    plain: list = []
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for future, error, value in outcomes:
         callbacks = future._take(_RESULT if error is None else _ERROR, value if error is None else error, now)
@@ -168,9 +169,12 @@ def settle_all(outcomes: Iterable[tuple[BatchFuture, BaseException | None, objec
                 else:
                     calls.append((callback, future))
             else:
-                _call(callback, future)
-    for loop, calls in by_loop.items():
-        _post(loop, calls)
+                plain.append((callback, (future,)))
+    try:
+        _run_each(plain, "done-callback")
+    finally:  # whatever a callback raised, every loop still gets its answers
+        for loop, calls in by_loop.items():
+            _post(loop, calls)
     return settled
 
 
@@ -178,20 +182,29 @@ def _post(loop: asyncio.AbstractEventLoop, calls: list) -> None:
     try:
         loop.call_soon_threadsafe(_run_on_loop, calls)
     except RuntimeError:  # the loop has closed: the server is stopping
-        for call, _future in calls:
-            if call.if_closed is not None:
-                try:
-                    call.if_closed()
-                except Exception:
-                    log.exception("A batching future's if_closed callback failed")
+        _run_each([(call.if_closed, ()) for call, _future in calls if call.if_closed is not None], "if_closed callback")
 
 
 def _run_on_loop(calls: list) -> None:
-    for call, future in calls:
+    _run_each([(call.callback, call.args + (future,)) for call, future in calls], "loop callback")
+
+
+def _run_each(calls: list, what: str) -> None:
+    """Call each ``fn(*args)``; one failing must not keep the others (each a request's answer) from running.
+
+    An ``Exception`` is logged; the first other ``BaseException`` is raised again once all have run.
+    """
+    escaped = None
+    for fn, args in calls:
         try:
-            call.callback(*call.args, future)
-        except Exception:  # one failing answer must not keep the batch's others from going out
-            log.exception("A batching future's loop callback failed")
+            fn(*args)
+        except Exception:
+            log.exception("A batching future's %s failed", what)
+        except BaseException as exc:
+            if escaped is None:
+                escaped = exc
+    if escaped is not None:
+        raise escaped
 
 
 def _fresh(error: BaseException) -> BaseException:
@@ -202,10 +215,3 @@ def _fresh(error: BaseException) -> BaseException:
         return ServingError(error.code, error.message)
     return error
 
-
-def _call(callback: Callable[[BatchFuture], object], future: BatchFuture) -> None:
-    # One failing callback must not keep the others (or the batch thread) from running.
-    try:
-        callback(future)
-    except Exception:
-        log.exception("A batching future's done-callback failed")
