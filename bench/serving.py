@@ -995,8 +995,8 @@ def report(rows: list[dict], meta: dict) -> str:
         f"Likewise the gRPC ≥ REST target compares REST and gRPC at c=32 taking turns, "
         f"{meta.get('pair_rounds', 0)} runs each (the rows marked so), not the single runs of the series.",
         "",
-        "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors | server CPU µs/req "
-        "| load-gen CPU µs/req |",
+        "| server | protocol | runtime | concurrency | req/s | p50 ms | p99 ms | errors "
+        "| server CPU µs/req (= ms per 1000 req) | load-gen CPU µs/req |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
