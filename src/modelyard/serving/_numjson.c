@@ -73,72 +73,14 @@ static int to_floating(Tensor *t)
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* The double a JSON number with a fraction or exponent (``text``, n characters) stands for, when
- * Clinger's fast path computes it exactly rounded; -1 for any other number. */
-static int fraction_value(const char *text, size_t n, double *out)
-{
-    const char *p = text, *end = text + n;
-    uint64_t significand = 0;
-    int digits = 0;    /* significant digits in ``significand`` */
-    long exponent = 0; /* of ten, with the fraction's digits counted in */
-    int negative = *p == '-';
-    if (negative)
-        p++;
-    for (; p < end && is_digit(*p); p++) { /* the integer part */
-        if (significand == 0 && *p == '0')
-            continue;
-        if (++digits > 16) /* 10^16 > 2^53: no longer exact */
-            return -1;
-        significand = significand * 10 + (uint64_t)(*p - '0');
-    }
-    if (p < end && *p == '.') {
-        for (p++; p < end && is_digit(*p); p++) {
-            exponent--;
-            if (significand == 0 && *p == '0') /* the leading zeros of 0.00123 */
-                continue;
-            if (++digits > 16)
-                return -1;
-            significand = significand * 10 + (uint64_t)(*p - '0');
-        }
-    }
-    if (p < end) { /* e or E, a sign, digits (checked by read_number) */
-        long written = 0;
-        int written_negative = 0;
-        p++;
-        if (*p == '+' || *p == '-')
-            written_negative = *p++ == '-';
-        for (; p < end; p++) {
-            if (written > 100000)
-                return -1;
-            written = written * 10 + (*p - '0');
-        }
-        exponent += written_negative ? -written : written;
-    }
-    if (significand == 0) {
-        *out = negative ? -0.0 : 0.0;
-        return 0;
-    }
-#if FLT_EVAL_METHOD != 0 || defined(__FAST_MATH__)
-    /* Wider intermediates (x87) round twice and fast-math reorders: neither gives the exact
-     * rounding the fast path relies on, so such builds leave every fraction to the general path. */
-    return -1;
-#endif
-    if (significand > ((uint64_t)1 << 53) || exponent < -22 || exponent > 22)
-        return -1;
-    {
-        double d = (double)significand;
-        d = exponent < 0 ? d / POW10[-exponent] : d * POW10[exponent];
-        *out = negative ? -d : d;
-    }
-    return 0;
-}
-
-/* One JSON number, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, appended to the tensor. */
+/* One JSON number, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, appended to the tensor in one pass:
+ * its significant digits gather in ``significand`` (at most 18, so an integer fits in int64) and
+ * the fraction's digits and the exponent in ``exponent``, a power of ten. */
 static int read_number(Cursor *c, Tensor *t)
 {
-    const char *start = c->p;
     int negative = 0, fraction = 0, digits = 0;
-    int64_t value = 0;
+    uint64_t significand = 0;
+    long exponent = 0;
     if (*c->p == '-') {
         negative = 1;
         c->p++;
@@ -153,8 +95,7 @@ static int read_number(Cursor *c, Tensor *t)
         while (c->p < c->end && is_digit(*c->p)) {
             if (++digits > MAX_DIGITS)
                 return -1;
-            value = value * 10 + (*c->p - '0');
-            c->p++;
+            significand = significand * 10 + (uint64_t)(*c->p++ - '0');
         }
     }
     if (c->p < c->end && *c->p == '.') {
@@ -162,22 +103,33 @@ static int read_number(Cursor *c, Tensor *t)
         c->p++;
         if (c->p >= c->end || !is_digit(*c->p))
             return -1;
-        while (c->p < c->end && is_digit(*c->p))
-            c->p++;
+        for (; c->p < c->end && is_digit(*c->p); c->p++) {
+            exponent--;
+            if (significand == 0 && *c->p == '0') /* the leading zeros of 0.00123 */
+                continue;
+            if (++digits > MAX_DIGITS)
+                return -1;
+            significand = significand * 10 + (uint64_t)(*c->p - '0');
+        }
     }
     if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        long written = 0;
+        int written_negative = 0;
         fraction = 1;
         c->p++;
         if (c->p < c->end && (*c->p == '+' || *c->p == '-'))
-            c->p++;
+            written_negative = *c->p++ == '-';
         if (c->p >= c->end || !is_digit(*c->p))
             return -1;
-        while (c->p < c->end && is_digit(*c->p))
-            c->p++;
+        for (; c->p < c->end && is_digit(*c->p); c->p++) {
+            if (written > 100000)
+                return -1;
+            written = written * 10 + (*c->p - '0');
+        }
+        exponent += written_negative ? -written : written;
     }
     if (!fraction) {
-        if (negative)
-            value = -value;
+        int64_t value = negative ? -(int64_t)significand : (int64_t)significand;
         if (t->floating) {
             if (value > MAX_EXACT_INT || value < -MAX_EXACT_INT)
                 return -1;
@@ -193,11 +145,23 @@ static int read_number(Cursor *c, Tensor *t)
     }
     if (!t->floating && to_floating(t) < 0)
         return -1;
+    if (significand == 0) {
+        store_double(t, negative ? -0.0 : 0.0);
+        return 0;
+    }
+#if FLT_EVAL_METHOD != 0 || defined(__FAST_MATH__)
+    /* Wider intermediates (x87) round twice and fast-math reorders: neither gives the exact
+     * rounding the fast path relies on, so such builds leave every fraction to the general path. */
+    return -1;
+#endif
+    /* Clinger's fast path: at most 16 digits (10^16 > 2^53) with the significand and the power of
+     * ten both exact doubles, so one multiplication or division rounds once, correctly. */
+    if (digits > 16 || significand > ((uint64_t)1 << 53) || exponent < -22 || exponent > 22)
+        return -1;
     {
-        double d;
-        if (fraction_value(start, (size_t)(c->p - start), &d) < 0)
-            return -1;
-        store_double(t, d);
+        double d = (double)significand;
+        d = exponent < 0 ? d / POW10[-exponent] : d * POW10[exponent];
+        store_double(t, negative ? -d : d);
     }
     return 0;
 }
