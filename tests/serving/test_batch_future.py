@@ -9,7 +9,6 @@ import pytest
 
 from modelyard.errors import Code, ServingError
 from modelyard.serving.batch_future import BatchFuture, settle_all
-from modelyard.serving.loop_bridge import when_done_on_loop
 
 
 class CountingLoop:
@@ -56,7 +55,7 @@ def test_a_settled_batch_reaches_each_loop_in_one_hop_in_order(counting_loop):
         futures = [BatchFuture() for _ in range(6)]
         for i, future in enumerate(futures):
             loop = counting_loop if i % 3 else other
-            when_done_on_loop(loop.loop, future, lambda tag, f: seen.append((tag, threading.get_ident(), f)), f"r{i}")
+            future.call_on_loop(loop.loop, lambda tag, f: seen.append((tag, threading.get_ident(), f)), f"r{i}")
         plain: list[int] = []
         futures[0].add_done_callback(lambda f: plain.append(threading.get_ident()))
 
@@ -85,7 +84,7 @@ def test_a_settled_batch_reaches_each_loop_in_one_hop_in_order(counting_loop):
 def test_the_first_settling_wins_and_later_ones_report_it(counting_loop):
     future = BatchFuture()
     calls = []
-    when_done_on_loop(counting_loop.loop, future, lambda f: calls.append(f.result()))
+    future.call_on_loop(counting_loop.loop, lambda f: calls.append(f.result()))
     assert future.set_result(1) is True
     assert future.set_exception(ServingError(Code.INTERNAL, "late")) is False
     assert settle_all([(future, None, 3)]) == 0
@@ -97,7 +96,7 @@ def test_registering_on_a_settled_future_posts_at_once(counting_loop):
     future = BatchFuture()
     future.set_result("done")
     got = threading.Event()
-    when_done_on_loop(counting_loop.loop, future, lambda f: got.set() if f.result() == "done" else None)
+    future.call_on_loop(counting_loop.loop, lambda f: got.set() if f.result() == "done" else None)
     assert got.wait(5)
 
 
@@ -111,7 +110,7 @@ def test_a_failing_loop_callback_does_not_keep_the_others_from_running(counting_
         ran.append(i)
 
     for i, future in enumerate(futures):
-        when_done_on_loop(counting_loop.loop, future, answer, i)
+        future.call_on_loop(counting_loop.loop, answer, i)
     settle_all([(f, None, i) for i, f in enumerate(futures)])
     counting_loop.drain()
     assert ran == [0, 2]
@@ -121,14 +120,14 @@ def test_a_failing_loop_callback_does_not_keep_the_others_from_running(counting_
 def test_a_closed_loop_runs_if_closed_on_the_settling_thread(counting_loop):
     future, settled_early = BatchFuture(), BatchFuture()
     released = []
-    when_done_on_loop(counting_loop.loop, future, lambda f: released.append("loop"),
-                      if_closed=lambda: released.append(threading.get_ident()))
+    future.call_on_loop(counting_loop.loop, lambda f: released.append("loop"),
+                        if_closed=lambda: released.append(threading.get_ident()))
     counting_loop.stop()
     settle_all([(future, None, 1)])
     assert released == [threading.get_ident()]
     settled_early.set_result(2)  # and on a future settled before registering
-    when_done_on_loop(counting_loop.loop, settled_early, lambda f: released.append("loop"),
-                      if_closed=lambda: released.append("closed"))
+    settled_early.call_on_loop(counting_loop.loop, lambda f: released.append("loop"),
+                               if_closed=lambda: released.append("closed"))
     assert released[-1] == "closed"
 
 
@@ -150,7 +149,7 @@ def test_an_escaping_base_exception_stops_no_other_answer(counting_loop):
         ran.append(i)
 
     for i, future in enumerate(futures):
-        when_done_on_loop(counting_loop.loop, future, answer, i)
+        future.call_on_loop(counting_loop.loop, answer, i)
     settle_all([(f, None, i) for i, f in enumerate(futures)])
     counting_loop.drain()
     assert ran == [0, 2, 3]
@@ -159,7 +158,7 @@ def test_an_escaping_base_exception_stops_no_other_answer(counting_loop):
     more = [BatchFuture() for _ in range(2)]
     more[0].add_done_callback(lambda f: (_ for _ in ()).throw(KeyboardInterrupt()))
     for i, future in enumerate(more):
-        when_done_on_loop(counting_loop.loop, future, answer, 10 + i)
+        future.call_on_loop(counting_loop.loop, answer, 10 + i)
     with pytest.raises(KeyboardInterrupt):
         settle_all([(f, None, i) for i, f in enumerate(more)])
     counting_loop.drain()

@@ -436,7 +436,7 @@ class _Connection(asyncio.Protocol):
         self._offload(stream, method, request, remaining)
 
     # A Predict on a batching model waits in the queue holding no thread; the batch thread's
-    # done-callback hops back into the loop to serialize and answer.
+    # hand-back (a batch at once) runs on the loop to serialize and answer.
     def _await_batch(self, stream: _Stream, pending) -> None:
         loop = self.loop
         stream.queued = pending
@@ -444,7 +444,7 @@ class _Connection(asyncio.Protocol):
             stream.timer = loop.call_later(stream.deadline - time.monotonic(), self._batch_timed_out, stream)
         # Even when the loop has closed, finishing releases the version.
         finish = functools.partial(self.services.finish_queued, pending)
-        when_done_on_loop(loop, pending.future, self._batch_done, stream, finish, if_closed=finish)
+        pending.future.call_on_loop(loop, self._batch_done, stream, finish, if_closed=finish)
 
     def _batch_done(self, stream: _Stream, finish, _future) -> None:
         payload, code, message = finish()  # always: it releases the version and counts the request

@@ -222,7 +222,7 @@ class HttpProtocol(asyncio.Protocol):
         when_done_on_loop(loop, future, self._answer, request)
 
     # A predict on a batching model: parsed and checked here, then it waits in the queue holding
-    # no thread; the batch thread's done-callback hops back into the loop to encode and write.
+    # no thread; the batch thread hands the answer back into the loop (a batch at once) to encode and write.
     def _await_batch(self, request: _Request, pending) -> None:
         loop = self.loop
         request.pending = pending
@@ -231,7 +231,7 @@ class HttpProtocol(asyncio.Protocol):
             request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
         # Even when the loop has closed, finishing releases the version.
         finish = functools.partial(self.app.finish_queued, pending, request.method, request.path)
-        when_done_on_loop(loop, pending.future, self._answer_batch, request, finish, if_closed=finish)
+        pending.future.call_on_loop(loop, self._answer_batch, request, finish, if_closed=finish)
 
     def _answer_batch(self, request: _Request, finish, _future) -> None:
         status, payload = finish()  # always: it releases the version and counts the request

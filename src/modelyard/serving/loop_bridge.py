@@ -5,25 +5,18 @@ import asyncio
 from typing import Callable
 
 
-def when_done_on_loop(loop: asyncio.AbstractEventLoop, future, callback: Callable, *args,
-                      if_closed: Callable[[], object] | None = None) -> None:
-    """Run ``callback(*args, future)`` on ``loop`` once ``future`` completes.
+def when_done_on_loop(loop: asyncio.AbstractEventLoop, future, callback: Callable, *args) -> None:
+    """Run ``callback(*args, future)`` on ``loop`` once ``future`` (a pool future) completes.
 
-    ``future`` is anything with ``add_done_callback`` (a pool future, a batching future);
-    its callbacks run on the completing thread, which must not touch the loop's transports.
-    When the loop has already closed (the server is stopping) ``if_closed`` runs instead,
-    on the completing thread, so resources the callback would free are still freed.
+    Its done-callbacks run on the completing thread, which must not touch the loop's
+    transports. When the loop has already closed (the server is stopping) the answer has
+    nowhere to go and is dropped. (A batching future hands itself back with
+    ``BatchFuture.call_on_loop``, a whole batch at once.)
     """
-    call_on_loop = getattr(future, "call_on_loop", None)
-    if call_on_loop is not None:  # a batching future: its whole batch reaches the loop in one hop
-        call_on_loop(loop, callback, *args, if_closed=if_closed)
-        return
-
     def done(f) -> None:
         try:
             loop.call_soon_threadsafe(callback, *args, f)
         except RuntimeError:  # the loop has closed
-            if if_closed is not None:
-                if_closed()
+            pass
 
     future.add_done_callback(done)
