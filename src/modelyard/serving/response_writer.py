@@ -51,9 +51,7 @@ class ResponseWriter:
 
     def close(self, transport: asyncio.WriteTransport) -> None:
         """Close ``transport`` once what was written to it is sent (the transport sends its queue first)."""
-        queued = self._pending.pop(transport, None)
-        if queued is not None:
-            transport.write(b"".join(queued[1:]))
+        self.hand_over(transport)
         transport.close()
 
     def hand_over(self, transport: asyncio.WriteTransport) -> None:
