@@ -110,7 +110,8 @@ def model_spec_of(proto) -> ModelSpec:
     return ModelSpec(proto.name, version, label, proto.signature_name)
 
 
-def _fill_spec(target, name: str, version: int, signature_name: str | None) -> None:
+def fill_model_spec(target, name: str, version: int, signature_name: str | None) -> None:
+    """A response's ModelSpec: the model's name, the version that answered, the signature if any."""
     target.name = name
     target.version.value = version
     if signature_name is not None:
@@ -191,7 +192,7 @@ class Services:
         with self.core.acquire(spec) as handle:
             sig, result = run(handle, spec.signature_name, examples)
             response = response_class()
-            _fill_spec(response.model_spec, spec.name, handle.version, sig.name)
+            fill_model_spec(response.model_spec, spec.name, handle.version, sig.name)
         fill(response.result, result, len(examples))
         return response
 
@@ -217,7 +218,7 @@ class Services:
                     fill_regressions(result.regression_result, values, len(examples))
                 else:
                     raise invalid_argument(f"Unsupported signature method_name: {task.method_name}")
-                _fill_spec(result.model_spec, spec.name, handle.version, sig.name)
+                fill_model_spec(result.model_spec, spec.name, handle.version, sig.name)
         return response
 
     @_guard(None)
@@ -230,7 +231,7 @@ class Services:
         spec = model_spec_of(request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         version, sig_map = self.core.signature_defs(spec)
-        _fill_spec(response.model_spec, spec.name, version, None)
+        fill_model_spec(response.model_spec, spec.name, version, None)
         response.metadata["signature_def"].Pack(sig_map)
         return response
 

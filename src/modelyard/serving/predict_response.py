@@ -94,13 +94,14 @@ def _entry_key(alias: str) -> bytes:
 
 @functools.lru_cache(maxsize=1024)
 def _model_spec(model_name: str, version: int, signature_name: str | None) -> bytes:
-    # ModelSpec model_spec = 2 { string name = 1; Int64Value version = 2 { int64 value = 1 };
-    # string signature_name = 3 }: empty strings and a zero version value are defaults, not written.
-    spec = _field(1, model_name.encode()) if model_name else b""
-    spec += _field(2, _key(1, _VARINT) + _varint(version) if version else b"")
-    if signature_name:
-        spec += _field(3, signature_name.encode())
-    return _field(2, spec)
+    # ModelSpec model_spec = 2, filled by the rule every gRPC answer's spec follows (once per spec).
+    from tensorflow_serving.apis import model_pb2
+
+    from modelyard.serving.grpc_api import fill_model_spec  # grpc_api imports this module
+
+    spec = model_pb2.ModelSpec()
+    fill_model_spec(spec, model_name, version, signature_name)
+    return _field(2, spec.SerializeToString())
 
 
 def encode(model_name: str, version: int, signature_name: str | None, outputs: dict[str, np.ndarray]) -> bytes:
