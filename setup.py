@@ -8,6 +8,6 @@ same answers, more slowly.
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("modelyard.serving._numjson", ["src/modelyard/serving/_numjson.c"], optional=True),
-    Extension("modelyard.serving._sendmany", ["src/modelyard/serving/_sendmany.c"], optional=True),
+    Extension("modelyard.serving.protocol._numjson", ["src/modelyard/serving/protocol/_numjson.c"], optional=True),
+    Extension("modelyard.serving.transport._sendmany", ["src/modelyard/serving/transport/_sendmany.c"], optional=True),
 ])

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorflow as tf
 
-    from modelyard.serving import rest_json
-    from modelyard.serving.signatures import TensorSpec
+    from modelyard.serving.protocol import rest_json
+    from modelyard.model.signatures import TensorSpec
 
     reader = rest_json._numjson
     if reader is None:

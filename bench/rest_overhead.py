@@ -44,8 +44,8 @@ def one_run(batching: bool, requests: int, connections: int) -> dict:
     import uvloop
 
     from modelyard import demo
-    from modelyard.serving import tf_session
-    from modelyard.serving.http_server import HttpProtocol
+    from modelyard.model.runtime import tf_session
+    from modelyard.serving.transport.http_server import HttpProtocol
     from modelyard.serving.options import add_flags, resolve
     from modelyard.serving.server import ModelServer, settle_heap_for_serving
 

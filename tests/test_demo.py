@@ -14,7 +14,7 @@ import pytest
 import modelyard  # noqa: F401  (before tensorflow: selects tf_keras, quiets logs)
 from modelyard import demo
 from modelyard.datasets import load_digits_28
-from modelyard.savedmodel import meta_graph, read_saved_model
+from modelyard.model.savedmodel import meta_graph, read_saved_model
 
 _BUILD = (
     "import sys; from pathlib import Path; from modelyard.demo import ensure_demo_model; "

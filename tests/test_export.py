@@ -11,7 +11,7 @@ import modelyard  # noqa: F401  (before tensorflow: selects tf_keras, quiets log
 import tensorflow as tf
 
 from modelyard import export
-from modelyard.export_model import latest_version, list_versions
+from modelyard.model.export import latest_version, list_versions
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 
 def export(model, base_path, **kwargs):
-    """Export a Keras model as the next integer version under ``base_path`` (see modelyard.export_model)."""
-    from modelyard.export_model import export as _export
+    """Export a Keras model as the next integer version under ``base_path`` (see modelyard.model.export)."""
+    from modelyard.model.export import export as _export
 
     return _export(model, base_path, **kwargs)
 

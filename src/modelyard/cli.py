@@ -12,7 +12,7 @@ import sys
 # (module, description) of every area that contributes subcommands.
 _AREAS = (
     "modelyard.serving.cli",
-    "modelyard.inspect_cli",
+    "modelyard.model.cli",
     "modelyard.training.cli",
     "modelyard.edge.cli",
 )

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from modelyard.datasets import DIGITS_SHAPE, load_digits_28
-from modelyard.export_model import export, version_dir_name
+from modelyard.model.export import export, version_dir_name
 
 MODEL_NAME = "my_mnist_model"
 INPUT_NAME = "image"

@@ -108,7 +108,7 @@ def test_int8_float_model_with_int8_io(float_base, tmp_path, capsys):
 
 
 def test_source_resolution(float_base):
-    from modelyard.edge.errors import ConvertError
+    from modelyard.model.tflite import ConvertError
     from modelyard.edge.source import resolve_version_dir
 
     assert resolve_version_dir(str(float_base)).name == "0002"  # latest

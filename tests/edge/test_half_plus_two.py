@@ -23,11 +23,13 @@ def converted(tmp_path_factory):
 
 
 def test_session_fallback_is_used():
-    from modelyard.edge.signature import read_signature
+    from modelyard.model.savedmodel import is_tf1_export
+    from modelyard.model.signatures import read_signature
     from modelyard.edge.source import resolve_version_dir
 
-    signature = read_signature(resolve_version_dir(str(HALF_PLUS_TWO)))
-    assert signature.is_tf1
+    version_dir = resolve_version_dir(str(HALF_PLUS_TWO))
+    signature = read_signature(version_dir)
+    assert is_tf1_export(version_dir)
     assert list(signature.inputs) == ["x"] and list(signature.outputs) == ["y"]
 
 

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from modelyard.cli import main
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 from modelyard.edge.modes import ConvertOptions
-from modelyard.edge.signature import SignatureSpec, TensorSpec
+from modelyard.model import dtypes
+from modelyard.model.signatures import PREDICT_METHOD, Signature, TensorSpec
 
 
-def _signature(dtype=np.float32, shape=(None, 4)) -> SignatureSpec:
-    spec = TensorSpec("x", "x:0", np.dtype(dtype), shape)
-    return SignatureSpec("serving_default", {"x": spec}, {"y": TensorSpec("y", "y:0", np.dtype(np.float32), (None, 2))}, False)
+def _signature(dtype=np.float32, shape=(-1, 4)) -> Signature:
+    spec = TensorSpec("x", "x:0", dtypes.from_numpy(dtype), shape)
+    y = TensorSpec("y", "y:0", dtypes.from_numpy(np.float32), (-1, 2))
+    return Signature("serving_default", PREDICT_METHOD, {"x": spec}, {"y": y})
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.batch_future import BatchFuture, settle_all
+from modelyard.serving.batching.batch_future import BatchFuture, settle_all
 
 
 class CountingLoop:

@@ -29,9 +29,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.batching import DEADLINE_MESSAGE, QUEUE_FULL, BatchingServable
-from modelyard.serving.batching_config import BatchingParams, parse_batching_parameters
-from modelyard.serving.servable import Servable
+from modelyard.serving.batching.scheduler import DEADLINE_MESSAGE, QUEUE_FULL, BatchingServable
+from modelyard.serving.batching.config import BatchingParams, parse_batching_parameters
+from modelyard.model.runtime.servable import Servable
 from tests.serving.affine_models import save_batch_probe, save_per_row, save_sleepy
 from tests.serving.server_process import TESTDATA, ServerProcess, wait_for
 
@@ -140,7 +140,7 @@ def assert_bitwise_equal(got: np.ndarray, expected: np.ndarray, what: str) -> No
 
 # ---- (a) batched answers equal the model's own answers, bit for bit ----------------------------
 def test_concurrent_batched_answers_equal_unbatched_bitwise(server, stub, model_dirs):
-    from modelyard.serving.tf_session import load_saved_model
+    from modelyard.model.runtime.tf_session import load_saved_model
 
     direct = load_saved_model(model_dirs / "rows" / "1", None)
     signature = direct.signatures["serving_default"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.manager import AVAILABLE, END, Manager, ModelConfig
-from modelyard.serving.servable import Servable
-from modelyard.serving.versions import VersionPolicy, version_dirs
+from modelyard.serving.manager.manager import AVAILABLE, END, Manager, ModelConfig
+from modelyard.model.runtime.servable import Servable
+from modelyard.serving.manager.versions import VersionPolicy, version_dirs
 
 
 class FakeServable(Servable):

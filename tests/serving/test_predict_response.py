@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from tensorflow_serving.apis import predict_pb2
 
-from modelyard.serving import predict_response
-from modelyard.serving.tensor_proto import from_ndarray
+from modelyard.serving.protocol import predict_response
+from modelyard.model.tensor_proto import from_ndarray
 
 _RNG = np.random.default_rng(7)
 

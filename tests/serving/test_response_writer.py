@@ -9,10 +9,10 @@ import socket
 
 import pytest
 
-from modelyard.serving import response_writer
-from modelyard.serving.response_writer import ResponseWriter
+from modelyard.serving.transport import response_writer
+from modelyard.serving.transport.response_writer import ResponseWriter
 
-send_many = pytest.importorskip("modelyard.serving._sendmany", reason="the C writer was not built (no C compiler)").send_many
+send_many = pytest.importorskip("modelyard.serving.transport._sendmany", reason="the C writer was not built (no C compiler)").send_many
 
 
 class _Loop:

@@ -9,12 +9,12 @@ import pytest
 import tensorflow as tf
 
 from modelyard.errors import ServingError
-from modelyard.serving import rest_json
+from modelyard.serving.protocol import rest_json
 
 # The extension is optional at install (no C compiler: the general parser reads every body);
 # .ci/run checks that CI's install built it, so these tests never skip there.
-_numjson = pytest.importorskip("modelyard.serving._numjson", reason="the C reader was not built (no C compiler)")
-from modelyard.serving.signatures import TensorSpec
+_numjson = pytest.importorskip("modelyard.serving.protocol._numjson", reason="the C reader was not built (no C compiler)")
+from modelyard.model.signatures import TensorSpec
 
 # (body, whether the C reader takes it)
 CASES = [

@@ -23,7 +23,7 @@ Python use::
 """
 from __future__ import annotations
 
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 from modelyard.edge.modes import ConvertOptions
 
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 from modelyard.edge.modes import IO_DTYPES, MODES, ConvertOptions
 
 EPILOG = """examples:

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from modelyard.edge.errors import ConvertError
-from modelyard.edge.signature import SignatureSpec, TensorSpec
+from modelyard.model.tflite import ConvertError
+from modelyard.model.signatures import Signature, TensorSpec
 
 BUILTIN_DIGITS = "digits"
 LABEL_KEYS = ("labels", "y")
@@ -45,11 +45,11 @@ def _describe(array: np.ndarray) -> str:
 
 def _check(spec: TensorSpec, array: np.ndarray, source: str) -> None:
     problem = None
-    if array.dtype != spec.dtype:
+    if array.dtype != spec.numpy_dtype:
         problem = "dtype"
     elif spec.shape is not None and (
         array.ndim != len(spec.shape)
-        or any(want is not None and want != got for want, got in zip(spec.shape, array.shape))
+        or any(want >= 0 and want != got for want, got in zip(spec.shape, array.shape))
     ):
         problem = "shape"
     if problem:
@@ -59,7 +59,7 @@ def _check(spec: TensorSpec, array: np.ndarray, source: str) -> None:
         )
 
 
-def _from_npz(path: Path, signature: SignatureSpec) -> Dataset:
+def _from_npz(path: Path, signature: Signature) -> Dataset:
     if not path.is_file():
         raise ConvertError(f"data file {path} does not exist")
     try:
@@ -81,7 +81,7 @@ def _from_npz(path: Path, signature: SignatureSpec) -> Dataset:
     return Dataset(str(path), inputs, labels)
 
 
-def _digits(signature: SignatureSpec, split: str) -> Dataset:
+def _digits(signature: Signature, split: str) -> Dataset:
     from modelyard.datasets import load_digits_28
 
     if len(signature.inputs) != 1:
@@ -90,7 +90,7 @@ def _digits(signature: SignatureSpec, split: str) -> Dataset:
     return Dataset(f"digits ({split} split)", {next(iter(signature.inputs)): images}, labels)
 
 
-def load_dataset(source: str, signature: SignatureSpec, split: str = "train") -> Dataset:
+def load_dataset(source: str, signature: Signature, split: str = "train") -> Dataset:
     """Load ``source`` (a .npz path or ``digits``) and check it against ``signature``.
 
     Raises ConvertError naming the input, the data's dtype/shape and the signature's,
@@ -107,23 +107,24 @@ def load_dataset(source: str, signature: SignatureSpec, split: str = "train") ->
     return data
 
 
-def synthetic_dataset(signature: SignatureSpec, n: int = 64, seed: int = 0) -> Dataset:
+def synthetic_dataset(signature: Signature, n: int = 64, seed: int = 0) -> Dataset:
     """Random inputs matching the signature, for agreement checks when no data is given."""
     rng = np.random.default_rng(seed)
     inputs = {}
     for alias, spec in signature.inputs.items():
-        if spec.dtype.kind not in "iuf":
+        dtype = spec.numpy_dtype
+        if dtype.kind not in "iuf":
             raise ConvertError(
                 f"input {spec.describe()}: cannot make random data for the report; pass --eval-data or --no-report"
             )
-        if spec.shape is None or any(d is None for d in spec.shape[1:]):
+        if spec.shape is None or any(d < 0 for d in spec.shape[1:]):
             raise ConvertError(f"input {spec.describe()} has unknown dimensions; pass --eval-data")
         shape = (n,) + tuple(spec.shape[1:])
-        if spec.dtype.kind in "iu":
-            info = np.iinfo(spec.dtype)
-            inputs[alias] = rng.integers(max(info.min, 0), min(info.max, 255), size=shape, endpoint=True).astype(spec.dtype)
-        elif spec.dtype.kind == "f":
-            inputs[alias] = rng.standard_normal(shape).astype(spec.dtype)
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            inputs[alias] = rng.integers(max(info.min, 0), min(info.max, 255), size=shape, endpoint=True).astype(dtype)
+        elif dtype.kind == "f":
+            inputs[alias] = rng.standard_normal(shape).astype(dtype)
         else:
             raise ConvertError(f"cannot synthesise data for input {spec.describe()}; pass --eval-data")
     return Dataset("synthetic random inputs", inputs, None)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from modelyard.edge.errors import ConvertError
-from modelyard.edge.signature import DEFAULT_SIGNATURE, SignatureSpec, TensorSpec
+from modelyard.model.tflite import ConvertError
+from modelyard.model import dtypes
+from modelyard.model.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 
@@ -34,15 +35,15 @@ def load_keras_model(src: str):
 
 
 def _spec(alias: str, tensor) -> TensorSpec:
-    shape = tuple(None if d is None else int(d) for d in tensor.shape)
-    return TensorSpec(alias, tensor.name, np.dtype(tensor.dtype.as_numpy_dtype), shape)
+    shape = tuple(-1 if d is None else int(d) for d in tensor.shape)
+    return TensorSpec(alias, tensor.name, dtypes.from_numpy(np.dtype(tensor.dtype.as_numpy_dtype)), shape)
 
 
-def keras_signature(model) -> SignatureSpec:
+def keras_signature(model) -> Signature:
     """The model's inputs/outputs in the same form as a SavedModel signature."""
     inputs = {name: _spec(name, t) for name, t in zip(model.input_names, model.inputs)}
     outputs = {name: _spec(name, t) for name, t in zip(model.output_names, model.outputs)}
-    return SignatureSpec(DEFAULT_SIGNATURE, inputs, outputs, is_tf1=False)
+    return Signature(DEFAULT_SIGNATURE, PREDICT_METHOD, inputs, outputs)
 
 
 def run_keras(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

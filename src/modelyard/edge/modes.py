@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 
 MODES = ("none", "dynamic", "float16", "int8")
 IO_DTYPES = ("float32", "uint8", "int8")

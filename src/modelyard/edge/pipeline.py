@@ -15,12 +15,13 @@ import numpy as np
 
 from modelyard.edge.converter import convert_keras_model, convert_saved_model
 from modelyard.edge.data import BUILTIN_DIGITS, Dataset, load_dataset, synthetic_dataset
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 from modelyard.edge.keras_source import is_keras_file, keras_signature, load_keras_model, run_keras
 from modelyard.edge.modes import MODES, ConvertOptions
 from modelyard.edge.report import ModeReport, Reference, measure
 from modelyard.edge.runtime import run_saved_model
-from modelyard.edge.signature import DEFAULT_SIGNATURE, SignatureSpec, read_signature
+from modelyard.model.savedmodel import SavedModelError
+from modelyard.model.signatures import DEFAULT_SIGNATURE, Signature, read_signature
 from modelyard.edge.source import resolve_version_dir
 
 
@@ -29,7 +30,7 @@ class Prepared:
     """A resolved source with its signature and data, ready to convert in any mode."""
 
     description: str
-    signature: SignatureSpec
+    signature: Signature
     representative: Dataset | None
     reference: Reference | None
     _convert: Callable[[ConvertOptions, Dataset | None], bytes]
@@ -59,7 +60,7 @@ class NotMeasurable(ConvertError):
     """The flatbuffer is valid but cannot run in this process's LiteRT."""
 
 
-def _eval_data(signature: SignatureSpec, representative: str | None, eval_data: str | None) -> Dataset:
+def _eval_data(signature: Signature, representative: str | None, eval_data: str | None) -> Dataset:
     if eval_data:
         return load_dataset(eval_data, signature, split="test")
     if representative == BUILTIN_DIGITS:
@@ -89,7 +90,10 @@ def prepare(
     else:
         model = None
         version_dir: Path = resolve_version_dir(src)
-        signature = read_signature(version_dir, signature_name)
+        try:
+            signature = read_signature(version_dir, signature_name)
+        except SavedModelError as exc:
+            raise ConvertError(str(exc)) from exc
         description = str(version_dir)
         run = lambda inputs: run_saved_model(version_dir, signature, inputs)
         convert_fn = lambda options, data: convert_saved_model(version_dir, signature, options, data)

@@ -7,7 +7,7 @@ ranges are learned, then it is converted with full-integer quantization.
 from __future__ import annotations
 
 from modelyard.edge.data import Dataset
-from modelyard.edge.errors import ConvertError
+from modelyard.model.tflite import ConvertError
 
 
 def _quantizable_clone(model):

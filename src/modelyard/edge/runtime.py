@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from modelyard.edge.signature import SignatureSpec
+from modelyard.model.signatures import Signature
 
 
-def run_saved_model(version_dir: Path, signature: SignatureSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_saved_model(version_dir: Path, signature: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Outputs of the original model for a whole batch, keyed by output alias."""
     import tensorflow as tf
 

@@ -2,7 +2,7 @@
 
 ``SRC`` is a version directory, a base path (its latest integer version) or
 ``BASE:VERSION``. The rule "integer-named directories are versions" lives in
-``modelyard.export_model``; this module only parses the user's string.
+``modelyard.model.export``; this module only parses the user's string.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import secrets
 import shutil
 from pathlib import Path
 
-from modelyard.edge.errors import ConvertError
-from modelyard.export_model import latest_version, list_versions, version_dir_name
-from modelyard.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE
+from modelyard.model.tflite import ConvertError
+from modelyard.model.export import latest_version, list_versions, version_dir_name
+from modelyard.model.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE
 
 
 def _is_saved_model(path: Path) -> bool:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from modelyard.errors import Code, ServingError, invalid_argument, not_found
-from modelyard.serving import inference
-from modelyard.serving.manager import Handle, Manager
+from modelyard.model.runtime import inference
+from modelyard.serving.manager.manager import Handle, Manager
 from modelyard.serving.metrics import ServingMetrics
 
 

@@ -131,7 +131,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
     if args.batching_parameters_file and not args.enable_batching:
         raise OptionsError("--batching_parameters_file only applies with --enable_batching: add it or drop the file")
     from modelyard.errors import ServingError
-    from modelyard.serving.batching_config import policy_from_flags
+    from modelyard.serving.batching.config import policy_from_flags
 
     try:  # read the file now so a malformed one stops the server before it starts
         batching = policy_from_flags(args.enable_batching, args.batching_parameters_file,

@@ -12,14 +12,14 @@ import time
 from concurrent import futures
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving import config as config_files
+from modelyard.serving.manager import config as config_files
 from modelyard.serving.core import ServingCore
-from modelyard.serving.grpc_api import add_services
-from modelyard.serving.loader import VersionLoader
-from modelyard.serving.manager import Manager, ModelConfig
+from modelyard.serving.protocol.grpc_api import add_services
+from modelyard.serving.manager.loader import VersionLoader
+from modelyard.serving.manager.manager import Manager, ModelConfig
 from modelyard.serving.metrics import ServingMetrics
 from modelyard.serving.options import ServeOptions
-from modelyard.serving.rest import RestApp
+from modelyard.serving.protocol.rest import RestApp
 
 log = logging.getLogger("modelyard.serving")
 _GC_THRESHOLD = 10_000  # tracked objects allocated (net) between young-generation collections
@@ -177,7 +177,7 @@ class ModelServer:
         """The gRPC server, bound but not started: the lean one, or grpcio's (--grpc_implementation)."""
         o = self.options
         if o.grpc_implementation == "lean":
-            from modelyard.serving.grpc_h2 import LeanGrpcServer
+            from modelyard.serving.transport.grpc_h2 import LeanGrpcServer
 
             server = LeanGrpcServer(self.core, self.reload_config, o.host, o.port, max_threads=o.grpc_max_threads,
                                     max_receive_bytes=o.grpc_max_receive_message_bytes,
@@ -239,8 +239,9 @@ class ModelServer:
         try:
             settle_heap_for_serving()
             if o.rest_api_port:
-                from modelyard.serving import response_writer, rest_json
-                from modelyard.serving.http_server import serve
+                from modelyard.serving.transport import response_writer
+                from modelyard.serving.protocol import rest_json
+                from modelyard.serving.transport.http_server import serve
 
                 missing = [what for what, built in (("the numeric body reader", rest_json._numjson),
                                                     ("the answer writer", response_writer.send_many)) if built is None]

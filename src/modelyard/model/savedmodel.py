@@ -59,3 +59,8 @@ def meta_graph(saved_model, tags: tuple[str, ...] = (SERVE_TAG,)):
         f"MetaGraphDef associated with tags {{{', '.join(sorted(wanted))}}} could not be found in "
         f"SavedModel. Available tag-sets: {available}"
     )
+
+
+def is_tf1_export(export_dir: str | Path) -> bool:
+    """True for graph-mode (TF1) exports: no TF2 object graph, often reference variables."""
+    return len(meta_graph(read_saved_model(export_dir)).object_graph_def.nodes) == 0

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from modelyard.errors import Code, ServingError
-from modelyard.savedmodel import TFLITE_FILE, SavedModelError, saved_model_file
-from modelyard.serving import inference
-from modelyard.serving.batching import maybe_batch
+from modelyard.model.savedmodel import TFLITE_FILE, SavedModelError, saved_model_file
+from modelyard.model.runtime import inference
+from modelyard.serving.batching.scheduler import maybe_batch
 from modelyard.serving.metrics import ServingMetrics
-from modelyard.serving.servable import Servable
-from modelyard.serving.tensor_proto import serialized_examples, to_ndarray
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.tensor_proto import serialized_examples, to_ndarray
 
 log = logging.getLogger("modelyard.serving")
 
@@ -62,14 +62,14 @@ class VersionLoader:
 
     def _load(self, path: Path) -> Servable:
         if (path / TFLITE_FILE).is_file():  # a flatbuffer runs on LiteRT whatever --runtime says
-            from modelyard.serving.litert import load_tflite
+            from modelyard.model.runtime.litert import load_tflite
 
             return load_tflite(path, path / TFLITE_FILE)
         try:
             saved_model_file(path)
         except SavedModelError as exc:
             raise ServingError(Code.NOT_FOUND, str(exc)) from None
-        from modelyard.serving.tf_session import load_saved_model
+        from modelyard.model.runtime.tf_session import load_saved_model
 
         import tensorflow as tf
 
@@ -77,7 +77,7 @@ class VersionLoader:
             session = load_saved_model(path, self.session_config)
         except tf.errors.OpError as exc:
             raise ServingError(Code(exc.error_code), exc.message) from None
-        from modelyard.serving.accelerate import choose_runtime
+        from modelyard.model.runtime.choose_runtime import choose_runtime
 
         try:
             return choose_runtime(session, self.runtime)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modelyard.serving.signatures import Signature
+from modelyard.model.signatures import Signature
 
 
 class Servable(abc.ABC):

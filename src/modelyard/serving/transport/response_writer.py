@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 
 try:
-    from modelyard.serving._sendmany import send_many
+    from modelyard.serving.transport._sendmany import send_many
 except ImportError:  # the extension is optional
     send_many = None
 

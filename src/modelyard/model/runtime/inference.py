@@ -11,9 +11,9 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving import dtypes
-from modelyard.serving.servable import Servable
-from modelyard.serving.signatures import (
+from modelyard.model import dtypes
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.signatures import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
     PREDICT_METHOD,

@@ -17,9 +17,10 @@ import logging
 import numpy as np
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.litert import LiteRTRunner, _run_checked
-from modelyard.serving.servable import Servable
-from modelyard.serving.signatures import Signature
+from modelyard.model.runtime.litert import LiteRTRunner, _run_checked
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.tflite import convert_saved_model
+from modelyard.model.signatures import Signature
 
 log = logging.getLogger("modelyard.serving")
 
@@ -96,13 +97,8 @@ def _matches(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> str
 
 
 def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dict]:
-    from modelyard.edge.converter import convert_saved_model
-    from modelyard.edge.modes import ConvertOptions
-    from modelyard.edge.signature import read_signature
-
     # fd 2 stays open: other threads of the server log while this converts.
-    content = convert_saved_model(session.path, read_signature(session.path, sig.name), ConvertOptions(),
-                                  hold_native_stderr=False)
+    content = convert_saved_model(session.path, sig, hold_native_stderr=False)
     runner = LiteRTRunner(content, sig.name)
 
     def keys(specs, available):

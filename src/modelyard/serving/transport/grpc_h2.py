@@ -28,12 +28,12 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving import h2_frames as h2
-from modelyard.serving.batching import bind_request_timeout, set_request_timeout
+from modelyard.serving.transport import h2_frames as h2
+from modelyard.serving.batching.scheduler import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
-from modelyard.serving.grpc_api import Method, Services
-from modelyard.serving.loop_bridge import when_done_on_loop
-from modelyard.serving.response_writer import ResponseWriter, socket_fd
+from modelyard.serving.protocol.grpc_api import Method, Services
+from modelyard.serving.transport.loop_bridge import when_done_on_loop
+from modelyard.serving.transport.response_writer import ResponseWriter, socket_fd
 
 log = logging.getLogger("modelyard.serving")
 

@@ -57,10 +57,10 @@ from typing import Callable
 import numpy as np
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.batch_future import BatchFuture, settle_all
-from modelyard.serving.batching_config import BatchingParams
-from modelyard.serving.servable import Servable
-from modelyard.serving.signatures import Signature
+from modelyard.serving.batching.batch_future import BatchFuture, settle_all
+from modelyard.serving.batching.config import BatchingParams
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.signatures import Signature
 
 log = logging.getLogger("modelyard.serving")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.servable import Servable
-from modelyard.serving.versions import VersionPolicy, fingerprint, version_dirs
+from modelyard.model.runtime.servable import Servable
+from modelyard.serving.manager.versions import VersionPolicy, fingerprint, version_dirs
 
 log = logging.getLogger("modelyard.serving")
 

@@ -16,8 +16,8 @@ import functools
 import numpy as np
 from tensorflow.core.framework import tensor_pb2
 
-from modelyard.serving.dtypes import from_numpy
-from modelyard.serving.tensor_proto import TYPED_FIELD, from_ndarray
+from modelyard.model.dtypes import from_numpy
+from modelyard.model.tensor_proto import TYPED_FIELD, from_ndarray
 
 # Wire types of the fields written here.
 _LEN = 2  # length-delimited
@@ -92,12 +92,18 @@ def _entry_key(alias: str) -> bytes:
     return _field(1, alias.encode()) + _key(2, _LEN)
 
 
+def fill_model_spec(target, name: str, version: int, signature_name: str | None) -> None:
+    """A response's ModelSpec: the model's name, the version that answered, the signature if any."""
+    target.name = name
+    target.version.value = version
+    if signature_name is not None:
+        target.signature_name = signature_name
+
+
 @functools.lru_cache(maxsize=1024)
 def _model_spec(model_name: str, version: int, signature_name: str | None) -> bytes:
     # ModelSpec model_spec = 2, filled by the rule every gRPC answer's spec follows (once per spec).
     from tensorflow_serving.apis import model_pb2
-
-    from modelyard.serving.grpc_api import fill_model_spec  # grpc_api imports this module
 
     spec = model_pb2.ModelSpec()
     fill_model_spec(spec, model_name, version, signature_name)

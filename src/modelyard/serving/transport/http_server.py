@@ -19,9 +19,9 @@ from http import HTTPStatus
 import httptools
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving.loop_bridge import when_done_on_loop
-from modelyard.serving.response_writer import ResponseWriter, socket_fd
-from modelyard.serving.rest import RestApp
+from modelyard.serving.transport.loop_bridge import when_done_on_loop
+from modelyard.serving.transport.response_writer import ResponseWriter, socket_fd
+from modelyard.serving.protocol.rest import RestApp
 
 log = logging.getLogger("modelyard.serving")
 

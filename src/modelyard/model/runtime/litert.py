@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from modelyard.errors import Code, ServingError
-from modelyard.serving import dtypes
-from modelyard.serving.servable import Servable
-from modelyard.serving.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
+from modelyard.model import dtypes
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, Signature, TensorSpec
 
 
 class LiteRTRunner:

@@ -11,7 +11,7 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from modelyard.errors import invalid_argument
-from modelyard.serving import dtypes
+from modelyard.model import dtypes
 
 # dtype enum -> the typed field TF writes values of that dtype into.
 TYPED_FIELD = {
@@ -81,7 +81,7 @@ def _shape_proto(shape: tuple[int, ...]) -> tensor_shape_pb2.TensorShapeProto:
 
 def serialized_examples(input_proto) -> list[bytes]:
     """A tensorflow.serving.Input as serialized tf.Examples (context merged into each)."""
-    from modelyard.serving.inference import merge_context
+    from modelyard.model.runtime.inference import merge_context
 
     kind = input_proto.WhichOneof("kind")
     if kind == "example_list":

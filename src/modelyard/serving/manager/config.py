@@ -12,25 +12,9 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving.manager import ModelConfig
-from modelyard.serving.versions import VersionPolicy
-
-
-def parse_text_proto(text: str, proto, source: str):
-    """Fill ``proto`` from protobuf text format; INVALID_ARGUMENT naming ``source`` if malformed."""
-    try:
-        text_format.Parse(text, proto)
-    except text_format.ParseError as exc:
-        raise invalid_argument(f"Invalid {source}: {exc}") from None
-    return proto
-
-
-def read_flag_file(path: str | Path, flag: str) -> str:
-    """The text of the file a flag names; INVALID_ARGUMENT naming the flag if unreadable."""
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise invalid_argument(f"Cannot read {flag} {path}: {exc.strerror}") from None
+from modelyard.serving.manager.manager import ModelConfig
+from modelyard.serving.manager.versions import VersionPolicy
+from modelyard.serving.textproto import parse_text_proto, read_flag_file
 
 
 def parse_model_server_config(text: str, source: str = "model config"):

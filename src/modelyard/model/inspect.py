@@ -1,8 +1,8 @@
-"""``modelyard inspect DIR [--json]``: what a model version holds, without loading it.
+"""What a model version holds, without loading it (``modelyard inspect``; flags in ``model/cli.py``).
 
 Text output follows ``saved_model_cli show --all`` (tag-sets, SignatureDefs, tensor
 dtypes, shapes and names, ops) so people and scripts used to it read it unchanged.
-SavedModels are read as protos through ``modelyard.savedmodel``: no graph is
+SavedModels are read as protos through ``modelyard.model.savedmodel``: no graph is
 imported and no variable restored, so inspecting is safe on untrusted or broken
 exports. ``model.tflite`` files are described through the LiteRT interpreter.
 ``saved_model_cli``'s "Concrete Functions" section is left out: it needs the
@@ -10,47 +10,15 @@ TF runtime to load the model.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from modelyard.export_model import latest_version
-from modelyard.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE, SavedModelError, read_saved_model
+from modelyard.model.export import latest_version
+from modelyard.model.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE, SavedModelError, read_saved_model
 
 
 class InspectError(Exception):
     """DIR cannot be inspected; the message says why."""
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "inspect",
-        help="show a model's tag-sets, signatures, inputs and outputs",
-        description=(
-            "Show the tag-sets, signatures and input/output tensors (dtype, shape, name) of a "
-            "SavedModel, or the input/output details of a model.tflite, like "
-            "`saved_model_cli show --all`. DIR is a version directory or a model base path "
-            "(then its latest integer version is shown)."
-        ),
-    )
-    parser.add_argument("dir", metavar="DIR", help="version directory or model base path")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        info = describe(args.dir)
-    except (InspectError, OSError) as exc:  # OSError: e.g. an unreadable directory
-        print(f"modelyard inspect: error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        print(format_text(info), end="")
-    return 0
 
 
 def _is_version_dir(path: Path) -> bool:

@@ -22,11 +22,12 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.apis import model_management_pb2
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving.batching import set_request_timeout
+from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, QueuedPredict, ServingCore
-from modelyard.serving.signatures import CLASSIFY_METHOD, REGRESS_METHOD
-from modelyard.serving import predict_response
-from modelyard.serving.tensor_proto import serialized_examples, to_ndarray
+from modelyard.model.signatures import CLASSIFY_METHOD, REGRESS_METHOD
+from modelyard.serving.protocol import predict_response
+from modelyard.serving.protocol.predict_response import fill_model_spec
+from modelyard.model.tensor_proto import serialized_examples, to_ndarray
 
 log = logging.getLogger("modelyard.serving")
 _MESSAGE_LIMIT = 1024
@@ -108,14 +109,6 @@ def model_spec_of(proto) -> ModelSpec:
     version = proto.version.value if which == "version" else None
     label = proto.version_label if which == "version_label" else None
     return ModelSpec(proto.name, version, label, proto.signature_name)
-
-
-def fill_model_spec(target, name: str, version: int, signature_name: str | None) -> None:
-    """A response's ModelSpec: the model's name, the version that answered, the signature if any."""
-    target.name = name
-    target.version.value = version
-    if signature_name is not None:
-        target.signature_name = signature_name
 
 
 class Services:

@@ -15,13 +15,13 @@ import numpy as np
 import orjson
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving import dtypes
+from modelyard.model import dtypes
 
 try:
-    from modelyard.serving import _numjson
+    from modelyard.serving.protocol import _numjson
 except ImportError:  # built without a C compiler (the extension is optional): the general parser reads every body
     _numjson = None
-from modelyard.serving.signatures import Signature, TensorSpec
+from modelyard.model.signatures import Signature, TensorSpec
 
 _NUMPY_OPT = orjson.OPT_SERIALIZE_NUMPY
 
@@ -476,7 +476,7 @@ def _finite_or_literal(results):
 # ---- classify / regress requests ------------------------------------------------------------
 def parse_examples(body: bytes, method: str):
     """Returns ``(signature_name, [serialized tf.Example])`` with the context merged in."""
-    from modelyard.serving.inference import merge_context
+    from modelyard.model.runtime.inference import merge_context
 
     doc, name = _request_doc(body)
     if "examples" not in doc:

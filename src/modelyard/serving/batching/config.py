@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelyard.errors import invalid_argument
-from modelyard.serving.config import parse_text_proto, read_flag_file
+from modelyard.serving.textproto import parse_text_proto, read_flag_file
 
 PER_VERSION_FILE = "batching_params.pbtxt"
 

@@ -1,11 +1,17 @@
-"""What a servable exposes: its signatures, each with typed, named inputs and outputs."""
+"""The one signature type: what a model version exposes, with typed, named inputs and outputs.
+
+Every capability (server, converter, batch jobs) reads signatures through here; dtypes are
+TensorFlow ``DataType`` enum values (``model.dtypes`` maps them), unknown dimensions are -1.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from modelyard.serving import dtypes
+from modelyard.model import dtypes
+from modelyard.model.savedmodel import SavedModelError, meta_graph, read_saved_model
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -25,6 +31,12 @@ class TensorSpec:
     @property
     def numpy_dtype(self) -> np.dtype:
         return dtypes.to_numpy(self.dtype)
+
+    def describe(self) -> str:
+        """``image: uint8 [-1, 28, 28]``, as error messages show a tensor."""
+        dims = "?" if self.shape is None else "[" + ", ".join(str(d) for d in self.shape) + "]"
+        dtype = "string" if dtypes.is_string(self.dtype) else self.numpy_dtype.name
+        return f"{self.alias}: {dtype} {dims}"
 
 
 @dataclass(frozen=True)
@@ -58,3 +70,12 @@ def from_signature_def(name: str, signature_def) -> Signature:
         outputs=specs_from_signature_def(signature_def.outputs),
         defaults=defaults,
     )
+
+
+def read_signature(version_dir: str | Path, name: str = DEFAULT_SIGNATURE) -> Signature:
+    """The ``name`` signature of a SavedModel's 'serve' MetaGraph, read without loading TensorFlow's runtime."""
+    graph = meta_graph(read_saved_model(version_dir))
+    if name not in graph.signature_def:
+        have = ", ".join(sorted(graph.signature_def)) or "none"
+        raise SavedModelError(f"{version_dir} has no signature {name!r} (signatures: {have})")
+    return from_signature_def(name, graph.signature_def[name])

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from modelyard.errors import Code, ServingError
-from modelyard.savedmodel import SERVE_TAG
-from modelyard.serving.servable import Servable
-from modelyard.serving.signatures import INIT_OP_SIGNATURE, Signature, from_signature_def
+from modelyard.model.savedmodel import SERVE_TAG
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.signatures import INIT_OP_SIGNATURE, Signature, from_signature_def
 
 
 class SessionServable(Servable):

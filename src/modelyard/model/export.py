@@ -80,7 +80,7 @@ def _saver(model: object) -> Callable[[Path], None]:
 
 def _check_servable(export_dir: Path, model: object) -> None:
     """Fail if the export has no ``serving_default``: a server could load it but never call it."""
-    from modelyard.savedmodel import meta_graph, read_saved_model
+    from modelyard.model.savedmodel import meta_graph, read_saved_model
 
     signatures = meta_graph(read_saved_model(export_dir)).signature_def
     if "serving_default" not in signatures:

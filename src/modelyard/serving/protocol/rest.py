@@ -17,10 +17,10 @@ from urllib.parse import unquote
 import orjson
 
 from modelyard.errors import Code, ServingError, invalid_argument
-from modelyard.serving import rest_json
-from modelyard.serving.batching import set_request_timeout
+from modelyard.serving.protocol import rest_json
+from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
-from modelyard.serving.signatures import DEFAULT_SIGNATURE
+from modelyard.model.signatures import DEFAULT_SIGNATURE
 
 log = logging.getLogger("modelyard.serving")
 
