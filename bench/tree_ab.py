@@ -64,6 +64,8 @@ def main() -> int:
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as work:
+        for name in trees:
+            (Path(work) / name).mkdir()
         servers = {name: start(tree, base_path, Path(work) / f"{name}.log") for name, tree in trees.items()}
         try:
             for round_no in range(args.rounds):
@@ -87,8 +89,9 @@ def main() -> int:
     ]
     for name, tree in trees.items():
         rs = runs[name]
-        lines.append(f"| {name} ({tree.name}) | {med[name]:,.0f} | {', '.join(f'{r['rps']:,.0f}' for r in rs)} | "
-                     f"{statistics.median(r['p99_ms'] for r in rs):.2f} | {sum(r['errors'] for r in rs)} |")
+        rounds = ", ".join(f"{r['rps']:,.0f}" for r in rs)
+        p99 = statistics.median(r["p99_ms"] for r in rs)
+        lines.append(f"| {name} ({tree.name}) | {med[name]:,.0f} | {rounds} | {p99:.2f} | {sum(r['errors'] for r in rs)} |")
     lines += ["", f"new / old = {med['new'] / med['old']:.3f}", ""]
     table = "\n".join(lines)
     print(table)

@@ -23,7 +23,7 @@ SLOW_INPUT_MODEL = textwrap.dedent('''
         batch = input_context.get_per_replica_batch_size(32) if input_context else 32
 
         def slow(images):
-            time.sleep(0.01)  # a slow read per batch, far slower than a training step
+            time.sleep(0.1)  # a slow read per batch, far slower than a training step even on a loaded machine
             return images
 
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
