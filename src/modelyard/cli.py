@@ -9,6 +9,9 @@ import argparse
 import importlib
 import sys
 
+from modelyard import _tfenv
+from modelyard.cli_parser import SuggestingArgumentParser
+
 # (module, description) of every area that contributes subcommands.
 _AREAS = (
     "modelyard.serving.cli",
@@ -18,11 +21,19 @@ _AREAS = (
 )
 
 
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand that was not given -v leaves the top-level count alone.
+    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="show TensorFlow's info logs (-vv: debug); same as MODELYARD_LOG_LEVEL=info/debug")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingArgumentParser(
         prog="modelyard",
-        description="Train, export, convert and serve TensorFlow models (TF Serving compatible).",
+        description="Train, export, convert and serve TensorFlow models (TF Serving compatible). "
+        "TensorFlow's own info/warning logs are hidden unless -v or MODELYARD_LOG_LEVEL=info|debug.",
     )
+    _add_verbose(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _AREAS:
         try:
@@ -32,12 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # area not built yet
             raise
         module.register(sub)
+    for subparser in sub.choices.values():
+        _add_verbose(subparser)  # `modelyard serve -v` as well as `modelyard -v serve`
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbose = getattr(args, "verbose", 0)
+    if verbose:  # before any subcommand imports TensorFlow
+        _tfenv.set_level("info" if verbose == 1 else "debug")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -101,6 +101,17 @@ class OptionsError(ValueError):
     """A contradictory or impossible combination of flags; the message says how to fix it."""
 
 
+def _environment_source(environ, model_name_flag: str | None) -> str:
+    """What to fix when the base path came from TF Serving's variables: the ones the user set."""
+    given = [f"{var}={environ[var]}" for var in ("MODEL_BASE_PATH", "MODEL_NAME") if var in environ]
+    if model_name_flag:
+        given.append(f"--model_name {model_name_flag}")
+    defaults = [f"{var} is unset (default {default})" for var, default in (("MODEL_BASE_PATH", "/models"),
+                ("MODEL_NAME", "model")) if var not in environ and not (var == "MODEL_NAME" and model_name_flag)]
+    return (f"{' / '.join(given)} (the base path is $MODEL_BASE_PATH/$MODEL_NAME, as in TF Serving's image"
+            + (f"; {', '.join(defaults)}" if defaults else "") + ")")
+
+
 def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
     """Flags (and TF Serving's MODEL_NAME / MODEL_BASE_PATH variables) -> checked options."""
     model_name, base_path = args.model_name, args.model_base_path
@@ -110,11 +121,13 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
             "or drop --model_config_file to serve one model"
         )
     use_demo = False
+    base_path_source = "--model_base_path"  # what the user typed, for the error below
     if not args.model_config_file and not base_path:
         if "MODEL_BASE_PATH" in environ or "MODEL_NAME" in environ:
             # As in TF Serving's Docker image: ${MODEL_BASE_PATH}/${MODEL_NAME}.
             model_name = model_name or environ.get("MODEL_NAME", "model")
             base_path = os.path.join(environ.get("MODEL_BASE_PATH", "/models"), model_name)
+            base_path_source = _environment_source(environ, args.model_name)
         elif model_name:
             raise OptionsError(f"--model_name {model_name} needs --model_base_path (the directory of its versions)")
         else:
@@ -122,7 +135,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
     if base_path and not Path(base_path).is_dir():
         raise OptionsError(
             f"model base path {base_path} is not a directory: export a model there first "
-            "(modelyard.export(model, path)) or fix --model_base_path"
+            f"(modelyard.export(model, path)) or fix {base_path_source}"
         )
     if args.model_config_file and not Path(args.model_config_file).is_file():
         raise OptionsError(f"--model_config_file {args.model_config_file} does not exist")

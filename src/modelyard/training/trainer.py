@@ -214,15 +214,25 @@ def _explain(exc: Exception, me: str = "") -> TrainError:
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """Train as this process's role demands; returns the metrics written (empty for servers)."""
-    import tensorflow as tf
-    import tf_keras as keras
-
     role = current_role()
     name = cfg.strategy_name
     if role.cluster and name not in ("multi_worker_mirrored", "parameter_server") and role.num_workers > 1:
         raise ConfigError(f"strategy {name} runs in one process; for a cluster use multi_worker_mirrored or parameter_server")
+    if name == "multi_worker_mirrored" and not role.cluster:
+        # Without a cluster TensorFlow would quietly train one replica: say so instead.
+        raise ConfigError(
+            "strategy multi_worker_mirrored needs a cluster and this process has none (no TF_CONFIG): "
+            "run it under modelyard launch --workers N -- modelyard train CONFIG, or set TF_CONFIG on each "
+            "host (modelyard launch --print-tf-config shows it); on one process use mirrored"
+        )
     if name == "parameter_server" and not role.cluster.get("ps"):
-        raise ConfigError("strategy parameter_server needs ps tasks: modelyard launch --workers N --ps M -- modelyard train ...")
+        raise ConfigError(
+            "strategy parameter_server needs ps tasks and this process's TF_CONFIG names none: run it under "
+            "modelyard launch --workers N --ps M -- modelyard train CONFIG, or set TF_CONFIG with ps tasks"
+        )
+    import tensorflow as tf  # after the checks above, so a wrong set-up fails at once
+    import tf_keras as keras
+
     check_batch(cfg, workers=role.num_workers)
     module = load_user_module(cfg.model)
     devices_mod.configure(cfg.devices)

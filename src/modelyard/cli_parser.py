@@ -1,0 +1,48 @@
+"""The argument parser every ``modelyard`` command uses: a mistyped flag gets a suggestion.
+
+``modelyard convert x --quantise dynamic`` ends with "did you mean --quantize?". Subparsers
+made by ``add_subparsers`` take their parent's class, so building the top-level parser
+with this class covers every subcommand, ``serve`` included.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+
+# difflib's default 0.6 lets unrelated short flags match each other; 0.7 still catches one
+# wrong, missing or swapped letter, and the dash/underscore spellings of a flag.
+_CUTOFF = 0.7
+
+
+def _flag_part(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+class SuggestingArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser that names the closest known flag for each unknown one."""
+
+    def option_strings(self) -> list[str]:
+        return [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+
+    def suggest(self, unknown: str) -> str | None:
+        """The known long flag closest to ``unknown``, or None when nothing is close."""
+        if not unknown.startswith("--"):
+            return None
+        candidates = self.option_strings()
+        flag = _flag_part(unknown)
+        normalised = {c.replace("-", "_"): c for c in candidates}
+        if flag.replace("-", "_") in normalised:
+            return normalised[flag.replace("-", "_")]
+        close = difflib.get_close_matches(flag, candidates, n=1, cutoff=_CUTOFF)
+        return close[0] if close else None
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        hints = [(arg, self.suggest(arg)) for arg in extras if arg.startswith("--")]
+        hints = [(arg, hint) for arg, hint in hints if hint]
+        if hints:
+            # Raised here, in the (sub)parser that knows the flags, so the usage line printed
+            # is the subcommand's; unknown args with no close flag go up to argparse's message.
+            said = "; ".join(f"{_flag_part(arg)}: did you mean {hint}?" for arg, hint in hints)
+            self.error(f"unrecognized arguments: {' '.join(extras)} ({said})")
+        return namespace, extras
