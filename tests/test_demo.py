@@ -94,14 +94,29 @@ def test_versions_differ_and_reach_90_percent(built):
     assert n_variables == {"0001": 4, "0002": 6}  # one vs two hidden Dense layers
 
 
-def test_demo_instances():
-    one = demo.demo_instances(3)
-    assert one.dtype == np.uint8 and one.shape == (3, 28, 28)
-    np.testing.assert_array_equal(one, load_digits_28("test")[0][:3])
-    n_test = len(load_digits_28("test")[0])
-    many = demo.demo_instances(n_test + 2)
-    np.testing.assert_array_equal(many[n_test:], one[:2])  # wraps around
+def test_demo_instances_show_different_digits():
+    images, labels = load_digits_28("test")
+    first = demo.demo_instances(10)
+    assert first.dtype == np.uint8 and first.shape == (10, 28, 28)
+    # Which test image each instance is, hence its true digit: 0..9, one each.
+    index = {images[i].tobytes(): i for i in range(len(images))}
+    digits = [int(labels[index[image.tobytes()]]) for image in first]
+    assert digits == list(range(10))
+    assert len({image.tobytes() for image in demo.demo_instances(len(images))}) == len(images)  # all of them
+    many = demo.demo_instances(len(images) + 2)
+    np.testing.assert_array_equal(many[len(images):], first[:2])  # wraps around
     assert demo.demo_instances(0).shape == (0, 28, 28)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        demo.demo_instances(-1)
+
+
+def test_the_demo_model_tells_the_first_instances_apart(built):
+    import tensorflow as tf
+
+    cache, _ = built
+    loaded = tf.saved_model.load(str(cache / "models" / "my_mnist_model" / "0002"))
+    probs = loaded.signatures["serving_default"](image=tf.constant(demo.demo_instances(3)))["probabilities"]
+    assert list(np.argmax(probs.numpy(), axis=1)) == [0, 1, 2]
 
 
 def test_demo_curl_command():

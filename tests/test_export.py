@@ -98,3 +98,12 @@ def test_keras3_model_exports_and_loads(tmp_path):
     signature = tf.saved_model.load(str(path)).signatures["serving_default"]
     (got,) = signature(tf.constant(x)).values()
     np.testing.assert_allclose(got.numpy(), np.asarray(model.predict(x, verbose=0)), rtol=1e-5, atol=1e-6)
+
+
+def test_export_says_where_it_wrote(tmp_path, tf_keras_model, capsys):
+    path = export(tf_keras_model, tmp_path / "m")
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == f"modelyard.export: exported version 1 to {path}"
+    assert out == ""  # stdout stays the caller's
+    export(tf_keras_model, tmp_path / "m", quiet=True)
+    assert "exported" not in capsys.readouterr().err

@@ -96,7 +96,7 @@ def ensure_demo_model(cache_dir: Path | None = None, log: Callable[[str], None] 
             log(f"building demo model version {version} (first run only, ~5s)...")
             started = time.monotonic()
             model, accuracy = _build_and_train(hidden)
-            path = export(model, base_path, version=version)
+            path = export(model, base_path, version=version, quiet=True)  # logged below
             log(
                 f"demo model version {version}: {len(hidden)} hidden layer(s), "
                 f"test accuracy {accuracy:.3f}, built in {time.monotonic() - started:.1f}s -> {path}"
@@ -104,12 +104,24 @@ def ensure_demo_model(cache_dir: Path | None = None, log: Callable[[str], None] 
     return base_path
 
 
+def _one_of_each_digit_in_turn(labels: np.ndarray) -> np.ndarray:
+    """Indices of every test image, ordered 0, 1, ..., 9, 0, 1, ... (the split starts 6, 6, 6)."""
+    by_digit = [list(np.flatnonzero(labels == digit)) for digit in np.unique(labels)]
+    order = [bucket[i] for i in range(max(map(len, by_digit))) for bucket in by_digit if i < len(bucket)]
+    return np.asarray(order, dtype=np.int64)
+
+
 def demo_instances(n: int) -> np.ndarray:
-    """``n`` digit images (uint8 [n, 28, 28]) from the test split, repeating it if n is larger."""
+    """``n`` digit images (uint8 [n, 28, 28]) from the test split: digits 0, 1, 2, ... in turn.
+
+    Consecutive images show different digits, so a few predictions show the model telling
+    them apart; past the end of the split the sequence repeats.
+    """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    images, _ = load_digits_28("test")
-    return np.ascontiguousarray(images[np.arange(n) % len(images)])
+    images, labels = load_digits_28("test")
+    order = _one_of_each_digit_in_turn(labels)
+    return np.ascontiguousarray(images[order[np.arange(n) % len(order)]])
 
 
 def demo_predict_body(n: int = 1) -> str:

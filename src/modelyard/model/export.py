@@ -11,6 +11,7 @@ import errno
 import os
 import secrets
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -117,12 +118,17 @@ def _make_temp_dir(base_path: Path, version: int) -> Path:
             continue
 
 
-def export(model: object, base_path: str | Path, version: int | None = None) -> Path:
+def _announce(version: int, final: Path) -> None:
+    # stderr, so a script's own stdout (JSON, tables) stays clean; one line, as a notebook shows it.
+    print(f"modelyard.export: exported version {version} to {final}", file=sys.stderr, flush=True)
+
+
+def export(model: object, base_path: str | Path, version: int | None = None, quiet: bool = False) -> Path:
     """Export ``model`` as version ``version`` (default: latest + 1) under ``base_path``.
 
-    Returns the new version directory, e.g. ``base_path/0002``. Raises TypeError if
-    ``model`` is not a Keras model, FileExistsError if ``version`` already exists.
-    Nothing is left behind on failure.
+    Returns the new version directory, e.g. ``base_path/0002``, and says where it wrote on
+    stderr unless ``quiet``. Raises TypeError if ``model`` is not a Keras model,
+    FileExistsError if ``version`` already exists. Nothing is left behind on failure.
     """
     save = _saver(model)
     base_path = Path(base_path)
@@ -152,6 +158,8 @@ def export(model: object, base_path: str | Path, version: int | None = None) -> 
                 # rename(2) onto a non-empty dir fails, so a concurrent writer that won
                 # the same name is never overwritten.
                 os.rename(temp, final)
+                if not quiet:
+                    _announce(version, final)
                 return final
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):

@@ -186,7 +186,7 @@ def _export(cfg: TrainConfig, module: ModuleType, model) -> Path:
 
     plain = _build(module)
     plain.set_weights(model.get_weights())
-    return modelyard.export(plain, cfg.export_to)
+    return modelyard.export(plain, cfg.export_to, quiet=True)  # run() prints it with the task name
 
 
 def _explain(exc: Exception, me: str = "") -> TrainError:
