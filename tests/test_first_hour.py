@@ -6,30 +6,13 @@ without a cluster; serve's errors naming the MODEL_* variables the user set.
 """
 from __future__ import annotations
 
-import os
-import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_process import NOISE, modelyard
 from tests.training.conftest import write_config
-
-REPO = Path(__file__).resolve().parents[1]
-# The lines TensorFlow's libraries print while loading on a machine without a GPU.
-NOISE = re.compile(r"oneDNN|cuInit|cuda|absl::InitializeLog", re.IGNORECASE)
-
-
-def modelyard(*args: str, env_extra: dict[str, str] | None = None, cwd: Path | None = None,
-              timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the ``modelyard`` command as a user would, with no logging variables of ours set."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "MODELYARD_LOG_LEVEL",
-                                                             "MODEL_NAME", "MODEL_BASE_PATH", "TF_CONFIG")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO), env.get("PYTHONPATH")]))
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "modelyard", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout)
 
 
 # -- log noise ---------------------------------------------------------------------------------
@@ -67,6 +50,8 @@ def test_quiet_filter_keeps_errors_and_other_lines():
     captured = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
                 b"I0000 00:00:1795517796.746867    5533 port.cc:153] oneDNN custom operations are on.\n"
                 b"W0000 00:00:1795517796.747210    5533 some.cc:1] a warning\n"
+                b"E0000 00:00:1795518133.847973   18522 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA "
+                b"error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
                 b"E0000 00:00:1795517796.747210    5533 other.cc:2] a real error\n"
                 b"plain text from Python\n")
     assert filter_import_noise(captured, 2) == (b"E0000 00:00:1795517796.747210    5533 other.cc:2] a real error\n"

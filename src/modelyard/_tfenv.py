@@ -9,8 +9,10 @@ below ``info``, its C++ info and warning lines are hidden (TF_CPP_MIN_LOG_LEVEL=
 TF_CPP_MIN_LOG_LEVEL the user set is kept unless MODELYARD_LOG_LEVEL (or --verbose) asks
 for a level. Some lines (oneDNN, "Could not find cuda drivers") are written while
 TensorFlow's shared libraries load, before TensorFlow reads TF_CPP_MIN_LOG_LEVEL, once per
-library; they are filtered here by catching stderr around the first ``import tensorflow``
-and passing on every line the chosen level keeps (all of them if the import fails).
+library, and the first device lookup logs "failed call to cuInit" as an error on a machine
+without a GPU. They are filtered here: stderr is caught around the first ``import
+tensorflow`` and a device lookup, and every line the chosen level keeps is passed on (all
+of them if the import fails); the cuInit line counts as a warning.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ _TF_CPP_LEVEL = {"error": "2", "warning": "2", "info": "0", "debug": "0"}
 _CPP_LINE = re.compile(rb"^([IWEF])\d{4} \d\d:\d\d:")
 _ABSL_PREAMBLE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
+_NO_GPU = re.compile(rb"failed call to cuInit")
 
 
 def _chosen_level() -> str | None:
@@ -70,10 +73,22 @@ def filter_import_noise(captured: bytes, threshold: int) -> bytes:
         if line.rstrip(b"\r\n") == _ABSL_PREAMBLE:
             continue  # absl's own notice that the (filtered) lines go to stderr
         match = _CPP_LINE.match(line)
-        if match and _SEVERITY[match.group(1)] < threshold:
+        severity = _SEVERITY[match.group(1)] if match else None
+        if severity is not None and _NO_GPU.search(line):
+            severity = min(severity, 1)  # logged as an error, but only says this machine has no GPU
+        if severity is not None and severity < threshold:
             continue
         kept.append(line)
     return b"".join(kept)
+
+
+def _find_devices(tf) -> None:
+    """Look for GPUs now, inside the filtered window: on a machine without one, the first
+    device lookup logs "failed call to cuInit" as an error, whichever command makes it."""
+    try:
+        tf.config.list_physical_devices()  # physical only: thread and logical-device settings stay open
+    except Exception:  # a broken device set-up surfaces later, where the command uses devices
+        pass
 
 
 def _quiet_exec(exec_module):
@@ -95,6 +110,7 @@ def _quiet_exec(exec_module):
             try:
                 exec_module(module)
                 failed = False
+                _find_devices(module)
             finally:
                 try:
                     sys.stderr.flush()

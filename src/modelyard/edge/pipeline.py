@@ -1,7 +1,8 @@
 """One conversion end to end: resolve SRC, check data, convert, measure; ``compare`` across modes.
 
-A source is either a SavedModel (a version dir, base path or ``BASE:VERSION``) or a
-tf_keras model (file or in memory, needed for QAT). Every check that can fail
+A source is either a SavedModel (a version dir, base path or ``BASE:VERSION``), a
+tf_keras model (file or in memory, needed for QAT), or a Keras 3 model (file or in
+memory), converted through the SavedModel Keras 3 exports. Every check that can fail
 (source, signature, data shapes, option combinations) runs before the converter
 does, and nothing is written here: callers write the bytes once all succeeded.
 """
@@ -16,6 +17,7 @@ import numpy as np
 from modelyard.edge.converter import convert_keras_model, convert_saved_model
 from modelyard.edge.data import BUILTIN_DIGITS, Dataset, load_dataset, synthetic_dataset
 from modelyard.model.tflite import ConvertError
+from modelyard.edge.keras3_source import export_keras3, is_keras3_file, is_keras3_model, load_keras3_file
 from modelyard.edge.keras_source import is_keras_file, keras_signature, load_keras_model, run_keras
 from modelyard.edge.modes import MODES, ConvertOptions
 from modelyard.edge.report import ModeReport, Reference, measure
@@ -81,7 +83,23 @@ def prepare(
     is the held-out set of the report (default: the digits test split when calibrating
     on ``digits``, else random inputs that only measure agreement).
     """
-    if not isinstance(src, str) or is_keras_file(src):
+    keras3 = None
+    if isinstance(src, str) and is_keras3_file(src):
+        keras3 = export_keras3(load_keras3_file(src), src)
+    elif is_keras3_model(src):
+        keras3 = export_keras3(src, f"keras model {src.name}")
+    if keras3 is not None:
+        # Converted from the SavedModel Keras 3 exports; the closures below keep its directory alive.
+        model = None
+        version_dir = keras3.saved_model_dir
+        try:
+            signature = read_signature(version_dir, DEFAULT_SIGNATURE)
+        except SavedModelError as exc:
+            raise ConvertError(f"{src}: the SavedModel Keras 3 exported has no usable signature: {exc}") from exc
+        description = src if isinstance(src, str) else f"keras model {src.name}"
+        run = lambda inputs, _keep=keras3: run_saved_model(version_dir, signature, inputs)
+        convert_fn = lambda options, data, _keep=keras3: convert_saved_model(version_dir, signature, options, data)
+    elif not isinstance(src, str) or is_keras_file(src):
         model = load_keras_model(src) if isinstance(src, str) else src
         signature = keras_signature(model)
         description = src if isinstance(src, str) else f"keras model {model.name}"
@@ -129,7 +147,8 @@ def qat_convert(prepared: Prepared, epochs: int, io_dtype: str = "float32") -> t
     if prepared.keras_model is None:
         raise ConvertError(
             "--qat needs a tf_keras model file (.keras or .h5, written by model.save): SavedModels "
-            "written by tf.saved_model.save / modelyard.export no longer hold the Keras layers to fine-tune"
+            "written by tf.saved_model.save / modelyard.export no longer hold the Keras layers to fine-tune, "
+            "and Keras 3 models cannot be fine-tuned by tensorflow-model-optimization (it needs tf_keras)"
         )
     if prepared.representative is None:
         raise ConvertError("--qat needs labelled training data: pass --representative-data FILE.npz (with 'labels') or 'digits'")
