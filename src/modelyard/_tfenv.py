@@ -51,10 +51,10 @@ def apply_python_levels() -> None:
     """Python-side loggers (TensorFlow's, absl's) follow the level; called once TF is imported."""
     import logging
 
-    level = _chosen_level()
-    if level == "debug":
-        logging.getLogger("tensorflow").setLevel(logging.DEBUG)
-        logging.getLogger("absl").setLevel(logging.DEBUG)
+    python_level = {"error": logging.ERROR, "debug": logging.DEBUG}.get(_chosen_level() or "")
+    if python_level is not None:  # "warning" and "info" keep the loggers' own defaults
+        logging.getLogger("tensorflow").setLevel(python_level)
+        logging.getLogger("absl").setLevel(python_level)
 
 
 def _cpp_threshold() -> int:
@@ -147,6 +147,10 @@ class _QuietTensorFlowImport:
 
 def _setup() -> None:
     level = _chosen_level()
+    asked = os.environ.get("MODELYARD_LOG_LEVEL", "").strip()
+    if asked and level is None:
+        print(f"modelyard: warning: MODELYARD_LOG_LEVEL={asked} is not one of {', '.join(LEVELS)}; "
+              "using the default (warning)", file=sys.stderr)
     if level is not None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = _TF_CPP_LEVEL[level]
     else:
