@@ -6,12 +6,14 @@ without a cluster; serve's errors naming the MODEL_* variables the user set.
 """
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_process import NOISE, modelyard
+from tests.cli_process import NOISE, REPO, modelyard
 from tests.training.conftest import write_config
 
 
@@ -106,3 +108,12 @@ def test_serve_error_names_the_environment_variables_set(tmp_path):
     assert result.returncode == 2
     assert f"fix MODEL_BASE_PATH={tmp_path} / MODEL_NAME=digits" in result.stderr
     assert "--model_base_path" not in result.stderr, result.stderr
+
+
+def test_building_the_command_line_loads_no_tensorflow():
+    """--help, typos and -v are handled before TensorFlow loads (-v must be set before it does)."""
+    code = "import sys, modelyard.cli as c; c.build_parser(); print('tensorflow' in sys.modules)"
+    env_path = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": env_path})
+    assert result.stdout.strip() == "False", result.stderr

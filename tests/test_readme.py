@@ -71,7 +71,7 @@ def test_quickstart_snippets_define_what_they_use():
 
 
 def test_readme_shows_what_export_prints(capsys):
-    from modelyard.export_model import _announce
+    from modelyard.model.export import _announce
 
     readme = (REPO / "README.md").read_text()
     for version in (1, 2):

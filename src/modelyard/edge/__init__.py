@@ -8,6 +8,7 @@ Modules, one job each:
     modes        none / dynamic / float16 / int8 -> converter settings
     converter    the TFLite converter, TF1 session fallback, clear op errors
     keras_source tf_keras models as sources (needed by QAT)
+    keras3_source Keras 3 models as sources, through the SavedModel Keras 3 exports
     qat          quantization-aware fine-tuning (tensorflow-model-optimization)
     runtime      running the original and the flatbuffer (LiteRT)
     report       size, latency, accuracy; table and JSON
@@ -23,12 +24,16 @@ Python use::
 """
 from __future__ import annotations
 
-from modelyard.model.tflite import ConvertError
 from modelyard.edge.modes import ConvertOptions
 
 
 def __getattr__(name: str):
-    # The pipeline imports TensorFlow-heavy modules; load it only when asked for.
+    # The pipeline imports TensorFlow-heavy modules; load it only when asked for. ConvertError
+    # too: model.tflite loads TensorFlow, and `modelyard` imports this package to build its parser.
+    if name == "ConvertError":
+        from modelyard.model.tflite import ConvertError
+
+        return ConvertError
     if name in ("prepare", "compare", "qat_convert"):
         from modelyard.edge import pipeline
 

@@ -9,7 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from modelyard.model.tflite import ConvertError
 from modelyard.edge.modes import IO_DTYPES, MODES, ConvertOptions
 
 EPILOG = """examples:
@@ -89,6 +88,8 @@ def run(args) -> int:
     if usage:
         print(f"modelyard convert: error: {usage}", file=sys.stderr)
         return 2
+    from modelyard.model.tflite import ConvertError  # loads TensorFlow: not at parser-building time
+
     try:
         from modelyard.edge import pipeline
 

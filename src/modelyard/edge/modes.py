@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from modelyard.model.tflite import ConvertError
 
 MODES = ("none", "dynamic", "float16", "int8")
 IO_DTYPES = ("float32", "uint8", "int8")
@@ -29,6 +28,10 @@ class ConvertOptions:
 
     def check(self, has_representative_data: bool) -> None:
         """Reject combinations that cannot work before any (slow) conversion starts."""
+        # Here, not at the top: model.tflite loads TensorFlow, and `modelyard` builds its parser
+        # from this module, so a top-level import made every command (and --help) load it.
+        from modelyard.model.tflite import ConvertError
+
         if self.quantize not in MODES:
             raise ConvertError(f"unknown --quantize {self.quantize!r}; choose one of {', '.join(MODES)}")
         if self.io_dtype not in IO_DTYPES:
