@@ -76,6 +76,16 @@ def test_a_mistyped_flag_gets_the_closest_one(args, typo, hint):
     assert f"usage: modelyard {args[0]}" in result.stderr  # the subcommand's usage, not the top level's
 
 
+@pytest.mark.parametrize("args, hint", [
+    (["serv"], "did you mean serve?"),
+    (["convert", "x", "-o", "y.tflite", "--quantize", "dynamik"], "did you mean dynamic?"),
+])
+def test_a_mistyped_choice_or_command_gets_the_closest_one(args, hint):
+    result = modelyard(*args)
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr and hint in result.stderr, result.stderr
+
+
 def test_an_unknown_flag_with_nothing_close_keeps_argparse_message():
     result = modelyard("convert", "x", "--zzzzzz")
     assert result.returncode == 2

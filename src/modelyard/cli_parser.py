@@ -1,6 +1,7 @@
 """The argument parser every ``modelyard`` command uses: a mistyped flag gets a suggestion.
 
-``modelyard convert x --quantise dynamic`` ends with "did you mean --quantize?". Subparsers
+``modelyard convert x --quantise dynamic`` ends with "did you mean --quantize?"; a mistyped
+choice or subcommand (``--quantize dynamik``, ``modelyard serv``) names the closest one too. Subparsers
 made by ``add_subparsers`` take their parent's class, so building the top-level parser
 with this class covers every subcommand, ``serve`` included.
 """
@@ -46,3 +47,14 @@ class SuggestingArgumentParser(argparse.ArgumentParser):
             said = "; ".join(f"{_flag_part(arg)}: did you mean {hint}?" for arg, hint in hints)
             self.error(f"unrecognized arguments: {' '.join(extras)} ({said})")
         return namespace, extras
+
+    def _check_value(self, action, value):
+        # argparse's own check, with the closest choice added to its "invalid choice" message.
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            choices = [str(c) for c in action.choices or ()]
+            close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+            if not close:
+                raise
+            raise argparse.ArgumentError(action, f"{exc.message}; did you mean {close[0]}?") from None
