@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The lines TensorFlow's libraries print while loading on a machine without a GPU.
-NOISE = re.compile(r"oneDNN|cuInit|cuda|absl::InitializeLog", re.IGNORECASE)
+# The lines TensorFlow's libraries print while loading on a machine without a GPU, and LiteRT's first allocation.
+NOISE = re.compile(r"oneDNN|cuInit|cuda|absl::InitializeLog|XNNPACK", re.IGNORECASE)
 
 
 def modelyard(*args: str, env_extra: dict[str, str] | None = None, cwd: Path | None = None,

@@ -55,6 +55,7 @@ def test_quiet_filter_keeps_errors_and_other_lines():
                 b"E0000 00:00:1795518133.847973   18522 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA "
                 b"error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
                 b"E0000 00:00:1795517796.747210    5533 other.cc:2] a real error\n"
+                b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
                 b"plain text from Python\n")
     assert filter_import_noise(captured, 2) == (b"E0000 00:00:1795517796.747210    5533 other.cc:2] a real error\n"
                                                 b"plain text from Python\n")
