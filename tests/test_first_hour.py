@@ -47,7 +47,7 @@ def test_tensorflow_start_up_lines_come_back_when_asked(tmp_path, how):
 
 
 def test_quiet_filter_keeps_errors_and_other_lines():
-    from modelyard._tfenv import filter_import_noise
+    from modelyard._quiet import filter_import_noise
 
     captured = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
                 b"I0000 00:00:1795517796.746867    5533 port.cc:153] oneDNN custom operations are on.\n"

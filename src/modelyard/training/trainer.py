@@ -227,7 +227,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         )
     if name == "parameter_server" and not role.cluster.get("ps"):
         raise ConfigError(
-            "strategy parameter_server needs ps tasks and this process's TF_CONFIG names none: run it under "
+            "strategy parameter_server needs ps tasks and this process has none (no TF_CONFIG, or one without "
+            "ps tasks): run it under "
             "modelyard launch --workers N --ps M -- modelyard train CONFIG, or set TF_CONFIG with ps tasks"
         )
     import tensorflow as tf  # after the checks above, so a wrong set-up fails at once
