@@ -1,4 +1,4 @@
-"""``modelyard inspect``: TF Serving's test models and a freshly exported one."""
+"""``modelyard inspect``: TF Serving's test models (generated, and its own where present) and a fresh export."""
 from __future__ import annotations
 
 import json
@@ -13,12 +13,12 @@ import pytest
 import modelyard  # noqa: F401  (before tensorflow: selects tf_keras, quiets logs)
 from modelyard.cli import main
 
-# The shared test data lives next to the repository root: <root>/../shared/testdata.
-TFSERVING = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "tfserving"
-needs_tfserving = pytest.mark.skipif(
-    not TFSERVING.is_dir(), reason=f"TF Serving test models not found at {TFSERVING}"
-)
-HALF_PLUS_TWO = TFSERVING / "saved_model_half_plus_two_cpu" / "00000123"
+
+
+@pytest.fixture
+def half_plus_two(tfserving_testdata) -> Path:
+    """The TF1 half_plus_two version directory (generated, and TF Serving's own where present)."""
+    return tfserving_testdata / "saved_model_half_plus_two_cpu" / "00000123"
 
 
 def inspect(capsys, *args: str) -> tuple[int, str, str]:
@@ -27,9 +27,8 @@ def inspect(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@needs_tfserving
-def test_text_matches_saved_model_cli_layout(capsys):
-    code, out, _ = inspect(capsys, HALF_PLUS_TWO)
+def test_text_matches_saved_model_cli_layout(capsys, half_plus_two):
+    code, out, _ = inspect(capsys, half_plus_two)
     assert code == 0
     assert "MetaGraphDef with tag-set: 'serve' contains the following SignatureDefs:" in out
     assert (
@@ -51,13 +50,12 @@ def test_text_matches_saved_model_cli_layout(capsys):
     assert "contains the following ops: {" in out and "'VariableV2'" in out
 
 
-@needs_tfserving
-def test_json_agrees_with_tf_serving_metadata(capsys):
-    code, out, _ = inspect(capsys, HALF_PLUS_TWO, "--json")
+def test_json_agrees_with_tf_serving_metadata(capsys, half_plus_two, tfserving_testdata):
+    code, out, _ = inspect(capsys, half_plus_two, "--json")
     assert code == 0
     info = json.loads(out)
     ours = info["tag_sets"]["serve"]["signatures"]
-    truth = json.loads((TFSERVING / "half_plus_two_model_metadata.json").read_text())
+    truth = json.loads((tfserving_testdata / "half_plus_two_model_metadata.json").read_text())
     expected = truth["metadata"]["signature_def"]["signature_def"]
     assert sorted(ours) == sorted(expected)
     for key, sig in expected.items():
@@ -72,9 +70,8 @@ def test_json_agrees_with_tf_serving_metadata(capsys):
                 }
 
 
-@needs_tfserving
-def test_base_path_uses_latest_version_via_subprocess():
-    base = TFSERVING / "saved_model_half_plus_two_tf2_cpu"
+def test_base_path_uses_latest_version_via_subprocess(tfserving_testdata):
+    base = tfserving_testdata / "saved_model_half_plus_two_tf2_cpu"
     proc = subprocess.run(
         [sys.executable, "-m", "modelyard", "inspect", str(base)],
         capture_output=True, text=True, timeout=120,
@@ -84,30 +81,27 @@ def test_base_path_uses_latest_version_via_subprocess():
     assert "signature_def['serving_default']:" in proc.stdout
 
 
-@needs_tfserving
-def test_tflite_model(capsys):
-    code, out, _ = inspect(capsys, TFSERVING / "saved_model_half_plus_two_tflite")
+def test_tflite_model(capsys, tfserving_testdata):
+    code, out, _ = inspect(capsys, tfserving_testdata / "saved_model_half_plus_two_tflite")
     assert code == 0
     assert "inputs['x']" in out and "outputs['y']" in out and "dtype: float32" in out
 
-    code, out, _ = inspect(capsys, TFSERVING / "saved_model_half_plus_two_tflite", "--json")
+    code, out, _ = inspect(capsys, tfserving_testdata / "saved_model_half_plus_two_tflite", "--json")
     tflite = json.loads(out)["tflite"]
     assert [(t["name"], t["dtype"], t["shape"]) for t in tflite["inputs"]] == [("x", "float32", [1, 1])]
     assert [(t["name"], t["dtype"], t["shape"]) for t in tflite["outputs"]] == [("y", "float32", [1, 1])]
 
 
-@needs_tfserving
-def test_needs_only_the_graph_proto(tmp_path, capsys):
+def test_needs_only_the_graph_proto(tmp_path, capsys, half_plus_two):
     # No variables/ and no assets/: reading signatures must not restore anything.
-    shutil.copy(HALF_PLUS_TWO / "saved_model.pb", tmp_path / "saved_model.pb")
+    shutil.copy(half_plus_two / "saved_model.pb", tmp_path / "saved_model.pb")
     code, out, _ = inspect(capsys, tmp_path, "--json")
     assert code == 0
     assert json.loads(out)["tag_sets"]["serve"]["signatures"]["serving_default"]["inputs"]["x"]["shape"] == [-1, 1]
 
 
-@needs_tfserving
-def test_broken_export_is_a_clear_error(capsys):
-    code, out, err = inspect(capsys, TFSERVING / "bad_half_plus_two")
+def test_broken_export_is_a_clear_error(capsys, tfserving_testdata):
+    code, out, err = inspect(capsys, tfserving_testdata / "bad_half_plus_two")
     assert code == 1 and out == ""
     assert "modelyard inspect: error:" in err and "Could not find SavedModel" in err
 

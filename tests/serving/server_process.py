@@ -11,8 +11,6 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[2]
-TESTDATA = (REPO.parent / "shared" / "testdata" / "tfserving").resolve()
 
 
 def free_port() -> int:

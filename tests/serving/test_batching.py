@@ -33,7 +33,7 @@ from modelyard.serving.batching.scheduler import DEADLINE_MESSAGE, QUEUE_FULL, B
 from modelyard.serving.batching.config import BatchingParams, parse_batching_parameters
 from modelyard.model.runtime.servable import Servable
 from tests.serving.affine_models import save_batch_probe, save_per_row, save_sleepy
-from tests.serving.server_process import TESTDATA, ServerProcess, wait_for
+from tests.serving.server_process import ServerProcess, wait_for
 
 GLOBAL_PARAMS = """
 max_batch_size { value: 8 }
@@ -85,7 +85,7 @@ def model_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(model_dirs):
+def server(model_dirs, monitoring_config):
     proc = ServerProcess(
         "--model_config_file", str(model_dirs / "models.config"),
         "--enable_batching", "--batching_parameters_file", str(model_dirs / "params.txt"),
@@ -96,7 +96,7 @@ def server(model_dirs):
         "--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "-1",
         "--rest_api_timeout_in_ms", str(REST_TIMEOUT_MS),
         "--file_system_poll_wait_seconds", "0",
-        "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+        "--monitoring_config_file", str(monitoring_config),
         log_dir=model_dirs,
     )
     with proc:

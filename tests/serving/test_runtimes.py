@@ -21,14 +21,14 @@ import tensorflow as tf
 from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_service_pb2_grpc, regression_pb2
 
 from tests.serving.affine_models import save_sleepy
-from tests.serving.server_process import TESTDATA, ServerProcess
+from tests.serving.server_process import ServerProcess
 
 RUNTIMES = ("tensorflow", "litert", "auto")
-MODELS = {
-    "default": TESTDATA / "saved_model_half_plus_two_cpu",
-    "tf2": TESTDATA / "saved_model_half_plus_two_tf2_cpu",
-    "tflite": TESTDATA / "saved_model_half_plus_two_tflite",
-    "bad": TESTDATA / "bad_half_plus_two",
+MODEL_FOLDERS = {
+    "default": "saved_model_half_plus_two_cpu",
+    "tf2": "saved_model_half_plus_two_tf2_cpu",
+    "tflite": "saved_model_half_plus_two_tflite",
+    "bad": "bad_half_plus_two",
 }
 METRICS = "/monitoring/prometheus/metrics"
 
@@ -42,7 +42,7 @@ class Flatten4(tf.Module):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def servers(tmp_path_factory, tfserving_testdata):
     root = tmp_path_factory.mktemp("runtimes")
     save_sleepy(root / "tfonly" / "1")
     flatten = Flatten4()
@@ -53,13 +53,14 @@ def servers(tmp_path_factory):
     body = "".join(
         f'  config: {{ name: "{name}" base_path: "{root / name if path is None else path}" '
         'model_platform: "tensorflow" }\n'
-        for name, path in {**MODELS, "tfonly": None, "flatten": None, "flatten_tflite": None}.items()
+        for name, path in {**{name: tfserving_testdata / folder for name, folder in MODEL_FOLDERS.items()},
+                           "tfonly": None, "flatten": None, "flatten_tflite": None}.items()
     )
     (root / "models.config").write_text("model_config_list: {\n" + body + "}\n")
     started = {
         runtime: ServerProcess(
             "--model_config_file", str(root / "models.config"), "--runtime", runtime,
-            "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+            "--monitoring_config_file", str(tfserving_testdata / "monitoring_config.txt"),
             "--file_system_poll_wait_seconds", "0", log_dir=root,
         )
         for runtime in RUNTIMES
@@ -184,11 +185,11 @@ def test_grpc_classify_and_regress_on_every_runtime(servers):
     assert same_everywhere(servers, ask) == (3.0, 3.0)
 
 
-def test_status_and_metadata_identical_on_every_runtime(servers):
+def test_status_and_metadata_identical_on_every_runtime(servers, tfserving_testdata):
     for model in ("default", "tf2", "tflite", "bad"):
         same_everywhere(servers, lambda server: requests.get(f"{server.base}/v1/models/{model}").content)
     metadata = same_everywhere(servers, lambda s: requests.get(f"{s.base}/v1/models/default/metadata").json())
-    assert metadata == json.loads((TESTDATA / "half_plus_two_model_metadata.json").read_text())
+    assert metadata == json.loads((tfserving_testdata / "half_plus_two_model_metadata.json").read_text())
 
 
 def runtime_gauges(server) -> dict[tuple[str, str], float]:
@@ -198,7 +199,7 @@ def runtime_gauges(server) -> dict[tuple[str, str], float]:
     return {(m, rt): float(v) for m, rt, v in re.findall(pattern, text)}
 
 
-def test_metrics_and_log_say_which_runtime_serves_each_version(servers):
+def test_metrics_and_log_say_which_runtime_serves_each_version(servers, tfserving_testdata):
     tf_only = {("default", "tensorflow"): 1, ("tf2", "tensorflow"): 1, ("tfonly", "tensorflow"): 1,
                ("tflite", "litert"): 1, ("flatten", "tensorflow"): 1, ("flatten_tflite", "litert"): 1}
     assert runtime_gauges(servers["tensorflow"]) == tf_only
@@ -211,7 +212,7 @@ def test_metrics_and_log_say_which_runtime_serves_each_version(servers):
     assert runtime_gauges(servers["litert"]) == {k: v for k, v in mixed.items() if k[0] != "tfonly"}
     for runtime in ("auto", "litert"):
         log = servers[runtime].log()
-        default = MODELS["default"] / "00000123"
+        default = tfserving_testdata / MODEL_FOLDERS["default"] / "00000123"
         assert f"Signature serving_default of {default} runs on LiteRT (outputs match TensorFlow)" in log
         assert f"Signature classify_x_to_y of {default} stays on TensorFlow" in log
     assert re.search(r"Signature serving_default of \S+/tfonly/1 stays on TensorFlow: ConvertError",

@@ -1,4 +1,4 @@
-"""Must-show 1: TF Serving's own test models give TF Serving's answers over REST and gRPC."""
+"""Must-show 1: TF Serving's test models (generated, and its own files where present) give its answers."""
 from __future__ import annotations
 
 import json
@@ -20,8 +20,6 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
     regression_pb2,
 )
-
-from tests.serving.server_process import TESTDATA
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +80,10 @@ def test_rest_status(testdata_server):
     assert r.json()["model_version_status"][0]["state"] == "AVAILABLE"
 
 
-def test_rest_metadata_equals_tf_serving(testdata_server):
+def test_rest_metadata_equals_tf_serving(testdata_server, tfserving_testdata):
     r = requests.get(testdata_server.base + "/v1/models/default/metadata")
     assert r.status_code == 200
-    expected = json.loads((TESTDATA / "half_plus_two_model_metadata.json").read_text())
+    expected = json.loads((tfserving_testdata / "half_plus_two_model_metadata.json").read_text())
     assert r.json() == expected
 
 

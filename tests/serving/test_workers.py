@@ -29,7 +29,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.serving.affine_models import save_affine
-from tests.serving.server_process import TESTDATA, ServerProcess, wait_for
+from tests.serving.server_process import ServerProcess, wait_for
 
 METRICS = "/monitoring/prometheus/metrics"
 
@@ -43,7 +43,7 @@ def config_proto(models: dict[str, Path]) -> model_server_config_pb2.ModelServer
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, monitoring_config):
     root = tmp_path_factory.mktemp("workers")
     save_affine(root / "m" / "1", 1.0, 0.0)  # answers x
     save_affine(root / "staging_m2", 1.0, 100.0)  # version 2 of m: x + 100
@@ -56,7 +56,7 @@ def setup(tmp_path_factory):
     server = ServerProcess(
         "--workers", "2", "--model_config_file", str(root / "models.config"),
         "--file_system_poll_wait_seconds", "1", "--runtime", "tensorflow",
-        "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+        "--monitoring_config_file", str(monitoring_config),
         log_dir=root, env={"TMPDIR": str(state)},
     )
     with server:

@@ -1,0 +1,61 @@
+"""Session-wide fixtures: TF Serving's half_plus_two test models, from two sources.
+
+Every test that needs them asks for ``tfserving_testdata``: a folder in TF Serving's testdata
+layout. It is always the stand-ins ``tests/tfserving_models.py`` generates (so a plain clone
+runs green), and in addition TF Serving's own files where ``../shared/testdata/tfserving``
+exists (the conformance run; CI always has it). The terminal summary says which ran.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tfserving_models import (
+    MONITORING_CONFIG,
+    configured_shared_path,
+    shared_testdata,
+    write_tfserving_models,
+)
+
+SHARED = shared_testdata()
+SOURCES = ["generated"] + (["tfserving"] if SHARED else [])
+
+
+@pytest.fixture(scope="session")
+def generated_tfserving(tmp_path_factory) -> Path:
+    """The generated stand-ins for TF Serving's test models, written once per session."""
+    import modelyard  # noqa: F401  (sets the TF environment before TensorFlow is imported)
+
+    return write_tfserving_models(tmp_path_factory.mktemp("tfserving_generated"))
+
+
+@pytest.fixture(scope="session", params=SOURCES)
+def tfserving_testdata(request) -> Path:
+    """A folder in TF Serving's testdata layout: ``generated``, then ``tfserving`` (its own files) if present."""
+    if request.param == "generated":
+        return request.getfixturevalue("generated_tfserving")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def monitoring_config(tmp_path_factory) -> Path:
+    """A MonitoringConfig enabling Prometheus at TF Serving's path, for servers of any test."""
+    path = tmp_path_factory.mktemp("monitoring") / "monitoring_config.txt"
+    path.write_text(MONITORING_CONFIG)
+    return path
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    config._tfserving_models_used = any("tfserving_testdata" in item.fixturenames for item in items)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not getattr(config, "_tfserving_models_used", False):
+        return
+    if SHARED:
+        line = f"conformance on TF Serving's own test models: run ({SHARED}), beside the generated ones"
+    else:
+        line = (f"conformance on TF Serving's own test models: not run ({configured_shared_path()} not found); "
+                "the generated stand-ins ran")
+    terminalreporter.write_sep("-", line)
