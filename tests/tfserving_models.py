@@ -117,12 +117,15 @@ def _half_plus_two_graph(tf1, with_examples: bool):
     # The first ParseExample op (TF 1.x's): its dense outputs keep their static [-1, 1] shape,
     # which the signatures show; ParseExampleV2 leaves them of unknown rank. "x" is required
     # (an empty default), "x2" defaults to 0.
-    no_default = tf1.constant([], tf1.float32)
-    features = dict(zip(("x", "x2"), tf1.raw_ops.ParseExample(
-        serialized=serialized, names=tf1.constant([], tf1.string), sparse_keys=[],
-        dense_keys=[tf1.constant("x"), tf1.constant("x2")],
-        dense_defaults=[no_default, tf1.constant([0.0])], sparse_types=[], dense_shapes=[[1], [1]],
-    ).dense_values))
+    # Its node is ParseExample/ParseExample, as tf.parse_example named it (errors quote the name).
+    with tf1.name_scope("ParseExample"):
+        no_default = tf1.constant([], tf1.float32)
+        features = dict(zip(("x", "x2"), tf1.raw_ops.ParseExample(
+            serialized=serialized, names=tf1.constant([], tf1.string), sparse_keys=[],
+            dense_keys=[tf1.constant("x"), tf1.constant("x2")],
+            dense_defaults=[no_default, tf1.constant([0.0])], sparse_types=[], dense_shapes=[[1], [1]],
+            name="ParseExample",
+        ).dense_values))
     x = tf1.identity(features["x"], name="x")
     tf1.identity(tf1.raw_ops.Add(x=a * x, y=b), name="y")
     tf1.identity(tf1.raw_ops.Add(x=a * x, y=c), name="y2")
