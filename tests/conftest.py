@@ -51,11 +51,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not getattr(config, "_tfserving_models_used", False):
+    if config.option.collectonly or not getattr(config, "_tfserving_models_used", False):
         return
     if SHARED:
-        line = f"conformance on TF Serving's own test models: run ({SHARED}), beside the generated ones"
+        line = f"conformance on TF Serving's own test models: run ({SHARED}), beside the generated stand-ins"
     else:
-        line = (f"conformance on TF Serving's own test models: not run ({configured_shared_path()} not found); "
-                "the generated stand-ins ran")
+        line = f"conformance on TF Serving's own test models: not run ({configured_shared_path()} not found)"
     terminalreporter.write_sep("-", line)
