@@ -14,7 +14,6 @@ import modelyard  # noqa: F401  (before tensorflow: selects tf_keras, quiets log
 from modelyard.cli import main
 
 
-
 @pytest.fixture
 def half_plus_two(tfserving_testdata) -> Path:
     """The TF1 half_plus_two version directory (generated, and TF Serving's own where present)."""

@@ -9,7 +9,6 @@ import pytest
 from modelyard.cli import main
 
 
-
 @pytest.fixture(scope="module")
 def half_plus_two(tfserving_testdata) -> Path:
     """TF1 half_plus_two's base path: generated, and TF Serving's own (read in place) where present."""

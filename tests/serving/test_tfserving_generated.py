@@ -21,7 +21,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import SHARED
 from tests.serving.server_process import ServerProcess
-from tests.tfserving_models import configured_shared_path
+from tests.tfserving_models import configured_shared_path, expected_metadata
 
 pytestmark = pytest.mark.skipif(
     SHARED is None,
@@ -59,8 +59,6 @@ def post(server, path: str, body) -> requests.Response:
 
 
 def test_metadata_file_is_tf_servings():
-    from tests.tfserving_models import expected_metadata
-
     assert expected_metadata("default", 123) == json.loads((SHARED / "half_plus_two_model_metadata.json").read_text())
 
 
