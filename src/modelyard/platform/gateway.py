@@ -1,0 +1,126 @@
+"""The gateway: ``:predict`` / ``:rawPredict`` on an endpoint, forwarded to one replica.
+
+The deployed model comes from the endpoint's split (or a pinning header), the replica is the one
+with the fewest requests in flight, and the body goes to the replica's TF Serving ``:predict``
+as received (Vertex's ``{"instances": ...}`` is TF Serving's row format). The replica's answer is
+extended in place with Vertex's ``deployedModelId`` / ``model`` / ``modelVersionId``, not re-parsed.
+A predict that fails to reach a replica (refused, reset, replica killed) is retried on another:
+predicts are idempotent.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import orjson
+
+from modelyard.platform.errors import ApiError
+from modelyard.platform.routing import Deployed, Routing
+
+PIN_HEADER = "X-Modelyard-Deployed-Model-Id"
+MAX_ATTEMPTS = 4
+NO_REPLICA_WAIT_S = 30.0  # how long a request waits for a replica while one is being replaced
+
+# TF Serving's HTTP status -> Google status of the error relayed to the client.
+_RELAYED = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
+            503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+class Gateway:
+    def __init__(self, routing: Routing, metrics=None) -> None:
+        self.routing = routing
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None
+        self.on_replica_failure = None  # set by the supervisor: called with the failed Replica
+
+    async def open(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
+                                             skip_auto_headers=("User-Agent",))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def predict(self, endpoint_id: str, parent: str, body: bytes, pinned: str | None,
+                      raw: bool) -> tuple[int, bytes, dict[str, str]]:
+        """(HTTP status, body, extra headers) of one predict through the endpoint."""
+        started = time.perf_counter()
+        d = self.routing.choose_deployed(endpoint_id, parent, pinned)
+        if not raw and b'"parameters"' in body:
+            body = _without_parameters(body)
+        status, data = await self._forward(d, body)
+        if self.metrics is not None:
+            self.metrics.observe_predict(d, status, time.perf_counter() - started)
+        if status != 200:
+            raise _relayed_error(status, data)
+        headers = {"X-Vertex-AI-Deployed-Model-Id": d.id, "X-Vertex-AI-Model": d.model,
+                   "X-Vertex-AI-Model-Version-Id": d.version_id}
+        if raw:
+            return 200, data, headers
+        return 200, _with_vertex_fields(data, d), headers
+
+    async def _forward(self, d: Deployed, body: bytes) -> tuple[int, bytes]:
+        assert self.session is not None
+        tried: set[int] = set()
+        deadline = time.monotonic() + NO_REPLICA_WAIT_S
+        attempts = 0
+        last_error = "no replica"
+        while True:
+            replica = self.routing.choose_replica(d, tried)
+            if replica is None:
+                if attempts >= MAX_ATTEMPTS or time.monotonic() > deadline or d.id not in self.routing.deployed:
+                    raise ApiError("UNAVAILABLE", f"deployed model {d.id} has no live replica ({last_error}); "
+                                   "retry shortly")
+                tried.clear()  # wait for a replacement, then try every live replica again
+                await asyncio.sleep(0.05)
+                continue
+            attempts += 1
+            replica.outstanding += 1
+            try:
+                async with self.session.post(replica.predict_url, data=body,
+                                             headers={"Content-Type": "application/json"}) as resp:
+                    data = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                tried.add(id(replica))
+                if self.on_replica_failure is not None:
+                    self.on_replica_failure(replica)
+                continue
+            finally:
+                replica.outstanding -= 1
+            if status == 503 and attempts < MAX_ATTEMPTS:
+                tried.add(id(replica))  # a replica shutting down; another may answer
+                continue
+            replica.served += 1
+            return status, data
+
+
+def _with_vertex_fields(data: bytes, d: Deployed) -> bytes:
+    end = data.rstrip()
+    if not end.endswith(b"}"):
+        raise ApiError("INTERNAL", "replica answered a body that is not a JSON object")
+    extra = orjson.dumps({"deployedModelId": d.id, "model": d.model, "modelVersionId": d.version_id,
+                          "modelDisplayName": d.display_name})
+    return end[:-1] + b"," + extra[1:]
+
+
+def _without_parameters(body: bytes) -> bytes:
+    """Vertex's ``parameters`` have no TF Serving equivalent: dropped (the only case that re-parses)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body  # the replica reports the malformed JSON
+    if isinstance(doc, dict):
+        doc.pop("parameters", None)
+    return orjson.dumps(doc)
+
+
+def _relayed_error(status: int, data: bytes) -> ApiError:
+    try:
+        message = orjson.loads(data).get("error") or data.decode(errors="replace")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = data.decode(errors="replace")[:500]
+    return ApiError(_RELAYED.get(status, "INTERNAL"), f"prediction failed: {message}")
