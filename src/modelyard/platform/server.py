@@ -73,6 +73,18 @@ def build_app(p: Platform) -> web.Application:
             log.exception("request %s %s failed", request.method, request.path)
             return _error(ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}"))
 
+    async def list_replicas(request: web.Request) -> web.Response:
+        """modelyard's own view (not a Vertex API): every replica, for operators and tests."""
+        try:
+            check_token(request)
+        except ApiError as exc:
+            return _error(exc)
+        out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
+                "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
+                "state": "DEAD" if r.dead else "DRAINING" if r.draining else "SERVING"}
+               for d in p.routing.deployed.values() for r in d.replicas]
+        return _json({"replicas": out})
+
     async def not_found(request: web.Request) -> web.Response:
         return _error(ApiError("NOT_FOUND", f"No API at {request.path}: Vertex AI paths start with /v1/projects/"))
 
@@ -80,6 +92,7 @@ def build_app(p: Platform) -> web.Application:
     app.router.add_route("*", "/v1/{tail:.*}", handle)
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)
+    app.router.add_get("/modelyard/v1/replicas", list_replicas)
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
     app.router.add_route("*", "/{tail:.*}", not_found)
 
