@@ -90,8 +90,13 @@ class LocalEngine:
                 raise ApiError("FAILED_PRECONDITION",
                                f"replica for deployed model {dm_id} exited with code {proc.returncode} while "
                                f"loading {model_path}: {_tail(log_path)}")
-            if await self.healthy(row):
+            available, error = await self._status(row)
+            if available:
                 return row
+            if error:
+                await self.stop(row)
+                raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not load "
+                               f"{model_path}: {error}")
             await asyncio.sleep(0.25)
         await self.stop(row)
         raise ApiError("DEADLINE_EXCEEDED", f"replica for deployed model {dm_id} did not become AVAILABLE "
@@ -99,16 +104,25 @@ class LocalEngine:
 
     async def healthy(self, row: dict) -> bool:
         """TF Serving's model status says AVAILABLE."""
+        return (await self._status(row))[0]
+
+    async def _status(self, row: dict) -> tuple[bool, str | None]:
+        """(AVAILABLE?, the load error TF Serving's status API reports, if the version ended with one)."""
         assert self.session is not None
         try:
             async with self.session.get(f"http://{row['host']}:{row['port']}/v1/models/{MODEL}",
                                         timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                if resp.status != 200:
-                    return False
                 body = await resp.json(content_type=None)
-            return any(v.get("state") == "AVAILABLE" for v in body.get("model_version_status", []))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return False
+            return False, None
+        versions = body.get("model_version_status", []) if isinstance(body, dict) else []
+        if any(v.get("state") == "AVAILABLE" for v in versions):
+            return True, None
+        for v in versions:
+            status = v.get("status") or {}
+            if v.get("state") == "END" and status.get("error_code", "OK") != "OK":
+                return False, status.get("error_message") or status["error_code"]
+        return False, None
 
     def alive(self, row: dict) -> bool:
         proc = self._children.get(row["pid"])
