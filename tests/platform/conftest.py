@@ -17,6 +17,9 @@ import pytest
 REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 PARENT = "projects/local/locations/us-central1"
 STAGING_BUCKET = "modelyard-staging"
+# Quick to react, so the scaling test stays short (the defaults are 4 in flight, 3 s up, 60 s cool-down).
+AUTOSCALE_FLAGS = ["--autoscale-target-in-flight", "1.5", "--autoscale-up-seconds", "1",
+                   "--autoscale-cooldown-seconds", "4"]
 
 
 def free_port() -> int:
@@ -155,7 +158,8 @@ def start_platform(tmp_path_factory, name: str, env: dict, args: list[str]) -> P
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory, tiny_models, gcs_emulator):
     p = start_platform(tmp_path_factory, "platform", _env(STORAGE_EMULATOR_HOST=gcs_emulator["host"]),
-                       ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}"])
+                       ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}",
+                        *AUTOSCALE_FLAGS])
     try:
         yield p
     finally:

@@ -6,7 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelyard.platform.autoscale import Autoscaler, Policy
 from modelyard.platform.gateway import Gateway
+from modelyard.platform.metrics import Metrics
 from modelyard.platform.operations import Operations
 from modelyard.platform.replicas import LocalEngine
 from modelyard.platform.routing import Routing
@@ -27,6 +29,7 @@ class Config:
     auth_predict: bool = False
     max_replicas: int = 8
     replica_args: list[str] = field(default_factory=list)
+    autoscale: Policy = field(default_factory=Policy)
 
 
 class Platform:
@@ -36,8 +39,10 @@ class Platform:
         self.ops = Operations(self.store)
         self.routing = Routing()
         self.engine = LocalEngine(config.state_dir, serve_args=config.replica_args)
-        self.gateway = Gateway(self.routing)
+        self.metrics = Metrics()
+        self.gateway = Gateway(self.routing, self.metrics)
         self.supervisor = Supervisor(self.store, self.engine, self.routing)
+        self.supervisor.autoscaler = Autoscaler(config.autoscale)
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self.enum_ints = True  # set per request from $alt=json;enum-encoding=int
         self._loop_task: asyncio.Task | None = None

@@ -31,6 +31,12 @@ def register(subparsers) -> None:
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
                         "e.g. --replica-arg=--runtime=tensorflow")
+    parser.add_argument("--autoscale-target-in-flight", type=float, default=4.0,
+                        help="requests in flight per replica the autoscaler aims at (default 4)")
+    parser.add_argument("--autoscale-up-seconds", type=float, default=3.0,
+                        help="how long the load must call for more replicas before one starts (default 3)")
+    parser.add_argument("--autoscale-cooldown-seconds", type=float, default=60.0,
+                        help="how long the load must call for fewer replicas before one drains (default 60)")
     parser.set_defaults(func=run)
 
 
@@ -38,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from modelyard.platform.app import Config, Platform
+    from modelyard.platform.autoscale import Policy
     from modelyard.platform.server import build_app
     from modelyard.platform.store import database_url, default_store_path
 
@@ -54,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
                     artifact_roots=[r if "://" in r else str(Path(r).expanduser().resolve()) for r in args.artifact_root],
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict,
-                    max_replicas=args.max_replicas, replica_args=args.replica_arg)
+                    max_replicas=args.max_replicas, replica_args=args.replica_arg,
+                    autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
+                                     args.autoscale_cooldown_seconds))
     try:
         import uvloop
 

@@ -90,11 +90,18 @@ def deploy(p, route: Route, body: dict) -> dict:
         raise invalid(f"max_replica_count {max_r} exceeds this platform's limit of {p.config.max_replicas}.")
     dm_id = names.new_id()
     existing = {dm["id"] for dm in p.store.deployed_models(endpoint["id"])}
-    traffic.for_deploy(endpoint["traffic_split"] or {}, body.get("trafficSplit"), dm_id, existing)  # checked now
+    split = traffic.for_deploy(endpoint["traffic_split"] or {}, body.get("trafficSplit"), dm_id, existing)
+    # modelyard's extension to DeployModelRequest: deploy as a shadow that gets a mirrored copy of
+    # this percentage of the endpoint's served requests, and never answers clients itself.
+    shadow = body.get("shadowTrafficPercentage", 0)
+    if isinstance(shadow, bool) or not isinstance(shadow, int) or not 0 <= shadow <= 100:
+        raise invalid(f"shadowTrafficPercentage must be an integer between 0 and 100, got {shadow!r}.")
+    if shadow and split.get(dm_id):
+        raise invalid("a shadow deployment takes no traffic itself: give it no share in traffic_split.")
     machine = (spec.get("dedicatedResources") or {}).get("machineSpec", {}).get("machineType", "")
     dm = {"id": dm_id, "endpoint_id": endpoint["id"], "model_id": model["id"], "version_id": version["version_id"],
           "display_name": spec.get("displayName") or model["display_name"], "min_replicas": min_r,
-          "max_replicas": max_r, "machine_type": machine, "created": time.time()}
+          "max_replicas": max_r, "machine_type": machine, "created": time.time(), "shadow_percent": shadow}
 
     async def work() -> dict:
         rows = await p.supervisor.start_replicas(dm_id, Path(version["local_path"]), min_r)

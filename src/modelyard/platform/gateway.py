@@ -21,6 +21,7 @@ from modelyard.platform.routing import Deployed, Routing
 PIN_HEADER = "X-Modelyard-Deployed-Model-Id"
 MAX_ATTEMPTS = 4
 NO_REPLICA_WAIT_S = 30.0  # how long a request waits for a replica while one is being replaced
+MAX_SHADOW_IN_FLIGHT = 64
 
 # TF Serving's HTTP status -> Google status of the error relayed to the client.
 _RELAYED = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
@@ -33,6 +34,7 @@ class Gateway:
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None
         self.on_replica_failure = None  # set by the supervisor: called with the failed Replica
+        self._shadow_tasks: set[asyncio.Task] = set()
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
@@ -47,7 +49,7 @@ class Gateway:
                       raw: bool) -> tuple[int, bytes, dict[str, str]]:
         """(HTTP status, body, extra headers) of one predict through the endpoint."""
         started = time.perf_counter()
-        d = self.routing.choose_deployed(endpoint_id, parent, pinned)
+        d, shadows = self.routing.choose_deployed(endpoint_id, parent, pinned)
         if not raw and b'"parameters"' in body:
             body = _without_parameters(body)
         status, data = await self._forward(d, body)
@@ -55,16 +57,35 @@ class Gateway:
             self.metrics.observe_predict(d, status, time.perf_counter() - started)
         if status != 200:
             raise _relayed_error(status, data)
+        for shadow in shadows:
+            self._mirror(shadow, body, data)
         headers = {"X-Vertex-AI-Deployed-Model-Id": d.id, "X-Vertex-AI-Model": d.model,
                    "X-Vertex-AI-Model-Version-Id": d.version_id}
         if raw:
             return 200, data, headers
         return 200, _with_vertex_fields(data, d), headers
 
-    async def _forward(self, d: Deployed, body: bytes) -> tuple[int, bytes]:
+    def _mirror(self, shadow: Deployed, body: bytes, served: bytes) -> None:
+        """Send a copy to ``shadow`` in the background; its answer is only compared, never returned."""
+        if len(self._shadow_tasks) >= MAX_SHADOW_IN_FLIGHT:
+            return  # shadows never slow the served path: past the cap, requests are not mirrored
+        task = asyncio.get_running_loop().create_task(self._shadow(shadow, body, served))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _shadow(self, shadow: Deployed, body: bytes, served: bytes) -> None:
+        try:
+            status, data = await self._forward(shadow, body, wait_s=0.0)
+        except ApiError:
+            status, data = 503, b""
+        agreed, diff = compare(served, data) if status == 200 else (None, 0.0)
+        if self.metrics is not None:
+            self.metrics.observe_shadow(shadow, agreed, diff)
+
+    async def _forward(self, d: Deployed, body: bytes, wait_s: float = NO_REPLICA_WAIT_S) -> tuple[int, bytes]:
         assert self.session is not None
         tried: set[int] = set()
-        deadline = time.monotonic() + NO_REPLICA_WAIT_S
+        deadline = time.monotonic() + wait_s
         attempts = 0
         last_error = "no replica"
         while True:
@@ -96,6 +117,26 @@ class Gateway:
                 continue
             replica.served += 1
             return status, data
+
+
+def compare(served: bytes, shadow: bytes) -> tuple[bool | None, float]:
+    """(agreed, max abs difference) of two TF Serving answers. Agreed: same shape and, per instance,
+    the same top-scoring output (the same class); None when the shadow's answer is unreadable."""
+    import numpy as np
+
+    try:
+        a = np.asarray(orjson.loads(served)["predictions"], dtype=np.float64)
+        b = np.asarray(orjson.loads(shadow)["predictions"], dtype=np.float64)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None, 0.0
+    if a.shape != b.shape:
+        return False, float("inf")
+    diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+    if a.ndim >= 2:
+        agreed = bool(np.array_equal(a.reshape(len(a), -1).argmax(axis=1), b.reshape(len(b), -1).argmax(axis=1)))
+    else:
+        agreed = bool(np.allclose(a, b, rtol=1e-5, atol=1e-6))
+    return agreed, diff
 
 
 def _with_vertex_fields(data: bytes, d: Deployed) -> bytes:

@@ -41,6 +41,7 @@ class Deployed:
     display_name: str
     min_replicas: int
     max_replicas: int
+    shadow_percent: int = 0
     replicas: list[Replica] = field(default_factory=list)
 
     def live(self) -> list[Replica]:
@@ -56,6 +57,7 @@ class EndpointRoute:
     parent: str
     chooser: Chooser
     deployed: dict[str, Deployed]
+    shadows: list[Deployed] = field(default_factory=list)
 
 
 class Routing:
@@ -75,8 +77,10 @@ class Routing:
                     dm["id"], ep["id"], names.model_name(ep["parent"], dm["model_id"]), dm["version_id"],
                     dm["display_name"], dm["min_replicas"], dm["max_replicas"])
                 d.min_replicas, d.max_replicas = dm["min_replicas"], dm["max_replicas"]
+                d.shadow_percent = dm["shadow_percent"] or 0
                 members[dm["id"]] = deployed[dm["id"]] = d
-            endpoints[ep["id"]] = EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members)
+            endpoints[ep["id"]] = EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
+                                                [d for d in members.values() if d.shadow_percent > 0])
         self.deployed, self.endpoints = deployed, endpoints
 
     def add_replica(self, dm_id: str, row: dict) -> Replica | None:
@@ -92,7 +96,8 @@ class Routing:
             if replica in d.replicas:
                 d.replicas.remove(replica)
 
-    def choose_deployed(self, endpoint_id: str, parent: str, pinned: str | None) -> Deployed:
+    def choose_deployed(self, endpoint_id: str, parent: str, pinned: str | None) -> tuple[Deployed, list[Deployed]]:
+        """The deployed model that answers, and the shadows the request is also mirrored to."""
         ep = self.endpoints.get(endpoint_id)
         if ep is None or ep.parent != parent:
             raise not_found("Endpoint", endpoint_id)
@@ -100,12 +105,15 @@ class Routing:
             d = ep.deployed.get(pinned)
             if d is None:
                 raise ApiError("NOT_FOUND", f"Deployed model {pinned} is not deployed on endpoint {endpoint_id}.")
-            return d
+            return d, []  # a pinned request is a test of one model: not mirrored
         chosen = ep.chooser.choose()
         if chosen is None:
             raise ApiError("FAILED_PRECONDITION",
                            f"Endpoint {endpoint_id} has no deployed model with traffic: deploy a model first.")
-        return ep.deployed[chosen]
+        d = ep.deployed[chosen]
+        if not ep.shadows:
+            return d, []
+        return d, [s for s in ep.shadows if s is not d and ep.chooser.coin(s.shadow_percent)]
 
     @staticmethod
     def choose_replica(d: Deployed, exclude: set[int] | None = None) -> Replica | None:

@@ -63,6 +63,8 @@ deployed_models = Table(
     Column("max_replicas", Integer, nullable=False),
     Column("machine_type", String(64), nullable=False, default=""),
     Column("created", Float, nullable=False),
+    # Schema v2: percent of the endpoint's served requests mirrored to this model (0: not a shadow).
+    Column("shadow_percent", Integer, nullable=False, default=0, server_default="0"),
 )
 
 replicas = Table(
@@ -94,8 +96,14 @@ def _v1(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _v2(conn: Connection) -> None:
+    # v1 databases lack the shadow column (fresh ones got it from _v1, which builds today's tables).
+    if "shadow_percent" not in {c["name"] for c in inspect(conn).get_columns("deployed_models")}:
+        conn.execute(text("ALTER TABLE deployed_models ADD COLUMN shadow_percent INTEGER NOT NULL DEFAULT 0"))
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
 LATEST = len(MIGRATIONS)
 
 

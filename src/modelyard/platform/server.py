@@ -81,6 +81,7 @@ def build_app(p: Platform) -> web.Application:
             return _error(exc)
         out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
                 "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
+                "shadowTrafficPercentage": d.shadow_percent,
                 "state": "DEAD" if r.dead else "DRAINING" if r.draining else "SERVING"}
                for d in p.routing.deployed.values() for r in d.replicas]
         return _json({"replicas": out})
@@ -93,6 +94,8 @@ def build_app(p: Platform) -> web.Application:
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)
     app.router.add_get("/modelyard/v1/replicas", list_replicas)
+    app.router.add_get("/metrics", lambda r: web.Response(text=p.metrics.render(p.routing),
+                                                           content_type="text/plain", charset="utf-8"))
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
     app.router.add_route("*", "/{tail:.*}", not_found)
 

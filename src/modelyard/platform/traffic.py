@@ -73,6 +73,10 @@ class Chooser:
         self.total = acc
         self._random = (rng or random.Random()).random
 
+    def coin(self, percent: int) -> bool:
+        """True ``percent``% of the time (shadow mirroring)."""
+        return self._random() * 100 < percent
+
     def choose(self) -> str | None:
         if not self.total:
             return None
