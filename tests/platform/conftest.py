@@ -109,7 +109,7 @@ class PlatformProcess:
         self.starts += 1
         log = self.workdir / f"platform-{self.starts}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modelyard", "platform", "--port", str(self.port), "--store",
+            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), "--store",
              str(self.workdir / "platform.db"), "--state-dir", str(self.workdir / "state"), *self.extra_args],
             env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
         wait_http(self.url + "/healthz", 60, self.proc, log)

@@ -52,7 +52,6 @@ class Platform:
 
     async def start(self) -> None:
         await self.engine.open()
-        await self.gateway.open()
         aborted = self.ops.abort_pending()
         self.refresh()
         adopted, dropped = await self.supervisor.adopt()

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
 
 
@@ -41,11 +44,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from modelyard.platform.app import Config, Platform
     from modelyard.platform.autoscale import Policy
-    from modelyard.platform.server import build_app
     from modelyard.platform.store import database_url, default_store_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,7 +70,38 @@ def run(args: argparse.Namespace) -> int:
         uvloop.install()
     except ImportError:
         pass
-    app = build_app(Platform(config))
     print(f"modelyard platform: store {url.split('@')[-1]}, API on http://{args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=5)
+    try:
+        asyncio.run(_serve(Platform(config), args.host, args.port))
+    except OSError as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+async def _serve(platform, host: str, port: int) -> None:
+    """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
+    Stopping leaves the replicas running: the next start adopts them."""
+    from aiohttp import web
+
+    from modelyard.platform.front import Front, FrontProtocol
+    from modelyard.platform.server import build_app
+
+    runner = web.AppRunner(build_app(platform), access_log=None)
+    await runner.setup()  # runs on_startup: the store is read and replicas adopted before ports open
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api_port = site._server.sockets[0].getsockname()[1]
+    front = Front(platform, "127.0.0.1", api_port)
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(lambda: FrontProtocol(front), host, port, reuse_address=True, backlog=2048)
+    except OSError:
+        await runner.cleanup()
+        raise
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await runner.cleanup()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
 import orjson
 
 from modelyard.platform.errors import ApiError
@@ -22,6 +21,7 @@ PIN_HEADER = "X-Modelyard-Deployed-Model-Id"
 MAX_ATTEMPTS = 4
 NO_REPLICA_WAIT_S = 30.0  # how long a request waits for a replica while one is being replaced
 MAX_SHADOW_IN_FLIGHT = 64
+_JSON = ((b"Content-Type", b"application/json"),)
 
 # TF Serving's HTTP status -> Google status of the error relayed to the client.
 _RELAYED = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
@@ -32,18 +32,14 @@ class Gateway:
     def __init__(self, routing: Routing, metrics=None) -> None:
         self.routing = routing
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
         self.on_replica_failure = None  # set by the supervisor: called with the failed Replica
         self._shadow_tasks: set[asyncio.Task] = set()
 
-    async def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
-                                             skip_auto_headers=("User-Agent",))
-
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        for d in self.routing.deployed.values():
+            for r in d.replicas:
+                if r.upstream is not None:
+                    r.upstream.close()
 
     async def predict(self, endpoint_id: str, parent: str, body: bytes, pinned: str | None,
                       raw: bool) -> tuple[int, bytes, dict[str, str]]:
@@ -83,7 +79,6 @@ class Gateway:
             self.metrics.observe_shadow(shadow, agreed, diff)
 
     async def _forward(self, d: Deployed, body: bytes, wait_s: float = NO_REPLICA_WAIT_S) -> tuple[int, bytes]:
-        assert self.session is not None
         tried: set[int] = set()
         deadline = time.monotonic() + wait_s
         attempts = 0
@@ -100,11 +95,8 @@ class Gateway:
             attempts += 1
             replica.outstanding += 1
             try:
-                async with self.session.post(replica.predict_url, data=body,
-                                             headers={"Content-Type": "application/json"}) as resp:
-                    data = await resp.read()
-                    status = resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+                status, _, data = await replica.connections().request(b"POST", replica.PREDICT_PATH, body, _JSON)
+            except ConnectionError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
                 tried.add(id(replica))
                 if self.on_replica_failure is not None:

@@ -13,6 +13,7 @@ from modelyard.platform import names
 from modelyard.platform.errors import ApiError, not_found
 from modelyard.platform.replicas import MODEL
 from modelyard.platform.traffic import Chooser
+from modelyard.platform.upstream import Upstream
 
 
 @dataclass(eq=False)
@@ -22,14 +23,18 @@ class Replica:
     draining: bool = False
     dead: bool = False
     served: int = 0
+    upstream: Upstream | None = None
+
+    PREDICT_PATH = f"/v1/models/{MODEL}:predict".encode()
 
     @property
     def id(self) -> str:
         return self.row["id"]
 
-    @property
-    def predict_url(self) -> str:
-        return f"http://{self.row['host']}:{self.row['port']}/v1/models/{MODEL}:predict"
+    def connections(self) -> Upstream:
+        if self.upstream is None:
+            self.upstream = Upstream(self.row["host"], self.row["port"])
+        return self.upstream
 
 
 @dataclass(eq=False)
@@ -95,6 +100,8 @@ class Routing:
         for d in self.deployed.values():
             if replica in d.replicas:
                 d.replicas.remove(replica)
+        if replica.upstream is not None:
+            replica.upstream.close()
 
     def choose_deployed(self, endpoint_id: str, parent: str, pinned: str | None) -> tuple[Deployed, list[Deployed]]:
         """The deployed model that answers, and the shadows the request is also mirrored to."""
