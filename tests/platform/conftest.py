@@ -17,6 +17,7 @@ import pytest
 REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 PARENT = "projects/local/locations/us-central1"
 STAGING_BUCKET = "modelyard-staging"
+TOKEN = "s3cret-token"  # the guarded platform's --auth-token
 # Quick to react, so the scaling test stays short (the defaults are 4 in flight, 3 s up, 60 s cool-down).
 AUTOSCALE_FLAGS = ["--autoscale-target-in-flight", "1.5", "--autoscale-up-seconds", "1",
                    "--autoscale-cooldown-seconds", "4"]
@@ -162,5 +163,21 @@ def platform(tmp_path_factory, tiny_models, gcs_emulator):
                         *AUTOSCALE_FLAGS])
     try:
         yield p
+    finally:
+        p.cleanup()
+
+
+# A second platform: --auth-token, one artifact root with an empty and a corrupt model directory.
+@pytest.fixture(scope="session")
+def guarded(tmp_path_factory, tiny_models):
+    root = tmp_path_factory.mktemp("root")
+    (root / "empty").mkdir()
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    p = start_platform(tmp_path_factory, "guarded", _env(), ["--artifact-root", str(root),
+                                                              "--artifact-root", tiny_models["models"]["tiny1"]["path"],
+                                                              "--auth-token", TOKEN])
+    try:
+        yield p, root
     finally:
         p.cleanup()

@@ -2,28 +2,10 @@
 serving. Runs on its own platform process with ``--auth-token`` and one artifact root."""
 from __future__ import annotations
 
-import pytest
 import requests
 
 from tests.platform.client import Api
-from tests.platform.conftest import PARENT, _env, start_platform
-
-TOKEN = "s3cret-token"
-
-
-@pytest.fixture(scope="module")
-def guarded(tmp_path_factory, tiny_models):
-    root = tmp_path_factory.mktemp("root")
-    (root / "empty").mkdir()
-    (root / "corrupt").mkdir()
-    (root / "corrupt" / "saved_model.pb").write_bytes(b"not a SavedModel")
-    p = start_platform(tmp_path_factory, "guarded", _env(), ["--artifact-root", str(root),
-                                                              "--artifact-root", tiny_models["models"]["tiny1"]["path"],
-                                                              "--auth-token", TOKEN])
-    try:
-        yield p, root
-    finally:
-        p.cleanup()
+from tests.platform.conftest import PARENT, TOKEN
 
 
 def google_error(r: requests.Response, http: int, status: str) -> str:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
+    from modelyard.platform import client_cli
+
+    client_cli.register(subparsers)  # modelyard models ... / modelyard endpoints ...
     parser = subparsers.add_parser(
         "platform",
         help="run the Vertex-AI-compatible control plane: models, endpoints, traffic splits, replicas",
