@@ -109,9 +109,10 @@ class PlatformProcess:
     def start(self) -> None:
         self.starts += 1
         log = self.workdir / f"platform-{self.starts}.log"
+        store = [] if "--store" in self.extra_args else ["--store", str(self.workdir / "platform.db")]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), "--store",
-             str(self.workdir / "platform.db"), "--state-dir", str(self.workdir / "state"), *self.extra_args],
+            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), *store,
+             "--state-dir", str(self.workdir / "state"), *self.extra_args],
             env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
         wait_http(self.url + "/healthz", 60, self.proc, log)
 
