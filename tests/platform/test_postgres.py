@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,24 @@ def test_two_platforms_share_one_postgres_store(tmp_path_factory, postgres, tiny
         first.stop()
         first.start()
         assert [e["name"].rsplit("/", 1)[-1] for e in a.ok("GET", "endpoints")["endpoints"]] == [endpoint]
+
+        # Deployed through the first (the leader, which supervises replicas), served through the second too:
+        # one replica, no duplicate started by the second. Killed, the first hands supervision over.
+        model = a.upload(tiny_models["models"]["tiny1"]["path"], "shared")
+        dm = a.deploy(endpoint, model)
+        deadline = time.monotonic() + 30
+        while len(b.replicas()) != 1:
+            assert time.monotonic() < deadline, b.replicas()
+            time.sleep(0.2)
+        r = b.predict(endpoint, tiny_models["instances"])
+        assert r.status_code == 200 and r.json()["deployedModelId"] == dm, r.text
+        assert [x["pid"] for x in b.replicas()] == [x["pid"] for x in a.replicas()]
+        first.stop(signal.SIGKILL)
+        time.sleep(2.5)  # the second takes over supervision at its next sync
+        assert b.predict(endpoint, tiny_models["instances"]).status_code == 200
+        assert len(first.replica_pids()) == 1 and second.replica_pids() == []  # adopted, not duplicated
+        b.undeploy(endpoint, dm)
+        assert first.replica_pids() == []  # the new leader stopped the first one's replica
     finally:
         first.cleanup()
         second.cleanup()

@@ -36,9 +36,11 @@ def test_autoscaling_and_shadow_under_load(platform, tiny_models):
     m1 = api.upload(tiny_models["models"]["tiny1"]["path"], "scaled")
     m2 = api.upload(tiny_models["models"]["tiny2"]["path"], "shadow")
     ep = api.create_endpoint("scaling")
-    primary = api.deploy(ep, m1, min_r=1, max_r=2)
+    # Both deployments at once: their replicas start side by side.
     body = {"deployedModel": {"model": f"{PARENT}/models/{m2}"}, "shadowTrafficPercentage": 50}
-    shadow = api.wait(api.ok("POST", f"endpoints/{ep}:deployModel", body))["deployedModel"]["id"]
+    shadow_op = api.ok("POST", f"endpoints/{ep}:deployModel", body)
+    primary = api.deploy(ep, m1, min_r=1, max_r=2)
+    shadow = api.wait(shadow_op)["deployedModel"]["id"]
     assert api.ok("GET", f"endpoints/{ep}")["trafficSplit"] == {primary: 100}
     assert _serving(api, primary) == 1
 

@@ -60,7 +60,7 @@ def test_textbook_workflow_with_the_stock_sdk(aiplatform, platform, tiny_models,
     canary = next(k for k in split if k != first)
     assert split == {first: 90, canary: 10}
     seen = {}
-    for _ in range(60):
+    for _ in range(30):
         p = endpoint.predict(instances=X_new.tolist())
         seen[p.deployed_model_id] = p.predictions
     assert seen[first] == prediction.predictions

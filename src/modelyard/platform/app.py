@@ -44,7 +44,6 @@ class Platform:
         self.supervisor = Supervisor(self.store, self.engine, self.routing)
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
         self.gateway.on_replica_failure = self.supervisor.replica_failed
-        self.enum_ints = True  # set per request from $alt=json;enum-encoding=int
         self._loop_task: asyncio.Task | None = None
 
     def refresh(self) -> None:
@@ -52,12 +51,19 @@ class Platform:
 
     async def start(self) -> None:
         await self.engine.open()
-        aborted = self.ops.abort_pending()
         self.refresh()
-        adopted, dropped = await self.supervisor.adopt()
-        log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
-                 "%d unfinished operation(s) aborted", len(self.routing.endpoints), len(self.routing.deployed),
-                 adopted, dropped, aborted)
+        if self.store.try_lead():
+            # The one platform supervising this store: it owns replicas and unfinished operations.
+            self.supervisor.leader = True
+            aborted = self.ops.abort_pending()
+            adopted, dropped = await self.supervisor.adopt()
+            log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
+                     "%d unfinished operation(s) aborted", len(self.routing.endpoints), len(self.routing.deployed),
+                     adopted, dropped, aborted)
+        else:
+            await self.supervisor.sync_from_store()
+            log.info("another platform supervises this store's replicas; this one serves the API and routes "
+                     "(%d endpoint(s)), and takes over if that one stops", len(self.routing.endpoints))
         self._loop_task = asyncio.get_running_loop().create_task(self.supervisor.run())
 
     async def stop(self) -> None:

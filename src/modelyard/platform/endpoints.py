@@ -90,12 +90,18 @@ def deploy(p, route: Route, body: dict) -> dict:
         raise invalid(f"max_replica_count {max_r} exceeds this platform's limit of {p.config.max_replicas}.")
     dm_id = names.new_id()
     existing = {dm["id"] for dm in p.store.deployed_models(endpoint["id"])}
-    split = traffic.for_deploy(endpoint["traffic_split"] or {}, body.get("trafficSplit"), dm_id, existing)
     # modelyard's extension to DeployModelRequest: deploy as a shadow that gets a mirrored copy of
     # this percentage of the endpoint's served requests, and never answers clients itself.
     shadow = body.get("shadowTrafficPercentage", 0)
     if isinstance(shadow, bool) or not isinstance(shadow, int) or not 0 <= shadow <= 100:
         raise invalid(f"shadowTrafficPercentage must be an integer between 0 and 100, got {shadow!r}.")
+
+    def new_split(current: dict, ids: set[str]) -> dict[str, int]:
+        if shadow and not body.get("trafficSplit"):
+            return dict(current)  # a shadow leaves the split as it is
+        return traffic.for_deploy(current, body.get("trafficSplit"), dm_id, ids)
+
+    split = new_split(endpoint["traffic_split"] or {}, existing)
     if shadow and split.get(dm_id):
         raise invalid("a shadow deployment takes no traffic itself: give it no share in traffic_split.")
     machine = (spec.get("dedicatedResources") or {}).get("machineSpec", {}).get("machineType", "")
@@ -108,16 +114,18 @@ def deploy(p, route: Route, body: dict) -> dict:
         try:
             current = p.store.get_endpoint(endpoint["id"])  # the split may have changed meanwhile
             ids = {d["id"] for d in p.store.deployed_models(endpoint["id"])}
-            split = traffic.for_deploy(current["traffic_split"] or {}, body.get("trafficSplit"), dm_id, ids)
+            split = new_split(current["traffic_split"] or {}, ids)
             p.store.add_deployed_model(dm, split)
         except ApiError:
             for row in rows:
                 await p.engine.stop(row)
                 p.store.remove_replica(row["id"])
+                p.supervisor.started(row)
             raise
         p.refresh()
         for row in rows:
             p.routing.add_replica(dm_id, row)
+            p.supervisor.started(row)
         return typed("DeployModelResponse", {"deployedModel": _render_dm(p, endpoint["parent"], dm)})
 
     return p.ops.start(route.parent, "endpoints", endpoint["id"], "DeployModelOperationMetadata", work)

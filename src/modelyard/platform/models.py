@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
 from modelyard.platform import artifacts, names
@@ -9,6 +10,10 @@ from modelyard.platform.errors import ApiError, invalid, not_found
 from modelyard.platform.names import Route
 from modelyard.platform.operations import EMPTY, typed
 from modelyard.platform.timefmt import rfc3339
+
+# Whether this request asked for enums as numbers ($alt=json;enum-encoding=int, as the SDK does).
+# A context variable: each request is its own task, so concurrent requests never see another's choice.
+ENUM_INTS: contextvars.ContextVar[bool] = contextvars.ContextVar("enum_ints", default=False)
 
 # Model.DeploymentResourcesType: DEDICATED_RESOURCES = 1, AUTOMATIC_RESOURCES = 2.
 _DEPLOYMENT_TYPES = ((1, "DEDICATED_RESOURCES"), (2, "AUTOMATIC_RESOURCES"))
@@ -93,7 +98,7 @@ def render(p, model: dict, version: dict) -> dict:
         "artifactUri": version["artifact_uri"],
         "containerSpec": version["container"] or {},
         "labels": model["labels"] or {},
-        "supportedDeploymentResourcesTypes": [n if p.enum_ints else s for n, s in _DEPLOYMENT_TYPES],
+        "supportedDeploymentResourcesTypes": [n if ENUM_INTS.get() else s for n, s in _DEPLOYMENT_TYPES],
         "etag": f'"{int(model["updated"] * 1e6)}"',
     }
     if deployed:

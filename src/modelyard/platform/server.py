@@ -65,7 +65,7 @@ def build_app(p: Platform) -> web.Application:
                     request.headers.get(PIN_HEADER), route.verb == "rawPredict")
                 return web.Response(body=data, status=status, headers=headers, content_type="application/json")
             check_token(request)
-            p.enum_ints = "enum-encoding=int" in request.query.get("$alt", "")
+            models.ENUM_INTS.set("enum-encoding=int" in request.query.get("$alt", ""))
             return _json(await dispatch(p, route, request))
         except ApiError as exc:
             return _error(exc)

@@ -5,15 +5,19 @@ Rows in, plain dicts out. Each public method is one transaction, so a mutation i
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, delete, event, insert, select, update
+from sqlalchemy import create_engine, delete, event, insert, select, text, update
 from sqlalchemy.engine import Engine
 
 from modelyard.platform import schema as s
 from modelyard.platform.errors import ApiError, not_found
+
+
+_LEADER_LOCK_KEY = 0x6D7964  # any constant: one advisory lock per database
 
 
 def default_store_path() -> Path:
@@ -51,7 +55,38 @@ class Store:
                 cur.close()
         self.migrated_from = s.migrate(self.engine)
 
+        self._lead_conn = None  # PostgreSQL: the session holding the leader lock
+        self._lead_file = None  # SQLite: the open, flock'ed lock file
+
+    def try_lead(self) -> bool:
+        """Become the one platform that supervises replicas for this store; True if this one is it.
+        PostgreSQL: a session advisory lock (released when this process's connection dies); SQLite: an
+        exclusive flock on a file beside the database (released when this process dies)."""
+        if self._lead_conn is not None or self._lead_file is not None:
+            return True
+        if self.engine.dialect.name == "postgresql":
+            conn = self.engine.connect()
+            if conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _LEADER_LOCK_KEY}).scalar():
+                conn.commit()
+                self._lead_conn = conn
+                return True
+            conn.close()
+            return False
+        if self.engine.dialect.name == "sqlite" and self.engine.url.database:
+            f = open(self.engine.url.database + ".leader", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                return False
+            self._lead_file = f
+        return True
+
     def close(self) -> None:
+        if self._lead_conn is not None:
+            self._lead_conn.close()
+        if self._lead_file is not None:
+            self._lead_file.close()
         self.engine.dispose()
 
     # ---- models -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from modelyard.platform.store import Store
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_FAILURE_S = 10.0
+SYNC_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 60.0
 
 
@@ -33,6 +34,25 @@ class Supervisor:
         self._starting: dict[str, int] = {}
         self._failed_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._starting_ids: set[str] = set()  # stored but not yet routed (a deploy in progress)
+        self._synced_at = 0.0
+        self.leader = False
+
+    # ---- several platforms on one store -----------------------------------------------------------
+    async def sync_from_store(self) -> None:
+        """Routing from the store, and replicas that another platform started (alive per HTTP)."""
+        self.routing.load(self.store)
+        known = {r.id for d in self.routing.deployed.values() for r in d.replicas}
+        for row in self.store.replicas():
+            d = self.routing.deployed.get(row["deployed_model_id"])
+            if d is None or row["id"] in known or row["id"] in self._starting_ids:
+                continue
+            if await self.engine.healthy(row) and row["id"] not in {r.id for r in d.replicas}:
+                self.routing.add_replica(d.id, row)
+        if not self.leader:  # a follower routes only to replicas the store still lists
+            listed = {row["id"] for row in self.store.replicas()}
+            for d in self.routing.deployed.values():
+                d.replicas = [r for r in d.replicas if r.id in listed]
 
     # ---- start-up -------------------------------------------------------------------------------
     async def adopt(self) -> tuple[int, int]:
@@ -61,14 +81,20 @@ class Supervisor:
             for row in rows:
                 await self.engine.stop(row)
                 self.store.remove_replica(row["id"])
+                self.started(row)
             raise errors[0]
         return rows
 
     async def _start_one(self, dm_id: str, model_path: Path) -> dict:
         replica_id = names.new_id()
+        self._starting_ids.add(replica_id)
         row = await self.engine.start(replica_id, dm_id, model_path)
         self.store.add_replica(row)
         return row
+
+    def started(self, row: dict) -> None:
+        """``row``'s replica is routed now (or given up): syncing may treat it as any other."""
+        self._starting_ids.discard(row["id"])
 
     async def retire(self, replica: Replica, drain: bool = True) -> None:
         """Take ``replica`` out of rotation, wait for its in-flight requests, stop it, forget it."""
@@ -95,6 +121,17 @@ class Supervisor:
             await asyncio.sleep(self.interval_s)
 
     async def tick(self) -> None:
+        """The leader (one per store) keeps replicas alive and scaled; every platform, leader or not,
+        picks up what other platforms on the same store changed (deployments, replicas) once a second."""
+        now = time.monotonic()
+        if now - self._synced_at >= SYNC_INTERVAL_S:
+            self._synced_at = now
+            if not self.leader and self.store.try_lead():
+                log.info("this platform now supervises the replicas of this store")
+                self.leader = True
+            await self.sync_from_store()
+        if not self.leader:
+            return
         for d in list(self.routing.deployed.values()):
             for r in list(d.replicas):
                 if not r.draining and (r.dead or not self.engine.alive(r.row)):
@@ -120,7 +157,9 @@ class Supervisor:
             path = Path(self.store.get_version(model_id, d.version_id)["local_path"])
             log.info("starting %d replica(s) of deployed model %s", count, d.id)
             for row in await self.start_replicas(d.id, path, count):
-                if self.routing.add_replica(d.id, row) is None:  # undeployed meanwhile
+                added = self.routing.add_replica(d.id, row)
+                self.started(row)
+                if added is None:  # undeployed meanwhile
                     await self.engine.stop(row)
                     self.store.remove_replica(row["id"])
         except Exception as exc:
