@@ -72,6 +72,15 @@ def test_textbook_workflow_with_the_stock_sdk(aiplatform, platform, tiny_models,
     assert r.status_code == 200 and r.json()["deployedModelId"] == canary
     np.testing.assert_allclose(r.json()["predictions"], tiny2["predictions"], rtol=1e-5, atol=1e-6)
 
+    # update-traffic through the SDK (PATCH with an update mask), then rawPredict (the body as the replica sent it).
+    endpoint.update(traffic_split={first: 0, canary: 100})
+    assert endpoint.traffic_split == {canary: 100}
+    # (The SDK's raw_predict always calls {location}-aiplatform.googleapis.com, whatever api_endpoint says.)
+    raw = requests.post(f"{platform.url}/v1/{endpoint.resource_name}:rawPredict", json={"instances": X_new.tolist()},
+                        timeout=30)
+    assert raw.status_code == 200 and raw.headers["X-Vertex-AI-Deployed-Model-Id"] == canary
+    assert set(raw.json()) == {"predictions"}
+
     endpoint.undeploy_all()
     assert endpoint.traffic_split == {} and not endpoint.list_models()
     endpoint.delete()
