@@ -1,0 +1,235 @@
+"""Endpoint benchmark: the platform's gateway against calling the replica directly, plus traffic-split
+accuracy and autoscaling times.
+
+    python3 bench/endpoints.py              # full run (~3 min), writes bench/results/endpoints.md
+    python3 bench/endpoints.py --quick      # 3 s per run, 2 rounds, 2,000 split requests
+
+One `modelyard platform` (temporary store) deploys the digits demo model (version 0001) with one
+replica; `wrk` (one thread, c=32, one batch-1 digits image per request) then drives, taking turns,
+the replica's own TF Serving URL and the endpoint's `:predict` through the gateway, same body, same run.
+The split check deploys version 0002 at 10% and counts `deployedModelId` over N requests (aiohttp,
+32 in flight). The autoscaling check deploys with min 1 / max 2 replicas, overloads the endpoint with
+wrk c=64 and times the second replica's arrival, then the return to one after the cool-down.
+Ray Serve is not compared yet (not installed here).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import platform as host
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RESULTS = ROOT / "results"
+PARENT = "projects/local/locations/us-central1"
+
+sys.path.insert(0, str(ROOT))
+from serving import rest_load  # noqa: E402  (the serving benchmark's wrk driver: one load generator)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+class Platform:
+    def __init__(self, workdir: Path, cooldown: float) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "TF_CPP_MIN_LOG_LEVEL": "2"}
+        self.workdir = workdir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), "--store",
+             str(workdir / "db.sqlite"), "--state-dir", str(workdir / "state"),
+             "--autoscale-cooldown-seconds", str(cooldown)],
+            env=env, stdout=open(workdir / "platform.log", "wb"), stderr=subprocess.STDOUT)
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(self.base + "/healthz", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("platform did not start: see " + str(workdir / "platform.log"))
+
+    def api(self, path: str) -> str:
+        return f"{self.base}/v1/{PARENT}/{path}"
+
+    def wait(self, op: dict) -> dict:
+        while not op.get("done"):
+            time.sleep(0.2)
+            op = http("GET", f"{self.base}/v1/{op['name']}")
+        if "error" in op:
+            raise RuntimeError(op["error"])
+        return op["response"]
+
+    def upload(self, path: Path) -> str:
+        return self.wait(http("POST", self.api("models:upload"),
+                              {"model": {"displayName": path.name, "artifactUri": str(path)}}))["model"].rsplit("/", 1)[-1]
+
+    def endpoint(self) -> str:
+        return self.wait(http("POST", self.api("endpoints"), {"displayName": "bench"}))["name"].rsplit("/", 1)[-1]
+
+    def deploy(self, ep: str, model: str, split: dict | None = None, min_r: int = 1, max_r: int = 1) -> str:
+        body = {"deployedModel": {"model": f"{PARENT}/models/{model}",
+                                  "automaticResources": {"minReplicaCount": min_r, "maxReplicaCount": max_r}}}
+        if split:
+            body["trafficSplit"] = split
+        return self.wait(http("POST", self.api(f"endpoints/{ep}:deployModel"), body))["deployedModel"]["id"]
+
+    def undeploy(self, ep: str, dm: str, split: dict | None = None) -> None:
+        self.wait(http("POST", self.api(f"endpoints/{ep}:undeployModel"),
+                       {"deployedModelId": dm, **({"trafficSplit": split} if split else {})}))
+
+    def replicas(self, dm: str) -> list[dict]:
+        return [r for r in http("GET", f"{self.base}/modelyard/v1/replicas")["replicas"]
+                if r["deployedModelId"] == dm and r["state"] == "SERVING"]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        marker = str(self.workdir / "state").encode()  # the replicas this run started
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+
+async def count_split(url: str, body: bytes, n: int, concurrency: int = 32) -> collections.Counter:
+    import aiohttp
+
+    counts: collections.Counter = collections.Counter()
+    left = n
+
+    async def worker(session) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                doc = await r.json()
+                counts[doc.get("deployedModelId", f"error {r.status}")] += 1
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return counts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of direct/gateway (default 3)")
+    ap.add_argument("--split-requests", type=int, default=10_000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    args = ap.parse_args()
+    if args.quick:
+        args.duration, args.rounds, args.split_requests = 3.0, 2, 2000
+
+    sys.path.insert(0, str(REPO / "src"))
+    from modelyard import demo
+
+    base = demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr))
+    body = demo.demo_predict_body(1).encode()
+    cooldown = 10.0
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        p = Platform(workdir, cooldown)
+        try:
+            v1, v2 = p.upload(base / "0001"), p.upload(base / "0002")
+            ep = p.endpoint()
+            dm1 = p.deploy(ep, v1)
+            replica = p.replicas(dm1)[0]
+            direct = f"http://127.0.0.1:{replica['port']}/v1/models/model:predict"
+            gateway = p.api(f"endpoints/{ep}:predict")
+            runs = {"direct": [], "gateway": []}
+            for _ in range(args.rounds):  # taking turns, so drift on the shared machine hits both alike
+                for name, url in (("direct", direct), ("gateway", gateway)):
+                    r = rest_load("wrk", url, body, args.concurrency, args.duration, workdir)
+                    runs[name].append(r)
+                    print(f"{name:8s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                          f"errors {r['errors']}", file=sys.stderr)
+
+            dm2 = p.deploy(ep, v2, split={dm1: 90, "0": 10})
+            counts = asyncio.run(count_split(gateway, body, args.split_requests))
+            share = 100 * counts[dm2] / args.split_requests
+            p.undeploy(ep, dm2, {dm1: 100})
+            p.undeploy(ep, dm1)
+
+            dm3 = p.deploy(ep, v1, min_r=1, max_r=2)
+            t0 = time.monotonic()
+            wrk = subprocess.Popen(["wrk", "-t1", "-c64", "-d60s", "-s", str(workdir / "post.lua"), gateway],
+                                   stdout=subprocess.DEVNULL)
+            while len(p.replicas(dm3)) < 2 and time.monotonic() - t0 < 60:
+                time.sleep(0.2)
+            up = time.monotonic() - t0 if len(p.replicas(dm3)) >= 2 else float("nan")
+            wrk.send_signal(signal.SIGINT)
+            wrk.wait()
+            t1 = time.monotonic()
+            while len(p.replicas(dm3)) > 1 and time.monotonic() - t1 < 120:
+                time.sleep(0.2)
+            down = time.monotonic() - t1 if len(p.replicas(dm3)) == 1 else float("nan")
+        finally:
+            p.stop()
+
+    def med(name, key):
+        return statistics.median(r[key] for r in runs[name])
+
+    ratio = med("gateway", "rps") / med("direct", "rps")
+    p99_ratio = med("gateway", "p99_ms") / med("direct", "p99_ms")
+    rows = [
+        ("direct to the replica (`modelyard serve`)", f"{med('direct', 'rps'):,.0f}", f"{med('direct', 'p50_ms'):.2f}",
+         f"{med('direct', 'p99_ms'):.2f}", str(sum(r["errors"] for r in runs["direct"]))),
+        ("through the platform gateway (`:predict`)", f"{med('gateway', 'rps'):,.0f}", f"{med('gateway', 'p50_ms'):.2f}",
+         f"{med('gateway', 'p99_ms'):.2f}", str(sum(r["errors"] for r in runs["gateway"]))),
+    ]
+    table = ["| path (digits, REST, c=%d, wrk 1 thread) | req/s (median of %d) | p50 ms | p99 ms | errors |"
+             % (args.concurrency, args.rounds), "| --- | ---: | ---: | ---: | ---: |"]
+    table += ["| " + " | ".join(r) + " |" for r in rows]
+    checks = [
+        f"| gateway req/s / direct req/s | {ratio:.2f}x | target >= 0.5x | {'PASS' if ratio >= 0.5 else 'FAIL'} |",
+        f"| gateway p99 / direct p99 | {p99_ratio:.2f}x | target <= 2x | {'PASS' if p99_ratio <= 2 else 'FAIL'} |",
+        f"| 90/10 split over {args.split_requests:,} requests: share of the 10% model | {share:.2f}% | 10 +- 1.5 | "
+        f"{'PASS' if abs(share - 10) <= 1.5 else 'FAIL'} |",
+        f"| autoscale 1 -> 2 replicas under wrk c=64 | {up:.1f} s | <= 15 s | {'PASS' if up <= 15 else 'FAIL'} |",
+        f"| back to 1 replica after load stops (cool-down {cooldown:g} s) | {down:.1f} s | after the cool-down | "
+        f"{'PASS' if down == down else 'FAIL'} |",
+        "| Ray Serve comparison | not run | >= 3x Ray Serve | MISSING |",
+    ]
+    text = "\n".join([
+        "# Endpoint benchmark (bench/endpoints.py)", "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {host.node()}, {os.cpu_count()} cores; "
+        f"{args.rounds} turns of {args.duration:g} s each. Split counts: {dict(counts)}", "",
+        *table, "", "| check | measured | target | |", "| --- | ---: | --- | --- |", *checks, "",
+        "Per run: " + json.dumps(runs), ""])
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("endpoints-quick.md" if args.quick else "endpoints.md")
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The platform process: store, operations, routing, replicas, gateway and supervisor, wired together."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelyard.platform.autoscale import Autoscaler, Policy
+from modelyard.platform.gateway import Gateway
+from modelyard.platform.metrics import Metrics
+from modelyard.platform.operations import Operations
+from modelyard.platform.replicas import LocalEngine
+from modelyard.platform.routing import Routing
+from modelyard.platform.store import Store
+from modelyard.platform.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Config:
+    store_url: str
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8600
+    artifact_roots: list[str] = field(default_factory=list)  # local dirs (resolved) or gs:// s3:// prefixes
+    auth_token: str | None = None
+    auth_predict: bool = False
+    max_replicas: int = 8
+    replica_args: list[str] = field(default_factory=list)
+    autoscale: Policy = field(default_factory=Policy)
+
+
+class Platform:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.store = Store(config.store_url)
+        self.ops = Operations(self.store)
+        self.routing = Routing()
+        self.engine = LocalEngine(config.state_dir, serve_args=config.replica_args)
+        self.metrics = Metrics()
+        self.gateway = Gateway(self.routing, self.metrics)
+        self.supervisor = Supervisor(self.store, self.engine, self.routing)
+        self.supervisor.autoscaler = Autoscaler(config.autoscale)
+        self.gateway.on_replica_failure = self.supervisor.replica_failed
+        self._loop_task: asyncio.Task | None = None
+
+    def refresh(self) -> None:
+        self.routing.load(self.store)
+
+    async def start(self) -> None:
+        await self.engine.open()
+        self.refresh()
+        if self.store.try_lead():
+            # The one platform supervising this store: it owns replicas and unfinished operations.
+            self.supervisor.leader = True
+            aborted = self.ops.abort_pending()
+            adopted, dropped = await self.supervisor.adopt()
+            log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
+                     "%d unfinished operation(s) aborted", len(self.routing.endpoints), len(self.routing.deployed),
+                     adopted, dropped, aborted)
+        else:
+            await self.supervisor.sync_from_store()
+            log.info("another platform supervises this store's replicas; this one serves the API and routes "
+                     "(%d endpoint(s)), and takes over if that one stops", len(self.routing.endpoints))
+        self._loop_task = asyncio.get_running_loop().create_task(self.supervisor.run())
+
+    async def stop(self) -> None:
+        """Stop the control plane; replicas keep running, to be adopted by the next start."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        await self.gateway.close()
+        await self.engine.close()
+        self.store.close()

@@ -1,0 +1,110 @@
+"""``modelyard platform``: run the control plane (Vertex AI REST API, gateway, replica supervisor)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    from modelyard.platform import client_cli
+
+    client_cli.register(subparsers)  # modelyard models ... / modelyard endpoints ...
+    parser = subparsers.add_parser(
+        "platform",
+        help="run the Vertex-AI-compatible control plane: models, endpoints, traffic splits, replicas",
+        description="Serve Vertex AI's v1 REST API for models and endpoints; deployed models run as "
+        "`modelyard serve` replica processes behind a gateway.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8600, help="port of the API and gateway (default 8600)")
+    parser.add_argument("--store", default=None,
+                        help="SQLite file (default ~/.local/share/modelyard/platform.db) or a "
+                        "postgresql://... URL shared by several platform processes")
+    parser.add_argument("--state-dir", default=None,
+                        help="where replica logs and model links go (default: beside the SQLite store)")
+    parser.add_argument("--artifact-root", action="append", default=[],
+                        help="only artifact URIs inside this directory are accepted (repeatable)")
+    parser.add_argument("--auth-token", default=os.environ.get("MODELYARD_PLATFORM_TOKEN"),
+                        help="require 'Authorization: Bearer TOKEN' on the control API "
+                        "(default: $MODELYARD_PLATFORM_TOKEN; unset: no token)")
+    parser.add_argument("--auth-predict", action="store_true", help="require the token on predict routes too")
+    parser.add_argument("--max-replicas", type=int, default=8, help="largest max_replica_count accepted")
+    parser.add_argument("--replica-arg", action="append", default=[],
+                        help="extra flag passed to every `modelyard serve` replica (repeatable), "
+                        "e.g. --replica-arg=--runtime=tensorflow")
+    parser.add_argument("--autoscale-target-in-flight", type=float, default=4.0,
+                        help="requests in flight per replica the autoscaler aims at (default 4)")
+    parser.add_argument("--autoscale-up-seconds", type=float, default=3.0,
+                        help="how long the load must call for more replicas before one starts (default 3)")
+    parser.add_argument("--autoscale-cooldown-seconds", type=float, default=60.0,
+                        help="how long the load must call for fewer replicas before one drains (default 60)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from modelyard.platform.app import Config, Platform
+    from modelyard.platform.autoscale import Policy
+    from modelyard.platform.store import database_url, default_store_path
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    url = database_url(args.store)
+    if args.state_dir:
+        state_dir = Path(args.state_dir)
+    elif url.startswith("sqlite:///"):
+        state_dir = Path(url[len("sqlite:///"):]).parent / "platform-state"
+    else:
+        state_dir = default_store_path().parent / "platform-state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
+                    artifact_roots=[r if "://" in r else str(Path(r).expanduser().resolve()) for r in args.artifact_root],
+                    auth_token=args.auth_token or None, auth_predict=args.auth_predict,
+                    max_replicas=args.max_replicas, replica_args=args.replica_arg,
+                    autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
+                                     args.autoscale_cooldown_seconds))
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    print(f"modelyard platform: store {url.split('@')[-1]}, API on http://{args.host}:{args.port}", flush=True)
+    try:
+        asyncio.run(_serve(Platform(config), args.host, args.port))
+    except OSError as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(platform, host: str, port: int) -> None:
+    """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
+    Stopping leaves the replicas running: the next start adopts them."""
+    from aiohttp import web
+
+    from modelyard.platform.front import Front, FrontProtocol
+    from modelyard.platform.server import build_app
+
+    runner = web.AppRunner(build_app(platform), access_log=None)
+    await runner.setup()  # runs on_startup: the store is read and replicas adopted before ports open
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api_port = site._server.sockets[0].getsockname()[1]
+    front = Front(platform, "127.0.0.1", api_port)
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(lambda: FrontProtocol(front), host, port, reuse_address=True, backlog=2048)
+    except OSError:
+        await runner.cleanup()
+        raise
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await runner.cleanup()

@@ -1,0 +1,187 @@
+"""``modelyard models ...`` and ``modelyard endpoints ...``: the platform's CLI, a thin client of its
+Vertex AI REST API (the same calls the SDK makes). Prints JSON; errors print Google's message and
+exit 1. Mutations wait for their operation unless ``--no-wait``."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+DEFAULT_URL = "http://127.0.0.1:8600"
+
+
+class CliError(Exception):
+    pass
+
+
+class Client:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.base = args.platform.rstrip("/")
+        self.parent = f"projects/{args.project}/locations/{args.location}"
+        self.token = args.token
+        self.wait_ops = not args.no_wait
+
+    def call(self, method: str, path: str, body: dict | None = None, absolute: bool = False) -> dict:
+        url = f"{self.base}/v1/{path if absolute else f'{self.parent}/{path}'}"
+        req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            try:
+                err = json.loads(exc.read())["error"]
+                raise CliError(f"{err['status']}: {err['message']}") from None
+            except (ValueError, KeyError):
+                raise CliError(f"HTTP {exc.code} from {url}") from None
+        except urllib.error.URLError as exc:
+            raise CliError(f"cannot reach the platform at {self.base} ({exc.reason}): is `modelyard platform` "
+                           "running? (--platform / $MODELYARD_PLATFORM)") from None
+
+    def operation(self, op: dict) -> dict:
+        while self.wait_ops and not op.get("done"):
+            time.sleep(0.3)
+            op = self.call("GET", op["name"], absolute=True)
+        if "error" in op:
+            raise CliError(f"operation {op['name']} failed: {op['error'].get('message')}")
+        return op.get("response", op)
+
+
+def _short(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def _split(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise CliError(f"traffic split entries are DEPLOYED_MODEL_ID=PERCENT, got {item!r}")
+        out[key] = int(value)
+    return out
+
+
+def models_cmd(args: argparse.Namespace, c: Client):
+    if args.action == "upload":
+        body = {"model": {"displayName": args.display_name, "artifactUri": args.artifact_uri,
+                          "containerSpec": {"imageUri": "modelyard/serve"}}}
+        if args.parent_model:
+            body["parentModel"] = f"{c.parent}/models/{args.parent_model}"
+        return c.operation(c.call("POST", "models:upload", body))
+    if args.action == "list":
+        return c.call("GET", "models").get("models", [])
+    if args.action == "describe":
+        return c.call("GET", f"models/{args.model}")
+    return c.operation(c.call("DELETE", f"models/{args.model}"))
+
+
+def endpoints_cmd(args: argparse.Namespace, c: Client):
+    a = args.action
+    if a == "create":
+        return c.operation(c.call("POST", "endpoints", {"displayName": args.display_name}))
+    if a == "list":
+        return c.call("GET", "endpoints").get("endpoints", [])
+    if a == "describe":
+        return c.call("GET", f"endpoints/{args.endpoint}")
+    if a == "delete":
+        return c.operation(c.call("DELETE", f"endpoints/{args.endpoint}"))
+    if a == "deploy":
+        body = {"deployedModel": {"model": f"{c.parent}/models/{args.model}",
+                                  "automaticResources": {"minReplicaCount": args.min_replicas,
+                                                         "maxReplicaCount": args.max_replicas or args.min_replicas}}}
+        if args.traffic_percentage is not None:
+            current = c.call("GET", f"endpoints/{args.endpoint}").get("trafficSplit", {})
+            body["trafficSplit"] = _scaled(current, args.traffic_percentage)
+        if args.shadow_percentage:
+            body["shadowTrafficPercentage"] = args.shadow_percentage
+        return c.operation(c.call("POST", f"endpoints/{args.endpoint}:deployModel", body))
+    if a == "undeploy":
+        body = {"deployedModelId": args.deployed_model_id}
+        if args.traffic_split:
+            body["trafficSplit"] = _split(args.traffic_split)
+        return c.operation(c.call("POST", f"endpoints/{args.endpoint}:undeployModel", body))
+    if a == "update-traffic":
+        return c.call("PATCH", f"endpoints/{args.endpoint}?updateMask=trafficSplit",
+                      {"trafficSplit": _split(args.traffic_split)})
+    if a == "predict":
+        instances = json.load(sys.stdin if args.instances == "-" else open(args.instances))
+        if isinstance(instances, dict):
+            instances = instances.get("instances", instances)
+        return c.call("POST", f"endpoints/{args.endpoint}:predict", {"instances": instances})
+    raise CliError(f"unknown action {a}")
+
+
+def _scaled(current: dict[str, int], percent: int) -> dict[str, int]:
+    """The SDK's rule: the new model ("0") gets ``percent``; the others share the rest in proportion."""
+    if not current:
+        return {"0": 100}
+    rest = 100 - percent
+    total = sum(current.values()) or 1
+    out = {k: v * rest // total for k, v in current.items()}
+    leftover = rest - sum(out.values())
+    for k in sorted(out, key=lambda k: -current[k])[:leftover]:
+        out[k] += 1
+    return {**out, "0": percent}
+
+
+def register(subparsers) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--platform", default=os.environ.get("MODELYARD_PLATFORM", DEFAULT_URL),
+                        help=f"the platform's URL (default $MODELYARD_PLATFORM or {DEFAULT_URL})")
+    common.add_argument("--project", default="local")
+    common.add_argument("--location", default="us-central1")
+    common.add_argument("--token", default=os.environ.get("MODELYARD_PLATFORM_TOKEN"),
+                        help="the platform's --auth-token (default $MODELYARD_PLATFORM_TOKEN)")
+    common.add_argument("--no-wait", action="store_true", help="print the operation instead of waiting for it")
+
+    m = subparsers.add_parser("models", help="upload, list, describe, delete models on a modelyard platform")
+    ms = m.add_subparsers(dest="action", required=True)
+    up = ms.add_parser("upload", parents=[common], help="upload a SavedModel directory as a model (or a new version)")
+    up.add_argument("--display-name", required=True)
+    up.add_argument("--artifact-uri", required=True, help="SavedModel directory: path, file://, gs:// or s3://")
+    up.add_argument("--parent-model", help="upload as a new version of this model id")
+    ms.add_parser("list", parents=[common])
+    for action in ("describe", "delete"):
+        ms.add_parser(action, parents=[common]).add_argument("model", help="model id, optionally @version")
+    m.set_defaults(func=lambda a: _run(a, models_cmd))
+
+    e = subparsers.add_parser("endpoints", help="create endpoints, deploy models, split traffic, predict")
+    es = e.add_subparsers(dest="action", required=True)
+    es.add_parser("create", parents=[common]).add_argument("--display-name", required=True)
+    es.add_parser("list", parents=[common])
+    for action in ("describe", "delete"):
+        es.add_parser(action, parents=[common]).add_argument("endpoint")
+    d = es.add_parser("deploy", parents=[common], help="deploy a model (waits until its replicas serve)")
+    d.add_argument("endpoint")
+    d.add_argument("--model", required=True, help="model id, optionally @version")
+    d.add_argument("--min-replicas", type=int, default=1)
+    d.add_argument("--max-replicas", type=int, default=0, help="default: --min-replicas")
+    d.add_argument("--traffic-percentage", type=int, help="share for this model; the others keep their proportions")
+    d.add_argument("--shadow-percentage", type=int, default=0, help="deploy as a shadow mirroring this share")
+    u = es.add_parser("undeploy", parents=[common])
+    u.add_argument("endpoint")
+    u.add_argument("deployed_model_id")
+    u.add_argument("--traffic-split", nargs="*", default=[], metavar="ID=PERCENT")
+    t = es.add_parser("update-traffic", parents=[common], help="set the split, e.g. 123=90 456=10")
+    t.add_argument("endpoint")
+    t.add_argument("traffic_split", nargs="+", metavar="ID=PERCENT")
+    p = es.add_parser("predict", parents=[common], help="predict with a JSON file of instances ('-': stdin)")
+    p.add_argument("endpoint")
+    p.add_argument("--instances", required=True, help="JSON list of instances, or {\"instances\": [...]}")
+    e.set_defaults(func=lambda a: _run(a, endpoints_cmd))
+
+
+def _run(args: argparse.Namespace, cmd) -> int:
+    try:
+        out = cmd(args, Client(args))
+    except CliError as exc:
+        print(f"modelyard {args.command} {args.action}: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2))
+    return 0

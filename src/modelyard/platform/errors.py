@@ -1,0 +1,57 @@
+"""The platform's one error type and its one mapping to Google's JSON error body.
+
+Every failure a client can cause is raised as ``ApiError(status, message)``; the server turns it
+into ``{"error": {"code": <http>, "message": ..., "status": "NOT_FOUND"}}`` in one place
+(``to_body``), so the REST API, the gateway and the CLI all agree.
+"""
+from __future__ import annotations
+
+# google.rpc.Code name -> (numeric code, HTTP status), as in googleapis' code.proto mapping.
+STATUS = {
+    "OK": (0, 200),
+    "CANCELLED": (1, 499),
+    "UNKNOWN": (2, 500),
+    "INVALID_ARGUMENT": (3, 400),
+    "DEADLINE_EXCEEDED": (4, 504),
+    "NOT_FOUND": (5, 404),
+    "ALREADY_EXISTS": (6, 409),
+    "PERMISSION_DENIED": (7, 403),
+    "RESOURCE_EXHAUSTED": (8, 429),
+    "FAILED_PRECONDITION": (9, 400),
+    "ABORTED": (10, 409),
+    "UNIMPLEMENTED": (12, 501),
+    "INTERNAL": (13, 500),
+    "UNAVAILABLE": (14, 503),
+    "UNAUTHENTICATED": (16, 401),
+}
+
+
+class ApiError(Exception):
+    """A failure with a canonical Google status name, e.g. ``ApiError("NOT_FOUND", "Model 1 ...")``."""
+
+    def __init__(self, status: str, message: str) -> None:
+        if status not in STATUS:
+            raise ValueError(f"unknown status {status!r}")
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return STATUS[self.status][1]
+
+    def to_body(self) -> dict:
+        """Google's REST error body: ``code`` is the HTTP status, as Google's JSON APIs send it."""
+        return {"error": {"code": self.http_status, "message": self.message, "status": self.status}}
+
+    def to_rpc_status(self) -> dict:
+        """A ``google.rpc.Status`` (numeric code) for an Operation's ``error`` field."""
+        return {"code": STATUS[self.status][0], "message": self.message}
+
+
+def not_found(kind: str, name: str) -> ApiError:
+    return ApiError("NOT_FOUND", f"{kind} {name} is not found.")
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError("INVALID_ARGUMENT", message)

@@ -1,0 +1,157 @@
+"""The platform's public HTTP server: a lean httptools/asyncio front that answers endpoint
+``:predict`` / ``:rawPredict`` itself (through the gateway) and passes every other request, as
+received, to the API app (aiohttp) listening on a private local port.
+
+Predicts are the hot path, so they skip the web framework entirely; the API app keeps the
+framework's conveniences for the rest, where a request's cost does not matter.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+
+import httptools
+import orjson
+
+from modelyard.platform.errors import ApiError
+from modelyard.platform.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+_PREDICT = re.compile(rb"^/v1/projects/([^/]+)/locations/([^/]+)/endpoints/([0-9]{1,30}):(predict|rawPredict)(\?.*)?$")
+_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"upgrade"}
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
+            409: b"Conflict", 429: b"Too Many Requests", 499: b"Client Closed Request", 500: b"Internal Server Error",
+            501: b"Not Implemented", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
+
+
+def _response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+    out = [b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n" % (status, _REASONS.get(status, b"OK"), len(body))]
+    for name, value in headers:
+        out.append(name + b": " + value + b"\r\n")
+    if not keep_alive:
+        out.append(b"Connection: close\r\n")
+    out.append(b"\r\n")
+    return b"".join(out) + body
+
+
+class _Request:
+    __slots__ = ("url", "method", "headers", "body", "keep_alive")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+
+
+class FrontProtocol(asyncio.Protocol):
+    def __init__(self, front: "Front") -> None:
+        self.front = front
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport = None
+        self.current: _Request | None = None
+        self.queue: asyncio.Queue | None = None
+        self.worker: asyncio.Task | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.queue = asyncio.Queue()
+        self.worker = asyncio.get_running_loop().create_task(self._serve())
+
+    def connection_lost(self, exc) -> None:
+        self.queue.put_nowait(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            err = ApiError("INVALID_ARGUMENT", "malformed HTTP request")
+            self.transport.write(_response(400, orjson.dumps(err.to_body()),
+                                           [(b"Content-Type", b"application/json")], False))
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        self.current = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        self.current.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current.headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.current.body.append(body)
+
+    def on_message_complete(self) -> None:
+        r = self.current
+        r.method = self.parser.get_method()
+        r.keep_alive = self.parser.should_keep_alive()
+        self.queue.put_nowait(r)
+
+    async def _serve(self) -> None:
+        """Answers this connection's requests in order (HTTP/1.1 pipelining keeps its order)."""
+        while True:
+            r = await self.queue.get()
+            if r is None:
+                return
+            status, headers, body = await self.front.handle(r)
+            if self.transport.is_closing():
+                return
+            self.transport.write(_response(status, body, headers, r.keep_alive))
+            if not r.keep_alive:
+                self.transport.close()
+                return
+
+
+class Front:
+    def __init__(self, platform, api_host: str, api_port: int) -> None:
+        self.p = platform
+        self.api = Upstream(api_host, api_port)
+
+    async def handle(self, r: _Request):
+        m = _PREDICT.match(r.url) if r.method == b"POST" else None
+        if m is None:
+            return await self._pass(r)
+        try:
+            project, location, endpoint_id, verb = (g.decode() for g in m.groups()[:4])
+            pinned = token = None
+            for name, value in r.headers:
+                lname = name.lower()
+                if lname == b"x-modelyard-deployed-model-id":
+                    pinned = value.decode()
+                elif lname == b"authorization":
+                    token = value
+            if self.p.config.auth_predict:
+                self._check_token(token)
+            status, body, extra = await self.p.gateway.predict(
+                endpoint_id, f"projects/{project}/locations/{location}", b"".join(r.body), pinned,
+                verb == "rawPredict")
+            headers = [(b"Content-Type", b"application/json")] + [(k.encode(), v.encode()) for k, v in extra.items()]
+            return status, headers, body
+        except ApiError as exc:
+            return exc.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(exc.to_body())
+        except Exception as exc:  # a bug: answered in Google's format; the platform keeps serving
+            log.exception("predict %s failed", r.url)
+            err = ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+            return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_body())
+
+    def _check_token(self, given: bytes | None) -> None:
+        token = self.p.config.auth_token
+        if not token:
+            return
+        if not given:
+            raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "
+                           "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
+        if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+            raise ApiError("UNAUTHENTICATED", "Request had invalid authentication credentials.")
+
+    async def _pass(self, r: _Request):
+        headers = [(k, v) for k, v in r.headers if k.lower() not in _HOP]
+        try:
+            status, rheaders, body = await self.api.request(r.method, r.url, b"".join(r.body), headers)
+        except ConnectionError as exc:
+            err = ApiError("UNAVAILABLE", f"the platform's API is not answering: {exc}")
+            return 503, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_body())
+        return status, [(k, v) for k, v in rheaders if k.lower() not in _HOP and k.lower() != b"date"], body

@@ -1,0 +1,108 @@
+"""Long-running operations (AIP-151): every mutation answers with an Operation.
+
+Quick mutations finish before answering (``done: true``); slow ones (deploy, undeploy) answer
+``done: false`` at once and finish in a background task, which the client polls through
+``GET .../operations/{id}``. An operation's ``response`` and ``metadata`` carry ``@type`` so the
+SDK can unpack them. Operations still pending when the platform stopped are failed (ABORTED) at
+the next start, since the task that would finish them is gone.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from modelyard.platform import names
+from modelyard.platform.errors import ApiError
+from modelyard.platform.store import Store
+from modelyard.platform.timefmt import rfc3339
+
+log = logging.getLogger(__name__)
+
+TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1."
+EMPTY = "type.googleapis.com/google.protobuf.Empty"
+
+
+def typed(type_name: str, body: dict) -> dict:
+    """``body`` with its ``@type`` (a short aiplatform.v1 name, or a full type URL)."""
+    url = type_name if "/" in type_name else TYPE_PREFIX + type_name
+    return {"@type": url, **body}
+
+
+def _generic(now: float) -> dict:
+    return {"createTime": rfc3339(now), "updateTime": rfc3339(now)}
+
+
+class Operations:
+    """Creates, finishes and renders operations over the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._tasks: set[asyncio.Task] = set()
+
+    def abort_pending(self) -> int:
+        pending = self.store.pending_operations()
+        for op in pending:
+            self.store.finish_operation(op["id"], None, ApiError(
+                "ABORTED", "the platform stopped before this operation finished; retry it").to_rpc_status())
+        return len(pending)
+
+    def done(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
+             response: dict) -> dict:
+        """Record and render an operation that has already finished with ``response``."""
+        op = self._new(parent, collection, resource_id, metadata_type)
+        op.update(done=1, response=response)
+        self.store.add_operation(op)
+        return self.render(op)
+
+    def start(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
+              work: Callable[[], Awaitable[dict]]) -> dict:
+        """Record a pending operation and run ``work`` (returning the typed response) in the background."""
+        op = self._new(parent, collection, resource_id, metadata_type)
+        self.store.add_operation(op)
+
+        async def run() -> None:
+            try:
+                response = await work()
+                self.store.finish_operation(op["id"], response, None)
+            except ApiError as exc:
+                self.store.finish_operation(op["id"], None, exc.to_rpc_status())
+            except Exception as exc:  # a bug or an I/O failure: the operation reports it
+                log.exception("operation %s failed", op["name"])
+                self.store.finish_operation(op["id"], None, ApiError("INTERNAL", str(exc)).to_rpc_status())
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return self.render(op)
+
+    async def wait_all(self, timeout: float) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+
+    def get(self, op_id: str) -> dict:
+        return self.render(self.store.get_operation(op_id))
+
+    @staticmethod
+    def _new(parent: str, collection: str | None, resource_id: str | None, metadata_type: str) -> dict:
+        op_id = names.new_id()
+        now = time.time()
+        return {
+            "id": op_id,
+            "name": names.operation_name(parent, collection, resource_id, op_id),
+            "done": 0,
+            "metadata": typed(metadata_type, {"genericMetadata": _generic(now)}),
+            "response": None,
+            "error": None,
+            "created": now,
+        }
+
+    @staticmethod
+    def render(op: dict) -> dict:
+        out = {"name": op["name"], "metadata": op["metadata"], "done": bool(op["done"])}
+        if op["error"] is not None:
+            out["error"] = op["error"]
+        elif op["done"]:
+            out["response"] = op["response"]
+        return out

@@ -1,0 +1,145 @@
+"""The platform's HTTP API (aiohttp): Vertex AI v1 REST paths dispatched to the resource modules,
+the gateway's predict routes, the token check, and the one mapping of errors to HTTP responses."""
+from __future__ import annotations
+
+import hmac
+import logging
+
+import orjson
+from aiohttp import web
+
+from modelyard.platform import endpoints, models, names
+from modelyard.platform.app import Platform
+from modelyard.platform.errors import ApiError
+from modelyard.platform.gateway import PIN_HEADER
+
+log = logging.getLogger(__name__)
+
+_PREDICT_VERBS = ("predict", "rawPredict")
+
+
+def _json(body: dict, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(exc: ApiError) -> web.Response:
+    return _json(exc.to_body(), exc.http_status)
+
+
+async def _body(request: web.Request) -> dict:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError("INVALID_ARGUMENT", f"Invalid JSON payload received: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError("INVALID_ARGUMENT", "Invalid JSON payload received: expected an object.")
+    return doc
+
+
+def build_app(p: Platform) -> web.Application:
+    token = p.config.auth_token
+
+    def check_token(request: web.Request) -> None:
+        if not token:
+            return
+        given = request.headers.get("Authorization", "")
+        if not given:
+            raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "
+                           "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ApiError("UNAUTHENTICATED", "Request had invalid authentication credentials.")
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            route = names.parse_path(request.match_info["tail"])
+            if route.verb in _PREDICT_VERBS and route.collection == "endpoints" and route.resource_id:
+                if p.config.auth_predict:
+                    check_token(request)
+                if request.method != "POST":
+                    raise ApiError("NOT_FOUND", f"{route.verb} takes POST")
+                status, data, headers = await p.gateway.predict(
+                    route.resource_id, route.parent, await request.read(),
+                    request.headers.get(PIN_HEADER), route.verb == "rawPredict")
+                return web.Response(body=data, status=status, headers=headers, content_type="application/json")
+            check_token(request)
+            models.ENUM_INTS.set("enum-encoding=int" in request.query.get("$alt", ""))
+            return _json(await dispatch(p, route, request))
+        except ApiError as exc:
+            return _error(exc)
+        except Exception as exc:  # a bug: answered in Google's format, logged, the platform keeps serving
+            log.exception("request %s %s failed", request.method, request.path)
+            return _error(ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def list_replicas(request: web.Request) -> web.Response:
+        """modelyard's own view (not a Vertex API): every replica, for operators and tests."""
+        try:
+            check_token(request)
+        except ApiError as exc:
+            return _error(exc)
+        out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
+                "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
+                "shadowTrafficPercentage": d.shadow_percent,
+                "state": "DEAD" if r.dead else "DRAINING" if r.draining else "SERVING"}
+               for d in p.routing.deployed.values() for r in d.replicas]
+        return _json({"replicas": out})
+
+    async def not_found(request: web.Request) -> web.Response:
+        return _error(ApiError("NOT_FOUND", f"No API at {request.path}: Vertex AI paths start with /v1/projects/"))
+
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_route("*", "/v1/{tail:.*}", handle)
+    # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
+    app.router.add_route("*", "/ui/{tail:.*}", handle)
+    app.router.add_get("/modelyard/v1/replicas", list_replicas)
+    app.router.add_get("/metrics", lambda r: web.Response(text=p.metrics.render(p.routing),
+                                                           content_type="text/plain", charset="utf-8"))
+    app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
+    app.router.add_route("*", "/{tail:.*}", not_found)
+
+    async def on_startup(_app) -> None:
+        await p.start()
+
+    async def on_cleanup(_app) -> None:
+        await p.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dict:
+    method, verb, coll = request.method, route.verb, route.collection
+    if route.operation_id:
+        if method != "GET" or verb:
+            raise ApiError("NOT_FOUND", "operations support GET only")
+        return p.ops.get(route.operation_id)
+    if coll == "models":
+        if route.resource_id is None:
+            if verb == "upload" and method == "POST":
+                return await models.upload(p, route, await _body(request))
+            if verb is None and method == "GET":
+                return models.list_(p, route)
+        elif verb is None and method == "GET":
+            return models.get(p, route)
+        elif verb is None and method == "DELETE":
+            return models.delete(p, route)
+    elif coll == "endpoints":
+        if route.resource_id is None:
+            if verb is None and method == "POST":
+                return endpoints.create(p, route, await _body(request), request.query.get("endpointId"))
+            if verb is None and method == "GET":
+                return endpoints.list_(p, route)
+        elif verb is None and method == "GET":
+            return endpoints.get(p, route)
+        elif verb is None and method == "PATCH":
+            return endpoints.patch(p, route, await _body(request), request.query.get("updateMask"))
+        elif verb is None and method == "DELETE":
+            return endpoints.delete(p, route)
+        elif verb == "deployModel" and method == "POST":
+            return endpoints.deploy(p, route, await _body(request))
+        elif verb == "undeployModel" and method == "POST":
+            return endpoints.undeploy(p, route, await _body(request))
+    raise ApiError("NOT_FOUND", f"No API for {method} {request.path}.")

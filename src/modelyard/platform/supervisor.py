@@ -1,0 +1,174 @@
+"""Keeps each deployed model's replicas alive and counted: adoption at start, replacement of dead
+replicas, starting and draining replicas for deploys, undeploys and the autoscaler.
+
+A replica's row is written to the store as soon as its process is up, so a platform that dies
+leaves no untracked process: the next one adopts replicas of deployed models that still answer,
+and stops the rest (replicas of a deploy that never committed).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from modelyard.platform import names
+from modelyard.platform.replicas import LocalEngine
+from modelyard.platform.routing import Deployed, Replica, Routing
+from modelyard.platform.store import Store
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_FAILURE_S = 10.0
+SYNC_INTERVAL_S = 1.0
+DRAIN_TIMEOUT_S = 60.0
+
+
+class Supervisor:
+    def __init__(self, store: Store, engine: LocalEngine, routing: Routing, interval_s: float = 0.25) -> None:
+        self.store = store
+        self.engine = engine
+        self.routing = routing
+        self.interval_s = interval_s
+        self.autoscaler = None  # set by the platform: desired(d) -> int
+        self._starting: dict[str, int] = {}
+        self._failed_at: dict[str, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._starting_ids: set[str] = set()  # stored but not yet routed (a deploy in progress)
+        self._synced_at = 0.0
+        self.leader = False
+
+    # ---- several platforms on one store -----------------------------------------------------------
+    async def sync_from_store(self) -> None:
+        """Routing from the store, and replicas that another platform started (alive per HTTP)."""
+        self.routing.load(self.store)
+        known = {r.id for d in self.routing.deployed.values() for r in d.replicas}
+        for row in self.store.replicas():
+            d = self.routing.deployed.get(row["deployed_model_id"])
+            if d is None or row["id"] in known or row["id"] in self._starting_ids:
+                continue
+            if await self.engine.healthy(row) and row["id"] not in {r.id for r in d.replicas}:
+                self.routing.add_replica(d.id, row)
+        if not self.leader:  # a follower routes only to replicas the store still lists
+            listed = {row["id"] for row in self.store.replicas()}
+            for d in self.routing.deployed.values():
+                d.replicas = [r for r in d.replicas if r.id in listed]
+
+    # ---- start-up -------------------------------------------------------------------------------
+    async def adopt(self) -> tuple[int, int]:
+        """Re-attach replicas that still serve; stop and forget the others. Returns (adopted, dropped)."""
+        adopted = dropped = 0
+        for row in self.store.replicas():
+            keep = row["deployed_model_id"] in self.routing.deployed and self.engine.alive(row) \
+                and await self.engine.healthy(row)
+            if keep:
+                self.routing.add_replica(row["deployed_model_id"], row)
+                adopted += 1
+            else:
+                await self.engine.stop(row, grace_s=5)
+                self.store.remove_replica(row["id"])
+                dropped += 1
+        return adopted, dropped
+
+    # ---- replicas ---------------------------------------------------------------------------
+    async def start_replicas(self, dm_id: str, model_path: Path, count: int) -> list[dict]:
+        """Start ``count`` replicas at once; each row is stored when its process is up. All or nothing."""
+        results = await asyncio.gather(*(self._start_one(dm_id, model_path) for _ in range(count)),
+                                       return_exceptions=True)
+        rows = [r for r in results if isinstance(r, dict)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for row in rows:
+                await self.engine.stop(row)
+                self.store.remove_replica(row["id"])
+                self.started(row)
+            raise errors[0]
+        return rows
+
+    async def _start_one(self, dm_id: str, model_path: Path) -> dict:
+        replica_id = names.new_id()
+        self._starting_ids.add(replica_id)
+        row = await self.engine.start(replica_id, dm_id, model_path)
+        self.store.add_replica(row)
+        return row
+
+    def started(self, row: dict) -> None:
+        """``row``'s replica is routed now (or given up): syncing may treat it as any other."""
+        self._starting_ids.discard(row["id"])
+
+    async def retire(self, replica: Replica, drain: bool = True) -> None:
+        """Take ``replica`` out of rotation, wait for its in-flight requests, stop it, forget it."""
+        replica.draining = True
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while drain and replica.outstanding and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await self.engine.stop(replica.row)
+        self.store.remove_replica(replica.id)
+        self.routing.remove_replica(replica)
+
+    def replica_failed(self, replica: Replica) -> None:
+        """The gateway could not reach ``replica``: if its process is gone, stop routing to it now."""
+        if not replica.dead and not self.engine.alive(replica.row):
+            replica.dead = True
+
+    # ---- the loop -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # the supervisor must outlive any one bad tick
+                log.exception("supervisor tick failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def tick(self) -> None:
+        """The leader (one per store) keeps replicas alive and scaled; every platform, leader or not,
+        picks up what other platforms on the same store changed (deployments, replicas) once a second."""
+        now = time.monotonic()
+        if now - self._synced_at >= SYNC_INTERVAL_S:
+            self._synced_at = now
+            if not self.leader and self.store.try_lead():
+                log.info("this platform now supervises the replicas of this store")
+                self.leader = True
+            await self.sync_from_store()
+        if not self.leader:
+            return
+        for d in list(self.routing.deployed.values()):
+            for r in list(d.replicas):
+                if not r.draining and (r.dead or not self.engine.alive(r.row)):
+                    log.warning("replica %s of deployed model %s died; replacing it", r.id, d.id)
+                    r.dead = True
+                    self.routing.remove_replica(r)
+                    self.store.remove_replica(r.id)
+            want = self.autoscaler.desired(d) if self.autoscaler else d.min_replicas
+            want = max(d.min_replicas, min(d.max_replicas, want))
+            have = len(d.live()) + self._starting.get(d.id, 0)
+            if have < want and time.monotonic() - self._failed_at.get(d.id, -1e9) > RETRY_AFTER_FAILURE_S:
+                self._spawn(self._grow(d, want - have))
+            elif have > want and not self._starting.get(d.id):
+                live = d.live()
+                victim = min(live, key=lambda r: r.outstanding)
+                log.info("scaling deployed model %s down to %d replica(s)", d.id, want)
+                self._spawn(self.retire(victim))
+
+    async def _grow(self, d: Deployed, count: int) -> None:
+        self._starting[d.id] = self._starting.get(d.id, 0) + count
+        try:
+            model_id = d.model.rsplit("/", 1)[-1]
+            path = Path(self.store.get_version(model_id, d.version_id)["local_path"])
+            log.info("starting %d replica(s) of deployed model %s", count, d.id)
+            for row in await self.start_replicas(d.id, path, count):
+                added = self.routing.add_replica(d.id, row)
+                self.started(row)
+                if added is None:  # undeployed meanwhile
+                    await self.engine.stop(row)
+                    self.store.remove_replica(row["id"])
+        except Exception as exc:
+            self._failed_at[d.id] = time.monotonic()
+            log.error("could not start replicas of deployed model %s: %s", d.id, getattr(exc, "message", exc))
+        finally:
+            self._starting[d.id] -= count
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

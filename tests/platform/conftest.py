@@ -1,0 +1,184 @@
+"""Shared, session-scoped parts of the platform tests: two tiny SavedModels, a local GCS emulator,
+and one real ``modelyard platform`` process (restartable) whose replicas are real ``modelyard serve``
+processes. Every process started here is stopped at the end, replicas included."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_SRC = Path(__file__).resolve().parents[2] / "src"
+PARENT = "projects/local/locations/us-central1"
+STAGING_BUCKET = "modelyard-staging"
+TOKEN = "s3cret-token"  # the guarded platform's --auth-token
+# Quick to react, so the scaling test stays short (the defaults are 4 in flight, 3 s up, 60 s cool-down).
+AUTOSCALE_FLAGS = ["--autoscale-target-in-flight", "1.5", "--autoscale-up-seconds", "1",
+                   "--autoscale-cooldown-seconds", "4"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def require(module: str, how: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError as exc:
+        pytest.fail(f"{module} is needed by the platform tests ({exc}): {how}", pytrace=False)
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}: {log.read_text()[-3000:] if log else ''}")
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run([sys.executable, str(Path(__file__).with_name("build_models.py")), str(out)],
+                   env=_env(), check=True, capture_output=True, timeout=300)
+    data = json.loads((out / "expected.json").read_text())
+    data["root"] = str(out)
+    return data
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """``gcp-storage-emulator`` (test extra) on a free port, with the SDK's staging bucket created."""
+    require("gcp_storage_emulator", "pip install -e '.[test]' (it installs gcp-storage-emulator)")
+    storage = require("google.cloud.storage", "pip install -e '.[test]' (google-cloud-aiplatform brings it)")
+    import google.auth.credentials
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
+                             f"--port={port}", "--in-memory"], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    host = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(host + "/storage/v1/b", 30, proc, log)
+        os.environ["STORAGE_EMULATOR_HOST"] = host  # for the SDK's storage client in this process
+        client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+        client.create_bucket(STAGING_BUCKET)
+        yield {"host": host, "client": client}
+    finally:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        proc.terminate()
+        proc.wait(10)
+
+
+class PlatformProcess:
+    """One ``modelyard platform`` process over a store that outlives it (restart, kill -9)."""
+
+    def __init__(self, workdir: Path, env: dict, extra_args: list[str]) -> None:
+        self.workdir = workdir
+        self.env = env
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = self.workdir / f"platform-{self.starts}.log"
+        store = [] if "--store" in self.extra_args else ["--store", str(self.workdir / "platform.db")]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), *store,
+             "--state-dir", str(self.workdir / "state"), *self.extra_args],
+            env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
+        wait_http(self.url + "/healthz", 60, self.proc, log)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        self.proc = None
+
+    def api(self, path: str) -> str:
+        return f"{self.url}/v1/{PARENT}/{path}"
+
+    def replica_pids(self) -> list[int]:
+        """Every live process started for this platform's replicas (found by their state dir)."""
+        marker = str(self.workdir / "state").encode()
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        cmdline = f.read()
+                    if marker in cmdline and b"serve" in cmdline:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
+    def cleanup(self) -> None:
+        self.stop()
+        for pid in self.replica_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start_platform(tmp_path_factory, name: str, env: dict, args: list[str]) -> PlatformProcess:
+    require("aiohttp", "pip install -e . (aiohttp is a runtime dependency)")
+    require("sqlalchemy", "pip install -e . (SQLAlchemy is a runtime dependency)")
+    p = PlatformProcess(tmp_path_factory.mktemp(name), env, args)
+    p.start()
+    return p
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory, tiny_models, gcs_emulator):
+    p = start_platform(tmp_path_factory, "platform", _env(STORAGE_EMULATOR_HOST=gcs_emulator["host"]),
+                       ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}",
+                        *AUTOSCALE_FLAGS])
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+# A second platform: --auth-token, one artifact root with an empty and a corrupt model directory.
+@pytest.fixture(scope="session")
+def guarded(tmp_path_factory, tiny_models):
+    root = tmp_path_factory.mktemp("root")
+    (root / "empty").mkdir()
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    p = start_platform(tmp_path_factory, "guarded", _env(), ["--artifact-root", str(root),
+                                                              "--artifact-root", tiny_models["models"]["tiny1"]["path"],
+                                                              "--auth-token", TOKEN])
+    try:
+        yield p, root
+    finally:
+        p.cleanup()

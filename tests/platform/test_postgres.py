@@ -1,0 +1,88 @@
+"""Test 4 (PostgreSQL part) of issue 15: two platform processes on one real PostgreSQL server (started
+here with initdb/pg_ctl in a temporary directory) see the same models and endpoints, and the schema is
+migrated once. Needs Debian's ``postgresql`` package (initdb, pg_ctl) and ``psycopg`` (test extra)."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.platform.client import Api
+from tests.platform.conftest import _env, free_port, require, start_platform
+
+
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name) or next((str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))), None)
+    if not found:
+        pytest.fail(f"PostgreSQL's {name} is needed: apt-get install postgresql", pytrace=False)
+    return found
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    require("psycopg", "pip install -e '.[test]' (installs psycopg[binary])")
+    # Not under pytest's tmp dirs: those are private to root, and the server runs as postgres.
+    top = Path(tempfile.mkdtemp(prefix="modelyard-pg-"))
+    data = top / "data"
+    port = free_port()
+    as_postgres = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+        pw = pwd.getpwnam("postgres")
+        os.chown(top, pw.pw_uid, pw.pw_gid)
+    subprocess.run([*as_postgres, _pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True, timeout=120)
+    ctl = [*as_postgres, _pg_bin("pg_ctl"), "-D", str(data), "-w", "-t", "60"]
+    subprocess.run([*ctl, "-l", str(data.parent / "pg.log"), "-o", f"-p {port} -k {data.parent} -h 127.0.0.1",
+                    "start"], check=True, capture_output=True, timeout=90)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*ctl, "-m", "fast", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_two_platforms_share_one_postgres_store(tmp_path_factory, postgres, tiny_models):
+    first = start_platform(tmp_path_factory, "pg-a", _env(), ["--store", postgres])
+    second = start_platform(tmp_path_factory, "pg-b", _env(), ["--store", postgres])
+    try:
+        a, b = Api(first.url), Api(second.url)
+        model = a.upload(tiny_models["models"]["tiny1"]["path"], "shared")
+        endpoint = b.create_endpoint("shared-ep")
+        assert b.ok("GET", f"models/{model}") == a.ok("GET", f"models/{model}")
+        assert a.ok("GET", "endpoints") == b.ok("GET", "endpoints")
+        assert [e["name"].rsplit("/", 1)[-1] for e in a.ok("GET", "endpoints")["endpoints"]] == [endpoint]
+        b.ok("DELETE", f"models/{model}")
+        assert a.call("GET", f"models/{model}").status_code == 404
+        # Restarted, the first platform reads the same state back (schema already at the latest version).
+        first.stop()
+        first.start()
+        assert [e["name"].rsplit("/", 1)[-1] for e in a.ok("GET", "endpoints")["endpoints"]] == [endpoint]
+
+        # Deployed through the first (the leader, which supervises replicas), served through the second too:
+        # one replica, no duplicate started by the second. Killed, the first hands supervision over.
+        model = a.upload(tiny_models["models"]["tiny1"]["path"], "shared")
+        dm = a.deploy(endpoint, model)
+        deadline = time.monotonic() + 30
+        while len(b.replicas()) != 1:
+            assert time.monotonic() < deadline, b.replicas()
+            time.sleep(0.2)
+        r = b.predict(endpoint, tiny_models["instances"])
+        assert r.status_code == 200 and r.json()["deployedModelId"] == dm, r.text
+        assert [x["pid"] for x in b.replicas()] == [x["pid"] for x in a.replicas()]
+        first.stop(signal.SIGKILL)
+        time.sleep(2.5)  # the second takes over supervision at its next sync
+        assert b.predict(endpoint, tiny_models["instances"]).status_code == 200
+        assert len(first.replica_pids()) == 1 and second.replica_pids() == []  # adopted, not duplicated
+        b.undeploy(endpoint, dm)
+        assert first.replica_pids() == []  # the new leader stopped the first one's replica
+    finally:
+        first.cleanup()
+        second.cleanup()
