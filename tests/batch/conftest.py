@@ -62,3 +62,26 @@ def cli_command(*args: str) -> list[str]:
 
 def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def bytes_model(tmp_path_factory) -> Path:
+    """A SavedModel taking strings: ``serving_default`` parses tf.Examples (sum of feature x[4]),
+    ``length`` returns each string's byte length. Base path with version 0001."""
+    import tensorflow as tf
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def parse(self, examples):
+            parsed = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([4], tf.float32)})
+            return {"total": tf.reduce_sum(parsed["x"], axis=1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="data")])
+        def length(self, data):
+            return {"bytes": tf.strings.length(data)}
+
+    module = Module()
+    base = tmp_path_factory.mktemp("models") / "bytes"
+    tf.saved_model.save(module, str(base / "0001"),
+                        signatures={"serving_default": module.parse, "length": module.length})
+    return base

@@ -118,8 +118,11 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
                   on_ready=lambda runtime: (say(f"model {spec.version_dir} runs on {runtime}"), bar.restart()))
         bar.close()
         counts = finalize(job.job_dir, len(chunks))
-    except (BatchError, OSError, ValueError) as exc:
+    except BatchError as exc:
         job.update(state=jobs.FAILED, error=str(exc), end_time=jobs.utc_now())
+        return job
+    except Exception as exc:  # anything else in a chunk or the model load: the job fails and says why
+        job.update(state=jobs.FAILED, error=f"{type(exc).__name__}: {exc}", end_time=jobs.utc_now())
         return job
     stats = {**counts, "incomplete_count": 0}
     elapsed = time.monotonic() - started

@@ -7,6 +7,7 @@ truncated or corrupt file fails the plan with its offset instead of yielding gar
 from __future__ import annotations
 
 import base64
+import os
 import struct
 
 import orjson
@@ -20,6 +21,7 @@ _HEADER = struct.Struct("<QI")
 def scan(path: str, chunk_rows: int):
     ranges = []
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         chunk_start = pos = rows = 0
         while True:
             head = f.read(_HEADER.size)
@@ -30,14 +32,15 @@ def scan(path: str, chunk_rows: int):
             length, length_crc = _HEADER.unpack(head)
             if masked_crc(head[:8]) != length_crc:
                 raise ValueError(f"{path}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
-            pos += _HEADER.size + length + 4
+            end = pos + _HEADER.size + length + 4
+            if end > size:
+                raise ValueError(f"{path}: truncated TFRecord data: the record at byte {pos} ends past the end of the file")
+            pos = end
             f.seek(pos)
             rows += 1
             if rows == chunk_rows:
                 ranges.append((chunk_start, pos, rows))
                 chunk_start, rows = pos, 0
-        if f.tell() < pos:
-            raise ValueError(f"{path}: truncated TFRecord data before byte {pos}")
     if rows:
         ranges.append((chunk_start, pos, rows))
     return ranges, None
