@@ -112,3 +112,27 @@ def test_three_bad_rows_among_10000(tiny_model, tmp_path):
     # Rows batched with a bad row still got the model's own answer.
     good = {o["key"]: o["prediction"] for o in results}
     np.testing.assert_allclose([good[16], good[18], good[4999]], tiny_model.reference(x[[16, 18, 4999]]), atol=1e-5)
+
+
+def test_fast_path_batches_with_bad_rows_fall_back_row_by_row(tiny_model, tmp_path):
+    """Unkeyed array lines take the bytes fast path; a batch holding a bad row is redone row by row."""
+    import json
+
+    x = rows(1000, seed=10)
+    lines = [json.dumps(v.tolist()) for v in x]
+    bad = {10: "[1,,3,4]", 200: "[[1,2],[3,4]]", 201: "[1,2,3,4,5]", 640: '[1,2,3,"4"]', 999: "[1e400,2,3,4"}
+    for i, text in bad.items():
+        lines[i] = text
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    job = modelyard.batch_predict(str(tiny_model.base), str(src), tmp_path / "out", batch_size=50, workers=0)
+    assert job.state == "JOB_STATE_SUCCEEDED", job.error
+    assert job.completion_stats["successful_count"] == 995
+    out = list(job.iter_outputs())
+    good = [i for i in range(1000) if i not in bad]
+    np.testing.assert_allclose([o["instance"] for o in out], x[good], atol=1e-6)
+    np.testing.assert_allclose([o["prediction"] for o in out], tiny_model.reference(x[good]), atol=1e-5)
+    errors = read_lines(job.job_dir / "prediction.errors_stats-00000-of-00001")
+    assert len(errors) == 5 and {e["error"]["status"] for e in errors} == {"INVALID_ARGUMENT"}
+    assert errors[0]["error"]["message"].startswith(f"{src} line 11: not valid JSON")
+    assert errors[1]["instance"] == [[1, 2], [3, 4]]
+    assert errors[2]["error"]["message"] == "input x: each instance must have shape [4], got [5]"

@@ -11,7 +11,8 @@ import orjson
 
 from modelyard.batch.instances import Shaping, shape
 from modelyard.batch.predictor import Predictor, RowFailure
-from modelyard.batch.readers import BadRow, Chunk, read_chunk
+from modelyard.batch.readers import BadRow, Chunk, RawJson, read_chunk
+from modelyard.batch.readers.jsonl import parse as parse_json
 from modelyard.batch.shards import commit_part
 from modelyard.errors import ServingError
 
@@ -35,6 +36,10 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
     errors: list[bytes] = []
     batch: list[Any] = []
     meta: list[tuple[bytes, Any]] = []
+    raw: list[RawJson] = []
+    raw_echo: list[bytes] = []
+    # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
+    lazy = predictor.dense is not None and shaping.identity
 
     def flush() -> None:
         for (echo, key), answer in zip(meta, predictor.predict(batch)):
@@ -45,7 +50,32 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
         batch.clear()
         meta.clear()
 
+    def flush_raw() -> None:
+        answers = predictor.predict_dense([r.line for r in raw])
+        if answers is not None:
+            results.extend(result_line(echo, None, answer) for echo, answer in zip(raw_echo, answers))
+        else:
+            for item, echo in zip(raw, raw_echo):
+                parsed = parse_json(item, chunk.file)
+                if isinstance(parsed, BadRow):
+                    errors.append(error_line(parsed.echo, None, "INVALID_ARGUMENT", parsed.message))
+                else:
+                    batch.append(parsed.instance)
+                    meta.append((echo, None))
+            if batch:
+                flush()
+        raw.clear()
+        raw_echo.clear()
+
     for row in read_chunk(chunk, fmt, context):
+        if not isinstance(row, BadRow) and isinstance(row.instance, RawJson):
+            if lazy:
+                raw.append(row.instance)
+                raw_echo.append(row.echo)
+                if len(raw) >= batch_size:
+                    flush_raw()
+                continue
+            row = parse_json(row.instance, chunk.file)
         if isinstance(row, BadRow):
             errors.append(error_line(row.echo, None, "INVALID_ARGUMENT", row.message))
             continue
@@ -59,6 +89,8 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
         meta.append((echo, key))
         if len(batch) >= batch_size:
             flush()
+    if raw:
+        flush_raw()
     if batch:
         flush()
     commit_part(job_dir, chunk.index, results, errors)

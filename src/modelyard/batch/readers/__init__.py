@@ -4,7 +4,7 @@ Every format splits a file into chunks of whole rows by byte range (``scan``), s
 worker reads its chunk with one seek and the job can name each chunk for exactly-once
 commits; ``decode`` turns a chunk's bytes into rows. A row is ``Row(instance, echo)``
 (``echo``: the JSON bytes to write as the output's "instance", or None to write the
-shaped instance) or ``BadRow(echo, message)`` for a record that cannot be read at all.
+shaped instance; JSON Lines give ``RawJson`` instances, parsed only when needed) or ``BadRow(echo, message)`` for a record that cannot be read at all.
 """
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ from typing import Any, NamedTuple
 class Row(NamedTuple):
     instance: Any
     echo: bytes | None
+
+
+class RawJson(NamedTuple):
+    """A JSON line not parsed yet: the fast path reads a batch of them as bytes (``fastjson``)."""
+
+    line: bytes
+    row: int  # 1-based line number within its file, for error messages
 
 
 class BadRow(NamedTuple):

@@ -1,9 +1,12 @@
-"""JSON Lines: each line one instance (a list, an object, or any JSON value)."""
+"""JSON Lines: each line one instance (a list, an object, or any JSON value).
+
+Lines are handed on unparsed (``RawJson``); ``parse`` reads one when the general path needs it.
+"""
 from __future__ import annotations
 
 import orjson
 
-from modelyard.batch.readers import BadRow, Row
+from modelyard.batch.readers import BadRow, RawJson, Row
 from modelyard.batch.readers.lines import line_ranges, show, split_lines
 
 
@@ -12,13 +15,12 @@ def scan(path: str, chunk_rows: int):
 
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:
-    rows: list = []
-    loads = orjson.loads
-    for n, line in enumerate(split_lines(data)):
-        try:
-            rows.append(Row(loads(line), line.strip()))
-        except orjson.JSONDecodeError as exc:
-            where = f"{path} line {first_row + n + 1}"
-            reason = "empty line" if not line.strip() else f"not valid JSON ({exc})"
-            rows.append(BadRow(orjson.dumps(show(line)), f"{where}: {reason}"))
-    return rows
+    return [Row(RawJson(line, first_row + n + 1), line.strip()) for n, line in enumerate(split_lines(data))]
+
+
+def parse(raw: RawJson, path: str) -> Row | BadRow:
+    try:
+        return Row(orjson.loads(raw.line), raw.line.strip())
+    except orjson.JSONDecodeError as exc:
+        reason = "empty line" if not raw.line.strip() else f"not valid JSON ({exc})"
+        return BadRow(orjson.dumps(show(raw.line)), f"{path} line {raw.row}: {reason}")
