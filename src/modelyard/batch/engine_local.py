@@ -135,8 +135,9 @@ def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict,
             left.discard(index)
             on_done(index, ok, err)
     finally:
+        # Every chunk is committed (or the job failed): a worker has nothing left to write, and
+        # TensorFlow's interpreter teardown takes seconds, so the workers are killed, not awaited.
         for p in procs:
-            p.join(timeout=5 if not left else 0.1)
             if p.is_alive():
                 p.kill()
-                p.join()
+            p.join()

@@ -33,10 +33,9 @@ def _atomic_write(path: Path, lines: list[bytes] | bytes) -> None:
     with open(tmp, "wb") as f:
         if isinstance(lines, bytes):
             f.write(lines)
-        else:
-            for line in lines:
-                f.write(line)
-                f.write(b"\n")
+        elif lines:
+            f.write(b"\n".join(lines))
+            f.write(b"\n")
     os.replace(tmp, path)
 
 
