@@ -2,6 +2,7 @@
 
 Public API:
     modelyard.export(model, base_path) -> Path of the new version directory
+    modelyard.batch_predict(model, input, output, ...) -> BatchPredictionJob
 """
 from modelyard import _tfenv  # noqa: F401  (sets TF/Keras environment before any TF import)
 
@@ -15,4 +16,11 @@ def export(model, base_path, **kwargs):
     return _export(model, base_path, **kwargs)
 
 
-__all__ = ["export", "__version__"]
+def batch_predict(*args, **kwargs):
+    """Run a batch prediction job (see modelyard.batch.api.batch_predict); returns the job."""
+    from modelyard.batch.api import batch_predict as _batch_predict
+
+    return _batch_predict(*args, **kwargs)
+
+
+__all__ = ["export", "batch_predict", "__version__"]

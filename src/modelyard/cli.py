@@ -19,6 +19,7 @@ _AREAS = (
     "modelyard.training.cli",
     "modelyard.edge.cli",
     "modelyard.platform.cli",
+    "modelyard.batch.cli",
 )
 
 

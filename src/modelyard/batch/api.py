@@ -1,0 +1,140 @@
+"""``batch_predict``: find or create the job, plan it, run the pending chunks, finalize, report.
+
+Re-running the same call finds the unfinished job under ``output`` and finishes it; a
+finished job is reported and left alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TextIO
+
+from modelyard.batch import job as jobs
+from modelyard.batch.progress import Progress
+from modelyard.batch.readers import plan as make_plan
+from modelyard.batch.shards import committed, finalize
+from modelyard.batch.spec import (DEFAULT_CHUNK_ROWS, BatchError, JobSpec, check_options, expand_inputs,
+                                  resolve_model)
+
+DEFAULT_BATCH_SIZE = 64
+
+
+def _fields(value) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(v.strip() for v in value if v.strip())
+
+
+def build_spec(model: str, input, format: str = "jsonl", key_field: str | None = None,
+               included_fields=(), excluded_fields=(), instance_type: str | None = None,
+               signature_name: str = "serving_default", runtime: str = "auto",
+               chunk_rows: int = DEFAULT_CHUNK_ROWS) -> JobSpec:
+    name, version, version_dir = resolve_model(model)
+    if chunk_rows < 1:
+        raise BatchError(f"chunk_rows {chunk_rows}: must be at least 1")
+    if runtime not in ("auto", "tensorflow", "litert"):
+        raise BatchError(f"--runtime {runtime}: expected auto, tensorflow or litert")
+    return JobSpec(name, version, str(version_dir.resolve()), expand_inputs(input), format, key_field,
+                   _fields(included_fields), _fields(excluded_fields), instance_type, signature_name,
+                   chunk_rows, runtime)
+
+
+def batch_predict(model: str | None = None, input=None, output: str | os.PathLike | None = None, *,
+                  format: str = "jsonl", batch_size: int = DEFAULT_BATCH_SIZE, workers: int | None = None,
+                  key_field: str | None = None, included_fields=(), excluded_fields=(),
+                  instance_type: str | None = None, resume: str | os.PathLike | None = None,
+                  signature_name: str = "serving_default", runtime: str = "auto",
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, engine: str = "local", progress: bool = False,
+                  log: Callable[[str], None] | None = None, stream: TextIO | None = None) -> jobs.BatchPredictionJob:
+    """Run (or finish) a batch prediction job and return it.
+
+    ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them;
+    ``output``: the directory that receives ``prediction-<model>-<timestamp>/``. Bad arguments
+    raise ``BatchError``; a job that fails while running is returned with state JOB_STATE_FAILED.
+    """
+    say = log or (lambda msg: print(msg, file=stream or sys.stderr))
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    check_options(format, instance_type, _fields(included_fields), _fields(excluded_fields), batch_size, workers)
+    if engine != "local":
+        raise BatchError(f"--engine {engine}: only the local engine is built so far")
+    spec = None
+    if model is not None or input is not None:
+        if model is None or input is None:
+            raise BatchError("--model and --input go together")
+        spec = build_spec(model, input, format, key_field, included_fields, excluded_fields, instance_type,
+                          signature_name, runtime, chunk_rows)
+    if resume is not None:
+        job = jobs.BatchPredictionJob(resume)
+        if spec is not None and job.data["spec"] != json.loads(json.dumps(spec.identity())):
+            raise BatchError(f"--resume {resume} holds a different job ({jobs._describe(job.data['spec'])}) than "
+                             "--model/--input describe; drop them to resume that job as it was started")
+        spec = job.spec
+    elif spec is None:
+        raise BatchError("give --model and --input (a new job) or --resume JOB_DIR")
+    else:
+        if output is None:
+            raise BatchError("--output is required for a new job")
+        found = jobs.find_job(Path(output), spec)
+        job = jobs.BatchPredictionJob(found) if found else jobs.create_job(Path(output), spec)
+    if job.state == jobs.SUCCEEDED:
+        stats = job.completion_stats
+        say(f"job {job.job_dir} already finished (SUCCEEDED: {stats.get('successful_count', 0):,} results, "
+            f"{stats.get('failed_count', 0):,} errors); nothing to do")
+        return job
+    with jobs.JobLock(job.job_dir):
+        return _run(job, spec, batch_size, workers, progress, say, stream)
+
+
+def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: int, progress: bool,
+         say: Callable[[str], None], stream: TextIO | None) -> jobs.BatchPredictionJob:
+    from modelyard.batch.engine_local import run_local
+
+    started = time.monotonic()
+    job.update(state=jobs.RUNNING, start_time=job.data.get("start_time") or jobs.utc_now(),
+               runs=job.data.get("runs", 0) + 1, error=None)
+    try:
+        planned = jobs.load_plan(job.job_dir)
+        if planned is None:
+            try:
+                planned = make_plan([f.path for f in spec.inputs], spec.format, spec.chunk_rows)
+            except (ValueError, OSError) as exc:
+                raise BatchError(str(exc)) from None
+            jobs.save_plan(job.job_dir, *planned)
+        chunks, contexts = planned
+        done = committed(job.job_dir)
+        total = sum(c.rows for c in chunks)
+        pending = [c.index for c in chunks if c.index not in done]
+        rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
+        if done and pending:
+            say(f"resuming {job.job_dir}: {len(done)} of {len(chunks)} chunks ({rows_done:,} rows) already committed")
+        bar = Progress(total, rows_done, stream=stream, enabled=progress)
+
+        def ready(runtime: str) -> None:
+            say(f"model {spec.version_dir} runs on {runtime}")
+            ready_at.append(time.monotonic())
+            bar.restart()
+
+        ready_at: list[float] = []
+        run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers,
+                  on_done=lambda index, ok, err: bar.advance(ok + err), on_ready=ready)
+        bar.close()
+        predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
+        counts = finalize(job.job_dir, len(chunks))
+    except BatchError as exc:
+        job.update(state=jobs.FAILED, error=str(exc), end_time=jobs.utc_now())
+        return job
+    except Exception as exc:  # anything else in a chunk or the model load: the job fails and says why
+        job.update(state=jobs.FAILED, error=f"{type(exc).__name__}: {exc}", end_time=jobs.utc_now())
+        return job
+    stats = {**counts, "incomplete_count": 0}
+    elapsed = time.monotonic() - started
+    # last_run_seconds: this run, model loads included; predict_seconds: from the first loaded model on.
+    job.update(state=jobs.SUCCEEDED, completion_stats=stats, end_time=jobs.utc_now(),
+               last_run_seconds=round(elapsed, 3), predict_seconds=round(predicted, 3),
+               rows_this_run=total - rows_done)
+    return job

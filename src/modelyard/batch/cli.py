@@ -1,0 +1,66 @@
+"""``modelyard batch-predict``: parses the flags, runs ``batch_predict`` and prints the summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from modelyard.batch.api import DEFAULT_BATCH_SIZE, batch_predict
+from modelyard.batch.spec import DEFAULT_CHUNK_ROWS, FORMATS, BatchError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "batch-predict",
+        help="run a model over files of instances into sharded result files (Vertex AI batch prediction)",
+        description=(
+            "Predict every instance of the input files with a model and write "
+            "OUTPUT/prediction-<model>-<timestamp>/prediction.results-0000K-of-0000N (JSON lines) and "
+            "prediction.errors_stats-00000-of-00001 (rows the model refused). Running the same command "
+            "again finishes an interrupted job, each row exactly once, and does nothing for a finished one."
+        ),
+    )
+    parser.add_argument("--model", help="model base path, BASE:VERSION, or a version directory")
+    parser.add_argument("--input", action="append", help="input file or glob (quote it); repeatable")
+    parser.add_argument("--output", help="directory that receives the job directory")
+    parser.add_argument("--format", default="jsonl", choices=FORMATS, help="instances format (default jsonl)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="worker processes, each loading the model once (default: cores; 0: in this process)")
+    parser.add_argument("--engine", default="local", choices=("local", "ray"), help="local (default) or ray")
+    parser.add_argument("--resume", metavar="JOB_DIR", help="finish the job in JOB_DIR")
+    parser.add_argument("--key-field", help="instance field carried to the output as 'key' (not sent to the model)")
+    parser.add_argument("--included-fields", help="comma-separated fields sent to the model")
+    parser.add_argument("--excluded-fields", help="comma-separated fields not sent to the model")
+    parser.add_argument("--instance-type", choices=("object", "array"), help="send instances as objects or arrays")
+    parser.add_argument("--signature-name", default="serving_default")
+    parser.add_argument("--runtime", default="auto", choices=("auto", "tensorflow", "litert"),
+                        help="as the server's --runtime (default auto: LiteRT where it matches TensorFlow)")
+    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                        help="rows per committed part (the unit of resume)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        job = batch_predict(
+            args.model, args.input, args.output, format=args.format, batch_size=args.batch_size,
+            workers=args.workers, key_field=args.key_field, included_fields=args.included_fields or (),
+            excluded_fields=args.excluded_fields or (), instance_type=args.instance_type, resume=args.resume,
+            signature_name=args.signature_name, runtime=args.runtime, chunk_rows=args.chunk_rows,
+            engine=args.engine, progress=not args.no_progress,
+        )
+    except BatchError as exc:
+        print(f"modelyard batch-predict: error: {exc}", file=sys.stderr)
+        return 2
+    stats = job.completion_stats
+    if job.state != "JOB_STATE_SUCCEEDED":
+        print(f"modelyard batch-predict: job {job.job_dir} {job.state}: {job.error}", file=sys.stderr)
+        return 1
+    seconds = job.data.get("last_run_seconds")
+    print(f"{job.state}: {stats['successful_count']:,} results, {stats['failed_count']:,} errors, "
+          f"{stats['successful_count'] + stats['failed_count']:,} rows"
+          + (f" in {seconds:.1f} s" if seconds else ""))
+    print(f"output: {job.job_dir}")
+    return 0

@@ -1,0 +1,143 @@
+"""The local engine: chunks run by worker processes on this machine, each loading the model once.
+
+Workers are spawned (TensorFlow is not fork-safe), die with the coordinator (``PR_SET_PDEATHSIG``),
+read their chunks straight from the input files and commit their own parts; only chunk
+numbers and counts cross the process boundary. ``workers=0`` runs in the calling process.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from modelyard.batch.instances import Shaping
+from modelyard.batch.readers import Chunk
+from modelyard.batch.spec import BatchError, JobSpec
+
+# Loaded predictors of this process, by (version dir, signature, runtime): workers=0 jobs
+# run back to back (tests, notebooks) reuse the model instead of loading it again.
+_PREDICTORS: dict[tuple, Any] = {}
+
+
+def shaping_of(spec: JobSpec) -> Shaping:
+    # CSV rows are read as objects keyed by the header; Vertex sends them as arrays by default.
+    default_type = "array" if spec.format == "csv" else None
+    return Shaping(spec.key_field, spec.included_fields, spec.excluded_fields, spec.instance_type or default_type)
+
+
+def predictor_for(spec: JobSpec):
+    from modelyard.batch.predictor import Predictor, load_servable
+
+    key = (spec.version_dir, spec.signature_name, spec.runtime)
+    if key not in _PREDICTORS:
+        _PREDICTORS[key] = Predictor(load_servable(Path(spec.version_dir), spec.runtime), spec.signature_name)
+    return _PREDICTORS[key]
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan keeps writing after a kill -9
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+def _worker(job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, batch_size: int,
+            tasks, answers, parent: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent:
+        return  # the coordinator died before the death signal was armed
+    from modelyard.batch.work import process_chunk
+
+    spec = JobSpec.from_identity(identity)
+    try:
+        predictor = predictor_for(spec)
+    except Exception as exc:  # any load failure fails the job with the loader's message
+        answers.put(("failed", f"loading {spec.version_dir}: {type(exc).__name__}: {exc}"))
+        return
+    answers.put(("ready", os.getpid(), predictor.runtime))
+    shaping = shaping_of(spec)
+    while True:
+        index = tasks.get()
+        if index is None:
+            return
+        chunk = chunks[index]
+        try:
+            ok, err = process_chunk(Path(job_dir), chunk, spec.format, contexts.get(chunk.file), shaping,
+                                    predictor, batch_size)
+        except Exception as exc:
+            answers.put(("failed", f"chunk {index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
+                                   + traceback.format_exc(limit=3)))
+            return
+        answers.put(("done", index, ok, err))
+
+
+def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
+              batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
+              on_ready: Callable[[str], None] = lambda runtime: None) -> None:
+    """Run every pending chunk; ``on_done(index, ok, err)`` after each commit. Raises BatchError on failure."""
+    if not pending:
+        return
+    if workers == 0:
+        from modelyard.batch.work import process_chunk
+
+        predictor = predictor_for(spec)
+        on_ready(predictor.runtime)
+        shaping = shaping_of(spec)
+        for index in pending:
+            chunk = chunks[index]
+            ok, err = process_chunk(job_dir, chunk, spec.format, contexts.get(chunk.file), shaping,
+                                    predictor, batch_size)
+            on_done(index, ok, err)
+        return
+    ctx = mp.get_context("spawn")
+    tasks, answers = ctx.Queue(), ctx.Queue()
+    for index in pending:
+        tasks.put(index)
+    count = min(workers, len(pending))
+    for _ in range(count):
+        tasks.put(None)
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(str(job_dir), spec.identity(), chunks, contexts, batch_size, tasks, answers,
+                               os.getpid()))
+             for _ in range(count)]
+    for p in procs:
+        p.start()
+    left = set(pending)
+    announced = False
+    try:
+        while left:
+            try:
+                message = answers.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead:
+                    raise BatchError(f"worker pid {dead[0].pid} died (exit code {dead[0].exitcode}) with "
+                                     f"{len(left)} chunks left; run the same command again to resume")
+                if all(not p.is_alive() for p in procs):
+                    raise BatchError(f"all workers exited with {len(left)} chunks left")
+                continue
+            kind = message[0]
+            if kind == "failed":
+                raise BatchError(f"worker failed: {message[1]}")
+            if kind == "ready":
+                if not announced:
+                    on_ready(message[2])
+                    announced = True
+                continue
+            _, index, ok, err = message
+            left.discard(index)
+            on_done(index, ok, err)
+    finally:
+        # Every chunk is committed (or the job failed): a worker has nothing left to write, and
+        # TensorFlow's interpreter teardown takes seconds, so the workers are killed, not awaited.
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()

@@ -1,0 +1,84 @@
+"""Input readers, one module per format, behind one interface.
+
+Every format splits a file into chunks of whole rows by byte range (``scan``), so a
+worker reads its chunk with one seek and the job can name each chunk for exactly-once
+commits; ``decode`` turns a chunk's bytes into rows. A row is ``Row(instance, echo)``
+(``echo``: the JSON bytes to write as the output's "instance", or None to write the
+shaped instance; JSON Lines give ``RawJson`` instances, parsed only when needed) or ``BadRow(echo, message)`` for a record that cannot be read at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Row(NamedTuple):
+    instance: Any
+    echo: bytes | None
+
+
+class RawJson(NamedTuple):
+    """A JSON line not parsed yet: the fast path reads a batch of them as bytes (``fastjson``)."""
+
+    line: bytes
+    row: int  # 1-based line number within its file, for error messages
+
+
+class BadRow(NamedTuple):
+    echo: bytes
+    message: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int  # position in the job's plan: names the committed part
+    file: str
+    start: int  # byte range [start, end) holding ``rows`` whole rows
+    end: int
+    rows: int
+    first_row: int  # 0-based row number of the first row within its file (for messages)
+
+
+def reader(fmt: str):
+    """The module implementing ``fmt``: ``scan(path, chunk_rows) -> (ranges, context)`` and
+    ``decode(data, context, path, first_row) -> list[Row | BadRow]``."""
+    if fmt == "jsonl":
+        from modelyard.batch.readers import jsonl as module
+    elif fmt == "csv":
+        from modelyard.batch.readers import csv_rows as module
+    elif fmt == "tf-record":
+        from modelyard.batch.readers import tfrecord as module
+    elif fmt == "file-list":
+        from modelyard.batch.readers import file_list as module
+    else:
+        raise ValueError(f"unknown format {fmt}")
+    return module
+
+
+def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict[str, Any]]:
+    """Every chunk of every file, in order, and each file's decode context (e.g. a CSV header)."""
+    module = reader(fmt)
+    chunks: list[Chunk] = []
+    contexts: dict[str, Any] = {}
+    for path in files:
+        ranges, context = module.scan(path, chunk_rows)
+        contexts[path] = context
+        first = 0
+        for start, end, rows in ranges:
+            chunks.append(Chunk(len(chunks), path, start, end, rows, first))
+            first += rows
+    return chunks, contexts
+
+
+def read_chunk(chunk: Chunk, fmt: str, context: Any) -> list[Row | BadRow]:
+    with open(chunk.file, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.end - chunk.start)
+    rows = reader(fmt).decode(data, context, chunk.file, chunk.first_row)
+    if len(rows) != chunk.rows:
+        # The plan counted rows when the job started; a different count means the file changed.
+        raise ValueError(
+            f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
+            f"{len(rows)} rows, not {chunk.rows}"
+        )
+    return rows

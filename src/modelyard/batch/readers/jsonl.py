@@ -1,0 +1,26 @@
+"""JSON Lines: each line one instance (a list, an object, or any JSON value).
+
+Lines are handed on unparsed (``RawJson``); ``parse`` reads one when the general path needs it.
+"""
+from __future__ import annotations
+
+import orjson
+
+from modelyard.batch.readers import BadRow, RawJson, Row
+from modelyard.batch.readers.lines import line_ranges, show, split_lines
+
+
+def scan(path: str, chunk_rows: int):
+    return line_ranges(path, chunk_rows), None
+
+
+def decode(data: bytes, context, path: str, first_row: int) -> list:
+    return [Row(RawJson(line, first_row + n + 1), line.strip()) for n, line in enumerate(split_lines(data))]
+
+
+def parse(raw: RawJson, path: str) -> Row | BadRow:
+    try:
+        return Row(orjson.loads(raw.line), raw.line.strip())
+    except orjson.JSONDecodeError as exc:
+        reason = "empty line" if not raw.line.strip() else f"not valid JSON ({exc})"
+        return BadRow(orjson.dumps(show(raw.line)), f"{path} line {raw.row}: {reason}")

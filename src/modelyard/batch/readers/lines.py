@@ -1,0 +1,63 @@
+"""Splitting a file into chunks of whole lines by byte range, fast (NumPy over 4 MiB blocks).
+
+``quoted=True`` ignores newlines inside double quotes (CSV fields may hold newlines;
+an escaped quote is two quotes, so the parity rule holds).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 4 << 20
+
+
+def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> list[tuple[int, int, int]]:
+    """``[(start, end, rows), ...]`` covering ``path`` from ``start``; a last line without a newline counts."""
+    ranges: list[tuple[int, int, int]] = []
+    chunk_start, rows, pos, odd = start, 0, start, 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        while True:
+            block = f.read(BLOCK)
+            if not block:
+                break
+            arr = np.frombuffer(block, np.uint8)
+            newlines = np.flatnonzero(arr == 10)
+            if quoted:
+                quotes = np.cumsum(arr == 34, dtype=np.int64)
+                newlines = newlines[(quotes[newlines] + odd) % 2 == 0]
+                odd = (odd + int(quotes[-1])) % 2
+            ends = newlines + (pos + 1)
+            i = 0
+            while len(ends) - i >= chunk_rows - rows:
+                i += chunk_rows - rows
+                end = int(ends[i - 1])
+                ranges.append((chunk_start, end, chunk_rows))
+                chunk_start, rows = end, 0
+            rows += len(ends) - i
+            pos += len(block)
+    if _has_unterminated_tail(path, start, pos):
+        rows += 1  # bytes after the last newline are one more row
+    if rows:
+        ranges.append((chunk_start, pos, rows))
+    return ranges
+
+
+def _has_unterminated_tail(path: str, start: int, size: int) -> bool:
+    if size <= start:
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) != b"\n"
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of a chunk, without their newlines (the final newline ends a line, not starts one)."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def show(raw: bytes, limit: int = 200) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,97 @@
+"""One chunk, start to commit: read its rows, shape them, predict in batches, write the part.
+
+Runs the same in a worker process and in the calling process (``workers=0``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from modelyard.batch.instances import Shaping, shape
+from modelyard.batch.predictor import Predictor, RowFailure
+from modelyard.batch.readers import BadRow, Chunk, RawJson, read_chunk
+from modelyard.batch.readers.jsonl import parse as parse_json
+from modelyard.batch.shards import commit_part
+from modelyard.errors import ServingError
+
+
+def error_line(echo: bytes, key: Any, status: str, message: str) -> bytes:
+    head = b'{"key":' + orjson.dumps(key) + b',' if key is not None else b"{"
+    return (head + b'"instance":' + echo + b',"error":{"status":' + orjson.dumps(status)
+            + b',"message":' + orjson.dumps(message) + b"}}")
+
+
+def result_line(echo: bytes | None, key: Any, prediction: bytes) -> bytes:
+    if key is not None:
+        return b'{"key":' + orjson.dumps(key) + b',"prediction":' + prediction + b"}"
+    return b'{"instance":' + echo + b',"prediction":' + prediction + b"}"
+
+
+def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: Shaping,
+                  predictor: Predictor, batch_size: int) -> tuple[int, int]:
+    """Predict every row of ``chunk`` and commit its part; returns ``(successes, failures)``."""
+    results: list[bytes] = []
+    errors: list[bytes] = []
+    batch: list[Any] = []
+    meta: list[tuple[bytes, Any]] = []
+    raw: list[RawJson] = []
+    raw_echo: list[bytes] = []
+    # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
+    lazy = predictor.dense is not None and shaping.identity
+
+    def flush() -> None:
+        for (echo, key), answer in zip(meta, predictor.predict(batch)):
+            if isinstance(answer, RowFailure):
+                errors.append(error_line(echo, key, answer.code, answer.message))
+            else:
+                results.append(result_line(echo, key, answer))
+        batch.clear()
+        meta.clear()
+
+    def flush_raw() -> None:
+        answers = predictor.predict_dense([r.line for r in raw])
+        if answers is not None:
+            results.extend(result_line(echo, None, answer) for echo, answer in zip(raw_echo, answers))
+        else:
+            for item, echo in zip(raw, raw_echo):
+                parsed = parse_json(item, chunk.file)
+                if isinstance(parsed, BadRow):
+                    errors.append(error_line(parsed.echo, None, "INVALID_ARGUMENT", parsed.message))
+                else:
+                    batch.append(parsed.instance)
+                    meta.append((echo, None))
+            if batch:
+                flush()
+        raw.clear()
+        raw_echo.clear()
+
+    for row in read_chunk(chunk, fmt, context):
+        if not isinstance(row, BadRow) and isinstance(row.instance, RawJson):
+            if lazy:
+                raw.append(row.instance)
+                raw_echo.append(row.echo)
+                if len(raw) >= batch_size:
+                    flush_raw()
+                continue
+            row = parse_json(row.instance, chunk.file)
+        if isinstance(row, BadRow):
+            errors.append(error_line(row.echo, None, "INVALID_ARGUMENT", row.message))
+            continue
+        try:
+            key, instance = shape(row.instance, shaping)
+        except ServingError as exc:
+            errors.append(error_line(row.echo or orjson.dumps(row.instance), None, exc.code.name, exc.message))
+            continue
+        echo = row.echo if (row.echo is not None and shaping.identity) else orjson.dumps(instance)
+        batch.append(instance)
+        meta.append((echo, key))
+        if len(batch) >= batch_size:
+            flush()
+    if raw:
+        flush_raw()
+    if batch:
+        flush()
+    commit_part(job_dir, chunk.index, results, errors)
+    return len(results), len(errors)

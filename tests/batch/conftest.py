@@ -1,0 +1,87 @@
+"""Session-scoped models and data writers for the batch prediction tests."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import modelyard  # noqa: F401  (sets the TF/Keras environment before TensorFlow is imported)
+import numpy as np
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+class TinyModel:
+    """A 4 -> 3 softmax classifier exported as ``base/0001``, with a NumPy reference of its math."""
+
+    def __init__(self, base: Path, kernel: np.ndarray, bias: np.ndarray):
+        self.base, self.kernel, self.bias = base, kernel, bias
+
+    def reference(self, x) -> np.ndarray:
+        logits = np.asarray(x, np.float32) @ self.kernel + self.bias
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> TinyModel:
+    import tensorflow as tf
+
+    keras = tf.keras
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((4,), name="x")
+    outputs = keras.layers.Dense(3, activation="softmax", name="scores")(inputs)
+    model = keras.Model(inputs, outputs)
+    base = tmp_path_factory.mktemp("models") / "tiny"
+    modelyard.export(model, base)
+    kernel, bias = (w.numpy() for w in model.layers[-1].weights)
+    return TinyModel(base, kernel, bias)
+
+
+def rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, 4)).round(4).astype(np.float32)
+
+
+def write_jsonl(path: Path, lines: list) -> Path:
+    with open(path, "w") as f:
+        for line in lines:
+            f.write(line if isinstance(line, str) else json.dumps(line))
+            f.write("\n")
+    return path
+
+
+def cli_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(SRC), "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "modelyard", "batch-predict", *args]
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def bytes_model(tmp_path_factory) -> Path:
+    """A SavedModel taking strings: ``serving_default`` parses tf.Examples (sum of feature x[4]),
+    ``length`` returns each string's byte length. Base path with version 0001."""
+    import tensorflow as tf
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def parse(self, examples):
+            parsed = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([4], tf.float32)})
+            return {"total": tf.reduce_sum(parsed["x"], axis=1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="data")])
+        def length(self, data):
+            return {"bytes": tf.strings.length(data)}
+
+    module = Module()
+    base = tmp_path_factory.mktemp("models") / "bytes"
+    tf.saved_model.save(module, str(base / "0001"),
+                        signatures={"serving_default": module.parse, "length": module.length})
+    return base
