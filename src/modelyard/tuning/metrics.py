@@ -179,6 +179,10 @@ class HypertuneReader:
                 series[step if step > 0 else order] = value
 
 
+def _is_validation(tag: str) -> bool:
+    return any(part in ("validation", "eval", "evaluation") for part in tag.split("/")[:-1])
+
+
 class TrialMetrics:
     """The measurements of one trial, from the sources its study allows."""
 
@@ -203,7 +207,7 @@ class TrialMetrics:
                 return reader.series[tag]
             if isinstance(reader, TensorBoardReader):
                 # Keras writes the same tag for train and validation runs: validation wins.
-                names = sorted(reader.series, key=lambda n: (not n.startswith(("validation", "eval")), n))
+                names = sorted(reader.series, key=lambda n: (not _is_validation(n), n))
                 for name in names:
                     if name.rsplit("/", 1)[-1] == tag:
                         return reader.series[name]

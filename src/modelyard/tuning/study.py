@@ -52,8 +52,10 @@ def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[-1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
-    return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
-                      heartbeat_stale_trial_callback=_RETRY, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
+                          heartbeat_stale_trial_callback=_RETRY, **kwargs)
 
 
 def _sampler(study: Study, existing: int) -> optuna.samplers.BaseSampler:
@@ -176,7 +178,7 @@ class Tuner:
         self.poll_interval, self.grace, self.export_model = poll_interval, grace, export_model
         self.storage = open_storage(study.storage)
         self.ostudy = load_study(study, self.storage)
-        self.running: dict[int, tuple[optuna.Trial, TrialProcess, int]] = {}  # number -> trial, proc, last step
+        self.running: dict[int, tuple[optuna.Trial, TrialProcess, int]] = {}  # number -> trial, proc, last step reported
         self.owner = _owner()
         self._stop_signal: int | None = None
         self._last_beat = 0.0
@@ -262,7 +264,7 @@ class Tuner:
             return
         trial.set_user_attr("pgid", proc.pid)
         self.storage.record_heartbeat(trial._trial_id)
-        self.running[trial.number] = (trial, proc, 0)
+        self.running[trial.number] = (trial, proc, -1)
         self.on_event("started", {"number": trial.number, "params": params, "device": slot.describe(),
                                   "job_dir": str(job_dir)})
 
