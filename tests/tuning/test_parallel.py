@@ -3,11 +3,12 @@ kills promptly, and failing trials recorded with their errors."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from optuna.trial import TrialState
 
-from tests.tuning.conftest import run, trials, write_study
+from tests.tuning.conftest import TRIALS, run, trials, write_study
 
 
 def test_parallel_trials_run_on_disjoint_cores(tmp_path: Path):
@@ -33,11 +34,11 @@ def test_median_stopping_kills_hopeless_trials_within_seconds(tmp_path: Path):
     # first measurements; one of them ignores SIGTERM and must be SIGKILLed after the grace.
     study = write_study(
         tmp_path, "prune", [{"parameter_id": "quality", "categorical_value_spec": {"values": ["0.9", "0.8", "0.1", "0.2"]}}],
-        "slow_curve.py", study_spec={"algorithm": "GRID_SEARCH",
+        [sys.executable, str(TRIALS / "slow_curve.py"), "--epochs=40", "--epoch-seconds=0.08"], study_spec={"algorithm": "GRID_SEARCH",
                                      "median_automated_stopping_spec": {"min_completed_trials": 2}},
         max_trial_count=4, parallel_trial_count=2, trial={"env": {"IGNORE_TERM_AT_OR_BELOW": "0.1"}},
     )
-    result = run(["tune", str(study)])
+    result = run(["tune", str(study), "--grace", "1"])
     assert result.returncode == 0, result.stdout
     by_quality = {t.user_attrs["params"]["quality"]: t for t in trials(study)}
     assert [by_quality[q].state for q in ("0.9", "0.8")] == [TrialState.COMPLETE] * 2
@@ -46,11 +47,11 @@ def test_median_stopping_kills_hopeless_trials_within_seconds(tmp_path: Path):
         assert t.state == TrialState.PRUNED, result.stdout
         epochs = (Path(t.user_attrs["job_dir"]) / "epochs.log").read_text().split("\n")
         last_epoch_at = float([line for line in epochs if line][-1].split()[1])
-        # Unpruned, the trial would run 40 epochs (4 s or more); it stopped soon after the decision,
-        # the SIGTERM-ignoring one after the 3 s grace.
+        # Unpruned, the trial would run 40 epochs (3.2 s or more); it stopped soon after the decision,
+        # the SIGTERM-ignoring one after the grace.
         assert int([line for line in epochs if line][-1].split()[0]) < 40
-        # SIGTERM stops the 0.2 trial at once; the 0.1 trial ignores it and is SIGKILLed after the grace.
-        limit = 2.5 if q == "0.2" else 3.0 + 2.5
+        # SIGTERM stops the 0.2 trial at once; the 0.1 trial ignores it and is SIGKILLed after the 1 s grace.
+        limit = 2.0 if q == "0.2" else 1.0 + 2.0
         assert t.user_attrs["exited_at"] - t.user_attrs["pruned_at"] < limit, t.user_attrs
         assert last_epoch_at - t.user_attrs["pruned_at"] < limit
 

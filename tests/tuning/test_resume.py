@@ -9,6 +9,7 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
+from modelyard.tuning.spec import SpecError
 from modelyard.tuning.study import retried_numbers
 from tests.tuning.conftest import kill_group, run, start, trials, write_study
 
@@ -21,7 +22,6 @@ def _group_alive(pgid: int) -> bool:
         except (OSError, IndexError):
             continue
         if int(stat[2]) == pgid and stat[0] != "Z":
-            os.system(f"ps -o pid,ppid,pgid,stat,cmd -p {entry.name}")
             return True
     return False
 
@@ -38,9 +38,10 @@ def test_kill_9_mid_study_then_resume(tmp_path: Path):
         deadline = time.time() + 60
         while time.time() < deadline:
             time.sleep(0.3)
-            if not (tmp_path / "resume.tuning.db").exists():
+            try:
+                now = trials(study)
+            except SpecError:  # the tuner has not created the study yet
                 continue
-            now = trials(study)
             done = [t for t in now if t.state == TrialState.COMPLETE]
             running = [t for t in now if t.state == TrialState.RUNNING and "pgid" in t.user_attrs]
             if len(done) >= 2 and running:

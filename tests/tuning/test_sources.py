@@ -23,11 +23,11 @@ def test_hypertune_trials_with_flags_find_the_optimum(tmp_path: Path):
         {"parameter_id": "x", "double_value_spec": {"min_value": 0.0, "max_value": 1.0}},
         {"parameter_id": "units", "integer_value_spec": {"min_value": 8, "max_value": 512}, "scale_type": "UNIT_LOG_SCALE"},
     ], "hypertune_quadratic.py", study_spec={"algorithm": "RANDOM_SEARCH"},
-        max_trial_count=16, parallel_trial_count=2, seed=3)
+        max_trial_count=12, parallel_trial_count=2, seed=3)
     result = run(["tune", str(study)])
     assert result.returncode == 0, result.stdout
     done = trials(study)
-    assert len(done) == 16 and all(t.state == TrialState.COMPLETE for t in done)
+    assert len(done) == 12 and all(t.state == TrialState.COMPLETE for t in done)
     for t in done:  # each value is what the trial computed from the flags it was given
         p = t.user_attrs["params"]
         assert math.isclose(t.values[0], _score(p["x"], p["units"]), rel_tol=1e-6)
@@ -43,14 +43,14 @@ def test_tensorboard_trials_with_conditional_grid_find_the_optimum(tmp_path: Pat
         {"parameter_id": "optimizer", "categorical_value_spec": {"values": ["adam", "sgd"]},
          "conditional_parameter_specs": [{
              "parent_categorical_values": {"values": ["sgd"]},
-             "parameter_spec": {"parameter_id": "momentum", "discrete_value_spec": {"values": [0.0, 0.5, 0.9]}}}]},
-        {"parameter_id": "lr", "discrete_value_spec": {"values": [0.001, 0.01, 0.1]}},
+             "parameter_spec": {"parameter_id": "momentum", "discrete_value_spec": {"values": [0.5, 0.9]}}}]},
+        {"parameter_id": "lr", "discrete_value_spec": {"values": [0.01, 0.1]}},
     ], "tensorboard_curve.py", metric="accuracy", study_spec={"algorithm": "GRID_SEARCH"},
         max_trial_count=100, parallel_trial_count=2, trial={"hyperparameter_metric_tag": "epoch_accuracy"})
     result = run(["tune", str(study)])
     assert result.returncode == 0, result.stdout
     done = trials(study)
-    assert len(done) == 12  # the grid: (adam + 3 sgd momenta) x 3 learning rates
+    assert len(done) == 6  # the grid: (adam + 2 sgd momenta) x 2 learning rates
     assert {tuple(sorted(t.user_attrs["params"])) for t in done} == {("lr", "optimizer"), ("lr", "momentum", "optimizer")}
     top = best(study)
     assert top.user_attrs["params"] == {"optimizer": "sgd", "momentum": 0.9, "lr": 0.01}

@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="when the study ends, export the best trial's model as the next version here")
     tune.add_argument("--plots", metavar="DIR", help="when the study ends (or with status), write plots "
                                                      "(optimization history, parallel coordinates, importances) here")
+    tune.add_argument("--grace", type=float, default=3.0,
+                      help="seconds a stopped (pruned) trial gets after SIGTERM before SIGKILL (default 3)")
     tune.add_argument("--poll", type=float, default=0.2, help=argparse.SUPPRESS)
     tune.set_defaults(func=run_tune)
 
@@ -76,7 +78,8 @@ def _run(study, slots, args: argparse.Namespace) -> int:
     from modelyard.tuning.study import StudyFailed, Tuner
 
     view = LiveView(study)
-    tuner = Tuner(study, slots, view, poll_interval=args.poll, export_model=bool(args.export_best_to))
+    tuner = Tuner(study, slots, view, poll_interval=args.poll, grace=args.grace,
+                  export_model=bool(args.export_best_to))
     view.get_trials = lambda: tuner.ostudy.get_trials(deepcopy=False)
     print(f"modelyard tune: study {study.name} in {study.storage}; {study.max_trials} trial(s), "
           f"{tuner.pool.size} at a time on {', '.join(s.describe() for s in slots[:tuner.pool.size])}", flush=True)
