@@ -69,7 +69,7 @@ def _status(study, args: argparse.Namespace) -> int:
           f"{tally['running']} running of max_trial_count {study.max_trials}")
     print(table(study, trials))
     if args.plots:
-        _plots(study, ostudy, Path(args.plots))
+        return _plots(study, ostudy, Path(args.plots))
     return 0
 
 
@@ -79,7 +79,7 @@ def _run(study, slots, args: argparse.Namespace) -> int:
 
     view = LiveView(study)
     tuner = Tuner(study, slots, view, poll_interval=args.poll, grace=args.grace,
-                  export_model=bool(args.export_best_to))
+                  export_model=bool(args.export_best_to), join=args.join)
     view.get_trials = lambda: tuner.ostudy.get_trials(deepcopy=False)
     print(f"modelyard tune: study {study.name} in {study.storage}; {study.max_trials} trial(s), "
           f"{tuner.pool.size} at a time on {', '.join(s.describe() for s in slots[:tuner.pool.size])}", flush=True)
@@ -104,12 +104,16 @@ def _run(study, slots, args: argparse.Namespace) -> int:
             return _error(str(exc))
         print(f"modelyard tune: exported trial {best[0].number + 1}'s model as {path}")
     if args.plots:
-        _plots(study, tuner.ostudy, Path(args.plots))
+        return _plots(study, tuner.ostudy, Path(args.plots))
     return 0
 
 
-def _plots(study, ostudy, out: Path) -> None:
-    from modelyard.tuning.plots import write_plots
+def _plots(study, ostudy, out: Path) -> int:
+    from modelyard.tuning.plots import PlotError, write_plots
 
-    for path in write_plots(study, ostudy, out):
-        print(f"modelyard tune: wrote {path}")
+    try:
+        for path in write_plots(study, ostudy, out):
+            print(f"modelyard tune: wrote {path}")
+    except PlotError as exc:
+        return _error(str(exc))
+    return 0

@@ -38,7 +38,9 @@ def rows(study: Study, trials: list[FrozenTrial]) -> list[dict[str, str]]:
     out = []
     for t in sorted(trials, key=lambda t: t.number):
         state = t.state.name
-        if t.number in retried:
+        if t.user_attrs.get("excess"):
+            state = "NOT RUN"  # another host had taken the last trial of the budget
+        elif t.number in retried:
             state = "INTERRUPTED"
         elif t.state == TrialState.FAIL:
             state = "FAILED"

@@ -45,10 +45,24 @@ class StudyFailed(RuntimeError):
     """The study stopped: too many failed trials, or it was interrupted."""
 
 
+def _with_driver(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 (our dependency) unless
+    psycopg2 is there or the URL names a driver."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres") and sep:
+        try:
+            import psycopg2  # noqa: F401
+        except ImportError:
+            return f"postgresql+psycopg://{rest}"
+        return f"postgresql://{rest}"
+    return url
+
+
 def open_storage(url: str) -> RDBStorage:
     """The study's database (SQLite file or PostgreSQL URL), with trial heartbeats on."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kwargs: dict[str, Any] = {}
+    url = _with_driver(url)
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[-1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
@@ -58,9 +72,10 @@ def open_storage(url: str) -> RDBStorage:
                           heartbeat_stale_trial_callback=_RETRY, **kwargs)
 
 
-def _sampler(study: Study, existing: int) -> optuna.samplers.BaseSampler:
-    # Offset by the trials already there, so a resumed seeded study does not redraw them.
-    seed = None if study.seed is None else study.seed + existing
+def _sampler(study: Study, existing: int, join: bool) -> optuna.samplers.BaseSampler:
+    # Offset by the trials already there, so a resumed seeded study does not redraw them;
+    # hosts joining one study draw independently (the same seed would propose the same points).
+    seed = None if study.seed is None or join else study.seed + existing
     if study.algorithm == "tpe":
         # constant_liar: running trials count as bad guesses, so parallel trials spread out.
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
@@ -81,7 +96,8 @@ def _pruner(study: Study) -> optuna.pruners.BasePruner:
                                           reduction_factor=stopping["reduction_factor"])
 
 
-def load_study(study: Study, storage: RDBStorage | None = None, create: bool = True) -> optuna.Study:
+def load_study(study: Study, storage: RDBStorage | None = None, create: bool = True,
+               join: bool = False) -> optuna.Study:
     """Open (or create) the Optuna study for a study file; refuse one made from another space."""
     storage = storage or open_storage(study.storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
@@ -90,7 +106,7 @@ def load_study(study: Study, storage: RDBStorage | None = None, create: bool = T
     existing = len(storage.get_all_trials(storage.get_study_id_from_name(study.name))) if study.name in names else 0
     ostudy = optuna.create_study(
         study_name=study.name, storage=storage, directions=[m.direction for m in study.metrics],
-        sampler=_sampler(study, existing), pruner=_pruner(study), load_if_exists=True,
+        sampler=_sampler(study, existing, join), pruner=_pruner(study), load_if_exists=True,
     )
     recorded = ostudy.user_attrs.get("spec")
     if recorded is None and create:
@@ -105,8 +121,14 @@ def load_study(study: Study, storage: RDBStorage | None = None, create: bool = T
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Trials that were interrupted and queued again (their FAIL is not the trial's fault)."""
-    return {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    """Trials that do not count: interrupted and queued again (their FAIL is not the trial's
+    fault), or asked for by a joined host after the budget was already taken (``excess``)."""
+    return ({n for t in trials for n in t.system_attrs.get("retry_history", [])}
+            | {t.number for t in trials if t.user_attrs.get("excess")})
+
+
+def _used(trial: FrozenTrial) -> bool:
+    return trial.state != TrialState.WAITING
 
 
 def counts(trials: list[FrozenTrial]) -> dict[str, int]:
@@ -171,13 +193,13 @@ class Tuner:
     """Runs one study to its end (or joins one other hosts are running)."""
 
     def __init__(self, study: Study, slots: list[Slot], on_event: Callable[[str, dict[str, Any]], None],
-                 poll_interval: float = 0.2, grace: float = 3.0, export_model: bool = False):
+                 poll_interval: float = 0.2, grace: float = 3.0, export_model: bool = False, join: bool = False):
         self.study = study
         self.pool = SlotPool(slots, study.parallel)
         self.on_event = on_event
         self.poll_interval, self.grace, self.export_model = poll_interval, grace, export_model
         self.storage = open_storage(study.storage)
-        self.ostudy = load_study(study, self.storage)
+        self.ostudy = load_study(study, self.storage, join=join)
         self.running: dict[int, tuple[optuna.Trial, TrialProcess, int]] = {}  # number -> trial, proc, last step reported
         self.owner = _owner()
         self._stop_signal: int | None = None
@@ -246,8 +268,10 @@ class Tuner:
             proc.stop("interrupted")
 
     def _launch(self) -> None:
-        slot = self.pool.take()
         trial = self.ostudy.ask()
+        if self._over_budget(trial):
+            return
+        slot = self.pool.take()
         params = space.suggest(trial, self.study.params)
         trial_id = str(trial.number + 1)
         job_dir = self.study.job_dir / f"trial-{trial.number + 1:04d}"
@@ -267,6 +291,19 @@ class Tuner:
         self.running[trial.number] = (trial, proc, -1)
         self.on_event("started", {"number": trial.number, "params": params, "device": slot.describe(),
                                   "job_dir": str(job_dir)})
+
+    def _over_budget(self, trial: optuna.Trial) -> bool:
+        """Hosts sharing a study may both see room for one more trial; the trial numbers the
+        database hands out decide: a trial is run only if fewer than max_trial_count counted
+        trials come before it. The other is closed as ``excess`` and not counted."""
+        trials = self.ostudy.get_trials(deepcopy=False)
+        skip = retried_numbers(trials)
+        before = sum(1 for t in trials if t.number < trial.number and t.number not in skip and _used(t))
+        if before < self.study.max_trials:
+            return False
+        trial.set_user_attr("excess", True)
+        self.ostudy.tell(trial, state=TrialState.FAIL)
+        return True
 
     def _poll(self) -> None:
         beat = time.time() - self._last_beat >= HEARTBEAT_SECONDS / 2
