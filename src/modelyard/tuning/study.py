@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import time
@@ -66,10 +67,21 @@ def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[-1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
-                          heartbeat_stale_trial_callback=_RETRY, **kwargs)
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
+                                  heartbeat_stale_trial_callback=_RETRY, **kwargs)
+        except (IntegrityError, ProgrammingError):
+            # Hosts joining a new database at once race to create Optuna's tables; the loser
+            # finds them made on the next try.
+            if attempt == 5:
+                raise
+            time.sleep(0.3 + random.random())
+    raise AssertionError("unreachable")
 
 
 def _sampler(study: Study, existing: int, join: bool) -> optuna.samplers.BaseSampler:
