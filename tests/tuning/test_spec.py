@@ -114,3 +114,22 @@ def test_log_and_reverse_log_scales_stay_in_range_and_lean_as_vertex_says(tmp_pa
     # log: two of three decades below 100 -> ~2/3; linear ~0.1; reverse log mirrors log -> near 0.
     assert share_low["log"] > 0.5 and 0.03 < share_low["lin"] < 0.2 and share_low["rev"] < 0.05
     assert math.isclose(space.to_internal(study.params[2], 900.0), 101.0)
+
+
+def test_devices_give_disjoint_slots_and_refuse_overlaps():
+    from modelyard.tuning import devices
+
+    cores = sorted(__import__("os").sched_getaffinity(0))
+    split = devices.parse("cpu", 2)
+    assert [s.ids for s in split] == [(cores[0],), (cores[1],)]
+    assert split[0].env()["TF_NUM_INTRAOP_THREADS"] == "1" and split[0].env()["CUDA_VISIBLE_DEVICES"] == ""
+    assert [s.ids for s in devices.parse("gpu:0,1", 2)] == [(0,), (1,)]
+    assert devices.parse("gpu:1", 1)[0].env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    for bad, expected in (("cpu:0,0", "slots must be disjoint"), ("cpu:0-1,1", "slots must be disjoint"),
+                          ("cpu:9999", "not available to this process"), ("tpu:0", "use cpu, cpu:0,1"),
+                          ("cpu:1-0", "bad range")):
+        with pytest.raises(devices.DeviceError) as err:
+            devices.parse(bad, 1)
+        assert expected in str(err.value)
+    with pytest.raises(devices.DeviceError, match="parallel trials need"):
+        devices.parse("cpu", len(cores) + 1)

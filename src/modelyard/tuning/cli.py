@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("target", nargs="+", metavar="[status] STUDY", help="study YAML file (after `status`: show it)")
     tune.add_argument("--storage", help="database URL (default: sqlite file beside the study file); "
                                         "postgresql://... lets several hosts --join one study")
-    tune.add_argument("--devices", help="trial slots: cpu (default: cores split per parallel trial), cpu:0,1, "
-                                        "cpu:0-1,2-3, gpu:0,1, or none")
+    tune.add_argument("--devices", help="trial slots: auto (default: one GPU each if there are GPUs, else the cores split per "
+                                        "parallel trial), cpu, cpu:0,1, cpu:0-1,2-3, gpu:0,1, or none")
     tune.add_argument("--join", action="store_true", help="join a study other hosts run on the same --storage")
     tune.add_argument("--export-best-to", metavar="MODEL_BASE_PATH",
                       help="when the study ends, export the best trial's model as the next version here")

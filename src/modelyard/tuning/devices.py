@@ -2,7 +2,8 @@
 
 ``--devices`` forms:
 
-- ``cpu`` (default): this process's cores split into ``parallel_trial_count`` disjoint sets;
+- ``auto`` (default): one GPU per trial if the NVIDIA driver shows GPUs, else ``cpu``;
+- ``cpu``: this process's cores split into ``parallel_trial_count`` disjoint sets;
 - ``cpu:0,1`` one core per trial; ``cpu:0-3,4-7`` a set per trial;
 - ``gpu:0,1`` one GPU per trial (``CUDA_VISIBLE_DEVICES``);
 - ``none``: no pinning (trials share everything).
@@ -14,7 +15,7 @@ so they size their pools to the slot instead of to the whole machine.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class DeviceError(ValueError):
@@ -27,7 +28,6 @@ class Slot:
 
     kind: str  # cpu | gpu | none
     ids: tuple[int, ...] = ()
-    label: str = field(default="", compare=False)
 
     def env(self) -> dict[str, str]:
         """Variables the trial's process gets for this slot."""
@@ -70,7 +70,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def parse(text: str | None, parallel: int) -> list[Slot]:
     """Slots for ``--devices``; as many as can run at once (may be fewer than ``parallel``)."""
-    text = (text or "cpu").strip().lower()
+    text = (text or "auto").strip().lower()
+    if text == "auto":
+        gpus = visible_gpus()
+        text = f"gpu:{','.join(map(str, gpus))}" if gpus else "cpu"
     if text == "none":
         return [Slot("none")] * parallel
     kind, _, rest = text.partition(":")
@@ -94,6 +97,20 @@ def parse(text: str | None, parallel: int) -> list[Slot]:
         if missing:
             raise DeviceError(f"--devices: core(s) {missing} are not available to this process (it may use {available})")
     return slots
+
+
+def visible_gpus() -> list[int]:
+    """GPU indices the NVIDIA driver lists (without starting CUDA or TensorFlow), narrowed by an
+    inherited CUDA_VISIBLE_DEVICES of plain indices."""
+    from pathlib import Path
+
+    driver = Path("/proc/driver/nvidia/gpus")
+    count = len(list(driver.iterdir())) if driver.is_dir() else 0
+    gpus = list(range(count))
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited is not None and all(p.strip().isdigit() for p in inherited.split(",") if p.strip()):
+        gpus = [int(p) for p in inherited.split(",") if p.strip() and int(p) < count]
+    return gpus
 
 
 class SlotPool:
