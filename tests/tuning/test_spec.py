@@ -133,3 +133,29 @@ def test_devices_give_disjoint_slots_and_refuse_overlaps():
         assert expected in str(err.value)
     with pytest.raises(devices.DeviceError, match="parallel trials need"):
         devices.parse("cpu", len(cores) + 1)
+
+
+def test_a_vertex_hyperparameter_tuning_job_is_a_study_file(tmp_path: Path):
+    """The HyperparameterTuningJob resource the SDK sends: container command + args run here, the
+    image is recorded, the trial's parameters go as --name=value flags."""
+    job = {
+        "displayName": "hpt", "maxTrialCount": 4, "parallelTrialCount": 2, "maxFailedTrialCount": 1,
+        "studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}],
+                      "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1},
+                                      "scaleType": "UNIT_LINEAR_SCALE"}]},
+        "trialJobSpec": {"workerPoolSpecs": [{
+            "machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
+            "containerSpec": {"imageUri": "gcr.io/p/trainer:1", "command": ["python3", "trainer.py"],
+                              "args": ["--epochs=3"], "env": [{"name": "MODE", "value": "fast"}]}}]},
+        "baseOutputDirectory": {"outputUriPrefix": str(tmp_path / "out")},
+    }
+    (tmp_path / "trainer.py").write_text("")
+    path = tmp_path / "hpt.json"
+    path.write_text(json.dumps(job))
+    study = spec.load(path)
+    assert study.command == [sys.executable, "trainer.py", "--epochs=3"] and study.env == {"MODE": "fast"}
+    assert (study.image_uri, study.job_dir, study.max_failed) == ("gcr.io/p/trainer:1", tmp_path / "out", 1)
+    job["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"].pop("command")
+    path.write_text(json.dumps(job))
+    with pytest.raises(spec.SpecError, match="the image's entrypoint cannot run here"):
+        spec.load(path)

@@ -56,6 +56,8 @@ _GRID_LIMIT = 10_000
 _TOP_KEYS = {
     "display_name", "study_spec", "max_trial_count", "parallel_trial_count", "max_failed_trial_count",
     "trial", "job_dir", "storage", "seed",
+    # A Vertex AI HyperparameterTuningJob resource (its JSON) is a study file too.
+    "trial_job_spec", "base_output_directory", "labels",
 }
 _SPEC_KEYS = {
     "metrics", "parameters", "algorithm", "measurement_selection_type", "median_automated_stopping_spec",
@@ -129,6 +131,7 @@ class Study:
     storage: str
     seed: int | None
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    image_uri: str | None = None  # a Vertex job's container image: recorded, not used
 
     @property
     def is_modelyard_train(self) -> bool:
@@ -430,12 +433,52 @@ def load(path: str | Path, storage: str | None = None) -> Study:
     return from_mapping(raw, path, storage)
 
 
+def _trial_from_job(job: Any) -> tuple[dict[str, Any], str | None]:
+    """``trial:`` from a HyperparameterTuningJob's ``trial_job_spec``: its one worker pool's
+    ``container_spec`` command + args (or ``python_package_spec``'s module) run here."""
+    where = "trial_job_spec.worker_pool_specs"
+    pools = job.get("worker_pool_specs") if isinstance(job, dict) else None
+    pools = [p for p in pools or [] if p]  # the SDK sends empty pools as placeholders
+    if len(pools) != 1:
+        raise SpecError(f"{where}: give exactly one worker pool (a trial here is one process); got {len(pools)}")
+    pool = pools[0]
+    if int(pool.get("replica_count", 1)) != 1:
+        raise SpecError(f"{where}[0].replica_count: a trial runs one replica here, got {pool['replica_count']}")
+    if "container_spec" in pool:
+        body = pool["container_spec"]
+        if not body.get("command"):
+            raise SpecError(f"{where}[0].container_spec.command: needed; the image's entrypoint cannot run here "
+                            f"(the image is not pulled: the command runs on this machine)")
+        command = [str(c) for c in body["command"]] + [str(a) for a in body.get("args") or []]
+        image = body.get("image_uri")
+    elif "python_package_spec" in pool:
+        body = pool["python_package_spec"]
+        if not body.get("python_module"):
+            raise SpecError(f"{where}[0].python_package_spec.python_module: needed")
+        command = [sys.executable, "-m", body["python_module"]] + [str(a) for a in body.get("args") or []]
+        image = body.get("executor_image_uri")
+    else:
+        raise SpecError(f"{where}[0]: give container_spec or python_package_spec")
+    env = {str(e.get("name")): str(e.get("value", "")) for e in body.get("env") or [] if isinstance(e, dict)}
+    return {"command": command, "env": env}, image
+
+
 def from_mapping(raw: dict[str, Any], path: Path, storage: str | None = None) -> Study:
     """Check an already-parsed study file (``path`` anchors relative paths)."""
     base = path.resolve().parent
     trial_raw = raw.get("trial")
     raw = _normalize({k: v for k, v in raw.items() if k != "trial"})
     _unknown("study file", raw, _TOP_KEYS)
+    image_uri = None
+    if "trial_job_spec" in raw:
+        if trial_raw is not None:
+            raise SpecError("give trial or trial_job_spec (a Vertex HyperparameterTuningJob's), not both")
+        trial_raw, image_uri = _trial_from_job(raw["trial_job_spec"])
+        prefix = (raw.get("base_output_directory") or {}).get("output_uri_prefix")
+        if prefix and "job_dir" not in raw:
+            if "://" in prefix:
+                raise SpecError(f"base_output_directory.output_uri_prefix: {prefix} is not a local path")
+            raw["job_dir"] = prefix
     spec = raw.get("study_spec")
     if not isinstance(spec, dict):
         raise SpecError("study_spec: missing; give metrics and parameters (Vertex AI StudySpec)")
@@ -482,4 +525,4 @@ def from_mapping(raw: dict[str, Any], path: Path, storage: str | None = None) ->
     return Study(path=path.resolve(), name=name, metrics=metrics, params=params, algorithm=algorithm,
                  selection=selection, stopping=stopping, max_trials=max_trials, parallel=parallel,
                  max_failed=max_failed, job_dir=job_dir, storage=storage, seed=seed, fingerprint=fingerprint,
-                 **trial)
+                 image_uri=image_uri, **trial)

@@ -123,6 +123,8 @@ def load_study(study: Study, storage: RDBStorage | None = None, create: bool = T
     recorded = ostudy.user_attrs.get("spec")
     if recorded is None and create:
         ostudy.set_user_attr("spec", study.fingerprint)
+        if study.image_uri:
+            ostudy.set_user_attr("image_uri", study.image_uri)
         if study.algorithm == "grid":
             for point in space.grid(study.params)[:study.max_trials]:
                 ostudy.enqueue_trial(point, skip_if_exists=False)
