@@ -19,7 +19,7 @@ class ExportError(RuntimeError):
 
 def find_saved_model(model_dir: Path) -> Path:
     """The SavedModel a trial wrote under ``model_dir`` (its highest version if it wrote several)."""
-    from modelyard.export_model import list_versions
+    from modelyard.model.export import list_versions
 
     if (model_dir / "saved_model.pb").is_file():
         return model_dir
@@ -33,7 +33,7 @@ def find_saved_model(model_dir: Path) -> Path:
 
 def export_best(model_dir: Path, base_path: Path) -> Path:
     """Copy the SavedModel under ``model_dir`` to ``base_path/<latest + 1>``; returns the new dir."""
-    from modelyard.export_model import list_versions, version_dir_name
+    from modelyard.model.export import list_versions, version_dir_name
 
     source = find_saved_model(model_dir)
     base_path.mkdir(parents=True, exist_ok=True)
