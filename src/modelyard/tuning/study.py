@@ -330,7 +330,7 @@ class Tuner:
                 self.storage.record_heartbeat(trial._trial_id)
             exited = proc.exited()  # asked before reading, so nothing written before exit is missed
             proc.metrics.poll()
-            last_step = self._report(trial, proc, last_step)
+            last_step = self._report(trial, proc, last_step, exited)
             self.running[number] = (trial, proc, last_step)
             if exited:
                 self._finish(trial, proc)
@@ -340,13 +340,14 @@ class Tuner:
             elif self.study.timeout and time.time() - proc.started > self.study.timeout:
                 proc.stop("timeout")
 
-    def _report(self, trial: optuna.Trial, proc: TrialProcess, last_step: int) -> int:
+    def _report(self, trial: optuna.Trial, proc: TrialProcess, last_step: int, exited: bool) -> int:
         series = proc.metrics.series(self.study.metrics[0].tag)
         new = sorted(step for step in series if step > last_step)
         for step in new:
             trial.report(series[step], step)
             self.on_event("measurement", {"number": trial.number, "step": step, "value": series[step]})
-        if new and self.study.stopping and proc.stop_reason is None and trial.should_prune():
+        # A trial that has already finished keeps its result: stopping it would save nothing.
+        if new and self.study.stopping and proc.stop_reason is None and not exited and trial.should_prune():
             proc.stop("pruned")
             trial.set_user_attr("pruned_at", proc.stop_requested)
             trial.set_user_attr("pruned_at_step", new[-1])
