@@ -92,3 +92,24 @@ def test_modelyard_train_trials_find_the_optimum(tmp_path: Path):
         [round(v, 5) for v in epochs.series["val_objective"].values()]
     # --export-best-to: the best trial's model is version 1 of the base path.
     assert (tmp_path / "models" / "best" / "0001" / "saved_model.pb").is_file(), result.stdout
+
+
+def test_several_metrics_give_the_pareto_front(tmp_path: Path):
+    study = write_study(tmp_path, "multi", [
+        {"parameter_id": "x", "discrete_value_spec": {"values": [0.3]}},
+        {"parameter_id": "units", "discrete_value_spec": {"values": [16, 64, 256]}},
+    ], "hypertune_quadratic.py", study_spec={
+        "algorithm": "GRID_SEARCH",
+        "metrics": [{"metric_id": "score", "goal": "MAXIMIZE"}, {"metric_id": "cost", "goal": "MINIMIZE"}],
+    }, max_trial_count=3, parallel_trial_count=2)
+    result = run(["tune", str(study)])
+    assert result.returncode == 0, result.stdout
+    done = trials(study)
+    assert sorted(t.values[1] for t in done) == [16, 64, 256]
+    from modelyard.tuning import spec
+    from modelyard.tuning.report import best_trials
+
+    front = best_trials(spec.load(study), done)
+    # 64 units has the best score, 16 the lowest cost; 256 is worse on both than 64.
+    assert sorted(t.user_attrs["params"]["units"] for t in front) == [16, 64]
+    assert result.stdout.count("best: trial") == 2

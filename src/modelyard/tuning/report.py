@@ -32,6 +32,13 @@ def _curve(values: dict[int, float]) -> str:
     return (f"…{len(steps) - len(shown)} " if len(steps) > len(shown) else "") + text
 
 
+def curve(trial: FrozenTrial) -> dict[int, float]:
+    """The first metric per step (kept in a user attribute for multi-objective studies)."""
+    if trial.intermediate_values:
+        return dict(trial.intermediate_values)
+    return {int(step): value for step, value in trial.user_attrs.get("curve", {}).items()}
+
+
 def rows(study: Study, trials: list[FrozenTrial]) -> list[dict[str, str]]:
     """One row per trial: what the table shows, as text."""
     retried = retried_numbers(trials)
@@ -48,7 +55,7 @@ def rows(study: Study, trials: list[FrozenTrial]) -> list[dict[str, str]]:
         seconds = t.user_attrs.get("seconds")
         out.append({
             "trial": str(t.number + 1), "state": state, "params": _params(t.user_attrs.get("params", {})),
-            study.metrics[0].id + " per step": _curve(t.intermediate_values), "value": values,
+            study.metrics[0].id + " per step": _curve(curve(t)), "value": values,
             "device": t.user_attrs.get("device", ""), "s": f"{seconds:.1f}" if seconds is not None else "",
         })
     return out

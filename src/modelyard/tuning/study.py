@@ -343,9 +343,14 @@ class Tuner:
     def _report(self, trial: optuna.Trial, proc: TrialProcess, last_step: int, exited: bool) -> int:
         series = proc.metrics.series(self.study.metrics[0].tag)
         new = sorted(step for step in series if step > last_step)
+        multi = len(self.study.metrics) > 1
         for step in new:
-            trial.report(series[step], step)
+            if not multi:
+                trial.report(series[step], step)
             self.on_event("measurement", {"number": trial.number, "step": step, "value": series[step]})
+        if new and multi:
+            # Optuna keeps no per-step values for multi-objective trials; the table's curve is kept here.
+            trial.set_user_attr("curve", {str(step): series[step] for step in sorted(series)})
         # A trial that has already finished keeps its result: stopping it would save nothing.
         if new and self.study.stopping and proc.stop_reason is None and not exited and trial.should_prune():
             proc.stop("pruned")
