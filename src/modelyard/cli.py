@@ -20,6 +20,7 @@ _AREAS = (
     "modelyard.edge.cli",
     "modelyard.platform.cli",
     "modelyard.batch.cli",
+    "modelyard.tuning.cli",
 )
 
 

@@ -1,0 +1,25 @@
+"""Hyperparameter tuning: ``modelyard tune study.yaml`` runs trials (any training command) as
+processes on disjoint devices, reads their per-epoch metrics, stops the hopeless ones early, and
+keeps the study in a database so it resumes after a crash.
+
+This package's top level stays light: a training script calls ``trial_params()`` without
+pulling in Optuna.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def trial_params(default: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The running trial's hyperparameters (``MODELYARD_TRIAL_PARAMS``), over ``default``.
+
+    For training code that takes no flags, e.g. a ``build_model()`` run by ``modelyard train``
+    (the study's ``trial.params_as: env``). Outside a study, ``default`` comes back unchanged.
+    """
+    params = dict(default or {})
+    raw = os.environ.get("MODELYARD_TRIAL_PARAMS")
+    if raw:
+        params.update(json.loads(raw))
+    return params
