@@ -37,6 +37,7 @@ _PARSE_MESSAGES = {
 
 
 # ---- parsing ----------------------------------------------------------------------------------
+_MAX_DEPTH = 1024  # orjson's nesting limit; the standard library's fallback stops at the recursion limit
 def loads(body: bytes):
     if not body.strip():
         raise invalid_argument("JSON Parse error: The document is empty")
@@ -46,6 +47,8 @@ def loads(body: bytes):
         pass
     try:  # the standard library accepts NaN / Infinity / -Infinity, which orjson refuses
         return json.loads(body)
+    except RecursionError:  # found by fuzzing: 100k nested '[' answered 500
+        raise invalid_argument(f"JSON Parse error: nesting deeper than {_MAX_DEPTH} levels") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         msg = getattr(exc, "msg", "Invalid encoding")
         pos = getattr(exc, "pos", 0)
