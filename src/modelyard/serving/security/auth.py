@@ -168,3 +168,16 @@ class Authorizer:
         if scope not in scopes:
             return Code.PERMISSION_DENIED, f"This token lacks the '{scope}' scope this call needs"
         return None
+
+
+_shared: dict[AuthPolicy, Authorizer] = {}
+_shared_lock = threading.Lock()
+
+
+def authorizer_for(policy: AuthPolicy) -> Authorizer:
+    """The process's one ``Authorizer`` for ``policy``: REST and gRPC see a token file change together."""
+    with _shared_lock:
+        authorizer = _shared.get(policy)
+        if authorizer is None:
+            authorizer = _shared[policy] = Authorizer(policy)
+        return authorizer

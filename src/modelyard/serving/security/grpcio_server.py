@@ -9,10 +9,10 @@ from __future__ import annotations
 def grpcio_interceptors(security) -> list:
     if security is None or security.auth is None:
         return []
-    from modelyard.serving.security.auth import Authorizer
+    from modelyard.serving.security.auth import authorizer_for
     from modelyard.serving.security.grpcio_auth import TokenInterceptor
 
-    return [TokenInterceptor(Authorizer(security.auth))]
+    return [TokenInterceptor(authorizer_for(security.auth))]
 
 
 def bind_grpcio(server, address: str, security) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from modelyard.errors import Code
-from modelyard.serving.security.auth import Authorizer
+from modelyard.serving.security.auth import Authorizer, authorizer_for
 from modelyard.serving.security.limits import ConnectionCount
 from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.transport.grpc_h2 import _Connection
@@ -100,7 +100,7 @@ def guarded_factory(server, security):
     from modelyard.serving.security.tls import server_context
     from modelyard.serving.transport.secure_http import refuse_plain_on_tls
 
-    authorizer = Authorizer(security.auth) if security.auth is not None else None
+    authorizer = authorizer_for(security.auth) if security.auth is not None else None
     count = ConnectionCount(security.limits.max_connections)
     timeout = security.limits.client_timeout_s
     tls = {}

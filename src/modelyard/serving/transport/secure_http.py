@@ -15,7 +15,7 @@ import orjson
 
 from modelyard.errors import HTTP_STATUS
 from modelyard.serving.protocol.rest import RestApp
-from modelyard.serving.security.auth import Authorizer
+from modelyard.serving.security.auth import Authorizer, authorizer_for
 from modelyard.serving.security.limits import ConnectionCount, Limits
 from modelyard.serving.transport.http_server import HttpProtocol
 from modelyard.serving.transport.response_writer import ResponseWriter
@@ -158,7 +158,7 @@ def guarded_factory(app: RestApp, writer: ResponseWriter, security, loop: asynci
     from modelyard.serving.security.tls import server_context
 
     guard = HttpGuard(security.limits,
-                      Authorizer(security.auth) if security.auth is not None else None,
+                      authorizer_for(security.auth) if security.auth is not None else None,
                       ConnectionCount(security.limits.max_connections))
     tls = {}
     if security.tls is not None:
