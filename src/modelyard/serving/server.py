@@ -78,6 +78,10 @@ class ModelServer:
 
     def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
         """Replace the served models; labels are checked once the versions they name have loaded."""
+        if self.options.security is not None:  # --model_roots (security/paths.py)
+            from modelyard.serving.security.paths import check_model_paths
+
+            check_model_paths(configs, self.options.security.model_roots)
         with self._reload_lock:
             allow = self.options.allow_version_labels_for_unavailable_models
             known = set(self.manager.model_names())

@@ -56,11 +56,11 @@ def status_call(chan: grpc.Channel, token: str | None = None):
     return model_service_pb2_grpc.ModelServiceStub(chan).GetModelStatus(request, metadata=metadata(token), timeout=10)
 
 
-def reload_call(chan: grpc.Channel, token: str | None = None):
-    """Reload the same one-model config the server runs: allowed calls change nothing."""
+def reload_call(chan: grpc.Channel, token: str | None = None, base_path=MODEL):
+    """Reload a one-model config (by default the one the server runs: allowed calls change nothing)."""
     request = model_management_pb2.ReloadConfigRequest()
     entry = request.config.model_config_list.config.add()
-    entry.name, entry.base_path, entry.model_platform = "default", str(MODEL), "tensorflow"
+    entry.name, entry.base_path, entry.model_platform = "default", str(base_path), "tensorflow"
     return model_service_pb2_grpc.ModelServiceStub(chan).HandleReloadConfigRequest(
         request, metadata=metadata(token), timeout=30)
 

@@ -1,13 +1,17 @@
 """Servers with the security options on, started together (they load in parallel) once per session.
 
-- ``secure``: lean gRPC, TLS, bearer tokens (model status open), size and time limits.
+- ``secure``: lean gRPC, TLS, bearer tokens (model status open), size and time limits, its model
+  copied under a root that ``--model_roots`` confines base paths to.
 - ``mtls``: lean gRPC, mutual TLS (client certificates from the test CA), 4 connections at most.
 - ``grpcio_secure``: grpcio's server, mutual TLS and tokens.
 - ``plain``: no security option (the default server), the target of the fuzzers and floods.
 """
 from __future__ import annotations
 
+import shutil
+import stat
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -29,9 +33,9 @@ CLIENT_TIMEOUT_S = 2
 class SecureServerProcess(ServerProcess):
     """A server whose REST port may speak TLS (and want a client certificate)."""
 
-    def __init__(self, *flags: str, log_dir, tls: Pki | None = None, mtls: bool = False):
-        super().__init__("--model_name", "default", "--model_base_path", str(MODEL), *flags, log_dir=log_dir)
-        self.pki, self.mtls = tls, mtls
+    def __init__(self, *flags: str, log_dir, tls: Pki | None = None, mtls: bool = False, model: Path = MODEL):
+        super().__init__("--model_name", "default", "--model_base_path", str(model), *flags, log_dir=log_dir)
+        self.pki, self.mtls, self.model = tls, mtls, model
 
     @property
     def base(self) -> str:
@@ -80,7 +84,17 @@ def token_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def servers(pki, token_file, tmp_path_factory):
+def model_root(tmp_path_factory) -> Path:
+    """A root holding a writable copy of the test model (the shared test data is read-only)."""
+    root = tmp_path_factory.mktemp("model_root")
+    shutil.copytree(MODEL, root / "default")
+    for path in [root / "default", *(root / "default").rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return root
+
+
+@pytest.fixture(scope="session")
+def servers(pki, token_file, model_root, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     monitoring = ("--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"))
     started = {
@@ -88,7 +102,8 @@ def servers(pki, token_file, tmp_path_factory):
             "--ssl_config_file", str(pki.ssl_config(False)), "--auth_token_file", str(token_file),
             "--auth_open_health", *monitoring, "--max_header_bytes", "8192", "--max_request_line_bytes", "2048",
             "--client_timeout_seconds", str(CLIENT_TIMEOUT_S), "--grpc_max_receive_message_bytes",
-            str(GRPC_MAX_MESSAGE), log_dir=logs, tls=pki),
+            str(GRPC_MAX_MESSAGE), "--model_roots", str(model_root), log_dir=logs, tls=pki,
+            model=model_root / "default"),
         "mtls": SecureServerProcess("--ssl_config_file", str(pki.ssl_config(True)), "--max_connections", "4",
                                     log_dir=logs, tls=pki, mtls=True),
         "grpcio_secure": SecureServerProcess(

@@ -72,7 +72,7 @@ GRPC_CALLS = {
     "Predict": (lambda chan, token: predict(chan, token), {PREDICT_TOKEN: OK, READ_TOKEN: DENIED,
                                                            ADMIN_TOKEN: DENIED, None: UNAUTH, "wrong-token-xxxxxxxxxx": UNAUTH}),
     "GetModelMetadata": (metadata_call, {READ_TOKEN: OK, PREDICT_TOKEN: DENIED, None: UNAUTH}),
-    "HandleReloadConfigRequest": (reload_call, {ADMIN_TOKEN: OK, PREDICT_TOKEN: DENIED, READ_TOKEN: DENIED,
+    "HandleReloadConfigRequest": (lambda chan, token, server: reload_call(chan, token, server.model), {ADMIN_TOKEN: OK, PREDICT_TOKEN: DENIED, READ_TOKEN: DENIED,
                                                 None: UNAUTH}),
 }
 
@@ -84,7 +84,10 @@ def test_grpc_scopes(servers, pki, name, method):
     call, cases = GRPC_CALLS[method]
     with channel(server, client_pems=pki.client_pems) as chan:
         for token, expected in cases.items():
-            assert code_of(lambda: call(chan, token)) == expected, token
+            if method == "HandleReloadConfigRequest":
+                assert code_of(lambda: call(chan, token, server)) == expected, token
+            else:
+                assert code_of(lambda: call(chan, token)) == expected, token
 
 
 @pytest.mark.parametrize("name", ["secure", "grpcio_secure"])

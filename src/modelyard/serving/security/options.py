@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from modelyard.serving.security.auth import AuthPolicy, Authorizer, TokenFileError
 from modelyard.serving.security.limits import DEFAULT_MAX_DECODED_TENSOR_BYTES, Limits
+from modelyard.serving.security.paths import parse_roots
 from modelyard.serving.security.tls import TlsConfig, TlsConfigError, read_ssl_config
 
 
@@ -15,6 +16,7 @@ class SecurityOptions:
     auth: AuthPolicy | None = None
     limits: Limits = field(default_factory=Limits)
     max_decoded_tensor_bytes: int = DEFAULT_MAX_DECODED_TENSOR_BYTES
+    model_roots: tuple[str, ...] = ()  # resolved directories every model base path must be inside
 
     @property
     def guards_connections(self) -> bool:
@@ -41,6 +43,9 @@ def add_flags(parser: argparse.ArgumentParser, parse_bool) -> None:
         help="a TLS handshake, a REST request or a gRPC call must be received within this (0: no limit)")
     add("--max_decoded_tensor_bytes", type=int, default=DEFAULT_MAX_DECODED_TENSOR_BYTES,
         help="refuse a request tensor whose declared shape decodes to more bytes (default 1 GiB)")
+    add("--model_roots", default=None,
+        help="DIR[,DIR...]: every model base path (flags, config file, HandleReloadConfigRequest) must "
+        "resolve inside one of these, symlinks followed (default: anywhere)")
 
 
 def resolve(args: argparse.Namespace) -> SecurityOptions:
@@ -59,6 +64,8 @@ def resolve(args: argparse.Namespace) -> SecurityOptions:
             Authorizer(auth)  # read the file now so a malformed one stops the server before it starts
     except (TlsConfigError, TokenFileError) as exc:
         raise ValueError(str(exc)) from None
+    roots = parse_roots(args.model_roots)
     limits = Limits(args.max_connections, args.max_header_bytes, args.max_request_line_bytes,
                     args.client_timeout_seconds)
-    return SecurityOptions(tls, auth, limits, args.max_decoded_tensor_bytes or DEFAULT_MAX_DECODED_TENSOR_BYTES)
+    return SecurityOptions(tls, auth, limits, args.max_decoded_tensor_bytes or DEFAULT_MAX_DECODED_TENSOR_BYTES,
+                           roots)
