@@ -72,7 +72,6 @@ def main() -> int:
                 order = list(trees) if round_no % 2 == 0 else list(reversed(list(trees)))
                 for name in order:
                     url = f"http://127.0.0.1:{servers[name][1]}/v1/models/m:predict"
-                    (Path(work) / name).mkdir(exist_ok=True)  # rest_load writes its wrk script there
                     r = rest_load("wrk", url, body, args.concurrency, args.seconds, Path(work) / name)
                     runs[name].append(r)
                     print(f"round {round_no + 1}/{args.rounds} {name}: {r['rps']:,.0f} req/s, "
