@@ -11,7 +11,6 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from tests.serving.security.conftest import MODEL
 
 
 def channel(server, *, client_pems=None, ca=True) -> grpc.Channel:
@@ -56,8 +55,8 @@ def status_call(chan: grpc.Channel, token: str | None = None):
     return model_service_pb2_grpc.ModelServiceStub(chan).GetModelStatus(request, metadata=metadata(token), timeout=10)
 
 
-def reload_call(chan: grpc.Channel, token: str | None = None, base_path=MODEL):
-    """Reload a one-model config (by default the one the server runs: allowed calls change nothing)."""
+def reload_call(chan: grpc.Channel, token: str | None, base_path) -> object:
+    """Reload a one-model config (the one the server runs: an allowed call changes nothing)."""
     request = model_management_pb2.ReloadConfigRequest()
     entry = request.config.model_config_list.config.add()
     entry.name, entry.base_path, entry.model_platform = "default", str(base_path), "tensorflow"

@@ -17,9 +17,8 @@ import pytest
 import requests
 
 from tests.serving.security.pki import Pki, make_pki
-from tests.serving.server_process import TESTDATA, ServerProcess
+from tests.serving.server_process import ServerProcess
 
-MODEL = TESTDATA / "saved_model_half_plus_two_cpu"
 PREDICT_TOKEN = "predict-only-token-0123456789"
 READ_TOKEN = "read-only-token-0123456789ab"
 METRICS_TOKEN = "metrics-token-0123456789abcd"
@@ -33,7 +32,7 @@ CLIENT_TIMEOUT_S = 2
 class SecureServerProcess(ServerProcess):
     """A server whose REST port may speak TLS (and want a client certificate)."""
 
-    def __init__(self, *flags: str, log_dir, tls: Pki | None = None, mtls: bool = False, model: Path = MODEL):
+    def __init__(self, *flags: str, model: Path, log_dir, tls: Pki | None = None, mtls: bool = False):
         super().__init__("--model_name", "default", "--model_base_path", str(model), *flags, log_dir=log_dir)
         self.pki, self.mtls, self.model = tls, mtls, model
 
@@ -84,19 +83,25 @@ def token_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def model_root(tmp_path_factory) -> Path:
-    """A root holding a writable copy of the test model (the shared test data is read-only)."""
+def model(generated_tfserving) -> Path:
+    """half_plus_two (y = x/2 + 2) as TF Serving's tests have it, generated (tests/tfserving_models.py)."""
+    return generated_tfserving / "saved_model_half_plus_two_cpu"
+
+
+@pytest.fixture(scope="session")
+def model_root(model, tmp_path_factory) -> Path:
+    """A root holding its own copy of the test model, for --model_roots."""
     root = tmp_path_factory.mktemp("model_root")
-    shutil.copytree(MODEL, root / "default")
+    shutil.copytree(model, root / "default")
     for path in [root / "default", *(root / "default").rglob("*")]:
         path.chmod(path.stat().st_mode | stat.S_IWUSR)
     return root
 
 
 @pytest.fixture(scope="session")
-def servers(pki, token_file, model_root, tmp_path_factory):
+def servers(pki, token_file, model, model_root, monitoring_config, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
-    monitoring = ("--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"))
+    monitoring = ("--monitoring_config_file", str(monitoring_config))
     started = {
         "secure": SecureServerProcess(
             "--ssl_config_file", str(pki.ssl_config(False)), "--auth_token_file", str(token_file),
@@ -105,11 +110,11 @@ def servers(pki, token_file, model_root, tmp_path_factory):
             str(GRPC_MAX_MESSAGE), "--model_roots", str(model_root), log_dir=logs, tls=pki,
             model=model_root / "default"),
         "mtls": SecureServerProcess("--ssl_config_file", str(pki.ssl_config(True)), "--max_connections", "4",
-                                    log_dir=logs, tls=pki, mtls=True),
+                                    model=model, log_dir=logs, tls=pki, mtls=True),
         "grpcio_secure": SecureServerProcess(
             "--grpc_implementation=grpcio", "--ssl_config_file", str(pki.ssl_config(True)),
-            "--auth_token_file", str(token_file), log_dir=logs, tls=pki, mtls=True),
-        "plain": SecureServerProcess(*monitoring, log_dir=logs),
+            "--auth_token_file", str(token_file), model=model, log_dir=logs, tls=pki, mtls=True),
+        "plain": SecureServerProcess(*monitoring, model=model, log_dir=logs),
     }
     try:
         for server in started.values():

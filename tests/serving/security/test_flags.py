@@ -1,10 +1,8 @@
 """The security flags check their files and numbers before the server starts."""
 from __future__ import annotations
 
-from tests.serving.security.conftest import MODEL
 
-
-def test_bad_security_files_stop_the_server_with_a_clear_error(tmp_path, capsys):
+def test_bad_security_files_stop_the_server_with_a_clear_error(model, tmp_path, capsys):
     from modelyard.cli import main
 
     (tmp_path / "ssl.config").write_text('server_key: "not a key"\nserver_cert: "not a cert"\n')
@@ -19,6 +17,6 @@ def test_bad_security_files_stop_the_server_with_a_clear_error(tmp_path, capsys)
         ("--max_connections", "-1"): "cannot be negative",
     }
     for flags, message in cases.items():
-        status = main(["serve", "--model_name", "m", "--model_base_path", str(MODEL), *flags])
+        status = main(["serve", "--model_name", "m", "--model_base_path", str(model), *flags])
         assert status == 2
         assert message in capsys.readouterr().err, flags

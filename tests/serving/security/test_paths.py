@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.serving.security.clients import channel, code_of, predict, predict_request, reload_call, status_call
-from tests.serving.security.conftest import ALL_TOKEN, MODEL
+from tests.serving.security.conftest import ALL_TOKEN
 from tests.serving.server_process import free_port
 
 TRAVERSALS = ["..", "../..", "../../../../etc/passwd", "/etc/passwd", "..%2F..%2Fetc", "%2e%2e", "%252e%252e",
@@ -86,16 +86,16 @@ def test_strace_shows_no_file_opened_for_request_names(plain):
     assert touched == []
 
 
-def test_model_roots_refuse_escapes_on_reload(secure, model_root, tmp_path):
+def test_model_roots_refuse_escapes_on_reload(secure, model, model_root, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (model_root / "escape").symlink_to(MODEL)  # a link inside the root, to a model outside it
+    (model_root / "escape").symlink_to(model)  # a link inside the root, to a model outside it
     mixed = model_root / "mixed"
     mixed.mkdir()
-    (mixed / "123").symlink_to(MODEL / "00000123")  # one version directory escapes
+    (mixed / "123").symlink_to(model / "00000123")  # one version directory escapes
     try:
         with channel(secure) as chan:
-            for base in (outside, MODEL, model_root / "escape", mixed, model_root / ".." / outside.name,
+            for base in (outside, model, model_root / "escape", mixed, model_root / ".." / outside.name,
                          f"{model_root}/default/../../{outside.name}"):
                 with pytest.raises(grpc.RpcError) as refused:
                     reload_call(chan, ALL_TOKEN, base)
@@ -109,11 +109,11 @@ def test_model_roots_refuse_escapes_on_reload(secure, model_root, tmp_path):
         os.unlink(mixed / "123")
 
 
-def test_model_roots_stop_a_server_whose_model_is_outside(model_root, capsys):
+def test_model_roots_stop_a_server_whose_model_is_outside(model, model_root, capsys):
     # The real command line, in this process (TensorFlow is loaded already): it stops before any port opens.
     from modelyard.cli import main
 
-    status = main(["serve", "--model_name", "m", "--model_base_path", str(MODEL), "--model_roots", str(model_root),
+    status = main(["serve", "--model_name", "m", "--model_base_path", str(model), "--model_roots", str(model_root),
                    "--host", "127.0.0.1", "--port", str(free_port()), "--rest_api_port", "0"])
     assert status == 1
     assert "outside --model_roots" in capsys.readouterr().err
