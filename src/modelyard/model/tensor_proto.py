@@ -10,8 +10,18 @@ import functools
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
-from modelyard.errors import invalid_argument
+from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.model import dtypes
+
+# A request tensor whose declared shape decodes to more bytes is refused before allocation
+# (a single typed value broadcasts to the whole shape: 20 bytes could ask for gigabytes).
+# The server sets it from --max_decoded_tensor_bytes.
+max_decoded_bytes = 1 << 30
+
+
+def set_max_decoded_bytes(limit: int) -> None:
+    global max_decoded_bytes
+    max_decoded_bytes = limit
 
 # dtype enum -> the typed field TF writes values of that dtype into.
 TYPED_FIELD = {
@@ -38,11 +48,25 @@ def to_ndarray(proto, alias: str = "") -> np.ndarray:
         content = proto.tensor_content
         if content and dtype.kind != "O":
             return np.frombuffer(content, dtype=dtype).reshape(shape)
+        _check_decoded_size(shape, dtype, alias)
         from tensorflow.python.framework import tensor_util
 
         return tensor_util.MakeNdarray(proto)
     except (TypeError, ValueError) as exc:
         raise invalid_argument(f"tensor parsing error: {alias} ({exc})") from None
+
+
+def _check_decoded_size(shape: tuple[int, ...], dtype: np.dtype, alias: str) -> None:
+    if any(d < 0 for d in shape):
+        raise invalid_argument(f"tensor parsing error: {alias} (negative dimension in shape {list(shape)})")
+    count = 1
+    for d in shape:
+        count *= d
+    size = count * max(dtype.itemsize, 8 if dtype.kind == "O" else 1)
+    if size > max_decoded_bytes:
+        raise ServingError(Code.RESOURCE_EXHAUSTED,
+                           f"tensor {alias}: shape {list(shape)} would decode to {size} bytes, over the limit of "
+                           f"{max_decoded_bytes} (--max_decoded_tensor_bytes)")
 
 
 def from_ndarray(value: np.ndarray, proto=None):

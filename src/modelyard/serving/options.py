@@ -66,6 +66,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="text BatchingParameters for --enable_batching (default: TF Serving's defaults)")
     add("--enable_per_model_batching_params", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="a version's own batching_params.pbtxt replaces --batching_parameters_file (default true)")
+    from modelyard.serving.security import options as security  # TLS, tokens, limits (issue 19)
+
+    security.add_flags(parser, _bool)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class ServeOptions:
     workers: int = 1
     use_demo: bool = False
     batching: object = None  # a batching_config.BatchingPolicy when --enable_batching
+    security: object = None  # a security.options.SecurityOptions
 
 
 class OptionsError(ValueError):
@@ -163,6 +167,12 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
                  "grpc_max_receive_message_bytes", "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup"):
         if getattr(args, flag) < 0:
             raise OptionsError(f"--{flag} cannot be negative")
+    from modelyard.serving.security import options as security
+
+    try:
+        security_options = security.resolve(args)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from None
     cores = os.cpu_count() or 1
     default_threads = max(4 * cores, BATCHING_MIN_THREADS) if args.enable_batching else 4 * cores
     return ServeOptions(
@@ -191,4 +201,5 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         workers=args.workers or cores,
         use_demo=use_demo,
         batching=batching,
+        security=security_options,
     )

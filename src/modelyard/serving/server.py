@@ -78,6 +78,10 @@ class ModelServer:
 
     def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
         """Replace the served models; labels are checked once the versions they name have loaded."""
+        if self.options.security is not None:  # --model_roots (security/paths.py)
+            from modelyard.serving.security.paths import check_model_paths
+
+            check_model_paths(configs, self.options.security.model_roots)
         with self._reload_lock:
             allow = self.options.allow_version_labels_for_unavailable_models
             known = set(self.manager.model_names())
@@ -176,18 +180,24 @@ class ModelServer:
     def _grpc_server(self):
         """The gRPC server, bound but not started: the lean one, or grpcio's (--grpc_implementation)."""
         o = self.options
+        from modelyard.model.tensor_proto import set_max_decoded_bytes
+        from modelyard.serving.security.grpcio_server import grpcio_interceptors
+
+        if o.security is not None:
+            set_max_decoded_bytes(o.security.max_decoded_tensor_bytes)
         if o.grpc_implementation == "lean":
             from modelyard.serving.transport.grpc_h2 import LeanGrpcServer
 
             server = LeanGrpcServer(self.core, self.reload_config, o.host, o.port, max_threads=o.grpc_max_threads,
                                     max_receive_bytes=o.grpc_max_receive_message_bytes,
-                                    reuse_port=self.group is not None)
+                                    reuse_port=self.group is not None, security=o.security)
             server.bind()
             return server
         import grpc
 
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=o.grpc_max_threads, thread_name_prefix="grpc"),
+            interceptors=grpcio_interceptors(o.security),
             options=[
                 ("grpc.max_send_message_length", 2**31 - 1),
                 ("grpc.max_receive_message_length", o.grpc_max_receive_message_bytes),
@@ -196,7 +206,9 @@ class ModelServer:
             ],
         )
         add_services(server, self.core, self.reload_config)
-        if server.add_insecure_port(f"{o.host}:{o.port}") == 0:
+        from modelyard.serving.security.grpcio_server import bind_grpcio
+
+        if bind_grpcio(server, f"{o.host}:{o.port}", o.security) == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.port}: is another server running? Use --port")
         return server
 
@@ -250,7 +262,7 @@ class ModelServer:
                                 "It serves the same answers through slower pure-Python paths. Install a C "
                                 "compiler and reinstall modelyard to build them.", " and ".join(missing))
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
-                serve(self.rest_app, self._rest_sock)
+                serve(self.rest_app, self._rest_sock, o.security)
             else:
                 self.grpc_server.wait_for_termination()
         finally:

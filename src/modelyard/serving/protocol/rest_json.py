@@ -37,6 +37,7 @@ _PARSE_MESSAGES = {
 
 
 # ---- parsing ----------------------------------------------------------------------------------
+_MAX_DEPTH = 1024  # orjson's nesting limit; the standard library's fallback stops at the recursion limit
 def loads(body: bytes):
     if not body.strip():
         raise invalid_argument("JSON Parse error: The document is empty")
@@ -46,6 +47,8 @@ def loads(body: bytes):
         pass
     try:  # the standard library accepts NaN / Infinity / -Infinity, which orjson refuses
         return json.loads(body)
+    except RecursionError:  # found by fuzzing: 100k nested '[' answered 500
+        raise invalid_argument(f"JSON Parse error: nesting deeper than {_MAX_DEPTH} levels") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         msg = getattr(exc, "msg", "Invalid encoding")
         pos = getattr(exc, "pos", 0)
@@ -205,6 +208,8 @@ def to_array(value, spec: TensorSpec) -> np.ndarray:
         inferred = np.asarray(value)
     except ValueError:
         raise _shape_error(value) from None
+    if inferred.ndim > _MAX_RANK:
+        raise _rank_error(inferred.ndim)
     if inferred.dtype.kind == "O":
         for leaf in _leaves(value):
             if not _fits(leaf, dtype) or isinstance(leaf, list):
@@ -256,11 +261,21 @@ def _string_array(value, spec: TensorSpec) -> np.ndarray:
     converted = convert(value)
     try:
         probe = np.asarray(converted, dtype=object)
+        if probe.ndim > _MAX_RANK:
+            raise _rank_error(probe.ndim)
         if probe.ndim and any(isinstance(x, list) for x in probe.ravel()):
             raise ValueError
     except ValueError:
         raise _shape_error(value) from None
     return probe
+
+
+# NumPy's element iterators stop at 32 dimensions; no model takes more (found by fuzzing: a 500).
+_MAX_RANK = 32
+
+
+def _rank_error(rank: int) -> ServingError:
+    return invalid_argument(f"Tensor of rank {rank}: at most {_MAX_RANK} dimensions are supported")
 
 
 def _request_doc(body: bytes) -> tuple[dict, str]:
@@ -304,7 +319,10 @@ def predict_inputs(key: str, payload, sig: Signature) -> dict[str, np.ndarray]:
         if inputs is not None:
             return inputs
         payload = payload.general(key)
-    return inputs_from_instances(payload, sig) if key == "instances" else inputs_from_columns(payload, sig)
+    try:
+        return inputs_from_instances(payload, sig) if key == "instances" else inputs_from_columns(payload, sig)
+    except RecursionError:  # found by fuzzing: lists nested ~1000 deep answered 500
+        raise invalid_argument("Tensor nesting too deep: a tensor has at most 64 dimensions") from None
 
 
 def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:

@@ -32,6 +32,7 @@ from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.batching.scheduler import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
 from modelyard.serving.protocol.grpc_api import Method, Services
+from modelyard.serving.security.limits import H2FloodBudget
 from modelyard.serving.transport.loop_bridge import when_done_on_loop
 from modelyard.serving.transport.response_writer import ResponseWriter, socket_fd
 
@@ -114,6 +115,7 @@ class _Connection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.flush_queued = False  # a _queued_flush is waiting in the loop's ready queue
         self.draining = False  # GOAWAY sent: finish the streams in flight, accept no more
+        self.budget = H2FloodBudget()  # control frames that carry no call (floods, rapid reset)
 
     # ---- transport events ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -210,8 +212,10 @@ class _Connection(asyncio.Protocol):
         elif kind == h2.CONTINUATION:
             self._continuation(flags, sid, payload)
         elif kind == h2.SETTINGS:
+            self._spend("SETTINGS")
             self._settings(flags, sid, payload)
         elif kind == h2.PING:
+            self._spend("PING")
             if sid != 0 or len(payload) != 8:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR if sid else h2.FRAME_SIZE_ERROR, "bad PING")
             if not flags & h2.ACK:
@@ -221,6 +225,7 @@ class _Connection(asyncio.Protocol):
         elif kind == h2.RST_STREAM:
             if sid == 0 or len(payload) != 4:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "bad RST_STREAM")
+            self._spend("RST_STREAM")  # rapid reset: streams opened and cancelled at once
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 stream.answered = True  # the client gave up: drop whatever the handler returns
@@ -229,11 +234,17 @@ class _Connection(asyncio.Protocol):
         elif kind == h2.GOAWAY:
             pass  # the client closes the connection once its calls finish
         elif kind == h2.PRIORITY:
+            self._spend("PRIORITY")
             if sid == 0:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "PRIORITY on stream 0")
         elif kind == h2.PUSH_PROMISE:
             raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "clients must not push")
-        # Unknown frame types are ignored (RFC 7540 §4.1).
+        else:
+            self._spend("unknown frame")  # ignored (RFC 7540 §4.1), but not for free
+
+    def _spend(self, what: str) -> None:
+        if not self.budget.spend():
+            raise h2.ConnectionError_(h2.ENHANCE_YOUR_CALM, f"too many {what} frames")
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
@@ -308,6 +319,7 @@ class _Connection(asyncio.Protocol):
             raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "unexpected CONTINUATION")
         fragments = self.continuation[2]
         fragments.append(payload)
+        self._spend("CONTINUATION")  # empty CONTINUATIONs would grow the list for ever
         if sum(map(len, fragments)) > _MAX_HEADER_BLOCK:
             raise h2.ConnectionError_(h2.ENHANCE_YOUR_CALM, "header block too large")
         if flags & h2.END_HEADERS:
@@ -330,6 +342,7 @@ class _Connection(asyncio.Protocol):
             raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "even stream id from a client")
         self.last_sid = sid
         if self.draining or len(self.streams) >= _MAX_STREAMS:
+            self._spend("refused HEADERS")
             self.out.append(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
         stream = _Stream(sid, self.peer_window)
@@ -354,6 +367,8 @@ class _Connection(asyncio.Protocol):
             if sid > self.last_sid:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "DATA on an idle stream")
             return  # closed by us already (early answer, reset): drop
+        if not length and not flags & h2.END_STREAM:
+            self._spend("empty DATA")
         if flags & h2.PADDED:
             if not payload or payload[0] >= length:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "bad DATA padding")
@@ -591,12 +606,13 @@ class LeanGrpcServer:
     mirror grpc.Server's so ``ModelServer`` drives either."""
 
     def __init__(self, core: ServingCore, reload_config: Callable, host: str, port: int, *,
-                 max_threads: int, max_receive_bytes: int, reuse_port: bool = False):
+                 max_threads: int, max_receive_bytes: int, reuse_port: bool = False, security=None):
         self.services = Services(core, reload_config)
         self.core = core
         self.host, self.port = host, port
         self.max_receive_bytes = max_receive_bytes
         self.reuse_port = reuse_port
+        self.security = security  # security.options.SecurityOptions: guarded connections (secure_h2) when on
         self.pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grpc")
         self.connections: set[_Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -640,8 +656,13 @@ class LeanGrpcServer:
         def run() -> None:
             asyncio.set_event_loop(self.loop)
             try:
+                factory, tls = (lambda: _Connection(self)), {}
+                if self.security is not None and self.security.guards_connections:
+                    from modelyard.serving.transport.secure_h2 import guarded_factory
+
+                    factory, tls = guarded_factory(self, self.security)
                 self._aserver = self.loop.run_until_complete(
-                    self.loop.create_server(lambda: _Connection(self), sock=self._sock, backlog=2048))
+                    self.loop.create_server(factory, sock=self._sock, backlog=2048, **tls))
             except BaseException as exc:  # pragma: no cover
                 failure.append(exc)
                 ready.set()

@@ -135,10 +135,11 @@ OK_TRAILERS = trailers(0)
 class RequestHeaders:
     """What the gRPC server needs from a request's header block."""
 
-    __slots__ = ("path", "timeout", "encoding", "content_type", "method")
+    __slots__ = ("path", "timeout", "encoding", "content_type", "method", "authorization")
 
     def __init__(self, pairs: list[tuple[bytes, bytes]]):
         self.path = self.timeout = self.encoding = self.content_type = self.method = None
+        self.authorization = None
         for name, value in pairs:
             if name == b":path":
                 self.path = value.decode("latin-1")
@@ -150,6 +151,8 @@ class RequestHeaders:
                 self.content_type = value
             elif name == b":method":
                 self.method = value
+            elif name == b"authorization":
+                self.authorization = value
 
 
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}

@@ -288,8 +288,12 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
 
 
-def serve(app: RestApp, sock: socket.socket) -> None:
-    """Serve ``app`` on the listening ``sock`` until SIGINT or SIGTERM."""
+def serve(app: RestApp, sock: socket.socket, security=None) -> None:
+    """Serve ``app`` on the listening ``sock`` until SIGINT or SIGTERM.
+
+    ``security`` (``security.options.SecurityOptions``) switches to the guarded connection
+    class (``secure_http``) when it turns TLS, tokens or limits on.
+    """
     try:
         import uvloop
 
@@ -301,7 +305,12 @@ def serve(app: RestApp, sock: socket.socket) -> None:
     writer = ResponseWriter(loop)
 
     async def main() -> None:
-        server = await loop.create_server(lambda: HttpProtocol(app, writer), sock=sock, backlog=2048)
+        factory, tls = (lambda: HttpProtocol(app, writer)), {}
+        if security is not None and security.guards_connections:
+            from modelyard.serving.transport.secure_http import guarded_factory
+
+            factory, tls = guarded_factory(app, writer, security, loop)
+        server = await loop.create_server(factory, sock=sock, backlog=2048, **tls)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stopped.set)

@@ -23,8 +23,8 @@ except ImportError:  # the extension is optional
 
 def socket_fd(transport: asyncio.BaseTransport) -> int:
     """The transport's socket descriptor for ``ResponseWriter``, or -1 (write through the transport)."""
-    if send_many is None:
-        return -1
+    if send_many is None or transport.get_extra_info("sslcontext") is not None:
+        return -1  # a TLS transport must encrypt: never write its socket directly
     sock = transport.get_extra_info("socket")
     return sock.fileno() if sock is not None else -1
 
