@@ -18,6 +18,7 @@ _AREAS = (
     "modelyard.model.cli",
     "modelyard.training.cli",
     "modelyard.edge.cli",
+    "modelyard.web.cli",
 )
 
 
