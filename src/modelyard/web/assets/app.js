@@ -45,7 +45,7 @@ async function predictOnServer(pixels) {
 // ---- drawing ----------------------------------------------------------------------------
 const pad = $('pad');
 const ctx = pad.getContext('2d', {willReadFrequently: true});
-let drawing = false, last = null, pending = false;
+let drawing = false, last = null, pending = false, queued = false;
 
 function clearPad() {
   ctx.fillStyle = '#000';
@@ -146,7 +146,7 @@ function renderBars(page, server) {
 }
 
 async function update() {
-  if (pending) return;  // one prediction in flight; the next pointer event starts the next
+  if (pending) { queued = true; return; }  // one prediction in flight; the latest drawing runs next
   pending = true;
   try {
     const pixels = toInput();
@@ -165,9 +165,11 @@ async function update() {
       }
     }
     renderBars(local.values, remote && remote.values);
+    if (window.modelyard) window.modelyard.last = {page: local, server: remote, input: Array.from(pixels)};
     document.body.dataset.predictions = String(Number(document.body.dataset.predictions || 0) + 1);
   } finally {
     pending = false;
+    if (queued) { queued = false; update(); }
   }
 }
 
@@ -196,7 +198,7 @@ async function start() {
   await update();
   timings.first_prediction_ms = performance.now();
   setStatus(`ready: LiteRT.js ${info.litertjs} on wasm, first prediction ${timings.first_prediction_ms.toFixed(0)} ms after load`);
-  window.modelyard = {info, timings, predict, toInput, ready: true};
+  window.modelyard = {info, timings, predict, toInput, idle: () => !pending && !queued, ready: true};
   document.body.dataset.ready = 'true';
 }
 
