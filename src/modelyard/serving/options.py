@@ -55,6 +55,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="replay assets.extra/tf_serving_warmup_requests before serving a version (default true)")
     add("--num_request_iterations_for_warmup", type=int, default=1, help="times each warmup record is replayed")
+    add("--console", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="serve the console at /console on the REST port (default true)")
+    add("--console_token_file", default=None, metavar="FILE",
+        help="file holding the token that enables console actions (else $MODELYARD_CONSOLE_TOKEN; none: read-only)")
     add("--runtime", choices=("auto", "tensorflow", "litert"), default="auto",
         help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
         "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
@@ -95,6 +99,8 @@ class ServeOptions:
     workers: int = 1
     use_demo: bool = False
     batching: object = None  # a batching_config.BatchingPolicy when --enable_batching
+    console: bool = True
+    console_token: str | None = None
 
 
 class OptionsError(ValueError):
@@ -163,6 +169,10 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
                  "grpc_max_receive_message_bytes", "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup"):
         if getattr(args, flag) < 0:
             raise OptionsError(f"--{flag} cannot be negative")
+    if args.console_token_file and not Path(args.console_token_file).is_file():
+        raise OptionsError(f"--console_token_file {args.console_token_file} does not exist")
+    console_token = (Path(args.console_token_file).read_text().strip() if args.console_token_file
+                     else environ.get("MODELYARD_CONSOLE_TOKEN")) or None
     cores = os.cpu_count() or 1
     default_threads = max(4 * cores, BATCHING_MIN_THREADS) if args.enable_batching else 4 * cores
     return ServeOptions(
@@ -191,4 +201,6 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         workers=args.workers or cores,
         use_demo=use_demo,
         batching=batching,
+        console=args.console,
+        console_token=console_token,
     )
