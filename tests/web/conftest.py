@@ -130,10 +130,45 @@ def site_urls(sites, tmp_path_factory):
             server.stop()
 
 
+CONSOLE_TOKEN = "console-test-token"
+EVIL_NAME = "<img src=x onerror=window.pwned=1>"
+
+
 @pytest.fixture(scope="session")
-def demo_server(demo_base, tmp_path_factory):
-    """``modelyard serve`` on the demo model, CORS on, so the page's toggle can reach it."""
-    with ServerProcess("--model_name", "my_mnist_model", "--model_base_path", str(demo_base),
+def served_models(demo_base, tmp_path_factory) -> dict[str, Path]:
+    """Copies of the demo model a test may add versions to: the digits model, and the same
+    weights under a name that is HTML (the console must show it as text)."""
+    root = tmp_path_factory.mktemp("served")
+    bases = {"my_mnist_model": root / "mnist", EVIL_NAME: root / "evil"}
+    for base in bases.values():
+        shutil.copytree(demo_base, base)
+    return bases
+
+
+@pytest.fixture(scope="session")
+def demo_server(served_models, tmp_path_factory):
+    """One ``modelyard serve`` for the page's toggle and the console: CORS on, batching on,
+    Prometheus metrics, labels, and a console token."""
+    from tests.serving.server_process import TESTDATA
+
+    folder = tmp_path_factory.mktemp("serve-config")
+    (folder / "models.config").write_text(
+        "model_config_list {\n"
+        f'  config {{ name: "my_mnist_model" base_path: "{served_models["my_mnist_model"]}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "{EVIL_NAME}" base_path: "{served_models[EVIL_NAME]}" model_platform: "tensorflow"\n'
+        "    model_version_policy { specific { versions: 1 versions: 2 } }\n"
+        '    version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } }\n'
+        "}\n"
+    )
+    (folder / "batching.config").write_text(
+        "max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1000 }\n"
+        "max_enqueued_batches { value: 64 }\nnum_batch_threads { value: 1 }\n"
+    )
+    (folder / "token").write_text(CONSOLE_TOKEN + "\n")
+    with ServerProcess("--model_config_file", str(folder / "models.config"),
+                       "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+                       "--enable_batching", "--batching_parameters_file", str(folder / "batching.config"),
+                       "--console_token_file", str(folder / "token"),
                        "--rest_api_enable_cors_support", log_dir=tmp_path_factory.mktemp("serve-logs")) as server:
         yield server
 

@@ -88,20 +88,29 @@ def draw(page, strokes) -> None:
         page.mouse.move(*points[0])
         page.mouse.down()
         for point in points[1:]:
-            page.mouse.move(*point, steps=6)
+            page.mouse.move(*point, steps=3)
         page.mouse.up()
     wait_idle(page)
 
 
-@pytest.mark.parametrize("digit", sorted(SHAPES))
-def test_drawn_digit_is_recognised(browser, site_urls, digit):
+@pytest.fixture(scope="module")
+def drawing_page(browser, site_urls):
     page = open_page(browser, site_urls["none"], viewport=DESKTOP)
+    yield page
+    page.context.close()
+
+
+@pytest.mark.parametrize("digit", sorted(SHAPES))
+def test_drawn_digit_is_recognised(drawing_page, digit):
+    page = drawing_page
+    page.click("#clear")
+    wait_idle(page)
+    assert max(page.evaluate("window.modelyard.last.input")) == 0  # cleared: a blank input
     draw(page, SHAPES[digit])
     top = page.locator("#top").get_attribute("data-cls")
     assert top == str(digit), f"drew a {digit}, the page says {top}: {page.evaluate('window.modelyard.last.page.values')}"
     # the input the model saw is a digits-style 28x28 image with ink in it
     assert max(page.evaluate("window.modelyard.last.input")) == 255
-    page.context.close()
 
 
 def test_toggle_compares_with_modelyard_serve(browser, site_urls, demo_server, tmp_path_factory):

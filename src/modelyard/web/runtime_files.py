@@ -6,7 +6,9 @@ once (``<cache>/npm/litertjs-core-<version>``) and every site copies from there.
 """
 from __future__ import annotations
 
+import gzip
 import os
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -67,7 +69,7 @@ def ensure_runtime(log=print) -> RuntimeFiles:
     target = cache_dir()
     found = _files_in(target / "node_modules")
     if found is not None:
-        return found
+        return _with_gzip(found)
     npm = shutil.which("npm")
     if npm is None:
         raise RuntimeUnavailable(f"npm was not found on PATH. {_how_to_get()}")
@@ -83,4 +85,20 @@ def ensure_runtime(log=print) -> RuntimeFiles:
     if done.returncode != 0 or found is None:
         detail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-6:])
         raise RuntimeUnavailable(f"npm install {PACKAGE}@{LITERTJS_VERSION} failed:\n{detail}\n{_how_to_get()}")
-    return found
+    return _with_gzip(found)
+
+
+def gzipped(path: Path) -> Path:
+    return path.with_name(path.name + ".gz")
+
+
+def _with_gzip(files: RuntimeFiles) -> RuntimeFiles:
+    """Compress the wasm builds once in the cache, so no site and no server compresses them again."""
+    for path in files.wasm:
+        target = gzipped(path)
+        if target.is_file() and target.stat().st_mtime_ns >= path.stat().st_mtime_ns:
+            continue
+        temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.gz")
+        temp.write_bytes(gzip.compress(path.read_bytes(), compresslevel=6, mtime=0))
+        os.replace(temp, target)
+    return files

@@ -3,7 +3,8 @@
 - ``application/wasm`` so the browser compiles the runtime while it streams in;
 - cross-origin isolation (COOP/COEP), which threaded wasm builds require;
 - gzip for every text and wasm file when the client accepts it (a 9.4 MB wasm build
-  travels as ~2.8 MB), compressed once per file version and kept in memory.
+  travels as ~2.8 MB): a ``FILE.gz`` written beside it at convert time when there is
+  one, else compressed once per file version and kept in memory.
 
 Only files inside the site folder are served; the browser asks for the one wasm build
 it runs, so that is the only one transferred.
@@ -39,18 +40,25 @@ class _GzipCache:
 
     def __init__(self):
         self._items: dict[Path, tuple[tuple[int, int], bytes]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while compressing: one thread compresses a file, once
 
     def get(self, path: Path, stat) -> bytes:
         key = (stat.st_size, stat.st_mtime_ns)
         with self._lock:
             item = self._items.get(path)
-        if item and item[0] == key:
+            if item is None or item[0] != key:
+                item = self._items[path] = (key, self._compressed(path, stat))
             return item[1]
-        body = gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
-        with self._lock:
-            self._items[path] = (key, body)
-        return body
+
+    @staticmethod
+    def _compressed(path: Path, stat) -> bytes:
+        ready = path.with_name(path.name + ".gz")
+        try:
+            if ready.stat().st_mtime_ns >= stat.st_mtime_ns:
+                return ready.read_bytes()
+        except FileNotFoundError:
+            pass
+        return gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
 
 
 class SiteServer(ThreadingHTTPServer):
@@ -64,10 +72,14 @@ class SiteServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
     def warm(self) -> None:
-        """Compress the large files before the first visitor asks for them."""
-        for path in self.root.rglob("*"):
-            if path.is_file() and path.suffix in COMPRESSIBLE:
-                self.gzip_cache.get(path, path.stat())
+        """Compress the files in the background before the first visitor asks for them."""
+
+        def run() -> None:
+            for path in sorted(self.root.rglob("*")):
+                if path.is_file() and path.suffix in COMPRESSIBLE:
+                    self.gzip_cache.get(path, path.stat())
+
+        threading.Thread(target=run, name="gzip-warm", daemon=True).start()
 
 
 class _Handler(BaseHTTPRequestHandler):

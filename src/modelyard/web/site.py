@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from modelyard.model.tflite import ConvertError
-from modelyard.web.runtime_files import LITERTJS_VERSION, ensure_runtime
+from modelyard.web.runtime_files import LITERTJS_VERSION, ensure_runtime, gzipped
 
 PAGE_FILES = ("index.html", "app.js", "style.css")
 MODEL_FILE = "model.tflite"
@@ -80,6 +80,8 @@ def _copy_runtime(target: Path, log) -> None:
     shutil.copyfile(files.wasm_utils_js, runtime / "wasm-utils.js")
     for path in files.wasm:
         shutil.copyfile(path, runtime / "wasm" / path.name)
+        if gzipped(path).is_file():  # copied after its source: the server sees it is up to date
+            shutil.copyfile(gzipped(path), runtime / "wasm" / gzipped(path).name)
 
 
 def write_site(content: bytes, out: Path, *, quantize: str, source: str, model_name: str | None,

@@ -41,7 +41,7 @@ class Console:
         """The answer to a GET; None for a POST (its body is needed: see ``handle``)."""
         if method == "POST" and path.startswith(PREFIX + "/api/"):
             return None
-        if method not in ("GET", "HEAD"):
+        if method not in ("GET", "HEAD") or path == PREFIX + "/api/reload":
             return 405, _JSON, orjson.dumps({"error": f"{method} is not allowed on {path}"})
         if path in (PREFIX, PREFIX + "/"):
             body = page.render(self.state(), self.token is not None).encode()
