@@ -189,7 +189,9 @@ def wait_idle(page) -> None:
 
 
 def screenshot_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "screenshots"
+    """The session's tmp dir, or $MODELYARD_SCREENSHOTS (e.g. bench/results/screenshots) to keep them."""
+    chosen = os.environ.get("MODELYARD_SCREENSHOTS")
+    return Path(chosen) if chosen else tmp_path_factory.getbasetemp() / "screenshots"
 
 
 def shoot(page, tmp_path_factory, name: str) -> Path:

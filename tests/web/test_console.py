@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 import requests
@@ -40,7 +41,7 @@ def _state(server) -> dict:
     return requests.get(server.base + "/console/api/state", timeout=10).json()
 
 
-def test_console_numbers_match_status_and_metrics(demo_server, browser):
+def test_console_numbers_match_status_and_metrics(demo_server, browser, tmp_path_factory):
     url = demo_server.base + "/v1/models/my_mnist_model"
     images, _ = load_digits_28("test")
     for image in images[:7]:
@@ -77,16 +78,19 @@ def test_console_numbers_match_status_and_metrics(demo_server, browser):
     page.wait_for_function("Number(document.body.dataset.polls || 0) >= 1")
     assert int(section.locator(".requests").text_content()) == model["requests"]["total"]  # no traffic since
     assert int(section.locator(".errors").text_content()) == model["requests"]["total"] - model["requests"]["ok"]
-    for image in images[:20]:
-        requests.post(url + ":predict", json={"instances": [image.tolist()]}, timeout=10)
+    for burst in range(3):  # a few polls' worth of traffic, so the chart has a curve
+        for image in images[: 10 * (burst + 1)]:
+            requests.post(url + ":predict", json={"instances": [image.tolist()]}, timeout=10)
+        time.sleep(1.0)
     page.wait_for_function(
         "document.querySelector(\"section.model[data-model='my_mnist_model'] .latency\").textContent.endsWith(' ms')")
     assert section.locator(".rate").text_content().endswith("req/s")
     assert section.locator(".queue").text_content() == "0 batches, 0 rows"
+    shoot(page, tmp_path_factory, "console-desktop")
     page.close()
 
 
-def test_version_swap_appears_without_reload(demo_server, served_models, browser, tmp_path_factory):
+def test_version_swap_appears_without_reload(demo_server, served_models, browser):
     page = browser.new_page(viewport=DESKTOP)
     page.goto(demo_server.base + "/console")
     page.evaluate("window.sameDocument = true")
@@ -102,7 +106,6 @@ def test_version_swap_appears_without_reload(demo_server, served_models, browser
     assert page.evaluate("window.sameDocument") is True  # updated in place, not reloaded
     poll(lambda: [s["version"] for s in requests.get(demo_server.base + "/v1/models/my_mnist_model").json()
                   ["model_version_status"] if s["state"] == "AVAILABLE"] == ["3"], what="version 3 alone available")
-    shoot(page, tmp_path_factory, "console-desktop")
     page.close()
 
 

@@ -183,3 +183,13 @@ def test_web_server_headers_gzip_and_one_wasm_variant(browser, site_urls):
     assert len(wasm_files) == 1, wasm_files
     assert sum(size for _, size in fetched) <= 4_000_000
     context.close()
+
+
+def test_unreachable_server_is_reported_in_the_page(browser, site_urls):
+    page = open_page(browser, f"{site_urls['none']}?serve=http://127.0.0.1:9/v1/models/my_mnist_model",
+                     viewport=DESKTOP)
+    draw(page, SHAPES[1])
+    assert page.text_content("#server-ms") == "error"
+    assert "modelyard serve" in page.text_content("#server-note")
+    assert page.locator("#top").get_attribute("data-cls") == "1"  # the page itself still predicts
+    page.context.close()

@@ -90,12 +90,12 @@ def _write(content: bytes, args) -> Path:
 
 def run(args) -> int:
     usage = None
-    if not (args.compare or args.output or args.into):
+    if args.to == "web" and not args.output:
+        usage = "--to web writes a folder: give -o SITE_DIR"
+    elif not (args.compare or args.output or args.into):
         usage = "give -o OUT.tflite, --into BASE, or --compare"
     elif args.compare and (args.output or args.into or args.qat):
         usage = "--compare only measures: it takes no -o, --into or --qat"
-    elif args.to == "web" and not args.output:
-        usage = "--to web writes a folder: give -o SITE_DIR"
     elif args.qat and args.quantize not in ("none", "int8"):
         usage = "--qat always ends in int8; drop --quantize"
     if usage:

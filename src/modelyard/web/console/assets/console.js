@@ -3,7 +3,7 @@
 // request rate and mean latency, and draws the last minutes of both on a canvas.
 'use strict';
 const POLL_MS = 1000;
-const HISTORY = 120;
+const HISTORY = 60;  // one minute at one poll a second
 const previous = {};  // model -> {time, total, sum, count}
 const history = {};   // model -> [{rate, latency}]
 
@@ -44,8 +44,15 @@ function renderVersions(s, model) {
 }
 
 function drawChart(canvas, points) {
+  // Drawn at the canvas's displayed size times the pixel ratio: crisp on phones, never stretched.
+  const ratio = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth || 600, height = canvas.clientHeight || 120;
+  if (canvas.width !== Math.round(width * ratio)) {
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+  }
   const ctx = canvas.getContext('2d');
-  const {width, height} = canvas;
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, width, height);
   ctx.fillStyle = '#f6f7fa';
   ctx.fillRect(0, 0, width, height);
