@@ -81,7 +81,7 @@ def _write(content: bytes, args) -> Path:
 
         name = Path(args.src.rpartition(":")[0] if args.src.rpartition(":")[2].isdigit() else args.src)
         name = name.parent if name.name.isdigit() else name  # a version dir: its model's name
-        return write_site(fix_batch_size(content), Path(args.output), quantize=args.quantize,
+        return write_site(fix_batch_size(content), Path(args.output), quantize="qat-int8" if args.qat else args.quantize,
                           source=args.src, model_name=name.stem, log=lambda m: print(m, file=sys.stderr))
     if args.into:
         return write_tflite_version(content, Path(args.into))
