@@ -146,11 +146,9 @@ def served_models(demo_base, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def demo_server(served_models, tmp_path_factory):
+def demo_server(served_models, monitoring_config, tmp_path_factory):
     """One ``modelyard serve`` for the page's toggle and the console: CORS on, batching on,
     Prometheus metrics, labels, and a console token."""
-    from tests.serving.server_process import TESTDATA
-
     folder = tmp_path_factory.mktemp("serve-config")
     (folder / "models.config").write_text(
         "model_config_list {\n"
@@ -166,7 +164,7 @@ def demo_server(served_models, tmp_path_factory):
     )
     (folder / "token").write_text(CONSOLE_TOKEN + "\n")
     with ServerProcess("--model_config_file", str(folder / "models.config"),
-                       "--monitoring_config_file", str(TESTDATA / "monitoring_config.txt"),
+                       "--monitoring_config_file", str(monitoring_config),
                        "--enable_batching", "--batching_parameters_file", str(folder / "batching.config"),
                        "--console_token_file", str(folder / "token"),
                        "--rest_api_enable_cors_support", log_dir=tmp_path_factory.mktemp("serve-logs")) as server:

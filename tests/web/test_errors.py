@@ -8,7 +8,6 @@ import pytest
 
 from modelyard.cli import main
 from modelyard.model.tflite import ConvertError
-from tests.serving.server_process import TESTDATA
 
 
 def test_to_web_needs_an_output_folder(demo_base, capsys):
@@ -28,9 +27,15 @@ def test_missing_npm_says_how_to_get_it(demo_base, tmp_path, monkeypatch, capsys
 
 
 def test_a_model_the_page_cannot_feed_is_refused():
+    import tensorflow as tf
+
     from modelyard.web.site import describe
 
-    content = (TESTDATA / "saved_model_half_plus_two_tflite" / "00000123" / "model.tflite").read_bytes()
+    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
+    def double(x):
+        return x * 2.0
+
+    content = tf.lite.TFLiteConverter.from_concrete_functions([double.get_concrete_function()], double).convert()
     with pytest.raises(ConvertError, match=r"one \[1, 28, 28\] or \[1, 28, 28, 1\] input"):
         describe(content)
 
@@ -42,14 +47,14 @@ def test_web_on_a_folder_without_a_site(tmp_path):
     assert "holds no index.html" in done.stderr and "--to web" in done.stderr
 
 
-def test_console_off_leaves_no_console_route():
+def test_console_off_leaves_no_console_route(tmp_path):
     from modelyard.serving.options import add_flags, resolve
     from modelyard.serving.protocol.rest import RestApp
     import argparse
 
     parser = argparse.ArgumentParser()
     add_flags(parser)
-    options = resolve(parser.parse_args(["--console=false", "--model_name", "m", "--model_base_path", str(TESTDATA)]))
+    options = resolve(parser.parse_args(["--console=false", "--model_name", "m", "--model_base_path", str(tmp_path)]))
     assert options.console is False
     app = RestApp(core=None, threads=1)  # the server sets .console only when options.console
     status, _headers, body = app.immediate("GET", "/console")
