@@ -83,9 +83,21 @@ def ensure_runtime(log=print) -> RuntimeFiles:
         raise RuntimeUnavailable(f"npm install timed out (no network?). {_how_to_get()}") from exc
     found = _files_in(target / "node_modules")
     if done.returncode != 0 or found is None:
-        detail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-6:])
-        raise RuntimeUnavailable(f"npm install {PACKAGE}@{LITERTJS_VERSION} failed:\n{detail}\n{_how_to_get()}")
+        raise RuntimeUnavailable(f"npm install {PACKAGE}@{LITERTJS_VERSION} failed: {_npm_reason(done)}. {_how_to_get()}")
     return _with_gzip(found)
+
+
+_OFFLINE = ("ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN", "ENETUNREACH", "ECONNRESET")
+
+
+def _npm_reason(done: subprocess.CompletedProcess) -> str:
+    """npm's error code and first message line (its stack trace says nothing to a user)."""
+    lines = [line.removeprefix("npm error").strip() for line in (done.stderr or done.stdout or "").splitlines()]
+    code = next((line.split()[-1] for line in lines if line.startswith("code ")), None)
+    message = next((line for line in lines if line and not line.startswith(("code ", "syscall ", "errno "))), "")
+    if code in _OFFLINE:
+        return f"the npm registry could not be reached ({code}: {message})"
+    return f"{code or f'exit {done.returncode}'}: {message}" if message else (code or f"exit {done.returncode}")
 
 
 def gzipped(path: Path) -> Path:
