@@ -21,7 +21,11 @@ _AREAS = (
     "modelyard.platform.cli",
     "modelyard.batch.cli",
     "modelyard.tuning.cli",
+    "modelyard.web.cli",
 )
+# Commands whose area is imported alone when named first: they need no TensorFlow, and the
+# other areas' modules import it (seconds of start-up for a static file server).
+_LIGHT_COMMANDS = {"web": "modelyard.web.cli"}
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +34,7 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
                         help="show TensorFlow's info logs (-vv: debug); same as MODELYARD_LOG_LEVEL=info/debug")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(areas: tuple[str, ...] = _AREAS) -> argparse.ArgumentParser:
     parser = SuggestingArgumentParser(
         prog="modelyard",
         description="Train, export, convert and serve TensorFlow models (TF Serving compatible). "
@@ -38,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_verbose(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _AREAS:
+    for name in areas:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -52,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    light = _LIGHT_COMMANDS.get(argv[0]) if argv else None
+    parser = build_parser((light,) if light else _AREAS)
     args = parser.parse_args(argv)
     verbose = getattr(args, "verbose", 0)
     if verbose:  # before any subcommand imports TensorFlow

@@ -16,6 +16,7 @@ EPILOG = """examples:
   modelyard convert models/my_mnist_model:1 --into models/my_mnist_lite --quantize int8 \\
       --representative-data digits --io-dtype uint8
   modelyard convert models/my_mnist_model --compare --representative-data digits
+  modelyard convert models/my_mnist_model --to web -o site/ && modelyard web site/
   modelyard convert model.keras --qat --epochs 1 --representative-data train.npz -o model.tflite
 """
 
@@ -31,8 +32,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("src", metavar="SRC")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("-o", "--output", metavar="OUT.tflite", help="write the flatbuffer here")
+    where.add_argument("-o", "--output", metavar="OUT.tflite", help="write the flatbuffer here (with --to web: the site folder)")
     where.add_argument("--into", metavar="BASE", help="write BASE/<next version>/model.tflite (servable by modelyard serve)")
+    p.add_argument("--to", choices=("tflite", "web"), default="tflite",
+                   help="web: write a folder with the model (batch fixed to 1), LiteRT.js from npm and a digits page")
     p.add_argument("--quantize", choices=MODES, default="none")
     p.add_argument("--representative-data", metavar="FILE", help=".npz of typical inputs (int8 calibration, QAT training data), or 'digits'")
     p.add_argument("--eval-data", metavar="FILE", help=".npz of held-out inputs (+ 'labels') for the report (default: digits test split with 'digits', else random inputs)")
@@ -72,6 +75,14 @@ def _quiet_tensorflow() -> None:
 def _write(content: bytes, args) -> Path:
     from modelyard.edge.source import write_tflite_file, write_tflite_version
 
+    if args.to == "web":
+        from modelyard.edge.fixed_shape import fix_batch_size
+        from modelyard.web.site import write_site
+
+        name = Path(args.src.rpartition(":")[0] if args.src.rpartition(":")[2].isdigit() else args.src)
+        name = name.parent if name.name.isdigit() else name  # a version dir: its model's name
+        return write_site(fix_batch_size(content), Path(args.output), quantize="qat-int8" if args.qat else args.quantize,
+                          source=args.src, model_name=name.stem, log=lambda m: print(m, file=sys.stderr))
     if args.into:
         return write_tflite_version(content, Path(args.into))
     return write_tflite_file(content, Path(args.output))
@@ -79,7 +90,9 @@ def _write(content: bytes, args) -> Path:
 
 def run(args) -> int:
     usage = None
-    if not (args.compare or args.output or args.into):
+    if args.to == "web" and not args.output:
+        usage = "--to web writes a folder: give -o SITE_DIR"
+    elif not (args.compare or args.output or args.into):
         usage = "give -o OUT.tflite, --into BASE, or --compare"
     elif args.compare and (args.output or args.into or args.qat):
         usage = "--compare only measures: it takes no -o, --into or --qat"
@@ -121,7 +134,11 @@ def run(args) -> int:
     except ConvertError as exc:
         print(f"modelyard convert: error: {exc}", file=sys.stderr)
         return 1
-    target = _write(content, args)
+    try:
+        target = _write(content, args)
+    except ConvertError as exc:
+        print(f"modelyard convert: error: {exc}", file=sys.stderr)
+        return 1
     if report is not None:
         _print_reports([report], args.json)
     print(f"wrote {target} ({len(content)} bytes)", file=sys.stderr)

@@ -55,6 +55,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="replay assets.extra/tf_serving_warmup_requests before serving a version (default true)")
     add("--num_request_iterations_for_warmup", type=int, default=1, help="times each warmup record is replayed")
+    add("--console", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="serve the console at /console on the REST port (default true)")
+    add("--console_token_file", default=None, metavar="FILE",
+        help="file holding the token that enables console actions (else $MODELYARD_CONSOLE_TOKEN; none: read-only)")
     add("--runtime", choices=("auto", "tensorflow", "litert"), default="auto",
         help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
         "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
@@ -99,6 +103,8 @@ class ServeOptions:
     use_demo: bool = False
     batching: object = None  # a batching_config.BatchingPolicy when --enable_batching
     security: object = None  # a security.options.SecurityOptions
+    console: bool = True
+    console_token: str | None = None
 
 
 class OptionsError(ValueError):
@@ -173,6 +179,10 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         security_options = security.resolve(args)
     except ValueError as exc:
         raise OptionsError(str(exc)) from None
+    if args.console_token_file and not Path(args.console_token_file).is_file():
+        raise OptionsError(f"--console_token_file {args.console_token_file} does not exist")
+    console_token = (Path(args.console_token_file).read_text().strip() if args.console_token_file
+                     else environ.get("MODELYARD_CONSOLE_TOKEN")) or None
     cores = os.cpu_count() or 1
     default_threads = max(4 * cores, BATCHING_MIN_THREADS) if args.enable_batching else 4 * cores
     return ServeOptions(
@@ -202,4 +212,6 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         use_demo=use_demo,
         batching=batching,
         security=security_options,
+        console=args.console,
+        console_token=console_token,
     )

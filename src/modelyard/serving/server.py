@@ -176,6 +176,10 @@ class ModelServer:
             metrics_path=metrics_path,
             peer_metrics=self.group.peer_metrics if self.group else None,
         )
+        if o.console:
+            from modelyard.web.console import Console
+
+            self.rest_app.console = Console(self, o.console_token)
 
     def _grpc_server(self):
         """The gRPC server, bound but not started: the lean one, or grpcio's (--grpc_implementation)."""

@@ -190,6 +190,12 @@ class BatchingServable(Servable):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def queue_depth(self) -> tuple[int, int]:
+        """(batches, rows) waiting in this servable's queues right now (shown by the console)."""
+        with self._cond:
+            batches = [batch for queue in self._queues.values() for batch in queue.batches]
+            return len(batches), sum(batch.size for batch in batches)
+
     # ---- the request side ---------------------------------------------------------------------
     def run(
         self,

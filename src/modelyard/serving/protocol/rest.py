@@ -59,6 +59,7 @@ class RestApp:
         self.json_heads: dict[int, bytes] = {}  # status -> response head up to the length (http_server)
         self.metrics_path = metrics_path
         self.peer_metrics = peer_metrics  # callable returning other workers' snapshots
+        self.console = None  # modelyard.web.console.Console when the server serves /console
         # path -> (match, model name, ModelSpec or None when the path's version is malformed).
         # Clients send the same few paths, so each is parsed once, not per request.
         self._post_routes: dict[str, tuple] = {}
@@ -72,6 +73,8 @@ class RestApp:
             peers = self.peer_metrics() if self.peer_metrics else []
             body = self.core.metrics.render(peers).encode()
             return 200, [(b"content-type", b"text/plain")] + self.extra_headers, body
+        if self.console is not None and self.console.owns(path):
+            return self.console.immediate(method, path)
         if not path.lower().startswith("/v1/"):
             error = ServingError(Code.NOT_FOUND, f"Not found: {path}")
             return 404, self.json_headers, rest_json.error_body(error)
@@ -113,6 +116,8 @@ class RestApp:
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         set_request_timeout(self.timeout_s)  # batching drops a request whose deadline passes in its queue
         try:
+            if self.console is not None and self.console.owns(path):
+                return self.console.handle(method, path, body)
             if method == "POST":
                 route = self._post_route(path)
                 if route is not None:
