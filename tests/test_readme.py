@@ -20,7 +20,7 @@ from tests.serving.server_process import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = "python3 -m pip install -e . && modelyard serve"
-TEST_COMMAND = "python3 -m pip install -e '.[test]' && python3 -m pytest -q"
+TEST_COMMAND = "./scripts/test"
 VENV_COMMANDS = ["python3 -m venv .venv", ". .venv/bin/activate"]
 
 
@@ -52,6 +52,9 @@ def test_readme_holds_both_commands_and_ci_runs_the_test_command():
     assert SERVE_COMMAND in indented
     assert TEST_COMMAND in indented
     assert TEST_COMMAND in (REPO / ".ci" / "run").read_text()
+    # The script installs the package with its test extra and runs the whole suite.
+    script = (REPO / "scripts" / "test").read_text()
+    assert "python3 -m pip install -e '.[test]'" in script and "python3 -m pytest -q" in script
     # The venv comes first: made, then activated, then the install.
     at = [indented.index(command) for command in VENV_COMMANDS + [SERVE_COMMAND]]
     assert at == sorted(at) and at[1] == at[0] + 1, at
