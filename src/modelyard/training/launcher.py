@@ -159,12 +159,20 @@ class Supervisor:
                         pass
                 self.stop()
                 return True, ""
-            time.sleep(poll)
+            if _STOP_REQUESTED.wait(poll):
+                raise KeyboardInterrupt
+
+
+# Set by SIGINT/SIGTERM. The handler only sets it: an exception raised from a signal handler can
+# land inside Popen.poll() and leave its waitpid lock held, after which every wait() on that
+# process hangs (seen as a launcher that ignored Ctrl-C for 30 s). The supervisor's loop raises
+# KeyboardInterrupt itself, at a point where nothing is half-done.
+_STOP_REQUESTED = threading.Event()
 
 
 def _interrupt(signum, frame) -> None:
     # `kill <launcher>` stops the job the same clean way Ctrl-C does.
-    raise KeyboardInterrupt
+    _STOP_REQUESTED.set()
 
 
 def _preflight(command: list[str], spec: dict[str, list[str]]) -> None:
@@ -202,7 +210,9 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
     """Run ``command`` as a supervised job; returns the launcher's exit code."""
     out = out or sys.stdout
     if threading.current_thread() is threading.main_thread():
+        _STOP_REQUESTED.clear()
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
     if max_restarts < 0:
         raise LaunchError("--max-restarts must be 0 or more")
     if cluster_spec:
@@ -239,6 +249,8 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
         interrupted = False
         try:
             supervisor.start()
+            if _STOP_REQUESTED.is_set():
+                raise KeyboardInterrupt
             ok, why = supervisor.wait()
         except KeyboardInterrupt:
             interrupted = True
