@@ -20,7 +20,27 @@ def _flag_part(arg: str) -> str:
 
 
 class SuggestingArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser that names the closest known flag for each unknown one."""
+    """An ArgumentParser that names the closest known flag for each unknown one.
+
+    A parser with ``dash_spellings = True`` (``serve``, whose flags keep TF Serving's
+    underscores) also takes ``--model-base-path`` for ``--model_base_path``.
+    """
+
+    dash_spellings = False
+
+    def _respelled(self, args: list[str]) -> list[str]:
+        """``args`` with each dashed spelling of a known underscore flag replaced by the flag."""
+        known = set(self.option_strings())
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":  # what follows belongs to someone else
+                return out + args[i:]
+            flag, sep, value = arg.partition("=")
+            underscored = "--" + flag[2:].replace("-", "_")
+            if flag.startswith("--") and flag not in known and underscored in known:
+                arg = underscored + sep + value
+            out.append(arg)
+        return out
 
     def option_strings(self) -> list[str]:
         return [s for action in self._actions for s in action.option_strings if s.startswith("--")]
@@ -38,6 +58,8 @@ class SuggestingArgumentParser(argparse.ArgumentParser):
         return close[0] if close else None
 
     def parse_known_args(self, args=None, namespace=None):
+        if self.dash_spellings and args is not None:
+            args = self._respelled(list(args))
         namespace, extras = super().parse_known_args(args, namespace)
         hints = [(arg, self.suggest(arg)) for arg in extras if arg.startswith("--")]
         hints = [(arg, hint) for arg, hint in hints if hint]

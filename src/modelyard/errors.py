@@ -6,6 +6,11 @@ Protocol adapters map the code once: REST through ``HTTP_STATUS``, gRPC through
 from __future__ import annotations
 
 import enum
+import json
+
+# An error message may quote what the client sent, but never all of it: a 49 MB body must not
+# come back as a 200 MB answer. Short values are quoted whole, exactly as TF Serving does.
+QUOTE_LIMIT = 300
 
 
 class Code(enum.IntEnum):
@@ -81,3 +86,21 @@ def not_found(message: str) -> ServingError:
 
 def failed_precondition(message: str) -> ServingError:
     return ServingError(Code.FAILED_PRECONDITION, message)
+
+
+def excerpt(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` as an error message may quote it: at most ``limit`` characters, marked when cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def quote_json(value, limit: int = QUOTE_LIMIT) -> str:
+    """``value`` as indented JSON for an error message, encoded only as far as the message shows it."""
+    encoded, size = [], 0
+    for chunk in json.JSONEncoder(indent=4, allow_nan=True).iterencode(value):
+        encoded.append(chunk)
+        size += len(chunk)
+        if size > limit:  # stop encoding: the rest of a huge body would only be thrown away
+            return "".join(encoded)[:limit] + "... (cut)"
+    return "".join(encoded)

@@ -40,7 +40,7 @@ CASES = [
     ("signature_name not string", "/v1/models/default:predict", {"signature_name": 100, "instances": [1.0]}, 400,
      "'signature_name' key must be a string value."),
     ("unknown model", "/v1/models/nope:predict", {"instances": [1.0]}, 404,
-     "Servable not found for request: Latest(nope)"),
+     "Servable not found for request: Latest(nope); served models: default, tf2, tflite"),
     ("unknown version", "/v1/models/default/versions/7:predict", {"instances": [1.0]}, 404,
      "Servable not found for request: Specific(default, 7)"),
     ("unknown label", "/v1/models/default/labels/canary:predict", {"instances": [1.0]}, 400,
@@ -84,7 +84,8 @@ def test_body_over_size_limit(testdata_server):
 def test_unknown_model_status(testdata_server):
     r = requests.get(testdata_server.base + "/v1/models/nope")
     assert r.status_code == 404
-    assert r.json() == {"error": "Could not find any versions of model nope"}
+    # TF Serving's text, then the names that are served (the model was probably mistyped)
+    assert r.json() == {"error": "Could not find any versions of model nope; served models: default, tf2, tflite"}
 
 
 def test_broken_saved_model_reports_why(testdata_server):
@@ -123,7 +124,8 @@ def _request(model="default", **spec):
 
 
 GRPC_CASES = [
-    ("unknown model", _request("nope"), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)"),
+    ("unknown model", _request("nope"), grpc.StatusCode.NOT_FOUND,
+     "Servable not found for request: Latest(nope); served models: default, tf2, tflite"),
     ("unknown version", _request(version=9), grpc.StatusCode.NOT_FOUND, "Specific(default, 9)"),
     ("unknown label", _request(version_label="stable"), grpc.StatusCode.INVALID_ARGUMENT,
      "Unrecognized servable version label: stable"),

@@ -90,7 +90,7 @@ def test_error_message_is_percent_encoded(channel):
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(_predict_request(np.zeros((1, 1), np.float32), model="nöpe%"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    assert info.value.details() == "Servable not found for request: Latest(nöpe%)"
+    assert info.value.details() == "Servable not found for request: Latest(nöpe%); served models: default, tf2, tflite"
 
 
 def test_garbage_preface_does_not_kill_the_server(testdata_server, channel):

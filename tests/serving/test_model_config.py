@@ -114,6 +114,6 @@ def test_reload_adds_and_removes_models(server, bases):
     assert predict(server, "alpha/labels/stable").json() == {"predictions": [[31.0]]}
     r = predict(server, "beta")
     assert r.status_code == 404
-    assert r.json() == {"error": "Servable not found for request: Latest(beta)"}
+    assert r.json() == {"error": "Servable not found for request: Latest(beta); served models: alpha, gamma"}
     assert requests.get(server.base + "/v1/models/beta").status_code == 404
     assert predict(server, "alpha/labels/canary").status_code == 400  # labels are replaced as a set

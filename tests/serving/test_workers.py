@@ -198,7 +198,7 @@ def test_swap_and_reload_under_load_drop_nothing_and_reach_every_worker(setup):
     for _ in range(20):
         r = requests.post(f"{server.base}/v1/models/n:predict", data='{"instances": [[1.0]]}',
                           headers={"Connection": "close"}, timeout=30)
-        assert r.status_code == 404 and r.json() == {"error": "Servable not found for request: Latest(n)"}
+        assert r.status_code == 404 and r.json() == {"error": "Servable not found for request: Latest(n); served models: m"}
     # Both workers answered requests for version 2 (their own counters grew after the swap).
     wait_for(lambda: all(snapshot_value(s, ":tensorflow:serving:request_count", ["m", "OK"]) > a
                          for s, a in zip(worker_snapshots(root), after_swap)), 10, what="worker snapshots")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
+from modelyard.errors import excerpt
+
 # DataType enum value -> NumPy dtype. Strings are object arrays of bytes.
 _TO_NUMPY: dict[int, np.dtype] = {
     types_pb2.DT_FLOAT: np.dtype(np.float32),
@@ -76,13 +78,24 @@ def check_json_kind(inferred: np.ndarray, enum_value: int) -> None:
         sample = inferred.flat[0] if inferred.size else None
         raise ValueKindError(
             f"JSON Value: {_show(sample)} not of type {dtype_name(enum_value)[3:].lower()} "
-            f"as expected by the signature's input of dtype {dtype_name(enum_value)}"
+            f"as expected by the signature's input of dtype {dtype_name(enum_value)}{sending_hint(enum_value)}"
         )
+
+
+def sending_hint(enum_value: int) -> str:
+    """What to send instead, appended to a wrong-value message where the cause is nearly always one.
+
+    A uint8 input is an image model that takes raw pixels (a Rescaling layer, or a quantized
+    model's input scale, does the division), and the mistake is sending 0-1 floats.
+    """
+    if enum_value == types_pb2.DT_UINT8:
+        return " (send integers 0-255: this model rescales itself)"
+    return ""
 
 
 def _show(value) -> str:
     if isinstance(value, (bytes, str)):
-        return repr(value if isinstance(value, str) else value.decode("utf-8", "replace"))
+        return excerpt(repr(value if isinstance(value, str) else value.decode("utf-8", "replace")))
     if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
     return str(value)

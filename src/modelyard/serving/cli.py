@@ -15,6 +15,7 @@ def register(subparsers) -> None:
         description="Serve SavedModels and .tflite models, wire-compatible with TensorFlow Serving. "
         "With no model named, serves the built-in digits demo model (my_mnist_model).",
     )
+    parser.dash_spellings = True  # --model-base-path works too
     add_flags(parser)
     parser.set_defaults(func=run)
 

@@ -187,6 +187,18 @@ class ServingCore:
                 sig_map.signature_def[name].CopyFrom(sig_def)
             return handle.version, sig_map
 
+    def list_models(self) -> list[tuple[str, dict[str, int], list[VersionStatus]]]:
+        """Every configured model with its version labels and each version's state (GET /v1/models).
+
+        TF Serving has no such call; a model with no version on disk yet is listed with none.
+        """
+        listed = []
+        for name in sorted(self.manager.model_names()):
+            config = self.manager.config_of(name)
+            statuses = self.status(name) if self.manager.version_states(name) else []
+            listed.append((name, dict(config.labels) if config else {}, statuses))
+        return listed
+
     def status(self, name: str, version: int | None = None) -> list[VersionStatus]:
         if not name:
             raise invalid_argument("Missing model name in request.")
@@ -196,7 +208,7 @@ class ServingCore:
             if not records:
                 raise not_found(f"Could not find version {version} of model {name}")
         elif not records:
-            raise not_found(f"Could not find any versions of model {name}")
+            raise not_found(f"Could not find any versions of model {name}{self.manager.unknown_model_hint(name)}")
         return [
             VersionStatus(
                 r.version,

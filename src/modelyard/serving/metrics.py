@@ -16,6 +16,8 @@ def _exp_buckets(scale: float, growth: float, count: int) -> list[float]:
 
 
 LATENCY_BUCKETS = _exp_buckets(10, 1.8, 33)  # microseconds, as TF Serving's samplers
+QUEUING_BUCKETS = _exp_buckets(100, 1.2, 52)  # microseconds, as TF Serving's batching_session (~1 s)
+BATCH_SIZE_BUCKETS = [float(2**i) for i in range(17)]  # rows: 1, 2, 4 ... 65536
 
 
 def _prom_name(name: str) -> str:
@@ -128,10 +130,24 @@ class ServingMetrics:
         self.load_latency = Counter("/tensorflow/cc/saved_model/load_latency", ("model_path",))
         # modelyard's own: which runtime serves each loaded version (1 while loaded).
         self.model_runtime = Gauge("/modelyard/serving/model_runtime", ("model_name", "version", "runtime"))
+        # Batching (--enable_batching), under TF Serving's batching_session names; modelyard adds the
+        # model_name label so that each model's batches can be told apart.
+        self.queuing_latency = Histogram("/tensorflow/serving/batching_session/queuing_latency",
+                                         ("thread_pool_name", "model_name"), QUEUING_BUCKETS)
+        self.wrapped_run_count = Counter("/tensorflow/serving/batching_session/wrapped_run_count", ("model_name",))
+        self.input_batch_size = Histogram("/tensorflow/serving/batching_session/input_batch_size",
+                                          ("model_name",), BATCH_SIZE_BUCKETS)
+        self.processed_batch_size = Histogram("/tensorflow/serving/batching_session/processed_batch_size",
+                                              ("model_name",), BATCH_SIZE_BUCKETS)
         self._all = [
             self.load_attempt_count, self.load_latency, self.model_runtime, self.request_count,
             self.example_count_total, self.request_latency, self.runtime_latency, self.warmup_latency,
+            self.queuing_latency, self.wrapped_run_count, self.input_batch_size, self.processed_batch_size,
         ]
+
+    def batch_recorder(self, model_name: str, thread_pool_name: str) -> "BatchMetrics":
+        """What one model's batching servable reports into (a ``scheduler.BatchRecorder``)."""
+        return BatchMetrics(self, model_name, thread_pool_name)
 
     def snapshot(self) -> dict[str, list]:
         """This process's values, JSON-friendly: {metric name: [[labels...], value]}."""
@@ -149,3 +165,18 @@ class ServingMetrics:
                 lines.append(f"# TYPE {metric.name} {metric.kind}")
                 lines.extend(body)
         return "\n".join(lines) + "\n"
+
+
+class BatchMetrics:
+    """One model's batching figures: time in the queue, rows per batch before and after padding."""
+
+    def __init__(self, metrics: ServingMetrics, model_name: str, thread_pool_name: str):
+        self._metrics, self._model, self._pool = metrics, model_name, thread_pool_name
+
+    def queued(self, seconds: float) -> None:
+        self._metrics.queuing_latency.observe(seconds * 1e6, self._pool, self._model)
+
+    def batch(self, rows: int, padded: int) -> None:
+        self._metrics.wrapped_run_count.inc(self._model)
+        self._metrics.input_batch_size.observe(rows, self._model)
+        self._metrics.processed_batch_size.observe(padded, self._model)

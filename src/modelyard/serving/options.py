@@ -147,6 +147,13 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
             f"model base path {base_path} is not a directory: export a model there first "
             f"(modelyard.export(model, path)) or fix {base_path_source}"
         )
+    if base_path:
+        from modelyard.serving.manager.versions import misplaced_model
+
+        mistake = misplaced_model(Path(base_path))
+        if mistake:
+            came_from = "" if base_path_source == "--model_base_path" else f" (it came from {base_path_source})"
+            raise OptionsError(mistake + came_from)
     if args.model_config_file and not Path(args.model_config_file).is_file():
         raise OptionsError(f"--model_config_file {args.model_config_file} does not exist")
     if args.monitoring_config_file and not Path(args.monitoring_config_file).is_file():

@@ -156,7 +156,7 @@ class ModelServer:
         except ServingError as exc:
             if exc.code == Code.FAILED_PRECONDITION:
                 raise
-            log.error("%s; serving the rest (status shows why)", exc.message)
+            self._report_unavailable(configs)
         threading.Thread(target=self._poll_loop, name="source-poll", daemon=True).start()
         self.grpc_server = self._grpc_server()
         self._rest_sock = self._rest_socket() if o.rest_api_port else None
@@ -180,6 +180,39 @@ class ModelServer:
             from modelyard.web.console import Console
 
             self.rest_app.console = Console(self, o.console_token)
+
+    def _report_unavailable(self, configs: list[ModelConfig]) -> None:
+        """After a start where some models did not load: say why for each, and stop when nothing can serve.
+
+        A model whose base path has no versions yet can still become available (an export lands
+        in it), as in TF Serving; one whose versions failed to load, or whose base path is a
+        model itself, cannot, so with no other model to serve the server must not run empty.
+        """
+        from modelyard.serving.manager.versions import misplaced_model, version_dirs
+
+        setting = "base_path:" if self.options.model_config_file else "--model_base_path"
+        serving, waiting, reasons = [], [], []
+        for cfg in configs:
+            records = self.manager.version_states(cfg.name)
+            if any(r.state == "AVAILABLE" for r in records):
+                serving.append(cfg.name)
+            elif (mistake := misplaced_model(cfg.base_path, setting)) is not None:
+                reasons.append(f"model {cfg.name}: {mistake}")
+            elif not version_dirs(cfg.base_path):
+                waiting.append(cfg.name)
+                log.warning("Model %s has no versions under %s yet (integer-named directories such as 1 or "
+                            "0001): waiting for one, e.g. modelyard.export(model, %r)",
+                            cfg.name, cfg.base_path, str(cfg.base_path))
+            else:
+                failures = "; ".join(f"version {r.version}: {r.error.message}" for r in records if r.error)
+                reasons.append(f"model {cfg.name} could not load ({failures or 'no version was chosen by its policy'})")
+        if reasons and not serving and not waiting:
+            raise ServingError(Code.UNKNOWN, "no model can be served: " + "; ".join(reasons))
+        for reason in reasons:
+            log.error("%s", reason)
+        if reasons:
+            log.error("Serving %s; the status API shows each version's error",
+                      ", ".join(serving) if serving else f"nothing yet (waiting for {', '.join(waiting)})")
 
     def _grpc_server(self):
         """The gRPC server, bound but not started: the lean one, or grpcio's (--grpc_implementation)."""

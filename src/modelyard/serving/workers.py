@@ -16,8 +16,10 @@ import json
 import logging
 import multiprocessing
 import os
+import queue
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -104,9 +106,16 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
     from modelyard.serving.server import ModelServer
 
+    from modelyard.errors import ServingError
+
     server = ModelServer(options, group=WorkerGroup(state_dir, index, count))
-    server.start()
-    ready.put(index)
+    try:
+        server.start()
+    except (ServingError, OSError) as exc:  # a taken port, no model: the supervisor says it once
+        ready.put((index, getattr(exc, "message", None) or str(exc)))
+        server.stop()
+        sys.exit(1)
+    ready.put((index, None))
     server.serve_rest_forever()
 
 
@@ -130,19 +139,34 @@ def run_supervised(options, count: int, on_ready=None) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     workers = [start(i) for i in range(count)]
-    started = set()
+    started: set[int] = set()
+    start_errors: dict[int, str] = {}
+
+    def read_reports(wait: float = 0.0) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                index, error = ready.get(timeout=max(0.0, deadline - time.monotonic())) if wait else ready.get_nowait()
+            except queue.Empty:
+                return
+            if error is None:
+                started.add(index)
+            else:
+                start_errors[index] = error
+
     restarts = 0
     try:
         while not stopping:
-            while not ready.empty():
-                started.add(ready.get())
-                if len(started) == count and on_ready:
-                    on_ready()
-                    on_ready = None
+            read_reports()
+            if len(started) == count and on_ready:
+                on_ready()
+                on_ready = None
             for i, proc in enumerate(workers):
                 if proc.exitcode is not None and not stopping:
                     if i not in started:
-                        log.error("worker %d failed to start (exit code %s); stopping", i, proc.exitcode)
+                        read_reports(wait=1.0)  # its report may still be in the pipe
+                        reason = start_errors.get(i) or f"worker {i} failed to start (exit code {proc.exitcode})"
+                        print(f"modelyard serve: error: {reason}", file=sys.stderr)
                         return 1
                     restarts += 1
                     log.error("worker %d exited with code %s; restarting it (restart %d)", i, proc.exitcode, restarts)

@@ -76,6 +76,7 @@ def check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.
             raise invalid_argument(
                 f"Expects arg[{alias}] to be {dtypes.dtype_name(spec.dtype)[3:].lower()} but "
                 f"{dtypes.dtype_name(dtypes.from_numpy(value.dtype))[3:].lower()} is provided"
+                + dtypes.sending_hint(spec.dtype)
             )
     return inputs
 

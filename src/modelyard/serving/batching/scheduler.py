@@ -52,7 +52,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Executor, Future
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -103,10 +103,21 @@ def current_deadline() -> float | None:
 
 
 # ---- the queue's pieces -------------------------------------------------------------------------
+class BatchRecorder(Protocol):
+    """Where a batching servable reports what it does (the server's metrics)."""
+
+    def queued(self, seconds: float) -> None:
+        """A request waited ``seconds`` in the queue before its batch ran."""
+
+    def batch(self, rows: int, padded: int) -> None:
+        """A batch of ``rows`` rows ran, padded to ``padded`` (an allowed batch size)."""
+
+
 class _Task:
     """One request: its rows, its deadline, and the future its answer (or error) lands in."""
 
-    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "finished", "key", "future")
+    __slots__ = ("inputs", "size", "deadline", "pending", "parts", "result", "error", "finished", "key", "future",
+                 "queued_at")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, deadline: float | None, future: BatchFuture):
         self.inputs = inputs
@@ -119,6 +130,7 @@ class _Task:
         self.finished = False  # under the lock: answered (the future is settled outside it)
         self.key: tuple | None = None  # the queue it waits in
         self.future = future
+        self.queued_at = time.monotonic()
 
 
 def _settle(tasks: list[_Task]) -> None:
@@ -169,10 +181,11 @@ class BatchingServable(Servable):
     # A call may wait for its batch: never run it on the event loop.
     inline_ok = False
 
-    def __init__(self, inner: Servable, params: BatchingParams):
+    def __init__(self, inner: Servable, params: BatchingParams, recorder: BatchRecorder | None = None):
         super().__init__(inner.path, inner.signatures, inner.signature_def_map)
         self.inner = inner
         self.params = params.check()
+        self.recorder = recorder  # the server sets it once it knows the model's name
         self.runtime = inner.runtime
         self._cond = threading.Condition()
         self._queues: dict[tuple, _Queue] = {}
@@ -418,6 +431,10 @@ class BatchingServable(Servable):
         _settle(finished)
         if not live:
             return
+        if self.recorder is not None:
+            for piece in live:
+                if piece.start == 0:  # a task split over several batches waited once
+                    self.recorder.queued(now - piece.task.queued_at)
         finished = []
         try:
             answers = self._run_pieces(queue, live)
@@ -456,6 +473,8 @@ class BatchingServable(Servable):
             if padded > rows:
                 value = np.concatenate([value, np.repeat(value[:1], padded - rows, axis=0)])
             inputs[alias] = value
+        if self.recorder is not None:
+            self.recorder.batch(rows, padded)
         outputs = self.inner.run(queue.signature, inputs, queue.output_aliases)
         for alias, value in outputs.items():
             if np.ndim(value) == 0 or value.shape[0] != padded:

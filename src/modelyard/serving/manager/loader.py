@@ -39,7 +39,9 @@ class VersionLoader:
     def __call__(self, model_name: str, version: int, path: Path) -> Servable:
         started = time.perf_counter()
         try:
-            servable = maybe_batch(self._load(path), path, self.batching)
+            servable = self._load(path)
+            if self.batching is not None:
+                servable = self._batched(servable, model_name, version, path)
         except Exception:
             self.metrics.load_attempt_count.inc(str(path), "fail")
             raise
@@ -52,6 +54,18 @@ class VersionLoader:
             raise
         for runtime in runtimes_of(servable):
             self.metrics.model_runtime.set(model_name, str(version), runtime, value=1)
+        return servable
+
+    def _batched(self, servable: Servable, model_name: str, version: int, path: Path) -> Servable:
+        """``servable`` behind a batching queue, saying in the log with which parameters."""
+        servable = maybe_batch(servable, path, self.batching)
+        params = servable.params
+        servable.recorder = self.metrics.batch_recorder(model_name, params.thread_pool_name)
+        log.info("Model %s version %d batches: max_batch_size %d, batch_timeout_micros %d, max_enqueued_batches %d, "
+                 "num_batch_threads %d%s%s", model_name, version, params.max_batch_size, params.batch_timeout_micros,
+                 params.max_enqueued_batches, params.num_batch_threads,
+                 f", allowed_batch_sizes {list(params.allowed_batch_sizes)}" if params.allowed_batch_sizes else "",
+                 ", pad_variable_length_inputs" if params.pad_variable_length_inputs else "")
         return servable
 
     def unloaded(self, model_name: str, version: int) -> None:

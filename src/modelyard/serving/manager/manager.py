@@ -104,6 +104,18 @@ class Manager:
     def model_names(self) -> list[str]:
         return [n for n, m in self._models.items() if not m.removed]
 
+    def unknown_model_hint(self, name: str) -> str:
+        """For a not-found message: the served names when ``name`` is none of the configured models.
+
+        TF Serving's text stays first (clients match on it); the names after it save the user
+        a trip to the config when the model name is mistyped.
+        """
+        model = self._models.get(name)
+        if model is not None and not model.removed:
+            return ""
+        served = sorted(n for n, m in self._models.items() if not m.removed and m.available[1])
+        return f"; served models: {', '.join(served)}" if served else "; no model is served yet"
+
     def config_of(self, name: str) -> ModelConfig | None:
         model = self._models.get(name)
         return None if model is None or model.removed else model.config
@@ -285,7 +297,7 @@ class Manager:
                     return Handle(name, rec)
             # Lost a race with an unload; a newer snapshot has been published, so look again.
         what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {what}")
+        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {what}{self.unknown_model_hint(name)}")
 
     def runs_inline(self, name: str) -> bool:
         """True when every available version of ``name`` answers in microseconds (LiteRT, no batching)."""

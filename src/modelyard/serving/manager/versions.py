@@ -9,6 +9,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelyard.model.savedmodel import SAVED_MODEL_FILES
+
+TFLITE_MODEL_FILE = "model.tflite"
+
 
 def version_dirs(base_path: Path) -> dict[int, Path]:
     """Integer-named sub-directories of ``base_path`` by version number."""
@@ -21,6 +25,25 @@ def version_dirs(base_path: Path) -> dict[int, Path]:
         if entry.name.isdigit() and entry.is_dir():
             found.setdefault(int(entry.name), Path(entry.path))
     return found
+
+
+def misplaced_model(base_path: Path, setting: str = "--model_base_path") -> str | None:
+    """Why ``base_path`` cannot be a base path because it holds a model itself, or None.
+
+    A base path holds version directories (``1``, ``0001``, ...); pointing it at one of them, or
+    at a bare SavedModel, is the most common first-hour mistake, and the fix is one line to type.
+    ``setting`` is what the user wrote the path in (a flag, or the config file's ``base_path``).
+    """
+    base_path = Path(base_path)
+    holds_model = any((base_path / name).is_file() for name in (*SAVED_MODEL_FILES, TFLITE_MODEL_FILE))
+    if not holds_model or version_dirs(base_path):
+        return None
+    if base_path.name.isdigit():
+        return (f"{base_path} is a version directory of {base_path.parent}: "
+                f"use {setting} {base_path.parent}")
+    return (f"{base_path} is a model itself, not a base path of versions: put it in a numbered version "
+            f"directory (mkdir -p models/{base_path.name} && mv {base_path} models/{base_path.name}/1) "
+            f"and use {setting} models/{base_path.name}")
 
 
 def fingerprint(path: Path) -> tuple:

@@ -211,22 +211,28 @@ class RestApp:
                 return rest_json.regress_body(values)
 
     def _get(self, match) -> bytes:
+        if not any(match.groups()):  # GET /v1/models: modelyard's listing (TF Serving answers 400)
+            return orjson.dumps({"models": [
+                {"name": name, "version_labels": {label: str(v) for label, v in sorted(labels.items())},
+                 "model_version_status": _status_json(statuses)}
+                for name, labels, statuses in self.core.list_models()
+            ]})
         spec = self._spec(match)
         if match.group(4):
             return metadata_json(self.core, spec)
-        statuses = self.core.status(spec.name, spec.version)
-        return orjson.dumps(
-            {
-                "model_version_status": [
-                    {
-                        "version": str(s.version),
-                        "state": s.state,
-                        "status": {"error_code": s.error_code, "error_message": s.error_message},
-                    }
-                    for s in statuses
-                ]
-            }
-        )
+        return orjson.dumps({"model_version_status": _status_json(self.core.status(spec.name, spec.version))})
+
+
+def _status_json(statuses) -> list[dict]:
+    """GetModelStatus's JSON form of each version's state, as TF Serving writes it."""
+    return [
+        {
+            "version": str(s.version),
+            "state": s.state,
+            "status": {"error_code": s.error_code, "error_message": s.error_message},
+        }
+        for s in statuses
+    ]
 
 
 def _predict_inputs(handle, signature_name: str | None, key: str, payload):

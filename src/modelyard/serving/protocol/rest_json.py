@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.errors import Code, ServingError, invalid_argument, quote_json
 from modelyard.model import dtypes
 
 try:
@@ -77,7 +77,7 @@ def _innermost_open(body: bytes, pos: int) -> str:
 
 
 def _dump(value) -> str:
-    return json.dumps(value, indent=4, allow_nan=True)
+    return quote_json(value)
 
 
 def _json_type(value) -> str:
@@ -119,7 +119,7 @@ def _fits(value, dtype: np.dtype) -> bool:
 def _type_error(value, spec: TensorSpec) -> ServingError:
     return invalid_argument(
         f"JSON Value: {_dump(value)} Type: {_json_type(value)} is not of expected type: "
-        f"{dtypes.dtype_name(spec.dtype)[3:].lower()}"
+        f"{dtypes.dtype_name(spec.dtype)[3:].lower()}{dtypes.sending_hint(spec.dtype)}"
     )
 
 
@@ -232,6 +232,7 @@ def _int_to(inferred: np.ndarray, dtype: np.dtype, spec: TensorSpec) -> np.ndarr
         if inferred.min() < low or inferred.max() > high:
             raise invalid_argument(
                 f"JSON Value out of range for {dtypes.dtype_name(spec.dtype)[3:].lower()} in input {spec.alias}"
+                + dtypes.sending_hint(spec.dtype)
             )
     return inferred.astype(dtype, copy=False)
 
