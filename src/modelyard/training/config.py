@@ -35,7 +35,11 @@ _TOP_KEYS = {
     "model", "data", "strategy", "devices", "global_batch_size", "epochs", "steps_per_epoch",
     "validation_steps", "learning_rate_scaling", "base_batch_size", "warmup_epochs", "seed",
     "deterministic", "job_dir", "export_to", "verbose", "input_report", "tensorboard",
+    "accumulate_steps", "gradient_dtype", "model_parallel",
 }
+# gradient_dtype: bfloat16 compresses the all-reduce between replicas, which only these have.
+ALL_REDUCE_STRATEGIES = ("mirrored", "multi_worker_mirrored")
+_MODEL_PARALLEL_KEYS = {"stages", "devices", "micro_batches", "schedule"}
 _STRATEGY_KEYS = {
     "name", "device", "devices", "cross_device_ops", "compute_devices", "parameter_device",
     "communication", "collective_timeout", "num_shards", "min_shard_bytes",
@@ -74,6 +78,9 @@ class TrainConfig:
     verbose: bool
     input_report: bool
     tensorboard: bool
+    accumulate_steps: int = 1
+    gradient_dtype: str = "float32"
+    model_parallel: dict[str, Any] | None = None  # stages, devices, micro_batches (see training/pipeline.py)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -187,7 +194,13 @@ def check_batch(cfg: TrainConfig, workers: int = 1) -> int:
             f"global_batch_size {cfg.global_batch_size} does not divide across {replicas} replicas; "
             f"use a multiple of {replicas} (e.g. {lower or replicas} or {lower + replicas})"
         )
-    return cfg.global_batch_size // replicas
+    per_replica = cfg.global_batch_size // replicas
+    if per_replica % cfg.accumulate_steps:
+        raise ConfigError(
+            f"accumulate_steps {cfg.accumulate_steps} does not divide the per-replica batch {per_replica} "
+            f"(global_batch_size {cfg.global_batch_size} over {replicas} replica(s)); pick a divisor of {per_replica}"
+        )
+    return per_replica
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -259,9 +272,60 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
         if cfg.steps_per_epoch is None:
             # The helper repeats the records; with no count an epoch would never end.
             raise ConfigError("steps_per_epoch: needed for TFRecord sources, whose size is not known up front")
+    _check_step_options(cfg, raw)
     check_batch(cfg)
     cfg.raw = resolved_mapping(cfg)
     return cfg
+
+
+def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
+    """accumulate_steps, gradient_dtype and model_parallel: refused before anything starts when they cannot work."""
+    cfg.accumulate_steps = _int(raw, "accumulate_steps", 1)
+    dtype = raw.get("gradient_dtype", "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"gradient_dtype: {dtype!r} is not one of float32, bfloat16")
+    if dtype == "bfloat16" and cfg.strategy_name not in ALL_REDUCE_STRATEGIES:
+        raise ConfigError(
+            f"gradient_dtype: bfloat16 compresses the gradients' all-reduce, and strategy {cfg.strategy_name} has "
+            f"none; use it with {' or '.join(ALL_REDUCE_STRATEGIES)}, or drop it")
+    cfg.gradient_dtype = dtype
+    parallel = raw.get("model_parallel")
+    if parallel is None:
+        return
+    if not isinstance(parallel, dict):
+        raise ConfigError("model_parallel: must be a mapping such as {stages: [[dense_1], [dense_2, out]], "
+                          "devices: [CPU:0, CPU:1]}")
+    _unknown("model_parallel", parallel, _MODEL_PARALLEL_KEYS)
+    stages = parallel.get("stages")
+    if isinstance(stages, int):
+        if stages < 2:
+            raise ConfigError(f"model_parallel.stages: {stages} stage(s); model parallelism needs at least 2")
+    elif not (isinstance(stages, list) and len(stages) >= 2 and all(isinstance(s, list) for s in stages)):
+        raise ConfigError("model_parallel.stages: give at least 2 lists of layer names ([[a, b], [c]]), "
+                          "or a number of stages to split the layers evenly")
+    else:
+        for i, stage in enumerate(stages):
+            if not stage:
+                raise ConfigError(f"model_parallel.stages[{i}] has no layers; every stage needs at least one")
+    count = stages if isinstance(stages, int) else len(stages)
+    devices = parallel.get("devices")
+    if devices is not None and (not isinstance(devices, list) or len(devices) != count):
+        raise ConfigError(f"model_parallel.devices: give one device per stage ({count}), such as "
+                          f"[{', '.join(f'CPU:{i}' for i in range(count))}]")
+    micro = _int(parallel, "micro_batches", 1)
+    schedule = parallel.get("schedule", "gpipe")
+    if schedule != "gpipe":
+        raise ConfigError(f"model_parallel.schedule: {schedule!r}; only gpipe is implemented")
+    if cfg.strategy_name not in ("default", "one_device"):
+        raise ConfigError(f"model_parallel places the model's stages on devices itself; it runs with the default "
+                          f"strategy, not {cfg.strategy_name} (drop strategy:)")
+    if cfg.accumulate_steps > 1:
+        raise ConfigError("accumulate_steps and model_parallel: the pipeline already splits each batch into "
+                          "micro_batches; use model_parallel.micro_batches instead")
+    if cfg.global_batch_size % micro:
+        raise ConfigError(f"model_parallel.micro_batches {micro} must divide global_batch_size {cfg.global_batch_size}")
+    cfg.model_parallel = {"stages": stages, "devices": devices or [f"CPU:{i}" for i in range(count)],
+                          "micro_batches": micro, "schedule": schedule}
 
 
 def resolved_mapping(cfg: TrainConfig) -> dict[str, Any]:

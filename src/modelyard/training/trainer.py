@@ -246,6 +246,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         keras.utils.set_random_seed(cfg.seed)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
+    if cfg.model_parallel:
+        return _run_model_parallel(cfg, module, role)
 
     strategy = strategy_mod.make(cfg.strategy)
     job_dir = cfg.job_dir
@@ -256,6 +258,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     with strategy.scope():
         model = _build(module)
+    from modelyard.training import train_step
+
+    step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype)
+    train_step.install(model, step_options)
     train_fn, val_fn = _dataset_fns(cfg, module)
     steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
     val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
@@ -276,7 +282,11 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     info = {
         "task": role.name, "strategy": name, "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs, "resumed": resumed,
+        "accumulate_steps": cfg.accumulate_steps, "gradient_dtype": cfg.gradient_dtype,
     }
+    if strategy.num_replicas_in_sync > 1 and name in ("mirrored", "multi_worker_mirrored"):
+        # What each replica hands to the all-reduce per step; bench/scaling.py measures the wire.
+        info["allreduce_bytes_per_step"] = train_step.gradient_bytes_per_step(model, cfg.gradient_dtype)
     writer = MetricsWriter(job_dir / metrics_name, timer, info, resumed)
     # The timer's end hook runs first and its start hook last, so the time it measures is
     # the training steps alone, as a plain script's timer measures them; checkpoint and
@@ -342,6 +352,54 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     writer.flush(**summary)
     del history
     return writer.info | {"epochs": writer.epochs}
+
+
+def _run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[str, Any]:
+    """``model_parallel``: the model's stages on their devices, GPipe over micro-batches (training/pipeline.py)."""
+    from modelyard.training import pipeline
+    from modelyard.training.progress import write_json
+
+    options = cfg.model_parallel
+    model = _build(module)
+    train_fn, val_fn = _dataset_fns(cfg, module)
+    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
+    if not steps:
+        raise ConfigError("model_parallel needs steps_per_epoch with a make_dataset() of unknown length")
+    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+    cfg.job_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
+    info: dict[str, Any] = {
+        "task": role.name, "strategy": "model_parallel", "stages": len(options["devices"]),
+        "devices": options["devices"], "micro_batches": options["micro_batches"],
+        "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs,
+    }
+    epochs: list[dict[str, Any]] = []
+    validation = val_fn(None) if val_fn and val_steps else None
+
+    def on_epoch(record: dict[str, Any]) -> None:
+        if validation is not None:
+            values = model.evaluate(validation, steps=val_steps, verbose=0, return_dict=True)
+            record.update({f"val_{k}": float(v) for k, v in values.items()})
+        epochs.append(record)
+        write_json(cfg.job_dir / "metrics.json", {**info, "epochs": epochs})
+        if cfg.verbose:
+            shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy")
+                              if k in record)
+            print(f"epoch {record['epoch']}/{cfg.epochs}  {steps} steps  {shown}  {record['samples_per_sec']:.0f} "
+                  f"samples/s  bubble {record['bubble']:.2f} (GPipe theory {record['bubble_theoretical']:.2f})",
+                  flush=True)
+
+    print(f"{role.name}: training {Path(cfg.model).name} in {len(options['devices'])} stages on "
+          f"{', '.join(options['devices'])}, {options['micro_batches']} micro-batch(es) per batch of "
+          f"{cfg.global_batch_size}", flush=True)
+    pipeline.fit(model, train_fn(None), cfg.epochs, steps, options, on_epoch=on_epoch)
+    summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
+    if cfg.export_to:
+        version = _export(cfg, module, model)
+        summary["exported"] = str(version)
+        print(f"{role.name}: exported {version}", flush=True)
+    write_json(cfg.job_dir / "metrics.json", {**info, **summary, "epochs": epochs})
+    return info | summary | {"epochs": epochs}
 
 
 def clean_job_dir(job_dir: Path) -> None:

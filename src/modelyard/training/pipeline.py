@@ -1,0 +1,232 @@
+"""Model parallelism and GPipe pipeline parallelism for a chain of tf_keras layers.
+
+``model_parallel: {stages: [[...], [...]], devices: [CPU:0, CPU:1], micro_batches: M}``
+cuts the model's layers into K consecutive stages and runs stage k's computation on
+device k. Each batch is split into M micro-batches; every stage has its own thread, so
+stage 2 works on micro-batch 1 while stage 1 works on micro-batch 2 (GPipe: all forward
+passes, then all backward passes, then one synchronous update of every stage's weights).
+With M = 1 it is plain model parallelism: one stage busy at a time.
+
+A stage's backward pass recomputes its forward pass under a tape from the stashed input
+(GPipe's re-materialisation), so only each micro-batch's stage inputs are kept between the
+two passes, never the activations inside a stage. The gradient is the mean of the
+micro-batches' mean-loss gradients: the whole batch's gradient, so training follows the
+unpipelined model's losses.
+
+The idle ("bubble") share is measured on each step: 1 - (time the stages were busy) /
+(K x the step's wall time), next to GPipe's theoretical (K - 1) / (M + K - 1).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelyard.training.config import ConfigError
+
+
+def theoretical_bubble(stages: int, micro_batches: int) -> float:
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def split_layers(model, stages) -> list[list]:
+    """The model's layers in K consecutive groups: named lists (checked) or K even parts."""
+    layers = [layer for layer in model.layers if layer.__class__.__name__ != "InputLayer"]
+    if isinstance(stages, int):
+        if stages > len(layers):
+            raise ConfigError(f"model_parallel.stages: {stages} stages but the model has {len(layers)} layers")
+        bounds = [round(i * len(layers) / stages) for i in range(stages + 1)]
+        return [layers[bounds[i]:bounds[i + 1]] for i in range(stages)]
+    by_name = {layer.name: layer for layer in layers}
+    named = [name for stage in stages for name in stage]
+    unknown = [name for name in named if name not in by_name]
+    if unknown:
+        raise ConfigError(f"model_parallel.stages: no layer named {', '.join(unknown)}; the model's layers are "
+                          f"{', '.join(by_name)}")
+    if named != [layer.name for layer in layers]:
+        raise ConfigError("model_parallel.stages: the stages must list every layer once, in the model's order: "
+                          f"{', '.join(by_name)}")
+    return [[by_name[name] for name in stage] for stage in stages]
+
+
+class _Stage:
+    """K consecutive layers on one device: a forward pass, and a backward pass that recomputes it."""
+
+    def __init__(self, layers: list, device: str, loss_fn=None):
+        import tensorflow as tf
+
+        self.layers, self.device, self.loss_fn = layers, device, loss_fn
+        self.variables = [v for layer in layers for v in layer.trainable_variables]
+
+        def run_layers(x):
+            for layer in layers:
+                x = layer(x, training=True)
+            return x
+
+        @tf.function(reduce_retracing=True)
+        def forward(x):
+            with tf.device(device):
+                return run_layers(x)
+
+        @tf.function(reduce_retracing=True)
+        def backward(x, upstream, scale):
+            # upstream: d(loss)/d(this stage's output) for inner stages, the labels for the last one.
+            with tf.device(device):
+                x = tf.cast(x, tf.float32) if x.dtype.is_integer else x
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = run_layers(x)
+                    if loss_fn is not None:
+                        loss = tf.reduce_mean(loss_fn(upstream, y))
+                        target = loss * scale
+                    else:
+                        loss = tf.constant(0.0)
+                        target = tf.reduce_sum(y * upstream)
+                grads = tape.gradient(target, [x] + self.variables)
+                return grads[0], grads[1:], loss, y
+
+        self.forward, self.backward = forward, backward
+        self.busy = 0.0
+
+    def timed(self, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        self.busy += time.perf_counter() - start
+        return out
+
+
+@dataclass
+class StepResult:
+    loss: float
+    predictions: list = field(default_factory=list)  # the last stage's outputs, one per micro-batch
+    wall: float = 0.0
+    busy: list[float] = field(default_factory=list)
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - sum(self.busy) / (len(self.busy) * self.wall) if self.wall > 0 else 0.0
+
+
+class Pipeline:
+    """Train ``model`` with its layers cut into stages on devices, GPipe-scheduled over micro-batches."""
+
+    def __init__(self, model, stages, devices: list[str], micro_batches: int):
+        import tensorflow as tf
+        import tf_keras as keras
+
+        from modelyard.training.strategy import _check_present, _device
+
+        names = [_device(d) for d in devices]
+        _check_present(names)
+        groups = split_layers(model, stages)
+        if getattr(model, "losses", None):
+            raise ConfigError("model_parallel: the model has regularisation losses (model.losses), which the "
+                              "pipeline does not add; drop the regularizers or train without model_parallel")
+        loss_fn = keras.losses.get(model.loss)
+        self.model, self.micro_batches = model, micro_batches
+        self.stages = [_Stage(group, name, loss_fn if i == len(groups) - 1 else None)
+                       for i, (group, name) in enumerate(zip(groups, names))]
+        self.optimizer = model.optimizer
+        self._tf = tf
+
+    @property
+    def theoretical_bubble(self) -> float:
+        return theoretical_bubble(len(self.stages), self.micro_batches)
+
+    def train_step(self, x, y) -> StepResult:
+        tf = self._tf
+        m = self.micro_batches
+        xs, ys = tf.split(x, m), tf.split(y, m)
+        k = len(self.stages)
+        forward_in = [queue.Queue() for _ in range(k)]
+        backward_in = [queue.Queue() for _ in range(k)]
+        grads: list[list[Any]] = [[None] * len(s.variables) for s in self.stages]
+        losses = [None] * m
+        outputs = [None] * m
+        errors: list[BaseException] = []
+        for stage in self.stages:
+            stage.busy = 0.0
+
+        def work(i: int) -> None:
+            stage, last = self.stages[i], i == k - 1
+            stash = {}
+            try:
+                for _ in range(m):  # every forward pass first (GPipe) ...
+                    j, value = forward_in[i].get()
+                    if value is None:
+                        return
+                    stash[j] = value
+                    out = stage.timed(stage.forward, value)
+                    if last:
+                        backward_in[i].put((j, ys[j]))
+                    else:
+                        forward_in[i + 1].put((j, out))
+                for _ in range(m):  # ... then every backward pass, in the order they come back
+                    j, upstream = backward_in[i].get()
+                    if upstream is None:
+                        return
+                    d_input, d_vars, loss, y_pred = stage.timed(stage.backward, stash.pop(j), upstream,
+                                                                tf.constant(1.0 / m))
+                    if last:
+                        losses[j], outputs[j] = loss, y_pred
+                    for n, g in enumerate(d_vars):
+                        if g is not None:
+                            grads[i][n] = g if grads[i][n] is None else grads[i][n] + g
+                    if i > 0:
+                        backward_in[i - 1].put((j, d_input))
+            except BaseException as exc:  # stop the other stages too, then re-raise in the caller
+                errors.append(exc)
+                for q in forward_in + backward_in:
+                    q.put((None, None))
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=work, args=(i,), name=f"pipeline-stage-{i}", daemon=True) for i in range(k)]
+        for thread in threads:
+            thread.start()
+        for j in range(m):
+            forward_in[0].put((j, xs[j]))
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        pairs = [(g, v) for stage, stage_grads in zip(self.stages, grads)
+                 for g, v in zip(stage_grads, stage.variables) if g is not None]
+        self.optimizer.apply_gradients(pairs)
+        wall = time.perf_counter() - start
+        loss = float(tf.reduce_mean(tf.stack(losses)))
+        return StepResult(loss, outputs, wall, [s.busy for s in self.stages])
+
+
+def fit(model, dataset, epochs: int, steps_per_epoch: int, options: dict[str, Any], on_epoch=None) -> list[dict]:
+    """Train for ``epochs`` x ``steps_per_epoch`` steps of ``dataset``; one record per epoch."""
+    import numpy as np
+
+    pipeline = Pipeline(model, options["stages"], options["devices"], options["micro_batches"])
+    batches = iter(dataset.repeat())
+    history = []
+    for epoch in range(epochs):
+        losses, correct, seen, wall, busy, bubbles = [], 0, 0, 0.0, 0.0, []
+        for _ in range(steps_per_epoch):
+            x, y = next(batches)
+            result = pipeline.train_step(x, y)
+            losses.append(result.loss)
+            predicted = np.concatenate([np.asarray(p) for p in result.predictions])
+            labels = np.asarray(y).reshape(-1)
+            if predicted.ndim == 2 and predicted.shape[1] > 1:
+                correct += int((predicted.argmax(axis=1) == labels).sum())
+            seen += len(labels)
+            wall += result.wall
+            bubbles.append(result.bubble)
+        record = {
+            "epoch": epoch + 1, "loss": float(np.mean(losses)), "accuracy": correct / max(seen, 1),
+            "samples_per_sec": seen / max(wall, 1e-9), "seconds": wall,
+            # The first step of a run traces the stages' functions: leave it out of the bubble.
+            "bubble": float(np.median(bubbles[1:] if len(bubbles) > 1 else bubbles)),
+            "bubble_theoretical": pipeline.theoretical_bubble,
+        }
+        history.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+    return history
