@@ -89,10 +89,14 @@ class _Stage:
 
         self.forward, self.backward = forward, backward
         self.busy = 0.0
+        self.output_device = ""  # where its forward output was placed (TF's own answer)
 
     def timed(self, fn, *args):
+        import tensorflow as tf
+
         start = time.perf_counter()
-        out = fn(*args)
+        with tf.device(self.device):  # the call itself too: else its outputs land on the caller's device
+            out = fn(*args)
         self.busy += time.perf_counter() - start
         return out
 
@@ -159,6 +163,7 @@ class Pipeline:
                         return
                     stash[j] = value
                     out = stage.timed(stage.forward, value)
+                    stage.output_device = out.device
                     if last:
                         backward_in[i].put((j, ys[j]))
                     else:
@@ -199,11 +204,10 @@ class Pipeline:
         return StepResult(loss, outputs, wall, [s.busy for s in self.stages])
 
 
-def fit(model, dataset, epochs: int, steps_per_epoch: int, options: dict[str, Any], on_epoch=None) -> list[dict]:
+def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch=None) -> list[dict]:
     """Train for ``epochs`` x ``steps_per_epoch`` steps of ``dataset``; one record per epoch."""
     import numpy as np
 
-    pipeline = Pipeline(model, options["stages"], options["devices"], options["micro_batches"])
     batches = iter(dataset.repeat())
     history = []
     for epoch in range(epochs):

@@ -392,7 +392,9 @@ def _run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dic
     print(f"{role.name}: training {Path(cfg.model).name} in {len(options['devices'])} stages on "
           f"{', '.join(options['devices'])}, {options['micro_batches']} micro-batch(es) per batch of "
           f"{cfg.global_batch_size}", flush=True)
-    pipeline.fit(model, train_fn(None), cfg.epochs, steps, options, on_epoch=on_epoch)
+    runner = pipeline.Pipeline(model, options["stages"], options["devices"], options["micro_batches"])
+    pipeline.fit(runner, train_fn(None), cfg.epochs, steps, on_epoch=on_epoch)
+    info["stage_devices"] = [stage.output_device for stage in runner.stages]
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
     if cfg.export_to:
         version = _export(cfg, module, model)

@@ -1,0 +1,139 @@
+"""Training past plain data parallelism (issue 18): gradient accumulation, bf16 gradients,
+model and pipeline parallelism, and the config errors that stop impossible combinations.
+
+Equality tests compare against training the same model on the same batches without the
+option; everything runs through ``modelyard train`` / ``modelyard launch`` except the
+accumulation check of the train step itself, which trains in this process.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from modelyard.training import config as config_mod
+from tests.training.conftest import model_weights, run, write_config
+
+
+def _train(tmp, name, **values):
+    config = write_config(tmp, name, **values)
+    result = run(["train", str(config)], timeout=200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((tmp / f"job-{name}" / "metrics.json").read_text()), result
+
+
+def _losses(metrics) -> np.ndarray:
+    return np.array([epoch["loss"] for epoch in metrics["epochs"]])
+
+
+# -- gradient accumulation ------------------------------------------------------------------
+
+def test_accumulated_micro_batches_make_the_large_batch_update():
+    import tf_keras as keras
+
+    from modelyard.training import demo, train_step
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (256, 28, 28)).astype("uint8")
+    y = rng.integers(0, 10, 256)
+    weights = {}
+    for k in (1, 4):
+        keras.utils.set_random_seed(7)
+        model = demo.build_model(hidden=32)
+        train_step.install(model, train_step.StepOptions(accumulate_steps=k))
+        history = model.fit(x, y, batch_size=64, epochs=3, shuffle=False, verbose=0)
+        weights[k] = (model.get_weights(), history.history["loss"])
+    (big, big_loss), (accumulated, accumulated_loss) = weights[1], weights[4]
+    for a, b in zip(big, accumulated):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    np.testing.assert_allclose(big_loss, accumulated_loss, rtol=1e-5)
+    assert max(np.abs(a).max() for a in big) > 0
+
+
+@pytest.mark.timeout(240)
+def test_accumulate_steps_in_a_config_trains_as_the_whole_batch(tmp_path):
+    common = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
+    whole, _ = _train(tmp_path, "whole", export_to=str(tmp_path / "whole"), **common)
+    accumulated, _ = _train(tmp_path, "accumulated", accumulate_steps=4, export_to=str(tmp_path / "acc"), **common)
+    assert accumulated["accumulate_steps"] == 4
+    np.testing.assert_allclose(_losses(whole), _losses(accumulated), rtol=1e-5)
+    one, other = model_weights(tmp_path / "whole" / "0001"), model_weights(tmp_path / "acc" / "0001")
+    for name in one:
+        assert np.max(np.abs(one[name] - other[name])) <= 1e-5, name
+
+
+# -- bf16 gradients -------------------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_bf16_all_reduce_on_two_workers_matches_float32(tmp_path):
+    common = dict(global_batch_size=64, epochs=3, steps_per_epoch=10, seed=5, strategy="multi_worker_mirrored")
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        config = write_config(tmp_path, dtype, gradient_dtype=dtype, **common)
+        result = run(["launch", "--workers", "2", "--", "modelyard", "train", str(config)], timeout=240)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        runs[dtype] = [json.loads((tmp_path / f"job-{dtype}" / name).read_text())
+                       for name in ("metrics.json", "metrics.worker-1.json")]
+    full, half = runs["float32"], runs["bfloat16"]
+    assert _losses(half[0]).tolist() == _losses(half[1]).tolist()  # both workers applied the same update
+    # bfloat16 keeps 8 bits of mantissa: each gradient is off by up to 2^-8 of itself.
+    np.testing.assert_allclose(_losses(half[0]), _losses(full[0]), rtol=2e-2)
+    assert not np.array_equal(_losses(half[0]), _losses(full[0]))  # the cast really happened
+    assert half[0]["gradient_dtype"] == "bfloat16"
+    assert half[0]["allreduce_bytes_per_step"] * 2 == full[0]["allreduce_bytes_per_step"] == 4 * (784 * 100 + 100 + 1010)
+
+
+# -- model and pipeline parallelism ---------------------------------------------------------
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("micro_batches", [1, 4], ids=["model parallel", "pipeline of 4 micro-batches"])
+def test_stages_on_two_devices_train_as_one_device(tmp_path, micro_batches):
+    common = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
+    single, _ = _train(tmp_path, "single", export_to=str(tmp_path / "single"), **common)
+    stages = [["rescaling", "flatten", "dense"], ["dense_1"]]
+    parallel, result = _train(tmp_path, "parallel", devices={"logical_cpus": 2}, export_to=str(tmp_path / "parallel"),
+                              model_parallel={"stages": stages, "devices": ["CPU:0", "CPU:1"],
+                                              "micro_batches": micro_batches}, **common)
+    assert "in 2 stages on CPU:0, CPU:1" in result.stdout
+    np.testing.assert_allclose(_losses(parallel), _losses(single), rtol=1e-4)
+    one, other = model_weights(tmp_path / "single" / "0001"), model_weights(tmp_path / "parallel" / "0001")
+    for name in one:
+        assert np.max(np.abs(one[name] - other[name])) <= 1e-4, name
+    # Where each stage's output tensor was: the stage really ran on its own device.
+    assert [d.rsplit("/", 1)[-1] for d in parallel["stage_devices"]] == ["device:CPU:0", "device:CPU:1"]
+    for epoch in parallel["epochs"]:
+        assert 0.0 <= epoch["bubble"] < 1.0
+        assert epoch["bubble_theoretical"] == pytest.approx(1 / (micro_batches + 1))
+
+
+# -- configs refused before anything starts -------------------------------------------------
+
+@pytest.mark.parametrize("values, message", [
+    (dict(accumulate_steps=0), "accumulate_steps: must be an integer >= 1, got 0"),
+    (dict(accumulate_steps=5, global_batch_size=64), "accumulate_steps 5 does not divide the per-replica batch 64"),
+    (dict(gradient_dtype="bfloat16", strategy="one_device"),
+     "gradient_dtype: bfloat16 compresses the gradients' all-reduce, and strategy one_device has none"),
+    (dict(gradient_dtype="float8"), "gradient_dtype: 'float8' is not one of float32, bfloat16"),
+    (dict(model_parallel={"stages": [["dense"], []]}), "model_parallel.stages[1] has no layers"),
+    (dict(model_parallel={"stages": 1}), "model_parallel.stages: 1 stage(s); model parallelism needs at least 2"),
+    (dict(model_parallel={"stages": 2, "devices": ["CPU:0"]}), "model_parallel.devices: give one device per stage (2)"),
+    (dict(model_parallel={"stages": 2}, strategy="mirrored"), "it runs with the default strategy, not mirrored"),
+    (dict(model_parallel={"stages": 2, "micro_batches": 5}), "micro_batches 5 must divide global_batch_size 64"),
+    (dict(model_parallel={"stages": 2, "micro_batches": 4}, accumulate_steps=2), "use model_parallel.micro_batches"),
+    (dict(model_parallel={"stages": 2, "schedule": "1f1b"}), "only gpipe is implemented"),
+])
+def test_impossible_configs_are_refused_up_front(tmp_path, values, message):
+    values.setdefault("global_batch_size", 64)
+    with pytest.raises(config_mod.ConfigError) as info:
+        config_mod.load(write_config(tmp_path, "bad", **values))
+    assert message in str(info.value)
+
+
+def test_a_stage_naming_no_layer_of_the_model_is_refused(tmp_path):
+    config = write_config(tmp_path, "names", model_parallel={"stages": [["dense"], ["nope"]]}, devices={"logical_cpus": 2},
+                          global_batch_size=64, epochs=1, steps_per_epoch=2)
+    result = run(["train", str(config)], timeout=120)
+    assert result.returncode != 0
+    assert "model_parallel.stages: no layer named nope; the model's layers are rescaling, flatten, dense, dense_1" \
+        in result.stderr, result.stderr[-2000:]
