@@ -14,7 +14,8 @@ micro-batches' mean-loss gradients: the whole batch's gradient, so training foll
 unpipelined model's losses.
 
 The idle ("bubble") share is measured on each step: 1 - (time the stages were busy) /
-(K x the step's wall time), next to GPipe's theoretical (K - 1) / (M + K - 1).
+(K x the span from the first stage call's start to the last one's end), next to GPipe's
+theoretical (K - 1) / (M + K - 1). The weight update after the span is not part of it.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def split_layers(model, stages) -> list[list]:
 class _Stage:
     """K consecutive layers on one device: a forward pass, and a backward pass that recomputes it."""
 
-    def __init__(self, layers: list, device: str, loss_fn=None):
+    def __init__(self, layers: list, device: str, loss_fn=None, needs_input_gradient: bool = True):
         import tensorflow as tf
 
         self.layers, self.device, self.loss_fn = layers, device, loss_fn
@@ -76,7 +77,8 @@ class _Stage:
             with tf.device(device):
                 x = tf.cast(x, tf.float32) if x.dtype.is_integer else x
                 with tf.GradientTape() as tape:
-                    tape.watch(x)
+                    if needs_input_gradient:  # the first stage's input is the data: no gradient to send
+                        tape.watch(x)
                     y = run_layers(x)
                     if loss_fn is not None:
                         loss = tf.reduce_mean(loss_fn(upstream, y))
@@ -85,10 +87,18 @@ class _Stage:
                         loss = tf.constant(0.0)
                         target = tf.reduce_sum(y * upstream)
                 grads = tape.gradient(target, [x] + self.variables)
-                return grads[0], grads[1:], loss, y
+                d_vars = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                          for g, v in zip(grads[1:], self.variables)]
+                return grads[0], d_vars, loss, y
 
-        self.forward, self.backward = forward, backward
+        @tf.function(reduce_retracing=True)
+        def accumulate(total, grads):
+            with tf.device(device):
+                return [t + g for t, g in zip(total, grads)]
+
+        self.forward, self.backward, self.accumulate = forward, backward, accumulate
         self.busy = 0.0
+        self.first, self.last = float("inf"), 0.0  # this step's first call began, last call ended
         self.output_device = ""  # where its forward output was placed (TF's own answer)
 
     def timed(self, fn, *args):
@@ -97,7 +107,10 @@ class _Stage:
         start = time.perf_counter()
         with tf.device(self.device):  # the call itself too: else its outputs land on the caller's device
             out = fn(*args)
-        self.busy += time.perf_counter() - start
+        end = time.perf_counter()
+        self.busy += end - start
+        self.first = min(self.first, start)
+        self.last = max(self.last, end)
         return out
 
 
@@ -105,12 +118,13 @@ class _Stage:
 class StepResult:
     loss: float
     predictions: list = field(default_factory=list)  # the last stage's outputs, one per micro-batch
-    wall: float = 0.0
-    busy: list[float] = field(default_factory=list)
+    wall: float = 0.0  # the whole step, the weight update included
+    busy: list[float] = field(default_factory=list)  # each stage's time in its forward and backward calls
+    span: float = 0.0  # from the first stage call's start to the last one's end: the schedule GPipe's bound is about
 
     @property
     def bubble(self) -> float:
-        return 1.0 - sum(self.busy) / (len(self.busy) * self.wall) if self.wall > 0 else 0.0
+        return 1.0 - sum(self.busy) / (len(self.busy) * self.span) if self.span > 0 else 0.0
 
 
 class Pipeline:
@@ -130,7 +144,7 @@ class Pipeline:
                               "pipeline does not add; drop the regularizers or train without model_parallel")
         loss_fn = keras.losses.get(model.loss)
         self.model, self.micro_batches = model, micro_batches
-        self.stages = [_Stage(group, name, loss_fn if i == len(groups) - 1 else None)
+        self.stages = [_Stage(group, name, loss_fn if i == len(groups) - 1 else None, needs_input_gradient=i > 0)
                        for i, (group, name) in enumerate(zip(groups, names))]
         self.optimizer = model.optimizer
         self._tf = tf
@@ -146,12 +160,12 @@ class Pipeline:
         k = len(self.stages)
         forward_in = [queue.Queue() for _ in range(k)]
         backward_in = [queue.Queue() for _ in range(k)]
-        grads: list[list[Any]] = [[None] * len(s.variables) for s in self.stages]
+        grads: list[list[Any] | None] = [None] * k
         losses = [None] * m
         outputs = [None] * m
         errors: list[BaseException] = []
         for stage in self.stages:
-            stage.busy = 0.0
+            stage.busy, stage.first, stage.last = 0.0, float("inf"), 0.0
 
         def work(i: int) -> None:
             stage, last = self.stages[i], i == k - 1
@@ -176,9 +190,8 @@ class Pipeline:
                                                                 tf.constant(1.0 / m))
                     if last:
                         losses[j], outputs[j] = loss, y_pred
-                    for n, g in enumerate(d_vars):
-                        if g is not None:
-                            grads[i][n] = g if grads[i][n] is None else grads[i][n] + g
+                    # Summing the micro-batches' gradients is the stage's work too: timed, on its device.
+                    grads[i] = list(d_vars) if grads[i] is None else stage.timed(stage.accumulate, grads[i], d_vars)
                     if i > 0:
                         backward_in[i - 1].put((j, d_input))
             except BaseException as exc:  # stop the other stages too, then re-raise in the caller
@@ -197,11 +210,12 @@ class Pipeline:
         if errors:
             raise errors[0]
         pairs = [(g, v) for stage, stage_grads in zip(self.stages, grads)
-                 for g, v in zip(stage_grads, stage.variables) if g is not None]
+                 for g, v in zip(stage_grads or [], stage.variables) if g is not None]
         self.optimizer.apply_gradients(pairs)
         wall = time.perf_counter() - start
         loss = float(tf.reduce_mean(tf.stack(losses)))
-        return StepResult(loss, outputs, wall, [s.busy for s in self.stages])
+        span = max(s.last for s in self.stages) - min(s.first for s in self.stages)
+        return StepResult(loss, outputs, wall, [s.busy for s in self.stages], span)
 
 
 def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch=None) -> list[dict]:
