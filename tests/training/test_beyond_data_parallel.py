@@ -8,6 +8,7 @@ accumulation check of the train step itself, which trains in this process.
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_bf16_all_reduce_on_two_workers_matches_float32(tmp_path):
     runs = {}
     for dtype in ("float32", "bfloat16"):
         config = write_config(tmp_path, dtype, gradient_dtype=dtype, **common)
-        result = run(["launch", "--workers", "2", "--", "modelyard", "train", str(config)], timeout=240)
+        result = run(["launch", "--workers", "2", "--", sys.executable, "-m", "modelyard", "train", str(config)], timeout=240)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         runs[dtype] = [json.loads((tmp_path / f"job-{dtype}" / name).read_text())
                        for name in ("metrics.json", "metrics.worker-1.json")]

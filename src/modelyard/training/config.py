@@ -42,7 +42,7 @@ ALL_REDUCE_STRATEGIES = ("mirrored", "multi_worker_mirrored")
 _MODEL_PARALLEL_KEYS = {"stages", "devices", "micro_batches", "schedule"}
 _STRATEGY_KEYS = {
     "name", "device", "devices", "cross_device_ops", "compute_devices", "parameter_device",
-    "communication", "collective_timeout", "num_shards", "min_shard_bytes",
+    "communication", "collective_timeout", "num_shards", "min_shard_bytes", "backup_workers",
 }
 _DEVICE_KEYS = {"visible", "logical_cpus", "logical_gpus", "gpu_memory_growth", "gpu_memory_limit_mb", "log_placement"}
 _DATA_KEYS = {
@@ -157,6 +157,14 @@ def _check_strategy(strategy: dict) -> None:
     for key in ("devices", "compute_devices"):
         if key in strategy and not (isinstance(strategy[key], list) and strategy[key]):
             raise ConfigError(f"strategy.{key}: must be a non-empty list such as [CPU:0, CPU:1]")
+    if "backup_workers" in strategy:
+        backup = strategy["backup_workers"]
+        if isinstance(backup, bool) or not isinstance(backup, int) or backup < 0:
+            raise ConfigError(f"strategy.backup_workers: must be an integer >= 0, got {backup!r}")
+        if backup and name != "parameter_server":
+            raise ConfigError(f"strategy.backup_workers: backup workers are a parameter-server technique (the "
+                              f"coordinator applies the first N gradients); strategy {name} has none: use "
+                              "name: parameter_server, or drop backup_workers")
     timeout = strategy.setdefault("collective_timeout", 300)
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ConfigError("strategy.collective_timeout: must be a number of seconds > 0, or null for none")

@@ -61,6 +61,7 @@ class Supervisor:
         self.out = out or sys.stdout
         self.attempt = attempt
         self.running: list[Running] = []
+        self.worker_restarts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def _env(self, task: Task) -> dict[str, str]:
@@ -89,19 +90,39 @@ class Supervisor:
 
     def start(self) -> None:
         for task in self.tasks:
-            try:
-                process = subprocess.Popen(
-                    self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )
-            except OSError as exc:
-                self.stop()
-                raise LaunchError(f"cannot start {shlex.join(self.command)}: {exc.strerror}") from None
-            run = Running(task, process)
-            run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
-            run.reader.start()
-            self.running.append(run)
-            self._emit(task, f"[modelyard] started pid {process.pid}")
+            self.running.append(self._start_task(task))
+
+    def _start_task(self, task: Task) -> Running:
+        try:
+            process = subprocess.Popen(
+                self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as exc:
+            self.stop()
+            raise LaunchError(f"cannot start {shlex.join(self.command)}: {exc.strerror}") from None
+        run = Running(task, process)
+        run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
+        run.reader.start()
+        self._emit(task, f"[modelyard] started pid {process.pid}")
+        return run
+
+    def _replace_worker(self, run: Running) -> bool:
+        """A parameter-server job outlives a worker: TF's coordinator re-runs the lost worker's work
+        elsewhere and waits for it at its address. Restart it there (a few times); True if done."""
+        if not self.spec.get("ps") or run.task.type != "worker":
+            return False
+        restarts = self.worker_restarts.get(str(run.task), 0)
+        if restarts >= WORKER_RESTARTS:
+            return False
+        self.worker_restarts[str(run.task)] = restarts + 1
+        if run.reader:
+            run.reader.join(timeout=2)
+        self._emit(run.task, f"[modelyard] exited with code {_signal_name(run.process.returncode)}; restarting it "
+                             f"in place (restart {restarts + 1} of {WORKER_RESTARTS}): the coordinator carries on")
+        self._signal(run, signal.SIGKILL)  # whatever it left in its group
+        self.running[self.running.index(run)] = self._start_task(run.task)
+        return True
 
     def _signal(self, run: Running, sig: int) -> None:
         try:
@@ -143,6 +164,8 @@ class Supervisor:
                     continue
                 if code == 0 and run.task.type == "evaluator":
                     continue
+                if self._replace_worker(run):
+                    break  # self.running changed: look at it afresh
                 if run.reader:
                     run.reader.join(timeout=2)  # collect its last lines before quoting them
                 others = [r for r in self.running if r is not run]
@@ -162,6 +185,9 @@ class Supervisor:
             if _STOP_REQUESTED.wait(poll):
                 raise KeyboardInterrupt
 
+
+# How often one worker of a parameter-server job is restarted in place before the job gives up.
+WORKER_RESTARTS = 3
 
 # Set by SIGINT/SIGTERM. The handler only sets it: an exception raised from a signal handler can
 # land inside Popen.poll() and leave its waitpid lock held, after which every wait() on that

@@ -248,6 +248,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         tf.config.experimental.enable_op_determinism()
     if cfg.model_parallel:
         return _run_model_parallel(cfg, module, role)
+    if name == "parameter_server" and cfg.strategy.get("backup_workers"):
+        return _run_backup_workers(cfg, module, role)
 
     strategy = strategy_mod.make(cfg.strategy)
     job_dir = cfg.job_dir
@@ -395,6 +397,81 @@ def _run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dic
     runner = pipeline.Pipeline(model, options["stages"], options["devices"], options["micro_batches"])
     pipeline.fit(runner, train_fn(None), cfg.epochs, steps, on_epoch=on_epoch)
     info["stage_devices"] = [stage.output_device for stage in runner.stages]
+    summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
+    if cfg.export_to:
+        version = _export(cfg, module, model)
+        summary["exported"] = str(version)
+        print(f"{role.name}: exported {version}", flush=True)
+    write_json(cfg.job_dir / "metrics.json", {**info, **summary, "epochs": epochs})
+    return info | summary | {"epochs": epochs}
+
+
+def _run_backup_workers(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[str, Any]:
+    """Synchronous parameter-server training with backup workers (training/backup_workers.py)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from modelyard.training import backup_workers
+    from modelyard.training.progress import write_json
+
+    workers = len(role.cluster.get("worker", []))
+    backup = cfg.strategy["backup_workers"]
+    if backup >= workers:
+        raise ConfigError(f"strategy.backup_workers {backup} leaves no worker whose gradient is waited for "
+                          f"({workers} workers): use at most {workers - 1}, or start more with launch --workers")
+    required = workers - backup
+    if cfg.global_batch_size % required:
+        raise ConfigError(f"global_batch_size {cfg.global_batch_size} must divide across the {required} gradients "
+                          f"each step averages ({workers} workers - {backup} backup)")
+    strategy = strategy_mod.make(cfg.strategy)
+    with strategy.scope():
+        model = _build(module)
+    per_worker = cfg.global_batch_size // required  # each step averages N gradients of this many examples
+    user = getattr(module, "make_dataset", None)
+    if callable(user) and not cfg.data:
+        worker_fn = lambda ctx: user(ctx, "train")  # noqa: E731
+    else:
+        worker_fn = data_mod.builtin_dataset_fn(cfg.data, "train", per_worker, cfg.seed)
+    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
+    if not steps:
+        raise ConfigError("backup_workers needs steps_per_epoch (its workers read an endless dataset)")
+    _, val_fn = _dataset_fns(cfg, module)
+    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+
+    def evaluate() -> dict[str, float]:
+        if not val_steps:
+            return {}
+        losses, correct, seen = [], 0, 0
+        for x, y in val_fn(None).take(val_steps):
+            y_pred = model(x, training=False)
+            losses.append(float(tf.reduce_mean(keras_loss(y, y_pred))))
+            if y_pred.shape[-1] > 1:
+                correct += int(np.sum(np.argmax(y_pred, axis=-1) == np.reshape(y, -1)))
+            seen += int(np.size(y))
+        return {"val_loss": float(np.mean(losses)), "val_accuracy": correct / max(seen, 1)}
+
+    import tf_keras as keras
+
+    keras_loss = keras.losses.get(model.loss)
+    trainer = backup_workers.BackupWorkerTrainer(strategy, model, worker_fn, workers, backup)
+    cfg.job_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
+    info: dict[str, Any] = {"task": role.name, "strategy": "parameter_server", "workers": workers,
+                            "backup_workers": backup, "gradients_per_step": required,
+                            "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs}
+    epochs: list[dict[str, Any]] = []
+
+    def on_epoch(record: dict[str, Any]) -> None:
+        epochs.append(record)
+        write_json(cfg.job_dir / "metrics.json", {**info, "epochs": epochs})
+        if cfg.verbose:
+            shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in record)
+            print(f"epoch {record['epoch']}/{cfg.epochs}  {steps} steps  {shown}  {record['steps_per_sec']:.1f} steps/s  "
+                  f"gradients applied {record['applied']}, dropped as stale {record['dropped']}", flush=True)
+
+    print(f"{role.name}: training {Path(cfg.model).name} with parameter_server, {workers} workers of which "
+          f"{backup} backup: each step applies the first {required} fresh gradients", flush=True)
+    backup_workers.fit(trainer, cfg.epochs, steps, evaluate, on_epoch)
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
     if cfg.export_to:
         version = _export(cfg, module, model)

@@ -1,0 +1,106 @@
+"""Synchronous parameter-server training with backup workers (issue 18), on a real cluster of
+processes started by ``modelyard launch``: a stalled worker's gradients are not waited for
+and arrive too late to be applied; a killed worker does not stop the job.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from modelyard.training import config as config_mod
+from tests.training.conftest import ENV, MODELYARD, stop_launcher, write_config
+
+
+class _Job:
+    """A running ``modelyard launch``, its output lines arriving on a queue."""
+
+    def __init__(self, args: list[str]):
+        self.proc = subprocess.Popen(MODELYARD + args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if (found := re.search(pattern, line)):
+                return found
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if (found := re.search(pattern, line)):
+                return found
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
+
+
+@pytest.mark.timeout(300)
+def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_training(tmp_path):
+    steps = 40
+    config = write_config(tmp_path, "backup", strategy={"name": "parameter_server", "backup_workers": 1},
+                          global_batch_size=64, epochs=4, steps_per_epoch=steps, validation_steps=5)
+    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    try:
+        pid = int(job.wait_for(r"^worker:2 \| \[modelyard\] started pid (\d+)", 60).group(1))
+        job.wait_for(r"^chief:0 \| epoch 1/4 ", 180)
+        os.killpg(pid, signal.SIGSTOP)  # worker 2 stalls: it keeps its connections but computes nothing
+        try:
+            job.wait_for(r"^chief:0 \| epoch 2/4 ", 120)  # a whole epoch passes without it
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        job.wait_for(r"^chief:0 \| epoch 3/4 ", 120)
+        os.killpg(pid, signal.SIGKILL)  # now it dies: the launcher restarts it, training goes on
+        job.wait_for(r"^worker:2 \| \[modelyard\] exited with code -9 \(killed by SIGKILL\); restarting it in place", 60)
+        job.wait_for(r"job finished", 180)
+        assert job.proc.wait(30) == 0
+    finally:
+        stop_launcher(job.proc)
+    metrics = json.loads((tmp_path / "job-backup" / "metrics.json").read_text())
+    assert metrics["completed"] and metrics["gradients_per_step"] == 2 and metrics["epochs_completed"] == 4
+    epochs = metrics["epochs"]
+    for epoch in epochs:
+        assert epoch["applied"] == 2 * steps  # every step applied exactly N fresh gradients
+    # Epoch 2 ran while worker 2 was stopped: (nearly) nothing of it was applied; what it had in
+    # flight came back computed on old weights and was dropped, never applied.
+    assert epochs[1]["applied_by_worker"].get("2", 0) <= 1, epochs[1]
+    assert sum(e["dropped_by_worker"].get("2", 0) for e in epochs[1:3]) >= 1, epochs
+    assert epochs[-1]["val_accuracy"] >= 0.85
+
+
+@pytest.mark.parametrize("strategy, message", [
+    ({"name": "multi_worker_mirrored", "backup_workers": 1}, "backup workers are a parameter-server technique"),
+    ({"name": "parameter_server", "backup_workers": -1}, "strategy.backup_workers: must be an integer >= 0"),
+])
+def test_backup_workers_outside_parameter_server_are_refused(tmp_path, strategy, message):
+    with pytest.raises(config_mod.ConfigError, match=message):
+        config_mod.load(write_config(tmp_path, "bad", strategy=strategy))
+
+
+def test_as_many_backup_workers_as_workers_is_refused(tmp_path):
+    config = write_config(tmp_path, "all", strategy={"name": "parameter_server", "backup_workers": 2},
+                          global_batch_size=64, epochs=1, steps_per_epoch=2)
+    job = _Job(["launch", "--workers", "2", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    try:
+        job.wait_for(r"strategy.backup_workers 2 leaves no worker whose gradient is waited for \(2 workers\)", 120)
+        assert job.proc.wait(60) != 0
+    finally:
+        stop_launcher(job.proc)
