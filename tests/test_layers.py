@@ -95,3 +95,9 @@ def test_no_import_cycles_between_packages():
                     seen.add(nxt)
                     stack.append((nxt, trail + [nxt]))
     assert cycles == []
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    missing = [str(init.relative_to(PACKAGE_ROOT)) for init in sorted(PACKAGE_ROOT.rglob("__init__.py"))
+               if "May import" not in (ast.get_docstring(ast.parse(init.read_text())) or "")]
+    assert not missing, f"package docstrings without a 'May import' line: {missing}"

@@ -3,6 +3,9 @@
 Public API:
     modelyard.export(model, base_path) -> Path of the new version directory
     modelyard.batch_predict(model, input, output, ...) -> BatchPredictionJob
+
+May import: its packages, lazily (``import modelyard`` must not load TensorFlow). Layers and
+who may import whom: docs/architecture.md, checked by tests/test_layers.py.
 """
 from modelyard import _tfenv  # noqa: F401  (sets TF/Keras environment before any TF import)
 

@@ -6,6 +6,9 @@ the model refuses isolated into error lines, and exactly-once resume after a cra
 
     job = modelyard.batch_predict("models/m", "data/*.jsonl", "out/")
     job.state, job.completion_stats, list(job.iter_outputs())
+
+May import: ``modelyard.model`` (runtime, signatures, dtypes, export's version listing),
+``modelyard.errors``. Never ``serving``: jobs run the model in-process, not through a server.
 """
 from modelyard.batch.api import batch_predict
 from modelyard.batch.job import BatchPredictionJob

@@ -21,6 +21,9 @@ Python use::
     prepared = prepare("models/my_mnist_model", representative="digits")
     tflite_bytes = prepared.convert(ConvertOptions("int8", io_dtype="uint8"))
     for row in compare(prepared): print(row)
+
+May import: ``modelyard.model`` (signatures, runtime, tflite), ``modelyard.web`` (``--to web``
+writes a site around the flatbuffer), ``modelyard.datasets``. Never ``serving`` or ``training``.
 """
 from __future__ import annotations
 

@@ -42,8 +42,9 @@ ALL_REDUCE_STRATEGIES = ("mirrored", "multi_worker_mirrored")
 _MODEL_PARALLEL_KEYS = {"stages", "devices", "micro_batches", "schedule"}
 _STRATEGY_KEYS = {
     "name", "device", "devices", "cross_device_ops", "compute_devices", "parameter_device",
-    "communication", "collective_timeout", "num_shards", "min_shard_bytes", "backup_workers",
+    "communication", "collective_timeout", "num_shards", "min_shard_bytes", "backup_workers", "staleness",
 }
+_STALENESS_KEYS = {"drop_older_than", "scale", "single_replica_epochs"}
 _DEVICE_KEYS = {"visible", "logical_cpus", "logical_gpus", "gpu_memory_growth", "gpu_memory_limit_mb", "log_placement"}
 _DATA_KEYS = {
     "source", "train", "validation", "label", "x_key", "y_key", "shape", "shuffle_buffer", "cache",
@@ -165,9 +166,35 @@ def _check_strategy(strategy: dict) -> None:
             raise ConfigError(f"strategy.backup_workers: backup workers are a parameter-server technique (the "
                               f"coordinator applies the first N gradients); strategy {name} has none: use "
                               "name: parameter_server, or drop backup_workers")
+    if "staleness" in strategy:
+        _check_staleness(strategy, name)
     timeout = strategy.setdefault("collective_timeout", 300)
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ConfigError("strategy.collective_timeout: must be a number of seconds > 0, or null for none")
+
+
+def _check_staleness(strategy: dict, name: str) -> None:
+    """strategy.staleness: asynchronous parameter-server training's policy for stale gradients."""
+    staleness = strategy["staleness"]
+    if name != "parameter_server":
+        raise ConfigError(f"strategy.staleness: staleness control is for asynchronous parameter-server training; "
+                          f"strategy {name} is synchronous: use name: parameter_server, or drop staleness")
+    if "backup_workers" in strategy:
+        raise ConfigError("strategy.staleness and strategy.backup_workers: backup workers are synchronous training, "
+                          "staleness control asynchronous; choose one")
+    if staleness is None:
+        staleness = strategy["staleness"] = {}
+    if not isinstance(staleness, dict):
+        raise ConfigError("strategy.staleness: must be a mapping such as {drop_older_than: 4, scale: inverse}")
+    _unknown("strategy.staleness", staleness, _STALENESS_KEYS)
+    drop = staleness.get("drop_older_than")
+    if drop is not None and (isinstance(drop, bool) or not isinstance(drop, int) or drop < 0):
+        raise ConfigError(f"strategy.staleness.drop_older_than: must be an integer >= 0, got {drop!r}")
+    if staleness.get("scale", "none") not in ("none", "inverse"):
+        raise ConfigError(f"strategy.staleness.scale: {staleness['scale']!r} is not one of none, inverse (1/tau)")
+    epochs = staleness.get("single_replica_epochs", 0)
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or epochs < 0:
+        raise ConfigError("strategy.staleness.single_replica_epochs: must be a number >= 0")
 
 
 def _check_devices(devices: dict) -> None:

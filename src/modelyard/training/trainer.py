@@ -248,8 +248,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         tf.config.experimental.enable_op_determinism()
     if cfg.model_parallel:
         return _run_model_parallel(cfg, module, role)
-    if name == "parameter_server" and cfg.strategy.get("backup_workers"):
-        return _run_backup_workers(cfg, module, role)
+    if name == "parameter_server" and ("backup_workers" in cfg.strategy or "staleness" in cfg.strategy):
+        return _run_coordinated(cfg, module, role)
 
     strategy = strategy_mod.make(cfg.strategy)
     job_dir = cfg.job_dir
@@ -406,20 +406,22 @@ def _run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dic
     return info | summary | {"epochs": epochs}
 
 
-def _run_backup_workers(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[str, Any]:
-    """Synchronous parameter-server training with backup workers (training/backup_workers.py)."""
+def _run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[str, Any]:
+    """Parameter-server training in modelyard's loop: backup workers, or asynchronous with
+    staleness control (training/ps_training.py)."""
     import numpy as np
     import tensorflow as tf
 
-    from modelyard.training import backup_workers
+    from modelyard.training import ps_training
     from modelyard.training.progress import write_json
 
     workers = len(role.cluster.get("worker", []))
-    backup = cfg.strategy["backup_workers"]
+    staleness = cfg.strategy.get("staleness")
+    backup = cfg.strategy.get("backup_workers", 0)
     if backup >= workers:
         raise ConfigError(f"strategy.backup_workers {backup} leaves no worker whose gradient is waited for "
                           f"({workers} workers): use at most {workers - 1}, or start more with launch --workers")
-    required = workers - backup
+    required = 1 if staleness is not None else workers - backup  # gradients averaged per update
     if cfg.global_batch_size % required:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} must divide across the {required} gradients "
                           f"each step averages ({workers} workers - {backup} backup)")
@@ -453,25 +455,44 @@ def _run_backup_workers(cfg: TrainConfig, module: ModuleType, role: Role) -> dic
     import tf_keras as keras
 
     keras_loss = keras.losses.get(model.loss)
-    trainer = backup_workers.BackupWorkerTrainer(strategy, model, worker_fn, workers, backup)
+    source = ps_training.GradientSource(strategy, model, worker_fn)
+    if staleness is not None:
+        policy = ps_training.StalenessPolicy(staleness.get("drop_older_than"), staleness.get("scale", "none"),
+                                             float(staleness.get("single_replica_epochs", 0)))
+        trainer = ps_training.AsyncTrainer(source, model, workers, policy)
+        mode = (f"asynchronously over {workers} workers (drop_older_than {policy.drop_older_than}, "
+                f"scale {policy.scale}, single_replica_epochs {policy.single_replica_epochs:g})")
+    else:
+        trainer = ps_training.SyncTrainer(source, model, workers, backup)
+        mode = (f"synchronously, {workers} workers of which {backup} backup: each step applies the first "
+                f"{required} fresh gradients")
     cfg.job_dir.mkdir(parents=True, exist_ok=True)
     (cfg.job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
     info: dict[str, Any] = {"task": role.name, "strategy": "parameter_server", "workers": workers,
+                            "mode": "asynchronous" if staleness is not None else "synchronous",
                             "backup_workers": backup, "gradients_per_step": required,
                             "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs}
     epochs: list[dict[str, Any]] = []
+    summaries = tf.summary.create_file_writer(str(cfg.job_dir / "tensorboard" / "train")) if cfg.tensorboard else None
 
-    def on_epoch(record: dict[str, Any]) -> None:
+    def on_epoch(record: dict[str, Any], stats) -> None:
         epochs.append(record)
         write_json(cfg.job_dir / "metrics.json", {**info, "epochs": epochs})
+        if summaries is not None:
+            with summaries.as_default(step=record["epoch"]):
+                tf.summary.scalar("epoch_loss", record["loss"])
+                if stats.staleness:  # the distribution of tau over the epoch's gradients
+                    tf.summary.histogram("staleness", np.array(stats.staleness, np.float64))
+            summaries.flush()
         if cfg.verbose:
             shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("loss", "val_loss", "val_accuracy") if k in record)
+            tau = f", staleness mean {record['staleness_mean']:.2f} max {record['staleness_max']}" \
+                if "staleness_mean" in record else ""
             print(f"epoch {record['epoch']}/{cfg.epochs}  {steps} steps  {shown}  {record['steps_per_sec']:.1f} steps/s  "
-                  f"gradients applied {record['applied']}, dropped as stale {record['dropped']}", flush=True)
+                  f"gradients applied {record['applied']}, dropped {record['dropped']}{tau}", flush=True)
 
-    print(f"{role.name}: training {Path(cfg.model).name} with parameter_server, {workers} workers of which "
-          f"{backup} backup: each step applies the first {required} fresh gradients", flush=True)
-    backup_workers.fit(trainer, cfg.epochs, steps, evaluate, on_epoch)
+    print(f"{role.name}: training {Path(cfg.model).name} with parameter_server {mode}", flush=True)
+    ps_training.fit(trainer, cfg.epochs, steps, evaluate, on_epoch)
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
     if cfg.export_to:
         version = _export(cfg, module, model)

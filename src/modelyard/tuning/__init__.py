@@ -4,6 +4,9 @@ keeps the study in a database so it resumes after a crash.
 
 This package's top level stays light: a training script calls ``trial_params()`` without
 pulling in Optuna.
+
+May import: ``modelyard.model`` (export of the best trial), ``modelyard.errors``; training only as
+processes (a trial is a command), never its modules.
 """
 from __future__ import annotations
 
