@@ -180,6 +180,11 @@ def _input_report(train_fn: Callable, strategy, global_batch: int, train_rate: f
             "input_bound": bound, "verdict": verdict}
 
 
+def _placement(model) -> dict[str, str]:
+    """The device of each variable (a partitioned variable shows as its parts, ``kernel/part_0`` ...)."""
+    return {variable.name: variable.device for variable in model.variables}
+
+
 def _export(cfg: TrainConfig, module: ModuleType, model) -> Path:
     """Export a strategy-free copy, so the SavedModel has plain variables a server can load."""
     import modelyard
@@ -286,6 +291,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs, "resumed": resumed,
         "accumulate_steps": cfg.accumulate_steps, "gradient_dtype": cfg.gradient_dtype,
     }
+    if name == "parameter_server":
+        info["variable_placement"] = _placement(model)
     if strategy.num_replicas_in_sync > 1 and name in ("mirrored", "multi_worker_mirrored"):
         # What each replica hands to the all-reduce per step; bench/scaling.py measures the wire.
         info["allreduce_bytes_per_step"] = train_step.gradient_bytes_per_step(model, cfg.gradient_dtype)
@@ -471,7 +478,8 @@ def _run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[s
     info: dict[str, Any] = {"task": role.name, "strategy": "parameter_server", "workers": workers,
                             "mode": "asynchronous" if staleness is not None else "synchronous",
                             "backup_workers": backup, "gradients_per_step": required,
-                            "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs}
+                            "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs,
+                            "variable_placement": _placement(model)}
     epochs: list[dict[str, Any]] = []
     summaries = tf.summary.create_file_writer(str(cfg.job_dir / "tensorboard" / "train")) if cfg.tensorboard else None
 
