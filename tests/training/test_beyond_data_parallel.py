@@ -52,6 +52,42 @@ def test_accumulated_micro_batches_make_the_large_batch_update():
     assert max(np.abs(a).max() for a in big) > 0
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["every layer", "one named layer"])
+def test_recompute_gives_the_same_gradients_and_weights(named):
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from modelyard.training import demo, train_step
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (128, 28, 28)).astype("uint8")
+    y = rng.integers(0, 10, 128)
+    results = {}
+    for recomputing in (False, True):
+        keras.utils.set_random_seed(11)
+        model = demo.build_model(hidden=32)
+        first_dense = next(layer.name for layer in model.layers if layer.trainable_weights)
+        mode = ((first_dense,) if named else True) if recomputing else False
+        with tf.GradientTape() as tape:  # the gradients themselves, through the same forward pass the step uses
+            loss = model.compute_loss(x, tf.constant(y), train_step._forward(model, tf.constant(x),
+                                                                train_step._recomputed_layers(model, mode)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        train_step.install(model, train_step.StepOptions(recompute=mode))
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        results[recomputing] = ([g.numpy() for g in grads], model.get_weights())
+    (plain_grads, plain_weights), (rc_grads, rc_weights) = results[False], results[True]
+    for a, b in zip(plain_grads + plain_weights, rc_grads + rc_weights):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert max(np.abs(g).max() for g in plain_grads) > 0
+
+
+def test_recompute_naming_no_layer_of_the_model_is_refused():
+    from modelyard.training import demo, train_step
+
+    with pytest.raises(config_mod.ConfigError, match="recompute: no layer named nope; the model's layers are"):
+        train_step.install(demo.build_model(hidden=8), train_step.StepOptions(recompute=("nope",)))
+
+
 @pytest.mark.timeout(240)
 def test_accumulate_steps_in_a_config_trains_as_the_whole_batch(tmp_path):
     common = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
@@ -123,6 +159,8 @@ def test_stages_on_two_devices_train_as_one_device(tmp_path, micro_batches):
     (dict(model_parallel={"stages": 2, "micro_batches": 5}), "micro_batches 5 must divide global_batch_size 64"),
     (dict(model_parallel={"stages": 2, "micro_batches": 4}, accumulate_steps=2), "use model_parallel.micro_batches"),
     (dict(model_parallel={"stages": 2, "schedule": "1f1b"}), "only gpipe is implemented"),
+    (dict(model_parallel={"stages": 2}, recompute=True), "the pipeline already recomputes"),
+    (dict(recompute="yes"), "recompute: true (every layer with weights), false, or a list of layer names"),
 ])
 def test_impossible_configs_are_refused_up_front(tmp_path, values, message):
     values.setdefault("global_batch_size", 64)

@@ -35,7 +35,7 @@ _TOP_KEYS = {
     "model", "data", "strategy", "devices", "global_batch_size", "epochs", "steps_per_epoch",
     "validation_steps", "learning_rate_scaling", "base_batch_size", "warmup_epochs", "seed",
     "deterministic", "job_dir", "export_to", "verbose", "input_report", "tensorboard",
-    "accumulate_steps", "gradient_dtype", "model_parallel",
+    "accumulate_steps", "gradient_dtype", "model_parallel", "recompute",
 }
 # gradient_dtype: bfloat16 compresses the all-reduce between replicas, which only these have.
 ALL_REDUCE_STRATEGIES = ("mirrored", "multi_worker_mirrored")
@@ -81,6 +81,7 @@ class TrainConfig:
     tensorboard: bool
     accumulate_steps: int = 1
     gradient_dtype: str = "float32"
+    recompute: bool | list[str] = False  # layers whose activations the backward pass recomputes
     model_parallel: dict[str, Any] | None = None  # stages, devices, micro_batches (see training/pipeline.py)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -324,6 +325,11 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
             f"gradient_dtype: bfloat16 compresses the gradients' all-reduce, and strategy {cfg.strategy_name} has "
             f"none; use it with {' or '.join(ALL_REDUCE_STRATEGIES)}, or drop it")
     cfg.gradient_dtype = dtype
+    recompute = raw.get("recompute", False)
+    if not (isinstance(recompute, bool) or (isinstance(recompute, list) and recompute
+                                            and all(isinstance(n, str) for n in recompute))):
+        raise ConfigError("recompute: true (every layer with weights), false, or a list of layer names")
+    cfg.recompute = recompute
     parallel = raw.get("model_parallel")
     if parallel is None:
         return
@@ -354,6 +360,9 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
     if cfg.strategy_name not in ("default", "one_device"):
         raise ConfigError(f"model_parallel places the model's stages on devices itself; it runs with the default "
                           f"strategy, not {cfg.strategy_name} (drop strategy:)")
+    if cfg.recompute:
+        raise ConfigError("recompute and model_parallel: the pipeline already recomputes each stage's forward pass "
+                          "in its backward pass; drop recompute")
     if cfg.accumulate_steps > 1:
         raise ConfigError("accumulate_steps and model_parallel: the pipeline already splits each batch into "
                           "micro_batches; use model_parallel.micro_batches instead")

@@ -6,6 +6,10 @@ a tf_keras model turns a batch into one update.
   gradients / k and applies one update: exactly the update of the whole batch, with the
   activation memory of a micro-batch. (Layers whose output depends on the whole batch, such
   as BatchNormalization in training, see micro-batches instead: say so to users.)
+- ``recompute: true`` (or a list of layer names) runs each marked layer under
+  ``tf.recompute_grad``: its activations are not kept for the backward pass but computed
+  again there (gradient checkpointing), trading compute for memory; the gradients are the
+  same. ``true`` marks every layer with weights. Needs a chain of layers (``Sequential``).
 - ``gradient_dtype: bfloat16`` casts the gradients to bfloat16 before the all-reduce between
   replicas and back after it, halving the bytes each step sends. Keras has already divided
   each replica's loss by the replica count, so the summed values stay the size of a mean
@@ -22,10 +26,11 @@ GRADIENT_DTYPES = ("float32", "bfloat16")
 class StepOptions:
     accumulate_steps: int = 1
     gradient_dtype: str = "float32"
+    recompute: bool | tuple[str, ...] = False
 
     @property
     def custom(self) -> bool:
-        return self.accumulate_steps > 1 or self.gradient_dtype != "float32"
+        return self.accumulate_steps > 1 or self.gradient_dtype != "float32" or bool(self.recompute)
 
 
 def gradient_bytes_per_step(model, gradient_dtype: str) -> int:
@@ -42,10 +47,48 @@ def install(model, options: StepOptions) -> None:
         return
     import types
 
-    model.train_step = types.MethodType(_make_step(options), model)
+    model.train_step = types.MethodType(_make_step(options, _recomputed_layers(model, options.recompute)), model)
 
 
-def _make_step(options: StepOptions):
+def _recomputed_layers(model, recompute) -> frozenset[str]:
+    """Names of the layers ``recompute`` marks, checked against the model."""
+    if not recompute:
+        return frozenset()
+    layers = _chain(model)
+    if recompute is True:
+        return frozenset(layer.name for layer in layers if layer.trainable_weights)
+    names = {layer.name for layer in layers}
+    unknown = [name for name in recompute if name not in names]
+    if unknown:
+        from modelyard.training.config import ConfigError
+
+        raise ConfigError(f"recompute: no layer named {', '.join(unknown)}; the model's layers are {', '.join(names)}")
+    return frozenset(recompute)
+
+
+def _chain(model) -> list:
+    from modelyard.training.config import ConfigError
+
+    if model.__class__.__name__ != "Sequential":
+        raise ConfigError("recompute: needs a Sequential model (a chain of layers) to know where blocks begin and end")
+    return list(model.layers)
+
+
+def _forward(model, x, recomputed: frozenset[str]):
+    """``model(x, training=True)``, with the marked layers' activations recomputed in the backward pass."""
+    if not recomputed:
+        return model(x, training=True)
+    import tensorflow as tf
+
+    for layer in model.layers:
+        if layer.name in recomputed:
+            x = tf.recompute_grad(lambda t, layer=layer: layer(t, training=True))(x)
+        else:
+            x = layer(x, training=True)
+    return x
+
+
+def _make_step(options: StepOptions, recomputed: frozenset[str] = frozenset()):
     import tensorflow as tf
     import tf_keras as keras
 
@@ -56,7 +99,7 @@ def _make_step(options: StepOptions):
         variables = model.trainable_variables
         if k == 1:
             with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
+                y_pred = _forward(model, x, recomputed)
                 loss = model.compute_loss(x, y, y_pred, sample_weight)
             model.compute_metrics(x, y, y_pred, sample_weight)
             return _dense(tape.gradient(loss, variables), variables)
@@ -70,7 +113,7 @@ def _make_step(options: StepOptions):
 
             xi, yi, wi = (None if part is None else tf.nest.map_structure(take, part) for part in (x, y, sample_weight))
             with tf.GradientTape() as tape:
-                y_pred = model(xi, training=True)
+                y_pred = _forward(model, xi, recomputed)
                 loss = model.compute_loss(xi, yi, y_pred, wi)
             model.compute_metrics(xi, yi, y_pred, wi)
             grads = _dense(tape.gradient(loss, variables), variables)

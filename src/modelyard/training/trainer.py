@@ -267,7 +267,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         model = _build(module)
     from modelyard.training import train_step
 
-    step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype)
+    step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype,
+                                          tuple(cfg.recompute) if isinstance(cfg.recompute, list) else cfg.recompute)
     train_step.install(model, step_options)
     train_fn, val_fn = _dataset_fns(cfg, module)
     steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
