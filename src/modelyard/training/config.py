@@ -326,9 +326,13 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
             f"none; use it with {' or '.join(ALL_REDUCE_STRATEGIES)}, or drop it")
     cfg.gradient_dtype = dtype
     recompute = raw.get("recompute", False)
+    def block_ok(block) -> bool:
+        return isinstance(block, str) or (isinstance(block, list) and block and all(isinstance(n, str) for n in block))
+
     if not (isinstance(recompute, bool) or (isinstance(recompute, list) and recompute
-                                            and all(isinstance(n, str) for n in recompute))):
-        raise ConfigError("recompute: true (every layer with weights), false, or a list of layer names")
+                                            and all(block_ok(b) for b in recompute))):
+        raise ConfigError("recompute: true (about sqrt(L) blocks of layers), false, or a list of blocks, each a list "
+                          "of consecutive layer names ([[dense, dense_1], [dense_2, dense_3]])")
     cfg.recompute = recompute
     parallel = raw.get("model_parallel")
     if parallel is None:

@@ -6,10 +6,11 @@ a tf_keras model turns a batch into one update.
   gradients / k and applies one update: exactly the update of the whole batch, with the
   activation memory of a micro-batch. (Layers whose output depends on the whole batch, such
   as BatchNormalization in training, see micro-batches instead: say so to users.)
-- ``recompute: true`` (or a list of layer names) runs each marked layer under
-  ``tf.recompute_grad``: its activations are not kept for the backward pass but computed
-  again there (gradient checkpointing), trading compute for memory; the gradients are the
-  same. ``true`` marks every layer with weights. Needs a chain of layers (``Sequential``).
+- ``recompute: true`` (or a list of blocks, each a list of consecutive layer names) runs each
+  block under ``tf.recompute_grad``: only the block's input is kept for the backward pass,
+  which computes the block's activations again (gradient checkpointing), trading compute
+  for memory; the gradients are the same. ``true`` makes about sqrt(L) blocks of sqrt(L)
+  layers. Needs a chain of layers (``Sequential``).
 - ``gradient_dtype: bfloat16`` casts the gradients to bfloat16 before the all-reduce between
   replicas and back after it, halving the bytes each step sends. Keras has already divided
   each replica's loss by the replica count, so the summed values stay the size of a mean
@@ -17,6 +18,7 @@ a tf_keras model turns a batch into one update.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GRADIENT_DTYPES = ("float32", "bfloat16")
@@ -26,7 +28,7 @@ GRADIENT_DTYPES = ("float32", "bfloat16")
 class StepOptions:
     accumulate_steps: int = 1
     gradient_dtype: str = "float32"
-    recompute: bool | tuple[str, ...] = False
+    recompute: bool | tuple = False  # True, or blocks: tuples of consecutive layer names
 
     @property
     def custom(self) -> bool:
@@ -50,20 +52,30 @@ def install(model, options: StepOptions) -> None:
     model.train_step = types.MethodType(_make_step(options, _recomputed_layers(model, options.recompute)), model)
 
 
-def _recomputed_layers(model, recompute) -> frozenset[str]:
-    """Names of the layers ``recompute`` marks, checked against the model."""
-    if not recompute:
-        return frozenset()
-    layers = _chain(model)
-    if recompute is True:
-        return frozenset(layer.name for layer in layers if layer.trainable_weights)
-    names = {layer.name for layer in layers}
-    unknown = [name for name in recompute if name not in names]
-    if unknown:
-        from modelyard.training.config import ConfigError
+def _recomputed_layers(model, recompute) -> tuple[tuple[str, ...], ...]:
+    """The blocks ``recompute`` marks, each a run of consecutive layer names, checked against the model.
 
-        raise ConfigError(f"recompute: no layer named {', '.join(unknown)}; the model's layers are {', '.join(names)}")
-    return frozenset(recompute)
+    ``true``: about sqrt(L) blocks of sqrt(L) layers, the classic choice (Chen et al. 2016): only
+    each block's input is kept, and one block's activations are rebuilt at a time.
+    """
+    if not recompute:
+        return ()
+    layers = [layer.name for layer in _chain(model)]
+    if recompute is True:
+        size = max(1, math.isqrt(len(layers) - 1) + 1) if len(layers) > 1 else 1
+        return tuple(tuple(layers[i:i + size]) for i in range(0, len(layers), size))
+    from modelyard.training.config import ConfigError
+
+    blocks = tuple(tuple(block) if isinstance(block, (list, tuple)) else (block,) for block in recompute)
+    unknown = [name for block in blocks for name in block if name not in layers]
+    if unknown:
+        raise ConfigError(f"recompute: no layer named {', '.join(unknown)}; the model's layers are {', '.join(layers)}")
+    for block in blocks:
+        start = layers.index(block[0])
+        if list(block) != layers[start:start + len(block)]:
+            raise ConfigError(f"recompute: block {list(block)} is not a run of consecutive layers of the model "
+                              f"({', '.join(layers)})")
+    return blocks
 
 
 def _chain(model) -> list:
@@ -74,21 +86,34 @@ def _chain(model) -> list:
     return list(model.layers)
 
 
-def _forward(model, x, recomputed: frozenset[str]):
-    """``model(x, training=True)``, with the marked layers' activations recomputed in the backward pass."""
-    if not recomputed:
+def _forward(model, x, blocks: tuple[tuple[str, ...], ...]):
+    """``model(x, training=True)``, each marked block's activations rebuilt in the backward pass
+    from the block's input (the only tensor of the block kept from the forward pass)."""
+    if not blocks:
         return model(x, training=True)
     import tensorflow as tf
 
-    for layer in model.layers:
-        if layer.name in recomputed:
-            x = tf.recompute_grad(lambda t, layer=layer: layer(t, training=True))(x)
-        else:
-            x = layer(x, training=True)
+    by_name = {layer.name: layer for layer in model.layers}
+    first = {block[0]: block for block in blocks}
+    layers, i = model.layers, 0
+    while i < len(layers):
+        block = first.get(layers[i].name)
+        if block is None:
+            x = layers[i](x, training=True)
+            i += 1
+            continue
+
+        def run_block(t, block=block):
+            for name in block:
+                t = by_name[name](t, training=True)
+            return t
+
+        x = tf.recompute_grad(run_block)(x)
+        i += len(block)
     return x
 
 
-def _make_step(options: StepOptions, recomputed: frozenset[str] = frozenset()):
+def _make_step(options: StepOptions, recomputed: tuple[tuple[str, ...], ...] = ()):
     import tensorflow as tf
     import tf_keras as keras
 

@@ -267,8 +267,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         model = _build(module)
     from modelyard.training import train_step
 
-    step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype,
-                                          tuple(cfg.recompute) if isinstance(cfg.recompute, list) else cfg.recompute)
+    recompute = cfg.recompute
+    if isinstance(recompute, list):
+        recompute = tuple(tuple(b) if isinstance(b, list) else (b,) for b in recompute)
+    step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype, recompute)
     train_step.install(model, step_options)
     train_fn, val_fn = _dataset_fns(cfg, module)
     steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
