@@ -33,6 +33,11 @@ def register(subparsers) -> None:
                         help="require 'Authorization: Bearer TOKEN' on the control API "
                         "(default: $MODELYARD_PLATFORM_TOKEN; unset: no token)")
     parser.add_argument("--auth-predict", action="store_true", help="require the token on predict routes too")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                        help="serve the API and gateway over HTTPS with this certificate (chain) file")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                        help="mutual TLS: only clients with a certificate signed by this CA get in")
     parser.add_argument("--max-replicas", type=int, default=8, help="largest max_replica_count accepted")
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
@@ -68,21 +73,49 @@ def run(args: argparse.Namespace) -> int:
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
                                      args.autoscale_cooldown_seconds))
     try:
+        tls = _tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except (OSError, ValueError) as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    print(f"modelyard platform: store {url.split('@')[-1]}, API on http://{args.host}:{args.port}", flush=True)
+    scheme = "https" if tls else "http"
+    print(f"modelyard platform: store {url.split('@')[-1]}, API on {scheme}://{args.host}:{args.port}", flush=True)
     try:
-        asyncio.run(_serve(Platform(config), args.host, args.port))
+        asyncio.run(_serve(Platform(config), args.host, args.port, tls))
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(platform, host: str, port: int) -> None:
+def _tls_context(cert: str | None, key: str | None, client_ca: str | None):
+    """The server's SSL context from the --tls-* flags, or None for plain HTTP; a wrong file stops the start."""
+    if not cert and not key and not client_ca:
+        return None
+    if not (cert and key):
+        raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+        if client_ca:
+            context.load_verify_locations(client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except ssl.SSLError as exc:
+        raise ValueError(f"cannot use the TLS files ({exc.reason or exc}): check that --tls-key matches "
+                         "--tls-cert and that both are PEM") from None
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def _serve(platform, host: str, port: int, tls=None) -> None:
     """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
     Stopping leaves the replicas running: the next start adopts them."""
     from aiohttp import web
@@ -98,7 +131,8 @@ async def _serve(platform, host: str, port: int) -> None:
     front = Front(platform, "127.0.0.1", api_port)
     loop = asyncio.get_running_loop()
     try:
-        server = await loop.create_server(lambda: FrontProtocol(front), host, port, reuse_address=True, backlog=2048)
+        server = await loop.create_server(lambda: FrontProtocol(front), host, port, reuse_address=True, backlog=2048,
+                                          ssl=tls)
     except OSError:
         await runner.cleanup()
         raise
