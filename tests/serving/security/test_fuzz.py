@@ -301,3 +301,31 @@ def _assert_healthy(server, log_before: int, rss_before_kib: int) -> None:
     assert "Traceback" not in new_log and " ERROR " not in new_log, new_log[-3000:]
     grown_mib = (_rss_kib(server.proc.pid) - rss_before_kib) / 1024
     assert grown_mib < 64, f"resident memory grew {grown_mib:.0f} MiB during fuzzing"
+
+
+def test_body_reader_under_coverage_guided_fuzzing(tmp_path):
+    """atheris (libFuzzer) on the C numeric reader and the JSON path for a bounded time: no crash,
+    no exception but ServingError, the C reader agreeing with the JSON parser (atheris_body_reader.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        import atheris  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"atheris is needed for this test ({exc}): pip install -e '.[test]'", pytrace=False)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    seeds = [b'{"instances": [[1, 2.5], [3, -4e2]]}', b'{"signature_name": "s", "inputs": [1, 2, 3]}',
+             b'{"instances": [[[0, 255], [7, 8]]]}', b'{"inputs": {"a": [1], "b": [true]}}', *FOUND[1:]]
+    for i, seed in enumerate(seeds):
+        (corpus / f"seed-{i}").write_bytes(seed)
+    repo = Path(__file__).resolve().parents[3]
+    env = {**__import__("os").environ, "PYTHONPATH": f"{repo / 'src'}:{repo}", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, str(Path(__file__).with_name("atheris_body_reader.py")),
+                             "-max_total_time=20", "-seed=1", "-rss_limit_mb=4096", "-timeout=10", str(corpus)],
+                            capture_output=True, text=True, timeout=180, env=env)
+    tail = (result.stdout + result.stderr)[-3000:]
+    assert result.returncode == 0, tail
+    runs = int(__import__("re").search(r"Done (\d+) runs", tail).group(1))
+    assert runs > 1000, tail
