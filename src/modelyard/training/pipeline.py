@@ -225,7 +225,7 @@ def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch
     batches = iter(dataset.repeat())
     history = []
     for epoch in range(epochs):
-        losses, correct, seen, wall, busy, bubbles = [], 0, 0, 0.0, 0.0, []
+        losses, correct, seen, wall, bubbles = [], 0, 0, 0.0, []
         for _ in range(steps_per_epoch):
             x, y = next(batches)
             result = pipeline.train_step(x, y)
