@@ -203,6 +203,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--series", type=int, nargs="*", help="indexes into SERIES (default: all)")
     parser.add_argument("--out", default=str(ROOT / "results"))
+    parser.add_argument("--reuse", help="a previous run's stderr log: its results for series not chosen now are kept")
     args = parser.parse_args()
     if os.geteuid() != 0 or not shutil.which("tc"):
         sys.exit("bench/scaling.py needs root and iproute2 (ip, tc) to create network namespaces and rate limits")
@@ -210,6 +211,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     chosen = [SERIES[i] for i in args.series] if args.series else SERIES
     results: dict[str, dict[int, dict]] = {}
+    if args.reuse:  # lines "LABEL, N worker(s): {...}" of an earlier run, for the series not re-run
+        import ast
+
+        chosen_labels = {label for label, *_ in chosen}
+        for line in Path(args.reuse).read_text().splitlines():
+            head, sep, tail = line.partition(" worker(s): ")
+            if sep and "," in head:
+                label, n = head.rsplit(", ", 1)
+                if label not in chosen_labels and any(label == s[0] for s in SERIES):
+                    results.setdefault(label, {})[int(n)] = ast.literal_eval(tail)
     with tempfile.TemporaryDirectory(prefix="modelyard-scaling-") as tmp:
         work = Path(tmp)
         (work / "scaling_models.py").write_text(MODEL_FILE)
@@ -222,6 +233,7 @@ def main() -> None:
                 results[label][n] = result
                 print(f"{label}, {n} worker(s): {result}", file=sys.stderr, flush=True)
     teardown()
+    results = {label: results[label] for label, *_ in SERIES if label in results}
     lines = [
         "# Data parallelism against the network: samples/s and scaling efficiency by link and method",
         "",

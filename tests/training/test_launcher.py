@@ -96,6 +96,25 @@ def test_cluster_spec_runs_only_this_hosts_task(tmp_path):
     assert printed.stdout.count("export TF_CONFIG=") == 2 and '"index": 1' in printed.stdout
 
 
+def test_a_parameter_server_hosts_task_serves_until_stopped(tmp_path):
+    """On a host running only a ps task (or a parameter-server worker), nothing ends the job but
+    the chief elsewhere: the launcher keeps the task running instead of calling the job finished."""
+    spec = tmp_path / "cluster.json"
+    spec.write_text(json.dumps({"chief": ["127.0.0.1:12340"], "worker": ["127.0.0.1:12341"],
+                                "ps": ["127.0.0.1:12342"]}))
+    code = "import time; print('serving', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(MODELYARD + ["launch", "--cluster-spec", str(spec), "--task", "ps:0", "--", PY, "-c", code],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(4)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert "ps:0 | serving" in out and "job finished" not in out
+    finally:
+        stop_launcher(proc)
+
+
 def test_bad_cluster_spec_fails_before_anything_starts(tmp_path):
     spec = tmp_path / "cluster.json"
     spec.write_text(json.dumps({"worker": ["127.0.0.1:1", "127.0.0.1:1"]}))

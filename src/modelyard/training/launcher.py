@@ -150,8 +150,10 @@ class Supervisor:
                 run.reader.join(timeout=2)
 
     def _finishing(self) -> list[Running]:
+        """The tasks whose success ends the job. A host running only parameter-server workers or
+        ps tasks (``--task ps:0``) has none: they serve until stopped, so it waits for them."""
         if self.spec.get("ps"):
-            return [r for r in self.running if r.task.type == "chief"]
+            return [r for r in self.running if r.task.type == "chief"] or list(self.running)
         return [r for r in self.running if r.task.type in ("chief", "worker")]
 
     def wait(self, poll: float = 0.1) -> tuple[bool, str]:
