@@ -5,7 +5,7 @@ much of the gap to synchronous training ``scale: inverse`` and ``drop_older_than
 
 The setup that hurts: many workers for the machine (5 workers, 1 ps, 1 coordinator on 2
 cores, so gradients queue up and arrive many updates late) and a high learning rate (SGD
-0.2 with momentum 0.9 on the digits MLP). Same model, data, number of updates and batch per
+0.05 with momentum 0.9 on the digits MLP). Same model, data, number of updates and batch per
 update for every run: synchronous (``backup_workers: 0``, waits for all 5 and averages, so
 it sees 5x the examples per update: given the same examples instead, ``global_batch_size``
 is 5x smaller for it), plain asynchronous, asynchronous with ``scale: inverse`` (1/tau), and
@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent
 ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
            PYTHONPATH=str(ROOT.parent / "src"))
-WORKERS, EPOCHS, STEPS, LEARNING_RATE = 5, 4, 60, 0.2
+WORKERS, EPOCHS, STEPS, LEARNING_RATE = 5, 4, 60, 0.05
 MODEL = f'''
 from modelyard.training.demo import build_model as _demo
 

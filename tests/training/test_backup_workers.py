@@ -104,3 +104,24 @@ def test_as_many_backup_workers_as_workers_is_refused(tmp_path):
         assert job.proc.wait(60) != 0
     finally:
         stop_launcher(job.proc)
+
+
+def test_each_parameter_server_worker_reads_its_own_batches(tmp_path):
+    """Every worker runs one trace of the dataset function and its input context says "pipeline 0
+    of 1": without distinct_per_worker they would all read the same batches. Each process here has
+    the TF_CONFIG `modelyard launch` gives worker i (the index is read from the process itself)."""
+    script = (
+        "import tensorflow as tf\n"
+        "from modelyard.training.ps_training import distinct_per_worker\n"
+        "fn = distinct_per_worker(lambda ctx: tf.data.Dataset.range(12).batch(1).repeat(), 3)\n"
+        "print([int(b[0]) for b in fn(None).take(4)])\n"
+    )
+    seen = []
+    for index in range(3):
+        tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1", "c:1"], "ps": ["d:1"]},
+                                "task": {"type": "worker", "index": index}})
+        out = subprocess.run([sys.executable, "-c", script], env={**ENV, "TF_CONFIG": tf_config},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert seen == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]

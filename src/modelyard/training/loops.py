@@ -100,7 +100,8 @@ def run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[st
     if callable(user) and not cfg.data:
         worker_fn = lambda ctx: user(ctx, "train")  # noqa: E731
     else:
-        worker_fn = data_mod.builtin_dataset_fn(cfg.data, "train", per_worker, cfg.seed)
+        worker_fn = ps_training.distinct_per_worker(
+            data_mod.builtin_dataset_fn(cfg.data, "train", per_worker, cfg.seed), workers)
     steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
     if not steps:
         raise ConfigError("backup_workers needs steps_per_epoch (its workers read an endless dataset)")

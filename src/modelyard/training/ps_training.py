@@ -189,6 +189,23 @@ class AsyncTrainer:
                 return loss
 
 
+def distinct_per_worker(dataset_fn: Callable, workers: int) -> Callable:
+    """``dataset_fn`` with each worker reading its own share of the batches.
+
+    Parameter-server workers all run one trace of the dataset function, and the input context
+    tells each of them "pipeline 0 of 1", so the built-in pipeline would hand every worker the
+    same batches in the same order (N workers computing one gradient N times). Each worker
+    keeps every N-th batch instead, starting at its own index, read at run time.
+    """
+    def per_worker(context):
+        import tensorflow as tf
+
+        index = tf.math.floormod(tf.maximum(_worker_index(), 0), workers)
+        return dataset_fn(context).shard(workers, index)
+
+    return per_worker
+
+
 def _worker_index():
     """The index of the worker this graph runs on, read from its own TF_CONFIG (-1 if unknown).
 

@@ -99,6 +99,11 @@ def _dataset_fns(cfg: TrainConfig, module: ModuleType) -> tuple[Callable, Callab
         return (lambda ctx: user(ctx, "train")), (lambda ctx: user(ctx, "validation"))
     train = data_mod.builtin_dataset_fn(cfg.data, "train", cfg.global_batch_size, cfg.seed)
     validation = data_mod.builtin_dataset_fn(cfg.data, "validation", cfg.global_batch_size, None)
+    workers = len(current_role().cluster.get("worker", []))
+    if cfg.strategy_name == "parameter_server" and workers > 1:
+        from modelyard.training.ps_training import distinct_per_worker
+
+        train = distinct_per_worker(train, workers)
     return train, validation
 
 
