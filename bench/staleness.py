@@ -9,7 +9,7 @@ cores, so gradients queue up and arrive many updates late) and a high learning r
 update for every run: synchronous (``backup_workers: 0``, waits for all 5 and averages, so
 it sees 5x the examples per update: given the same examples instead, ``global_batch_size``
 is 5x smaller for it), plain asynchronous, asynchronous with ``scale: inverse`` (1/tau), and
-with ``drop_older_than: 2``. Final validation accuracy, median over rounds taking turns.
+with ``drop_older_than: 2`` and ``0``. Final validation accuracy, median over rounds taking turns.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ RUNS = {
     "asynchronous, no control": {"staleness": {}},
     "asynchronous, scale: inverse": {"staleness": {"scale": "inverse"}},
     "asynchronous, drop_older_than: 2": {"staleness": {"drop_older_than": 2}},
+    "asynchronous, drop_older_than: 0": {"staleness": {"drop_older_than": 0}},
 }
 
 
