@@ -26,7 +26,13 @@ REST_CASES = {
     ("GET", "/v1/models/default"): {None: 200, PREDICT_TOKEN: 200, "not-a-token-at-all": 200},
     ("GET", METRICS_PATH): {METRICS_TOKEN: 200, READ_TOKEN: 403, PREDICT_TOKEN: 403, None: 401},
     ("GET", "/nothing/here"): {None: 401, READ_TOKEN: 404},
+    # the console: its pages are read, its actions admin (then the console's own token decides:
+    # this server has none, so an admin token reaches the console's read-only refusal)
+    ("GET", "/console"): {READ_TOKEN: 200, ALL_TOKEN: 200, PREDICT_TOKEN: 403, None: 401},
+    ("GET", "/console/api/state"): {READ_TOKEN: 200, METRICS_TOKEN: 403, None: 401},
+    ("POST", "/console/api/reload"): {ADMIN_TOKEN: 403, READ_TOKEN: 403, PREDICT_TOKEN: 403, None: 401},
 }
+CONSOLE_READ_ONLY = "the console is read-only"
 
 
 @pytest.mark.parametrize("call", list(REST_CASES), ids=lambda c: f"{c[0]} {c[1]}")
@@ -42,6 +48,9 @@ def test_rest_scopes(secure, call):
             assert "error" in answer.json()  # TF Serving's REST error format
         if expected == 401:
             assert answer.headers["www-authenticate"].startswith("Bearer")
+        if call == ("POST", "/console/api/reload") and token is not None:
+            # only the admin token gets past the scope check to the console itself
+            assert (CONSOLE_READ_ONLY in answer.json()["error"]) == (token == ADMIN_TOKEN), (token, answer.text)
 
 
 def test_rest_malformed_authorization_headers(secure):

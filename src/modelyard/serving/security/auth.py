@@ -8,7 +8,8 @@ The token file holds one token per line followed by its comma-separated scopes::
     deploy-admin-token-abcdefghijkl    predict,read,admin,metrics
 
 Scopes: ``predict`` (Predict, Classify, Regress, MultiInference), ``read`` (model status
-and metadata), ``admin`` (HandleReloadConfigRequest), ``metrics`` (the Prometheus path).
+and metadata, the console's pages), ``admin`` (HandleReloadConfigRequest, the console's
+actions), ``metrics`` (the Prometheus path).
 ``--auth_open_metrics`` and ``--auth_open_health`` let the metrics path and model status
 (the health check of load balancers) through without a token.
 
@@ -42,6 +43,7 @@ _RECHECK_S = 1.0
 # read; any other GET under /v1/models is a status call (health).
 _REST_PREDICT = re.compile(r"/v1/models/[^:]*:(predict|classify|regress)", re.I)
 _REST_METADATA = re.compile(r"/v1/models/.*/metadata", re.I)
+_REST_CONSOLE_ACTION = "/console/api/"  # POSTs under it change the server (reload): admin
 
 _GRPC_SCOPES = {
     "/tensorflow.serving.PredictionService/Predict": PREDICT,
@@ -141,6 +143,8 @@ class Authorizer:
             return OPEN if self.policy.open_metrics else METRICS
         if method == "POST" and _REST_PREDICT.fullmatch(path):
             return PREDICT
+        if method == "POST" and path.startswith(_REST_CONSOLE_ACTION):
+            return ADMIN
         if method == "GET" and path.lower().startswith("/v1/models/") and not _REST_METADATA.fullmatch(path):
             return OPEN if self.policy.open_health else READ
         return READ  # metadata, and anything unknown: no token, no 404 either
