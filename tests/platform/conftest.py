@@ -168,7 +168,7 @@ def platform(tmp_path_factory, tiny_models, gcs_emulator):
         p.cleanup()
 
 
-# A second platform: --auth-token, one artifact root with an empty and a corrupt model directory.
+# A second platform: --auth-token (with --auth-predict), one artifact root with an empty and a corrupt model directory.
 @pytest.fixture(scope="session")
 def guarded(tmp_path_factory, tiny_models):
     root = tmp_path_factory.mktemp("root")
@@ -177,7 +177,7 @@ def guarded(tmp_path_factory, tiny_models):
     (root / "corrupt" / "saved_model.pb").write_bytes(b"not a SavedModel")
     p = start_platform(tmp_path_factory, "guarded", _env(), ["--artifact-root", str(root),
                                                               "--artifact-root", tiny_models["models"]["tiny1"]["path"],
-                                                              "--auth-token", TOKEN])
+                                                              "--auth-token", TOKEN, "--auth-predict"])
     try:
         yield p, root
     finally:
