@@ -11,11 +11,11 @@ inside one of the roots (local paths compared after resolving symlinks, remote U
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
+from modelyard.platform import objstore
 from modelyard.platform.errors import ApiError, invalid
 
 _SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -50,21 +50,11 @@ def _check_roots(uri: str, roots: list[str], inside) -> None:
 
 
 def _download(uri: str, scheme: str, cache_dir: Path) -> Path:
-    if scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
-        # gcsfs's newer file system first asks the gRPC storage-control API for the bucket's layout,
-        # which an emulator does not serve (a minute of retries per bucket): use the plain JSON API one.
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    try:
-        import fsspec
-    except ImportError:
-        raise ApiError("FAILED_PRECONDITION", f"artifact_uri {uri!r}: {scheme}:// needs fsspec and "
-                       f"{'gcsfs' if scheme == 'gs' else 's3fs'}: pip install them beside modelyard") from None
     target = cache_dir / "artifacts" / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
     if target.is_dir():
         return target
-    options = {"token": "anon"} if scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST") else {}
     try:
-        fs = fsspec.filesystem(scheme, **options)
+        fs = objstore.filesystem(scheme)  # FAILED_PRECONDITION when fsspec/gcsfs/s3fs are missing
         src = uri.rstrip("/")
         if not fs.isdir(src):
             raise invalid(f"artifact_uri {uri!r}: no such directory in object storage")
