@@ -58,3 +58,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     else:
         line = f"conformance on TF Serving's own test models: not run ({configured_shared_path()} not found)"
     terminalreporter.write_sep("-", line)
+
+# The shared local two-node Ray cluster (a session fixture): see tests/ray_cluster.py.
+from tests.ray_cluster import ray_cluster  # noqa: E402,F401
