@@ -8,6 +8,7 @@ from pathlib import Path
 
 from modelyard.platform.autoscale import Autoscaler, Policy
 from modelyard.platform.gateway import Gateway
+from modelyard.platform.job_runner import JobRunner
 from modelyard.platform.metrics import Metrics
 from modelyard.platform.operations import Operations
 from modelyard.platform.replicas import LocalEngine
@@ -45,6 +46,9 @@ class Platform:
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None
+        # Jobs (batch prediction, custom, tuning) run as children of the leading platform only.
+        self.jobs = JobRunner(self.store, config.state_dir, lambda: self.supervisor.leader)
+        self._jobs_task: asyncio.Task | None = None
 
     def refresh(self) -> None:
         self.routing.load(self.store)
@@ -65,11 +69,14 @@ class Platform:
             log.info("another platform supervises this store's replicas; this one serves the API and routes "
                      "(%d endpoint(s)), and takes over if that one stops", len(self.routing.endpoints))
         self._loop_task = asyncio.get_running_loop().create_task(self.supervisor.run())
+        self._jobs_task = asyncio.get_running_loop().create_task(self.jobs.run())
 
     async def stop(self) -> None:
         """Stop the control plane; replicas keep running, to be adopted by the next start."""
         if self._loop_task is not None:
             self._loop_task.cancel()
+        if self._jobs_task is not None:  # job processes keep running, adopted by the next start
+            self._jobs_task.cancel()
         await self.gateway.close()
         await self.engine.close()
         self.store.close()

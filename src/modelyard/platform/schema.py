@@ -91,6 +91,28 @@ operations = Table(
 )
 
 
+# Schema v3: jobs (batch prediction, custom training, tuning), one table, ``kind`` = the REST collection.
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("kind", String(40), nullable=False),  # batchPredictionJobs | customJobs | hyperparameterTuningJobs
+    Column("parent", String(256), nullable=False, index=True),
+    Column("display_name", String(256), nullable=False),
+    Column("state", String(40), nullable=False, index=True),  # JobState name, e.g. JOB_STATE_RUNNING
+    Column("spec", JSON, nullable=False),  # the resource's input fields as submitted (camelCase)
+    Column("result", JSON, nullable=False, default=dict),  # outputInfo, completionStats, trials, ...
+    Column("error", JSON, nullable=True),  # google.rpc.Status when failed or cancelled
+    Column("labels", JSON, nullable=False, default=dict),
+    Column("work_dir", Text, nullable=False),
+    Column("pid", Integer, nullable=True),  # the supervised child process while it runs
+    Column("runs", Integer, nullable=False, default=0),  # child processes started (>1: resumed)
+    Column("created", Float, nullable=False),
+    Column("started", Float, nullable=True),
+    Column("ended", Float, nullable=True),
+    Column("updated", Float, nullable=False),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (models, model_versions, endpoints, deployed_models, replicas, operations):
         table.create(conn, checkfirst=True)
@@ -102,8 +124,12 @@ def _v2(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE deployed_models ADD COLUMN shadow_percent INTEGER NOT NULL DEFAULT 0"))
 
 
+def _v3(conn: Connection) -> None:
+    jobs.create(conn, checkfirst=True)
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
 LATEST = len(MIGRATIONS)
 
 

@@ -8,7 +8,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from modelyard.platform import endpoints, models, names
+from modelyard.platform import endpoints, jobs, models, names
 from modelyard.platform.app import Platform
 from modelyard.platform.errors import ApiError
 from modelyard.platform.gateway import PIN_HEADER
@@ -93,10 +93,24 @@ def build_app(p: Platform) -> web.Application:
     app.router.add_route("*", "/v1/{tail:.*}", handle)
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)
+    async def job_logs(request: web.Request) -> web.Response:
+        """modelyard's own view (Vertex keeps logs in Cloud Logging): a job's log, for `modelyard jobs logs`."""
+        try:
+            check_token(request)
+            return web.Response(text=jobs.logs(p, names.parse_resource(request.match_info["id"], "jobs")[0]),
+                                content_type="text/plain", charset="utf-8")
+        except ApiError as exc:
+            return _error(exc)
+
     app.router.add_get("/modelyard/v1/replicas", list_replicas)
+    app.router.add_get("/modelyard/v1/jobs/{id}/logs", job_logs)
     app.router.add_get("/metrics", lambda r: web.Response(text=p.metrics.render(p.routing),
                                                            content_type="text/plain", charset="utf-8"))
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
+    if p.config.console:  # the browser console at /console, before the catch-all
+        from modelyard.web.console.platform_app import register as register_console
+
+        register_console(app, p)
     app.router.add_route("*", "/{tail:.*}", not_found)
 
     async def on_startup(_app) -> None:
@@ -126,6 +140,8 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
             return models.get(p, route)
         elif verb is None and method == "DELETE":
             return models.delete(p, route)
+    elif coll in names.JOB_COLLECTIONS:
+        return await jobs.dispatch(p, route, method, lambda: _body(request), request.query)
     elif coll == "endpoints":
         if route.resource_id is None:
             if verb is None and method == "POST":

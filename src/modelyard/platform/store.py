@@ -242,3 +242,41 @@ class Store:
     def pending_operations(self) -> list[dict]:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(select(s.operations).where(s.operations.c.done == 0))]
+
+    # ---- jobs (batch prediction, custom, tuning) ----------------------------------------------
+    def add_job(self, job: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.jobs).values(**job))
+
+    def get_job(self, job_id: str, kind: str | None = None) -> dict:
+        with self.engine.connect() as c:
+            row = c.execute(select(s.jobs).where(s.jobs.c.id == job_id)).first()
+        if row is None or (kind is not None and row.kind != kind):
+            raise not_found("Job", job_id)
+        return _row(row)
+
+    def list_jobs(self, parent: str | None = None, kind: str | None = None,
+                  states: tuple[str, ...] | None = None) -> list[dict]:
+        q = select(s.jobs).order_by(s.jobs.c.created)
+        if parent is not None:
+            q = q.where(s.jobs.c.parent == parent)
+        if kind is not None:
+            q = q.where(s.jobs.c.kind == kind)
+        if states is not None:
+            q = q.where(s.jobs.c.state.in_(states))
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def update_job(self, job_id: str, from_states: tuple[str, ...] | None = None, **values) -> bool:
+        """Change a job; with ``from_states``, only if it is in one of them (a compare-and-set, so the
+        runner and a cancel request never overwrite each other). True if the row changed."""
+        q = update(s.jobs).where(s.jobs.c.id == job_id)
+        if from_states is not None:
+            q = q.where(s.jobs.c.state.in_(from_states))
+        with self.engine.begin() as c:
+            return c.execute(q.values(**values, updated=time.time())).rowcount > 0
+
+    def delete_job(self, job_id: str, from_states: tuple[str, ...]) -> bool:
+        with self.engine.begin() as c:
+            return c.execute(delete(s.jobs).where(s.jobs.c.id == job_id)
+                             .where(s.jobs.c.state.in_(from_states))).rowcount > 0
