@@ -4,6 +4,7 @@ traffic splits) with a gateway in front of local ``modelyard serve`` replica pro
 The stock ``google-cloud-aiplatform`` SDK drives it over REST unchanged. Serving is reached only
 through processes and HTTP: nothing here imports ``modelyard.serving``.
 
-May import: ``modelyard.model`` (artifact checks), ``modelyard.errors``; ``serving`` only as
-``modelyard serve`` processes over HTTP.
+May import: ``modelyard.model`` (artifact checks), ``modelyard.errors``, ``modelyard.web.console``
+(the /console routes, which duck-type the platform); ``serving`` only as ``modelyard serve``
+processes over HTTP.
 """

@@ -28,6 +28,7 @@ class Config:
     artifact_roots: list[str] = field(default_factory=list)  # local dirs (resolved) or gs:// s3:// prefixes
     auth_token: str | None = None
     auth_predict: bool = False
+    console: bool = True  # the browser console at /console (modelyard.web.console.platform_app)
     max_replicas: int = 8
     replica_args: list[str] = field(default_factory=list)
     autoscale: Policy = field(default_factory=Policy)

@@ -33,6 +33,8 @@ def register(subparsers) -> None:
                         help="require 'Authorization: Bearer TOKEN' on the control API "
                         "(default: $MODELYARD_PLATFORM_TOKEN; unset: no token)")
     parser.add_argument("--auth-predict", action="store_true", help="require the token on predict routes too")
+    parser.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve the console at /console (default on; actions need --auth-token)")
     parser.add_argument("--tls-cert", default=None, metavar="PEM",
                         help="serve the API and gateway over HTTPS with this certificate (chain) file")
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
                     artifact_roots=[r if "://" in r else str(Path(r).expanduser().resolve()) for r in args.artifact_root],
-                    auth_token=args.auth_token or None, auth_predict=args.auth_predict,
+                    auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
                     max_replicas=args.max_replicas, replica_args=args.replica_arg,
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
                                      args.autoscale_cooldown_seconds))

@@ -107,6 +107,10 @@ def build_app(p: Platform) -> web.Application:
     app.router.add_get("/metrics", lambda r: web.Response(text=p.metrics.render(p.routing),
                                                            content_type="text/plain", charset="utf-8"))
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
+    if p.config.console:  # the browser console at /console, before the catch-all
+        from modelyard.web.console.platform_app import register as register_console
+
+        register_console(app, p)
     app.router.add_route("*", "/{tail:.*}", not_found)
 
     async def on_startup(_app) -> None:

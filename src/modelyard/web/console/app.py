@@ -17,7 +17,8 @@ from modelyard.web.console import page, state
 
 PREFIX = "/console"
 _JSON = [(b"content-type", b"application/json")]
-_ASSETS = {"console.js": b"text/javascript; charset=utf-8", "console.css": b"text/css; charset=utf-8"}
+_ASSETS = {"console.js": b"text/javascript; charset=utf-8", "chart.js": b"text/javascript; charset=utf-8",
+           "console.css": b"text/css; charset=utf-8"}
 _NO_STORE = (b"cache-control", b"no-store")
 
 

@@ -59,6 +59,7 @@ def render(state: dict, can_act: bool) -> str:
 <title>modelyard console</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/console/console.css">
+<script src="/console/chart.js" defer></script>
 <script src="/console/console.js" defer></script>
 </head><body>
 <header><h1>modelyard console</h1><p id="updated">server-rendered; live updates start…</p>{actions}</header>

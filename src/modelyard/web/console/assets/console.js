@@ -1,18 +1,12 @@
 // Keeps the server-rendered console live: polls /console/api/state, rewrites each model's
 // table with textContent (names are never parsed as HTML), turns counter deltas into a
-// request rate and mean latency, and draws the last minutes of both on a canvas.
+// request rate and mean latency, and draws the last minutes of both on a canvas (``el`` and
+// ``drawChart`` come from chart.js, shared with the platform's console).
 'use strict';
 const POLL_MS = 1000;
 const HISTORY = 60;  // one minute at one poll a second
 const previous = {};  // model -> {time, total, sum, count}
 const history = {};   // model -> [{rate, latency}]
-
-function el(tag, attrs, text) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 function section(model) {
   for (const s of document.querySelectorAll('section.model')) if (s.dataset.model === model.name) return s;
@@ -43,38 +37,6 @@ function renderVersions(s, model) {
   s.querySelector('tbody').replaceChildren(...rows);
 }
 
-function drawChart(canvas, points) {
-  // Drawn at the canvas's displayed size times the pixel ratio: crisp on phones, never stretched.
-  const ratio = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth || 600, height = canvas.clientHeight || 120;
-  if (canvas.width !== Math.round(width * ratio)) {
-    canvas.width = Math.round(width * ratio);
-    canvas.height = Math.round(height * ratio);
-  }
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  ctx.fillStyle = '#f6f7fa';
-  ctx.fillRect(0, 0, width, height);
-  const series = [['rate', '#3b6fd8', 'req/s'], ['latency', '#e08a2c', 'ms']];
-  series.forEach(([key, color, unit], i) => {
-    const values = points.map((p) => p[key]);
-    const top = Math.max(1e-9, ...values);
-    ctx.strokeStyle = color;
-    ctx.lineWidth = 2;
-    ctx.beginPath();
-    values.forEach((v, k) => {
-      const x = width - (values.length - 1 - k) * (width / (HISTORY - 1));
-      const y = height - 6 - (v / top) * (height - 24);
-      if (k === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
-    });
-    ctx.stroke();
-    ctx.fillStyle = color;
-    ctx.font = '12px system-ui, sans-serif';
-    ctx.fillText(`${key} max ${top.toFixed(key === 'rate' ? 1 : 2)} ${unit}`, 8 + i * 170, 14);
-  });
-}
-
 function renderModel(model) {
   const s = section(model);
   renderVersions(s, model);
@@ -96,7 +58,7 @@ function renderModel(model) {
   s.querySelector('.errors').textContent = String(total - ok);
   const q = model.queue;
   s.querySelector('.queue').textContent = q ? `${q.batches} batches, ${q.rows} rows` : 'no batching';
-  drawChart(s.querySelector('canvas'), points);
+  drawChart(s.querySelector('canvas'), points, HISTORY);
 }
 
 async function poll() {

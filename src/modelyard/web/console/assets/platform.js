@@ -1,0 +1,146 @@
+// Keeps the platform console live: fetches the server-rendered fragment (/console/api/live) every
+// second and swaps it in (the server escapes every name: nothing here builds HTML from data),
+// keeps a split the user is editing, turns each deployed model's counters into a request rate
+// and mean latency, and draws them. Actions call the platform's Vertex AI REST API with the
+// token typed in the page: the API checks it.
+'use strict';
+const POLL_MS = 1000;
+const SLOTS = 60;  // one minute of history at one poll a second
+const previous = {};  // deployed model id -> {time, total, lsum, lcount}
+const history = {};   // endpoint id -> [{rate, latency}]
+const messages = {};  // form key or 'jobs' -> text shown after an action, kept across refreshes
+
+function token() {
+  const input = document.getElementById('token');
+  return input ? input.value : '';
+}
+
+async function callApi(method, path, body) {
+  const headers = {'Content-Type': 'application/json'};
+  if (token()) headers.Authorization = `Bearer ${token()}`;
+  const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  let answer = {};
+  try { answer = await response.json(); } catch (e) { /* an empty body */ }
+  if (!response.ok) throw new Error((answer.error && answer.error.message) || `HTTP ${response.status}`);
+  return answer;
+}
+
+function updateRates(now) {
+  // Per endpoint: requests per second and mean latency over the last poll, summed over its models.
+  for (const section of document.querySelectorAll('section.endpoint')) {
+    let rate = 0, lsum = 0, lcount = 0, sampled = false;
+    for (const row of section.querySelectorAll('tr.dm')) {
+      const c = {time: now, total: Number(row.dataset.total), lsum: Number(row.dataset.lsum), lcount: Number(row.dataset.lcount)};
+      const before = previous[row.dataset.dm];
+      previous[row.dataset.dm] = c;
+      if (!before) continue;
+      sampled = true;
+      const dt = Math.max(1e-3, c.time - before.time), dc = c.lcount - before.lcount;
+      const r = (c.total - before.total) / dt;
+      rate += r;
+      lsum += c.lsum - before.lsum;
+      lcount += dc;
+      row.querySelector('.rate').textContent = `${r.toFixed(1)} req/s`;
+      row.querySelector('.latency').textContent = dc > 0 ? `${((c.lsum - before.lsum) / dc * 1000).toFixed(2)} ms` : '–';
+    }
+    const id = section.dataset.endpoint;
+    const points = history[id] = history[id] || [];
+    if (sampled) {
+      points.push({rate, latency: lcount > 0 ? lsum / lcount * 1000 : 0});
+      if (points.length > SLOTS) points.shift();
+    }
+    const canvas = section.querySelector('canvas.chart');
+    if (canvas) drawChart(canvas, points, SLOTS);
+  }
+}
+
+function drawCurves() {
+  for (const canvas of document.querySelectorAll('canvas.curve')) {
+    const {values, best} = JSON.parse(canvas.dataset.curve);
+    const top = Math.max(1e-9, ...values.map(Math.abs), ...best.map(Math.abs));
+    drawSeries(canvas, [
+      {values, color: '#9aa3b5', scale: top, label: `${canvas.dataset.metric} per trial`},
+      {values: best, color: '#1f9d55', scale: top, label: `best ${best[best.length - 1].toPrecision(4)}`},
+    ]);
+  }
+}
+
+function swapIn(html) {
+  const fresh = new DOMParser().parseFromString(`<main>${html}</main>`, 'text/html').querySelector('main');
+  const live = document.getElementById('live');
+  // A split being edited stays as typed until it is sent (the key changes if deployed models change).
+  const editing = new Map();
+  for (const form of live.querySelectorAll('form.split')) if (form.dataset.dirty) editing.set(form.dataset.key, form);
+  for (const form of fresh.querySelectorAll('form.split')) {
+    const kept = editing.get(form.dataset.key);
+    if (kept) form.replaceWith(kept);
+  }
+  live.replaceChildren(...fresh.childNodes);
+  for (const form of live.querySelectorAll('form.split')) {
+    if (messages[form.dataset.key]) form.querySelector('.result').textContent = messages[form.dataset.key];
+  }
+  const jobsResult = live.querySelector('#jobs .result');
+  if (jobsResult && messages.jobs) jobsResult.textContent = messages.jobs;
+}
+
+async function refresh() {
+  try {
+    const response = await fetch('/console/api/live', {cache: 'no-store'});
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    swapIn(await response.text());
+    document.getElementById('updated').textContent = `live: updated ${new Date().toLocaleTimeString()}`;
+  } catch (error) {
+    document.getElementById('updated').textContent = `update failed: ${error.message}`;
+  }
+  updateRates(window.performance.now() / 1000);
+  drawCurves();
+  document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
+  setTimeout(refresh, POLL_MS);
+}
+
+async function updateSplit(form) {
+  const split = {};
+  for (const input of form.querySelectorAll('input[type=number]')) split[input.name] = Number(input.value);
+  const result = form.querySelector('.result');
+  result.textContent = 'updating…';
+  try {
+    const endpoint = await callApi('PATCH', `/v1/${form.dataset.endpointName}?updateMask=trafficSplit`, {trafficSplit: split});
+    messages[form.dataset.key] = `updated: ${Object.entries(endpoint.trafficSplit || {}).map(([k, v]) => `${k} ${v}%`).join(', ')}`;
+    delete form.dataset.dirty;  // the next refresh shows the split the server now has
+  } catch (error) {
+    messages[form.dataset.key] = `refused: ${error.message}`;
+  }
+  result.textContent = messages[form.dataset.key];
+}
+
+async function cancelJob(button) {
+  try {
+    await callApi('POST', `/v1/${button.dataset.job}:cancel`, {});
+    messages.jobs = `cancel requested: ${button.dataset.job}`;
+  } catch (error) {
+    messages.jobs = `refused: ${error.message}`;
+  }
+  const result = document.querySelector('#jobs .result');
+  if (result) result.textContent = messages.jobs;
+}
+
+function wireActions() {
+  // Delegated from <main>: its content is replaced every second.
+  const live = document.getElementById('live');
+  live.addEventListener('input', (event) => {
+    const form = event.target.closest('form.split');
+    if (form) form.dataset.dirty = '1';
+  });
+  live.addEventListener('submit', (event) => {
+    const form = event.target.closest('form.split');
+    if (!form) return;
+    event.preventDefault();
+    updateSplit(form);
+  });
+  live.addEventListener('click', (event) => {
+    const button = event.target.closest('button.cancel');
+    if (button) cancelJob(button);
+  });
+}
+
+document.addEventListener('DOMContentLoaded', () => { wireActions(); refresh(); });

@@ -1,0 +1,75 @@
+"""The console's routes on ``modelyard platform`` (aiohttp): the page, the live fragment, the JSON
+state, and the assets. Registered by the platform's ``build_app`` unless ``--no-console``.
+
+The console reads; it changes nothing itself. Its actions (a new traffic split, cancelling a
+job) are the page calling the platform's own Vertex AI REST API (``PATCH endpoints/{id}``,
+``POST {job}:cancel``) with the token the user types, so they run the API's code and its token
+check, and are offered only when the platform has an ``--auth-token``.
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+import orjson
+from aiohttp import web
+
+from modelyard.web.console import platform_jobs, platform_page, platform_state
+
+PREFIX = "/console"
+_ASSETS = {"console.css": "text/css", "platform.css": "text/css", "chart.js": "text/javascript",
+           "platform.js": "text/javascript"}
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+class PlatformConsole:
+    """``platform`` is the running Platform (duck-typed: store, routing, metrics, config)."""
+
+    def __init__(self, platform) -> None:
+        self.p = platform
+        folder = resources.files("modelyard.web.console") / "assets"
+        self.assets = {name: (folder / name).read_bytes() for name in _ASSETS}
+        self._session = None  # aiohttp client for the jobs' REST lists, opened on first use
+
+    async def state(self, request: web.Request) -> dict:
+        """The state with the jobs the platform's REST API lists (through its private local port)."""
+        if self._session is None:
+            self._session = platform_jobs.new_session()
+        host, port = request.transport.get_extra_info("sockname")[:2]
+        parents = platform_state.parents(self.p.store)
+        jobs = await platform_jobs.fetch(self._session, f"http://{host}:{port}", parents, self.p.config.auth_token)
+        return platform_state.collect(self.p, jobs)
+
+    async def page(self, request: web.Request) -> web.Response:
+        html = platform_page.render(await self.state(request))
+        return web.Response(text=html, content_type="text/html", charset="utf-8", headers=_NO_STORE)
+
+    async def live(self, request: web.Request) -> web.Response:
+        html = platform_page.render_live(await self.state(request))
+        return web.Response(text=html, content_type="text/html", charset="utf-8", headers=_NO_STORE)
+
+    async def state_json(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(await self.state(request)), content_type="application/json",
+                            headers=_NO_STORE)
+
+    async def asset(self, request: web.Request) -> web.Response:
+        name = request.match_info["asset"]
+        if name not in self.assets:
+            body = {"error": {"code": 404, "message": f"No console file {name!r}.", "status": "NOT_FOUND"}}
+            return web.Response(body=orjson.dumps(body), status=404, content_type="application/json")
+        return web.Response(body=self.assets[name], content_type=_ASSETS[name], charset="utf-8")
+
+    async def close(self, _app=None) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def register(app: web.Application, platform) -> PlatformConsole:
+    """Add the console's GET routes to the platform's API app (before its catch-all route)."""
+    console = PlatformConsole(platform)
+    app.router.add_get(PREFIX, console.page)
+    app.router.add_get(PREFIX + "/", console.page)
+    app.router.add_get(PREFIX + "/api/state", console.state_json)
+    app.router.add_get(PREFIX + "/api/live", console.live)
+    app.router.add_get(PREFIX + "/{asset}", console.asset)
+    app.on_cleanup.append(console.close)
+    return console

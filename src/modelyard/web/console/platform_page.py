@@ -1,0 +1,170 @@
+"""The platform console's HTML, rendered on the server from ``platform_state.collect``.
+
+The page is rendered here only: the script (``assets/platform.js``) fetches the ``live`` fragment
+again every second and swaps it in, so escaping happens in one place. Every name, label, URI and
+message goes through ``html.escape``, in text and in attributes alike: a model displayed as
+``<script>`` is text. Counters are written as ``data-*`` attributes, from which the script
+computes rates and latencies and draws the charts.
+"""
+from __future__ import annotations
+
+import json
+from html import escape
+
+
+def _e(value) -> str:
+    return escape(str(value), quote=True)
+
+
+def _td(value, cls: str = "") -> str:
+    attr = f' class="{_e(cls)}"' if cls else ""
+    return f"<td{attr}>{_e(value)}</td>"
+
+
+def _replica_summary(replicas: list[dict]) -> str:
+    serving = sum(1 for r in replicas if r["state"] == "SERVING")
+    return f"{serving}/{len(replicas)} serving" if replicas else "none"
+
+
+def _shadow(dm: dict) -> str:
+    s = dm["shadow"]
+    if not dm["shadowTrafficPercentage"]:
+        return "–"
+    if s is None:
+        return f'shadow {dm["shadowTrafficPercentage"]}%, nothing mirrored yet'
+    ratio = "–" if s["agreementRatio"] is None else f'{100 * s["agreementRatio"]:.1f}%'
+    return (f'shadow {dm["shadowTrafficPercentage"]}%: {s["agreed"]}/{s["mirrored"] - s["failed"]} agree ({ratio}), '
+            f'{s["failed"]} failed, max |diff| {s["maxAbsDiff"]:.3g}')
+
+
+def _dm_row(ep: dict, dm: dict) -> str:
+    share = ep["trafficSplit"].get(dm["id"], 0)
+    counts = (f'data-dm="{_e(dm["id"])}" data-total="{dm["requests"]["total"]}" data-ok="{dm["requests"]["ok"]}" '
+              f'data-lsum="{dm["latencySeconds"]["sum"]:.6f}" data-lcount="{dm["latencySeconds"]["count"]}"')
+    return (f'<tr class="dm" {counts}>'
+            f'<td><b>{_e(dm["displayName"])}</b><br><small>{_e(dm["id"])}</small></td>'
+            f'<td>{_e(dm["modelDisplayName"])}<br><small>{_e(dm["model"].rsplit("/", 1)[-1])}'
+            f'@{_e(dm["modelVersionId"])}</small></td>'
+            + _td(f"{share}%", "share") + _td(_replica_summary(dm["replicas"]), "replica-count")
+            + _td(dm["requests"]["total"], "requests") + _td(dm["requests"]["total"] - dm["requests"]["ok"], "errors")
+            + _td("–", "rate") + _td("–", "latency") + _td(_shadow(dm), "shadow") + "</tr>")
+
+
+def _replica_rows(ep: dict) -> str:
+    rows = []
+    for dm in ep["deployedModels"]:
+        for r in dm["replicas"]:
+            rows.append(f'<tr class="replica" data-replica="{_e(r["id"])}">' + _td(r["id"], "id")
+                        + _td(dm["displayName"]) + f'<td class="state {_e(r["state"].lower())}">{_e(r["state"])}</td>'
+                        + _td(r["inFlight"], "in-flight") + _td(r["served"], "served") + "</tr>")
+    return "".join(rows) or '<tr><td colspan="5">no replicas</td></tr>'
+
+
+def _split_form(ep: dict) -> str:
+    """Inputs for a new split; the script sends it as ``PATCH endpoints/{id}?updateMask=trafficSplit``."""
+    dms = [dm for dm in ep["deployedModels"] if not dm["shadowTrafficPercentage"]]
+    if not dms:
+        return ""
+    key = ep["id"] + ":" + ",".join(sorted(dm["id"] for dm in dms))
+    inputs = "".join(
+        f'<label>{_e(dm["displayName"])} <small>{_e(dm["id"])}</small> '
+        f'<input type="number" min="0" max="100" step="1" name="{_e(dm["id"])}" '
+        f'value="{ep["trafficSplit"].get(dm["id"], 0)}">%</label>' for dm in dms)
+    return (f'<form class="split" data-key="{_e(key)}" data-endpoint-name="{_e(ep["name"])}">{inputs}'
+            '<button type="submit">Update traffic</button> <span class="result" role="status"></span></form>')
+
+
+def _endpoint(ep: dict, can_act: bool) -> str:
+    dms = "".join(_dm_row(ep, dm) for dm in ep["deployedModels"]) or '<tr><td colspan="9">nothing deployed</td></tr>'
+    split = ", ".join(f"{k}: {v}%" for k, v in sorted(ep["trafficSplit"].items())) or "empty"
+    return f"""
+<section class="card endpoint" data-endpoint="{_e(ep["id"])}">
+  <h3>{_e(ep["displayName"])}</h3>
+  <p class="path">{_e(ep["name"])}</p>
+  <p class="split-now">traffic split: <span class="split-text">{_e(split)}</span></p>
+  <div class="scroll"><table class="deployed"><thead><tr><th>deployed model</th><th>model@version</th><th>traffic</th>
+  <th>replicas</th><th>requests</th><th>errors</th><th>rate</th><th>latency</th><th>shadow</th></tr></thead>
+  <tbody>{dms}</tbody></table></div>
+  <canvas class="chart" data-chart="{_e(ep["id"])}" width="600" height="120"
+    aria-label="request rate and latency of endpoint {_e(ep["displayName"])}"></canvas>
+  <details class="replicas-box" open><summary>replicas</summary><div class="scroll"><table class="replicas">
+  <thead><tr><th>replica</th><th>deployed model</th><th>state</th><th>in flight</th><th>served</th></tr></thead>
+  <tbody>{_replica_rows(ep)}</tbody></table></div></details>
+  {_split_form(ep) if can_act else ""}
+</section>"""
+
+
+def _models(models: list[dict]) -> str:
+    rows = []
+    for m in models:
+        for v in m["versions"]:
+            rows.append(f'<tr class="version" data-model="{_e(m["id"])}" data-version="{_e(v["versionId"])}">'
+                        f'<td><b class="model-name">{_e(m["displayName"])}</b><br><small>{_e(m["id"])}</small></td>'
+                        + _td(v["versionId"]) + _td(", ".join(v["aliases"]) or "–")
+                        + _td(v["artifactUri"], "uri") + "</tr>")
+    if not rows:
+        return "<p>No models uploaded.</p>"
+    return ('<div class="scroll"><table class="models"><thead><tr><th>model</th><th>version</th><th>aliases</th>'
+            f'<th>artifact URI</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _job(job: dict, can_act: bool) -> str:
+    progress = job["progress"]
+    bar = ""
+    if progress["total"]:
+        bar = f'<progress max="{progress["total"]}" value="{progress["done"] or 0}"></progress> '
+    curve = ""
+    if job["curve"] and job["curve"]["values"]:
+        data = json.dumps({"values": job["curve"]["values"], "best": job["curve"]["best"]})
+        curve = (f'<canvas class="curve" data-curve="{_e(data)}" data-metric="{_e(job["curve"]["metric"])}" '
+                 f'width="300" height="80" aria-label="{_e(job["curve"]["metric"])} per trial"></canvas>')
+    cancel = (f'<button type="button" class="cancel" data-job="{_e(job["name"])}">Cancel</button>'
+              if can_act and job["cancellable"] else "")
+    error = f'<br><small class="error">{_e(job["error"])}</small>' if job["error"] else ""
+    return (f'<tr class="job" data-job="{_e(job["name"])}">' + _td(job["kindLabel"])
+            + f'<td><b>{_e(job["displayName"])}</b><br><small>{_e(job["name"].rsplit("/", 1)[-1])}</small></td>'
+            + f'<td class="state {_e(job["state"].removeprefix("JOB_STATE_").lower())}">'
+            + f'{_e(job["state"].removeprefix("JOB_STATE_"))}{error}</td>'
+            + f'<td>{bar}<span class="progress-text">{_e(progress["text"])}</span>{curve}</td><td>{cancel}</td></tr>')
+
+
+def _jobs(jobs: list[dict], can_act: bool) -> str:
+    if not jobs:
+        return ""  # no job API on this platform, or no jobs: the section is left out
+    rows = "".join(_job(j, can_act) for j in jobs)
+    return (f'<section class="card" id="jobs"><h2>Jobs</h2><div class="scroll"><table class="jobs"><thead><tr>'
+            f'<th>kind</th><th>job</th><th>state</th><th>progress</th><th></th></tr></thead><tbody>{rows}</tbody>'
+            '</table></div><span class="result" role="status"></span></section>')
+
+
+def render_live(state: dict) -> str:
+    """The part of the page the script refreshes: endpoints, models, jobs."""
+    can_act = state["canAct"]
+    endpoints = "".join(_endpoint(ep, can_act) for ep in state["endpoints"]) or "<p>No endpoints.</p>"
+    return (f'<section id="endpoints"><h2>Endpoints</h2>{endpoints}</section>'
+            f'<section class="card" id="models"><h2>Models</h2>{_models(state["models"])}</section>'
+            + _jobs(state["jobs"], can_act))
+
+
+def render(state: dict) -> str:
+    if state["canAct"]:
+        actions = ('<form id="actions" autocomplete="off" onsubmit="return false">'
+                   '<input id="token" type="password" placeholder="auth token" '
+                   'aria-label="auth token"> <span class="hint">needed to change traffic or cancel jobs</span></form>')
+    else:
+        actions = ('<p class="readonly">Read-only: start <code>modelyard platform --auth-token ...</code> '
+                   "to change traffic and cancel jobs here.</p>")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>modelyard platform console</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/console/console.css">
+<link rel="stylesheet" href="/console/platform.css">
+<script src="/console/chart.js" defer></script>
+<script src="/console/platform.js" defer></script>
+</head><body data-can-act="{int(state["canAct"])}">
+<header><h1>modelyard platform console</h1><p id="updated">server-rendered; live updates start…</p>{actions}</header>
+<main id="live">{render_live(state)}</main>
+</body></html>
+"""
