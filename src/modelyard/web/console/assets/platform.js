@@ -102,7 +102,7 @@ async function updateSplit(form) {
   const split = {};
   for (const input of form.querySelectorAll('input[type=number]')) split[input.name] = Number(input.value);
   const result = form.querySelector('.result');
-  result.textContent = 'updating…';
+  result.textContent = messages[form.dataset.key] = 'updating…';
   try {
     const endpoint = await callApi('PATCH', `/v1/${form.dataset.endpointName}?updateMask=trafficSplit`, {trafficSplit: split});
     messages[form.dataset.key] = `updated: ${Object.entries(endpoint.trafficSplit || {}).map(([k, v]) => `${k} ${v}%`).join(', ')}`;

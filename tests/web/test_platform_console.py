@@ -1,0 +1,198 @@
+"""The console on a real ``modelyard platform`` (with ``--auth-token``), in headless Chromium: it
+lists what the REST API says, counts what ``/metrics`` counts, escapes names, and changes a
+traffic split only with the token. One platform, one endpoint, two deployed models (a split
+needs two) of one tiny model, one replica each.
+
+Screenshots (desktop and phone) go to the session's tmp dir ``.../screenshots/platform-console-*.png``,
+or to ``$MODELYARD_SCREENSHOTS``.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+
+from tests.platform.client import Api
+from tests.platform.conftest import PARENT, TOKEN, _env, start_platform, tiny_models  # noqa: F401 (a fixture)
+from tests.web.conftest import DESKTOP, PHONE, poll, shoot
+
+EVIL = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def yard(tmp_path_factory, tiny_models):  # noqa: F811 (the imported fixture)
+    """A guarded platform with one endpoint: deployed model ``a`` takes 100% of the traffic, ``b`` 0%."""
+    p = start_platform(tmp_path_factory, "console-platform", _env(),
+                       ["--artifact-root", tiny_models["root"], "--auth-token", TOKEN])
+    try:
+        api = Api(p.url, TOKEN)
+        model = api.upload(tiny_models["models"]["tiny1"]["path"], EVIL)
+        endpoint = api.create_endpoint("console <b>endpoint</b>")
+        a = api.deploy(endpoint, model)
+        b = api.deploy(endpoint, model, split={a: 100, "0": 0})
+        yield {"p": p, "api": api, "model": model, "endpoint": endpoint, "a": a, "b": b,
+               "instances": tiny_models["instances"]}
+    finally:
+        p.cleanup()
+
+
+def _open(browser, url: str, **options):
+    context = browser.new_context(**options)
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(url + "/console")
+    page.wait_for_function("Number(document.body.dataset.polls || 0) >= 1", timeout=15000)
+    return page, dialogs
+
+
+def _polls(page) -> int:
+    return int(page.evaluate("Number(document.body.dataset.polls || 0)"))
+
+
+def _after_next_poll(page) -> None:
+    n = _polls(page)
+    page.wait_for_function(f"Number(document.body.dataset.polls || 0) >= {n + 1}", timeout=15000)
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.fullmatch(re.escape(name) + r"\{(.*)\} (\S+)", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
+    api, endpoint = yard["api"], yard["endpoint"]
+    rest = api.ok("GET", f"endpoints/{endpoint}")
+    replicas = {r["id"]: r for r in api.replicas() if r["endpointId"] == endpoint}
+    model = api.ok("GET", f"models/{yard['model']}")
+    assert rest["trafficSplit"] == {yard["a"]: 100} and len(replicas) == 2
+
+    page, dialogs = _open(browser, yard["p"].url, viewport=DESKTOP)
+    section = page.locator(f"section.endpoint[data-endpoint='{endpoint}']")
+    assert section.locator("h3").text_content() == "console <b>endpoint</b>"
+    assert section.locator(".path").text_content() == rest["name"]
+    shown = {row.get_attribute("data-dm"): row.locator(".share").text_content()
+             for row in section.locator("tr.dm").all()}
+    assert shown == {dm["id"]: f'{rest["trafficSplit"].get(dm["id"], 0)}%' for dm in rest["deployedModels"]}
+    rows = {row.get_attribute("data-replica"): [row.locator(c).text_content() for c in (".state", ".in-flight", ".served")]
+            for row in section.locator("tr.replica").all()}
+    assert rows == {rid: [r["state"], str(r["inFlight"]), str(r["served"])] for rid, r in replicas.items()}
+    version = page.locator(f"tr.version[data-model='{yard['model']}']")
+    assert version.locator(".uri").text_content() == model["artifactUri"]
+    assert version.locator(".model-name").text_content() == EVIL  # the name is text, not a script
+
+    # the same numbers in the JSON state, which the page is rendered from
+    state = requests.get(yard["p"].url + "/console/api/state", timeout=10).json()
+    ep = next(e for e in state["endpoints"] if e["id"] == endpoint)
+    assert ep["trafficSplit"] == rest["trafficSplit"]
+    assert {r["id"] for dm in ep["deployedModels"] for r in dm["replicas"]} == set(replicas)
+
+    # escaping: the server sends the name escaped, the browser made no element of it and ran nothing
+    html = requests.get(yard["p"].url + "/console", timeout=10).text
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert page.locator("#live script").count() == 0 and section.locator("h3 b").count() == 0
+    _after_next_poll(page)  # after a refresh swapped the fragment in, too
+    assert page.locator("#live script").count() == 0 and dialogs == []
+    print("screenshot:", shoot(page, tmp_path_factory, "platform-console-desktop"))
+    page.context.close()
+
+    phone, dialogs = _open(browser, yard["p"].url, **PHONE)
+    _after_next_poll(phone)
+    assert phone.locator(f"section.endpoint[data-endpoint='{endpoint}'] tr.dm").count() == 2
+    # nothing wider than the phone's screen except inside the scrolling table boxes
+    assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE["viewport"]["width"]
+    print("screenshot:", shoot(phone, tmp_path_factory, "platform-console-phone"))
+    assert dialogs == []
+    phone.context.close()
+
+
+def test_request_counts_match_metrics(yard, browser):
+    api, endpoint, a = yard["api"], yard["endpoint"], yard["a"]
+    page, _ = _open(browser, yard["p"].url, viewport=DESKTOP)
+    sent = 6
+    for _ in range(sent):
+        assert api.predict(endpoint, yard["instances"]).status_code == 200
+    assert api.predict(endpoint, [[1.0, 2.0]]).status_code == 400  # wrong shape: the replica refuses it
+    metrics = requests.get(yard["p"].url + "/metrics", timeout=10).text
+    total = _metric(metrics, "modelyard_endpoint_requests_total", endpoint=endpoint, deployed_model=a)
+    ok = _metric(metrics, "modelyard_endpoint_requests_total", endpoint=endpoint, deployed_model=a, code="200")
+    count = _metric(metrics, "modelyard_endpoint_request_seconds_count", endpoint=endpoint, deployed_model=a)
+    assert total >= sent + 1 and total - ok >= 1
+
+    row = page.locator(f"tr.dm[data-dm='{a}']")
+    poll(lambda: row.locator(".requests").text_content() == str(int(total)), 15, "the console's request count")
+    assert row.locator(".errors").text_content() == str(int(total - ok))
+    assert float(row.get_attribute("data-lcount")) == count
+    assert page.locator(f"tr.dm[data-dm='{yard['b']}'] .requests").text_content() == str(
+        int(_metric(metrics, "modelyard_endpoint_requests_total", endpoint=endpoint, deployed_model=yard["b"])))
+    # the rate cell is computed from two samples, the chart drawn: both present after a further poll
+    _after_next_poll(page)
+    assert re.fullmatch(r"\d+\.\d req/s", row.locator(".rate").text_content())
+    served = {r["id"]: r["served"] for r in api.replicas() if r["deployedModelId"] == a}
+    page_served = {r.get_attribute("data-replica"): int(r.locator(".served").text_content())
+                   for r in page.locator("tr.replica").all() if r.get_attribute("data-replica") in served}
+    assert page_served == served
+    page.context.close()
+
+
+def test_update_traffic_needs_the_token(yard, browser):
+    api, endpoint, a, b = yard["api"], yard["endpoint"], yard["a"], yard["b"]
+    page, _ = _open(browser, yard["p"].url, viewport=DESKTOP)
+    form = page.locator(f"section.endpoint[data-endpoint='{endpoint}'] form.split")
+    result = form.locator(".result")
+    before = api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"]
+    assert before == {a: 100}
+
+    for given, why in (("", "missing required authentication credential"),
+                       ("wrong-token", "invalid authentication credentials")):
+        page.fill("#token", given)
+        form.locator(f"input[name='{a}']").fill("30")
+        form.locator(f"input[name='{b}']").fill("70")
+        _after_next_poll(page)  # the typed split survives a refresh of the page's content
+        assert form.locator(f"input[name='{b}']").input_value() == "70"
+        form.locator("button[type=submit]").click()
+        poll(lambda: result.text_content().startswith("refused"), 15, "the refusal")
+        assert why in result.text_content()
+        assert api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"] == before  # unchanged
+
+    # a split that does not sum to 100: the API's own validation answers, the split stays
+    page.fill("#token", TOKEN)
+    form.locator(f"input[name='{b}']").fill("60")
+    form.locator("button[type=submit]").click()
+    poll(lambda: "must sum to 100" in result.text_content(), 15, "the API's validation message")
+    assert api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"] == before
+
+    form.locator(f"input[name='{b}']").fill("70")
+    form.locator("button[type=submit]").click()
+    poll(lambda: result.text_content().startswith("updated"), 15, "the update")
+    assert api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"] == {a: 30, b: 70}
+    poll(lambda: page.locator(f"tr.dm[data-dm='{b}'] .share").text_content() == "70%", 15, "the new split shown")
+    api.set_split(endpoint, {a: 100})  # as the other tests found it
+    page.context.close()
+
+
+def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, browser):
+    p = start_platform(tmp_path_factory, "console-open", _env(), [])
+    try:
+        api = Api(p.url)
+        endpoint = api.create_endpoint("open")
+        page, _ = _open(browser, p.url, viewport=DESKTOP)
+        assert page.locator(f"section.endpoint[data-endpoint='{endpoint}']").count() == 1
+        assert page.locator(".readonly").count() == 1
+        assert page.locator("#token").count() == 0 and page.locator("form.split, button.cancel").count() == 0
+        page.context.close()
+
+        p.stop()
+        p.extra_args = ["--no-console"]
+        p.start()
+        r = requests.get(p.url + "/console", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+        assert api.ok("GET", f"endpoints/{endpoint}")["displayName"] == "open"  # the API still serves
+    finally:
+        p.cleanup()
