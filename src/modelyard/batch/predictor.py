@@ -20,6 +20,9 @@ from modelyard.batch.instances import to_arrays
 from modelyard.errors import Code, ServingError
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+# Output dtypes dumped as one array (numbers only, so the array splits at its commas).
+_WHOLE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                                            np.uint8, np.uint16, np.uint32, np.uint64))
 
 
 class RowFailure(NamedTuple):
@@ -100,6 +103,19 @@ class Predictor:
     def _run(self, instances: list[Any]) -> list[bytes]:
         arrays = to_arrays(instances, self.signature)
         return self._encode(self.servable.run(self.signature, arrays, self.aliases), len(instances))
+
+    def encode_batch(self, outputs: dict[str, np.ndarray], n: int) -> bytes | list[bytes]:
+        """``_encode``'s predictions, as one JSON array of the ``n`` rows where that is quicker.
+
+        One numeric output is dumped whole (orjson writes each row as it would alone; tested)
+        and the caller splits it at its top-level commas; anything else gets ``_encode``'s list.
+        """
+        if len(self.aliases) == 1:
+            (value,) = outputs.values()
+            if (value.ndim >= 1 and value.shape[0] == n and value.dtype in _WHOLE_DTYPES
+                    and value.flags.c_contiguous):
+                return orjson.dumps(value, option=_NUMPY)
+        return self._encode(outputs, n)
 
     def _encode(self, outputs: dict[str, np.ndarray], n: int) -> list[bytes]:
         for alias, value in outputs.items():

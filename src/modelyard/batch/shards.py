@@ -55,6 +55,19 @@ def commit_part(job_dir: Path, index: int, results: list[bytes], errors: list[by
     _atomic_write(parts / f"c{index:06d}-ok{len(results)}-err{len(errors)}.results", results)
 
 
+def results_tmp(job_dir: Path, index: int) -> Path:
+    """Where a chunk's results stream before ``commit_streamed`` (finalize clears leftovers)."""
+    parts = job_dir / PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    return parts / f".c{index:06d}.results.tmp-{os.getpid()}"
+
+
+def commit_streamed(job_dir: Path, index: int, tmp: Path, successes: int, errors: list[bytes]) -> None:
+    """``commit_part`` for results already written to ``tmp``: errors part first, then the commit rename."""
+    _atomic_write(_errors_part(job_dir, index), errors)
+    os.replace(tmp, job_dir / PARTS_DIR / f"c{index:06d}-ok{successes}-err{len(errors)}.results")
+
+
 def committed(job_dir: Path) -> dict[int, tuple[int, int, str]]:
     """``{chunk index: (successes, failures, part file name)}`` of every committed chunk."""
     found = {}

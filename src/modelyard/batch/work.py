@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from modelyard.batch import dense_chunk
 from modelyard.batch.instances import Shaping, shape
 from modelyard.batch.predictor import Predictor, RowFailure
 from modelyard.batch.readers import BadRow, Chunk, RawJson, read_chunk
@@ -29,17 +30,43 @@ def result_line(echo: bytes | None, key: Any, prediction: bytes) -> bytes:
     return b'{"instance":' + echo + b',"prediction":' + prediction + b"}"
 
 
+def raw_batch(predictor: Predictor, raw: list[RawJson], echoes: list[bytes], path: str,
+              results: list[bytes], errors: list[bytes]) -> None:
+    """Unshaped JSON lines of a one-tensor model: the NumPy fast path (fastjson), else row by row."""
+    answers = predictor.predict_dense([r.line for r in raw])
+    if answers is not None:
+        results.extend(result_line(echo, None, answer) for echo, answer in zip(echoes, answers))
+        return
+    batch: list[Any] = []
+    meta: list[bytes] = []
+    for item, echo in zip(raw, echoes):
+        parsed = parse_json(item, path)
+        if isinstance(parsed, BadRow):
+            errors.append(error_line(parsed.echo, None, "INVALID_ARGUMENT", parsed.message))
+        else:
+            batch.append(parsed.instance)
+            meta.append(echo)
+    if batch:
+        for echo, answer in zip(meta, predictor.predict(batch)):
+            if isinstance(answer, RowFailure):
+                errors.append(error_line(echo, None, answer.code, answer.message))
+            else:
+                results.append(result_line(echo, None, answer))
+
+
 def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: Shaping,
                   predictor: Predictor, batch_size: int) -> tuple[int, int]:
     """Predict every row of ``chunk`` and commit its part; returns ``(successes, failures)``."""
+    # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
+    lazy = predictor.dense is not None and shaping.identity
+    if lazy and fmt == "jsonl" and dense_chunk.available(predictor):
+        return dense_chunk.process(job_dir, chunk, predictor, batch_size, raw_batch)
     results: list[bytes] = []
     errors: list[bytes] = []
     batch: list[Any] = []
     meta: list[tuple[bytes, Any]] = []
     raw: list[RawJson] = []
     raw_echo: list[bytes] = []
-    # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
-    lazy = predictor.dense is not None and shaping.identity
 
     def flush() -> None:
         for (echo, key), answer in zip(meta, predictor.predict(batch)):
@@ -51,19 +78,7 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
         meta.clear()
 
     def flush_raw() -> None:
-        answers = predictor.predict_dense([r.line for r in raw])
-        if answers is not None:
-            results.extend(result_line(echo, None, answer) for echo, answer in zip(raw_echo, answers))
-        else:
-            for item, echo in zip(raw, raw_echo):
-                parsed = parse_json(item, chunk.file)
-                if isinstance(parsed, BadRow):
-                    errors.append(error_line(parsed.echo, None, "INVALID_ARGUMENT", parsed.message))
-                else:
-                    batch.append(parsed.instance)
-                    meta.append((echo, None))
-            if batch:
-                flush()
+        raw_batch(predictor, raw, raw_echo, chunk.file, results, errors)
         raw.clear()
         raw_echo.clear()
 

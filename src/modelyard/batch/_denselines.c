@@ -1,0 +1,428 @@
+/* _denselines: the batch job's hot loop for JSON lines of one fixed-shape numeric tensor, in C.
+ *
+ * ``parse`` reads up to N lines of a chunk straight into a caller-owned int64 (or float64)
+ * buffer, checking each line is strict JSON of exactly the expected nested shape, and records
+ * each line's stripped span (the bytes echoed as the output's "instance"). ``assemble`` writes
+ * a batch's output lines, ``{"instance":<span>,"prediction":<json>}\n``, into one bytes object.
+ *
+ * The parser is strict on purpose: any line it does not take (a malformed line, a number
+ * spelt the lenient way NumPy reads, a float it cannot read exactly, an integer for which
+ * int64 or the double conversion would not be exact) fails the whole batch, and the caller
+ * sends that batch through the Python path, which then decides everything exactly as before.
+ * So this module changes how fast a batch goes, never what it produces.
+ *
+ * Floats: Clinger's fast path (significand <= 2^53, |power of ten| <= 22: one exact rounding)
+ * and otherwise PyOS_string_to_double, Python's correctly rounded, locale-free reader; a
+ * result that overflows to infinity fails the batch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_NDIM 32
+#define MAX_INT_DIGITS 18               /* any 18-digit integer fits in int64 */
+#define EXACT_INT ((uint64_t)1 << 53)   /* integers a double holds exactly */
+#define MAX_TOKEN 400                   /* longer float spellings fail the batch */
+
+typedef struct {
+    const char *p;   /* next byte */
+    const char *end; /* end of the line (its '\n' or the end of the data) */
+    int integer;     /* int64 values; a fraction or exponent fails */
+    int64_t *out;    /* next value slot (int64 or double bit patterns) */
+    const Py_ssize_t *shape;
+    int ndim;
+} Line;
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static inline int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+static inline void skip_blanks(Line *l)
+{
+    /* JSON whitespace; '\n' cannot occur inside a line */
+    while (l->p < l->end && (*l->p == ' ' || *l->p == '\t' || *l->p == '\r'))
+        l->p++;
+}
+
+/* A float spelling the fast path cannot round exactly: Python's correctly rounded reader. */
+static int slow_double(const char *start, const char *stop, double *d)
+{
+    char token[MAX_TOKEN + 1];
+    size_t n = (size_t)(stop - start);
+    if (n > MAX_TOKEN)
+        return -1;
+    memcpy(token, start, n);
+    token[n] = '\0';
+    *d = PyOS_string_to_double(token, NULL, NULL); /* NULL: overflow gives +-inf, no exception */
+    if (*d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (*d > DBL_MAX || *d < -DBL_MAX)
+        return -1; /* the Python path decides what an overflowing number means */
+    return 0;
+}
+
+/* One strict JSON number into the next slot: 0, or -1 when the batch must take the Python path. */
+static int number(Line *l)
+{
+    const char *start = l->p;
+    int negative = 0, floating = 0, digits = 0, exact = 1;
+    uint64_t significand = 0;
+    long power = 0;
+    if (l->p < l->end && *l->p == '-') {
+        negative = 1;
+        l->p++;
+    }
+    if (l->p >= l->end || !is_digit(*l->p))
+        return -1;
+    if (*l->p == '0') {
+        l->p++;
+        if (l->p < l->end && is_digit(*l->p))
+            return -1; /* 01 is not JSON */
+    } else {
+        for (; l->p < l->end && is_digit(*l->p); l->p++) {
+            if (++digits > MAX_INT_DIGITS) {
+                exact = 0; /* too long for int64: only a float reads it (slowly) */
+                continue;
+            }
+            significand = significand * 10 + (uint64_t)(*l->p - '0');
+        }
+    }
+    if (l->p < l->end && *l->p == '.') {
+        floating = 1;
+        l->p++;
+        if (l->p >= l->end || !is_digit(*l->p))
+            return -1;
+        for (; l->p < l->end && is_digit(*l->p); l->p++) {
+            if (significand == 0 && *l->p == '0') {
+                power--; /* leading zeros of 0.00123 */
+                continue;
+            }
+            if (++digits > MAX_INT_DIGITS) {
+                exact = 0;
+                continue;
+            }
+            power--;
+            significand = significand * 10 + (uint64_t)(*l->p - '0');
+        }
+    }
+    if (l->p < l->end && (*l->p == 'e' || *l->p == 'E')) {
+        long written = 0;
+        int below = 0;
+        floating = 1;
+        l->p++;
+        if (l->p < l->end && *l->p == '+')
+            return -1; /* the Python path reads 1e+5 row by row (orjson): let it keep doing so */
+        if (l->p < l->end && *l->p == '-')
+            below = *l->p++ == '-';
+        if (l->p >= l->end || !is_digit(*l->p))
+            return -1;
+        for (; l->p < l->end && is_digit(*l->p); l->p++) {
+            if (written < 1000000)
+                written = written * 10 + (*l->p - '0');
+            else
+                exact = 0;
+        }
+        power += below ? -written : written;
+    }
+    if (l->integer) {
+        /* An integer input takes integers only; the Python path words the error for the rest. */
+        if (floating || !exact)
+            return -1;
+        *l->out++ = negative ? -(int64_t)significand : (int64_t)significand;
+        return 0;
+    }
+    {
+        double d;
+        if (!floating && exact && significand > EXACT_INT)
+            return -1; /* NumPy and the Python path may round a big integer differently (int64 first) */
+        if (!floating && !exact)
+            return -1;
+#if FLT_EVAL_METHOD != 0 || defined(__FAST_MATH__)
+        /* wider intermediates or reordered arithmetic would round twice: always the exact reader */
+        if (slow_double(start, l->p, &d) < 0)
+            return -1;
+#else
+        if (significand == 0 && exact) {
+            d = negative ? -0.0 : 0.0;
+        } else if (exact && significand <= EXACT_INT && power >= -22 && power <= 22) {
+            d = (double)significand;
+            d = power < 0 ? d / POW10[-power] : d * POW10[power];
+            if (negative)
+                d = -d;
+        } else if (slow_double(start, l->p, &d) < 0) {
+            return -1;
+        }
+#endif
+        memcpy(l->out++, &d, sizeof d);
+        return 0;
+    }
+}
+
+/* A list of shape[depth] elements (a number at depth ndim): 0, or -1 for anything else. */
+static int value(Line *l, int depth)
+{
+    Py_ssize_t i, n;
+    if (depth == l->ndim)
+        return number(l);
+    if (l->p >= l->end || *l->p != '[')
+        return -1;
+    l->p++;
+    n = l->shape[depth];
+    for (i = 0; i < n; i++) {
+        skip_blanks(l);
+        if (i > 0) {
+            if (l->p >= l->end || *l->p != ',')
+                return -1;
+            l->p++;
+            skip_blanks(l);
+        }
+        if (value(l, depth + 1) < 0)
+            return -1;
+    }
+    skip_blanks(l);
+    if (l->p >= l->end || *l->p != ']')
+        return -1;
+    l->p++;
+    return 0;
+}
+
+static int read_shape(PyObject *shape_obj, Py_ssize_t *shape, int *ndim, Py_ssize_t *size)
+{
+    Py_ssize_t i, n;
+    PyObject *seq = PySequence_Fast(shape_obj, "shape must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "shape has too many dimensions");
+        return -1;
+    }
+    *size = 1;
+    for (i = 0; i < n; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (d == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (d < 0 || (d > 0 && *size > PY_SSIZE_T_MAX / 8 / d)) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "shape dimensions must be non-negative and small enough");
+            return -1;
+        }
+        shape[i] = d;
+        *size *= d;
+    }
+    *ndim = (int)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+PyDoc_STRVAR(parse_doc,
+"parse(data, pos, end, max_lines, shape, integer, values, spans) -> (ok, lines, next_pos)\n\n"
+"Read up to max_lines lines of data[pos:end] (each ends at a newline or at end). With ok True,\n"
+"every line held one strict JSON tensor of the given shape: its values fill ``values`` (int64\n"
+"when integer, else float64; lines * prod(shape) slots) and its stripped [start, stop) byte\n"
+"span fills ``spans`` (int64 pairs). With ok False, some line did not: lines and next_pos\n"
+"still say where the batch ends, and the buffers hold garbage.");
+
+static PyObject *parse(PyObject *self, PyObject *args)
+{
+    Py_buffer data, values, spans;
+    Py_ssize_t pos, end, max_lines, size, lines = 0;
+    PyObject *shape_obj, *result = NULL;
+    Py_ssize_t shape[MAX_NDIM];
+    int integer, ndim, ok = 1;
+    if (!PyArg_ParseTuple(args, "y*nnnOpw*w*", &data, &pos, &end, &max_lines, &shape_obj, &integer,
+                          &values, &spans))
+        return NULL;
+    if (read_shape(shape_obj, shape, &ndim, &size) < 0)
+        goto done;
+    if (pos < 0 || end > data.len || pos > end || max_lines < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos, end or max_lines out of range");
+        goto done;
+    }
+    if (max_lines > 0 && (values.len / 8 / (size ? size : 1) < max_lines || spans.len / 16 < max_lines)) {
+        PyErr_SetString(PyExc_ValueError, "values or spans buffer too small for max_lines");
+        goto done;
+    }
+    {
+        const char *base = (const char *)data.buf;
+        int64_t *out = (int64_t *)values.buf;
+        int64_t *span = (int64_t *)spans.buf;
+        while (pos < end && lines < max_lines) {
+            const char *line_start = base + pos;
+            const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
+            const char *line_end = nl ? nl : base + end;
+            if (ok) {
+                Line l = {line_start, line_end, integer, out + lines * size, shape, ndim};
+                const char *first;
+                skip_blanks(&l);
+                first = l.p;
+                if (value(&l, 0) < 0) {
+                    ok = 0;
+                } else {
+                    span[2 * lines] = first - base;
+                    span[2 * lines + 1] = l.p - base;
+                    skip_blanks(&l);
+                    if (l.p != line_end)
+                        ok = 0; /* something after the tensor */
+                }
+            }
+            lines++;
+            pos = nl ? (nl - base) + 1 : end;
+        }
+    }
+    result = Py_BuildValue("(Onn)", ok ? Py_True : Py_False, lines, pos);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&spans);
+    return result;
+}
+
+/* The [start, stop) spans of a JSON array's top-level elements (numbers and arrays only). */
+static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *bounds)
+{
+    Py_ssize_t i, count = 0, depth = 0, start = 1;
+    if (len < 2 || json[0] != '[' || json[len - 1] != ']')
+        return -1;
+    if (len == 2)
+        return n == 0 ? 0 : -1;
+    for (i = 1; i < len - 1; i++) {
+        char ch = json[i];
+        if (ch == '"')
+            return -1; /* strings could hold brackets and commas: not for this splitter */
+        if (ch == '[')
+            depth++;
+        else if (ch == ']')
+            depth--;
+        else if (ch == ',' && depth == 0) {
+            if (count >= n)
+                return -1;
+            bounds[2 * count] = start;
+            bounds[2 * count + 1] = i;
+            count++;
+            start = i + 1;
+        }
+    }
+    if (count >= n || depth != 0)
+        return -1;
+    bounds[2 * count] = start;
+    bounds[2 * count + 1] = len - 1;
+    return count + 1 == n ? 0 : -1;
+}
+
+PyDoc_STRVAR(assemble_doc,
+"assemble(data, spans, n, predictions) -> bytes\n\n"
+"n output lines b'{\"instance\":' + data[start:stop] + b',\"prediction\":' + p + b'}\\n', with\n"
+"spans as from parse and p the i-th prediction: ``predictions`` is a list of n JSON bytes, or\n"
+"the JSON bytes of one array of n numbers or number arrays (split at its top-level commas).");
+
+static const char HEAD[] = "{\"instance\":";
+static const char MIDDLE[] = ",\"prediction\":";
+static const char TAIL[] = "}\n";
+
+static PyObject *assemble(PyObject *self, PyObject *args)
+{
+    Py_buffer data, spans;
+    Py_ssize_t n, i, total = 0;
+    PyObject *predictions, *out = NULL;
+    Py_ssize_t *bounds = NULL;
+    const char *whole = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nO", &data, &spans, &n, &predictions))
+        return NULL;
+    if (n < 0 || spans.len / 16 < n) {
+        PyErr_SetString(PyExc_ValueError, "spans holds fewer than n pairs");
+        goto done;
+    }
+    if (PyBytes_Check(predictions)) {
+        whole = PyBytes_AS_STRING(predictions);
+        bounds = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(n ? n : 1));
+        if (bounds == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (split_array(whole, PyBytes_GET_SIZE(predictions), n, bounds) < 0) {
+            PyErr_SetString(PyExc_ValueError, "predictions is not a JSON array of n numeric elements");
+            goto done;
+        }
+    } else if (!PyList_Check(predictions) || PyList_GET_SIZE(predictions) != n) {
+        PyErr_SetString(PyExc_TypeError, "predictions must be bytes or a list of n bytes");
+        goto done;
+    }
+    {
+        const int64_t *span = (const int64_t *)spans.buf;
+        for (i = 0; i < n; i++) {
+            Py_ssize_t plen;
+            if (span[2 * i] < 0 || span[2 * i] > span[2 * i + 1] || span[2 * i + 1] > data.len) {
+                PyErr_SetString(PyExc_ValueError, "a span lies outside data");
+                goto done;
+            }
+            if (whole) {
+                plen = bounds[2 * i + 1] - bounds[2 * i];
+            } else {
+                PyObject *p = PyList_GET_ITEM(predictions, i);
+                if (!PyBytes_Check(p)) {
+                    PyErr_SetString(PyExc_TypeError, "predictions must be bytes or a list of n bytes");
+                    goto done;
+                }
+                plen = PyBytes_GET_SIZE(p);
+            }
+            total += (Py_ssize_t)(sizeof HEAD - 1 + sizeof MIDDLE - 1 + sizeof TAIL - 1)
+                     + (Py_ssize_t)(span[2 * i + 1] - span[2 * i]) + plen;
+        }
+        out = PyBytes_FromStringAndSize(NULL, total);
+        if (out == NULL)
+            goto done;
+        {
+            char *w = PyBytes_AS_STRING(out);
+            const char *base = (const char *)data.buf;
+            for (i = 0; i < n; i++) {
+                Py_ssize_t len = (Py_ssize_t)(span[2 * i + 1] - span[2 * i]);
+                const char *p;
+                Py_ssize_t plen;
+                if (whole) {
+                    p = whole + bounds[2 * i];
+                    plen = bounds[2 * i + 1] - bounds[2 * i];
+                } else {
+                    PyObject *item = PyList_GET_ITEM(predictions, i);
+                    p = PyBytes_AS_STRING(item);
+                    plen = PyBytes_GET_SIZE(item);
+                }
+                memcpy(w, HEAD, sizeof HEAD - 1);
+                w += sizeof HEAD - 1;
+                memcpy(w, base + span[2 * i], (size_t)len);
+                w += len;
+                memcpy(w, MIDDLE, sizeof MIDDLE - 1);
+                w += sizeof MIDDLE - 1;
+                memcpy(w, p, (size_t)plen);
+                w += plen;
+                memcpy(w, TAIL, sizeof TAIL - 1);
+                w += sizeof TAIL - 1;
+            }
+        }
+    }
+done:
+    PyMem_Free(bounds);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&spans);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"parse", parse, METH_VARARGS, parse_doc},
+    {"assemble", assemble, METH_VARARGS, assemble_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_denselines",
+                                    "Batch jobs' JSON lines of one numeric tensor, read and written in C.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__denselines(void) { return PyModule_Create(&module); }

@@ -1,0 +1,138 @@
+"""A JSONL chunk of one fixed-shape numeric tensor per line, through the C helper ``_denselines``.
+
+The general loop (``work.process_chunk``) makes Python objects per row: a line, a row, an
+echo, a result line. Here a chunk is read into a buffer this process reuses, each batch of
+``batch_size`` lines is parsed by C straight into one array (``_denselines.parse``), the model
+runs, and C writes the batch's output lines from the input's bytes and one ``orjson`` dump
+of the whole prediction array (``_denselines.assemble``). Results stream to a temporary
+part file renamed at commit, so a chunk's results are never all in memory.
+
+Same bytes as the general loop, by construction: the batches are the same lines (the model
+sees the same arrays), the C parser takes only lines whose values the NumPy fast path reads
+identically, and any batch it refuses, or the model refuses, goes through ``work.raw_batch``,
+the general loop's own code for a batch of raw lines.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from modelyard.batch.predictor import Predictor
+from modelyard.batch.readers import Chunk, RawJson
+from modelyard.batch.readers.lines import split_lines
+from modelyard.batch.shards import commit_streamed, results_tmp
+from modelyard.errors import ServingError
+
+try:
+    from modelyard.batch import _denselines
+except ImportError:  # built without a C compiler: the general loop does the work
+    _denselines = None
+
+RawBatch = Callable[[Predictor, list[RawJson], list[bytes], str, list[bytes], list[bytes]], None]
+
+
+class _Buffers:
+    """Buffers kept across chunks: a worker reuses memory it has already touched (no page faults)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.values = np.empty(0, np.int64)
+        self.spans = np.empty(0, np.int64)
+
+    def sized(self, data_bytes: int, values: int, rows: int) -> None:
+        if len(self.data) < data_bytes:
+            self.data = bytearray(data_bytes)
+        if self.values.size < values:
+            self.values = np.empty(values, np.int64)
+        if self.spans.size < 2 * rows:
+            self.spans = np.empty(2 * rows, np.int64)
+
+
+_BUFFERS = _Buffers()
+
+
+def available(predictor: Predictor) -> bool:
+    """Whether this process can take the C path for ``predictor``'s JSON lines."""
+    return _denselines is not None and predictor.dense is not None and predictor.dense.size > 0
+
+
+def _read(chunk: Chunk) -> memoryview:
+    length = chunk.end - chunk.start
+    _BUFFERS.sized(length, 0, 0)
+    view = memoryview(_BUFFERS.data)[:length]
+    with open(chunk.file, "rb") as f:
+        f.seek(chunk.start)
+        got = f.readinto(view)
+    if got != length:
+        raise ValueError(f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} "
+                         f"are no longer all there")
+    return view
+
+
+def _line_count(data: memoryview) -> int:
+    """``len(split_lines(data))`` without making the lines."""
+    n = len(data)
+    if n == 0:
+        return 0
+    return data.obj.count(b"\n", 0, n) + (data[n - 1] != 10)
+
+
+def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
+            raw_batch: RawBatch) -> tuple[int, int]:
+    """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``."""
+    dense = predictor.dense
+    data = _read(chunk)
+    lines = _line_count(data)
+    if lines != chunk.rows:
+        # The plan counted rows when the job started; a different count means the file changed.
+        raise ValueError(
+            f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
+            f"{lines} rows, not {chunk.rows}"
+        )
+    _BUFFERS.sized(0, batch_size * dense.size, batch_size)
+    integer = dense.parse_dtype is np.int64
+    values = _BUFFERS.values.view(np.float64) if not integer else _BUFFERS.values
+    spans = _BUFFERS.spans
+    ok_count, errors, row = 0, [], 0
+    tmp = results_tmp(job_dir, chunk.index)
+    try:
+        with open(tmp, "wb") as out:
+            pos, end = 0, len(data)
+            while pos < end:
+                parsed, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer,
+                                                     _BUFFERS.values, spans)
+                written = _predict(predictor, data, values, spans, n) if parsed else None
+                if written is None:
+                    # The batch as the general loop would take it: its lines, numbered within the file.
+                    batch = split_lines(bytes(data[pos:after]))
+                    raw = [RawJson(line, chunk.first_row + row + i + 1) for i, line in enumerate(batch)]
+                    results: list[bytes] = []
+                    raw_batch(predictor, raw, [line.strip() for line in batch], chunk.file, results, errors)
+                    if results:
+                        out.write(b"\n".join(results) + b"\n")
+                    ok_count += len(results)
+                else:
+                    out.write(written)
+                    ok_count += n
+                row += n
+                pos = after
+        commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return ok_count, len(errors)
+
+
+def _predict(predictor: Predictor, data: memoryview, values: np.ndarray, spans: np.ndarray, n: int) -> bytes | None:
+    """The output lines of a parsed batch of ``n`` rows, or None when the model refuses it."""
+    dense = predictor.dense
+    batch = values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+    try:
+        encoded = predictor.encode_batch(predictor.servable.run(predictor.signature, {dense.alias: batch},
+                                                                predictor.aliases), n)
+    except ServingError:
+        return None  # the general loop splits the batch and words each row's error
+    return _denselines.assemble(data, spans, n, encoded)
