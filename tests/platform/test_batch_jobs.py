@@ -1,0 +1,232 @@
+"""Issue 16 test 4: Vertex AI BatchPredictionJobs on ``modelyard platform``, driven by the stock SDK.
+
+Instances go to the GCS emulator with google.cloud.storage, ``Model.batch_predict`` runs the job,
+``iter_outputs()`` reads the shards back from the emulator; predictions must equal the model's own.
+Also: bad rows into the error file (local paths, instanceConfig), cancel of a running job, a job
+resumed after the platform and the job's process were killed, and bad requests answered in
+Google's error format with nothing created.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from tests.platform.conftest import PARENT, STAGING_BUCKET, require
+
+
+@pytest.fixture(scope="module")
+def aiplatform(platform, gcs_emulator):
+    aip = require("google.cloud.aiplatform", "pip install -e '.[test]' (installs google-cloud-aiplatform)")
+    import google.auth.credentials
+    from google.cloud.aiplatform import jobs as sdk_jobs
+
+    aip.init(project="local", location="us-central1", api_endpoint=platform.url, api_transport="rest",
+             credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{STAGING_BUCKET}")
+    saved = sdk_jobs._JOB_WAIT_TIME
+    sdk_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls every 5 s; the jobs here take a few seconds
+    yield aip
+    sdk_jobs._JOB_WAIT_TIME = saved
+
+
+@pytest.fixture(scope="module")
+def tiny_model(aiplatform, tiny_models):
+    model = aiplatform.Model.upload(display_name="tiny-batch", artifact_uri=tiny_models["models"]["tiny1"]["path"],
+                                    serving_container_image_uri="modelyard/serve")
+    yield model
+    model.delete()
+
+
+def _job_processes(platform) -> list[int]:
+    marker = str(platform.workdir / "state" / "jobs").encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stray_jobs(platform):
+    """Every job process this module started is gone at the end (killed if a test failed midway)."""
+    yield
+    for pid in _job_processes(platform):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _by_instance(rows: list[dict]) -> dict[str, list]:
+    return {json.dumps(r["instance"]): r["prediction"] for r in rows}
+
+
+def _wait_state(platform, name: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"{name} did not reach {states}: {job}")
+
+
+def test_model_batch_predict_with_the_stock_sdk(aiplatform, tiny_model, tiny_models, gcs_emulator, platform):
+    from google.api_core import exceptions
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    instances = tiny_models["instances"] * 4  # 12 rows in two files
+    bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
+    for i in range(2):
+        rows = instances[i * 6:(i + 1) * 6]
+        bucket.blob(f"bp/in/part-{i}.jsonl").upload_from_string("".join(json.dumps(r) + "\n" for r in rows))
+
+    job = tiny_model.batch_predict(job_display_name="nightly-scoring", gcs_source=f"gs://{STAGING_BUCKET}/bp/in/*.jsonl",
+                                   gcs_destination_prefix=f"gs://{STAGING_BUCKET}/bp/out", instances_format="jsonl",
+                                   predictions_format="jsonl", machine_type="n1-standard-2",
+                                   starting_replica_count=1, sync=True)
+    assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED
+    stats = job.completion_stats
+    assert (stats.successful_count, stats.failed_count, stats.incomplete_count) == (12, 0, 0)
+    out_dir = job.output_info.gcs_output_directory
+    assert out_dir.startswith(f"gs://{STAGING_BUCKET}/bp/out/prediction-tiny-batch-")
+    blobs = list(job.iter_outputs())
+    names = sorted(b.name.rsplit("/", 1)[-1] for b in blobs)
+    assert names == ["prediction.errors_stats-00000-of-00001",  # one result shard per input file here
+                     "prediction.results-00000-of-00002", "prediction.results-00001-of-00002"]
+    results = [json.loads(line) for b in blobs if "results" in b.name
+               for line in b.download_as_text().splitlines() if line.strip()]
+    assert len(results) == 12
+    got = _by_instance(results)
+    for instance, expected in zip(tiny_models["instances"], tiny_models["models"]["tiny1"]["predictions"]):
+        np.testing.assert_allclose(got[json.dumps(instance)], expected, rtol=1e-5, atol=1e-6)
+    errors = next(b for b in blobs if "errors_stats" in b.name).download_as_text()
+    assert errors.strip() == ""
+
+    # The resource as Vertex shapes it, listed by display name, then deleted with its staging.
+    assert job.gca_resource.model_version_id == "1" and job.gca_resource.start_time and job.gca_resource.end_time
+    listed = aiplatform.BatchPredictionJob.list(filter='display_name="nightly-scoring"')
+    assert [j.resource_name for j in listed] == [job.resource_name]
+    with pytest.raises(exceptions.BadRequest, match="cannot be cancelled"):  # FAILED_PRECONDITION is HTTP 400
+        job.cancel()
+    job.delete()
+    with pytest.raises(exceptions.NotFound):
+        aiplatform.BatchPredictionJob(job.resource_name)
+    assert bucket.blob(out_dir.split(f"{STAGING_BUCKET}/", 1)[1] + "/prediction.results-00000-of-00002").exists()
+
+
+def test_bad_rows_go_to_the_error_file_and_keys_are_carried(platform, tiny_model, tiny_models, tmp_path):
+    rows = [{"id": i, "x": tiny_models["instances"][i % 3]} for i in range(30)]
+    lines = [json.dumps(r) for r in rows]
+    lines[7] = json.dumps({"id": 7, "x": [1.0, 2.0]})  # wrong shape: the model refuses it
+    lines[19] = json.dumps({"id": 19, "x": "not numbers"})
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    body = {"displayName": "with-bad-rows", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
+            "instanceConfig": {"keyField": "id"},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}},
+            "dedicatedResources": {"startingReplicaCount": 1}}
+    created = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30)
+    assert created.status_code == 200, created.text
+    job = _wait_state(platform, created.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    assert job["completionStats"] == {"successfulCount": "28", "failedCount": "2", "incompleteCount": "0"}
+    out = tmp_path / "out" / job["outputInfo"]["gcsOutputDirectory"].rsplit("/", 1)[-1]
+    results = [json.loads(x) for x in (out / "prediction.results-00000-of-00001").read_text().splitlines()]
+    errors = [json.loads(x) for x in (out / "prediction.errors_stats-00000-of-00001").read_text().splitlines()]
+    assert sorted(r["key"] for r in results) == [i for i in range(30) if i not in (7, 19)]
+    expected = tiny_models["models"]["tiny1"]["predictions"]
+    for r in results:
+        np.testing.assert_allclose(r["prediction"], expected[r["key"] % 3], rtol=1e-5, atol=1e-6)
+    assert len(errors) == 2 and {e["error"]["status"] for e in errors} == {"INVALID_ARGUMENT"}
+
+
+def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    (tmp_path / "in.jsonl").write_text("[1.0, 2.0, 3.0, 4.0]\n" * 20000)
+    body = {"displayName": "to-cancel", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}}}
+    name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
+    _wait_state(platform, name, ("JOB_STATE_RUNNING",))
+    assert _job_processes(platform)
+    r = requests.delete(f"{platform.url}/v1/{name}", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["status"] == "FAILED_PRECONDITION"  # running: cancel first
+    job = aiplatform.BatchPredictionJob(name)
+    job.cancel()
+    with pytest.raises(RuntimeError, match="CANCELED"):
+        job.wait_for_completion()
+    assert job.state == gca_job_state.JobState.JOB_STATE_CANCELLED
+    assert job.gca_resource.error.code == 1  # google.rpc.Code.CANCELLED
+    assert not (tmp_path / "out").exists()  # nothing published
+    deadline = time.monotonic() + 10
+    while _job_processes(platform) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _job_processes(platform) == []  # the job's process group is gone
+    assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
+
+
+def test_a_job_resumes_after_the_platform_and_its_process_die(platform, tiny_model, tmp_path):
+    rows = 25000
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"k": i, "x": [1.0, 2.0, 3.0, float(i % 7)]}) + "\n"
+                                               for i in range(rows)))
+    body = {"displayName": "resumed", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
+            "instanceConfig": {"keyField": "k"},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}},
+            "manualBatchTuningParameters": {"batchSize": 128}, "dedicatedResources": {"startingReplicaCount": 1}}
+    name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
+    _wait_state(platform, name, ("JOB_STATE_RUNNING",))
+    time.sleep(3)
+    platform.stop(signal.SIGKILL)
+    for pid in _job_processes(platform):
+        os.kill(pid, signal.SIGKILL)
+    platform.start()
+    job = _wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    assert job["completionStats"]["successfulCount"] == str(rows)
+    out = tmp_path / "out" / job["outputInfo"]["gcsOutputDirectory"].rsplit("/", 1)[-1]
+    keys = [json.loads(x)["key"] for f in sorted(out.glob("prediction.results-*")) for x in f.read_text().splitlines()]
+    assert sorted(keys) == list(range(rows))  # every row exactly once
+    log = requests.get(f"{platform.url}/modelyard/v1/jobs/{name.rsplit('/', 1)[-1]}/logs", timeout=10).text
+    assert "run 2" in log
+
+
+@pytest.mark.parametrize("change, status, words", [
+    ({"model": f"{PARENT}/models/123456"}, "NOT_FOUND", "Model 123456"),
+    ({"inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [f"gs://{STAGING_BUCKET}/nowhere/*.jsonl"]}}},
+     "INVALID_ARGUMENT", "matches no file"),
+    ({"inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": ["/no/such/file.jsonl"]}}},
+     "INVALID_ARGUMENT", "matches no file"),
+    ({"inputConfig": {"instancesFormat": "avro", "gcsSource": {"uris": ["/x"]}}}, "INVALID_ARGUMENT", "instances_format"),
+    ({"outputConfig": {"predictionsFormat": "bigquery", "gcsDestination": {"outputUriPrefix": "/tmp"}}},
+     "INVALID_ARGUMENT", "predictions_format"),
+    ({"outputConfig": {"predictionsFormat": "jsonl"}}, "INVALID_ARGUMENT", "output_uri_prefix"),
+    ({"displayName": ""}, "INVALID_ARGUMENT", "display_name"),
+    ({"instanceConfig": {"includedFields": ["a"], "excludedFields": ["b"]}}, "INVALID_ARGUMENT", "cannot both"),
+    ({"manualBatchTuningParameters": {"batchSize": -3}}, "INVALID_ARGUMENT", "batch_size"),
+])
+def test_bad_requests_create_nothing(platform, tiny_model, tmp_path, change, status, words):
+    (tmp_path / "in.jsonl").write_text("[1, 2, 3, 4]\n")
+    body = {"displayName": "bad", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "o")}}}
+    body.update(change)
+    before = requests.get(platform.api("batchPredictionJobs"), timeout=10).json().get("batchPredictionJobs", [])
+    r = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30)
+    err = r.json()["error"]
+    assert (err["status"], r.status_code == err["code"]) == (status, True) and words in err["message"], err
+    after = requests.get(platform.api("batchPredictionJobs"), timeout=10).json().get("batchPredictionJobs", [])
+    assert [j["name"] for j in after] == [j["name"] for j in before] and not (tmp_path / "o").exists()
+    assert requests.get(platform.api("batchPredictionJobs/99"), timeout=10).json()["error"]["status"] == "NOT_FOUND"
