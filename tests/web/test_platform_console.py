@@ -13,6 +13,7 @@ import re
 import pytest
 import requests
 
+from modelyard.web.console import platform_jobs, platform_page
 from tests.platform.client import Api
 from tests.platform.conftest import PARENT, TOKEN, _env, start_platform, tiny_models  # noqa: F401 (a fixture)
 from tests.web.conftest import DESKTOP, PHONE, poll, shoot
@@ -105,8 +106,12 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     phone, dialogs = _open(browser, yard["p"].url, **PHONE)
     _after_next_poll(phone)
     assert phone.locator(f"section.endpoint[data-endpoint='{endpoint}'] tr.dm").count() == 2
-    # nothing wider than the phone's screen except inside the scrolling table boxes
-    assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE["viewport"]["width"]
+    # nothing wider than the phone's screen: the tables' rows are stacked, every number on screen
+    width = PHONE["viewport"]["width"]
+    assert phone.evaluate("document.documentElement.scrollWidth") <= width
+    for cell in ("tr.dm .share", "tr.dm .requests", "tr.dm .latency", "tr.replica .served", "tr.version .uri"):
+        box = phone.locator(cell).first.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (cell, box)
     print("screenshot:", shoot(phone, tmp_path_factory, "platform-console-phone"))
     assert dialogs == []
     phone.context.close()
@@ -196,3 +201,35 @@ def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, bro
         assert api.ok("GET", f"endpoints/{endpoint}")["displayName"] == "open"  # the API still serves
     finally:
         p.cleanup()
+
+
+def _state_with(jobs: list[dict], can_act: bool) -> dict:
+    return {"time": 0.0, "canAct": can_act, "models": [], "endpoints": [], "jobs": jobs}
+
+
+def test_jobs_show_progress_curves_and_cancel_only_with_a_token():
+    """Jobs as the platform's REST API lists them (Vertex AI's JSON: int64 counts as strings)."""
+    parent = "projects/p/locations/l"
+    batch = platform_jobs.summarize("batchPredictionJobs", {
+        "name": f"{parent}/batchPredictionJobs/1", "displayName": EVIL, "state": "JOB_STATE_RUNNING",
+        "completionStats": {"successfulCount": "30", "failedCount": "2", "incompleteCount": "8"}})
+    assert batch["progress"] == {"done": 32, "total": 40, "text": "30 predicted, 2 failed, 8 to go"}
+    assert batch["cancellable"] and batch["curve"] is None
+    tuning = platform_jobs.summarize("hyperparameterTuningJobs", {
+        "name": f"{parent}/hyperparameterTuningJobs/2", "displayName": "lr search", "state": "JOB_STATE_SUCCEEDED",
+        "maxTrialCount": 4, "studySpec": {"metrics": [{"metricId": "loss", "goal": "MINIMIZE"}]},
+        "trials": [{"id": str(i), "state": "SUCCEEDED", "finalMeasurement": {"metrics": [{"metricId": "loss", "value": v}]}}
+                   for i, v in ((2, 0.5), (1, 0.9), (3, 0.7), (10, 0.2))]})
+    assert tuning["curve"]["values"] == [0.9, 0.5, 0.7, 0.2]  # in trial order (ids are numbers)
+    assert tuning["curve"]["best"] == [0.9, 0.5, 0.5, 0.2]  # minimized
+    assert tuning["progress"]["done"] == 4 and not tuning["cancellable"]
+    custom = platform_jobs.summarize("customJobs", {"name": f"{parent}/customJobs/3", "displayName": "train",
+                                                    "state": "JOB_STATE_FAILED", "error": {"message": "<b>oom</b>"}})
+
+    html = platform_page.render_live(_state_with([batch, tuning, custom], can_act=True))
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b>oom</b>" not in html and "&lt;b&gt;oom&lt;/b&gt;" in html
+    assert '<progress max="40" value="32">' in html and 'class="curve"' in html
+    assert html.count('class="cancel"') == 1 and f'data-job="{parent}/batchPredictionJobs/1">Cancel' in html
+    assert 'class="cancel"' not in platform_page.render_live(_state_with([batch], can_act=False))
+    assert 'id="jobs"' not in platform_page.render_live(_state_with([], can_act=True))  # no jobs: no section

@@ -16,9 +16,11 @@ def _e(value) -> str:
     return escape(str(value), quote=True)
 
 
-def _td(value, cls: str = "") -> str:
-    attr = f' class="{_e(cls)}"' if cls else ""
-    return f"<td{attr}>{_e(value)}</td>"
+def _td(value, cls: str = "", label: str = "", html: str | None = None) -> str:
+    """A cell of escaped text (or of ``html`` already built from escaped parts); ``label`` names it
+    on a phone, where the table's rows are stacked and its header hidden (platform.css)."""
+    attrs = (f' class="{_e(cls)}"' if cls else "") + (f' data-label="{_e(label)}"' if label else "")
+    return f"<td{attrs}>{_e(value) if html is None else html}</td>"
 
 
 def _replica_summary(replicas: list[dict]) -> str:
@@ -42,21 +44,24 @@ def _dm_row(ep: dict, dm: dict) -> str:
     counts = (f'data-dm="{_e(dm["id"])}" data-total="{dm["requests"]["total"]}" data-ok="{dm["requests"]["ok"]}" '
               f'data-lsum="{dm["latencySeconds"]["sum"]:.6f}" data-lcount="{dm["latencySeconds"]["count"]}"')
     return (f'<tr class="dm" {counts}>'
-            f'<td><b>{_e(dm["displayName"])}</b><br><small>{_e(dm["id"])}</small></td>'
-            f'<td>{_e(dm["modelDisplayName"])}<br><small>{_e(dm["model"].rsplit("/", 1)[-1])}'
-            f'@{_e(dm["modelVersionId"])}</small></td>'
-            + _td(f"{share}%", "share") + _td(_replica_summary(dm["replicas"]), "replica-count")
-            + _td(dm["requests"]["total"], "requests") + _td(dm["requests"]["total"] - dm["requests"]["ok"], "errors")
-            + _td("–", "rate") + _td("–", "latency") + _td(_shadow(dm), "shadow") + "</tr>")
+            + _td("", "name", html=f'<b>{_e(dm["displayName"])}</b><br><small>{_e(dm["id"])}</small>')
+            + _td("", "", "model@version", f'{_e(dm["modelDisplayName"])}<br><small>'
+                  f'{_e(dm["model"].rsplit("/", 1)[-1])}@{_e(dm["modelVersionId"])}</small>')
+            + _td(f"{share}%", "share", "traffic") + _td(_replica_summary(dm["replicas"]), "replica-count", "replicas")
+            + _td(dm["requests"]["total"], "requests", "requests")
+            + _td(dm["requests"]["total"] - dm["requests"]["ok"], "errors", "errors")
+            + _td("–", "rate", "rate") + _td("–", "latency", "latency") + _td(_shadow(dm), "shadow", "shadow")
+            + "</tr>")
 
 
 def _replica_rows(ep: dict) -> str:
     rows = []
     for dm in ep["deployedModels"]:
         for r in dm["replicas"]:
-            rows.append(f'<tr class="replica" data-replica="{_e(r["id"])}">' + _td(r["id"], "id")
-                        + _td(dm["displayName"]) + f'<td class="state {_e(r["state"].lower())}">{_e(r["state"])}</td>'
-                        + _td(r["inFlight"], "in-flight") + _td(r["served"], "served") + "</tr>")
+            rows.append(f'<tr class="replica" data-replica="{_e(r["id"])}">' + _td(r["id"], "id", "replica")
+                        + _td(dm["displayName"], "", "deployed model")
+                        + _td(r["state"], f'state {r["state"].lower()}', "state")
+                        + _td(r["inFlight"], "in-flight", "in flight") + _td(r["served"], "served", "served") + "</tr>")
     return "".join(rows) or '<tr><td colspan="5">no replicas</td></tr>'
 
 
@@ -82,12 +87,12 @@ def _endpoint(ep: dict, can_act: bool) -> str:
   <h3>{_e(ep["displayName"])}</h3>
   <p class="path">{_e(ep["name"])}</p>
   <p class="split-now">traffic split: <span class="split-text">{_e(split)}</span></p>
-  <div class="scroll"><table class="deployed"><thead><tr><th>deployed model</th><th>model@version</th><th>traffic</th>
+  <div class="scroll"><table class="deployed stack"><thead><tr><th>deployed model</th><th>model@version</th><th>traffic</th>
   <th>replicas</th><th>requests</th><th>errors</th><th>rate</th><th>latency</th><th>shadow</th></tr></thead>
   <tbody>{dms}</tbody></table></div>
   <canvas class="chart" data-chart="{_e(ep["id"])}" width="600" height="120"
     aria-label="request rate and latency of endpoint {_e(ep["displayName"])}"></canvas>
-  <details class="replicas-box" open><summary>replicas</summary><div class="scroll"><table class="replicas">
+  <details class="replicas-box" open><summary>replicas</summary><div class="scroll"><table class="replicas stack">
   <thead><tr><th>replica</th><th>deployed model</th><th>state</th><th>in flight</th><th>served</th></tr></thead>
   <tbody>{_replica_rows(ep)}</tbody></table></div></details>
   {_split_form(ep) if can_act else ""}
@@ -99,12 +104,13 @@ def _models(models: list[dict]) -> str:
     for m in models:
         for v in m["versions"]:
             rows.append(f'<tr class="version" data-model="{_e(m["id"])}" data-version="{_e(v["versionId"])}">'
-                        f'<td><b class="model-name">{_e(m["displayName"])}</b><br><small>{_e(m["id"])}</small></td>'
-                        + _td(v["versionId"]) + _td(", ".join(v["aliases"]) or "–")
-                        + _td(v["artifactUri"], "uri") + "</tr>")
+                        + _td("", "name", html=f'<b class="model-name">{_e(m["displayName"])}</b><br>'
+                              f'<small>{_e(m["id"])}</small>')
+                        + _td(v["versionId"], "", "version") + _td(", ".join(v["aliases"]) or "–", "", "aliases")
+                        + _td(v["artifactUri"], "uri", "artifact URI") + "</tr>")
     if not rows:
         return "<p>No models uploaded.</p>"
-    return ('<div class="scroll"><table class="models"><thead><tr><th>model</th><th>version</th><th>aliases</th>'
+    return ('<div class="scroll"><table class="models stack"><thead><tr><th>model</th><th>version</th><th>aliases</th>'
             f'<th>artifact URI</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
@@ -121,19 +127,21 @@ def _job(job: dict, can_act: bool) -> str:
     cancel = (f'<button type="button" class="cancel" data-job="{_e(job["name"])}">Cancel</button>'
               if can_act and job["cancellable"] else "")
     error = f'<br><small class="error">{_e(job["error"])}</small>' if job["error"] else ""
-    return (f'<tr class="job" data-job="{_e(job["name"])}">' + _td(job["kindLabel"])
-            + f'<td><b>{_e(job["displayName"])}</b><br><small>{_e(job["name"].rsplit("/", 1)[-1])}</small></td>'
-            + f'<td class="state {_e(job["state"].removeprefix("JOB_STATE_").lower())}">'
-            + f'{_e(job["state"].removeprefix("JOB_STATE_"))}{error}</td>'
-            + f'<td>{bar}<span class="progress-text">{_e(progress["text"])}</span>{curve}</td><td>{cancel}</td></tr>')
+    state = job["state"].removeprefix("JOB_STATE_")
+    return (f'<tr class="job" data-job="{_e(job["name"])}">'
+            + _td("", "name", html=f'<b>{_e(job["displayName"])}</b><br><small>{_e(job["kindLabel"])} '
+                  f'{_e(job["name"].rsplit("/", 1)[-1])}</small>')
+            + _td("", f"state {state.lower()}", "state", _e(state) + error)
+            + _td("", "progress", "progress", f'{bar}<span class="progress-text">{_e(progress["text"])}</span>{curve}')
+            + _td("", "action", html=cancel) + "</tr>")
 
 
 def _jobs(jobs: list[dict], can_act: bool) -> str:
     if not jobs:
         return ""  # no job API on this platform, or no jobs: the section is left out
     rows = "".join(_job(j, can_act) for j in jobs)
-    return (f'<section class="card" id="jobs"><h2>Jobs</h2><div class="scroll"><table class="jobs"><thead><tr>'
-            f'<th>kind</th><th>job</th><th>state</th><th>progress</th><th></th></tr></thead><tbody>{rows}</tbody>'
+    return (f'<section class="card" id="jobs"><h2>Jobs</h2><div class="scroll"><table class="jobs stack"><thead><tr>'
+            f'<th>job</th><th>state</th><th>progress</th><th></th></tr></thead><tbody>{rows}</tbody>'
             '</table></div><span class="result" role="status"></span></section>')
 
 

@@ -9,7 +9,8 @@ function el(tag, attrs, text) {
   return node;
 }
 
-// Each series: {values, color, label}; ``slots`` points span the width (the newest at the right).
+// Each series: {values, color, label, scale?, low?} (the y axis runs from low, default 0, to scale,
+// default the largest value); ``slots`` points span the width (the newest at the right), else all do.
 // Drawn at the canvas's displayed size times the pixel ratio: crisp on phones, never stretched.
 function drawSeries(canvas, series, slots) {
   const ratio = window.devicePixelRatio || 1;
@@ -24,15 +25,16 @@ function drawSeries(canvas, series, slots) {
   ctx.fillStyle = '#f6f7fa';
   ctx.fillRect(0, 0, width, height);
   let labelX = 8;
-  series.forEach(({values, color, label, scale}) => {
+  series.forEach(({values, color, label, scale, low = 0}) => {
     const top = scale || Math.max(1e-9, ...values.map(Math.abs));
+    const span = Math.max(1e-9, top - low);
     const step = width / Math.max(1, (slots || values.length) - 1);
     ctx.strokeStyle = color;
     ctx.lineWidth = 2;
     ctx.beginPath();
     values.forEach((v, k) => {
       const x = slots ? width - (values.length - 1 - k) * step : 4 + k * ((width - 8) / Math.max(1, values.length - 1));
-      const y = height - 6 - (v / top) * (height - 24);
+      const y = height - 6 - ((v - low) / span) * (height - 24);
       if (k === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
     ctx.stroke();

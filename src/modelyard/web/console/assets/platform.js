@@ -57,10 +57,12 @@ function updateRates(now) {
 function drawCurves() {
   for (const canvas of document.querySelectorAll('canvas.curve')) {
     const {values, best} = JSON.parse(canvas.dataset.curve);
-    const top = Math.max(1e-9, ...values.map(Math.abs), ...best.map(Math.abs));
+    // Objectives such as a loss or an accuracy sit in a narrow band: the axis spans just that band.
+    let low = Math.min(...values), top = Math.max(...values);
+    if (top - low < 1e-12) { low -= 0.5; top += 0.5; }
     drawSeries(canvas, [
-      {values, color: '#9aa3b5', scale: top, label: `${canvas.dataset.metric} per trial`},
-      {values: best, color: '#1f9d55', scale: top, label: `best ${best[best.length - 1].toPrecision(4)}`},
+      {values, color: '#9aa3b5', scale: top, low, label: `${canvas.dataset.metric} per trial`},
+      {values: best, color: '#1f9d55', scale: top, low, label: `best ${best[best.length - 1].toPrecision(4)}`},
     ]);
   }
 }
