@@ -1,7 +1,9 @@
 """Tuning benchmark: parallel trials on disjoint cores against the same trials one after another,
 and early stopping against none.
 
-    python3 bench/tuning.py [--part parallel|early]   # prints the tables, writes bench/results/tuning*.md
+    python3 bench/tuning.py [--part parallel|early|peers]   # prints the tables, writes bench/results/tuning*.md
+
+The peers part needs KerasTuner: `pip install keras-tuner` (not a modelyard dependency).
 
 Each trial is a real `modelyard train` of the digits MLP (TensorFlow start-up, EPOCHS epochs,
 metrics.json) on one core. The same 8 grid points (same seeds: the trainer's seed 0) run as
@@ -9,7 +11,8 @@ one study with parallel_trial_count 1 on core 0 and as one with parallel_trial_c
 cores 0 and 1; each study is a fresh `modelyard tune` process and its wall time is measured
 from start to exit. Sequential and parallel runs alternate --repeats times (the machine is
 shared); the table gives each side's best run and their ratio (target <= 0.6), and the ratio of medians.
-The early-stopping part runs one 30-trial study three ways (see early_stopping).
+The early-stopping part runs one 30-trial study three ways (see early_stopping); the peers part
+runs it with modelyard tune, a plain Optuna script and KerasTuner's Hyperband (see peers).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -54,35 +58,56 @@ def write_study(directory: Path, name: str, parallel: int) -> Path:
     return study
 
 
-def run_study(study: Path, devices: str) -> tuple[float, float, int]:
-    """Wall seconds, best val_accuracy and completed trials of one fresh `modelyard tune` run."""
-    wall, _, best, done = run_study_cpu(study, devices)
-    return wall, best, done
+@dataclass
+class TuneRun:
+    """One fresh `modelyard tune` run: wall and CPU seconds (the tuner and its reaped trials), the
+    best value it printed, completed trials, and when each measurement line appeared
+    ((trial number from 1, step) -> seconds since the launch)."""
+
+    wall: float
+    cpu: float
+    best: float
+    done: int
+    stamps: dict[tuple[int, int], float]
 
 
-def run_study_cpu(study: Path, devices: str) -> tuple[float, float, float, int]:
-    """Also the CPU seconds the tuner and its trials used (reaped children's user + system time)."""
+_MEASUREMENT = re.compile(r"^trial (\d+) step (\d+) ")
+
+
+def run_tune(study: Path, devices: str) -> TuneRun:
     before = os.times()
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "modelyard", "tune", str(study), "--devices", devices],
-                          env=ENV, capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "modelyard", "tune", str(study), "--devices", devices],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stamps: dict[tuple[int, int], float] = {}
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the tuner flushes each event line as it happens
+        lines.append(line)
+        match = _MEASUREMENT.match(line)
+        if match:
+            stamps[(int(match[1]), int(match[2]))] = time.perf_counter() - start
+    stderr = proc.stderr.read() if proc.stderr else ""
+    proc.wait()
     wall = time.perf_counter() - start
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    stdout = "".join(lines)
     if proc.returncode != 0:
-        raise SystemExit(f"modelyard tune failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    best = [line for line in proc.stdout.splitlines() if line.startswith("best:")]
+        raise SystemExit(f"modelyard tune failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    best = [line for line in stdout.splitlines() if line.startswith("best:")]
     value = float(best[0].split("=")[1].split()[0]) if best else float("nan")
-    done = len(re.findall(r"^trial \d+ COMPLETE", proc.stdout, re.M))
-    return wall, cpu, value, done
+    done = len(re.findall(r"^trial \d+ COMPLETE", stdout, re.M))
+    return TuneRun(wall, cpu, value, done, stamps)
 
 
 EARLY_TRIALS = 30
 EARLY_EPOCHS = 20
 
 
-def write_early_study(directory: Path, name: str, stopping: dict | None) -> Path:
-    """The early-stopping study: 30 random points (same seed on every side) of the digits MLP."""
+def write_early_study(directory: Path, name: str, stopping: dict | None, algorithm: str = "RANDOM_SEARCH") -> Path:
+    """The early-stopping study: 30 random points (same seed on every side) of the digits MLP
+    (``algorithm`` ALGORITHM_UNSPECIFIED: TPE, for the peers part)."""
     job = directory / "job.yaml"
     job.write_text(yaml.safe_dump({
         "model": str(ROOT / "tuning_trial" / "digits_mlp.py"), "data": "digits", "epochs": EARLY_EPOCHS,
@@ -97,7 +122,7 @@ def write_early_study(directory: Path, name: str, stopping: dict | None) -> Path
              "scale_type": "UNIT_LOG_SCALE"},
             {"parameter_id": "dropout", "double_value_spec": {"min_value": 0.0, "max_value": 0.6}},
         ],
-        "algorithm": "RANDOM_SEARCH",
+        "algorithm": algorithm,
         "measurement_selection_type": "BEST_MEASUREMENT",
     }
     spec.update(stopping or {})
@@ -109,12 +134,18 @@ def write_early_study(directory: Path, name: str, stopping: dict | None) -> Path
     return study
 
 
-def early_stopping(tmp: Path) -> str:
-    """Unpruned vs median stopping vs Hyperband: epochs spent and best validation accuracy."""
+def counted_trials(study: Path) -> list:
+    """The study's trials from its database, less those re-run after an interruption."""
     sys.path.insert(0, str(ROOT.parent / "src"))
     from modelyard.tuning import spec as spec_mod
     from modelyard.tuning.study import load_study, retried_numbers
 
+    trials = load_study(spec_mod.load(study), create=False).get_trials(deepcopy=False)
+    return [t for t in trials if t.number not in retried_numbers(trials)]
+
+
+def early_stopping(tmp: Path) -> str:
+    """Unpruned vs median stopping vs Hyperband: epochs spent and best validation accuracy."""
     rows = []
     sides = (("unpruned", None), ("median", {"median_automated_stopping_spec": {}}),
              ("hyperband", {"hyperband_stopping_spec": {"min_resource": 1, "max_resource": EARLY_EPOCHS,
@@ -123,9 +154,8 @@ def early_stopping(tmp: Path) -> str:
         directory = tmp / f"early-{name}"
         directory.mkdir()
         study = write_early_study(directory, name, stopping)
-        wall, _, _ = run_study(study, "cpu:0,1")
-        trials = load_study(spec_mod.load(study), create=False).get_trials(deepcopy=False)
-        counted = [t for t in trials if t.number not in retried_numbers(trials)]
+        wall = run_tune(study, "cpu:0,1").wall
+        counted = counted_trials(study)
         epochs = sum(len(t.intermediate_values) for t in counted)
         best = max(max(t.intermediate_values.values()) for t in counted if t.intermediate_values)
         pruned = sum(t.state.name == "PRUNED" for t in counted)
@@ -143,6 +173,95 @@ def early_stopping(tmp: Path) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Side:
+    """One study of the peers part: its epochs as (seconds since launch, val_accuracy), in time order."""
+
+    name: str
+    points: list[tuple[float, float]]
+    wall: float
+    cpu: float
+    trials: int
+    pruned: int
+    load: float
+
+    def reached(self, target: float) -> tuple[float, int] | None:
+        """Seconds until the first epoch at or above ``target`` and the epochs run until then."""
+        for count, (seconds, value) in enumerate(self.points, 1):
+            if value >= target:
+                return seconds, count
+        return None
+
+
+def modelyard_side(tmp: Path, name: str, stopping: dict | None, algorithm: str) -> Side:
+    directory = tmp / f"peers-{name}"
+    directory.mkdir()
+    study = write_early_study(directory, name, stopping, algorithm)
+    run = run_tune(study, "cpu:0,1")
+    points = []
+    trials = counted_trials(study)
+    for trial in trials:
+        for step, value in trial.intermediate_values.items():
+            # Every measurement the tuner records is printed as it records it ("trial N step S").
+            points.append((run.stamps[(trial.number + 1, step)], value))
+    return Side(name, sorted(points), run.wall, run.cpu, len(trials),
+                sum(t.state.name == "PRUNED" for t in trials), os.getloadavg()[0])
+
+
+def peer_side(tmp: Path, name: str, tool: str) -> Side:
+    """bench/tuning_trial/peers.py TOOL in a fresh process, timed from its launch (TF import included)."""
+    import json
+
+    before = os.times()
+    start = time.perf_counter()
+    wall_start = time.time()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tuning_trial" / "peers.py"), tool, "--trials",
+                             str(EARLY_TRIALS), "--epochs", str(EARLY_EPOCHS), "--workdir", str(tmp / f"peer-{tool}")],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    after = os.times()
+    if proc.returncode != 0:
+        raise SystemExit(f"{tool} failed:\n{out[-2000:]}\n{err[-3000:]}")
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    points = [(e["t"] - wall_start, e["val_accuracy"]) for e in events if e["event"] == "epoch"]
+    done = events[-1]
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0])
+
+
+def peers(tmp: Path) -> str:
+    """The unpruned study sets the target (its best - 0.5 points); every side's time to reach it."""
+    median = {"median_automated_stopping_spec": {}}
+    hyperband = {"hyperband_stopping_spec": {"min_resource": 1, "max_resource": EARLY_EPOCHS, "reduction_factor": 3}}
+    plan = [
+        ("modelyard tune, random, no stopping (reference)", lambda: modelyard_side(tmp, "unpruned", None, "RANDOM_SEARCH")),
+        ("modelyard tune, TPE + median stopping", lambda: modelyard_side(tmp, "median", median, "ALGORITHM_UNSPECIFIED")),
+        ("modelyard tune, TPE + Hyperband", lambda: modelyard_side(tmp, "hyperband", hyperband, "ALGORITHM_UNSPECIFIED")),
+        ("Optuna script, TPE + MedianPruner (in-process)", lambda: peer_side(tmp, "optuna", "optuna")),
+        ("KerasTuner Hyperband (in-process)", lambda: peer_side(tmp, "kerastuner", "kerastuner")),
+    ]
+    sides = []
+    for label, run in plan:
+        side = run()
+        side.name = label
+        sides.append(side)
+        best = max(v for _, v in side.points)
+        print(f"{label}: {side.wall:.1f} s, {len(side.points)} epochs, best {best:.4f}", flush=True)
+    target = max(v for _, v in sides[0].points) - 0.005
+    lines = [f"target: val_accuracy >= {target:.4f} (the reference's best {target + 0.005:.4f} - 0.5 points)", "",
+             "| study | points tried | pruned | epochs run | best val_accuracy | time to target s | "
+             "epochs run by then | wall s (whole study) | CPU s | load avg at end |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for side in sides:
+        hit = side.reached(target)
+        reach = f"{hit[0]:.1f}" if hit else "not reached"
+        lines.append(f"| {side.name} | {side.trials} | {side.pruned if side.pruned >= 0 else '-'} | "
+                     f"{len(side.points)} | {max(v for _, v in side.points):.4f} | {reach} | "
+                     f"{hit[1] if hit else '-'} | {side.wall:.1f} | {side.cpu:.1f} | {side.load:.1f} |")
+    return "\n".join(lines)
+
+
 def parallelism(tmp: Path, repeats: int) -> str:
     """Sequential vs 2 parallel trials on disjoint cores: the table."""
     walls: dict[str, list[float]] = {"sequential": [], "parallel": []}
@@ -152,7 +271,8 @@ def parallelism(tmp: Path, repeats: int) -> str:
         for side, parallel, devices in (("sequential", 1, "cpu:0"), ("parallel", 2, "cpu:0,1")):
             directory = tmp / f"{side}-{r}"
             directory.mkdir()
-            wall, cpu, best, done = run_study_cpu(write_study(directory, side, parallel), devices)
+            run = run_tune(write_study(directory, side, parallel), devices)
+            wall, cpu, best, done = run.wall, run.cpu, run.best, run.done
             if done != TRIALS:
                 raise SystemExit(f"{side}: {done} of {TRIALS} trials completed")
             walls[side].append(wall)
@@ -188,7 +308,7 @@ def parallelism(tmp: Path, repeats: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="parallelism: alternating runs per side")
-    parser.add_argument("--part", choices=("all", "parallel", "early"), default="all")
+    parser.add_argument("--part", choices=("all", "parallel", "early", "peers"), default="all")
     parser.add_argument("--out-dir", default=str(ROOT / "results"))
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
@@ -218,6 +338,21 @@ def main() -> int:
                 f"median stopping and with Hyperband. Epochs run = measurements received (a pruned trial's "
                 f"epochs up to its stop). Best = best validation accuracy of any epoch of any trial "
                 f"(BEST_MEASUREMENT).\n\n{table}\n")
+        if args.part in ("all", "peers"):
+            table = peers(Path(tmp))
+            print(table)
+            (out / "tuning_peers.md").write_text(
+                f"# Tuning benchmark: modelyard tune against KerasTuner and Optuna\n\n"
+                f"`python3 bench/tuning.py --part peers` ({stamp}; `pip install keras-tuner`)\n\n"
+                f"The study of the early-stopping part (digits MLP, learning rate 1e-4..0.3 log, width 8..256 log, "
+                f"dropout 0..0.6; {EARLY_EPOCHS} epochs at most; {EARLY_TRIALS} points) run five ways, one after "
+                f"another. modelyard: `modelyard tune`, 2 trials at a time, one core each, each trial a fresh "
+                f"`modelyard train` process. Optuna: a plain script, one process, trials one after another in it "
+                f"(TPE seed 0, MedianPruner defaults). KerasTuner: Hyperband (max_epochs {EARLY_EPOCHS}, factor 3, "
+                f"hyperband_iterations set so it starts about {EARLY_TRIALS} points), one process. The peers train "
+                f"the same network on the same tf.data input as `modelyard train` (bench/tuning_trial/peers.py). "
+                f"Time to target: seconds from the study's launch (Python and TensorFlow start-up included) to the "
+                f"first epoch of any trial at or above the target.\n\n{table}\n")
     return 0
 
 
