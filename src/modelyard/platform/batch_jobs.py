@@ -96,7 +96,7 @@ def execute(work_dir: Path, job: dict) -> dict:
     from modelyard.batch import batch_predict
     from modelyard.batch.shards import ERRORS_FILE, result_shards
     from modelyard.batch.spec import BatchError
-    from modelyard.platform.job_child import JobFailed
+    from modelyard.platform.job_runner import JobFailed
 
     spec = job["spec"]
     ctx = spec[PRIVATE]

@@ -1,4 +1,4 @@
-"""``modelyard models ...`` and ``modelyard endpoints ...``: the platform's CLI, a thin client of its
+"""``modelyard models|endpoints|jobs ...``: the platform's CLI, a thin client of its
 Vertex AI REST API (the same calls the SDK makes). Prints JSON; errors print Google's message and
 exit 1. Mutations wait for their operation unless ``--no-wait``."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -43,6 +44,19 @@ class Client:
         except urllib.error.URLError as exc:
             raise CliError(f"cannot reach the platform at {self.base} ({exc.reason}): is `modelyard platform` "
                            "running? (--platform / $MODELYARD_PLATFORM)") from None
+
+    def raw(self, path: str) -> str:
+        """A modelyard (non-Vertex) GET under the platform's root, as text."""
+        req = urllib.request.Request(f"{self.base}{path}")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            raise CliError(f"HTTP {exc.code} from {path}") from None
+        except urllib.error.URLError as exc:
+            raise CliError(f"cannot reach the platform at {self.base} ({exc.reason})") from None
 
     def operation(self, op: dict) -> dict:
         while self.wait_ops and not op.get("done"):
@@ -117,6 +131,93 @@ def endpoints_cmd(args: argparse.Namespace, c: Client):
     raise CliError(f"unknown action {a}")
 
 
+JOB_COLLECTIONS = ("customJobs", "hyperparameterTuningJobs", "batchPredictionJobs")
+_FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+
+
+def _camel(value):
+    """snake_case keys -> camelCase, recursively (a spec written as gcloud or the SDK's dicts)."""
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    if isinstance(value, dict):
+        return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): _camel(v) for k, v in value.items()}
+    return value
+
+
+def job_request(config_path: str, display_name: str | None) -> tuple[str, dict]:
+    """(collection, resource body) for ``jobs submit --config``: a CustomJob spec (``jobSpec`` or
+    ``workerPoolSpecs`` at the top), a HyperparameterTuningJob (``studySpec``), or else a modelyard
+    training config, run as a one-replica CustomJob of ``modelyard train CONFIG``."""
+    import yaml
+
+    path = os.path.abspath(config_path)
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise CliError(f"--config {config_path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CliError(f"--config {config_path} is not YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"--config {config_path}: expected a mapping at the top")
+    doc = _camel(doc)
+    name = display_name or doc.get("displayName") or os.path.splitext(os.path.basename(path))[0]
+    if "studySpec" in doc:
+        return "hyperparameterTuningJobs", {**doc, "displayName": name}
+    if "workerPoolSpecs" in doc:
+        doc = {"jobSpec": doc}
+    if "jobSpec" in doc:
+        return "customJobs", {**doc, "displayName": name}
+    command = [sys.executable, "-m", "modelyard", "train", path]
+    return "customJobs", {"displayName": name, "jobSpec": {"workerPoolSpecs": [{
+        "replicaCount": "1", "machineSpec": {"machineType": "local"},
+        "containerSpec": {"imageUri": "modelyard/train", "command": command}}]}}
+
+
+def _find_job(c: Client, job: str) -> dict:
+    """A job by full name or id (any of the three job collections)."""
+    if "/" in job:
+        return c.call("GET", job, absolute=True)
+    last = None
+    for coll in JOB_COLLECTIONS:
+        try:
+            return c.call("GET", f"{coll}/{job}")
+        except CliError as exc:
+            last = exc
+            if not str(exc).startswith("NOT_FOUND"):
+                raise
+    raise last
+
+
+def jobs_cmd(args: argparse.Namespace, c: Client):
+    a = args.action
+    if a == "submit":
+        coll, body = job_request(args.config, args.display_name)
+        job = c.call("POST", coll, body)
+        while args.wait and job["state"] not in _FINAL:
+            time.sleep(0.5)
+            job = c.call("GET", job["name"], absolute=True)
+        return job
+    if a == "list":
+        out = []
+        for coll in JOB_COLLECTIONS:
+            out += c.call("GET", coll).get(coll, [])
+        return sorted(out, key=lambda j: j["createTime"])
+    job = _find_job(c, args.job)
+    if a == "describe":
+        return job
+    if a == "cancel":
+        c.call("POST", f"{job['name']}:cancel", {}, absolute=True)
+        return c.call("GET", job["name"], absolute=True)
+    if a == "logs":
+        return RawText(c.raw(f"/modelyard/v1/jobs/{_short(job['name'])}/logs"))
+    raise CliError(f"unknown action {a}")
+
+
+class RawText(str):
+    """Printed as is (a log), not as JSON."""
+
+
 def _scaled(current: dict[str, int], percent: int) -> dict[str, int]:
     """The SDK's rule: the new model ("0") gets ``percent``; the others share the rest in proportion."""
     if not current:
@@ -176,6 +277,18 @@ def register(subparsers) -> None:
     p.add_argument("--instances", required=True, help="JSON list of instances, or {\"instances\": [...]}")
     e.set_defaults(func=lambda a: _run(a, endpoints_cmd))
 
+    j = subparsers.add_parser("jobs", help="submit, list, describe, follow and cancel jobs on a modelyard platform")
+    js = j.add_subparsers(dest="action", required=True)
+    sb = js.add_parser("submit", parents=[common], help="submit a training config (runs `modelyard train`), a "
+                       "CustomJob spec or a HyperparameterTuningJob spec (YAML)")
+    sb.add_argument("--config", required=True, help="YAML: modelyard training config, or a Vertex job spec")
+    sb.add_argument("--display-name", help="default: the spec's displayName, else the file's name")
+    sb.add_argument("--wait", action="store_true", help="wait until the job ends")
+    js.add_parser("list", parents=[common], help="every job (custom, tuning, batch prediction)")
+    for action, what in (("describe", "the job's resource"), ("logs", "the job's log"), ("cancel", "cancel the job")):
+        js.add_parser(action, parents=[common], help=what).add_argument("job", help="job id or resource name")
+    j.set_defaults(func=lambda a: _run(a, jobs_cmd))
+
 
 def _run(args: argparse.Namespace, cmd) -> int:
     try:
@@ -183,5 +296,10 @@ def _run(args: argparse.Namespace, cmd) -> int:
     except CliError as exc:
         print(f"modelyard {args.command} {args.action}: error: {exc}", file=sys.stderr)
         return 1
+    if isinstance(out, RawText):
+        sys.stdout.write(out)
+        return 0
     print(json.dumps(out, indent=2))
+    if args.command == "jobs" and getattr(args, "wait", False) and out.get("state") != "JOB_STATE_SUCCEEDED":
+        return 1
     return 0

@@ -12,15 +12,7 @@ import traceback
 from pathlib import Path
 
 from modelyard.platform.errors import ApiError
-from modelyard.platform.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, kind_module, write_json
-
-class JobFailed(Exception):
-    """The job ran and failed; ``status`` is the google.rpc code name reported in the job's error."""
-
-    def __init__(self, message: str, status: str = "INTERNAL") -> None:
-        super().__init__(message)
-        self.status = status
-
+from modelyard.platform.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, JobFailed, kind_module, write_json
 
 def main(work_dir: str) -> int:
     root = Path(work_dir)

@@ -56,6 +56,15 @@ def kind_module(collection: str):
         raise ApiError("UNIMPLEMENTED", f"{collection} are not supported by this modelyard platform.") from None
 
 
+class JobFailed(Exception):
+    """Raised in a job's child: the job ran and failed; ``status`` is the google.rpc code name of its error.
+    (Here rather than in job_child, which runs as ``__main__`` and so is a different module object.)"""
+
+    def __init__(self, message: str, status: str = "INTERNAL") -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def write_json(path: Path, data: dict) -> None:
     """Replace ``path`` atomically: the runner never reads half a result."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -107,3 +107,19 @@ def publish(files: list[Path], dest_dir: str) -> None:
     fs = filesystem(scheme)
     for f in files:
         fs.put_file(str(f), f"{dest_dir.rstrip('/')}/{f.name}")
+
+
+def publish_tree(root: Path, dest_dir: str) -> int:
+    """Copy every file under ``root`` to ``dest_dir`` keeping relative paths; returns the count."""
+    files = [f for f in sorted(root.rglob("*")) if f.is_file()]
+    scheme = scheme_of(dest_dir)
+    fs = filesystem(scheme) if scheme else None
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        if fs is not None:
+            fs.put_file(str(f), f"{dest_dir.rstrip('/')}/{rel}")
+        else:
+            target = Path(local_path(dest_dir)) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
+    return len(files)
