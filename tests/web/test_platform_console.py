@@ -8,7 +8,10 @@ or to ``$MODELYARD_SCREENSHOTS``.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 
 import pytest
 import requests
@@ -30,12 +33,30 @@ def yard(tmp_path_factory, tiny_models):  # noqa: F811 (the imported fixture)
         api = Api(p.url, TOKEN)
         model = api.upload(tiny_models["models"]["tiny1"]["path"], EVIL)
         endpoint = api.create_endpoint("console <b>endpoint</b>")
-        a = api.deploy(endpoint, model)
-        b = api.deploy(endpoint, model, split={a: 100, "0": 0})
+        # Both deployed at once (replicas start in parallel): the first to serve takes 100%, the other 0%.
+        body = {"deployedModel": {"model": f"{PARENT}/models/{model}",
+                                  "automaticResources": {"minReplicaCount": 1, "maxReplicaCount": 1}}}
+        ops = [api.ok("POST", f"endpoints/{endpoint}:deployModel", body) for _ in range(2)]
+        ids = [api.wait(op)["deployedModel"]["id"] for op in ops]
+        split = api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"]
+        (a,), (b,) = [i for i in ids if split.get(i) == 100], [i for i in ids if i not in split]
         yield {"p": p, "api": api, "model": model, "endpoint": endpoint, "a": a, "b": b,
                "instances": tiny_models["instances"]}
     finally:
         p.cleanup()
+        _kill_jobs(p.workdir)
+
+
+def _kill_jobs(workdir) -> None:
+    """Batch job processes this module's platform started, if a test failed before they ended."""
+    marker = str(workdir / "state" / "jobs").encode()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if entry.isdigit() and marker in f.read():
+                    os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def _open(browser, url: str, **options):
@@ -201,6 +222,48 @@ def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, bro
         assert api.ok("GET", f"endpoints/{endpoint}")["displayName"] == "open"  # the API still serves
     finally:
         p.cleanup()
+
+
+def _batch_job(api: Api, yard: dict, folder, name: str, rows: int) -> str:
+    lines = "".join(json.dumps(yard["instances"][i % 3]) + "\n" for i in range(rows))
+    (folder / f"{name}.jsonl").write_text(lines)
+    body = {"displayName": name, "model": f"{PARENT}/models/{yard['model']}",
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(folder / f"{name}.jsonl")]}},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(folder / name)}}}
+    return api.ok("POST", "batchPredictionJobs", body)["name"]
+
+
+def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path):
+    api, url = yard["api"], yard["p"].url
+    page, _ = _open(browser, url, viewport=DESKTOP)
+    small = _batch_job(api, yard, tmp_path, "small", 30)
+    job = poll(lambda: (j := api.ok("GET", small.split(f"{PARENT}/", 1)[1]))["state"] in (
+        "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED") and j, 120, "the small job to finish")
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    row = page.locator(f"tr.job[data-job='{small}']")
+    poll(lambda: row.count() == 1 and row.locator(".state").text_content() == "SUCCEEDED", 15, "the finished job shown")
+    stats = job["completionStats"]
+    assert row.locator(".progress-text").text_content() == (
+        f'{stats["successfulCount"]} predicted, {stats["failedCount"]} failed')
+    assert row.locator("button.cancel").count() == 0  # a finished job cannot be cancelled
+
+    big = _batch_job(api, yard, tmp_path, "big", 60000)  # minutes of work: it is still going when cancelled
+    row = page.locator(f"tr.job[data-job='{big}']")
+    result = page.locator("#jobs .result")
+    poll(lambda: row.locator("button.cancel").count() == 1, 15, "the running job's Cancel button")
+    page.fill("#token", "wrong-token")
+    row.locator("button.cancel").click()
+    poll(lambda: result.text_content().startswith("refused"), 15, "the refusal")
+    assert "invalid authentication credentials" in result.text_content()
+    assert api.ok("GET", big.split(f"{PARENT}/", 1)[1])["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING")
+
+    page.fill("#token", TOKEN)
+    row.locator("button.cancel").click()
+    poll(lambda: result.text_content().startswith("cancel requested"), 15, "the cancel")
+    poll(lambda: api.ok("GET", big.split(f"{PARENT}/", 1)[1])["state"] == "JOB_STATE_CANCELLED", 60, "the job cancelled")
+    poll(lambda: row.locator(".state").text_content().startswith("CANCELLED"), 15, "the console showing it")
+    assert row.locator("button.cancel").count() == 0
+    page.context.close()
 
 
 def _state_with(jobs: list[dict], can_act: bool) -> dict:
