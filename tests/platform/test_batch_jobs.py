@@ -17,21 +17,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import PARENT, STAGING_BUCKET, require
-
-
-@pytest.fixture(scope="module")
-def aiplatform(platform, gcs_emulator):
-    aip = require("google.cloud.aiplatform", "pip install -e '.[test]' (installs google-cloud-aiplatform)")
-    import google.auth.credentials
-    from google.cloud.aiplatform import jobs as sdk_jobs
-
-    aip.init(project="local", location="us-central1", api_endpoint=platform.url, api_transport="rest",
-             credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{STAGING_BUCKET}")
-    saved = sdk_jobs._JOB_WAIT_TIME
-    sdk_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls every 5 s; the jobs here take a few seconds
-    yield aip
-    sdk_jobs._JOB_WAIT_TIME = saved
+from tests.platform.conftest import PARENT, STAGING_BUCKET
+from tests.platform.jobs_helpers import aiplatform, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -42,43 +29,8 @@ def tiny_model(aiplatform, tiny_models):
     model.delete()
 
 
-def _job_processes(platform) -> list[int]:
-    marker = str(platform.workdir / "state" / "jobs").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker in f.read():
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_stray_jobs(platform):
-    """Every job process this module started is gone at the end (killed if a test failed midway)."""
-    yield
-    for pid in _job_processes(platform):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def _by_instance(rows: list[dict]) -> dict[str, list]:
     return {json.dumps(r["instance"]): r["prediction"] for r in rows}
-
-
-def _wait_state(platform, name: str, states: tuple[str, ...], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"{name} did not reach {states}: {job}")
 
 
 def test_model_batch_predict_with_the_stock_sdk(aiplatform, tiny_model, tiny_models, gcs_emulator, platform):
@@ -138,7 +90,7 @@ def test_bad_rows_go_to_the_error_file_and_keys_are_carried(platform, tiny_model
             "dedicatedResources": {"startingReplicaCount": 1}}
     created = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30)
     assert created.status_code == 200, created.text
-    job = _wait_state(platform, created.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    job = wait_state(platform, created.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     assert job["completionStats"] == {"successfulCount": "28", "failedCount": "2", "incompleteCount": "0"}
     out = tmp_path / "out" / job["outputInfo"]["gcsOutputDirectory"].rsplit("/", 1)[-1]
@@ -159,8 +111,8 @@ def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
             "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
             "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}}}
     name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
-    _wait_state(platform, name, ("JOB_STATE_RUNNING",))
-    assert _job_processes(platform)
+    wait_state(platform, name, ("JOB_STATE_RUNNING",))
+    assert job_processes(platform)
     r = requests.delete(f"{platform.url}/v1/{name}", timeout=10)
     assert r.status_code == 400 and r.json()["error"]["status"] == "FAILED_PRECONDITION"  # running: cancel first
     job = aiplatform.BatchPredictionJob(name)
@@ -170,10 +122,7 @@ def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
     assert job.state == gca_job_state.JobState.JOB_STATE_CANCELLED
     assert job.gca_resource.error.code == 1  # google.rpc.Code.CANCELLED
     assert not (tmp_path / "out").exists()  # nothing published
-    deadline = time.monotonic() + 10
-    while _job_processes(platform) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _job_processes(platform) == []  # the job's process group is gone
+    assert wait_gone(platform) == []  # the job's process group is gone
     assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
 
 
@@ -187,13 +136,13 @@ def test_a_job_resumes_after_the_platform_and_its_process_die(platform, tiny_mod
             "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}},
             "manualBatchTuningParameters": {"batchSize": 128}, "dedicatedResources": {"startingReplicaCount": 1}}
     name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
-    _wait_state(platform, name, ("JOB_STATE_RUNNING",))
+    wait_state(platform, name, ("JOB_STATE_RUNNING",))
     time.sleep(3)
     platform.stop(signal.SIGKILL)
-    for pid in _job_processes(platform):
+    for pid in job_processes(platform):
         os.kill(pid, signal.SIGKILL)
     platform.start()
-    job = _wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
+    job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     assert job["completionStats"]["successfulCount"] == str(rows)
     out = tmp_path / "out" / job["outputInfo"]["gcsOutputDirectory"].rsplit("/", 1)[-1]

@@ -1,0 +1,77 @@
+"""Shared by the job tests (batch prediction, custom, tuning): the stock SDK pointed at the session
+platform with a quicker poll, a wait on a job's state, and the job processes of a platform."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+
+from tests.platform.conftest import STAGING_BUCKET, require
+
+FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+
+
+@pytest.fixture(scope="module")
+def aiplatform(platform, gcs_emulator):
+    aip = require("google.cloud.aiplatform", "pip install -e '.[test]' (installs google-cloud-aiplatform)")
+    import google.auth.credentials
+    from google.cloud.aiplatform import jobs as sdk_jobs
+
+    aip.init(project="local", location="us-central1", api_endpoint=platform.url, api_transport="rest",
+             credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{STAGING_BUCKET}")
+    saved = sdk_jobs._JOB_WAIT_TIME
+    sdk_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls every 5 s; the jobs here take a few seconds
+    yield aip
+    sdk_jobs._JOB_WAIT_TIME = saved
+
+
+def job_processes(platform) -> list[int]:
+    """Live processes started for the platform's jobs (found by the jobs' work dir in their command
+    line or environment: the replicas of a custom job get it as their working directory)."""
+    marker = str(platform.workdir / "state" / "jobs").encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                cwd = os.readlink(f"/proc/{entry}/cwd").encode()
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            except OSError:
+                continue
+            if not zombie and (marker in cmdline or cwd.startswith(marker)):
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stray_jobs(platform):
+    """Every job process a module started is gone at the end (killed if a test failed midway)."""
+    yield
+    for pid in job_processes(platform):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_state(platform, name: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    job = None
+    while time.monotonic() < deadline:
+        job = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"{name} did not reach {states}: {job}")
+
+
+def wait_gone(platform, timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while job_processes(platform) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return job_processes(platform)

@@ -1,0 +1,162 @@
+"""Issue 17: Vertex AI CustomJobs on ``modelyard platform`` with the stock SDK, and ``modelyard jobs``.
+
+A worker pool's command + args run as local processes (one per replica), the image URI recorded
+only; each replica sees Vertex's AIP_* directories under the base output directory, CLUSTER_SPEC,
+and TF_CONFIG when there are several. Also: a failing replica fails the job with its last lines,
+cancel stops every replica, bad specs are refused with nothing created, and the CLI submits a
+CustomJob spec and a modelyard training config.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.platform.conftest import STAGING_BUCKET, _env
+from tests.platform.jobs_helpers import aiplatform, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+
+PROBE = str(Path(__file__).with_name("job_scripts") / "probe.py")
+
+
+def _pool(args: list[str], replicas: int = 1, env: dict | None = None) -> dict:
+    return {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": replicas,
+            "container_spec": {"image_uri": "us-docker.pkg.dev/my-project/trainer:latest",
+                               "command": [sys.executable, PROBE], "args": args,
+                               "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}}
+
+
+def test_custom_job_runs_its_pool_with_vertex_environment(aiplatform, gcs_emulator):
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    job = aiplatform.CustomJob(display_name="probe", worker_pool_specs=[_pool(["--epochs=2"], env={"GREETING": "hi"})])
+    job.run(sync=True)  # base_output_dir: the SDK's timestamped directory under the staging bucket
+    assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED
+    spec = job.gca_resource.job_spec
+    assert spec.worker_pool_specs[0].container_spec.image_uri == "us-docker.pkg.dev/my-project/trainer:latest"
+    base = spec.base_output_directory.output_uri_prefix
+    assert base.startswith(f"gs://{STAGING_BUCKET}/")
+    # The replica wrote into its local AIP_MODEL_DIR; the job published it under the gs:// base directory.
+    blob = gcs_emulator["client"].bucket(STAGING_BUCKET).blob(base.split(f"{STAGING_BUCKET}/", 1)[1] + "/model/workerpool0-0.json")
+    seen = json.loads(blob.download_as_text())
+    assert seen["argv"] == ["--epochs=2"] and seen["env"]["GREETING"] == "hi"
+    assert seen["env"]["CLOUD_ML_JOB_ID"] == job.name
+    for var, sub in (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"), ("AIP_TENSORBOARD_LOG_DIR", "logs")):
+        assert seen["env"][var].endswith(f"/{sub}/")
+    assert seen["env"]["TF_CONFIG"] is None  # one replica: no cluster, as on Vertex
+    assert json.loads(seen["env"]["CLUSTER_SPEC"])["task"] == {"type": "workerpool0", "index": 0}
+    assert job.gca_resource.start_time and job.gca_resource.end_time
+
+
+def test_several_pools_get_one_cluster(aiplatform, tmp_path):
+    # A parameter-server job: workers and ps serve until the chief (whose end ends the job) is done.
+    job = aiplatform.CustomJob(display_name="cluster", base_output_dir=str(tmp_path),
+                               worker_pool_specs=[_pool(["--sleep=4"]), _pool(["--sleep=300"], replicas=2),
+                                                  _pool(["--sleep=300"])])
+    job.run(sync=True)
+    model_dir = tmp_path / "model"
+    found = {p.stem: json.loads(p.read_text()) for p in model_dir.glob("*.json")}
+    assert sorted(found) == ["workerpool0-0", "workerpool1-0", "workerpool1-1", "workerpool2-0"]
+    configs = {name: json.loads(v["env"]["TF_CONFIG"]) for name, v in found.items()}
+    cluster = configs["workerpool0-0"]["cluster"]
+    assert sorted(cluster) == ["chief", "ps", "worker"] and len(cluster["worker"]) == 2
+    assert all(c["cluster"] == cluster for c in configs.values())
+    assert configs["workerpool0-0"]["task"] == {"type": "chief", "index": 0}
+    assert configs["workerpool1-1"]["task"] == {"type": "worker", "index": 1}
+    assert configs["workerpool2-0"]["task"] == {"type": "ps", "index": 0}
+    assert len({v["pid"] for v in found.values()}) == 4
+
+
+def test_a_failing_replica_fails_the_job_with_its_last_lines(aiplatform, tmp_path):
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    job = aiplatform.CustomJob(display_name="fails", base_output_dir=str(tmp_path), worker_pool_specs=[_pool(["--fail=3"])])
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        job.run(sync=True)
+    assert job.state == gca_job_state.JobState.JOB_STATE_FAILED
+    assert "failing on purpose" in job.gca_resource.error.message
+
+
+def test_cancel_stops_every_replica(aiplatform, platform, tmp_path):
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    job = aiplatform.CustomJob(display_name="long", base_output_dir=str(tmp_path),
+                               worker_pool_specs=[_pool(["--sleep=120"]), _pool(["--sleep=120"], replicas=1)])
+    job.submit()
+    wait_state(platform, job.resource_name, ("JOB_STATE_RUNNING",))
+    model_dir = tmp_path / "model"
+    deadline = 60
+    import time
+
+    end = time.monotonic() + deadline
+    while len(list(model_dir.glob("*.json"))) < 2 and time.monotonic() < end:
+        time.sleep(0.2)
+    pids = [json.loads(p.read_text())["pid"] for p in model_dir.glob("*.json")]
+    assert len(pids) == 2
+    job.cancel()
+    with pytest.raises(RuntimeError, match="CANCELED"):
+        job.wait_for_completion()
+    assert job.state == gca_job_state.JobState.JOB_STATE_CANCELLED
+    assert wait_gone(platform) == []
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("pools, words", [
+    ([], "worker_pool_specs"),
+    ([{"replicaCount": "1", "containerSpec": {"imageUri": "x"}}], "command is required"),
+    ([{"replicaCount": "1", "containerSpec": {"imageUri": "x", "command": ["/no/such/trainer"]}}], "not an executable"),
+    ([{"replicaCount": "2", "containerSpec": {"imageUri": "x", "command": ["python3"]}}], "exactly one replica"),
+    ([{"replicaCount": "1", "containerSpec": {"imageUri": "x", "command": ["python3"]},
+       "pythonPackageSpec": {"pythonModule": "m", "packageUris": ["gs://b/p.tar.gz"]}}], "exactly one of"),
+    ([{"replicaCount": "many", "containerSpec": {"imageUri": "x", "command": ["python3"]}}], "integer"),
+])
+def test_bad_custom_jobs_create_nothing(platform, pools, words):
+    before = requests.get(platform.api("customJobs"), timeout=10).json().get("customJobs", [])
+    r = requests.post(platform.api("customJobs"), json={"displayName": "bad", "jobSpec": {"workerPoolSpecs": pools}},
+                      timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
+    assert words in r.json()["error"]["message"]
+    after = requests.get(platform.api("customJobs"), timeout=10).json().get("customJobs", [])
+    assert [j["name"] for j in after] == [j["name"] for j in before]
+
+
+def _cli(platform, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "modelyard", *args, "--platform", platform.url],
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_jobs_cli_submits_a_custom_job_spec_and_a_training_config(platform, tmp_path):
+    spec = {"worker_pool_specs": [_pool(["--sleep=60"])], "base_output_directory": {"output_uri_prefix": str(tmp_path / "o")}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    out = _cli(platform, "jobs", "submit", "--config", str(tmp_path / "spec.yaml"), "--display-name", "from-cli")
+    assert out.returncode == 0, out.stderr
+    job_id = json.loads(out.stdout)["name"].rsplit("/", 1)[-1]
+    wait_state(platform, json.loads(out.stdout)["name"], ("JOB_STATE_RUNNING",))
+    listed = json.loads(_cli(platform, "jobs", "list").stdout)
+    assert job_id in [j["name"].rsplit("/", 1)[-1] for j in listed]
+    described = json.loads(_cli(platform, "jobs", "describe", job_id).stdout)
+    assert described["displayName"] == "from-cli" and described["state"] == "JOB_STATE_RUNNING"
+    cancelled = _cli(platform, "jobs", "cancel", job_id)
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] in ("JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED")
+    assert wait_state(platform, described["name"], ("JOB_STATE_CANCELLED",))["error"]["code"] == 1
+    logs = _cli(platform, "jobs", "logs", job_id).stdout
+    assert "workerpool0-0: started with ['--sleep=60']" in logs
+    missing = _cli(platform, "jobs", "describe", "123")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+    # A modelyard training config: the job runs `modelyard train` on it.
+    config = {"model": "demo", "job_dir": str(tmp_path / "train-job"), "strategy": "one_device", "global_batch_size": 32,
+              "epochs": 1, "steps_per_epoch": 3, "tensorboard": False, "input_report": False}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    done = _cli(platform, "jobs", "submit", "--config", str(tmp_path / "train.yaml"), "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout)
+    assert job["state"] == "JOB_STATE_SUCCEEDED"
+    assert job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"][-2:] == ["train", str(tmp_path / "train.yaml")]
+    assert (tmp_path / "train-job").is_dir()
