@@ -259,7 +259,9 @@ def test_whole_batch_predictions_split_into_the_per_row_bytes(shape, dtype):
         _denselines.assemble(data, spans, n + 1 if n else 1, orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
-def test_split_lines_matches_the_chunk_line_count():
-    for raw in [b"", b"\n", b"a", b"a\n", b"a\n\nb", b"\n\n"]:
-        view = memoryview(bytearray(raw))
-        assert dense_chunk._line_count(view) == len(split_lines(raw)), raw
+def test_parse_counts_lines_as_split_lines_does():
+    values, spans = np.zeros(64, np.int64), np.zeros(64, np.int64)
+    for raw in [b"", b"\n", b"[1]", b"[1]\n", b"[1]\n\n[2]", b"\n\n", b"x\ny\nz"]:
+        data = bytearray(raw)
+        _ok, n, after = _denselines.parse(data, 0, len(data), 32, (1,), True, values, spans)
+        assert (n, after) == (len(split_lines(raw)), len(raw)), raw

@@ -163,12 +163,67 @@ static int number(Line *l)
     }
 }
 
+/* The innermost list of an integer tensor: n strict JSON integers of at most 18 digits. This is
+ * where nearly all of a line's bytes are, so it keeps its cursor in registers and reads each
+ * integer inline; a fraction, an exponent or a longer integer returns -1 like number() does. */
+static int integer_leaf(Line *l, Py_ssize_t n)
+{
+    const char *p = l->p, *end = l->end;
+    int64_t *out = l->out;
+    Py_ssize_t i;
+    if (p >= end || *p != '[')
+        return -1;
+    p++;
+    for (i = 0; i < n; i++) {
+        int negative = 0, digits;
+        int64_t v;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+            p++;
+        if (i > 0) {
+            if (p >= end || *p != ',')
+                return -1;
+            p++;
+            while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+                p++;
+        }
+        if (p < end && *p == '-') {
+            negative = 1;
+            p++;
+        }
+        if (p >= end || !is_digit(*p))
+            return -1;
+        v = *p++ - '0';
+        if (v == 0) {
+            if (p < end && is_digit(*p))
+                return -1; /* 01 is not JSON */
+        } else {
+            for (digits = 1; p < end && is_digit(*p); p++) {
+                if (++digits > MAX_INT_DIGITS)
+                    return -1;
+                v = v * 10 + (*p - '0');
+            }
+        }
+        if (p < end && (*p == '.' || *p == 'e' || *p == 'E'))
+            return -1;
+        *out++ = negative ? -v : v;
+    }
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+        p++;
+    if (p >= end || *p != ']')
+        return -1;
+    l->p = p + 1;
+    l->out = out;
+    return 0;
+}
+
 /* A list of shape[depth] elements (a number at depth ndim): 0, or -1 for anything else. */
 static int value(Line *l, int depth)
 {
     Py_ssize_t i, n;
     if (depth == l->ndim)
         return number(l);
+    if (l->integer && depth == l->ndim - 1)
+        return integer_leaf(l, l->shape[depth]);
     if (l->p >= l->end || *l->p != '[')
         return -1;
     l->p++;

@@ -72,26 +72,11 @@ def _read(chunk: Chunk) -> memoryview:
     return view
 
 
-def _line_count(data: memoryview) -> int:
-    """``len(split_lines(data))`` without making the lines."""
-    n = len(data)
-    if n == 0:
-        return 0
-    return data.obj.count(b"\n", 0, n) + (data[n - 1] != 10)
-
-
 def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
             raw_batch: RawBatch) -> tuple[int, int]:
     """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``."""
     dense = predictor.dense
     data = _read(chunk)
-    lines = _line_count(data)
-    if lines != chunk.rows:
-        # The plan counted rows when the job started; a different count means the file changed.
-        raise ValueError(
-            f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
-            f"{lines} rows, not {chunk.rows}"
-        )
     _BUFFERS.sized(0, batch_size * dense.size, batch_size)
     integer = dense.parse_dtype is np.int64
     values = _BUFFERS.values.view(np.float64) if not integer else _BUFFERS.values
@@ -119,6 +104,13 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
                     ok_count += n
                 row += n
                 pos = after
+        if row != chunk.rows:
+            # The plan counted rows when the job started; a different count means the file changed.
+            # (Counted while parsing, not before: a pass over the chunk costs a tenth of the rest.)
+            raise ValueError(
+                f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
+                f"{row} rows, not {chunk.rows}"
+            )
         commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
     except BaseException:
         tmp.unlink(missing_ok=True)
