@@ -213,12 +213,17 @@ def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, bro
         assert page.locator(".readonly").count() == 1
         assert page.locator("#token").count() == 0 and page.locator("form.split, button.cancel").count() == 0
         page.context.close()
+        # the console answers GETs only; anything else, and unknown files, in Google's error format
+        for method, path in (("POST", "/console"), ("DELETE", "/console/api/state"), ("GET", "/console/x.js")):
+            r = requests.request(method, p.url + path, timeout=10)
+            assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND", (method, path, r.text)
 
         p.stop()
         p.extra_args = ["--no-console"]
         p.start()
-        r = requests.get(p.url + "/console", timeout=10)
-        assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+        for method in ("GET", "POST"):
+            r = requests.request(method, p.url + "/console", timeout=10)
+            assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
         assert api.ok("GET", f"endpoints/{endpoint}")["displayName"] == "open"  # the API still serves
     finally:
         p.cleanup()
@@ -233,7 +238,7 @@ def _batch_job(api: Api, yard: dict, folder, name: str, rows: int) -> str:
     return api.ok("POST", "batchPredictionJobs", body)["name"]
 
 
-def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path):
+def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path, tmp_path_factory):
     api, url = yard["api"], yard["p"].url
     page, _ = _open(browser, url, viewport=DESKTOP)
     small = _batch_job(api, yard, tmp_path, "small", 30)
@@ -263,6 +268,7 @@ def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path):
     poll(lambda: api.ok("GET", big.split(f"{PARENT}/", 1)[1])["state"] == "JOB_STATE_CANCELLED", 60, "the job cancelled")
     poll(lambda: row.locator(".state").text_content().startswith("CANCELLED"), 15, "the console showing it")
     assert row.locator("button.cancel").count() == 0
+    print("screenshot:", shoot(page, tmp_path_factory, "platform-console-jobs-desktop"))
     page.context.close()
 
 
@@ -296,3 +302,15 @@ def test_jobs_show_progress_curves_and_cancel_only_with_a_token():
     assert html.count('class="cancel"') == 1 and f'data-job="{parent}/batchPredictionJobs/1">Cancel' in html
     assert 'class="cancel"' not in platform_page.render_live(_state_with([batch], can_act=False))
     assert 'id="jobs"' not in platform_page.render_live(_state_with([], can_act=True))  # no jobs: no section
+
+
+def test_shadow_agreement_is_shown():
+    dm = {"id": "7", "displayName": "challenger", "model": "projects/p/locations/l/models/1", "modelDisplayName": "m",
+          "modelVersionId": "2", "minReplicaCount": 1, "maxReplicaCount": 1, "shadowTrafficPercentage": 25,
+          "replicas": [], "requests": {"total": 0, "ok": 0, "byCode": {}}, "latencySeconds": {"sum": 0.0, "count": 0},
+          "shadow": {"mirrored": 40, "agreed": 36, "failed": 2, "agreementRatio": 36 / 38, "maxAbsDiff": 0.0123}}
+    ep = {"name": "projects/p/locations/l/endpoints/9", "id": "9", "parent": "projects/p/locations/l",
+          "displayName": "e", "labels": {}, "trafficSplit": {}, "deployedModels": [dm]}
+    html = platform_page.render_live({"time": 0.0, "canAct": True, "models": [], "endpoints": [ep], "jobs": []})
+    assert "shadow 25%: 36/38 agree (94.7%), 2 failed, max |diff| 0.0123" in html
+    assert "form" not in html  # a shadow takes no share of the split: nothing to edit

@@ -8,6 +8,7 @@ check, and are offered only when the platform has an ``--auth-token``.
 """
 from __future__ import annotations
 
+import logging
 from importlib import resources
 
 import orjson
@@ -19,6 +20,14 @@ PREFIX = "/console"
 _ASSETS = {"console.css": "text/css", "platform.css": "text/css", "chart.js": "text/javascript",
            "platform.js": "text/javascript"}
 _NO_STORE = {"Cache-Control": "no-store"}
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, name: str, message: str) -> web.Response:
+    """Google's error body, as every other answer of the platform."""
+    body = {"error": {"code": status, "message": message, "status": name}}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=_NO_STORE)
 
 
 class PlatformConsole:
@@ -39,23 +48,28 @@ class PlatformConsole:
         jobs = await platform_jobs.fetch(self._session, f"http://{host}:{port}", parents, self.p.config.auth_token)
         return platform_state.collect(self.p, jobs)
 
+    async def _answer(self, request: web.Request, render, content_type: str) -> web.Response:
+        try:
+            state = await self.state(request)
+        except Exception as exc:  # the store unreachable, say: the page says so and keeps polling
+            log.exception("console: reading the platform's state failed")
+            return _error(503, "UNAVAILABLE", f"the console cannot read the platform's state: {exc}")
+        return web.Response(body=render(state), content_type=content_type, charset="utf-8", headers=_NO_STORE)
+
     async def page(self, request: web.Request) -> web.Response:
-        html = platform_page.render(await self.state(request))
-        return web.Response(text=html, content_type="text/html", charset="utf-8", headers=_NO_STORE)
+        return await self._answer(request, lambda s: platform_page.render(s).encode(), "text/html")
 
     async def live(self, request: web.Request) -> web.Response:
-        html = platform_page.render_live(await self.state(request))
-        return web.Response(text=html, content_type="text/html", charset="utf-8", headers=_NO_STORE)
+        return await self._answer(request, lambda s: platform_page.render_live(s).encode(), "text/html")
 
     async def state_json(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(await self.state(request)), content_type="application/json",
-                            headers=_NO_STORE)
+        return await self._answer(request, orjson.dumps, "application/json")
 
     async def asset(self, request: web.Request) -> web.Response:
         name = request.match_info["asset"]
         if name not in self.assets:
-            body = {"error": {"code": 404, "message": f"No console file {name!r}.", "status": "NOT_FOUND"}}
-            return web.Response(body=orjson.dumps(body), status=404, content_type="application/json")
+            return _error(404, "NOT_FOUND", f"No console file {name!r}: the console's paths are /console, "
+                          "/console/api/state and /console/api/live.")
         return web.Response(body=self.assets[name], content_type=_ASSETS[name], charset="utf-8")
 
     async def close(self, _app=None) -> None:
