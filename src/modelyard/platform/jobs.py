@@ -114,6 +114,9 @@ def render(row: dict) -> dict:
     if row["error"]:
         out["error"] = row["error"]
     out["labels"] = row["labels"] or {}
+    hook = getattr(kind_module(row["kind"]), "render", None)  # a kind's own enums (e.g. Trial.State)
+    if hook is not None:
+        hook(out, ENUM_INTS.get())
     return out
 
 
