@@ -12,6 +12,7 @@ from modelyard.platform.job_runner import JobRunner
 from modelyard.platform.metrics import Metrics
 from modelyard.platform.operations import Operations
 from modelyard.platform.replicas import LocalEngine
+from modelyard.platform.replicas_ray import RayEngine
 from modelyard.platform.routing import Routing
 from modelyard.platform.store import Store
 from modelyard.platform.supervisor import Supervisor
@@ -32,6 +33,18 @@ class Config:
     max_replicas: int = 8
     replica_args: list[str] = field(default_factory=list)
     autoscale: Policy = field(default_factory=Policy)
+    engine: str = "local"  # "local": replicas are processes on this host; "ray": actors on a Ray cluster
+    ray_address: str = ""
+    ray_replica_cpus: float = 1.0
+    warm_spare: bool = True  # local engine: keep one `modelyard serve` warm for the next replica
+
+
+def make_engine(config: Config) -> LocalEngine | RayEngine:
+    """The replica engine ``config.engine`` names (``ray`` must already be importable and reachable)."""
+    if config.engine == "ray":
+        return RayEngine(config.state_dir, config.ray_address, serve_args=config.replica_args,
+                         num_cpus=config.ray_replica_cpus)
+    return LocalEngine(config.state_dir, serve_args=config.replica_args, warm_spare=config.warm_spare)
 
 
 class Platform:
@@ -40,7 +53,7 @@ class Platform:
         self.store = Store(config.store_url)
         self.ops = Operations(self.store)
         self.routing = Routing()
-        self.engine = LocalEngine(config.state_dir, serve_args=config.replica_args)
+        self.engine = make_engine(config)
         self.metrics = Metrics()
         self.gateway = Gateway(self.routing, self.metrics)
         self.supervisor = Supervisor(self.store, self.engine, self.routing)

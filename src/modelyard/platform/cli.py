@@ -44,6 +44,17 @@ def register(subparsers) -> None:
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
                         "e.g. --replica-arg=--runtime=tensorflow")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local",
+                        help="where replicas run: 'local' processes on this host (default), or actors on a "
+                        "Ray cluster ('ray', with --ray-address), placed across its nodes")
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", ""),
+                        help="the Ray cluster's head (GCS) address HOST:PORT, as `ray start --head` prints it "
+                        "(default: $RAY_ADDRESS)")
+    parser.add_argument("--ray-replica-cpus", type=float, default=1.0,
+                        help="CPUs Ray reserves for each replica actor (default 1)")
+    parser.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
+                        help="local engine: do not keep a spare `modelyard serve` running (TensorFlow imported) "
+                        "for the next replica; replicas then take seconds longer to start")
     parser.add_argument("--autoscale-target-in-flight", type=float, default=4.0,
                         help="requests in flight per replica the autoscaler aims at (default 4)")
     parser.add_argument("--autoscale-up-seconds", type=float, default=3.0,
@@ -73,7 +84,17 @@ def run(args: argparse.Namespace) -> int:
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
                     max_replicas=args.max_replicas, replica_args=args.replica_arg,
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
-                                     args.autoscale_cooldown_seconds))
+                                     args.autoscale_cooldown_seconds),
+                    engine=args.engine, ray_address=args.ray_address, ray_replica_cpus=args.ray_replica_cpus,
+                    warm_spare=args.warm_spare)
+    if args.engine == "ray":
+        from modelyard.platform.replicas_ray import EngineUnavailable, connect
+
+        try:
+            connect(args.ray_address)  # before serving: a wrong address stops the start, it does not hang
+        except EngineUnavailable as exc:
+            print(f"modelyard platform: error: {exc}", file=sys.stderr)
+            return 2
     try:
         tls = _tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
     except (OSError, ValueError) as exc:

@@ -4,10 +4,20 @@ The platform talks to them only through their process ids and HTTP: it starts on
 on free ports, waits until TF Serving's status API says the model is AVAILABLE, checks it is still
 alive, and stops it with SIGTERM (SIGKILL after a grace period). Replicas run in their own session,
 so they outlive a platform that is killed, and the next platform adopts them from the store.
+
+Starting a replica is mostly importing TensorFlow (4 s on an idle 2-core machine, 10 s and more
+under load), so while anything is deployed the engine keeps one *warm spare*: a ``modelyard serve``
+already running, with an empty model directory it polls every second. A new replica (scale-up,
+replacement, deploy) claims the spare by linking its model into that directory (1-2 s until
+AVAILABLE) and a new spare starts at once, beside it, so it is warm when the next replica is needed.
+
+Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
+``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop`` and ``want_spare``.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -15,13 +25,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import aiohttp
 
+from modelyard.platform import names
 from modelyard.platform.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 MODEL = "model"  # the name every replica serves its one model under
 START_TIMEOUT_S = 180.0
+READY_POLL_S = 0.05  # a replica's status API is cheap; polling it fast takes ~0.2 s off every start
+SPARE_PREFIX = "spare-"  # replica directories of warm spares
+CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
 
 
 def _free_port(host: str) -> int:
@@ -46,14 +63,30 @@ def pid_alive(pid: int, port: int | None = None) -> bool:
         return False
 
 
-class LocalEngine:
-    """Starts, checks and stops replica processes on this host."""
+def serve_command(base: Path, host: str, port: int, grpc_port: int, poll_s: int, extra: list[str]) -> list[str]:
+    """The ``modelyard serve`` command line of one replica (``poll_s`` 0: load once, never re-scan)."""
+    return [sys.executable, "-m", "modelyard", "serve", "--model_name", MODEL, "--model_base_path", str(base),
+            "--host", host, "--rest_api_port", str(port), "--port", str(grpc_port),
+            "--file_system_poll_wait_seconds", str(poll_s), *extra]
 
-    def __init__(self, state_dir: Path, host: str = "127.0.0.1", serve_args: list[str] | None = None) -> None:
-        self.state_dir = state_dir
-        self.host = host
-        self.serve_args = list(serve_args or [])
-        self._children: dict[int, subprocess.Popen] = {}
+
+def serve_env() -> dict:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+
+
+def tail(path: Path, lines: int = 6) -> str:
+    """The last lines of a replica's log, for error messages."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) + f" (log: {path})"
+
+
+class Probe:
+    """Asks replicas over HTTP (TF Serving's model status API) whether their model is AVAILABLE."""
+
+    def __init__(self) -> None:
         self.session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
@@ -63,50 +96,7 @@ class LocalEngine:
         if self.session is not None:
             await self.session.close()
 
-    async def start(self, replica_id: str, dm_id: str, model_path: Path) -> dict:
-        """Start a replica serving ``model_path``; returns its row once the model is AVAILABLE."""
-        rdir = self.state_dir / "replicas" / replica_id
-        base = rdir / MODEL
-        base.mkdir(parents=True, exist_ok=True)
-        link = base / "1"  # TF Serving wants version directories under a base path
-        if not link.exists():
-            link.symlink_to(model_path, target_is_directory=True)
-        port, grpc_port = _free_port(self.host), _free_port(self.host)
-        log_path = rdir / "serve.log"
-        cmd = [sys.executable, "-m", "modelyard", "serve", "--model_name", MODEL, "--model_base_path", str(base),
-               "--host", self.host, "--rest_api_port", str(port), "--port", str(grpc_port),
-               "--file_system_poll_wait_seconds", "0", *self.serve_args]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
-        self._children[proc.pid] = proc
-        row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": port,
-               "grpc_port": grpc_port, "pid": proc.pid, "log_path": str(log_path), "created": time.time()}
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                self._children.pop(proc.pid, None)
-                raise ApiError("FAILED_PRECONDITION",
-                               f"replica for deployed model {dm_id} exited with code {proc.returncode} while "
-                               f"loading {model_path}: {_tail(log_path)}")
-            available, error = await self._status(row)
-            if available:
-                return row
-            if error:
-                await self.stop(row)
-                raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not load "
-                               f"{model_path}: {error}")
-            await asyncio.sleep(0.25)
-        await self.stop(row)
-        raise ApiError("DEADLINE_EXCEEDED", f"replica for deployed model {dm_id} did not become AVAILABLE "
-                       f"within {START_TIMEOUT_S:.0f} s: {_tail(log_path)}")
-
-    async def healthy(self, row: dict) -> bool:
-        """TF Serving's model status says AVAILABLE."""
-        return (await self._status(row))[0]
-
-    async def _status(self, row: dict) -> tuple[bool, str | None]:
+    async def status(self, row: dict) -> tuple[bool, str | None]:
         """(AVAILABLE?, the load error TF Serving's status API reports, if the version ended with one)."""
         assert self.session is not None
         try:
@@ -123,6 +113,149 @@ class LocalEngine:
             if v.get("state") == "END" and status.get("error_code", "OK") != "OK":
                 return False, status.get("error_message") or status["error_code"]
         return False, None
+
+    async def wait_available(self, row: dict, model_path: Path, exited: Callable[[], Awaitable[str | None]],
+                             stop: Callable[[dict], Awaitable[None]], timeout_s: float = START_TIMEOUT_S) -> None:
+        """Returns once ``row``'s model is AVAILABLE; else stops the replica and raises the ApiError saying why.
+        ``exited()`` gives the reason if the replica's process is gone (None while it runs)."""
+        dm_id = row["deployed_model_id"]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            reason = await exited()
+            if reason is not None:
+                raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} {reason} while "
+                               f"loading {model_path}")
+            available, error = await self.status(row)
+            if available:
+                return
+            if error:
+                await stop(row)
+                raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not load "
+                               f"{model_path}: {error}")
+            await asyncio.sleep(READY_POLL_S)
+        await stop(row)
+        raise ApiError("DEADLINE_EXCEEDED", f"replica for deployed model {dm_id} did not become AVAILABLE "
+                       f"within {timeout_s:.0f} s (log: {row.get('log_path')})")
+
+
+class LocalEngine:
+    """Starts, checks and stops replica processes on this host."""
+
+    def __init__(self, state_dir: Path, host: str = "127.0.0.1", serve_args: list[str] | None = None,
+                 warm_spare: bool = True) -> None:
+        self.state_dir = state_dir
+        self.warm_spare = warm_spare
+        self.host = host
+        self.serve_args = list(serve_args or [])
+        self._children: dict[int, subprocess.Popen] = {}
+        self.probe = Probe()
+        self._spare: dict | None = None  # the warm spare: rdir, base, port, grpc_port, pid, log_path
+
+    async def open(self) -> None:
+        self._reap_spares()
+        await self.probe.open()
+
+    async def close(self) -> None:
+        self.want_spare(False)
+        await self.probe.close()
+
+    # ---- warm spare -----------------------------------------------------------------------------
+    def want_spare(self, wanted: bool) -> None:
+        """Keep one warm spare (``wanted``: replicas run or start, more may be needed soon) or none."""
+        wanted = wanted and self.warm_spare
+        self._reap_children()
+        spare = self._spare
+        if spare is not None and not self.alive(spare):
+            log.warning("the warm spare replica process exited: %s", tail(Path(spare["log_path"])))
+            spare = self._spare = None
+        if wanted and spare is None:
+            self._spare = self._launch(self.state_dir / "replicas" / (SPARE_PREFIX + names.new_id()), poll_s=1)
+        elif not wanted and spare is not None:
+            self._spare = None
+            self._kill(spare["pid"])
+
+    def _claim_spare(self, model_path: Path) -> dict | None:
+        """The spare's process for a new replica (its model linked in), or None if there is no live spare."""
+        spare, self._spare = self._spare, None
+        if spare is None or not self.alive(spare):
+            return None
+        (Path(spare["rdir"]) / CLAIMED).touch()  # written before the link: a platform restart keeps it
+        (Path(spare["base"]) / "1").symlink_to(model_path, target_is_directory=True)
+        return spare
+
+    def _reap_spares(self) -> None:
+        """Stop unclaimed spares a previous platform left (it was killed before it could stop them)."""
+        root = self.state_dir / "replicas"
+        dirs = {str(d).encode() for d in root.glob(SPARE_PREFIX + "*") if not (d / CLAIMED).exists()}
+        if not dirs:
+            return
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        cmdline = f.read()
+                except OSError:
+                    continue
+                if b"serve" in cmdline and any(d + b"/" in cmdline for d in dirs):
+                    self._kill(int(entry))
+
+    def _kill(self, pid: int) -> None:
+        """SIGTERM without waiting: the process is reaped by a later ``_reap_children``."""
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def _reap_children(self) -> None:
+        """Collect exited children (no zombies); ``alive`` then falls back to /proc, which says gone."""
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                self._children.pop(pid, None)
+
+    # ---- replicas -------------------------------------------------------------------------------
+    def _launch(self, rdir: Path, poll_s: int, model_path: Path | None = None) -> dict:
+        base = rdir / MODEL
+        base.mkdir(parents=True, exist_ok=True)
+        if model_path is not None:
+            link = base / "1"  # TF Serving wants version directories under a base path
+            if not link.exists():
+                link.symlink_to(model_path, target_is_directory=True)
+        port, grpc_port = _free_port(self.host), _free_port(self.host)
+        log_path = rdir / "serve.log"
+        cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=serve_env(), start_new_session=True)
+        self._children[proc.pid] = proc
+        return {"rdir": str(rdir), "base": str(base), "port": port, "grpc_port": grpc_port, "pid": proc.pid,
+                "log_path": str(log_path)}
+
+    async def start(self, replica_id: str, dm_id: str, model_path: Path) -> dict:
+        """Start a replica serving ``model_path`` (on the warm spare if there is one); returns its row once
+        the model is AVAILABLE."""
+        proc = self._claim_spare(model_path) or self._launch(self.state_dir / "replicas" / replica_id, 0, model_path)
+        self.want_spare(True)  # the next spare imports TensorFlow beside this replica's start, not after it
+        row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": proc["port"],
+               "grpc_port": proc["grpc_port"], "pid": proc["pid"], "log_path": proc["log_path"],
+               "created": time.time()}
+
+        async def exited() -> str | None:
+            child = self._children.get(row["pid"])
+            if child is None or child.poll() is None:
+                return None
+            self._children.pop(row["pid"], None)
+            return f"exited with code {child.returncode}: {tail(Path(row['log_path']))}"
+
+        await self.probe.wait_available(row, model_path, exited, self.stop)
+        return row
+
+    async def healthy(self, row: dict) -> bool:
+        """TF Serving's model status says AVAILABLE."""
+        return (await self.probe.status(row))[0]
+
+    async def adopt(self, row: dict) -> bool:
+        """A replica a previous platform started: still running and serving?"""
+        return self.alive(row) and await self.healthy(row)
 
     def alive(self, row: dict) -> bool:
         proc = self._children.get(row["pid"])
@@ -154,11 +287,3 @@ class LocalEngine:
             while self.alive(row):
                 await asyncio.sleep(0.05)
         self._children.pop(pid, None)
-
-
-def _tail(path: Path, lines: int = 6) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) + f" (log: {path})"

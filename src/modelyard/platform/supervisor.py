@@ -14,6 +14,7 @@ from pathlib import Path
 
 from modelyard.platform import names
 from modelyard.platform.replicas import LocalEngine
+from modelyard.platform.replicas_ray import RayEngine
 from modelyard.platform.routing import Deployed, Replica, Routing
 from modelyard.platform.store import Store
 
@@ -25,7 +26,7 @@ DRAIN_TIMEOUT_S = 60.0
 
 
 class Supervisor:
-    def __init__(self, store: Store, engine: LocalEngine, routing: Routing, interval_s: float = 0.25) -> None:
+    def __init__(self, store: Store, engine: LocalEngine | RayEngine, routing: Routing, interval_s: float = 0.25) -> None:
         self.store = store
         self.engine = engine
         self.routing = routing
@@ -59,8 +60,7 @@ class Supervisor:
         """Re-attach replicas that still serve; stop and forget the others. Returns (adopted, dropped)."""
         adopted = dropped = 0
         for row in self.store.replicas():
-            keep = row["deployed_model_id"] in self.routing.deployed and self.engine.alive(row) \
-                and await self.engine.healthy(row)
+            keep = row["deployed_model_id"] in self.routing.deployed and await self.engine.adopt(row)
             if keep:
                 self.routing.add_replica(row["deployed_model_id"], row)
                 adopted += 1
@@ -132,6 +132,8 @@ class Supervisor:
             await self.sync_from_store()
         if not self.leader:
             return
+        # A warm spare replica while anything is deployed: the next replica (scale-up, replacement) is up in ~1 s.
+        self.engine.want_spare(bool(self.routing.deployed or self._starting_ids))
         for d in list(self.routing.deployed.values()):
             for r in list(d.replicas):
                 if not r.draining and (r.dead or not self.engine.alive(r.row)):

@@ -1,0 +1,316 @@
+"""The Ray engine: replicas are ``modelyard serve`` processes on the nodes of a Ray cluster.
+
+Each replica is a named, detached Ray actor (``ReplicaActor``) in the ``modelyard`` namespace that
+starts ``modelyard serve`` as a child process on its node and reports the node's address and the
+ports; the gateway then talks HTTP to it exactly as to a local replica. Ray places the actors (one
+CPU each by default, SPREAD over the nodes) and keeps them off nodes that died. When a replica's
+process exits, the actor's pending ``wait`` call returns (or fails, if the actor or its node is
+gone): the replica is dead, and the supervisor starts a replacement, which Ray places on a live
+node, as the local engine's replicas are replaced. The serve child dies with its actor
+(PR_SET_PDEATHSIG), so killing an actor never leaves a process behind on a node.
+
+Detached actors outlive the platform; the next platform finds each stored replica's actor by name
+(``modelyard-replica-<replica id>``) and adopts it if it still serves. The model directory must be
+readable at the same path on every node (one host, or a shared file system).
+
+``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from modelyard.platform.errors import ApiError
+from modelyard.platform.replicas import MODEL, START_TIMEOUT_S, Probe, serve_command, serve_env, tail
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "modelyard"
+ACTOR_PREFIX = "modelyard-replica-"
+CONNECT_TIMEOUT_S = 5.0
+
+
+class EngineUnavailable(Exception):
+    """The Ray engine cannot start: ray is not installed, or the cluster cannot be reached."""
+
+
+def connect(address: str, namespace: str = NAMESPACE) -> None:
+    """Join the Ray cluster at ``address`` (host:port of its GCS) as a driver, or raise EngineUnavailable.
+    The address is checked with a plain TCP connect first: ``ray.init`` retries an unreachable one for minutes."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise EngineUnavailable(f"--engine ray needs the ray package ({exc}): pip install 'ray[serve]'") from None
+    if ray.is_initialized():
+        return
+    if not address:
+        raise EngineUnavailable("--engine ray needs --ray-address HOST:PORT (the head node's GCS address, "
+                                "as `ray start --head` prints it) or $RAY_ADDRESS")
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as exc:
+        raise EngineUnavailable(f"cannot reach the Ray cluster at {address!r} ({exc}): start it with "
+                                "`ray start --head` and pass the address it prints") from None
+    import modelyard
+
+    # Ray's workers must import this module (the actor class) from the same source tree as the platform.
+    src = str(Path(modelyard.__file__).resolve().parents[1])
+    pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on what failed
+        raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {exc}") from None
+
+
+def _die_with_parent() -> None:
+    """In the serve child, before exec: SIGKILL when the actor's thread that started it ends."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+class ReplicaActor:
+    """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
+
+    def __init__(self, replica_id: str, model_path: str, state_dir: str, serve_args: list[str]) -> None:
+        self.replica_id = replica_id
+        self.model_path = model_path
+        self.rdir = Path(state_dir) / "replicas" / replica_id
+        self.serve_args = serve_args
+        self.proc: subprocess.Popen | None = None
+        self.error: str | None = None
+        self._started = threading.Event()
+        self._exited = threading.Event()
+
+    def start(self) -> dict:
+        """Start the serve child on a free port of this node; returns where it listens."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        base = self.rdir / MODEL
+        base.mkdir(parents=True, exist_ok=True)
+        link = base / "1"
+        if not link.exists():
+            link.symlink_to(self.model_path, target_is_directory=True)
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind((host, 0))
+                ports.append(s.getsockname()[1])
+        log_path = self.rdir / "serve.log"
+        cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
+        # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
+        # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
+        threading.Thread(target=self._run, args=(cmd, log_path), daemon=True).start()
+        self._started.wait()
+        if self.error:
+            raise RuntimeError(self.error)
+        return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
+                "log_path": str(log_path), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def _run(self, cmd: list[str], log_path: Path) -> None:
+        try:
+            with open(log_path, "ab") as out:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             env=serve_env(), preexec_fn=_die_with_parent)
+        except OSError as exc:
+            self.error = f"cannot start modelyard serve on this node: {exc}"
+            self._started.set()
+            self._exited.set()
+            return
+        self._started.set()
+        self.proc.wait()
+        self._exited.set()
+
+    def wait(self) -> int | None:
+        """Returns (the exit code) when the serve child has exited."""
+        self._exited.wait()
+        return self.proc.returncode if self.proc is not None else None
+
+    def info(self) -> dict:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": self.proc.pid if self.proc else None,
+                "running": self.proc is not None and self.proc.poll() is None}
+
+    def log_tail(self) -> str:
+        return tail(self.rdir / "serve.log")
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM (serve drains), SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        if not self._exited.wait(grace_s):
+            self.proc.kill()
+            self._exited.wait()
+
+
+async def _result(ref, timeout_s: float | None = None):
+    """Await a Ray ObjectRef from asyncio (through its concurrent future: works under uvloop too)."""
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+class RayEngine:
+    """Starts, checks and stops replica actors on a Ray cluster (same calls as ``LocalEngine``)."""
+
+    def __init__(self, state_dir: Path, address: str, serve_args: list[str] | None = None, num_cpus: float = 1.0,
+                 namespace: str = NAMESPACE) -> None:
+        self.state_dir = state_dir
+        self.address = address
+        self.serve_args = list(serve_args or [])
+        self.num_cpus = num_cpus
+        self.namespace = namespace
+        self.probe = Probe()
+        self._actor_class = None
+        self._handles: dict[str, object] = {}  # replica id -> actor handle
+        self._watches: dict[str, asyncio.Task] = {}
+        self._dead: set[str] = set()
+
+    async def open(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            await asyncio.to_thread(connect, self.address, self.namespace)
+        self._actor_class = ray.remote(ReplicaActor)
+        await self.probe.open()
+
+    async def close(self) -> None:
+        for task in self._watches.values():
+            task.cancel()
+        await self.probe.close()
+
+    def want_spare(self, wanted: bool) -> None:
+        """No warm spare on Ray: a spare would hold a CPU of the cluster without knowing its node."""
+
+    # ---- actors ---------------------------------------------------------------------------------
+    def _name(self, replica_id: str) -> str:
+        return ACTOR_PREFIX + replica_id
+
+    async def _handle(self, replica_id: str):
+        handle = self._handles.get(replica_id)
+        if handle is None:
+            import ray
+
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, self._name(replica_id), self.namespace)
+            except ValueError:  # no such actor: it was killed, or its node died
+                return None
+            self._handles[replica_id] = handle
+        return handle
+
+    def _watch(self, replica_id: str, handle) -> None:
+        async def watch() -> None:
+            try:
+                code = await _result(handle.wait.remote())
+                log.warning("replica %s: its modelyard serve process exited with code %s", replica_id, code)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # RayActorError: the actor (or its node) is gone
+                log.warning("replica %s: its Ray actor is gone (%s)", replica_id, type(exc).__name__)
+            self._dead.add(replica_id)
+
+        if replica_id not in self._watches:
+            self._watches[replica_id] = asyncio.get_running_loop().create_task(watch())
+
+    def _attach(self, row: dict) -> None:
+        """Watch a replica this platform did not start (another platform's, before it took the lead)."""
+        async def attach() -> None:
+            handle = await self._handle(row["id"])
+            self._watches.pop(row["id"], None)
+            if handle is None:
+                self._dead.add(row["id"])
+            else:
+                self._watch(row["id"], handle)
+
+        self._watches[row["id"]] = asyncio.get_running_loop().create_task(attach())
+
+    # ---- the engine's calls ---------------------------------------------------------------------
+    async def start(self, replica_id: str, dm_id: str, model_path: Path) -> dict:
+        """Start a replica actor (placed by Ray) serving ``model_path``; returns its row once AVAILABLE."""
+        handle = self._actor_class.options(
+            name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
+            scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
+        ).remote(replica_id, str(model_path), str(self.state_dir), self.serve_args)
+        self._handles[replica_id] = handle
+        row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
+        try:
+            info = await _result(handle.start.remote(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await self.stop(row)
+            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took the replica of deployed model {dm_id} within "
+                           f"{START_TIMEOUT_S:.0f} s: each needs {self.num_cpus:g} free CPU(s)") from None
+        except Exception as exc:
+            await self.stop(row)
+            raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not start on "
+                           f"Ray: {exc}") from None
+        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
+                   log_path=info["log_path"], created=time.time())
+        log.info("replica %s of deployed model %s on Ray node %s (%s:%d)", replica_id, dm_id, info["node_id"][:12],
+                 info["host"], info["port"])
+        self._watch(replica_id, handle)
+
+        async def exited() -> str | None:
+            if replica_id not in self._dead:
+                return None
+            try:
+                return f"exited: {await _result(handle.log_tail.remote(), 10)}"
+            except Exception as exc:
+                return f"is gone ({type(exc).__name__})"
+
+        await self.probe.wait_available(row, model_path, exited, self.stop)
+        return row
+
+    async def healthy(self, row: dict) -> bool:
+        return (await self.probe.status(row))[0]
+
+    def alive(self, row: dict) -> bool:
+        if row["id"] in self._dead:
+            return False
+        if row["id"] not in self._watches:
+            self._attach(row)
+        return True
+
+    async def adopt(self, row: dict) -> bool:
+        """A replica a previous platform started: its actor exists, its serve process runs and serves."""
+        handle = await self._handle(row["id"])
+        if handle is None:
+            return False
+        try:
+            info = await _result(handle.info.remote(), 30)
+        except Exception:
+            return False
+        if not info["running"] or info["pid"] != row["pid"] or not await self.healthy(row):
+            return False
+        self._watch(row["id"], handle)
+        return True
+
+    async def stop(self, row: dict, grace_s: float = 10.0) -> None:
+        """Drain and stop the serve process (SIGTERM, SIGKILL after ``grace_s``), then end the actor."""
+        import ray
+
+        handle = await self._handle(row["id"])
+        if handle is not None:
+            try:
+                await _result(handle.stop.remote(grace_s), grace_s + 15)
+            except Exception:  # the actor is gone or stuck: killing it below ends its child too
+                pass
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:
+                pass
+        task = self._watches.pop(row["id"], None)
+        if task is not None:
+            task.cancel()
+        self._handles.pop(row["id"], None)
+        self._dead.discard(row["id"])
