@@ -238,6 +238,14 @@ def test_parse_reports_the_batch_end_after_a_bad_line():
     assert _denselines.parse(data, 16, len(data), 3, (2,), True, values, spans) == (True, 1, len(data))
     with pytest.raises(ValueError):
         _denselines.parse(data, 0, len(data), 5, (2,), True, values, spans)  # buffers too small
+    # Integer lines cut short, ending at a newline and at the end of the data (two copies of the reader)
+    for cut in [b"[1,2", b"[1,", b"[1", b"[", b"[-", b"[1,2 ", b"[1,2]]", b"[1,-]", b"[1,2]\r ,"]:
+        for tail in (b"\n", b""):
+            data = bytearray(b"[5,6]\n" + cut + tail)
+            assert _denselines.parse(data, 0, len(data), 2, (2,), True, values, spans)[:2] == (False, 2), cut + tail
+    data = bytearray(b"[5,6]\n [ 7 , -8 ]\t")
+    assert _denselines.parse(data, 0, len(data), 2, (2,), True, values, spans) == (True, 2, len(data))
+    assert values[:4].tolist() == [5, 6, 7, -8] and spans[2:4].tolist() == [7, 17]
 
 
 @pytest.mark.parametrize("shape,dtype", [((5,), np.float32), ((5, 3), np.float32), ((5, 2, 2), np.float64),

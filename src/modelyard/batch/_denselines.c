@@ -33,6 +33,7 @@ typedef struct {
     int64_t *out;    /* next value slot (int64 or double bit patterns) */
     const Py_ssize_t *shape;
     int ndim;
+    int newline;     /* the line ends in a '\n' byte (at ``end``), not at the end of the data */
 } Line;
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
@@ -165,56 +166,63 @@ static int number(Line *l)
 
 /* The innermost list of an integer tensor: n strict JSON integers of at most 18 digits. This is
  * where nearly all of a line's bytes are, so it keeps its cursor in registers and reads each
- * integer inline; a fraction, an exponent or a longer integer returns -1 like number() does. */
-static int integer_leaf(Line *l, Py_ssize_t n)
+ * integer inline; a fraction, an exponent or a longer integer returns -1 like number() does.
+ * ``bounded`` 0 is for a line ending in '\n': that byte stops every test below (it is no digit,
+ * blank, sign, comma or bracket), so no test needs ``p < end``; the compiler makes two copies. */
+static inline int integer_leaf(Line *l, Py_ssize_t n, const int bounded)
 {
     const char *p = l->p, *end = l->end;
     int64_t *out = l->out;
     Py_ssize_t i;
-    if (p >= end || *p != '[')
+#define MORE (!bounded || p < end)
+    if (!MORE || *p != '[')
         return -1;
     p++;
     for (i = 0; i < n; i++) {
         int negative = 0, digits;
         int64_t v;
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+        while (MORE && (*p == ' ' || *p == '\t' || *p == '\r'))
             p++;
         if (i > 0) {
-            if (p >= end || *p != ',')
+            if (!MORE || *p != ',')
                 return -1;
             p++;
-            while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+            while (MORE && (*p == ' ' || *p == '\t' || *p == '\r'))
                 p++;
         }
-        if (p < end && *p == '-') {
+        if (MORE && *p == '-') {
             negative = 1;
             p++;
         }
-        if (p >= end || !is_digit(*p))
+        if (!MORE || !is_digit(*p))
             return -1;
         v = *p++ - '0';
         if (v == 0) {
-            if (p < end && is_digit(*p))
+            if (MORE && is_digit(*p))
                 return -1; /* 01 is not JSON */
         } else {
-            for (digits = 1; p < end && is_digit(*p); p++) {
+            for (digits = 1; MORE && is_digit(*p); p++) {
                 if (++digits > MAX_INT_DIGITS)
                     return -1;
                 v = v * 10 + (*p - '0');
             }
         }
-        if (p < end && (*p == '.' || *p == 'e' || *p == 'E'))
+        if (MORE && (*p == '.' || *p == 'e' || *p == 'E'))
             return -1;
         *out++ = negative ? -v : v;
     }
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+    while (MORE && (*p == ' ' || *p == '\t' || *p == '\r'))
         p++;
-    if (p >= end || *p != ']')
+    if (!MORE || *p != ']')
         return -1;
+#undef MORE
     l->p = p + 1;
     l->out = out;
     return 0;
 }
+
+static int integer_leaf_to_newline(Line *l, Py_ssize_t n) { return integer_leaf(l, n, 0); }
+static int integer_leaf_bounded(Line *l, Py_ssize_t n) { return integer_leaf(l, n, 1); }
 
 /* A list of shape[depth] elements (a number at depth ndim): 0, or -1 for anything else. */
 static int value(Line *l, int depth)
@@ -223,7 +231,7 @@ static int value(Line *l, int depth)
     if (depth == l->ndim)
         return number(l);
     if (l->integer && depth == l->ndim - 1)
-        return integer_leaf(l, l->shape[depth]);
+        return l->newline ? integer_leaf_to_newline(l, l->shape[depth]) : integer_leaf_bounded(l, l->shape[depth]);
     if (l->p >= l->end || *l->p != '[')
         return -1;
     l->p++;
@@ -315,7 +323,7 @@ static PyObject *parse(PyObject *self, PyObject *args)
             const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
             const char *line_end = nl ? nl : base + end;
             if (ok) {
-                Line l = {line_start, line_end, integer, out + lines * size, shape, ndim};
+                Line l = {line_start, line_end, integer, out + lines * size, shape, ndim, nl != NULL};
                 const char *first;
                 skip_blanks(&l);
                 first = l.p;
