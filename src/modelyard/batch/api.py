@@ -49,19 +49,24 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
                   key_field: str | None = None, included_fields=(), excluded_fields=(),
                   instance_type: str | None = None, resume: str | os.PathLike | None = None,
                   signature_name: str = "serving_default", runtime: str = "auto",
-                  chunk_rows: int = DEFAULT_CHUNK_ROWS, engine: str = "local", progress: bool = False,
-                  log: Callable[[str], None] | None = None, stream: TextIO | None = None) -> jobs.BatchPredictionJob:
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, engine: str = "local", ray_address: str | None = None,
+                  progress: bool = False, log: Callable[[str], None] | None = None,
+                  stream: TextIO | None = None) -> jobs.BatchPredictionJob:
     """Run (or finish) a batch prediction job and return it.
 
     ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them;
     ``output``: the directory that receives ``prediction-<model>-<timestamp>/``. Bad arguments
     raise ``BatchError``; a job that fails while running is returned with state JOB_STATE_FAILED.
+    ``engine``: ``"local"`` (worker processes here; ``workers`` default: cores) or ``"ray"`` (Ray
+    actors on the cluster at ``ray_address``, default ``RAY_ADDRESS`` or a new local Ray;
+    ``workers`` default: the cluster's CPUs).
     """
     say = log or (lambda msg: print(msg, file=stream or sys.stderr))
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    check_options(format, instance_type, _fields(included_fields), _fields(excluded_fields), batch_size, workers)
-    if engine != "local":
-        raise BatchError(f"--engine {engine}: only the local engine is built so far")
+    _check_engine(engine, workers, ray_address)
+    if engine == "local":
+        workers = (os.cpu_count() or 1) if workers is None else workers
+    check_options(format, instance_type, _fields(included_fields), _fields(excluded_fields), batch_size,
+                  1 if workers is None else workers)
     spec = None
     if model is not None or input is not None:
         if model is None or input is None:
@@ -87,11 +92,30 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
             f"{stats.get('failed_count', 0):,} errors); nothing to do")
         return job
     with jobs.JobLock(job.job_dir):
-        return _run(job, spec, batch_size, workers, progress, say, stream)
+        return _run(job, spec, batch_size, workers, progress, say, stream, engine, ray_address)
 
 
-def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: int, progress: bool,
-         say: Callable[[str], None], stream: TextIO | None) -> jobs.BatchPredictionJob:
+def _check_engine(engine: str, workers: int | None, ray_address: str | None) -> None:
+    """Engine options, checked before any job is created: a bad one leaves nothing on disk."""
+    if engine not in ("local", "ray"):
+        raise BatchError(f"--engine {engine}: expected local or ray")
+    if engine == "local":
+        if ray_address is not None:
+            raise BatchError("--ray-address goes with --engine ray")
+        return
+    from modelyard.batch.engine_ray import _import_ray, check_reachable
+
+    _import_ray()
+    if workers is not None and workers < 1:
+        raise BatchError(f"--workers {workers}: the ray engine runs 1 or more actors (default: the cluster's CPUs)")
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        check_reachable(address)
+
+
+def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: int | None, progress: bool,
+         say: Callable[[str], None], stream: TextIO | None, engine: str = "local",
+         ray_address: str | None = None) -> jobs.BatchPredictionJob:
     from modelyard.batch.engine_local import run_local
 
     started = time.monotonic()
@@ -120,8 +144,15 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             bar.restart()
 
         ready_at: list[float] = []
-        run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers,
-                  on_done=lambda index, ok, err: bar.advance(ok + err), on_ready=ready)
+        advance = lambda index, ok, err: bar.advance(ok + err)  # noqa: E731
+        if engine == "ray":
+            from modelyard.batch.engine_ray import run_ray
+
+            run_ray(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
+                    on_ready=ready, address=ray_address)
+        else:
+            run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
+                      on_ready=ready)
         bar.close()
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))

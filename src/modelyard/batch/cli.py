@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from modelyard.batch.api import DEFAULT_BATCH_SIZE, batch_predict
@@ -25,9 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", help="directory that receives the job directory")
     parser.add_argument("--format", default="jsonl", choices=FORMATS, help="instances format (default jsonl)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="worker processes, each loading the model once (default: cores; 0: in this process)")
-    parser.add_argument("--engine", default="local", choices=("local", "ray"), help="local (default) or ray")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes (local) or Ray actors (ray), each loading the model once "
+                             "(default: this machine's cores, or the Ray cluster's CPUs; 0: in this process)")
+    parser.add_argument("--engine", default="local", choices=("local", "ray"),
+                        help="local (default: processes on this machine) or ray (actors on a Ray cluster)")
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
+                        help="the Ray cluster's head node for --engine ray (default: RAY_ADDRESS, else a new "
+                             "local Ray)")
     parser.add_argument("--resume", metavar="JOB_DIR", help="finish the job in JOB_DIR")
     parser.add_argument("--key-field", help="instance field carried to the output as 'key' (not sent to the model)")
     parser.add_argument("--included-fields", help="comma-separated fields sent to the model")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers, key_field=args.key_field, included_fields=args.included_fields or (),
             excluded_fields=args.excluded_fields or (), instance_type=args.instance_type, resume=args.resume,
             signature_name=args.signature_name, runtime=args.runtime, chunk_rows=args.chunk_rows,
-            engine=args.engine, progress=not args.no_progress,
+            engine=args.engine, ray_address=args.ray_address, progress=not args.no_progress,
         )
     except BatchError as exc:
         print(f"modelyard batch-predict: error: {exc}", file=sys.stderr)

@@ -1,0 +1,182 @@
+"""The Ray engine: the local engine's chunks, run by Ray actors spread over a Ray cluster.
+
+Only *where* a chunk runs differs from ``engine_local``: the job, its plan of chunks, the
+per-chunk work (``work.process_chunk``) and the atomic part commits (``shards.commit_part``)
+are the same, so both engines write byte-identical parts and resume each other's jobs. Each
+actor (``num_cpus=1``, placed with Ray's SPREAD strategy) loads the model once, reads its chunks
+straight from the input files and commits its own parts; only chunk numbers and counts travel
+back. So every node must see the model, the inputs and the output directory at the same paths
+(on a one-machine cluster they do; on several machines, a shared mount).
+
+The coordinator is a Ray driver: if it is killed, Ray ends its actors with it (they are not
+detached). A part an actor was renaming at that instant is whole or absent, and a part written
+twice (by a dying actor and by the next run) holds the same rows under the same name, so the
+next run still ends with every row exactly once.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from modelyard.batch.readers import Chunk
+from modelyard.batch.spec import BatchError, JobSpec
+
+# Chunks queued per actor beyond the one it runs: the next chunk is waiting when one commits.
+IN_FLIGHT_PER_ACTOR = 2
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise BatchError("--engine ray needs Ray: pip install 'modelyard[ray]'") from None
+    return ray
+
+
+def check_reachable(address: str) -> None:
+    """Fail fast on an address no one listens at (``ray.init`` would retry for minutes)."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return  # Ray's own resolution, or Ray Client: ray.init says what is wrong
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise BatchError(f"--ray-address {address}: expected HOST:PORT of a Ray cluster's head (GCS) node")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise BatchError(f"--ray-address {address}: no Ray cluster reachable there ({exc.strerror or exc}); "
+                         "start one with `ray start --head` or give its head node's HOST:PORT") from None
+
+
+def connect(address: str | None):
+    """``ray.init`` the driver (``address`` None: ``RAY_ADDRESS`` or a new local Ray); returns ``ray``."""
+    ray = _import_ray()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_reachable(address)
+    if ray.is_initialized() and address and address not in ("auto", "local") \
+            and ray.get_runtime_context().gcs_address != address:
+        ray.shutdown()  # this process drove another cluster before: join the one asked for
+    if not ray.is_initialized():
+        try:
+            # Actors' TensorFlow chatter stays in the cluster's logs; failures come back as exceptions.
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=False, include_dashboard=False if address is None else None)
+        except Exception as exc:  # ConnectionError, RuntimeError: Ray's message names the cause
+            raise BatchError(f"--ray-address {address or '(local)'}: cannot join the Ray cluster: "
+                             f"{type(exc).__name__}: {exc}") from None
+    return ray
+
+
+def cluster_cpus(ray) -> int:
+    """Whole CPUs of the connected cluster: the default number of actors."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+class ChunkWorker:
+    """One Ray actor: the job's model loaded once, then chunks on request (``run``)."""
+
+    def __init__(self, job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, batch_size: int):
+        from modelyard.batch.engine_local import predictor_for, shaping_of
+
+        self.job_dir, self.chunks, self.contexts, self.batch_size = Path(job_dir), chunks, contexts, batch_size
+        self.spec = JobSpec.from_identity(identity)
+        self.shaping = shaping_of(self.spec)
+        self.predictor: Any = None
+        self.load_error: str | None = None
+        try:
+            self.predictor = predictor_for(self.spec)
+        except Exception as exc:  # reported by ready(): the job fails with the loader's message
+            self.load_error = f"loading {self.spec.version_dir}: {type(exc).__name__}: {exc}"
+
+    def ready(self) -> tuple[str, str]:
+        """``("ok", runtime)`` or ``("failed", why)`` once the model is loaded."""
+        return ("failed", self.load_error) if self.load_error else ("ok", self.predictor.runtime)
+
+    def run(self, index: int) -> tuple[str, int, int, int] | tuple[str, int, str]:
+        from modelyard.batch.work import process_chunk
+
+        chunk = self.chunks[index]
+        if self.load_error:
+            return ("failed", index, self.load_error)
+        try:
+            ok, err = process_chunk(self.job_dir, chunk, self.spec.format, self.contexts.get(chunk.file),
+                                    self.shaping, self.predictor, self.batch_size)
+        except Exception as exc:
+            return ("failed", index, f"chunk {index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
+                                     + traceback.format_exc(limit=3))
+        return ("done", index, ok, err)
+
+
+def run_ray(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
+            batch_size: int, workers: int | None, on_done: Callable[[int, int, int], None],
+            on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None) -> None:
+    """Run every pending chunk on Ray actors; ``on_done(index, ok, err)`` after each commit.
+
+    ``workers``: actors to start (None: the cluster's CPUs). Raises BatchError on failure.
+    """
+    ray = connect(address)
+    if not pending:
+        return
+    count = min(workers or cluster_cpus(ray), len(pending))
+    actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
+    chunks_ref, contexts_ref = ray.put(chunks), ray.put(contexts)
+    # Absolute: actors run in their own working directories.
+    where = str(Path(job_dir).resolve())
+    actors = [actor_class.remote(where, spec.identity(), chunks_ref, contexts_ref, batch_size) for _ in range(count)]
+    try:
+        _drive(ray, actors, pending, on_done, on_ready)
+    finally:
+        # Every chunk is committed (or the job failed): nothing is left for an actor to write.
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, int], None],
+           on_ready: Callable[[str], None]) -> None:
+    queue = list(reversed(pending))  # pop() hands out chunks in plan order
+    running: dict[Any, Any] = {}  # ObjectRef -> actor
+
+    def submit(actor) -> None:
+        if queue:
+            running[actor.run.remote(queue.pop())] = actor
+
+    # Chunks are queued as soon as actors exist (Ray holds them until the model loaded); readiness
+    # is awaited separately so the progress clock starts with the first loaded model.
+    readiness = {actor.ready.remote(): actor for actor in actors}
+    for actor in actors:
+        for _ in range(IN_FLIGHT_PER_ACTOR):
+            submit(actor)
+    announced = False
+    left = set(pending)
+    while left:
+        waiting = list(readiness) + list(running)
+        done_refs, _ = ray.wait(waiting, num_returns=1)
+        ref = done_refs[0]
+        try:
+            answer = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise BatchError(f"a Ray worker died with {len(left)} chunks left ({exc.__class__.__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); run the same command again "
+                             "to resume") from None
+        except ray.exceptions.RayError as exc:
+            raise BatchError(f"Ray worker failed: {type(exc).__name__}: {exc}") from None
+        if ref in readiness:
+            readiness.pop(ref)
+            if answer[0] == "failed":
+                raise BatchError(f"worker failed: {answer[1]}")
+            if not announced:
+                on_ready(answer[1])
+                announced = True
+            continue
+        actor = running.pop(ref)
+        if answer[0] == "failed":
+            raise BatchError(f"worker failed: {answer[2]}")
+        _, index, ok, err = answer
+        left.discard(index)
+        on_done(index, ok, err)
+        submit(actor)

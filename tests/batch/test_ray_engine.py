@@ -1,0 +1,131 @@
+"""``--engine ray`` on the shared local two-node Ray cluster: the same results as the local engine,
+exactly-once resume after a kill -9, and clear errors for a bad address or a missing Ray.
+
+Every ray run is a real ``modelyard batch-predict`` process joining the cluster as a Ray driver
+(so this test process never becomes one); its actors load the model on the cluster's nodes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import modelyard
+from tests.batch.conftest import cli_command, cli_env, read_lines, rows, write_jsonl
+from tests.ray_cluster import free_ports
+
+PART = re.compile(r"^c\d{6}-ok\d+-err\d+\.results$")
+
+
+def _job_files(out: Path) -> tuple[list[bytes], list[bytes], int]:
+    (job_dir,) = out.iterdir()
+    shards = sorted(job_dir.glob("prediction.results-*"))
+    results = sorted(line for s in shards for line in s.read_bytes().splitlines())
+    errors = sorted((job_dir / "prediction.errors_stats-00000-of-00001").read_bytes().splitlines())
+    return results, errors, len(shards)
+
+
+def _run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command("--no-progress", *args), env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ray_and_local_engines_write_the_same_bytes(tiny_model, ray_cluster, tmp_path):
+    lines = [{"id": i, "x": v.tolist()} for i, v in enumerate(rows(3_000, seed=11))]
+    lines[7] = {"id": 7, "x": [1.0]}  # the model refuses these two: error lines in both engines
+    lines[2_500] = {"id": 2_500, "x": "nope"}
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    common = ["--model", str(tiny_model.base), "--input", str(src), "--key-field", "id", "--chunk-rows", "250",
+              "--batch-size", "32"]
+    ray_run = _run_cli(*common, "--output", str(tmp_path / "ray"), "--engine", "ray", "--ray-address", ray_cluster)
+    assert ray_run.returncode == 0, ray_run.stderr[-3000:]
+    assert "JOB_STATE_SUCCEEDED: 2,998 results, 2 errors, 3,000 rows" in ray_run.stdout
+    local = modelyard.batch_predict(str(tiny_model.base), str(src), tmp_path / "local", key_field="id",
+                                    chunk_rows=250, batch_size=32, workers=0)
+    assert local.state == "JOB_STATE_SUCCEEDED"
+    ray_results, ray_errors, ray_shards = _job_files(tmp_path / "ray")
+    local_results, local_errors, local_shards = _job_files(tmp_path / "local")
+    assert ray_shards == local_shards == 12
+    assert len(ray_results) == 2_998 and ray_results == local_results, "byte-identical result lines"
+    assert len(ray_errors) == 2 and ray_errors == local_errors
+    assert {e["key"] for e in map(json.loads, ray_errors)} == {7, 2_500}
+
+
+def _committed(out: Path) -> int:
+    return sum(1 for job in out.glob("prediction-*") for p in (job / ".parts").glob("*.results") if PART.match(p.name))
+
+
+def test_ray_kill_9_half_way_then_resume_exactly_once(tiny_model, ray_cluster, tmp_path):
+    total_rows, chunk = 40_000, 500
+    x = rows(total_rows, seed=12)
+    lines = [{"id": i, "x": v.tolist()} for i, v in enumerate(x)]
+    lines[39_999] = {"id": 39_999, "x": [0.0]}
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out"
+    command = cli_command("--no-progress", "--model", str(tiny_model.base), "--input", str(src), "--output",
+                          str(out), "--key-field", "id", "--chunk-rows", str(chunk), "--batch-size", "32",
+                          "--engine", "ray", "--ray-address", ray_cluster)
+    total = total_rows // chunk
+    first = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while _committed(out) < total * 2 // 5 and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        _, err = first.communicate()
+    at_kill = _committed(out)
+    assert 0 < at_kill < total, f"the kill should land mid-job: {at_kill} of {total} chunks; {err[-2000:]!r}"
+    # Ray ends the dead driver's actors: only the chunks they were finishing can still commit.
+    time.sleep(3.0)
+    frozen = _committed(out)
+    assert frozen <= at_kill + 4, (at_kill, frozen)
+    time.sleep(1.0)
+    assert _committed(out) == frozen
+
+    second = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert re.search(rf"resuming .*: {frozen} of {total} chunks", second.stderr), second.stderr
+    assert "JOB_STATE_SUCCEEDED: 39,999 results, 1 errors, 40,000 rows" in second.stdout
+    (job_dir,) = out.iterdir()
+    keys = [o["key"] for s in sorted(job_dir.glob("prediction.results-*")) for o in read_lines(s)]
+    errors = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
+    keys += [e["key"] for e in errors]
+    assert len(keys) == total_rows and set(keys) == set(range(total_rows)), "every row exactly once"
+    assert [e["key"] for e in errors] == [39_999]
+    assert not (job_dir / ".parts").exists()
+
+
+def test_unreachable_ray_address_is_a_clear_error(tiny_model, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"x": [0.0, 1.0, 2.0, 3.0]}])
+    (port,) = free_ports(1)  # nothing listens there
+    proc = _run_cli("--model", str(tiny_model.base), "--input", str(src), "--output", str(tmp_path / "out"),
+                    "--engine", "ray", "--ray-address", f"127.0.0.1:{port}", timeout=120)
+    assert proc.returncode == 2
+    assert f"--ray-address 127.0.0.1:{port}: no Ray cluster reachable there (Connection refused)" in proc.stderr
+    assert not (tmp_path / "out").exists(), "no job is created for a bad address"
+    proc = _run_cli("--model", str(tiny_model.base), "--input", str(src), "--output", str(tmp_path / "out"),
+                    "--engine", "ray", "--ray-address", "head-node", timeout=120)
+    assert proc.returncode == 2 and "--ray-address head-node: expected HOST:PORT" in proc.stderr
+    proc = _run_cli("--model", str(tiny_model.base), "--input", str(src), "--output", str(tmp_path / "out"),
+                    "--ray-address", f"127.0.0.1:{port}", timeout=120)
+    assert proc.returncode == 2 and "--ray-address goes with --engine ray" in proc.stderr
+
+
+def test_missing_ray_says_how_to_install_it(tiny_model, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"x": [0.0, 1.0, 2.0, 3.0]}])
+    # This interpreter with Ray made unimportable, as on a machine without the extra.
+    code = ("import sys; sys.modules['ray'] = None; from modelyard.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    args = ["batch-predict", "--no-progress", "--model", str(tiny_model.base), "--input", str(src), "--output",
+            str(tmp_path / "out"), "--engine", "ray"]
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--engine ray needs Ray: pip install 'modelyard[ray]'" in proc.stderr
+    assert not (tmp_path / "out").exists()
