@@ -20,18 +20,29 @@ def free_port() -> int:
 
 
 class ServerProcess:
+    # A port found free can be taken before the server binds it (another process's outgoing
+    # connection gets it as its ephemeral port): a server that says so is started again on new ports.
+    BIND_RETRIES = 3
+
     def __init__(self, *flags: str, log_dir: Path, env: dict | None = None):
+        self.flags, self.log_dir = flags, log_dir
+        self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        self._start()
+
+    def _start(self) -> None:
         self.grpc_port = free_port()
         self.rest_port = free_port()
-        self.log_path = log_dir / f"server-{self.rest_port}.log"
+        self.log_path = self.log_dir / f"server-{self.rest_port}.log"
         cmd = [
             sys.executable, "-m", "modelyard", "serve", "--host", "127.0.0.1",
-            "--port", str(self.grpc_port), "--rest_api_port", str(self.rest_port), *flags,
+            "--port", str(self.grpc_port), "--rest_api_port", str(self.rest_port), *self.flags,
         ]
-        full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
+
+    def _lost_its_port(self) -> bool:
+        return self.proc.returncode != 0 and "Address already in use" in self.log()[-2000:]
 
     @property
     def base(self) -> str:
@@ -44,15 +55,25 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def probe(self) -> None:
+        """One readiness check: raises requests.RequestException while the server is not answering."""
+        requests.get(self.base + "/v1/models/x", timeout=1)
+
     def wait_ready(self, timeout: float = 120) -> "ServerProcess":
         """Wait until the REST port answers; on any failure (exit, timeout, error) stop everything first."""
         try:
             deadline = time.monotonic() + timeout
+            retries = self.BIND_RETRIES
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
+                    if retries and self._lost_its_port():
+                        retries -= 1
+                        self._log.close()
+                        self._start()
+                        continue
                     raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
                 try:
-                    requests.get(self.base + "/v1/models/x", timeout=1)
+                    self.probe()
                     return self
                 except requests.RequestException:  # refused, or accepted but not answering yet
                     time.sleep(0.2)
