@@ -272,6 +272,40 @@ def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path, 
     page.context.close()
 
 
+# Vertex Trials as the platform reports a study's (stepCount is int64: a string), in a shuffled order.
+TRIALS = [{"id": str(i), "state": "SUCCEEDED",
+           "finalMeasurement": {"stepCount": "3", "metrics": [{"metricId": "loss", "value": v}]},
+           "measurements": [{"stepCount": str(step), "metrics": [{"metricId": "loss", "value": v + 0.2 * (3 - step)}]}
+                            for step in (3, 1, 2)]}
+          for i, v in ((2, 0.5), (1, 0.9), (3, 0.7), (10, 0.2))]
+
+
+def test_tuning_curves_are_drawn_in_the_page(yard, browser):
+    """The page's own script draws a study's curves (the fragment rendered from Vertex-shaped trials)."""
+    tuning = platform_jobs.summarize("hyperparameterTuningJobs", {
+        "name": f"{PARENT}/hyperparameterTuningJobs/5", "displayName": "study", "state": "JOB_STATE_RUNNING",
+        "maxTrialCount": 8, "studySpec": {"metrics": [{"metricId": "loss", "goal": "MINIMIZE"}]}, "trials": TRIALS})
+    html = platform_page.render_live(_state_with([tuning], can_act=False))
+    page, _ = _open(browser, yard["p"].url, viewport=DESKTOP)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # swapped in and drawn in one go, between two of the page's own refreshes; pixels not background counted
+    drawn = page.evaluate("""(html) => {
+        swapIn(html); drawCurves();
+        return [...document.querySelectorAll('canvas.curve')].map((c) => {
+          const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          let ink = 0;
+          for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) ink++;
+          return [c.className, ink];
+        });
+      }""", html)
+    assert [name for name, _ in drawn] == ["curve", "curve learning"]
+    assert all(ink > 200 for _, ink in drawn), drawn
+    assert page.locator("tr.job .progress-text").text_content() == "4 of 8 trials done, best loss 0.2"
+    assert errors == []
+    page.context.close()
+
+
 def _state_with(jobs: list[dict], can_act: bool) -> dict:
     return {"time": 0.0, "canAct": can_act, "models": [], "endpoints": [], "jobs": jobs}
 
@@ -287,11 +321,11 @@ def test_jobs_show_progress_curves_and_cancel_only_with_a_token():
     tuning = platform_jobs.summarize("hyperparameterTuningJobs", {
         "name": f"{parent}/hyperparameterTuningJobs/2", "displayName": "lr search", "state": "JOB_STATE_SUCCEEDED",
         "maxTrialCount": 4, "studySpec": {"metrics": [{"metricId": "loss", "goal": "MINIMIZE"}]},
-        "trials": [{"id": str(i), "state": "SUCCEEDED", "finalMeasurement": {"metrics": [{"metricId": "loss", "value": v}]}}
-                   for i, v in ((2, 0.5), (1, 0.9), (3, 0.7), (10, 0.2))]})
+        "trials": TRIALS})
     assert tuning["curve"]["values"] == [0.9, 0.5, 0.7, 0.2]  # in trial order (ids are numbers)
     assert tuning["curve"]["best"] == [0.9, 0.5, 0.5, 0.2]  # minimized
     assert tuning["progress"]["done"] == 4 and not tuning["cancellable"]
+    assert tuning["curve"]["learning"][0] == pytest.approx([1.3, 1.1, 0.9])  # trial 1's measurements, in step order
     custom = platform_jobs.summarize("customJobs", {"name": f"{parent}/customJobs/3", "displayName": "train",
                                                     "state": "JOB_STATE_FAILED", "error": {"message": "<b>oom</b>"}})
 

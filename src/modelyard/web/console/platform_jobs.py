@@ -25,6 +25,7 @@ CANCELLABLE = {"JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JO
                "JOB_STATE_UPDATING"}
 _TRIAL_DONE = {"SUCCEEDED", "INFEASIBLE", "STOPPED"}
 _PAGE_SIZE = 100
+_LEARNING_TRIALS = 50  # learning curves drawn: the latest trials' (the page stays small)
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
 
 
@@ -56,8 +57,23 @@ def _objective(trial: dict, metric_id: str | None) -> float | None:
     return None
 
 
+def _learning_curve(trial: dict, metric_id: str | None) -> list[float]:
+    """A trial's intermediate measurements of the objective, in step order (Optuna's intermediate values)."""
+    points = []
+    for m in trial.get("measurements") or []:
+        for metric in m.get("metrics") or []:
+            if metric_id is None or metric.get("metricId") == metric_id:
+                try:
+                    points.append((_int(m.get("stepCount")), float(metric.get("value"))))
+                except (TypeError, ValueError):
+                    pass
+                break
+    return [v for _, v in sorted(points)]
+
+
 def _tuning(job: dict) -> tuple[dict, dict]:
-    """(progress, curve): trials done of maxTrialCount; each trial's objective and the best so far."""
+    """(progress, curve): trials done of maxTrialCount; each trial's objective and the best so far, and
+    the latest trials' learning curves."""
     spec_metrics = (job.get("studySpec") or {}).get("metrics") or []
     metric_id = spec_metrics[0].get("metricId") if spec_metrics else None
     maximize = not spec_metrics or spec_metrics[0].get("goal") != "MINIMIZE"
@@ -74,8 +90,9 @@ def _tuning(job: dict) -> tuple[dict, dict]:
         best.append(current)
     progress = {"done": done, "total": total, "text": f"{done} of {total or '?'} trials done"
                 + (f", best {metric_id or 'objective'} {current:.4g}" if current is not None else "")}
+    learning = [c for c in (_learning_curve(t, metric_id) for t in trials[-_LEARNING_TRIALS:]) if len(c) > 1]
     return progress, {"metric": metric_id or "objective", "goal": "maximize" if maximize else "minimize",
-                      "values": values, "best": best}
+                      "values": values, "best": best, "learning": learning}
 
 
 def summarize(kind: str, job: dict) -> dict:

@@ -119,11 +119,15 @@ def _job(job: dict, can_act: bool) -> str:
     bar = ""
     if progress["total"]:
         bar = f'<progress max="{progress["total"]}" value="{progress["done"] or 0}"></progress> '
-    curve = ""
-    if job["curve"] and job["curve"]["values"]:
-        data = json.dumps({"values": job["curve"]["values"], "best": job["curve"]["best"]})
-        curve = (f'<canvas class="curve" data-curve="{_e(data)}" data-metric="{_e(job["curve"]["metric"])}" '
-                 f'width="300" height="80" aria-label="{_e(job["curve"]["metric"])} per trial"></canvas>')
+    curve, c = "", job["curve"]
+    if c and c["values"]:
+        data = json.dumps({"values": c["values"], "best": c["best"]})
+        curve = (f'<canvas class="curve" data-curve="{_e(data)}" data-metric="{_e(c["metric"])}" '
+                 f'width="300" height="80" aria-label="{_e(c["metric"])} per trial"></canvas>')
+    if c and c.get("learning"):
+        curve += (f'<canvas class="curve learning" data-learning="{_e(json.dumps(c["learning"]))}" '
+                  f'data-metric="{_e(c["metric"])}" width="300" height="80" '
+                  f'aria-label="{_e(c["metric"])} per step of each trial"></canvas>')
     cancel = (f'<button type="button" class="cancel" data-job="{_e(job["name"])}">Cancel</button>'
               if can_act and job["cancellable"] else "")
     error = f'<br><small class="error">{_e(job["error"])}</small>' if job["error"] else ""

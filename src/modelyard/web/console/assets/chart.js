@@ -10,9 +10,10 @@ function el(tag, attrs, text) {
 }
 
 // Each series: {values, color, label, scale?, low?} (the y axis runs from low, default 0, to scale,
-// default the largest value); ``slots`` points span the width (the newest at the right), else all do.
+// default the largest value); ``slots`` points span the width (the newest at the right), else
+// ``points`` points do (default: the series' own length), from the left.
 // Drawn at the canvas's displayed size times the pixel ratio: crisp on phones, never stretched.
-function drawSeries(canvas, series, slots) {
+function drawSeries(canvas, series, slots, points) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth || canvas.width, height = canvas.clientHeight || canvas.height;
   if (canvas.width !== Math.round(width * ratio)) {
@@ -27,19 +28,20 @@ function drawSeries(canvas, series, slots) {
   let labelX = 8;
   series.forEach(({values, color, label, scale, low = 0}) => {
     const top = scale || Math.max(1e-9, ...values.map(Math.abs));
-    const span = Math.max(1e-9, top - low);
+    const range = Math.max(1e-9, top - low);
     const step = width / Math.max(1, (slots || values.length) - 1);
     ctx.strokeStyle = color;
     ctx.lineWidth = 2;
     ctx.beginPath();
     values.forEach((v, k) => {
-      const x = slots ? width - (values.length - 1 - k) * step : 4 + k * ((width - 8) / Math.max(1, values.length - 1));
-      const y = height - 6 - ((v - low) / span) * (height - 24);
+      const x = slots ? width - (values.length - 1 - k) * step : 4 + k * ((width - 8) / Math.max(1, (points || values.length) - 1));
+      const y = height - 6 - ((v - low) / range) * (height - 24);
       if (k === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
     ctx.stroke();
     ctx.fillStyle = color;
     ctx.font = '12px system-ui, sans-serif';
+    if (!label) return;
     ctx.fillText(label, labelX, 14);
     labelX += ctx.measureText(label).width + 16;
   });

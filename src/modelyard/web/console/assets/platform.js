@@ -54,8 +54,22 @@ function updateRates(now) {
   }
 }
 
+const PALETTE = ['#3b6fd8', '#e08a2c', '#1f9d55', '#c53030', '#805ad5', '#319795', '#b7791f', '#d53f8c'];
+
 function drawCurves() {
-  for (const canvas of document.querySelectorAll('canvas.curve')) {
+  for (const canvas of document.querySelectorAll('canvas.curve.learning')) {
+    // Every trial's intermediate values on one axis, as a tuning dashboard draws them.
+    const curves = JSON.parse(canvas.dataset.learning);
+    const all = curves.flat();
+    let low = Math.min(...all), top = Math.max(...all);
+    if (top - low < 1e-12) { low -= 0.5; top += 0.5; }
+    const longest = Math.max(...curves.map((c) => c.length));
+    drawSeries(canvas, curves.map((values, i) => ({
+      values, color: PALETTE[i % PALETTE.length], scale: top, low,
+      label: i === 0 ? `${canvas.dataset.metric} per step, ${curves.length} trials` : '',
+    })), undefined, longest);
+  }
+  for (const canvas of document.querySelectorAll('canvas.curve:not(.learning)')) {
     const {values, best} = JSON.parse(canvas.dataset.curve);
     // Objectives such as a loss or an accuracy sit in a narrow band: the axis spans just that band.
     let low = Math.min(...values), top = Math.max(...values);
