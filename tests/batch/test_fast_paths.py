@@ -193,6 +193,18 @@ def test_a_changed_file_fails_the_chunk_as_before(tiny_model, tmp_path, monkeypa
             assert not (parts.exists() and list(parts.iterdir())), "nothing half-written"
     assert messages[0] == messages[1]
     assert messages[0].endswith("bytes 0-70 hold 6 rows, not 7")
+    src.write_text("[1,2,3,4]\n" * 3)  # cut short: the same words again
+    messages = []
+    for disabled in (False, True):
+        with monkeypatch.context() as m:
+            if disabled:
+                m.setattr(dense_chunk, "_denselines", None)
+            job_dir = tmp_path / f"short{disabled}"
+            job_dir.mkdir()
+            with pytest.raises(ValueError) as caught:
+                work.process_chunk(job_dir, chunks[0], "jsonl", None, Shaping(), predictor, 4)
+            messages.append(str(caught.value))
+    assert messages[0] == messages[1] and messages[0].endswith("bytes 0-70 hold 3 rows, not 7")
 
 
 def _parse(lines: list[bytes], shape: tuple[int, ...], integer: bool):
