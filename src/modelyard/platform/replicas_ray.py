@@ -96,7 +96,10 @@ class ReplicaActor:
         """Start the serve child on a free port of this node; returns where it listens."""
         import ray
 
-        host = ray.util.get_node_ip_address()
+        node_id = ray.get_runtime_context().get_node_id()
+        # The address the node was started with (`ray start --node-ip-address`), as the cluster knows it.
+        host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                    None) or ray.util.get_node_ip_address()
         base = self.rdir / MODEL
         base.mkdir(parents=True, exist_ok=True)
         link = base / "1"
@@ -116,7 +119,7 @@ class ReplicaActor:
         if self.error:
             raise RuntimeError(self.error)
         return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
-                "log_path": str(log_path), "node_id": ray.get_runtime_context().get_node_id()}
+                "log_path": str(log_path), "node_id": node_id}
 
     def _run(self, cmd: list[str], log_path: Path) -> None:
         try:
@@ -159,6 +162,15 @@ class ReplicaActor:
 async def _result(ref, timeout_s: float | None = None):
     """Await a Ray ObjectRef from asyncio (through its concurrent future: works under uvloop too)."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+def _kill_actor(handle) -> None:
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone
+        pass
 
 
 class RayEngine:
@@ -219,6 +231,7 @@ class RayEngine:
             except Exception as exc:  # RayActorError: the actor (or its node) is gone
                 log.warning("replica %s: its Ray actor is gone (%s)", replica_id, type(exc).__name__)
             self._dead.add(replica_id)
+            _kill_actor(handle)  # frees its CPU for the replacement the supervisor starts next
 
         if replica_id not in self._watches:
             self._watches[replica_id] = asyncio.get_running_loop().create_task(watch())
@@ -297,18 +310,13 @@ class RayEngine:
 
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """Drain and stop the serve process (SIGTERM, SIGKILL after ``grace_s``), then end the actor."""
-        import ray
-
         handle = await self._handle(row["id"])
         if handle is not None:
             try:
                 await _result(handle.stop.remote(grace_s), grace_s + 15)
             except Exception:  # the actor is gone or stuck: killing it below ends its child too
                 pass
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:
-                pass
+            _kill_actor(handle)
         task = self._watches.pop(row["id"], None)
         if task is not None:
             task.cancel()
