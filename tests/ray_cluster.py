@@ -160,7 +160,7 @@ class RayCluster:
             except ProcessLookupError:
                 pass
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         """Stop this cluster's processes and only them; raises if any survives."""
         self._signal_groups(signal.SIGTERM)
         deadline = time.monotonic() + grace
