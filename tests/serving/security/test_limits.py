@@ -229,6 +229,30 @@ FLOODS = {
 }
 
 
+def _goaway_last_stream(frames) -> int:
+    return next(struct.unpack(">L", payload[:4])[0] & 0x7FFFFFFF
+                for kind, _flags, _sid, payload in frames if kind == h2.GOAWAY)
+
+
+def test_rapid_reset_is_cut_within_its_first_few_hundred_streams(plain):
+    # The cancellations' own budget (a burst of 100) cuts the attacker long before the 1,000 control
+    # frames of the general budget: the GOAWAY names the last stream the server took.
+    frames = _flood(plain, _rapid_reset)
+    assert h2.goaway_code(frames) == h2.ENHANCE_YOUR_CALM
+    assert _goaway_last_stream(frames) < 2 * 200
+
+
+def test_a_client_cancelling_some_calls_keeps_its_connection(plain):
+    encoder = hpack.Encoder()
+    cancels = b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS, 2 * i + 1, h2.request_headers(encoder))
+                       + h2.frame(h2.RST_STREAM, 0, 2 * i + 1, struct.pack(">L", 8)) for i in range(60))
+    with h2.connect(plain) as sock:
+        h2.send_all(sock, h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0) + cancels + h2.frame(h2.PING, 0, 0, b"still-up"))
+        frames = h2.read_frames(sock, until_closed=False, timeout=3)
+    assert h2.goaway_code(frames) is None
+    assert any(kind == h2.PING and payload == b"still-up" for kind, _f, _s, payload in frames)
+
+
 @pytest.mark.parametrize("attack", list(FLOODS))
 def test_http2_flood_gets_goaway_enhance_your_calm(plain, attack):
     frames = _flood(plain, FLOODS[attack])

@@ -41,6 +41,12 @@ class ConnectionCount:
         self.open -= 1
 
 
+# Cancelled calls (RST_STREAM from the client) per connection: a burst of 100, then 20 a second.
+# A gRPC client cancels only calls it abandons (deadlines, user cancels); a rapid-reset attacker
+# cancels every call it opens, thousands a second.
+RESET_BUDGET = (100, 20.0)
+
+
 class H2FloodBudget:
     """A token bucket for HTTP/2 frames that cost the server work but carry no request.
 

@@ -32,7 +32,7 @@ from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.batching.scheduler import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
 from modelyard.serving.protocol.grpc_api import Method, Services
-from modelyard.serving.security.limits import H2FloodBudget
+from modelyard.serving.security.limits import RESET_BUDGET, H2FloodBudget
 from modelyard.serving.transport.loop_bridge import when_done_on_loop
 from modelyard.serving.transport.response_writer import ResponseWriter, socket_fd
 
@@ -116,6 +116,7 @@ class _Connection(asyncio.Protocol):
         self.flush_queued = False  # a _queued_flush is waiting in the loop's ready queue
         self.draining = False  # GOAWAY sent: finish the streams in flight, accept no more
         self.budget = H2FloodBudget()  # control frames that carry no call (floods, rapid reset)
+        self.resets = H2FloodBudget(*RESET_BUDGET)  # calls the client cancelled: rapid reset
 
     # ---- transport events ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -225,7 +226,11 @@ class _Connection(asyncio.Protocol):
         elif kind == h2.RST_STREAM:
             if sid == 0 or len(payload) != 4:
                 raise h2.ConnectionError_(h2.PROTOCOL_ERROR, "bad RST_STREAM")
-            self._spend("RST_STREAM")  # rapid reset: streams opened and cancelled at once
+            self._spend("RST_STREAM")
+            # Rapid reset: each cancelled call cost a HEADERS decode and a stream, so cancellations
+            # get a budget of their own, far below the one for cheap control frames.
+            if not self.resets.spend():
+                raise h2.ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many cancelled streams (rapid reset)")
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 stream.answered = True  # the client gave up: drop whatever the handler returns
