@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from modelyard.batch.predictor import Predictor
-from modelyard.batch.readers import Chunk, RawJson
+from modelyard.batch.readers import Chunk, RawJson, check_rows
 from modelyard.batch.readers.lines import split_lines
 from modelyard.batch.shards import commit_streamed, results_tmp
 from modelyard.errors import ServingError
@@ -101,13 +101,7 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
                     ok_count += n
                 row += n
                 pos = after
-        if row != chunk.rows:
-            # The plan counted rows when the job started; a different count means the file changed.
-            # (Counted while parsing, not before: a pass over the chunk costs a tenth of the rest.)
-            raise ValueError(
-                f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
-                f"{row} rows, not {chunk.rows}"
-            )
+        check_rows(chunk, row)  # counted while parsing: a pass of its own would cost a tenth of the rest
         commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
     except BaseException:
         tmp.unlink(missing_ok=True)

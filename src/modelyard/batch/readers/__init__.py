@@ -77,10 +77,14 @@ def read_chunk(chunk: Chunk, fmt: str, context: Any) -> list[Row | BadRow]:
         f.seek(chunk.start)
         data = f.read(chunk.end - chunk.start)
     rows = reader(fmt).decode(data, context, chunk.file, chunk.first_row)
-    if len(rows) != chunk.rows:
-        # The plan counted rows when the job started; a different count means the file changed.
+    check_rows(chunk, len(rows))
+    return rows
+
+
+def check_rows(chunk: Chunk, found: int) -> None:
+    """The plan counted rows when the job started; a different count means the file changed."""
+    if found != chunk.rows:
         raise ValueError(
             f"{chunk.file} changed since the job was planned: bytes {chunk.start}-{chunk.end} hold "
-            f"{len(rows)} rows, not {chunk.rows}"
+            f"{found} rows, not {chunk.rows}"
         )
-    return rows
