@@ -75,3 +75,12 @@ def wait_gone(platform, timeout: float = 15) -> list[int]:
     while job_processes(platform) and time.monotonic() < deadline:
         time.sleep(0.1)
     return job_processes(platform)
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

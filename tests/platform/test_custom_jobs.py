@@ -19,7 +19,7 @@ import requests
 import yaml
 
 from tests.platform.conftest import STAGING_BUCKET, _env
-from tests.platform.jobs_helpers import aiplatform, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+from tests.platform.jobs_helpers import aiplatform, alive, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
 
 PROBE = str(Path(__file__).with_name("job_scripts") / "probe.py")
 
@@ -103,8 +103,7 @@ def test_cancel_stops_every_replica(aiplatform, platform, tmp_path):
         job.wait_for_completion()
     assert job.state == gca_job_state.JobState.JOB_STATE_CANCELLED
     assert wait_gone(platform) == []
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+    assert not any(alive(pid) for pid in pids)
 
 
 @pytest.mark.parametrize("pools, words", [
@@ -160,3 +159,61 @@ def test_jobs_cli_submits_a_custom_job_spec_and_a_training_config(platform, tmp_
     assert job["state"] == "JOB_STATE_SUCCEEDED"
     assert job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"][-2:] == ["train", str(tmp_path / "train.yaml")]
     assert (tmp_path / "train-job").is_dir()
+
+
+def test_a_running_job_survives_a_platform_restart_and_a_killed_one_fails(platform, tmp_path):
+    import signal
+    import time
+
+    def submit(name: str, sleep: int, out: Path) -> str:
+        body = {"displayName": name, "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
+            "imageUri": "x", "command": [sys.executable, PROBE], "args": [f"--sleep={sleep}"]}}],
+            "baseOutputDirectory": {"outputUriPrefix": str(out)}}}
+        return requests.post(platform.api("customJobs"), json=body, timeout=10).json()["name"]
+
+    def replica_pid(out: Path) -> int:
+        end = time.monotonic() + 60
+        while not (out / "model" / "workerpool0-0.json").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        return json.loads((out / "model" / "workerpool0-0.json").read_text())["pid"]
+
+    name = submit("survivor", 8, tmp_path / "a")
+    pid = replica_pid(tmp_path / "a")
+    platform.stop()  # the job's processes are not the platform's to stop: the next platform adopts them
+    assert alive(pid)
+    platform.start()
+    job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    log = requests.get(f"{platform.url}/modelyard/v1/jobs/{name.rsplit('/', 1)[-1]}/logs", timeout=10).text
+    assert "run 1" in log and "run 2" not in log  # adopted, not started again
+
+    # The job's own process dies (a crash): the job fails saying so; the platform serves on.
+    name = submit("crashes", 120, tmp_path / "b")
+    orphan = replica_pid(tmp_path / "b")
+    child = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
+    pids = [p for p in job_processes(platform) if b"job_child" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(pids) == 1, child
+    os.kill(pids[0], signal.SIGKILL)
+    job = wait_state(platform, name, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"))
+    assert job["state"] == "JOB_STATE_FAILED" and "killed by signal 9" in job["error"]["message"]
+    assert wait_gone(platform) == [] and not alive(orphan)  # its replica did not outlive it
+    assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
+
+
+def test_python_package_spec_is_installed_and_run(aiplatform, gcs_emulator, tmp_path):
+    src = tmp_path / "src"
+    (src / "trainer").mkdir(parents=True)
+    (src / "trainer" / "__init__.py").write_text("")
+    (src / "trainer" / "task.py").write_text(
+        "import os, sys\nopen(os.path.join(os.environ['AIP_MODEL_DIR'], 'done.txt'), 'w').write(' '.join(sys.argv[1:]))\n")
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='trainer', version='0.1', packages=['trainer'])\n")
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist"], cwd=src, check=True, capture_output=True, timeout=120)
+    sdist = next((src / "dist").glob("trainer-0.1.tar.gz"))
+    gcs_emulator["client"].bucket(STAGING_BUCKET).blob("pkgs/trainer-0.1.tar.gz").upload_from_filename(str(sdist))
+    job = aiplatform.CustomJob(display_name="pkg", base_output_dir=str(tmp_path / "out"), worker_pool_specs=[{
+        "machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+        "python_package_spec": {"executor_image_uri": "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+                                "package_uris": [f"gs://{STAGING_BUCKET}/pkgs/trainer-0.1.tar.gz"],
+                                "python_module": "trainer.task", "args": ["--lr=0.1"]}}])
+    job.run(sync=True)
+    assert (tmp_path / "out" / "model" / "done.txt").read_text() == "--lr=0.1"

@@ -36,6 +36,7 @@ ACTIVE = (PENDING, RUNNING, CANCELLING)
 TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
 
 JOB_FILE, RESULT_FILE, LOG_FILE = "job.json", "result.json", "log.txt"
+JOB_ID_ENV = "MODELYARD_JOB_ID"
 CANCEL_GRACE_S = 10.0
 MAX_RUNS = 3  # child processes a resumable job may take (restarts after platform stops) before it fails
 PROGRESS_INTERVAL_S = 1.0
@@ -151,9 +152,11 @@ class JobRunner:
                                          "run": row["runs"] + 1})
         try:
             with open(work_dir / LOG_FILE, "ab") as logf:
+                # MODELYARD_JOB_ID is inherited by every process of the job: how leftovers are found.
                 proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform.job_child", str(work_dir)],
                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=work_dir, start_new_session=True)
+                                        cwd=work_dir, start_new_session=True,
+                                        env={**os.environ, JOB_ID_ENV: job_id})
         except OSError as exc:
             self._end(row, FAILED, ApiError("INTERNAL", f"could not start the job's process: {exc}"))
             return
@@ -189,6 +192,8 @@ class JobRunner:
     def _finished(self, row: dict) -> None:
         job_id = row["id"]
         proc = self._procs.pop(job_id, None)
+        # Whatever the job left behind (batch workers, replicas and trials in their own sessions).
+        _kill_leftovers(job_id)
         self._signalled.pop(job_id, None)
         self._progress_at.pop(job_id, None)
         work_dir = self.work_dir(job_id)
@@ -240,6 +245,26 @@ def _killpg(pid: int | None, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_leftovers(job_id: str) -> int:
+    """SIGKILL every process still carrying this job's id in its environment; returns how many."""
+    mark = f"{JOB_ID_ENV}={job_id}\0".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark not in f.read():
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except (OSError, ProcessLookupError):
+            continue
+    if killed:
+        log.warning("job %s: killed %d process(es) it left behind", job_id, killed)
+    return killed
 
 
 def _is_job_process(pid: int, work_dir: Path) -> bool:
