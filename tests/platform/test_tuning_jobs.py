@@ -106,3 +106,28 @@ def test_a_trial_command_that_does_not_exist_is_refused(platform):
                                                                                          "command": ["no-such-trainer"]}}]}}
     r = requests.post(platform.api("hyperparameterTuningJobs"), json=body, timeout=30)
     assert r.status_code == 400 and "'no-such-trainer' was not found" in r.json()["error"]["message"], r.text
+
+
+def test_jobs_cli_submits_a_tuning_spec(platform, tmp_path):
+    import json
+    import subprocess
+
+    import yaml
+
+    from tests.platform.conftest import _env
+
+    spec = {"display_name": "from-cli", "max_trial_count": 2, "parallel_trial_count": 1,
+            "study_spec": {"metrics": [{"metric_id": "score", "goal": "MAXIMIZE"}],
+                           "parameters": [{"parameter_id": "x", "double_value_spec": {"min_value": 0, "max_value": 1}},
+                                          {"parameter_id": "units", "discrete_value_spec": {"values": [32, 64]}}]},
+            "trial_job_spec": {"worker_pool_specs": [{"replica_count": 1, "container_spec": {
+                "image_uri": "x", "command": [sys.executable, str(TRIALS / "hypertune_quadratic.py")], "args": ["--epochs=1"]}}],
+                "base_output_directory": {"output_uri_prefix": str(tmp_path / "runs")}}}
+    (tmp_path / "hpt.yaml").write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "modelyard", "jobs", "submit", "--config", str(tmp_path / "hpt.yaml"),
+                           "--wait", "--platform", platform.url], env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout)
+    assert job["name"].split("/")[-2] == "hyperparameterTuningJobs" and job["state"] == "JOB_STATE_SUCCEEDED"
+    assert [t["state"] for t in job["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    assert all(t["finalMeasurement"]["metrics"][0]["metricId"] == "score" for t in job["trials"])
