@@ -22,6 +22,7 @@ from tests.platform.conftest import PARENT, TOKEN, _env, start_platform, tiny_mo
 from tests.web.conftest import DESKTOP, PHONE, poll, shoot
 
 EVIL = "<script>alert(1)</script>"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +60,18 @@ def _kill_jobs(workdir) -> None:
             pass
 
 
-def _open(browser, url: str, **options):
+def _open(browser, url: str, token: str | None = TOKEN, **options):
+    """The console in a new browser context, the platform's token typed in (as a user does), after
+    the first refresh that showed the state."""
     context = browser.new_context(**options)
     page = context.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.goto(url + "/console")
-    page.wait_for_function("Number(document.body.dataset.polls || 0) >= 1", timeout=15000)
+    if token is not None:
+        page.fill("#token", token)
+    page.wait_for_function("document.querySelector('#live #endpoints') !== null", timeout=15000)
+    _after_next_poll(page)
     return page, dialogs
 
 
@@ -110,13 +116,13 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     assert version.locator(".model-name").text_content() == EVIL  # the name is text, not a script
 
     # the same numbers in the JSON state, which the page is rendered from
-    state = requests.get(yard["p"].url + "/console/api/state", timeout=10).json()
+    state = requests.get(yard["p"].url + "/console/api/state", headers=AUTH, timeout=10).json()
     ep = next(e for e in state["endpoints"] if e["id"] == endpoint)
     assert ep["trafficSplit"] == rest["trafficSplit"]
     assert {r["id"] for dm in ep["deployedModels"] for r in dm["replicas"]} == set(replicas)
 
     # escaping: the server sends the name escaped, the browser made no element of it and ran nothing
-    html = requests.get(yard["p"].url + "/console", timeout=10).text
+    html = requests.get(yard["p"].url + "/console", headers=AUTH, timeout=10).text
     assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert page.locator("#live script").count() == 0 and section.locator("h3 b").count() == 0
     _after_next_poll(page)  # after a refresh swapped the fragment in, too
@@ -136,6 +142,32 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     print("screenshot:", shoot(phone, tmp_path_factory, "platform-console-phone"))
     assert dialogs == []
     phone.context.close()
+
+
+def test_the_state_needs_the_token_the_api_needs(yard, browser):
+    """With an --auth-token the API's GETs need it, and so does the console's state."""
+    url = yard["p"].url
+    for headers, why in (({}, "missing required authentication credential"),
+                         ({"Authorization": "Bearer wrong"}, "invalid authentication credentials")):
+        for path in ("/console/api/state", "/console/api/live"):
+            r = requests.get(url + path, headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED", (path, r.text)
+            assert why in r.json()["error"]["message"]
+        page = requests.get(url + "/console", headers=headers, timeout=10)
+        assert page.status_code == 200 and 'class="locked"' in page.text  # a shell asking for the token
+        assert yard["endpoint"] not in page.text and "alert" not in page.text and yard["model"] not in page.text
+
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    page.goto(url + "/console")
+    _after_next_poll(page)
+    assert page.locator(".locked").count() == 1 and page.locator("section.endpoint").count() == 0
+    assert "missing required authentication credential" in page.locator("#updated").text_content()
+    page.fill("#token", TOKEN)  # typed: the next refresh shows the state, and a reload keeps the token
+    page.wait_for_function("document.querySelector('section.endpoint') !== null", timeout=15000)
+    page.reload()
+    page.wait_for_function("document.querySelector('section.endpoint') !== null", timeout=15000)
+    context.close()
 
 
 def test_request_counts_match_metrics(yard, browser):
@@ -175,13 +207,14 @@ def test_update_traffic_needs_the_token(yard, browser):
     before = api.ok("GET", f"endpoints/{endpoint}")["trafficSplit"]
     assert before == {a: 100}
 
+    form.locator(f"input[name='{a}']").fill("30")
+    form.locator(f"input[name='{b}']").fill("70")
+    _after_next_poll(page)  # the typed split survives a refresh of the page's content
+    assert form.locator(f"input[name='{b}']").input_value() == "70"
+    assert page.locator(f"tr.dm[data-dm='{b}'] .share").text_content() == "0%"
     for given, why in (("", "missing required authentication credential"),
                        ("wrong-token", "invalid authentication credentials")):
         page.fill("#token", given)
-        form.locator(f"input[name='{a}']").fill("30")
-        form.locator(f"input[name='{b}']").fill("70")
-        _after_next_poll(page)  # the typed split survives a refresh of the page's content
-        assert form.locator(f"input[name='{b}']").input_value() == "70"
         form.locator("button[type=submit]").click()
         poll(lambda: result.text_content().startswith("refused"), 15, "the refusal")
         assert why in result.text_content()
@@ -208,7 +241,7 @@ def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, bro
     try:
         api = Api(p.url)
         endpoint = api.create_endpoint("open")
-        page, _ = _open(browser, p.url, viewport=DESKTOP)
+        page, _ = _open(browser, p.url, token=None, viewport=DESKTOP)
         assert page.locator(f"section.endpoint[data-endpoint='{endpoint}']").count() == 1
         assert page.locator(".readonly").count() == 1
         assert page.locator("#token").count() == 0 and page.locator("form.split, button.cancel").count() == 0

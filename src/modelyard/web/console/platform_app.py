@@ -5,9 +5,15 @@ The console reads; it changes nothing itself. Its actions (a new traffic split, 
 job) are the page calling the platform's own Vertex AI REST API (``PATCH endpoints/{id}``,
 ``POST {job}:cancel``) with the token the user types, so they run the API's code and its token
 check, and are offered only when the platform has an ``--auth-token``.
+
+Reading follows the API's rule: with an ``--auth-token`` the API's GETs need it, so the
+console's state does too (``Authorization: Bearer`` on ``/console/api/*``, which the page sends
+once the token is typed); ``/console`` itself is then a shell holding no data. Without a token
+configured, everything is readable and nothing can be changed here.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from importlib import resources
 
@@ -48,7 +54,23 @@ class PlatformConsole:
         jobs = await platform_jobs.fetch(self._session, f"http://{host}:{port}", parents, self.p.config.auth_token)
         return platform_state.collect(self.p, jobs)
 
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """None when this request may read the platform's state, else the API's UNAUTHENTICATED answer."""
+        token = self.p.config.auth_token
+        if not token:
+            return None
+        given = request.headers.get("Authorization", "")
+        if not given:
+            return _error(401, "UNAUTHENTICATED", "Request is missing required authentication credential: "
+                          "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
+        return None
+
     async def _answer(self, request: web.Request, render, content_type: str) -> web.Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         try:
             state = await self.state(request)
         except Exception as exc:  # the store unreachable, say: the page says so and keeps polling
@@ -57,6 +79,9 @@ class PlatformConsole:
         return web.Response(body=render(state), content_type=content_type, charset="utf-8", headers=_NO_STORE)
 
     async def page(self, request: web.Request) -> web.Response:
+        if self._refusal(request) is not None:  # a browser's first visit: the page asks for the token
+            return web.Response(text=platform_page.render_locked(), content_type="text/html", charset="utf-8",
+                                headers=_NO_STORE)
         return await self._answer(request, lambda s: platform_page.render(s).encode(), "text/html")
 
     async def live(self, request: web.Request) -> web.Response:

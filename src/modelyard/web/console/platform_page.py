@@ -158,14 +158,26 @@ def render_live(state: dict) -> str:
             + _jobs(state["jobs"], can_act))
 
 
+_TOKEN_FORM = ('<form id="actions" autocomplete="off" onsubmit="return false">'
+               '<input id="token" type="password" placeholder="auth token" aria-label="auth token"> '
+               '<span class="hint">the platform\'s --auth-token: to see its state, change traffic, cancel jobs</span>'
+               '</form>')
+_READ_ONLY = ('<p class="readonly">Read-only: start <code>modelyard platform --auth-token ...</code> '
+              "to change traffic and cancel jobs here.</p>")
+
+
+def render_locked() -> str:
+    """The page of a platform with an ``--auth-token`` before the token is given: no data at all;
+    the script fetches the state with the token once it is typed."""
+    return _document('<p class="locked">This platform needs its auth token to show its state: type it above.</p>',
+                     _TOKEN_FORM, locked=True)
+
+
 def render(state: dict) -> str:
-    if state["canAct"]:
-        actions = ('<form id="actions" autocomplete="off" onsubmit="return false">'
-                   '<input id="token" type="password" placeholder="auth token" '
-                   'aria-label="auth token"> <span class="hint">needed to change traffic or cancel jobs</span></form>')
-    else:
-        actions = ('<p class="readonly">Read-only: start <code>modelyard platform --auth-token ...</code> '
-                   "to change traffic and cancel jobs here.</p>")
+    return _document(render_live(state), _TOKEN_FORM if state["canAct"] else _READ_ONLY, locked=False)
+
+
+def _document(live: str, actions: str, locked: bool) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -175,8 +187,8 @@ def render(state: dict) -> str:
 <link rel="stylesheet" href="/console/platform.css">
 <script src="/console/chart.js" defer></script>
 <script src="/console/platform.js" defer></script>
-</head><body data-can-act="{int(state["canAct"])}">
+</head><body data-locked="{int(locked)}">
 <header><h1>modelyard platform console</h1><p id="updated">server-rendered; live updates start…</p>{actions}</header>
-<main id="live">{render_live(state)}</main>
+<main id="live">{live}</main>
 </body></html>
 """

@@ -1,8 +1,9 @@
 // Keeps the platform console live: fetches the server-rendered fragment (/console/api/live) every
 // second and swaps it in (the server escapes every name: nothing here builds HTML from data),
 // keeps a split the user is editing, turns each deployed model's counters into a request rate
-// and mean latency, and draws them. Actions call the platform's Vertex AI REST API with the
-// token typed in the page: the API checks it.
+// and mean latency, and draws them. The token typed in the page goes with every request
+// (a platform with an --auth-token shows its state only with it); actions call the platform's
+// Vertex AI REST API with it: the API checks it.
 'use strict';
 const POLL_MS = 1000;
 const SLOTS = 60;  // one minute of history at one poll a second
@@ -15,9 +16,12 @@ function token() {
   return input ? input.value : '';
 }
 
+function authHeaders() {
+  return token() ? {Authorization: `Bearer ${token()}`} : {};
+}
+
 async function callApi(method, path, body) {
-  const headers = {'Content-Type': 'application/json'};
-  if (token()) headers.Authorization = `Bearer ${token()}`;
+  const headers = {'Content-Type': 'application/json', ...authHeaders()};
   const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
   let answer = {};
   try { answer = await response.json(); } catch (e) { /* an empty body */ }
@@ -101,8 +105,12 @@ function swapIn(html) {
 
 async function refresh() {
   try {
-    const response = await fetch('/console/api/live', {cache: 'no-store'});
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const response = await fetch('/console/api/live', {cache: 'no-store', headers: authHeaders()});
+    if (!response.ok) {
+      let message = `HTTP ${response.status}`;
+      try { message = (await response.json()).error.message; } catch (e) { /* not the API's error body */ }
+      throw new Error(message);
+    }
     swapIn(await response.text());
     document.getElementById('updated').textContent = `live: updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
@@ -140,6 +148,14 @@ async function cancelJob(button) {
   if (result) result.textContent = messages.jobs;
 }
 
+function keepToken() {
+  // Kept for this tab only (sessionStorage), so a reload does not ask again.
+  const input = document.getElementById('token');
+  if (!input) return;
+  input.value = input.value || sessionStorage.getItem('modelyard-platform-token') || '';
+  input.addEventListener('input', () => sessionStorage.setItem('modelyard-platform-token', input.value));
+}
+
 function wireActions() {
   // Delegated from <main>: its content is replaced every second.
   const live = document.getElementById('live');
@@ -159,4 +175,4 @@ function wireActions() {
   });
 }
 
-document.addEventListener('DOMContentLoaded', () => { wireActions(); refresh(); });
+document.addEventListener('DOMContentLoaded', () => { keepToken(); wireActions(); refresh(); });
