@@ -1,7 +1,8 @@
 """The console on a real ``modelyard platform`` (with ``--auth-token``), in headless Chromium: it
-lists what the REST API says, counts what ``/metrics`` counts, escapes names, and changes a
-traffic split only with the token. One platform, one endpoint, two deployed models (a split
-needs two) of one tiny model, one replica each.
+shows its state only with the token, lists what the REST API says, counts what ``/metrics``
+counts, escapes names, changes a traffic split and cancels a batch job only with the token, and
+draws tuning curves. One platform, one endpoint, two deployed models (a split needs two) of one
+tiny model, one replica each; a second platform without a token (read-only) and ``--no-console``.
 
 Screenshots (desktop and phone) go to the session's tmp dir ``.../screenshots/platform-console-*.png``,
 or to ``$MODELYARD_SCREENSHOTS``.
@@ -51,10 +52,10 @@ def yard(tmp_path_factory, tiny_models):  # noqa: F811 (the imported fixture)
 def _kill_jobs(workdir) -> None:
     """Batch job processes this module's platform started, if a test failed before they ended."""
     marker = str(workdir / "state" / "jobs").encode()
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if entry.isdigit() and marker in f.read():
+                if marker in f.read():
                     os.kill(int(entry), signal.SIGKILL)
         except (OSError, ProcessLookupError):
             pass

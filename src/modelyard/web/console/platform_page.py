@@ -153,7 +153,8 @@ def render_live(state: dict) -> str:
     """The part of the page the script refreshes: endpoints, models, jobs."""
     can_act = state["canAct"]
     endpoints = "".join(_endpoint(ep, can_act) for ep in state["endpoints"]) or "<p>No endpoints.</p>"
-    return (f'<section id="endpoints"><h2>Endpoints</h2>{endpoints}</section>'
+    # data-time: when the counters were read, so rates divide by the server's interval, not the network's
+    return (f'<section id="endpoints" data-time="{state["time"]:.6f}"><h2>Endpoints</h2>{endpoints}</section>'
             f'<section class="card" id="models"><h2>Models</h2>{_models(state["models"])}</section>'
             + _jobs(state["jobs"], can_act))
 

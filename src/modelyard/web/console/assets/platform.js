@@ -112,12 +112,13 @@ async function refresh() {
       throw new Error(message);
     }
     swapIn(await response.text());
+    updateRates(Number(document.getElementById('endpoints').dataset.time));
+    drawCurves();
     document.getElementById('updated').textContent = `live: updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
+    // The last state stays on screen (stale rates are not recomputed); the next poll tries again.
     document.getElementById('updated').textContent = `update failed: ${error.message}`;
   }
-  updateRates(window.performance.now() / 1000);
-  drawCurves();
   document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
   setTimeout(refresh, POLL_MS);
 }
