@@ -89,7 +89,10 @@ def worker_port_range(size: int = 40) -> tuple[int, int]:
 def node_env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     parts = [str(SRC)] + [p for p in path.split(os.pathsep) if p and p != str(SRC)]
+    # RAY_AUTH_MODE: `ray start` turns token auth on when ~/.ray/auth_token exists (any local ray.init()
+    # writes one), and drivers joining by address then fail with InvalidAuthToken: this cluster has none.
     return {**os.environ, "PYTHONPATH": os.pathsep.join(parts), "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "disabled",
             "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
