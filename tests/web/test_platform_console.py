@@ -275,33 +275,38 @@ def _batch_job(api: Api, yard: dict, folder, name: str, rows: int) -> str:
 def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path, tmp_path_factory):
     api, url = yard["api"], yard["p"].url
     page, _ = _open(browser, url, viewport=DESKTOP)
-    small = _batch_job(api, yard, tmp_path, "small", 30)
-    job = poll(lambda: (j := api.ok("GET", small.split(f"{PARENT}/", 1)[1]))["state"] in (
-        "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED") and j, 120, "the small job to finish")
-    assert job["state"] == "JOB_STATE_SUCCEEDED", job
-    row = page.locator(f"tr.job[data-job='{small}']")
-    poll(lambda: row.count() == 1 and row.locator(".state").text_content() == "SUCCEEDED", 15, "the finished job shown")
-    stats = job["completionStats"]
-    assert row.locator(".progress-text").text_content() == (
-        f'{stats["successfulCount"]} predicted, {stats["failedCount"]} failed')
-    assert row.locator("button.cancel").count() == 0  # a finished job cannot be cancelled
 
-    big = _batch_job(api, yard, tmp_path, "big", 60000)  # minutes of work: it is still going when cancelled
+    def job(name: str) -> dict:
+        return api.ok("GET", name.split(f"{PARENT}/", 1)[1])
+
+    # Both at once: the big one is cancelled (pending or running) while the small one gets done.
+    small = _batch_job(api, yard, tmp_path, "small", 30)
+    big = _batch_job(api, yard, tmp_path, "big", 60000)  # minutes of work: still going when cancelled
     row = page.locator(f"tr.job[data-job='{big}']")
     result = page.locator("#jobs .result")
-    poll(lambda: row.locator("button.cancel").count() == 1, 15, "the running job's Cancel button")
+    poll(lambda: row.locator("button.cancel").count() == 1, 15, "the big job's Cancel button")
     page.fill("#token", "wrong-token")
     row.locator("button.cancel").click()
     poll(lambda: result.text_content().startswith("refused"), 15, "the refusal")
     assert "invalid authentication credentials" in result.text_content()
-    assert api.ok("GET", big.split(f"{PARENT}/", 1)[1])["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING")
+    assert job(big)["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING")
 
     page.fill("#token", TOKEN)
     row.locator("button.cancel").click()
     poll(lambda: result.text_content().startswith("cancel requested"), 15, "the cancel")
-    poll(lambda: api.ok("GET", big.split(f"{PARENT}/", 1)[1])["state"] == "JOB_STATE_CANCELLED", 60, "the job cancelled")
+    poll(lambda: job(big)["state"] == "JOB_STATE_CANCELLED", 60, "the job cancelled")
     poll(lambda: row.locator(".state").text_content().startswith("CANCELLED"), 15, "the console showing it")
     assert row.locator("button.cancel").count() == 0
+
+    done = poll(lambda: (j := job(small))["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED") and j, 120,
+                "the small job to finish")
+    assert done["state"] == "JOB_STATE_SUCCEEDED", done
+    row = page.locator(f"tr.job[data-job='{small}']")
+    poll(lambda: row.locator(".state").text_content() == "SUCCEEDED", 15, "the finished job shown")
+    stats = done["completionStats"]
+    assert row.locator(".progress-text").text_content() == (
+        f'{stats["successfulCount"]} predicted, {stats["failedCount"]} failed')
+    assert row.locator("button.cancel").count() == 0  # a finished job cannot be cancelled
     print("screenshot:", shoot(page, tmp_path_factory, "platform-console-jobs-desktop"))
     page.context.close()
 
