@@ -73,6 +73,8 @@ def test_console_numbers_match_status_and_metrics(demo_server, browser, tmp_path
 
     # the page shows the same numbers (after its first poll), and the rate once traffic flows
     page = browser.new_page(viewport=DESKTOP)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(demo_server.base + "/console")
     section = page.locator("section.model[data-model='my_mnist_model']")
     page.wait_for_function("Number(document.body.dataset.polls || 0) >= 1")
@@ -86,6 +88,13 @@ def test_console_numbers_match_status_and_metrics(demo_server, browser, tmp_path
         "document.querySelector(\"section.model[data-model='my_mnist_model'] .latency\").textContent.endsWith(' ms')")
     assert section.locator(".rate").text_content().endswith("req/s")
     assert section.locator(".queue").text_content() == "0 batches, 0 rows"
+    # the chart (chart.js, shared with the platform's console) is drawn: pixels other than its background
+    ink = section.locator("canvas").evaluate("""(c) => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0;
+        for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) n++;
+        return n; }""")
+    assert ink > 200 and errors == [], (ink, errors)
     shoot(page, tmp_path_factory, "console-desktop")
     page.close()
 
