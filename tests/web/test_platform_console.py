@@ -23,6 +23,13 @@ from tests.platform.conftest import PARENT, TOKEN, _env, start_platform, tiny_mo
 from tests.web.conftest import DESKTOP, PHONE, poll, shoot
 
 EVIL = "<script>alert(1)</script>"
+# How many pixels of a canvas differ from the charts' background: drawn lines and labels.
+INK = """(c) => {
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) n++;
+  return n;
+}"""
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -193,6 +200,7 @@ def test_request_counts_match_metrics(yard, browser):
     # the rate cell is computed from two samples, the chart drawn: both present after a further poll
     _after_next_poll(page)
     assert re.fullmatch(r"\d+\.\d req/s", row.locator(".rate").text_content())
+    assert page.locator(f"section.endpoint[data-endpoint='{endpoint}'] canvas.chart").evaluate(INK) > 200
     served = {r["id"]: r["served"] for r in api.replicas() if r["deployedModelId"] == a}
     page_served = {r.get_attribute("data-replica"): int(r.locator(".served").text_content())
                    for r in page.locator("tr.replica").all() if r.get_attribute("data-replica") in served}
@@ -329,15 +337,10 @@ def test_tuning_curves_are_drawn_in_the_page(yard, browser):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     # swapped in and drawn in one go, between two of the page's own refreshes; pixels not background counted
-    drawn = page.evaluate("""(html) => {
+    drawn = page.evaluate(f"""(html) => {{
         swapIn(html); drawCurves();
-        return [...document.querySelectorAll('canvas.curve')].map((c) => {
-          const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-          let ink = 0;
-          for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) ink++;
-          return [c.className, ink];
-        });
-      }""", html)
+        return [...document.querySelectorAll('canvas.curve')].map((c) => [c.className, ({INK})(c)]);
+      }}""", html)
     assert [name for name, _ in drawn] == ["curve", "curve learning"]
     assert all(ink > 200 for _, ink in drawn), drawn
     assert page.locator("tr.job .progress-text").text_content() == "4 of 8 trials done, best loss 0.2"
