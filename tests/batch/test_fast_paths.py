@@ -285,3 +285,37 @@ def test_parse_counts_lines_as_split_lines_does():
         data = bytearray(raw)
         _ok, n, after = _denselines.parse(data, 0, len(data), 32, (1,), True, values, spans)
         assert (n, after) == (len(split_lines(raw)), len(raw)), raw
+
+
+def test_a_chunk_that_dies_half_way_leaves_no_part_and_redoes_exactly_once(tiny_model, tmp_path, monkeypatch):
+    """Streamed results commit only by the final rename: a failure mid-chunk leaves nothing that
+    counts, a temporary left by a killed worker is ignored and cleared, the redo commits once."""
+    from modelyard.batch.shards import committed, finalize, result_shards
+
+    predictor = _predictor(tiny_model.base)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r.tolist()) + "\n" for r in rows(20, seed=4)))
+    chunks, _ = plan([str(src)], "jsonl", 10)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    run, calls = predictor.servable.run, []
+
+    def dies_on_the_second_batch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("worker died")
+        return run(*args)
+
+    with monkeypatch.context() as m:
+        m.setattr(predictor.servable, "run", dies_on_the_second_batch)
+        with pytest.raises(RuntimeError):
+            work.process_chunk(job_dir, chunks[0], "jsonl", None, Shaping(), predictor, 4)
+    assert committed(job_dir) == {} and list((job_dir / PARTS_DIR).iterdir()) == []
+    (job_dir / PARTS_DIR / ".c000000.results.tmp-999999").write_bytes(b'{"instance":[1],"prediction"')  # kill -9
+    for chunk in chunks:
+        assert work.process_chunk(job_dir, chunk, "jsonl", None, Shaping(), predictor, 4) == (10, 0)
+    assert sorted(committed(job_dir)) == [0, 1]
+    assert finalize(job_dir, 2) == {"successful_count": 20, "failed_count": 0}
+    lines = [line for shard in result_shards(job_dir) for line in shard.read_bytes().splitlines()]
+    assert len(lines) == 20 and all(orjson.loads(line)["prediction"] for line in lines)
+    assert not (job_dir / PARTS_DIR).exists()
