@@ -319,3 +319,37 @@ def test_a_chunk_that_dies_half_way_leaves_no_part_and_redoes_exactly_once(tiny_
     lines = [line for shard in result_shards(job_dir) for line in shard.read_bytes().splitlines()]
     assert len(lines) == 20 and all(orjson.loads(line)["prediction"] for line in lines)
     assert not (job_dir / PARTS_DIR).exists()
+
+
+def test_parse_on_mutated_lines_never_misreads():
+    """Random byte edits of good lines: the C reader either refuses the batch or reads exactly
+    what NumPy's text parser (the Python path) reads, and stays inside its buffers."""
+    from modelyard.batch.fastjson import DenseParser
+
+    rng = np.random.default_rng(9)
+    alphabet = np.frombuffer(b"0123456789-+.eE,[] \t\r\n\x00x\"", np.uint8)
+    for integer, dtype in ((True, np.int64), (False, np.float64)):
+        parser = DenseParser("x", np.dtype(dtype), (2, 3))
+        values, spans = np.zeros(3 * 6, np.int64), np.zeros(6, np.int64)
+        accepted = 0
+        for _ in range(3000):
+            lines = [json.dumps(rng.integers(-300, 300, size=(2, 3)).tolist() if integer
+                                else (rng.normal(size=(2, 3)) * 100).round(3).tolist()).encode() for _ in range(3)]
+            data = bytearray(b"\n".join(lines))
+            for _ in range(rng.integers(1, 3)):
+                where = rng.integers(0, len(data))
+                if rng.random() < 0.5:
+                    data[where] = int(rng.choice(alphabet))
+                else:
+                    del data[where]
+            ok, n, after = _denselines.parse(data, 0, len(data), 3, (2, 3), integer, values, spans)
+            assert after == len(data) or n == 3
+            if ok:
+                accepted += 1
+                got = split_lines(bytes(data[:after]))
+                expected = parser.parse(got)
+                assert expected is not None, bytes(data)
+                read = values[:n * 6] if integer else values[:n * 6].view(np.float64)
+                assert read.tobytes() == expected["x"].reshape(-1).tobytes(), bytes(data)
+                assert [bytes(data[s:e]) for s, e in spans[:2 * n].reshape(-1, 2)] == [x.strip() for x in got]
+        assert accepted > 100  # most single edits of a digit still give a good line
