@@ -30,6 +30,7 @@ INK = """(c) => {
   for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) n++;
   return n;
 }"""
+EVIL_LABEL = "<i>yard</i>"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -40,7 +41,9 @@ def yard(tmp_path_factory, tiny_models):  # noqa: F811 (the imported fixture)
                        ["--artifact-root", tiny_models["root"], "--auth-token", TOKEN])
     try:
         api = Api(p.url, TOKEN)
-        model = api.upload(tiny_models["models"]["tiny1"]["path"], EVIL)
+        upload = {"model": {"displayName": EVIL, "artifactUri": tiny_models["models"]["tiny1"]["path"],
+                            "labels": {"team": EVIL_LABEL}}}
+        model = api.wait(api.ok("POST", "models:upload", upload))["model"].rsplit("/", 1)[-1]
         endpoint = api.create_endpoint("console <b>endpoint</b>")
         # Both deployed at once (replicas start in parallel): the first to serve takes 100%, the other 0%.
         body = {"deployedModel": {"model": f"{PARENT}/models/{model}",
@@ -122,6 +125,8 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     version = page.locator(f"tr.version[data-model='{yard['model']}']")
     assert version.locator(".uri").text_content() == model["artifactUri"]
     assert version.locator(".model-name").text_content() == EVIL  # the name is text, not a script
+    assert version.locator(".labels").text_content() == f"team={EVIL_LABEL}" == f"team={model['labels']['team']}"
+    assert page.locator("#live i").count() == 0
 
     # the same numbers in the JSON state, which the page is rendered from
     state = requests.get(yard["p"].url + "/console/api/state", headers=AUTH, timeout=10).json()

@@ -23,6 +23,10 @@ def _td(value, cls: str = "", label: str = "", html: str | None = None) -> str:
     return f"<td{attrs}>{_e(value) if html is None else html}</td>"
 
 
+def _labels(labels: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "–"
+
+
 def _replica_summary(replicas: list[dict]) -> str:
     serving = sum(1 for r in replicas if r["state"] == "SERVING")
     return f"{serving}/{len(replicas)} serving" if replicas else "none"
@@ -86,7 +90,8 @@ def _endpoint(ep: dict, can_act: bool) -> str:
 <section class="card endpoint" data-endpoint="{_e(ep["id"])}">
   <h3>{_e(ep["displayName"])}</h3>
   <p class="path">{_e(ep["name"])}</p>
-  <p class="split-now">traffic split: <span class="split-text">{_e(split)}</span></p>
+  <p class="split-now">traffic split: <span class="split-text">{_e(split)}</span>
+    · labels: <span class="labels">{_e(_labels(ep["labels"]))}</span></p>
   <div class="scroll"><table class="deployed stack"><thead><tr><th>deployed model</th><th>model@version</th><th>traffic</th>
   <th>replicas</th><th>requests</th><th>errors</th><th>rate</th><th>latency</th><th>shadow</th></tr></thead>
   <tbody>{dms}</tbody></table></div>
@@ -107,11 +112,13 @@ def _models(models: list[dict]) -> str:
                         + _td("", "name", html=f'<b class="model-name">{_e(m["displayName"])}</b><br>'
                               f'<small>{_e(m["id"])}</small>')
                         + _td(v["versionId"], "", "version") + _td(", ".join(v["aliases"]) or "–", "", "aliases")
+                        + _td(_labels(m["labels"]), "labels", "labels")
                         + _td(v["artifactUri"], "uri", "artifact URI") + "</tr>")
     if not rows:
         return "<p>No models uploaded.</p>"
-    return ('<div class="scroll"><table class="models stack"><thead><tr><th>model</th><th>version</th><th>aliases</th>'
-            f'<th>artifact URI</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+    return ('<div class="scroll"><table class="models stack"><thead><tr><th>model</th><th>version</th>'
+            f'<th>aliases</th><th>labels</th><th>artifact URI</th></tr></thead><tbody>{"".join(rows)}</tbody>'
+            '</table></div>')
 
 
 def _job(job: dict, can_act: bool) -> str:
