@@ -10,7 +10,11 @@ the replica's own TF Serving URL and the endpoint's `:predict` through the gatew
 The split check deploys version 0002 at 10% and counts `deployedModelId` over N requests (aiohttp,
 32 in flight). The autoscaling check deploys with min 1 / max 2 replicas, overloads the endpoint with
 wrk c=64 and times the second replica's arrival, then the return to one after the cool-down.
-Ray Serve is not compared yet (not installed here).
+
+The peer: Ray Serve (bench/peers/ray_serve_app.py: the same model, LiteRT like `modelyard serve`,
+one replica, max_ongoing_requests 64, a FastAPI ingress behind Serve's HTTP proxy) on a one-node Ray cluster this script
+starts (its own temp dir and ports, stopped by its process group). It is driven by the same wrk, in
+the same turns as the replica and the gateway; the Ray cluster idles beside the other two runs.
 """
 from __future__ import annotations
 
@@ -136,6 +140,40 @@ async def count_split(url: str, body: bytes, n: int, concurrency: int = 32) -> c
     return counts
 
 
+# Per replica. Serve's default (5) makes its proxy queue and back off at c=32 (about 50 req/s here, a
+# quarter of its c=4 rate); 64 lets all 32 connections reach the replica: the stronger peer is measured.
+RAY_MAX_ONGOING = 64
+
+
+class RayServe:
+    """A one-node Ray cluster (tests/ray_cluster.py's starter: free ports, own temp dir, stopped by its
+    process group, never `ray stop`) with the digits model deployed by bench/peers/ray_serve_app.py."""
+
+    def __init__(self, model_dir: Path, workdir: Path) -> None:
+        sys.path.insert(0, str(REPO))
+        from tests.ray_cluster import node_env, start_cluster
+
+        self.cluster = start_cluster(1)
+        port = free_port()
+        try:
+            subprocess.run([sys.executable, str(ROOT / "peers" / "ray_serve_app.py"), "--address",
+                            self.cluster.address, "--http-port", str(port), "--model-dir", str(model_dir),
+                            "--max-ongoing-requests", str(RAY_MAX_ONGOING)],
+                           env=node_env(), check=True, timeout=600, stdout=open(workdir / "ray_serve.log", "wb"),
+                           stderr=subprocess.STDOUT)
+        except BaseException:
+            print((workdir / "ray_serve.log").read_text()[-3000:], file=sys.stderr)
+            self.cluster.stop()
+            raise
+        self.url = f"http://127.0.0.1:{port}/v1/models/model:predict"
+        import ray
+
+        self.version = ray.__version__
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -143,6 +181,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="turns of direct/gateway (default 3)")
     ap.add_argument("--split-requests", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve peer")
     args = ap.parse_args()
     if args.quick:
         args.duration, args.rounds, args.split_requests = 3.0, 2, 2000
@@ -155,7 +194,13 @@ def main() -> int:
     cooldown = 10.0
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        p = Platform(workdir, cooldown)
+        peer = None if args.no_ray else RayServe(base / "0001", workdir)
+        try:
+            p = Platform(workdir, cooldown)
+        except BaseException:
+            if peer is not None:
+                peer.stop()
+            raise
         try:
             v1, v2 = p.upload(base / "0001"), p.upload(base / "0002")
             ep = p.endpoint()
@@ -163,12 +208,13 @@ def main() -> int:
             replica = p.replicas(dm1)[0]
             direct = f"http://127.0.0.1:{replica['port']}/v1/models/model:predict"
             gateway = p.api(f"endpoints/{ep}:predict")
-            runs = {"direct": [], "gateway": []}
-            for _ in range(args.rounds):  # taking turns, so drift on the shared machine hits both alike
-                for name, url in (("direct", direct), ("gateway", gateway)):
+            runs = {"direct": [], "gateway": [], "ray_serve": []}
+            targets = [("direct", direct), ("gateway", gateway)] + ([("ray_serve", peer.url)] if peer else [])
+            for _ in range(args.rounds):  # taking turns, so drift on the shared machine hits all alike
+                for name, url in targets:
                     r = rest_load("wrk", url, body, args.concurrency, args.duration, workdir)
                     runs[name].append(r)
-                    print(f"{name:8s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                    print(f"{name:9s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
                           f"errors {r['errors']}", file=sys.stderr)
 
             dm2 = p.deploy(ep, v2, split={dm1: 90, "0": 10})
@@ -192,6 +238,8 @@ def main() -> int:
             down = time.monotonic() - t1 if len(p.replicas(dm3)) == 1 else float("nan")
         finally:
             p.stop()
+            if peer is not None:
+                peer.stop()
 
     def med(name, key):
         return statistics.median(r[key] for r in runs[name])
@@ -204,6 +252,19 @@ def main() -> int:
         ("through the platform gateway (`:predict`)", f"{med('gateway', 'rps'):,.0f}", f"{med('gateway', 'p50_ms'):.2f}",
          f"{med('gateway', 'p99_ms'):.2f}", str(sum(r["errors"] for r in runs["gateway"]))),
     ]
+    if runs["ray_serve"]:
+        rows.append((f"Ray Serve {peer.version} (HTTP proxy, FastAPI ingress, 1 replica, "
+                     f"max_ongoing_requests {RAY_MAX_ONGOING})",
+                     f"{med('ray_serve', 'rps'):,.0f}", f"{med('ray_serve', 'p50_ms'):.2f}",
+                     f"{med('ray_serve', 'p99_ms'):.2f}", str(sum(r["errors"] for r in runs["ray_serve"]))))
+        if med("ray_serve", "rps") > 0:
+            vs_ray = med("gateway", "rps") / med("ray_serve", "rps")
+            ray_check = (f"| gateway req/s / Ray Serve req/s | {vs_ray:.2f}x | target >= 3x | "
+                         f"{'PASS' if vs_ray >= 3 else 'FAIL'} |")
+        else:
+            ray_check = "| gateway req/s / Ray Serve req/s | Ray Serve answered no request | target >= 3x | FAIL |"
+    else:
+        ray_check = "| gateway req/s / Ray Serve req/s | not run (--no-ray) | target >= 3x | MISSING |"
     table = ["| path (digits, REST, c=%d, wrk 1 thread) | req/s (median of %d) | p50 ms | p99 ms | errors |"
              % (args.concurrency, args.rounds), "| --- | ---: | ---: | ---: | ---: |"]
     table += ["| " + " | ".join(r) + " |" for r in rows]
@@ -215,7 +276,7 @@ def main() -> int:
         f"| autoscale 1 -> 2 replicas under wrk c=64 | {up:.1f} s | <= 15 s | {'PASS' if up <= 15 else 'FAIL'} |",
         f"| back to 1 replica after load stops (cool-down {cooldown:g} s) | {down:.1f} s | after the cool-down | "
         f"{'PASS' if down == down else 'FAIL'} |",
-        "| Ray Serve comparison | not run | >= 3x Ray Serve | MISSING |",
+        ray_check,
     ]
     text = "\n".join([
         "# Endpoint benchmark (bench/endpoints.py)", "",

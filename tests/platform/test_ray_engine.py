@@ -1,6 +1,7 @@
 """Issue 15, several hosts: ``modelyard platform --engine ray`` runs a deployed model's replicas as
 Ray actors on the shared two-node Ray cluster (tests/ray_cluster.py). Two replicas land on the two
-nodes (their actors' node ids, asked of Ray), predictions equal the model's own, a replica whose
+nodes (their actors' node ids, asked of Ray), predictions equal the model's own, a restarted
+platform adopts them, a replica whose
 ``modelyard serve`` is killed with SIGKILL is replaced, and undeploying ends the actors and their
 processes. A missing or unreachable cluster stops the platform at start with exit code 2."""
 from __future__ import annotations
@@ -83,6 +84,12 @@ def test_replicas_on_two_ray_nodes_replaced_and_stopped(ray_cluster, tiny_models
         assert None not in nodes.values() and len(set(nodes.values())) == 2, nodes  # one replica per node
         for _ in range(4):  # both replicas answer (least outstanding spreads them)
             _assert_predictions(api, ep, tiny_models)
+
+        # A restarted platform finds the detached actors by name and adopts their replicas.
+        p.stop()
+        p.start()
+        assert {r["id"] for r in _serving(api, dm)} == {r["id"] for r in first}
+        _assert_predictions(api, ep, tiny_models)
 
         victim = first[0]
         os.kill(victim["pid"], signal.SIGKILL)  # the serve process on its node (one machine here)

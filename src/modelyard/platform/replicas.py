@@ -38,6 +38,7 @@ MODEL = "model"  # the name every replica serves its one model under
 START_TIMEOUT_S = 180.0
 READY_POLL_S = 0.05  # a replica's status API is cheap; polling it fast takes ~0.2 s off every start
 SPARE_PREFIX = "spare-"  # replica directories of warm spares
+SPARE_LINGER_S = 30.0  # how long a spare outlives the last deployed model
 CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
 
 
@@ -150,29 +151,40 @@ class LocalEngine:
         self._children: dict[int, subprocess.Popen] = {}
         self.probe = Probe()
         self._spare: dict | None = None  # the warm spare: rdir, base, port, grpc_port, pid, log_path
+        self._unwanted_since: float | None = None
+        self._spare_failed_at = -1e9
 
     async def open(self) -> None:
         self._reap_spares()
         await self.probe.open()
 
     async def close(self) -> None:
-        self.want_spare(False)
+        if self._spare is not None:
+            self._kill(self._spare["pid"])
+            self._spare = None
         await self.probe.close()
 
     # ---- warm spare -----------------------------------------------------------------------------
     def want_spare(self, wanted: bool) -> None:
         """Keep one warm spare (``wanted``: replicas run or start, more may be needed soon) or none."""
-        wanted = wanted and self.warm_spare
         self._reap_children()
         spare = self._spare
         if spare is not None and not self.alive(spare):
             log.warning("the warm spare replica process exited: %s", tail(Path(spare["log_path"])))
             spare = self._spare = None
-        if wanted and spare is None:
+            self._spare_failed_at = time.monotonic()
+        if wanted and self.warm_spare and spare is None \
+                and time.monotonic() - self._spare_failed_at >= SPARE_LINGER_S:  # no relaunch loop
             self._spare = self._launch(self.state_dir / "replicas" / (SPARE_PREFIX + names.new_id()), poll_s=1)
-        elif not wanted and spare is not None:
-            self._spare = None
-            self._kill(spare["pid"])
+        if wanted:
+            self._unwanted_since = None
+        elif spare is not None:
+            # Kept a while after the last deployment leaves: an undeploy is often followed by a deploy.
+            now = time.monotonic()
+            self._unwanted_since = self._unwanted_since or now
+            if now - self._unwanted_since >= SPARE_LINGER_S or not self.warm_spare:
+                self._spare = None
+                self._kill(spare["pid"])
 
     def _claim_spare(self, model_path: Path) -> dict | None:
         """The spare's process for a new replica (its model linked in), or None if there is no live spare."""

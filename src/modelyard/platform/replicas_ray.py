@@ -188,6 +188,7 @@ class RayEngine:
         self._handles: dict[str, object] = {}  # replica id -> actor handle
         self._watches: dict[str, asyncio.Task] = {}
         self._dead: set[str] = set()
+        self._stopping: set[str] = set()  # being stopped by us: their exit is no failure
 
     async def open(self) -> None:
         import ray
@@ -225,6 +226,8 @@ class RayEngine:
         async def watch() -> None:
             try:
                 code = await _result(handle.wait.remote())
+                if replica_id in self._stopping:
+                    return
                 log.warning("replica %s: its modelyard serve process exited with code %s", replica_id, code)
             except asyncio.CancelledError:
                 raise
@@ -311,6 +314,7 @@ class RayEngine:
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """Drain and stop the serve process (SIGTERM, SIGKILL after ``grace_s``), then end the actor."""
         handle = await self._handle(row["id"])
+        self._stopping.add(row["id"])
         if handle is not None:
             try:
                 await _result(handle.stop.remote(grace_s), grace_s + 15)
@@ -322,3 +326,4 @@ class RayEngine:
             task.cancel()
         self._handles.pop(row["id"], None)
         self._dead.discard(row["id"])
+        self._stopping.discard(row["id"])
