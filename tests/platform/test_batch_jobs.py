@@ -179,3 +179,16 @@ def test_bad_requests_create_nothing(platform, tiny_model, tmp_path, change, sta
     after = requests.get(platform.api("batchPredictionJobs"), timeout=10).json().get("batchPredictionJobs", [])
     assert [j["name"] for j in after] == [j["name"] for j in before] and not (tmp_path / "o").exists()
     assert requests.get(platform.api("batchPredictionJobs/99"), timeout=10).json()["error"]["status"] == "NOT_FOUND"
+
+
+def test_a_job_that_cannot_read_its_input_fails_saying_why(platform, tiny_model, tmp_path):
+    (tmp_path / "in.tfrecord").write_text("[1, 2, 3, 4]\n" * 5)  # JSON lines, not TFRecord
+    body = {"displayName": "wrong-format", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "tf-record", "gcsSource": {"uris": [str(tmp_path / "in.tfrecord")]}},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}},
+            "dedicatedResources": {"startingReplicaCount": 1}}
+    name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
+    job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert job["state"] == "JOB_STATE_FAILED", job
+    assert "TFRecord" in job["error"]["message"] and "in.tfrecord" in job["error"]["message"], job
+    assert not (tmp_path / "out").exists()

@@ -171,13 +171,17 @@ class JobRunner:
         return row["pid"] is not None and _is_job_process(row["pid"], self.work_dir(row["id"]))
 
     def _signal(self, row: dict) -> None:
+        proc = self._procs.get(row["id"])
+        pid = proc.pid if proc is not None else row["pid"]
+        if pid is None:
+            return
         sent = self._signalled.get(row["id"])
         now = time.monotonic()
         if sent is None:
             self._signalled[row["id"]] = now
-            _killpg(row["pid"], signal.SIGTERM)
+            _killpg(pid, signal.SIGTERM)
         elif now - sent > CANCEL_GRACE_S:
-            _killpg(row["pid"], signal.SIGKILL)
+            _killpg(pid, signal.SIGKILL)
 
     def _progress(self, row: dict) -> None:
         hook = getattr(kind_module(row["kind"]), "progress", None)
