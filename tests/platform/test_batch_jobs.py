@@ -90,6 +90,13 @@ def test_bad_rows_go_to_the_error_file_and_keys_are_carried(platform, tiny_model
             "dedicatedResources": {"startingReplicaCount": 1}}
     created = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30)
     assert created.status_code == 200, created.text
+    # Alongside, a CSV job: the key column carried, the other columns sent as one array (instanceConfig).
+    csv_rows = ["sku,a,b,c,d"] + [f"k{i}," + ",".join(str(v) for v in tiny_models["instances"][i % 3]) for i in range(6)]
+    (tmp_path / "in.csv").write_text("\n".join(csv_rows) + "\n")
+    csv_body = {**body, "displayName": "csv", "instanceConfig": {"keyField": "sku", "instanceType": "array"},
+                "inputConfig": {"instancesFormat": "csv", "gcsSource": {"uris": [str(tmp_path / "in.csv")]}},
+                "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "csv")}}}
+    csv_job = requests.post(platform.api("batchPredictionJobs"), json=csv_body, timeout=30).json()
     job = wait_state(platform, created.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     assert job["completionStats"] == {"successfulCount": "28", "failedCount": "2", "incompleteCount": "0"}
@@ -101,6 +108,13 @@ def test_bad_rows_go_to_the_error_file_and_keys_are_carried(platform, tiny_model
     for r in results:
         np.testing.assert_allclose(r["prediction"], expected[r["key"] % 3], rtol=1e-5, atol=1e-6)
     assert len(errors) == 2 and {e["error"]["status"] for e in errors} == {"INVALID_ARGUMENT"}
+
+    csv_job = wait_state(platform, csv_job["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert csv_job["state"] == "JOB_STATE_SUCCEEDED" and csv_job["completionStats"]["successfulCount"] == "6", csv_job
+    out = tmp_path / "csv" / csv_job["outputInfo"]["gcsOutputDirectory"].rsplit("/", 1)[-1]
+    results = [json.loads(x) for x in (out / "prediction.results-00000-of-00001").read_text().splitlines()]
+    for r in results:
+        np.testing.assert_allclose(r["prediction"], expected[int(r["key"][1:]) % 3], rtol=1e-5, atol=1e-6)
 
 
 def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
