@@ -353,3 +353,24 @@ def test_parse_on_mutated_lines_never_misreads():
                 assert read.tobytes() == expected["x"].reshape(-1).tobytes(), bytes(data)
                 assert [bytes(data[s:e]) for s, e in spans[:2 * n].reshape(-1, 2)] == [x.strip() for x in got]
         assert accepted > 100  # most single edits of a digit still give a good line
+
+
+def test_threads_running_chunks_at_once_keep_their_own_buffers(tiny_model, tmp_path):
+    import threading
+
+    predictor = _predictor(tiny_model.base)
+    sources = []
+    for k in range(2):
+        src = tmp_path / f"in{k}.jsonl"
+        src.write_text("".join(json.dumps(r.tolist()) + "\n" for r in rows(400, seed=20 + k)))
+        sources.append(src)
+    alone = [_run(predictor, src, tmp_path / f"alone{k}", 8) for k, src in enumerate(sources)]
+    together: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda k=k: together.__setitem__(k, _run(predictor, sources[k],
+                                                                                   tmp_path / f"both{k}", 8)))
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [together[0], together[1]] == alone

@@ -14,7 +14,7 @@ the general loop's own code for a batch of raw lines.
 """
 from __future__ import annotations
 
-import os
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -51,7 +51,14 @@ class _Buffers:
             self.spans = np.empty(2 * rows, np.int64)
 
 
-_BUFFERS = _Buffers()
+_LOCAL = threading.local()  # one set per thread: jobs run with workers=0 may share a process
+
+
+def _buffers() -> _Buffers:
+    found = getattr(_LOCAL, "buffers", None)
+    if found is None:
+        found = _LOCAL.buffers = _Buffers()
+    return found
 
 
 def available(predictor: Predictor) -> bool:
@@ -59,10 +66,10 @@ def available(predictor: Predictor) -> bool:
     return _denselines is not None and predictor.dense is not None and predictor.dense.size > 0
 
 
-def _read(chunk: Chunk) -> memoryview:
+def _read(chunk: Chunk, buffers: _Buffers) -> memoryview:
     length = chunk.end - chunk.start
-    _BUFFERS.sized(length, 0, 0)
-    view = memoryview(_BUFFERS.data)[:length]
+    buffers.sized(length, 0, 0)
+    view = memoryview(buffers.data)[:length]
     with open(chunk.file, "rb") as f:
         f.seek(chunk.start)
         got = f.readinto(view)
@@ -73,11 +80,12 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
             raw_batch: RawBatch) -> tuple[int, int]:
     """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``."""
     dense = predictor.dense
-    data = _read(chunk)
-    _BUFFERS.sized(0, batch_size * dense.size, batch_size)
+    buffers = _buffers()
+    data = _read(chunk, buffers)
+    buffers.sized(0, batch_size * dense.size, batch_size)
     integer = dense.parse_dtype is np.int64
-    values = _BUFFERS.values.view(np.float64) if not integer else _BUFFERS.values
-    spans = _BUFFERS.spans
+    values = buffers.values.view(np.float64) if not integer else buffers.values
+    spans = buffers.spans
     ok_count, errors, row = 0, [], 0
     tmp = results_tmp(job_dir, chunk.index)
     try:
@@ -85,7 +93,7 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
             pos, end = 0, len(data)
             while pos < end:
                 parsed, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer,
-                                                     _BUFFERS.values, spans)
+                                                     buffers.values, spans)
                 written = _predict(predictor, data, values, spans, n) if parsed else None
                 if written is None:
                     # The batch as the general loop would take it: its lines, numbered within the file.
