@@ -131,3 +131,36 @@ def test_jobs_cli_submits_a_tuning_spec(platform, tmp_path):
     assert job["name"].split("/")[-2] == "hyperparameterTuningJobs" and job["state"] == "JOB_STATE_SUCCEEDED"
     assert [t["state"] for t in job["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     assert all(t["finalMeasurement"]["metrics"][0]["metricId"] == "score" for t in job["trials"])
+
+
+def test_a_study_resumes_after_the_platform_and_its_processes_die(platform, tmp_path):
+    import os
+    import signal
+
+    body = {"displayName": "resumed-study", "maxTrialCount": 4, "parallelTrialCount": 1,
+            "studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}],
+                          "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}},
+                                         {"parameterId": "units", "discreteValueSpec": {"values": [32, 64]}}]},
+            "trialJobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
+                "imageUri": "x", "command": [sys.executable, str(TRIALS / "hypertune_quadratic.py")], "args": ["--epochs=1"]}}],
+                "baseOutputDirectory": {"outputUriPrefix": str(tmp_path)}}}
+    name = requests.post(platform.api("hyperparameterTuningJobs"), json=body, timeout=30).json()["name"]
+    end = time.monotonic() + 120
+    first = None
+    while time.monotonic() < end:
+        trials = requests.get(f"{platform.url}/v1/{name}", timeout=10).json().get("trials", [])
+        done = [t for t in trials if t["state"] == "SUCCEEDED"]
+        if done:
+            first = done[0]
+            break
+        time.sleep(0.3)
+    assert first is not None
+    platform.stop(signal.SIGKILL)
+    for pid in job_processes(platform):
+        os.kill(pid, signal.SIGKILL)
+    platform.start()
+    job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    finished = [t for t in job["trials"] if t["state"] == "SUCCEEDED"]
+    assert len(finished) == 4  # interrupted trials are run again and not counted, as `modelyard tune` resumes
+    assert next(t for t in finished if t["id"] == first["id"])["parameters"] == first["parameters"]  # kept
