@@ -94,6 +94,15 @@ def gcs_emulator(tmp_path_factory):
         proc.wait(10)
 
 
+def _unclaimed_spare(cmdline: bytes) -> bool:
+    """A warm spare's replica directory is named spare-*; a replica that took it leaves a 'claimed' file."""
+    args = cmdline.split(b"\0")
+    if b"--model_base_path" not in args:
+        return False
+    rdir = Path(os.fsdecode(args[args.index(b"--model_base_path") + 1])).parent
+    return rdir.name.startswith("spare-") and not (rdir / "claimed").exists()
+
+
 class PlatformProcess:
     """One ``modelyard platform`` process over a store that outlives it (restart, kill -9)."""
 
@@ -125,8 +134,9 @@ class PlatformProcess:
     def api(self, path: str) -> str:
         return f"{self.url}/v1/{PARENT}/{path}"
 
-    def replica_pids(self) -> list[int]:
-        """Every live process started for this platform's replicas (found by their state dir)."""
+    def replica_pids(self, spares: bool = False) -> list[int]:
+        """Every live process started for this platform's replicas (found by their state dir); its warm
+        spare (a `modelyard serve` no replica has claimed yet) only with ``spares``."""
         marker = str(self.workdir / "state").encode()
         pids = []
         for entry in os.listdir("/proc"):
@@ -134,7 +144,7 @@ class PlatformProcess:
                 try:
                     with open(f"/proc/{entry}/cmdline", "rb") as f:
                         cmdline = f.read()
-                    if marker in cmdline and b"serve" in cmdline:
+                    if marker in cmdline and b"serve" in cmdline and (spares or not _unclaimed_spare(cmdline)):
                         pids.append(int(entry))
                 except OSError:
                     pass
@@ -142,7 +152,7 @@ class PlatformProcess:
 
     def cleanup(self) -> None:
         self.stop()
-        for pid in self.replica_pids():
+        for pid in self.replica_pids(spares=True):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

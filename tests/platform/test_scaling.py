@@ -51,6 +51,8 @@ def test_autoscaling_and_shadow_under_load(platform, tiny_models):
                                                                if r["deployedModelId"] == primary]) == 1,
                  60, "scale-down to 1 replica after the cool-down")
     assert not load.failures, load.failures[:5]
+    # The warm spare, replenished: one `modelyard serve` beyond the replicas, waiting for the next one.
+    _wait(lambda: len(platform.replica_pids(spares=True)) > len(platform.replica_pids()), 60, "a warm spare")
     assert set(load.by_model) == {primary}  # the shadow never answered a client
     print(f"scale-up took {up:.1f} s under load; scale-down {down:.1f} s after it stopped")
 

@@ -7,9 +7,10 @@ so they outlive a platform that is killed, and the next platform adopts them fro
 
 Starting a replica is mostly importing TensorFlow (4 s on an idle 2-core machine, 10 s and more
 under load), so while anything is deployed the engine keeps one *warm spare*: a ``modelyard serve``
-already running, with an empty model directory it polls every second. A new replica (scale-up,
-replacement, deploy) claims the spare by linking its model into that directory (1-2 s until
-AVAILABLE) and a new spare starts at once, beside it, so it is warm when the next replica is needed.
+already running, with an empty model directory it polls every second. The replicas that are needed
+fast, under load (scale-ups, replacements of dead replicas), claim the spare by linking their model
+into that directory (1-2 s until AVAILABLE), and a new spare starts at once. Deploys start their own
+processes and leave the spare warm: a deploy is often followed at once by the load it scales for.
 
 Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
 ``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop`` and ``want_spare``.
@@ -242,10 +243,11 @@ class LocalEngine:
         return {"rdir": str(rdir), "base": str(base), "port": port, "grpc_port": grpc_port, "pid": proc.pid,
                 "log_path": str(log_path)}
 
-    async def start(self, replica_id: str, dm_id: str, model_path: Path) -> dict:
-        """Start a replica serving ``model_path`` (on the warm spare if there is one); returns its row once
-        the model is AVAILABLE."""
-        proc = self._claim_spare(model_path) or self._launch(self.state_dir / "replicas" / replica_id, 0, model_path)
+    async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
+        """Start a replica serving ``model_path`` (on the warm spare if ``use_spare`` and there is one);
+        returns its row once the model is AVAILABLE."""
+        proc = (self._claim_spare(model_path) if use_spare else None) \
+            or self._launch(self.state_dir / "replicas" / replica_id, 0, model_path)
         self.want_spare(True)  # the next spare imports TensorFlow beside this replica's start, not after it
         row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": proc["port"],
                "grpc_port": proc["grpc_port"], "pid": proc["pid"], "log_path": proc["log_path"],

@@ -53,13 +53,14 @@ def connect(address: str, namespace: str = NAMESPACE) -> None:
     if not address:
         raise EngineUnavailable("--engine ray needs --ray-address HOST:PORT (the head node's GCS address, "
                                 "as `ray start --head` prints it) or $RAY_ADDRESS")
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except (OSError, ValueError) as exc:
-        raise EngineUnavailable(f"cannot reach the Ray cluster at {address!r} ({exc}): start it with "
-                                "`ray start --head` and pass the address it prints") from None
+    if address != "auto":  # "auto": the cluster `ray start` recorded on this host, found by Ray itself
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except (OSError, ValueError) as exc:
+            raise EngineUnavailable(f"cannot reach the Ray cluster at {address!r} ({exc}): start it with "
+                                    "`ray start --head` and pass the address it prints") from None
     import modelyard
 
     # Ray's workers must import this module (the actor class) from the same source tree as the platform.
@@ -252,8 +253,9 @@ class RayEngine:
         self._watches[row["id"]] = asyncio.get_running_loop().create_task(attach())
 
     # ---- the engine's calls ---------------------------------------------------------------------
-    async def start(self, replica_id: str, dm_id: str, model_path: Path) -> dict:
-        """Start a replica actor (placed by Ray) serving ``model_path``; returns its row once AVAILABLE."""
+    async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
+        """Start a replica actor (placed by Ray) serving ``model_path``; returns its row once AVAILABLE.
+        (``use_spare``: ignored, there is no spare on Ray.)"""
         handle = self._actor_class.options(
             name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
             scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,

@@ -71,9 +71,10 @@ class Supervisor:
         return adopted, dropped
 
     # ---- replicas ---------------------------------------------------------------------------
-    async def start_replicas(self, dm_id: str, model_path: Path, count: int) -> list[dict]:
-        """Start ``count`` replicas at once; each row is stored when its process is up. All or nothing."""
-        results = await asyncio.gather(*(self._start_one(dm_id, model_path) for _ in range(count)),
+    async def start_replicas(self, dm_id: str, model_path: Path, count: int, use_spare: bool = False) -> list[dict]:
+        """Start ``count`` replicas at once; each row is stored when its process is up. All or nothing.
+        ``use_spare``: needed fast (scale-up, replacement): the engine's warm spare may take one."""
+        results = await asyncio.gather(*(self._start_one(dm_id, model_path, use_spare) for _ in range(count)),
                                        return_exceptions=True)
         rows = [r for r in results if isinstance(r, dict)]
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -85,10 +86,10 @@ class Supervisor:
             raise errors[0]
         return rows
 
-    async def _start_one(self, dm_id: str, model_path: Path) -> dict:
+    async def _start_one(self, dm_id: str, model_path: Path, use_spare: bool) -> dict:
         replica_id = names.new_id()
         self._starting_ids.add(replica_id)
-        row = await self.engine.start(replica_id, dm_id, model_path)
+        row = await self.engine.start(replica_id, dm_id, model_path, use_spare=use_spare)
         self.store.add_replica(row)
         return row
 
@@ -158,7 +159,7 @@ class Supervisor:
             model_id = d.model.rsplit("/", 1)[-1]
             path = Path(self.store.get_version(model_id, d.version_id)["local_path"])
             log.info("starting %d replica(s) of deployed model %s", count, d.id)
-            for row in await self.start_replicas(d.id, path, count):
+            for row in await self.start_replicas(d.id, path, count, use_spare=True):
                 added = self.routing.add_replica(d.id, row)
                 self.started(row)
                 if added is None:  # undeployed meanwhile
