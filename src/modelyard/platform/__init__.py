@@ -1,5 +1,6 @@
 """modelyard platform: a Vertex-AI-compatible control plane (models, endpoints, deployed models,
-traffic splits) with a gateway in front of local ``modelyard serve`` replica processes.
+traffic splits) with a gateway in front of ``modelyard serve`` replica processes, local or started by
+Ray actors on a Ray cluster (``--engine ray``).
 
 The stock ``google-cloud-aiplatform`` SDK drives it over REST unchanged. Serving is reached only
 through processes and HTTP: nothing here imports ``modelyard.serving``.
