@@ -1,9 +1,10 @@
-"""Batch prediction benchmark: ``modelyard batch-predict`` against the in-process ceiling and a plain script.
+"""Batch prediction benchmark: ``modelyard batch-predict`` against the in-process ceiling, a plain script
+and a Ray Data script.
 
     python3 bench/batch_predict.py                 # 1,000,000 digits instances (the issue's size)
     python3 bench/batch_predict.py --rows 100000   # quicker; the table states the size used
 
-All three read the same generated JSONL file of demo-digits instances (28x28 uint8 as nested
+All read the same generated JSONL file of demo-digits instances (28x28 uint8 as nested
 JSON lists) with the same batch size, on the demo model (version 2):
 
 * ceiling: the model alone on pre-parsed arrays through modelyard's runtime (what
@@ -11,7 +12,16 @@ JSON lists) with the same batch size, on the demo model (version 2):
 * plain script: what a user writes by hand: ``json.loads`` per line, ``np.array`` per batch,
   the SavedModel's ``serving_default`` through ``tf.saved_model.load``, ``json.dumps`` per row out;
 * ``modelyard batch-predict --workers <cores>``: end to end (the whole command, imports and
-  model loads included) and predicting (from the first loaded model to the last commit).
+  model loads included) and predicting (from the first loaded model to the last commit);
+* ``modelyard batch-predict --engine ray``: the same on a local Ray it starts (one actor per core);
+* Ray Data script: what a Ray user writes: ``read_text`` -> ``map_batches`` with a callable class
+  (``json.loads`` per line, the SavedModel's ``serving_default``) in an actor pool of <cores>
+  -> ``write_json``, on a new local Ray, end to end. Its actors ask for half a CPU each: with one
+  CPU each, the pool takes every CPU of a small machine and the read tasks never get one
+  (Ray Data waits forever, "backpressured:tasks(ResourceBudget)").
+
+batch-predict (both engines) and the Ray Data script take turns, ``--rounds`` times (default 2),
+so the machine's load (it is shared) weighs on each alike; the table gives each run's mean.
 
 Peak RSS is the largest single process of each run (``ru_maxrss`` of a wrapper's children).
 Writes bench/results/batch_predict.md.
@@ -22,6 +32,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +113,39 @@ with open(sys.argv[2]) as src, open(sys.argv[3], "w") as out:
 '''
 
 
+# ---------------------------------------------------------------- Ray Data script
+RAYDATA = r'''
+import json, sys, numpy as np, ray
+model_dir, src, out_dir, batch_size, actors, temp_dir = sys.argv[1:7]
+ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+         _temp_dir=temp_dir)
+
+class Predict:
+    def __init__(self, model_dir):
+        import tensorflow as tf
+        self.tf = tf
+        self.model = tf.saved_model.load(model_dir).signatures["serving_default"]
+
+    def __call__(self, batch):
+        x = np.array([json.loads(line) for line in batch["text"]], dtype=np.uint8)
+        prediction = next(iter(self.model(self.tf.constant(x)).values())).numpy()
+        return {"instance": x, "prediction": prediction}
+
+ds = ray.data.read_text(src)
+ds = ds.map_batches(Predict, fn_constructor_args=(model_dir,), batch_size=int(batch_size),
+                    compute=ray.data.ActorPoolStrategy(size=int(actors)), num_cpus=0.5, batch_format="numpy")
+ds.write_json(out_dir)
+'''
+
+
+def count_lines(folder: Path) -> int:
+    total = 0
+    for path in folder.iterdir():
+        with open(path, "rb") as f:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 22), b""))
+    return total
+
+
 def measured(command: list[str]) -> dict:
     """Run ``command`` under a wrapper that reports wall time and the largest process's peak RSS."""
     out = subprocess.run([sys.executable, __file__, "_measure", *command], env=ENV, capture_output=True, text=True)
@@ -126,6 +170,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="instances to generate (default 1,000,000)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--skip-plain", action="store_true", help="skip the (slow) plain script")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="turns of batch-predict (both engines) and the Ray Data script (default 2)")
     args = parser.parse_args()
     sys.path.insert(0, str(SRC))
     import modelyard  # noqa: F401
@@ -144,17 +190,41 @@ def main() -> None:
         top = ceiling(version_dir, rows, batch)
         print(f"ceiling: {top['rows_s']:,.0f} rows/s on {top['runtime']}", flush=True)
 
-        out = tmp / "out"
-        run = measured([sys.executable, "-m", "modelyard", "batch-predict", "--no-progress", "--model", str(base),
-                        "--input", str(data), "--output", str(out), "--batch-size", str(batch),
-                        "--workers", str(CORES)])
-        (job_dir,) = out.iterdir()
-        job = json.loads((job_dir / "job.json").read_text())
-        assert job["state"] == "JOB_STATE_SUCCEEDED" and job["completion_stats"]["successful_count"] == rows, job
-        ours_e2e = rows / run["seconds"]
-        ours_predict = rows / job["predict_seconds"]
-        print(f"batch-predict: {ours_e2e:,.0f} rows/s end to end, {ours_predict:,.0f} predicting, "
-              f"{run['rss_mib']:,.0f} MiB", flush=True)
+        script = tmp / "raydata.py"
+        script.write_text(RAYDATA)
+        turns: dict[str, list[dict]] = {"local": [], "ray": [], "raydata": []}
+        for k in range(args.rounds):
+            for engine in ("local", "ray"):
+                out = tmp / f"out-{engine}-{k}"
+                run = measured([sys.executable, "-m", "modelyard", "batch-predict", "--no-progress", "--model",
+                                str(base), "--input", str(data), "--output", str(out), "--batch-size", str(batch),
+                                "--workers", str(CORES), "--engine", engine])
+                (job_dir,) = out.iterdir()
+                job = json.loads((job_dir / "job.json").read_text())
+                assert job["state"] == "JOB_STATE_SUCCEEDED" and job["completion_stats"]["successful_count"] == rows
+                run.update(rows_s=rows / run["seconds"], predict_rows_s=rows / job["predict_seconds"])
+                turns[engine].append(run)
+                shutil.rmtree(out)
+                print(f"round {k + 1}: batch-predict --engine {engine}: {run['rows_s']:,.0f} rows/s end to end, "
+                      f"{run['predict_rows_s']:,.0f} predicting, {run['rss_mib']:,.0f} MiB", flush=True)
+            out = tmp / f"out-raydata-{k}"
+            ray_tmp = tempfile.mkdtemp(prefix="rdb-", dir="/tmp")  # short: Ray's socket paths live under it
+            try:
+                run = measured([sys.executable, str(script), str(version_dir), str(data), str(out), str(batch),
+                                str(CORES), ray_tmp])
+            finally:
+                shutil.rmtree(ray_tmp, ignore_errors=True)
+            written = count_lines(out)
+            assert written == rows, f"the Ray Data script wrote {written} of {rows} rows"
+            run["rows_s"] = rows / run["seconds"]
+            turns["raydata"].append(run)
+            shutil.rmtree(out)
+            print(f"round {k + 1}: Ray Data script: {run['rows_s']:,.0f} rows/s, {run['rss_mib']:,.0f} MiB", flush=True)
+        mean = {name: {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]} for name, runs in turns.items()}
+        ours_e2e, ours_predict = mean["local"]["rows_s"], mean["local"]["predict_rows_s"]
+        run = {"rss_mib": max(r["rss_mib"] for r in turns["local"])}
+        ray_rss = max(r["rss_mib"] for r in turns["ray"])
+        raydata = mean["raydata"]
 
         plain = None
         if not args.skip_plain:
@@ -176,6 +246,15 @@ def main() -> None:
         f"{ours_predict / top['rows_s']:.2f}x | {vs_plain(ours_predict)} | {run['rss_mib']:,.0f} MiB |",
         f"| `modelyard batch-predict --workers {CORES}`, end to end (imports, model loads) | {ours_e2e:,.0f} | "
         f"{ours_e2e / top['rows_s']:.2f}x | {vs_plain(ours_e2e)} | |",
+        f"| `modelyard batch-predict --engine ray` ({CORES} actors, local Ray), predicting | "
+        f"{mean['ray']['predict_rows_s']:,.0f} | {mean['ray']['predict_rows_s'] / top['rows_s']:.2f}x | "
+        f"{vs_plain(mean['ray']['predict_rows_s'])} | {ray_rss:,.0f} MiB |",
+        f"| `modelyard batch-predict --engine ray`, end to end (Ray start, imports, model loads) | "
+        f"{mean['ray']['rows_s']:,.0f} | {mean['ray']['rows_s'] / top['rows_s']:.2f}x | "
+        f"{vs_plain(mean['ray']['rows_s'])} | |",
+        f"| Ray Data script (read_text, map_batches on {CORES} actors, write_json), end to end (Ray start, "
+        f"imports, model loads) | {raydata['rows_s']:,.0f} | {raydata['rows_s'] / top['rows_s']:.2f}x | "
+        f"{vs_plain(raydata['rows_s'])} | {raydata['rss_mib']:,.0f} MiB |",
     ]
     if plain:
         table.append(f"| plain script (json.loads per line, saved_model signature, json.dumps), end to end | "
@@ -189,7 +268,11 @@ def main() -> None:
         "",
         *table,
         "",
-        "Not measured: a Ray Data `map_batches` script (Ray is not installed; the Ray engine is not built).",
+        f"Against the Ray Data `map_batches` script, end to end: `batch-predict` {ours_e2e / raydata['rows_s']:.2f}x, "
+        f"`batch-predict --engine ray` {mean['ray']['rows_s'] / raydata['rows_s']:.2f}x (target: at least 1.0x). "
+        f"Mean of {args.rounds} rounds taking turns; per round (rows/s end to end): "
+        + "; ".join(f"{name} " + ", ".join(f"{r['rows_s']:,.0f}" for r in runs) for name, runs in turns.items())
+        + ". Peak RSS of the Ray runs is the largest process among the command's descendants that Ray reaped.",
         "",
     ])
     print("\n" + text)

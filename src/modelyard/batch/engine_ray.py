@@ -55,19 +55,19 @@ def check_reachable(address: str) -> None:
 def connect(address: str | None):
     """``ray.init`` the driver (``address`` None: ``RAY_ADDRESS`` or a new local Ray); returns ``ray``."""
     ray = _import_ray()
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        check_reachable(address)
-    if ray.is_initialized() and address and address not in ("auto", "local") \
+    # "local", not None: None would join whichever Ray this machine ran last (Ray's address file).
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    check_reachable(address)
+    if ray.is_initialized() and address not in ("auto", "local") \
             and ray.get_runtime_context().gcs_address != address:
         ray.shutdown()  # this process drove another cluster before: join the one asked for
     if not ray.is_initialized():
         try:
             # Actors' TensorFlow chatter stays in the cluster's logs; failures come back as exceptions.
             ray.init(address=address, log_to_driver=False, logging_level="ERROR",
-                     configure_logging=False, include_dashboard=False if address is None else None)
+                     configure_logging=False, include_dashboard=False if address == "local" else None)
         except Exception as exc:  # ConnectionError, RuntimeError: Ray's message names the cause
-            raise BatchError(f"--ray-address {address or '(local)'}: cannot join the Ray cluster: "
+            raise BatchError(f"--ray-address {address}: cannot join the Ray cluster: "
                              f"{type(exc).__name__}: {exc}") from None
     return ray
 
