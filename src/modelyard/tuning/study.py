@@ -161,6 +161,8 @@ def counts(trials: list[FrozenTrial]) -> dict[str, int]:
 def _start_ticks(pid: int) -> int | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":  # dead, not yet reaped (an orphan under an init that reaps late): not an owner
+            return None
         return int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
