@@ -226,14 +226,14 @@ class RayEngine:
     def _watch(self, replica_id: str, handle) -> None:
         async def watch() -> None:
             try:
-                code = await _result(handle.wait.remote())
-                if replica_id in self._stopping:
-                    return
-                log.warning("replica %s: its modelyard serve process exited with code %s", replica_id, code)
+                what = f"its modelyard serve process exited with code {await _result(handle.wait.remote())}"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # RayActorError: the actor (or its node) is gone
-                log.warning("replica %s: its Ray actor is gone (%s)", replica_id, type(exc).__name__)
+                what = f"its Ray actor is gone ({type(exc).__name__})"
+            if replica_id in self._stopping:  # our own stop: no failure
+                return
+            log.warning("replica %s: %s", replica_id, what)
             self._dead.add(replica_id)
             _kill_actor(handle)  # frees its CPU for the replacement the supervisor starts next
 
