@@ -5,12 +5,13 @@ answers never reach clients."""
 from __future__ import annotations
 
 import re
+import signal
 import time
 
 import requests
 
 from tests.platform.client import Api, Load
-from tests.platform.conftest import PARENT
+from tests.platform.conftest import PARENT, _env, start_platform
 
 
 def _serving(api: Api, dm: str) -> int:
@@ -68,3 +69,25 @@ def test_autoscaling_and_shadow_under_load(platform, tiny_models):
     api.undeploy(ep, primary)
     api.ok("DELETE", f"endpoints/{ep}")
     assert not [r for r in api.replicas() if r["deployedModelId"] in (primary, shadow)]
+
+
+def test_warm_spare_of_a_killed_platform_is_reaped(tmp_path_factory, tiny_models):
+    """The spare is no replica: a platform killed with SIGKILL leaves it behind, and the next platform on
+    the same state stops it (and starts its own), while the adopted replica keeps serving."""
+    p = start_platform(tmp_path_factory, "spare", _env(), ["--artifact-root", tiny_models["root"]])
+    try:
+        api = Api(p.url)
+        ep = api.create_endpoint("spare")
+        dm = api.deploy(ep, api.upload(tiny_models["models"]["tiny1"]["path"], "spare"))
+        _wait(lambda: len(p.replica_pids(spares=True)) == 2, 60, "a warm spare beside the replica")
+        replica = p.replica_pids()
+        old_spare = set(p.replica_pids(spares=True)) - set(replica)
+        p.stop(signal.SIGKILL)
+        p.start()
+        _wait(lambda: not old_spare & set(p.replica_pids(spares=True)), 30, "the old spare stopped")
+        assert p.replica_pids() == replica  # adopted, not restarted
+        assert api.predict(ep, tiny_models["instances"]).status_code == 200
+        _wait(lambda: len(p.replica_pids(spares=True)) == 2, 60, "a new warm spare")
+        api.undeploy(ep, dm)
+    finally:
+        p.cleanup()
