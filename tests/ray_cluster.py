@@ -111,12 +111,18 @@ print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0)} for 
 
 def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict]:
     """The cluster's alive nodes (``id``, ``cpus``), asked by a short-lived driver process (so this
-    process never becomes a Ray driver); waits up to ``timeout`` for ``want`` of them."""
-    proc = subprocess.run([sys.executable, "-c", _ALIVE_SCRIPT, address, str(want), str(timeout)],
-                          env=node_env(), capture_output=True, text=True, timeout=timeout + 120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"asking {address} for its nodes failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    process never becomes a Ray driver); waits up to ``timeout`` for ``want`` of them. A driver that
+    cannot start (a node still starting on the busy machine) is retried until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(deadline - time.monotonic(), 1.0)
+        proc = subprocess.run([sys.executable, "-c", _ALIVE_SCRIPT, address, str(want), str(left)],
+                              env=node_env(), capture_output=True, text=True, timeout=left + 120)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"asking {address} for its nodes failed: {proc.stderr[-2000:]}")
+        time.sleep(2.0)
 
 
 @dataclass

@@ -27,6 +27,9 @@ from modelyard.batch.spec import BatchError, JobSpec
 # Chunks queued per actor beyond the one it runs: the next chunk is waiting when one commits.
 IN_FLIGHT_PER_ACTOR = 2
 CONNECT_TIMEOUT_S = 5.0
+# No actor with its model loaded after this long: the cluster has no CPU for one (or cannot load it).
+START_TIMEOUT_S = 600.0
+WAIT_STEP_S = 1.0
 
 
 def _import_ray():
@@ -145,33 +148,39 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
         if queue:
             running[actor.run.remote(queue.pop())] = actor
 
-    # Chunks are queued as soon as actors exist (Ray holds them until the model loaded); readiness
-    # is awaited separately so the progress clock starts with the first loaded model.
+    # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
+    # CPU for ever, and chunks queued on it would wait with it while the others sit idle.
     readiness = {actor.ready.remote(): actor for actor in actors}
-    for actor in actors:
-        for _ in range(IN_FLIGHT_PER_ACTOR):
-            submit(actor)
     announced = False
     left = set(pending)
+    waited = 0.0
     while left:
-        waiting = list(readiness) + list(running)
-        done_refs, _ = ray.wait(waiting, num_returns=1)
+        done_refs, _ = ray.wait(list(readiness) + list(running), num_returns=1, timeout=WAIT_STEP_S)
+        if not done_refs:
+            waited += WAIT_STEP_S
+            if not announced and waited >= START_TIMEOUT_S:
+                raise BatchError(f"no Ray worker started in {START_TIMEOUT_S:.0f} s: each needs 1 free CPU "
+                                 f"(the cluster has {ray.available_resources().get('CPU', 0):g} free of "
+                                 f"{ray.cluster_resources().get('CPU', 0):g})")
+            continue
         ref = done_refs[0]
         try:
             answer = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            raise BatchError(f"a Ray worker died with {len(left)} chunks left ({exc.__class__.__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); run the same command again "
-                             "to resume") from None
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise BatchError(f"a Ray worker died with {len(left)} chunks left ({type(exc).__name__}: {first}); "
+                             "run the same command again to resume") from None
         except ray.exceptions.RayError as exc:
             raise BatchError(f"Ray worker failed: {type(exc).__name__}: {exc}") from None
         if ref in readiness:
-            readiness.pop(ref)
+            actor = readiness.pop(ref)
             if answer[0] == "failed":
                 raise BatchError(f"worker failed: {answer[1]}")
             if not announced:
                 on_ready(answer[1])
                 announced = True
+            for _ in range(IN_FLIGHT_PER_ACTOR):
+                submit(actor)
             continue
         actor = running.pop(ref)
         if answer[0] == "failed":
