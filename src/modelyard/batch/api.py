@@ -103,9 +103,9 @@ def _check_engine(engine: str, workers: int | None, ray_address: str | None) -> 
         if ray_address is not None:
             raise BatchError("--ray-address goes with --engine ray")
         return
-    from modelyard.batch.engine_ray import _import_ray, check_reachable
+    from modelyard.batch.engine_ray import check_reachable, require_ray
 
-    _import_ray()
+    require_ray()
     if workers is not None and workers < 1:
         raise BatchError(f"--workers {workers}: the ray engine runs 1 or more actors (default: the cluster's CPUs)")
     address = ray_address or os.environ.get("RAY_ADDRESS")

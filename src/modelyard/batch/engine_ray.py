@@ -32,7 +32,8 @@ START_TIMEOUT_S = 600.0
 WAIT_STEP_S = 1.0
 
 
-def _import_ray():
+def require_ray():
+    """The ``ray`` module, or a BatchError saying how to install it."""
     try:
         import ray
     except ImportError:
@@ -57,7 +58,7 @@ def check_reachable(address: str) -> None:
 
 def connect(address: str | None):
     """``ray.init`` the driver (``address`` None: ``RAY_ADDRESS`` or a new local Ray); returns ``ray``."""
-    ray = _import_ray()
+    ray = require_ray()
     # "local", not None: None would join whichever Ray this machine ran last (Ray's address file).
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     check_reachable(address)
