@@ -39,6 +39,14 @@ def tfserving_testdata(request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict:
+    """The platform's tiny test models, built once per session for the platform and console tests."""
+    from tests.platform.conftest import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
 def monitoring_config(tmp_path_factory) -> Path:
     """A MonitoringConfig enabling Prometheus at TF Serving's path, for servers of any test."""
     path = tmp_path_factory.mktemp("monitoring") / "monitoring_config.txt"

@@ -60,9 +60,10 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("models")
+def build_tiny_models(out: Path) -> dict:
+    """The platform tests' tiny models (build_models.py) written under ``out``, with what each must answer.
+
+    The ``tiny_models`` fixture (tests/conftest.py) builds them once per session for every folder."""
     subprocess.run([sys.executable, str(Path(__file__).with_name("build_models.py")), str(out)],
                    env=_env(), check=True, capture_output=True, timeout=300)
     data = json.loads((out / "expected.json").read_text())

@@ -19,7 +19,7 @@ import requests
 
 from modelyard.web.console import platform_jobs, platform_page
 from tests.platform.client import Api
-from tests.platform.conftest import PARENT, TOKEN, _env, start_platform, tiny_models  # noqa: F401 (a fixture)
+from tests.platform.conftest import PARENT, TOKEN, _env, start_platform
 from tests.web.conftest import DESKTOP, PHONE, poll, shoot
 
 EVIL = "<script>alert(1)</script>"
@@ -35,7 +35,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def yard(tmp_path_factory, tiny_models):  # noqa: F811 (the imported fixture)
+def yard(tmp_path_factory, tiny_models):
     """A guarded platform with one endpoint: deployed model ``a`` takes 100% of the traffic, ``b`` 0%."""
     p = start_platform(tmp_path_factory, "console-platform", _env(),
                        ["--artifact-root", tiny_models["root"], "--auth-token", TOKEN])
