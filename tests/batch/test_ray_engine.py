@@ -44,6 +44,8 @@ def test_ray_and_local_engines_write_the_same_bytes(tiny_model, ray_cluster, tmp
     ray_run = _run_cli(*common, "--output", str(tmp_path / "ray"), "--engine", "ray", "--ray-address", ray_cluster)
     assert ray_run.returncode == 0, ray_run.stderr[-3000:]
     assert "JOB_STATE_SUCCEEDED: 2,998 results, 2 errors, 3,000 rows" in ray_run.stdout
+    # One actor per CPU of the cluster; each node has one (another test's Ray work may hold one).
+    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", ray_run.stderr), ray_run.stderr
     local = modelyard.batch_predict(str(tiny_model.base), str(src), tmp_path / "local", key_field="id",
                                     chunk_rows=250, batch_size=32, workers=0)
     assert local.state == "JOB_STATE_SUCCEEDED"

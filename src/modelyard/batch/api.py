@@ -149,7 +149,7 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             from modelyard.batch.engine_ray import run_ray
 
             run_ray(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
-                    on_ready=ready, address=ray_address)
+                    on_ready=ready, address=ray_address, log=say)
         else:
             run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
                       on_ready=ready)

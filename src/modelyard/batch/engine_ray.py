@@ -97,9 +97,12 @@ class ChunkWorker:
         except Exception as exc:  # reported by ready(): the job fails with the loader's message
             self.load_error = f"loading {self.spec.version_dir}: {type(exc).__name__}: {exc}"
 
-    def ready(self) -> tuple[str, str]:
-        """``("ok", runtime)`` or ``("failed", why)`` once the model is loaded."""
-        return ("failed", self.load_error) if self.load_error else ("ok", self.predictor.runtime)
+    def ready(self) -> tuple[str, str, str]:
+        """``("ok", runtime, node id)`` or ``("failed", why, node id)`` once the model is loaded."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return ("failed", self.load_error, node) if self.load_error else ("ok", self.predictor.runtime, node)
 
     def run(self, index: int) -> tuple[str, int, int, int] | tuple[str, int, str]:
         from modelyard.batch.work import process_chunk
@@ -118,10 +121,12 @@ class ChunkWorker:
 
 def run_ray(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
             batch_size: int, workers: int | None, on_done: Callable[[int, int, int], None],
-            on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None) -> None:
+            on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
+            log: Callable[[str], None] = lambda message: None) -> None:
     """Run every pending chunk on Ray actors; ``on_done(index, ok, err)`` after each commit.
 
-    ``workers``: actors to start (None: the cluster's CPUs). Raises BatchError on failure.
+    ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets one line at the end: how
+    many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
     ray = connect(address)
     if not pending:
@@ -133,7 +138,8 @@ def run_ray(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, p
     where = str(Path(job_dir).resolve())
     actors = [actor_class.remote(where, spec.identity(), chunks_ref, contexts_ref, batch_size) for _ in range(count)]
     try:
-        _drive(ray, actors, pending, on_done, on_ready)
+        nodes = _drive(ray, actors, pending, on_done, on_ready)
+        log(f"ray: {len(nodes)} workers of {count} ran on {len(set(nodes.values()))} nodes")
     finally:
         # Every chunk is committed (or the job failed): nothing is left for an actor to write.
         for actor in actors:
@@ -141,7 +147,8 @@ def run_ray(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, p
 
 
 def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, int], None],
-           on_ready: Callable[[str], None]) -> None:
+           on_ready: Callable[[str], None]) -> dict[Any, str]:
+    """Hand out chunks until all are committed; returns {actor that loaded its model: node id}."""
     queue = list(reversed(pending))  # pop() hands out chunks in plan order
     running: dict[Any, Any] = {}  # ObjectRef -> actor
 
@@ -154,6 +161,7 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
     readiness = {actor.ready.remote(): actor for actor in actors}
     announced = False
     left = set(pending)
+    nodes: dict[Any, str] = {}
     waited = 0.0
     while left:
         done_refs, _ = ray.wait(list(readiness) + list(running), num_returns=1, timeout=WAIT_STEP_S)
@@ -177,6 +185,7 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
             actor = readiness.pop(ref)
             if answer[0] == "failed":
                 raise BatchError(f"worker failed: {answer[1]}")
+            nodes[actor] = answer[2]
             if not announced:
                 on_ready(answer[1])
                 announced = True
@@ -190,3 +199,4 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
         left.discard(index)
         on_done(index, ok, err)
         submit(actor)
+    return nodes
