@@ -75,3 +75,23 @@ def test_failed_trials_are_recorded_with_their_reason_and_stop_the_study_at_the_
     assert "trial crashed: data file missing" in t.user_attrs["log_tail"]
     assert "trial crashed: data file missing" in result.stdout  # the live view shows the tail too
     assert "trial 1 failed: exit code 1" in result.stdout  # under the final table
+
+
+def test_epochs_read_in_one_poll_are_judged_step_by_step(tmp_path: Path):
+    # The second trial's three epochs reach the tuner in one poll: 0.1 at step 1 is below the
+    # completed trial's 0.9 (pruned there by the median rule), though its best by step 3 (0.95)
+    # is above. Judged only on the poll's last step it would run its whole 60 s hold.
+    study = write_study(
+        tmp_path, "burst", [{"parameter_id": "curve", "categorical_value_spec": {"values": ["0.9,0.9,0.9", "0.1,0.95,0.95"]}}],
+        [sys.executable, str(TRIALS / "burst_curve.py"), "--hold=60", "--hold-below=0.5"],
+        study_spec={"algorithm": "GRID_SEARCH", "median_automated_stopping_spec": {"min_completed_trials": 1}},
+        max_trial_count=2, parallel_trial_count=1,
+    )
+    result = run(["tune", str(study), "--grace", "1"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    by_curve = {t.user_attrs["params"]["curve"]: t for t in trials(study)}
+    assert by_curve["0.9,0.9,0.9"].state == TrialState.COMPLETE, result.stdout
+    late = by_curve["0.1,0.95,0.95"]
+    assert late.state == TrialState.PRUNED, result.stdout
+    assert late.user_attrs["pruned_at_step"] == 1, late.user_attrs
+    assert late.intermediate_values == {1: 0.1, 2: 0.95, 3: 0.95}

@@ -346,19 +346,25 @@ class Tuner:
         series = proc.metrics.series(self.study.metrics[0].tag)
         new = sorted(step for step in series if step > last_step)
         multi = len(self.study.metrics) > 1
+        # A trial that has already finished keeps its result: stopping it would save nothing.
+        judge = bool(self.study.stopping) and not exited
         for step in new:
             if not multi:
                 trial.report(series[step], step)
             self.on_event("measurement", {"number": trial.number, "step": step, "value": series[step]})
+            # The pruner is asked after every step, not once per poll: a poll often finds several
+            # epochs of a fast trial, and Optuna's pruners judge only the last step reported. Asked
+            # once, Hyperband would record a later epoch's value as the trial's value at a rung (an
+            # edge over trials read promptly) and the median rule would skip the steps in between;
+            # asked per step, every trial is judged at the same steps, however it was read.
+            if judge and proc.stop_reason is None and trial.should_prune():
+                proc.stop("pruned")
+                trial.set_user_attr("pruned_at", proc.stop_requested)
+                trial.set_user_attr("pruned_at_step", step)
+                self.on_event("pruning", {"number": trial.number, "step": step})
         if new and multi:
             # Optuna keeps no per-step values for multi-objective trials; the table's curve is kept here.
             trial.set_user_attr("curve", {str(step): series[step] for step in sorted(series)})
-        # A trial that has already finished keeps its result: stopping it would save nothing.
-        if new and self.study.stopping and proc.stop_reason is None and not exited and trial.should_prune():
-            proc.stop("pruned")
-            trial.set_user_attr("pruned_at", proc.stop_requested)
-            trial.set_user_attr("pruned_at_step", new[-1])
-            self.on_event("pruning", {"number": trial.number, "step": new[-1]})
         return new[-1] if new else last_step
 
     def _finish(self, trial: optuna.Trial, proc: TrialProcess) -> None:
