@@ -47,6 +47,37 @@ def tiny_models(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """``gcp-storage-emulator`` (test extra) on a free port, with the SDK's staging bucket created
+    (for the platform's and the batch package's gs:// tests)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.platform.conftest import STAGING_BUCKET, free_port, require, wait_http
+
+    require("gcp_storage_emulator", "pip install -e '.[test]' (it installs gcp-storage-emulator)")
+    storage = require("google.cloud.storage", "pip install -e '.[test]' (google-cloud-aiplatform brings it)")
+    import google.auth.credentials
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
+                             f"--port={port}", "--in-memory"], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    host = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(host + "/storage/v1/b", 30, proc, log)
+        os.environ["STORAGE_EMULATOR_HOST"] = host  # for the SDK's storage client in this process
+        client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+        client.create_bucket(STAGING_BUCKET)
+        yield {"host": host, "client": client}
+    finally:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
 def monitoring_config(tmp_path_factory) -> Path:
     """A MonitoringConfig enabling Prometheus at TF Serving's path, for servers of any test."""
     path = tmp_path_factory.mktemp("monitoring") / "monitoring_config.txt"

@@ -1,6 +1,7 @@
-"""Shared, session-scoped parts of the platform tests: two tiny SavedModels, a local GCS emulator,
-and one real ``modelyard platform`` process (restartable) whose replicas are real ``modelyard serve``
-processes. Every process started here is stopped at the end, replicas included."""
+"""Shared, session-scoped parts of the platform tests: two tiny SavedModels and one real ``modelyard
+platform`` process (restartable) whose replicas are real ``modelyard serve`` processes (the local GCS
+emulator is ``gcs_emulator`` in tests/conftest.py). Every process started here is stopped at the
+end, replicas included."""
 from __future__ import annotations
 
 import json
@@ -69,30 +70,6 @@ def build_tiny_models(out: Path) -> dict:
     data = json.loads((out / "expected.json").read_text())
     data["root"] = str(out)
     return data
-
-
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory):
-    """``gcp-storage-emulator`` (test extra) on a free port, with the SDK's staging bucket created."""
-    require("gcp_storage_emulator", "pip install -e '.[test]' (it installs gcp-storage-emulator)")
-    storage = require("google.cloud.storage", "pip install -e '.[test]' (google-cloud-aiplatform brings it)")
-    import google.auth.credentials
-
-    port = free_port()
-    log = tmp_path_factory.mktemp("gcs") / "emulator.log"
-    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
-                             f"--port={port}", "--in-memory"], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    host = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(host + "/storage/v1/b", 30, proc, log)
-        os.environ["STORAGE_EMULATOR_HOST"] = host  # for the SDK's storage client in this process
-        client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
-        client.create_bucket(STAGING_BUCKET)
-        yield {"host": host, "client": client}
-    finally:
-        os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        proc.terminate()
-        proc.wait(10)
 
 
 def _unclaimed_spare(cmdline: bytes) -> bool:

@@ -8,7 +8,7 @@ the model refuses isolated into error lines, and exactly-once resume after a cra
     job.state, job.completion_stats, list(job.iter_outputs())
 
 May import: ``modelyard.model`` (runtime, signatures, dtypes, export's version listing),
-``modelyard.errors``. Never ``serving``: jobs run the model in-process, not through a server.
+``modelyard.errors``, ``modelyard.objstore`` (gs:// and s3://). Never ``serving``: jobs run the model in-process, not through a server.
 """
 from modelyard.batch.api import batch_predict
 from modelyard.batch.job import BatchPredictionJob

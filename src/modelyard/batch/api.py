@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from modelyard import objstore
 from modelyard.batch import job as jobs
+from modelyard.batch import remote
 from modelyard.batch.progress import Progress
 from modelyard.batch.readers import plan as make_plan
 from modelyard.batch.shards import committed, finalize
@@ -55,7 +57,8 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
     """Run (or finish) a batch prediction job and return it.
 
     ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them;
-    ``output``: the directory that receives ``prediction-<model>-<timestamp>/``. Bad arguments
+    ``output``: the directory that receives ``prediction-<model>-<timestamp>/``: local, ``file://``,
+    or ``gs://`` / ``s3://`` (run in a local staging directory, uploaded when the job succeeds). Bad arguments
     raise ``BatchError``; a job that fails while running is returned with state JOB_STATE_FAILED.
     ``engine``: ``"local"`` (worker processes here; ``workers`` default: cores) or ``"ray"`` (Ray
     actors on the cluster at ``ray_address``, default ``RAY_ADDRESS`` or a new local Ray;
@@ -84,15 +87,40 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
     else:
         if output is None:
             raise BatchError("--output is required for a new job")
-        found = jobs.find_job(Path(output), spec)
-        job = jobs.BatchPredictionJob(found) if found else jobs.create_job(Path(output), spec)
+        job = _find_or_create(str(output), spec)
     if job.state == jobs.SUCCEEDED:
+        remote.publish(job)  # a crash between finishing and uploading is made good here
         stats = job.completion_stats
-        say(f"job {job.job_dir} already finished (SUCCEEDED: {stats.get('successful_count', 0):,} results, "
-            f"{stats.get('failed_count', 0):,} errors); nothing to do")
+        say(f"job {job.output_info.gcs_output_directory} already finished (SUCCEEDED: "
+            f"{stats.get('successful_count', 0):,} results, {stats.get('failed_count', 0):,} errors); nothing to do")
         return job
     with jobs.JobLock(job.job_dir):
-        return _run(job, spec, batch_size, workers, progress, say, stream, engine, ray_address)
+        job = _run(job, spec, batch_size, workers, progress, say, stream, engine, ray_address)
+    if job.state == jobs.SUCCEEDED:
+        remote.drop_staged_inputs(job.job_dir)
+        dest = remote.publish(job)
+        if dest:
+            say(f"uploaded the results to {dest}")
+    return job
+
+
+def _find_or_create(output: str, spec: JobSpec) -> jobs.BatchPredictionJob:
+    """The spec's job under ``output`` (unfinished, or finished), else a new one. A gs:// / s3:// output
+    runs in its local staging directory, and a job finished there is recognised on the remote side."""
+    try:
+        is_remote = objstore.is_remote(output)
+    except objstore.StorageError as exc:
+        raise BatchError(f"--output {exc.message}") from None
+    if not is_remote:
+        found = jobs.find_job(Path(objstore.local_path(output)), spec)
+        return jobs.BatchPredictionJob(found) if found else jobs.create_job(Path(objstore.local_path(output)), spec)
+    local = remote.staging_dir(output)
+    found = jobs.find_job(local, spec) or remote.find_finished(output, spec, local)
+    if found:
+        return jobs.BatchPredictionJob(found)
+    job = jobs.create_job(local, spec)
+    job.update(output_uri=output.rstrip("/"))
+    return job
 
 
 def _check_engine(engine: str, workers: int | None, ray_address: str | None) -> None:
@@ -122,10 +150,11 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     job.update(state=jobs.RUNNING, start_time=job.data.get("start_time") or jobs.utc_now(),
                runs=job.data.get("runs", 0) + 1, error=None)
     try:
+        local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         planned = jobs.load_plan(job.job_dir)
         if planned is None:
             try:
-                planned = make_plan([f.path for f in spec.inputs], spec.format, spec.chunk_rows)
+                planned = make_plan(local_inputs, spec.format, spec.chunk_rows)
             except (ValueError, OSError) as exc:
                 raise BatchError(str(exc)) from None
             jobs.save_plan(job.job_dir, *planned)

@@ -20,8 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--model", help="model base path, BASE:VERSION, or a version directory")
-    parser.add_argument("--input", action="append", help="input file or glob (quote it); repeatable")
-    parser.add_argument("--output", help="directory that receives the job directory")
+    parser.add_argument("--input", action="append",
+                        help="input file or glob (quote it): a local path, file://, gs:// or s3://; repeatable")
+    parser.add_argument("--output", help="directory that receives the job directory: local, file://, gs:// or "
+                                         "s3:// (staged locally, uploaded when the job succeeds)")
     parser.add_argument("--format", default="jsonl", choices=FORMATS, help="instances format (default jsonl)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
     parser.add_argument("--workers", type=int, default=None,
@@ -66,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"{job.state}: {stats['successful_count']:,} results, {stats['failed_count']:,} errors, "
           f"{stats['successful_count'] + stats['failed_count']:,} rows"
           + (f" in {seconds:.1f} s" if seconds else ""))
-    print(f"output: {job.job_dir}")
+    print(f"output: {job.output_info.gcs_output_directory}")
     return 0

@@ -37,7 +37,7 @@ def job_dir_name(model_name: str, now: _dt.datetime | None = None) -> str:
 
 @dataclass(frozen=True)
 class OutputInfo:
-    gcs_output_directory: str  # the Vertex field name; here a local directory
+    gcs_output_directory: str  # the Vertex field name: a local directory or a gs:// / s3:// prefix
 
 
 class BatchPredictionJob:
@@ -78,7 +78,9 @@ class BatchPredictionJob:
 
     @property
     def output_info(self) -> OutputInfo:
-        return OutputInfo(str(self.job_dir))
+        """The job's directory: on gs:// / s3:// when the job was given a remote ``--output``."""
+        remote = self._data.get("output_uri")
+        return OutputInfo(f"{remote.rstrip('/')}/{self.job_dir.name}" if remote else str(self.job_dir))
 
     @property
     def completion_stats(self) -> dict[str, int]:
@@ -114,21 +116,29 @@ def find_job(output_dir: Path, spec: JobSpec) -> Path | None:
         return None
     if not output_dir.is_dir():
         raise BatchError(f"--output {output_dir} is a file, not a directory")
-    wanted = json.loads(json.dumps(spec.identity()))
     for entry in sorted(output_dir.iterdir()):
         if not (entry.name.startswith(JOB_PREFIX) and entry.is_dir()):
             continue
-        if not (entry / JOB_FILE).is_file():
-            raise BatchError(f"--output {output_dir} already holds {entry.name}, which is not a modelyard job "
-                             f"(no {JOB_FILE}); give an empty or new --output directory")
-        other = BatchPredictionJob(entry)
-        if other.data["spec"] == wanted:
+        data = BatchPredictionJob(entry).data if (entry / JOB_FILE).is_file() else None
+        if is_same_job(str(output_dir), entry.name, data, spec):
             return entry
-        raise BatchError(
-            f"--output {output_dir} already holds a different job: {entry.name} ({_describe(other.data['spec'])}; "
-            f"this run: {_describe(wanted)}). Give a new --output directory, or --resume {entry} to finish that job."
-        )
     return None
+
+
+def is_same_job(output: str, name: str, data: dict | None, spec: JobSpec) -> bool:
+    """True when job ``name`` (its ``job.json`` ``data``) under ``output`` is this spec's job; BatchError
+    when it is another job or no job: an output directory holds one job (local or gs:// / s3://)."""
+    if data is None:
+        raise BatchError(f"--output {output} already holds {name}, which is not a modelyard job "
+                         f"(no {JOB_FILE}); give an empty or new --output directory")
+    wanted = json.loads(json.dumps(spec.identity()))
+    if data["spec"] == wanted:
+        return True
+    raise BatchError(
+        f"--output {output} already holds a different job: {name} ({_describe(data['spec'])}; "
+        f"this run: {_describe(wanted)}). Give a new --output directory, or --resume {output.rstrip('/')}/{name} "
+        "to finish that job."
+    )
 
 
 def create_job(output_dir: Path, spec: JobSpec) -> BatchPredictionJob:

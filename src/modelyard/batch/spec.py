@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from modelyard import objstore
 from modelyard.model.export import latest_version, list_versions
 from modelyard.model.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE
 
@@ -107,7 +108,8 @@ def resolve_model(model: str) -> tuple[str, int | None, Path]:
 
 
 def expand_inputs(patterns: list[str] | str) -> tuple[InputFile, ...]:
-    """Local paths, globs (``**`` too) and ``file://`` URLs -> the matching files, sorted, each once."""
+    """Local paths, globs (``**`` too), ``file://``, ``gs://`` and ``s3://`` URLs -> the matching files,
+    sorted, each once (remote ones as URIs, staged into the job directory when it runs)."""
     if isinstance(patterns, str):
         patterns = [patterns]
     if not patterns:
@@ -115,8 +117,8 @@ def expand_inputs(patterns: list[str] | str) -> tuple[InputFile, ...]:
     found: dict[str, InputFile] = {}
     for pattern in patterns:
         if "://" in pattern and not pattern.startswith("file://"):
-            scheme = pattern.split("://", 1)[0]
-            raise BatchError(f"--input {pattern}: {scheme}:// inputs are not supported yet (local paths and file:// only)")
+            found.update(_expand_remote(pattern))
+            continue
         local = pattern[len("file://"):] if pattern.startswith("file://") else pattern
         if glob.has_magic(local):
             matches = sorted(m for m in glob.glob(local, recursive=True) if os.path.isfile(m))
@@ -136,6 +138,14 @@ def expand_inputs(patterns: list[str] | str) -> tuple[InputFile, ...]:
                     raise BatchError(f"--input {pattern}: {real} is not readable")
                 found[real] = InputFile(real, st.st_size, st.st_mtime_ns)
     return tuple(found[p] for p in sorted(found))
+
+
+def _expand_remote(pattern: str) -> dict[str, InputFile]:
+    """A gs:// / s3:// path or glob -> its objects, each with the size and time that identify the job."""
+    try:
+        return {uri: InputFile(uri, *objstore.stat(uri)) for uri in objstore.expand([pattern])}
+    except objstore.StorageError as exc:
+        raise BatchError(f"--input {pattern}: {exc.message}") from None
 
 
 def check_options(fmt: str, instance_type: str | None, included: tuple[str, ...], excluded: tuple[str, ...],

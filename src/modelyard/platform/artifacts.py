@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
-from modelyard.platform import objstore
+from modelyard import objstore
 from modelyard.platform.errors import ApiError, invalid
 
 _SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")

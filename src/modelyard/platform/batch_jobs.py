@@ -14,7 +14,8 @@ import json
 import re
 from pathlib import Path
 
-from modelyard.platform import names, objstore
+from modelyard import objstore
+from modelyard.platform import names
 from modelyard.platform.errors import invalid, not_found
 from modelyard.platform.names import Route
 
@@ -101,8 +102,8 @@ def execute(work_dir: Path, job: dict) -> dict:
     spec = job["spec"]
     ctx = spec[PRIVATE]
     cfg = spec.get("instanceConfig") or {}
-    inputs = objstore.stage_in(ctx["inputs"], work_dir / "inputs")
     try:
+        inputs = objstore.stage_in(ctx["inputs"], work_dir / "inputs")
         result = batch_predict(
             ctx["modelPath"], inputs, work_dir / "output", format=spec["inputConfig"]["instancesFormat"],
             batch_size=ctx["batchSize"], workers=ctx["workers"], key_field=cfg.get("keyField") or None,
@@ -110,10 +111,15 @@ def execute(work_dir: Path, job: dict) -> dict:
             instance_type=cfg.get("instanceType") or None, progress=False, log=lambda m: print(m, flush=True))
     except BatchError as exc:
         raise JobFailed(str(exc), "INVALID_ARGUMENT") from None
+    except objstore.StorageError as exc:
+        raise JobFailed(exc.message, exc.status) from None
     if result.state != "JOB_STATE_SUCCEEDED":
         raise JobFailed(result.error or f"batch prediction ended {result.state}")
     files = result_shards(result.job_dir) + [result.job_dir / ERRORS_FILE]
-    objstore.publish([f for f in files if f.exists()], ctx["outputDirectory"])
+    try:
+        objstore.publish([f for f in files if f.exists()], ctx["outputDirectory"])
+    except objstore.StorageError as exc:
+        raise JobFailed(exc.message, exc.status) from None
     stats = result.completion_stats
     print(f"published {len(files)} file(s) to {ctx['outputDirectory']}: {stats}", flush=True)
     return {"completionStats": _stats(stats["successful_count"], stats["failed_count"], 0)}

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelyard.platform import objstore
+from modelyard import objstore
 from modelyard.platform.errors import invalid
 from modelyard.platform.names import Route
 

@@ -8,6 +8,7 @@ import logging
 import orjson
 from aiohttp import web
 
+from modelyard.objstore import StorageError
 from modelyard.platform import endpoints, jobs, models, names
 from modelyard.platform.app import Platform
 from modelyard.platform.errors import ApiError
@@ -69,6 +70,8 @@ def build_app(p: Platform) -> web.Application:
             return _json(await dispatch(p, route, request))
         except ApiError as exc:
             return _error(exc)
+        except StorageError as exc:  # a gs:// / s3:// URI a request named: its status, in Google's format
+            return _error(ApiError(exc.status, exc.message))
         except Exception as exc:  # a bug: answered in Google's format, logged, the platform keeps serving
             log.exception("request %s %s failed", request.method, request.path)
             return _error(ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}"))

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from modelyard.platform import objstore
+from modelyard import objstore
 from modelyard.platform.errors import invalid
 from modelyard.platform.names import Route
 

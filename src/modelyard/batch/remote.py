@@ -1,0 +1,88 @@
+"""gs:// and s3:// for batch jobs: remote inputs staged into the job, remote outputs published at the end.
+
+The readers plan chunks as byte ranges and seek into them, so remote inputs are downloaded whole
+into ``<job dir>/.inputs/`` before planning (staging is the simple honest choice; a resumed job
+finds them there and downloads nothing again) and removed once the job has succeeded.
+
+A remote ``--output`` gets a local staging directory keyed by the URI (``staging_dir``), under which
+the job runs exactly as a local one does (atomic part commits, exactly-once resume). When it
+succeeds, the result shards and the error file are uploaded (each object written whole), then
+``job.json``: its presence on the remote side is what says the job is finished, so a run of the same
+command with the staging directory gone still recognises it (and mirrors it back).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from modelyard import objstore
+from modelyard.batch.job import JOB_FILE, JOB_PREFIX, SUCCEEDED, BatchPredictionJob, is_same_job
+from modelyard.batch.shards import ERRORS_FILE, result_shards
+from modelyard.batch.spec import BatchError, JobSpec
+
+INPUTS_DIR = ".inputs"
+STAGING_ENV = "MODELYARD_BATCH_STAGING"
+
+
+def staging_dir(output_uri: str) -> Path:
+    """The local directory standing in for a remote ``--output`` (``$MODELYARD_BATCH_STAGING`` or
+    ``~/.cache/modelyard/batch``), one per output URI, so the same command finds the same job."""
+    root = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "modelyard" / "batch")
+    key = hashlib.sha256(output_uri.rstrip("/").encode()).hexdigest()[:20]
+    return root / key
+
+
+def stage_inputs(job_dir: Path, spec: JobSpec) -> list[str]:
+    """Local paths of the job's inputs, remote ones downloaded into the job (once)."""
+    paths = [f.path for f in spec.inputs]
+    if not any(objstore.is_remote(p) for p in paths):
+        return paths
+    try:
+        return objstore.stage_in(paths, job_dir / INPUTS_DIR)
+    except objstore.StorageError as exc:
+        raise BatchError(f"staging the inputs: {exc.message}") from None
+
+
+def drop_staged_inputs(job_dir: Path) -> None:
+    shutil.rmtree(job_dir / INPUTS_DIR, ignore_errors=True)
+
+
+def find_finished(output_uri: str, spec: JobSpec, local_out: Path) -> Path | None:
+    """This spec's finished job on the remote ``output_uri``, mirrored into ``local_out``; None if there
+    is none; BatchError when the output holds another job."""
+    try:
+        for uri in objstore.list_dirs(output_uri):
+            name = uri.rsplit("/", 1)[-1]
+            if not name.startswith(JOB_PREFIX):
+                continue
+            text = objstore.read_text(f"{uri}/{JOB_FILE}")
+            if is_same_job(output_uri, name, json.loads(text) if text else None, spec):
+                target = local_out / name
+                if not target.exists():
+                    local_out.mkdir(parents=True, exist_ok=True)
+                    objstore.get_tree(uri, target)
+                return target
+    except objstore.StorageError as exc:
+        raise BatchError(f"--output {output_uri}: {exc.message}") from None
+    return None
+
+
+def publish(job: BatchPredictionJob) -> str | None:
+    """Upload a succeeded job to its remote output (shards and errors, then ``job.json``); returns the
+    remote directory, None for a local job. Harmless to repeat: every object is replaced whole."""
+    output_uri = job.data.get("output_uri")
+    if not output_uri or job.state != SUCCEEDED:
+        return None
+    dest = job.output_info.gcs_output_directory
+    try:
+        if objstore.read_text(f"{dest}/{JOB_FILE}") is None:
+            files = result_shards(job.job_dir) + [job.job_dir / ERRORS_FILE]
+            objstore.publish([f for f in files if f.is_file()], dest)
+            objstore.publish([job.job_dir / JOB_FILE], dest)  # last: the job is finished once this is there
+    except objstore.StorageError as exc:
+        raise BatchError(f"uploading the results to {dest}: {exc.message} (run the same command again to "
+                         f"retry; the results are kept in {job.job_dir})") from None
+    return dest
