@@ -61,7 +61,8 @@ class Platform:
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None
         # Jobs (batch prediction, custom, tuning) run as children of the leading platform only.
-        self.jobs = JobRunner(self.store, config.state_dir, lambda: self.supervisor.leader)
+        self.jobs = JobRunner(self.store, config.state_dir, lambda: self.supervisor.leader,
+                              engine={"name": "ray", "address": config.ray_address} if config.engine == "ray" else None)
         self._jobs_task: asyncio.Task | None = None
 
     def refresh(self) -> None:

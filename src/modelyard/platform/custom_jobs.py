@@ -84,8 +84,10 @@ def check_job_spec(job_spec: dict) -> list[dict]:
             if not isinstance(module, str) or not module or not packages:
                 raise invalid(f"{where}.python_package_spec needs python_module and package_uris.")
             command = [sys.executable, "-m", module]
+        gpus = _count((pool.get("machineSpec") or {}).get("acceleratorCount", 0),
+                      f"{where}.machine_spec.accelerator_count")
         if replicas:
-            out.append({"role": ROLES[i], "replicas": replicas, "command": command + args,
+            out.append({"role": ROLES[i], "replicas": replicas, "command": command + args, "gpus": gpus,
                         "env": {e["name"]: e.get("value", "") for e in env}, "packages": packages})
     base = (job_spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
     if base is not None and (not isinstance(base, str) or not base):
@@ -113,7 +115,7 @@ def _strings(value, field: str) -> list[str]:
 
 # ---- the child side -----------------------------------------------------------------------------
 def execute(work_dir: Path, job: dict) -> dict:
-    run_pools(job["spec"]["jobSpec"], work_dir, job["id"])
+    run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"))
     return {}
 
 
@@ -124,9 +126,12 @@ def output_env(base: str) -> dict[str, str]:
             "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/"}
 
 
-def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str] = ()) -> None:
+def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str] = (),
+              engine: dict | None = None) -> None:
     """Run the job's pools to the end; JobFailed (with the failed replica's last lines) if one fails,
-    JobFailed(CANCELLED) on SIGTERM after stopping every replica."""
+    JobFailed(CANCELLED) on SIGTERM after stopping every replica. ``engine`` ``{"name": "ray",
+    "address": ...}`` (the platform's ``--engine ray``) runs each replica on a Ray node (jobs_ray);
+    otherwise they are processes of this host."""
     from modelyard.platform.job_runner import JobFailed
     from modelyard.training import cluster as cluster_mod
     from modelyard.training import launcher
@@ -144,12 +149,30 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
 
     by_role = {pool["role"]: pool for pool in pools}
     count = {role: by_role[role]["replicas"] if role in by_role else 0 for role in ROLES}
-    spec = cluster_mod.local_spec(count["worker"], count["ps"], chief=True)
+    placement = None
+    if (engine or {}).get("name") == "ray":
+        from modelyard.platform import jobs_ray
+
+        placement = jobs_ray.Placement(engine.get("address", ""), job_id)
+        placement.connect()  # before our SIGTERM handler: ray.init installs its own
+    launcher._STOP_REQUESTED.clear()
+    signal.signal(signal.SIGTERM, lambda *_: launcher._STOP_REQUESTED.set())  # cancel: stop every replica
+    try:
+        if placement is None:
+            spec = cluster_mod.local_spec(count["worker"], count["ps"], chief=True)
+        else:  # the nodes' addresses, with ports reserved on the nodes
+            spec = placement.place(count, count["evaluator"] > 0, {p["role"]: p["gpus"] for p in pools})
+    except BaseException as exc:
+        if placement is not None:
+            placement.close()
+        if isinstance(exc, KeyboardInterrupt):  # cancelled while the replicas waited for nodes
+            raise JobFailed("CANCELED", "CANCELLED") from None
+        raise
     tasks = cluster_mod.tasks_of(spec, evaluator=count["evaluator"] > 0)
     vertex_cluster = {f"workerpool{ROLES.index(role)}": addrs for role, addrs in spec.items()}
     several = len(tasks) > 1
 
-    class Pools(launcher.Supervisor):
+    class Pools(jobs_ray.RaySupervisor if placement is not None else launcher.Supervisor):
         """The launcher's supervision, with each pool's own command and Vertex's environment."""
 
         def _env(self, task):
@@ -166,9 +189,8 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
             self.command = by_role[task.type]["command"] + list(extra_args)
             return super()._start_task(task)
 
-    launcher._STOP_REQUESTED.clear()
-    signal.signal(signal.SIGTERM, lambda *_: launcher._STOP_REQUESTED.set())  # cancel: stop every replica
     sup = Pools(spec, tasks, by_role["chief"]["command"], out=sys.stdout)
+    sup.placement = placement
     cancelled = False
     try:
         sup.start()
@@ -178,6 +200,8 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
     finally:
         if sys.exc_info()[0] is not None or cancelled:
             sup.stop()
+        if placement is not None:
+            placement.close()
         if remote:
             n = objstore.publish_tree(Path(local_base), base)
             print(f"published {n} output file(s) to {base}", flush=True)

@@ -87,12 +87,14 @@ class JobRunner:
     """Starts, watches, cancels and adopts job processes for the rows of one store.
 
     A kind's module may define ``RESUMABLE`` (bool) and ``progress(work_dir, row) -> dict | None``
-    (fields merged into the row's result while it runs).
+    (fields merged into the row's result while it runs). ``engine`` (``{"name": "ray", "address": ...}``
+    under ``--engine ray``) reaches each job's child in its job.json: where a custom job's replicas run.
     """
 
     def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
-                 interval_s: float = 0.25) -> None:
+                 interval_s: float = 0.25, engine: dict | None = None) -> None:
         self.store = store
+        self.engine = engine
         self.root = state_dir / "jobs"
         self.is_leader = is_leader
         self.interval_s = interval_s
@@ -149,7 +151,7 @@ class JobRunner:
         (work_dir / RESULT_FILE).unlink(missing_ok=True)
         write_json(work_dir / JOB_FILE, {"id": job_id, "kind": row["kind"], "parent": row["parent"],
                                          "displayName": row["display_name"], "spec": row["spec"],
-                                         "run": row["runs"] + 1})
+                                         "run": row["runs"] + 1, "engine": self.engine})
         try:
             with open(work_dir / LOG_FILE, "ab") as logf:
                 # MODELYARD_JOB_ID is inherited by every process of the job: how leftovers are found.

@@ -1,0 +1,311 @@
+"""Where a CustomJob's replicas run under ``--engine ray``: one Ray actor per replica, on the cluster's nodes.
+
+Only the *where* lives here; what the two engines share stays in ``custom_jobs.run_pools`` and the
+launcher: the replicas' environment, ``TF_CONFIG`` (``cluster.tf_config``) and the job's state
+(``launcher.Supervisor.wait``: the chief's exit decides, a failed replica fails the job with its
+last lines, cancel stops every replica).
+
+``place`` starts one ``ReplicaActor`` per task (SPREAD over the nodes, one CPU each by default, the
+pool's accelerators as GPUs); each reports its node's id and address (as the cluster knows it) and
+reserves a port by holding a socket bound on that node until its process starts. Those addresses
+are the cluster spec. ``RaySupervisor`` is the launcher's supervisor with each task's process
+started by its actor: the actor's ``RemoteProcess`` stands in for ``subprocess.Popen`` (``pid``,
+``poll``, ``wait``, ``stdout.readline``), so the launcher's reading, waiting and stopping are the
+local ones. The actors belong to the job's process (not detached): if it dies, Ray ends them, and
+each replica process dies with its actor (PR_SET_PDEATHSIG), so no replica outlives its job.
+
+The job's directories (``AIP_*``, the work dir) must be at the same path on every node (one host or
+a shared file system), as for the replica engine.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from modelyard.platform.replicas_ray import NAMESPACE, _die_with_parent, connect
+from modelyard.training import launcher
+from modelyard.training.cluster import EVALUATOR, Task
+
+NODE_ID_ENV = "MODELYARD_RAY_NODE_ID"  # tells a replica which Ray node it runs on
+ACTOR_PREFIX = "modelyard-job-"
+PLACE_TIMEOUT_S = 300.0  # a busy cluster may free CPUs later; longer than that, the job cannot be placed
+CALL_TIMEOUT_S = 60.0
+READ_WAIT_S = 1.0  # how long one log read waits on the node for new lines
+
+
+def _node() -> tuple[str, str]:
+    """(node id, node address) of the Ray node this code runs on, the address as the cluster knows it."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
+    return node_id, host or ray.util.get_node_ip_address()
+
+
+class ReplicaActor:
+    """Runs on a Ray node (threaded actor): one replica process of a job, its output and its end."""
+
+    def __init__(self) -> None:
+        self.node_id = ""
+        self.host = ""
+        self._port_socket: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+        self.generation = 0  # one per start: a worker restarted in place is a new generation
+        self._lines: collections.deque[bytes] = collections.deque()
+        self._first = 0  # index of _lines[0] in this generation's output
+        self._ended = False
+        self._cond = threading.Condition()
+        self._exited = threading.Event()
+
+    def reserve(self, want_port: bool) -> dict:
+        """This node's id and address, and (``want_port``) a port held free on it until ``start``."""
+        self.node_id, self.host = _node()
+        port = None
+        if want_port:
+            self._port_socket = socket.socket()
+            self._port_socket.bind((self.host, 0))
+            port = self._port_socket.getsockname()[1]
+        return {"node_id": self.node_id, "host": self.host, "port": port}
+
+    def start(self, command: list[str], env: dict[str, str], unset: list[str], cwd: str) -> dict:
+        """Start the replica's process with this node's environment plus ``env``; ``{"pid"}`` or ``{"error"}``."""
+        if self._port_socket is not None:  # the replica binds it now
+            self._port_socket.close()
+            self._port_socket = None
+        full = {k: v for k, v in os.environ.items() if k not in unset}
+        full.update(env)
+        full[NODE_ID_ENV] = self.node_id
+        with self._cond:
+            self.generation += 1
+            self._lines.clear()
+            self._first = 0
+            self._ended = False
+        self._exited.clear()
+        started = threading.Event()
+        error: list[str] = []
+        # Forked from a thread that lives exactly as long as the process: PDEATHSIG fires when that
+        # thread ends, which is when the process has exited or the actor is gone.
+        threading.Thread(target=self._run, args=(command, full, cwd if os.path.isdir(cwd) else None, started, error),
+                         daemon=True).start()
+        started.wait()
+        if error:
+            return {"error": error[0]}
+        return {"pid": self.proc.pid, "generation": self.generation}
+
+    def _run(self, command, env, cwd, started: threading.Event, error: list[str]) -> None:
+        try:
+            self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        except OSError as exc:
+            error.append(f"cannot start {command[0]} on Ray node {self.node_id[:12]} ({self.host}): {exc.strerror}")
+            with self._cond:
+                self._ended = True
+                self._cond.notify_all()
+            self._exited.set()
+            started.set()
+            return
+        started.set()
+        for raw in iter(self.proc.stdout.readline, b""):
+            with self._cond:
+                self._lines.append(raw)
+                self._cond.notify_all()
+        self.proc.stdout.close()
+        self.proc.wait()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+        self._exited.set()
+
+    def read(self, generation: int, start: int, wait_s: float) -> tuple[list[bytes], bool]:
+        """Output lines from index ``start`` on (waiting up to ``wait_s`` for some), and whether the
+        output has ended. Lines before ``start`` were read: they are dropped here."""
+        with self._cond:
+            if generation != self.generation:
+                return [], True
+            while self._first < start and self._lines:
+                self._lines.popleft()
+                self._first += 1
+            if not self._lines and not self._ended:
+                self._cond.wait(wait_s)
+            return list(self._lines), self._ended
+
+    def wait(self, generation: int) -> int | None:
+        """The exit code of the process of ``generation``, once it has exited."""
+        self._exited.wait()
+        return self.proc.returncode if self.proc is not None and generation == self.generation else None
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to the replica's process group (its children too)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class _RemoteLines:
+    """``readline()`` over a replica's output on its node, as the launcher reads a pipe; b"" at the end."""
+
+    def __init__(self, actor, generation: int) -> None:
+        self.actor = actor
+        self.generation = generation
+        self.next = 0
+        self.buffer: collections.deque[bytes] = collections.deque()
+        self.ended = False
+
+    def readline(self) -> bytes:
+        import ray
+
+        while not self.buffer:
+            if self.ended:
+                return b""
+            try:
+                lines, ended = ray.get(self.actor.read.remote(self.generation, self.next, READ_WAIT_S),
+                                       timeout=CALL_TIMEOUT_S)
+            except Exception:  # the actor or its node is gone: no more output
+                self.ended = True
+                continue
+            self.buffer.extend(lines)
+            self.next += len(lines)
+            self.ended = ended  # then the lines just read are the last
+        return self.buffer.popleft()
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteProcess:
+    """A replica process on a Ray node, with the parts of ``subprocess.Popen`` the launcher uses."""
+
+    def __init__(self, actor, pid: int, generation: int) -> None:
+        self.actor = actor
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdout = _RemoteLines(actor, generation)
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, args=(generation,), daemon=True).start()
+
+    def _watch(self, generation: int) -> None:
+        import ray
+
+        try:
+            code = ray.get(self.actor.wait.remote(generation))
+        except Exception:  # the actor (or its node) died: so did the process
+            code = -signal.SIGKILL
+        self.returncode = -signal.SIGKILL if code is None else code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"replica pid {self.pid}", timeout)
+        return self.returncode
+
+
+class Placement:
+    """The job's actors, one per task, and where each landed."""
+
+    def __init__(self, address: str, job_id: str) -> None:
+        self.address = address
+        self.job_id = job_id
+        self.actors: dict[Task, object] = {}
+        self.where: dict[Task, dict] = {}
+
+    def connect(self) -> None:
+        """Join the cluster as this job's driver; JobFailed if it cannot be reached."""
+        from modelyard.platform.job_runner import JobFailed
+        from modelyard.platform.replicas_ray import EngineUnavailable
+
+        try:
+            connect(self.address)
+        except EngineUnavailable as exc:
+            raise JobFailed(str(exc), "UNAVAILABLE") from None
+
+    def place(self, counts: dict[str, int], evaluator: bool, gpus: dict[str, float],
+              num_cpus: float = 1.0) -> dict[str, list[str]]:
+        """Start the actors (SPREAD) and return the cluster spec of their nodes' addresses and ports."""
+        import ray
+
+        remote = ray.remote(ReplicaActor)
+        tasks = [Task(role, i) for role in ("chief", "worker", "ps") for i in range(counts.get(role, 0))]
+        if evaluator:
+            tasks.append(Task(EVALUATOR, 0))
+        for task in tasks:
+            self.actors[task] = remote.options(
+                name=f"{ACTOR_PREFIX}{self.job_id}-{task.type}-{task.index}", namespace=NAMESPACE,
+                num_cpus=num_cpus, num_gpus=gpus.get(task.type, 0), scheduling_strategy="SPREAD", max_restarts=0,
+                max_concurrency=8).remote()
+        refs = {self.actors[t].reserve.remote(t.type != EVALUATOR): t for t in tasks}
+        deadline = time.monotonic() + PLACE_TIMEOUT_S
+        pending = list(refs)
+        while pending:
+            if launcher._STOP_REQUESTED.is_set():
+                raise KeyboardInterrupt  # cancelled while waiting for nodes
+            if time.monotonic() > deadline:
+                from modelyard.platform.job_runner import JobFailed
+
+                raise JobFailed(f"{len(pending)} of the job's {len(tasks)} replica(s) found no Ray node within "
+                                f"{PLACE_TIMEOUT_S:.0f} s: each needs {num_cpus:g} free CPU(s) (and its pool's GPUs)",
+                                "RESOURCE_EXHAUSTED")
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            for ref in done:
+                self.where[refs[ref]] = ray.get(ref)
+        spec: dict[str, list[str]] = {}
+        for task in tasks:
+            if task.type != EVALUATOR:
+                spec.setdefault(task.type, []).append(f"{self.where[task]['host']}:{self.where[task]['port']}")
+        return spec
+
+    def close(self) -> None:
+        """End every actor of the job (their processes die with them)."""
+        import ray
+
+        for handle in self.actors.values():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+class RaySupervisor(launcher.Supervisor):
+    """The launcher's supervisor, each task's process started by its actor (``placement`` is set by the caller)."""
+
+    placement: Placement
+
+    def _start_task(self, task: Task) -> launcher.Running:
+        import ray
+
+        env = self._env(task)
+        # Only what the job sets travels: the node's own environment (PATH, HOME, ...) is the base there.
+        from modelyard.platform.job_runner import JOB_ID_ENV
+
+        delta = {k: v for k, v in env.items() if os.environ.get(k) != v and k != JOB_ID_ENV}
+        unset = [k for k in os.environ if k not in env]
+        actor = self.placement.actors[task]
+        where = self.placement.where[task]
+        got = ray.get(actor.start.remote(self.command, delta, unset, os.getcwd()), timeout=CALL_TIMEOUT_S)
+        if "error" in got:
+            self.stop()
+            raise launcher.LaunchError(got["error"])
+        run = launcher.Running(task, RemoteProcess(actor, got["pid"], got["generation"]))
+        run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
+        run.reader.start()
+        self._emit(task, f"[modelyard] started pid {got['pid']} on Ray node {where['node_id'][:12]} ({where['host']})")
+        return run
+
+    def _signal(self, run: launcher.Running, sig: int) -> None:
+        import ray
+
+        try:
+            ray.get(run.process.actor.signal.remote(sig), timeout=CALL_TIMEOUT_S)
+        except Exception:  # the actor is gone, and its process with it
+            pass

@@ -1,0 +1,142 @@
+"""Issue 17, several hosts: ``modelyard platform --engine ray`` runs a CustomJob's replicas as Ray
+actors on the shared two-node Ray cluster (tests/ray_cluster.py, one CPU per node).
+
+A chief and a worker land on the two nodes (the node ids their actors gave them), with one TF_CONFIG
+cluster of the nodes' addresses and ports reserved there (each replica can bind its own), their own
+task types and indexes, and the job's log holding both replicas' lines. A failing worker fails the
+job with its last lines; cancelling a sleeping job stops every replica, and no actor or process is left.
+No TensorFlow runs here: the replicas are a tiny script (job_scripts/node_probe.py).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.platform.conftest import _env, start_platform
+from tests.platform.jobs_helpers import alive, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+
+PROBE = str(Path(__file__).with_name("job_scripts") / "node_probe.py")
+FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+TIMEOUT_S = 240  # a job joins Ray and starts two actors on a busy 2-core machine
+
+# This job's live actors and the alive nodes' addresses, asked by a short-lived driver (so pytest never
+# becomes one).
+_RAY_SCRIPT = """
+import json, sys, ray
+ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+print(json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.startswith("modelyard-job-" + sys.argv[2] + "-")],
+                  "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def platform(ray_cluster, tmp_path_factory):
+    """This module's platform (it overrides the session one: jobs_helpers' no_stray_jobs watches it)."""
+    p = start_platform(tmp_path_factory, "rayjobs", _env(), ["--engine", "ray", "--ray-address", ray_cluster])
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+def _pool(args: list[str]) -> dict:
+    return {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
+            "containerSpec": {"imageUri": "x", "command": [sys.executable, PROBE], "args": args}}
+
+
+def _submit(platform, name: str, out: Path, chief: list[str], worker: list[str]) -> str:
+    body = {"displayName": name, "jobSpec": {"workerPoolSpecs": [_pool(chief), _pool(worker)],
+                                             "baseOutputDirectory": {"outputUriPrefix": str(out)}}}
+    r = requests.post(platform.api("customJobs"), json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["name"]
+
+
+def _seen(out: Path, timeout: float = TIMEOUT_S) -> dict:
+    """What each replica recorded, once both have."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = sorted((out / "model").glob("*.json"))
+        if len(files) == 2:
+            try:
+                return {f.stem: json.loads(f.read_text()) for f in files}
+            except ValueError:  # being written
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"the replicas did not both start: {list((out / 'model').glob('*'))}")
+
+
+def _ask_ray(address: str, name: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _RAY_SCRIPT, address, name.rsplit("/", 1)[-1]], env=_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _actors(address: str, name: str) -> list[str]:
+    return _ask_ray(address, name)["actors"]
+
+
+def _log(platform, name: str) -> str:
+    return requests.get(f"{platform.url}/modelyard/v1/jobs/{name.rsplit('/', 1)[-1]}/logs", timeout=10).text
+
+
+def test_chief_and_worker_run_on_two_nodes_with_one_cluster(platform, ray_cluster, tmp_path):
+    name = _submit(platform, "on-ray", tmp_path, ["--sleep=1"], ["--sleep=1"])
+    job = wait_state(platform, name, FINAL, TIMEOUT_S)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    seen = _seen(tmp_path, 5)
+    chief, worker = seen["chief-0"], seen["worker-0"]
+    ray_now = _ask_ray(ray_cluster, name)
+    nodes = ray_now["nodes"]
+    assert chief["node_id"] in nodes and worker["node_id"] in nodes, nodes
+    assert chief["node_id"] != worker["node_id"]  # SPREAD, one CPU each: one replica per node
+    cluster = chief["tf_config"]["cluster"]
+    assert worker["tf_config"]["cluster"] == cluster and sorted(cluster) == ["chief", "worker"]
+    assert chief["tf_config"]["task"] == {"type": "chief", "index": 0}
+    assert worker["tf_config"]["task"] == {"type": "worker", "index": 0}
+    # Each replica's address is its node's, as Ray reports it, with a port reserved on that node until
+    # the replica started: each could bind its own.
+    addresses = cluster["chief"] + cluster["worker"]
+    assert [a.rsplit(":", 1)[0] for a in addresses] == [nodes[chief["node_id"]], nodes[worker["node_id"]]]
+    assert len(set(addresses)) == 2
+    assert chief["bindable"] and worker["bindable"]
+    assert chief["cluster_spec"]["task"] == {"type": "workerpool0", "index": 0}
+    assert worker["cluster_spec"]["task"] == {"type": "workerpool1", "index": 0}
+    assert chief["job_id"] == worker["job_id"] == name.rsplit("/", 1)[-1]
+    log = _log(platform, name)
+    for task, who in (("chief:0", chief), ("worker:0", worker)):
+        assert f"{task} | [modelyard] started pid {who['pid']} on Ray node {who['node_id'][:12]}" in log, log
+        assert f"{task} | {task.replace(':', '-')} on node {who['node_id']}" in log, log
+    assert ray_now["actors"] == []
+
+
+def test_a_failing_worker_fails_the_job_with_its_last_lines(platform, ray_cluster, tmp_path):
+    name = _submit(platform, "fails-on-ray", tmp_path, ["--sleep=300"], ["--sleep=1", "--fail=3"])
+    job = wait_state(platform, name, FINAL, TIMEOUT_S)
+    assert job["state"] == "JOB_STATE_FAILED", job
+    message = job["error"]["message"]
+    assert "task worker:0 exited with code 3" in message and "worker-0: failing on purpose" in message, message
+    chief = _seen(tmp_path, 5)["chief-0"]
+    assert not alive(chief["pid"])  # the chief was stopped when the worker failed
+    assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
+
+
+def test_cancel_stops_every_replica_and_actor(platform, ray_cluster, tmp_path):
+    name = _submit(platform, "cancel-on-ray", tmp_path, ["--sleep=300"], ["--sleep=300"])
+    pids = [v["pid"] for v in _seen(tmp_path).values()]
+    assert all(alive(pid) for pid in pids)
+    assert len(_actors(ray_cluster, name)) == 2
+    r = requests.post(f"{platform.url}/v1/{name}:cancel", timeout=30)
+    assert r.status_code == 200, r.text
+    job = wait_state(platform, name, FINAL, TIMEOUT_S)
+    assert job["state"] == "JOB_STATE_CANCELLED", job
+    assert not [pid for pid in pids if alive(pid)]
+    assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
+    assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
