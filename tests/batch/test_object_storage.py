@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,3 +180,39 @@ def test_missing_backend_says_what_to_install(tiny_model, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "pip install s3fs" in done.stderr, done.stderr
+
+
+def test_kill_9_then_the_same_command_resumes_from_the_staging_dir(tiny_model, s3_server, staging, tmp_path,
+                                                                    capsys):
+    """A remote-output job killed half-way resumes from its local staging directory: every row once on S3."""
+    from modelyard.cli import main
+
+    n, chunk = 20_000, 500
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "x": v.tolist()} for i, v in enumerate(rows(n, 9))])
+    s3_server.upload_file(str(src), S3_BUCKET, "resume/in/data.jsonl")
+    args = ["--no-progress", "--model", str(tiny_model.base), "--input", f"s3://{S3_BUCKET}/resume/in/*.jsonl",
+            "--output", f"s3://{S3_BUCKET}/resume/out", "--key-field", "id", "--workers", "1",
+            "--chunk-rows", str(chunk), "--batch-size", "32"]
+    first = subprocess.Popen(cli_command(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    committed = lambda: len(list(staging.glob("*/prediction-*/.parts/c*-ok*-err*.results")))  # noqa: E731
+    try:
+        deadline = time.monotonic() + 120
+        while committed() < (n // chunk) // 4 and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+    at_kill = committed()
+    assert 0 < at_kill < n // chunk, f"the kill should land mid-job: {at_kill} chunks committed"
+    assert _s3_objects(s3_server, "resume/out/") == {}  # nothing is uploaded before the job is done
+
+    again = args[:]
+    again[again.index("--workers") + 1] = "0"  # not part of the job's identity; no second TF import
+    assert main(["batch-predict", *again]) == 0
+    out = capsys.readouterr()
+    assert re.search(r"resuming .*: \d+ of 40 chunks", out.err), out.err
+    objects = _s3_objects(s3_server, "resume/out/")
+    name = _only_job(objects)
+    keys = [o["key"] for o in _lines(objects, f"{name}/prediction.results")]
+    assert len(keys) == n and set(keys) == set(range(n)), "every row exactly once"
