@@ -216,3 +216,14 @@ def test_kill_9_then_the_same_command_resumes_from_the_staging_dir(tiny_model, s
     name = _only_job(objects)
     keys = [o["key"] for o in _lines(objects, f"{name}/prediction.results")]
     assert len(keys) == n and set(keys) == set(range(n)), "every row exactly once"
+
+
+def test_no_credentials_is_a_clear_error(tiny_model, s3_server, tmp_path):
+    env = {k: v for k, v in cli_env().items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env["HOME"] = str(tmp_path)  # no ~/.aws either
+    done = subprocess.run(cli_command("--model", str(tiny_model.base), "--input", f"s3://{S3_BUCKET}/api/in/*.jsonl",
+                                      "--output", str(tmp_path / "out"), "--no-progress"),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "no usable credentials" in done.stderr and "AWS_ACCESS_KEY_ID" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
