@@ -4,12 +4,15 @@ actors on the shared two-node Ray cluster (tests/ray_cluster.py, one CPU per nod
 A chief and a worker land on the two nodes (the node ids their actors gave them), with one TF_CONFIG
 cluster of the nodes' addresses and ports reserved there (each replica can bind its own), their own
 task types and indexes, and the job's log holding both replicas' lines. A failing worker fails the
-job with its last lines; cancelling a sleeping job stops every replica, and no actor or process is left.
+job with its last lines; cancelling a sleeping job stops every replica, and no actor or process is left;
+nor when the job's own process is killed.
 No TensorFlow runs here: the replicas are a tiny script (job_scripts/node_probe.py).
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +33,8 @@ TIMEOUT_S = 240  # a job joins Ray and starts two actors on a busy 2-core machin
 _RAY_SCRIPT = """
 import json, sys, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
-print(json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.startswith("modelyard-job-" + sys.argv[2] + "-")],
+prefix = "modelyard-job-" + sys.argv[2] + "-"
+print(json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.startswith(prefix)],
                   "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}))
 """
 
@@ -140,3 +144,19 @@ def test_cancel_stops_every_replica_and_actor(platform, ray_cluster, tmp_path):
     assert not [pid for pid in pids if alive(pid)]
     assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
     assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
+
+
+def test_replicas_do_not_outlive_a_killed_job_process(platform, ray_cluster, tmp_path):
+    # The job's own process (the actors' owner) dies: Ray ends its actors, and each replica dies with its actor.
+    name = _submit(platform, "crash-on-ray", tmp_path, ["--sleep=300"], ["--sleep=300"])
+    pids = [v["pid"] for v in _seen(tmp_path).values()]
+    child = [p for p in job_processes(platform) if b"job_child" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(child) == 1
+    os.kill(child[0], signal.SIGKILL)
+    job = wait_state(platform, name, FINAL, TIMEOUT_S)
+    assert job["state"] == "JOB_STATE_FAILED" and "killed by signal 9" in job["error"]["message"], job
+    deadline = time.monotonic() + 60
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)]
+    assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
