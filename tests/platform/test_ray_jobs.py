@@ -49,13 +49,13 @@ def platform(ray_cluster, tmp_path_factory):
         p.cleanup()
 
 
-def _pool(args: list[str]) -> dict:
-    return {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
+def _pool(args: list[str], gpus: int = 0) -> dict:
+    return {"machineSpec": {"machineType": "n1-standard-4", "acceleratorCount": gpus}, "replicaCount": "1",
             "containerSpec": {"imageUri": "x", "command": [sys.executable, PROBE], "args": args}}
 
 
-def _submit(platform, name: str, out: Path, chief: list[str], worker: list[str]) -> str:
-    body = {"displayName": name, "jobSpec": {"workerPoolSpecs": [_pool(chief), _pool(worker)],
+def _submit(platform, name: str, out: Path, chief: list[str], worker: list[str], worker_gpus: int = 0) -> str:
+    body = {"displayName": name, "jobSpec": {"workerPoolSpecs": [_pool(chief), _pool(worker, worker_gpus)],
                                              "baseOutputDirectory": {"outputUriPrefix": str(out)}}}
     r = requests.post(platform.api("customJobs"), json=body, timeout=30)
     assert r.status_code == 200, r.text
@@ -160,3 +160,15 @@ def test_replicas_do_not_outlive_a_killed_job_process(platform, ray_cluster, tmp
         time.sleep(0.2)
     assert not [pid for pid in pids if alive(pid)]
     assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
+
+
+def test_a_replica_no_node_can_take_fails_the_job_at_once(platform, ray_cluster, tmp_path):
+    name = _submit(platform, "gpu-on-ray", tmp_path, ["--sleep=1"], ["--sleep=1"], worker_gpus=1)
+    job = wait_state(platform, name, FINAL, TIMEOUT_S)  # not after the 300 s placement wait
+    assert job["state"] == "JOB_STATE_FAILED", job
+    assert job["error"]["code"] == 9, job  # FAILED_PRECONDITION
+    assert "no node of the Ray cluster has 1 CPU(s) and 1 GPU(s) for a worker replica" in job["error"]["message"]
+    assert "1 CPU, 0 GPU" in job["error"]["message"]
+    assert not (tmp_path / "model").exists() or not list((tmp_path / "model").glob("*.json"))  # nothing ran
+    assert _actors(ray_cluster, name) == []
+    assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"

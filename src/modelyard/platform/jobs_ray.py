@@ -235,10 +235,21 @@ class Placement:
         """Start the actors (SPREAD) and return the cluster spec of their nodes' addresses and ports."""
         import ray
 
+        from modelyard.platform.job_runner import JobFailed
+
         remote = ray.remote(ReplicaActor)
         tasks = [Task(role, i) for role in ("chief", "worker", "ps") for i in range(counts.get(role, 0))]
         if evaluator:
             tasks.append(Task(EVALUATOR, 0))
+        # A replica no node could ever take would wait for placement forever: say so now instead.
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        for role in dict.fromkeys(t.type for t in tasks):
+            need = {"CPU": num_cpus, "GPU": gpus.get(role, 0)}
+            if not any(all(have.get(k, 0) >= v for k, v in need.items() if v) for have in nodes):
+                raise JobFailed(f"no node of the Ray cluster has {num_cpus:g} CPU(s) and {need['GPU']:g} GPU(s) "
+                                f"for a {role} replica (machine_spec.accelerator_count); nodes have: "
+                                + "; ".join(f"{h.get('CPU', 0):g} CPU, {h.get('GPU', 0):g} GPU" for h in nodes),
+                                "FAILED_PRECONDITION")
         for task in tasks:
             self.actors[task] = remote.options(
                 name=f"{ACTOR_PREFIX}{self.job_id}-{task.type}-{task.index}", namespace=NAMESPACE,
@@ -251,8 +262,6 @@ class Placement:
             if launcher._STOP_REQUESTED.is_set():
                 raise KeyboardInterrupt  # cancelled while waiting for nodes
             if time.monotonic() > deadline:
-                from modelyard.platform.job_runner import JobFailed
-
                 raise JobFailed(f"{len(pending)} of the job's {len(tasks)} replica(s) found no Ray node within "
                                 f"{PLACE_TIMEOUT_S:.0f} s: each needs {num_cpus:g} free CPU(s) (and its pool's GPUs)",
                                 "RESOURCE_EXHAUSTED")
