@@ -10,7 +10,8 @@ metrics.json) on one core. The same 8 grid points (same seeds: the trainer's see
 one study with parallel_trial_count 1 on core 0 and as one with parallel_trial_count 2 on
 cores 0 and 1; each study is a fresh `modelyard tune` process and its wall time is measured
 from start to exit. Sequential and parallel runs alternate --repeats times (the machine is
-shared); the table gives each side's best run and their ratio (target <= 0.6), and the ratio of medians.
+shared); the table gives each side's best run and their ratio (target <= 0.6), the ratio of medians
+and the ratio within each turn, with the load average after each run.
 The early-stopping part runs one 30-trial study three ways (see early_stopping); the peers part
 runs it with modelyard tune, a plain Optuna script and KerasTuner's Hyperband (see peers).
 """
