@@ -5,7 +5,7 @@ launcher: the replicas' environment, ``TF_CONFIG`` (``cluster.tf_config``) and t
 (``launcher.Supervisor.wait``: the chief's exit decides, a failed replica fails the job with its
 last lines, cancel stops every replica).
 
-``place`` starts one ``ReplicaActor`` per task (SPREAD over the nodes, one CPU each by default, the
+``place`` starts one ``JobReplicaActor`` per task (SPREAD over the nodes, one CPU each by default, the
 pool's accelerators as GPUs); each reports its node's id and address (as the cluster knows it) and
 reserves a port by holding a socket bound on that node until its process starts. Those addresses
 are the cluster spec. ``RaySupervisor`` is the launcher's supervisor with each task's process
@@ -47,7 +47,7 @@ def _node() -> tuple[str, str]:
     return node_id, host or ray.util.get_node_ip_address()
 
 
-class ReplicaActor:
+class JobReplicaActor:
     """Runs on a Ray node (threaded actor): one replica process of a job, its output and its end."""
 
     def __init__(self) -> None:
@@ -237,7 +237,7 @@ class Placement:
 
         from modelyard.platform.job_runner import JobFailed
 
-        remote = ray.remote(ReplicaActor)
+        remote = ray.remote(JobReplicaActor)
         tasks = [Task(role, i) for role in ("chief", "worker", "ps") for i in range(counts.get(role, 0))]
         if evaluator:
             tasks.append(Task(EVALUATOR, 0))
