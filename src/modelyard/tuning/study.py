@@ -67,7 +67,7 @@ def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[-1]).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     for attempt in range(6):
         try:
@@ -75,10 +75,11 @@ def open_storage(url: str) -> RDBStorage:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
                                   heartbeat_stale_trial_callback=_RETRY, **kwargs)
-        except (IntegrityError, ProgrammingError):
-            # Hosts joining a new database at once race to create Optuna's tables; the loser
-            # finds them made on the next try.
-            if attempt == 5:
+        except (IntegrityError, ProgrammingError, OperationalError) as exc:
+            # Processes opening a new database at once (hosts joining one study; `tune status`
+            # or a reader while the tuner starts) race to create Optuna's tables; the loser
+            # finds them made on the next try. SQLite says so as "table ... already exists".
+            if attempt == 5 or (isinstance(exc, OperationalError) and "already exists" not in str(exc)):
                 raise
             time.sleep(0.3 + random.random())
     raise AssertionError("unreachable")
