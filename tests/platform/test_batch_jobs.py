@@ -120,7 +120,9 @@ def test_bad_rows_go_to_the_error_file_and_keys_are_carried(platform, tiny_model
 def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
     from google.cloud.aiplatform.compat.types import job_state as gca_job_state
 
-    (tmp_path / "in.jsonl").write_text("[1.0, 2.0, 3.0, 4.0]\n" * 20000)
+    # Large enough to be still running when checked and cancelled, even where the C path predicts
+    # ~200k rows/s (20,000 rows were done before the check on a quiet machine).
+    (tmp_path / "in.jsonl").write_text("[1.0, 2.0, 3.0, 4.0]\n" * 3_000_000)
     body = {"displayName": "to-cancel", "model": tiny_model.resource_name,
             "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
             "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}}}

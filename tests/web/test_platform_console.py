@@ -277,7 +277,8 @@ def test_read_only_without_a_token_and_off_with_no_console(tmp_path_factory, bro
 
 
 def _batch_job(api: Api, yard: dict, folder, name: str, rows: int) -> str:
-    lines = "".join(json.dumps(yard["instances"][i % 3]) + "\n" for i in range(rows))
+    assert rows % 3 == 0
+    lines = "".join(json.dumps(yard["instances"][i]) + "\n" for i in range(3)) * (rows // 3)
     (folder / f"{name}.jsonl").write_text(lines)
     body = {"displayName": name, "model": f"{PARENT}/models/{yard['model']}",
             "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(folder / f"{name}.jsonl")]}},
@@ -294,7 +295,8 @@ def test_batch_jobs_progress_and_cancel_need_the_token(yard, browser, tmp_path, 
 
     # Both at once: the big one is cancelled (pending or running) while the small one gets done.
     small = _batch_job(api, yard, tmp_path, "small", 30)
-    big = _batch_job(api, yard, tmp_path, "big", 60000)  # minutes of work: still going when cancelled
+    # Large enough to be still going when cancelled even where the C path predicts ~200k rows/s.
+    big = _batch_job(api, yard, tmp_path, "big", 3_000_000)
     row = page.locator(f"tr.job[data-job='{big}']")
     result = page.locator("#jobs .result")
     poll(lambda: row.locator("button.cancel").count() == 1, 15, "the big job's Cancel button")
