@@ -128,6 +128,10 @@ def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
             "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}}}
     name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
     wait_state(platform, name, ("JOB_STATE_RUNNING",))
+    # The state can say RUNNING a moment before the job's process is up: give it a few seconds.
+    deadline = time.monotonic() + 15
+    while not job_processes(platform) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert job_processes(platform)
     r = requests.delete(f"{platform.url}/v1/{name}", timeout=10)
     assert r.status_code == 400 and r.json()["error"]["status"] == "FAILED_PRECONDITION"  # running: cancel first
