@@ -72,6 +72,23 @@ def build_tiny_models(out: Path) -> dict:
     return data
 
 
+def live_processes():
+    """(pid, command line, working directory) of every process of this machine that is not a zombie."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd").encode()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if not zombie:
+            yield int(entry), cmdline, cwd
+
+
 def _unclaimed_spare(cmdline: bytes) -> bool:
     """A warm spare's replica directory is named spare-*; a replica that took it leaves a 'claimed' file."""
     args = cmdline.split(b"\0")
@@ -116,17 +133,8 @@ class PlatformProcess:
         """Every live process started for this platform's replicas (found by their state dir); its warm
         spare (a `modelyard serve` no replica has claimed yet) only with ``spares``."""
         marker = str(self.workdir / "state").encode()
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        cmdline = f.read()
-                    if marker in cmdline and b"serve" in cmdline and (spares or not _unclaimed_spare(cmdline)):
-                        pids.append(int(entry))
-                except OSError:
-                    pass
-        return pids
+        return [pid for pid, cmdline, _cwd in live_processes()
+                if marker in cmdline and b"serve" in cmdline and (spares or not _unclaimed_spare(cmdline))]
 
     def cleanup(self) -> None:
         self.stop()

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from tests.platform.conftest import STAGING_BUCKET, require
+from tests.platform.conftest import STAGING_BUCKET, live_processes, require
 
 FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 
@@ -32,20 +32,15 @@ def job_processes(platform) -> list[int]:
     """Live processes started for the platform's jobs (found by the jobs' work dir in their command
     line or environment: the replicas of a custom job get it as their working directory)."""
     marker = str(platform.workdir / "state" / "jobs").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-                cwd = os.readlink(f"/proc/{entry}/cwd").encode()
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-            except OSError:
-                continue
-            if not zombie and (marker in cmdline or cwd.startswith(marker)):
-                pids.append(int(entry))
-    return pids
+    return [pid for pid, cmdline, cwd in live_processes() if marker in cmdline or cwd.startswith(marker)]
+
+
+def kill_platform_and_its_jobs(platform) -> None:
+    """kill -9 of the platform and of every process its jobs started, then the platform again."""
+    platform.stop(signal.SIGKILL)
+    for pid in job_processes(platform):
+        os.kill(pid, signal.SIGKILL)
+    platform.start()
 
 
 @pytest.fixture(scope="module", autouse=True)

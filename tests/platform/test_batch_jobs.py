@@ -9,8 +9,6 @@ Google's error format with nothing created.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import numpy as np
@@ -18,7 +16,8 @@ import pytest
 import requests
 
 from tests.platform.conftest import PARENT, STAGING_BUCKET
-from tests.platform.jobs_helpers import aiplatform, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+from tests.platform.jobs_helpers import (aiplatform, job_processes, kill_platform_and_its_jobs,  # noqa: F401
+                                         no_stray_jobs, wait_gone, wait_state)
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +157,7 @@ def test_a_job_resumes_after_the_platform_and_its_process_die(platform, tiny_mod
     name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
     wait_state(platform, name, ("JOB_STATE_RUNNING",))
     time.sleep(3)
-    platform.stop(signal.SIGKILL)
-    for pid in job_processes(platform):
-        os.kill(pid, signal.SIGKILL)
-    platform.start()
+    kill_platform_and_its_jobs(platform)
     job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     assert job["completionStats"]["successfulCount"] == str(rows)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.platform.jobs_helpers import aiplatform, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+from tests.platform.jobs_helpers import (aiplatform, kill_platform_and_its_jobs,  # noqa: F401
+                                         no_stray_jobs, wait_gone, wait_state)
 
 TRIALS = Path(__file__).resolve().parents[1] / "tuning" / "trials"
 
@@ -134,9 +135,6 @@ def test_jobs_cli_submits_a_tuning_spec(platform, tmp_path):
 
 
 def test_a_study_resumes_after_the_platform_and_its_processes_die(platform, tmp_path):
-    import os
-    import signal
-
     # Trials of about 2 s: the kill lands while trial 2 runs, so the restarted tuner must re-run it.
     body = {"displayName": "resumed-study", "maxTrialCount": 3, "parallelTrialCount": 1,
             "studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}],
@@ -156,10 +154,7 @@ def test_a_study_resumes_after_the_platform_and_its_processes_die(platform, tmp_
             break
         time.sleep(0.2)
     assert first is not None
-    platform.stop(signal.SIGKILL)
-    for pid in job_processes(platform):
-        os.kill(pid, signal.SIGKILL)
-    platform.start()
+    kill_platform_and_its_jobs(platform)
     job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     finished = [t for t in job["trials"] if t["state"] == "SUCCEEDED"]
