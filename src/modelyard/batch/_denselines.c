@@ -349,6 +349,228 @@ done:
     return result;
 }
 
+/* ---- uint8 tensors: the digits-image case, read 64 bytes at a time where the CPU can ----
+ *
+ * A line of a uint8 tensor is validated by its token sequence: with blanks dropped and each
+ * run of digits turned into one '#', it must equal the shape's template ("[[#,#],[#,#]]" for
+ * [2, 2]), so the nesting, the separators and the number of values are exactly the shape's.
+ * Each run of digits is then one JSON integer of 1 to 3 digits without a leading zero whose
+ * value is at most 255; anything else (a sign, a fraction, 256, 007) is refused by this reader
+ * and the line goes to the scalar reader above, which keeps deciding every other case. */
+
+typedef struct {
+    char *tmpl;        /* the shape's token template */
+    Py_ssize_t tmpl_len;
+    char *skel;        /* scratch: a line's token sequence (tmpl_len + 64 bytes) */
+    int64_t *scratch;  /* scratch: one line's values for the scalar reader */
+} U8Reader;
+
+static void template_of(const Py_ssize_t *shape, int ndim, int depth, char **w)
+{
+    Py_ssize_t i;
+    if (depth == ndim) {
+        *(*w)++ = '#';
+        return;
+    }
+    *(*w)++ = '[';
+    for (i = 0; i < shape[depth]; i++) {
+        if (i > 0)
+            *(*w)++ = ',';
+        template_of(shape, ndim, depth + 1, w);
+    }
+    *(*w)++ = ']';
+}
+
+static Py_ssize_t template_len(const Py_ssize_t *shape, int ndim, int depth)
+{
+    Py_ssize_t d;
+    if (depth == ndim)
+        return 1;
+    d = shape[depth];
+    return 2 + (d > 0 ? d - 1 : 0) + d * template_len(shape, ndim, depth + 1);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define U8_SIMD 1
+#define U8_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,bmi,bmi2,popcnt")))
+
+static int u8_simd_supported(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+}
+
+/* One line [p, end) into ``out`` (``n`` values, 64 bytes of slack after them): 0, or -1. */
+U8_TARGET static int u8_line_simd(const char *p, const char *end, uint8_t *out, Py_ssize_t n, U8Reader *r)
+{
+    const __m512i zero_char = _mm512_set1_epi8('0'), ten = _mm512_set1_epi8(10);
+    const __m512i comma = _mm512_set1_epi8(','), open = _mm512_set1_epi8('['), close = _mm512_set1_epi8(']');
+    const __m512i space = _mm512_set1_epi8(' '), tab = _mm512_set1_epi8('\t'), cr = _mm512_set1_epi8('\r');
+    const __m512i hash = _mm512_set1_epi8('#');
+    /* hundreds digit -> its value; 3..9 are refused before this is used */
+    const __m512i hundreds = _mm512_set4_epi32(0, 0, 0, 200 << 16 | 100 << 8);
+    uint64_t prev = 0; /* the previous block's digit mask */
+    Py_ssize_t values = 0, tokens = 0;
+    char *skel = r->skel;
+    for (; p < end; p += 64) {
+        size_t left = (size_t)(end - p);
+        __mmask64 in = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+        __m512i x = _mm512_maskz_loadu_epi8(in, p);
+        __m512i dv = _mm512_sub_epi8(x, zero_char);
+        uint64_t d = _mm512_mask_cmplt_epu8_mask(in, dv, ten);
+        uint64_t structural = _mm512_cmpeq_epi8_mask(x, comma) | _mm512_cmpeq_epi8_mask(x, open) |
+                              _mm512_cmpeq_epi8_mask(x, close);
+        uint64_t blank = _mm512_cmpeq_epi8_mask(x, space) | _mm512_cmpeq_epi8_mask(x, tab) |
+                         _mm512_cmpeq_epi8_mask(x, cr);
+        uint64_t next_digit = left > 64 && is_digit(p[64]);
+        uint64_t d1 = d << 1 | prev >> 63, d2 = d << 2 | prev >> 62, d3 = d << 3 | prev >> 61;
+        uint64_t ends = d & ~(d >> 1 | next_digit << 63);
+        uint64_t starts = d & ~d1;
+        uint64_t keep = (structural | starts) & in;
+        int count, kept;
+        __m512i ones, tens, h, t, v;
+        if ((in & ~(d | structural | blank)) != 0)
+            return -1;                                /* a sign, a dot, a letter: not for this reader */
+        if (d & d1 & d2 & d3)
+            return -1;                                /* four digits or more */
+        if (_mm512_mask_cmpeq_epi8_mask(starts, x, zero_char) & (d >> 1 | next_digit << 63))
+            return -1;                                /* 0 followed by a digit: 01 is not JSON */
+        /* value at each run's last byte: ones + 10 * tens + 100 * hundreds (digits of the same run) */
+        ones = _mm512_maskz_mov_epi8(d, dv);
+        tens = _mm512_maskz_sub_epi8(d & d1, _mm512_maskz_loadu_epi8(d & d1, p - 1), zero_char);
+        h = _mm512_maskz_sub_epi8(d & d1 & d2, _mm512_maskz_loadu_epi8(d & d1 & d2, p - 2), zero_char);
+        if (_mm512_mask_cmpgt_epu8_mask(ends, h, _mm512_set1_epi8(2)))
+            return -1;                                /* 300 and up */
+        t = _mm512_add_epi8(ones, _mm512_add_epi8(_mm512_slli_epi16(tens, 3), _mm512_slli_epi16(tens, 1)));
+        h = _mm512_shuffle_epi8(hundreds, h);
+        if (_mm512_mask_cmpgt_epu8_mask(ends, t, _mm512_sub_epi8(_mm512_set1_epi8((char)255), h)))
+            return -1;                                /* 256 to 299 */
+        v = _mm512_add_epi8(t, h);
+        count = __builtin_popcountll(ends);
+        kept = __builtin_popcountll(keep);
+        if (values + count > n || tokens + kept > r->tmpl_len)
+            return -1;
+        _mm512_storeu_si512((void *)(out + values), _mm512_maskz_compress_epi8(ends, v));
+        _mm512_storeu_si512((void *)(skel + tokens), _mm512_maskz_compress_epi8(keep, _mm512_mask_mov_epi8(x, d, hash)));
+        values += count;
+        tokens += kept;
+        prev = d;
+    }
+    if (values != n || tokens != r->tmpl_len || memcmp(skel, r->tmpl, (size_t)tokens) != 0)
+        return -1;
+    return 0;
+}
+#else
+#define U8_SIMD 0
+static int u8_simd_supported(void) { return 0; }
+static int u8_line_simd(const char *p, const char *end, uint8_t *out, Py_ssize_t n, U8Reader *r) { return -1; }
+#endif
+
+static int u8_simd = -1; /* whether this CPU runs u8_line_simd; set at import */
+
+/* One line through the scalar reader, narrowed to uint8 only when every value fits exactly. */
+static int u8_line_scalar(const char *p, const char *end, int newline, uint8_t *out, const Py_ssize_t *shape,
+                          int ndim, Py_ssize_t n, U8Reader *r, const char **stop)
+{
+    Line l = {p, end, 1, r->scratch, shape, ndim, newline};
+    Py_ssize_t i;
+    if (value(&l, 0) < 0)
+        return -1;
+    *stop = l.p;
+    for (i = 0; i < n; i++) {
+        if (r->scratch[i] < 0 || r->scratch[i] > 255)
+            return -1; /* the Python path decides what an out-of-range value becomes */
+        out[i] = (uint8_t)r->scratch[i];
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(parse_u8_doc,
+"parse_u8(data, pos, end, max_lines, shape, values, spans) -> (ok, lines, next_pos)\n\n"
+"``parse`` for a uint8 tensor: ``values`` is a uint8 buffer of lines * prod(shape) + 64 bytes, and\n"
+"a line is taken only when every value is a JSON integer from 0 to 255. 64 bytes at a time\n"
+"with AVX-512 (VBMI2) where the CPU has it, else (and for lines that path refuses) the scalar reader.");
+
+static PyObject *parse_u8(PyObject *self, PyObject *args)
+{
+    Py_buffer data, values, spans;
+    Py_ssize_t pos, end, max_lines, size, lines = 0;
+    PyObject *shape_obj, *result = NULL;
+    Py_ssize_t shape[MAX_NDIM];
+    int ndim, ok = 1;
+    U8Reader r = {NULL, 0, NULL, NULL};
+    if (!PyArg_ParseTuple(args, "y*nnnOw*w*", &data, &pos, &end, &max_lines, &shape_obj, &values, &spans))
+        return NULL;
+    if (read_shape(shape_obj, shape, &ndim, &size) < 0)
+        goto done;
+    if (pos < 0 || end > data.len || pos > end || max_lines < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos, end or max_lines out of range");
+        goto done;
+    }
+    if (values.len < max_lines * size + 64 || spans.len / 16 < max_lines) {
+        PyErr_SetString(PyExc_ValueError, "values (max_lines * size + 64 bytes) or spans buffer too small");
+        goto done;
+    }
+    r.tmpl_len = template_len(shape, ndim, 0);
+    r.tmpl = PyMem_Malloc((size_t)r.tmpl_len + 64);
+    r.skel = PyMem_Malloc((size_t)r.tmpl_len + 64);
+    r.scratch = PyMem_Malloc(sizeof(int64_t) * (size_t)(size ? size : 1));
+    if (r.tmpl == NULL || r.skel == NULL || r.scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        char *w = r.tmpl;
+        template_of(shape, ndim, 0, &w);
+    }
+    {
+        const char *base = (const char *)data.buf;
+        uint8_t *out = (uint8_t *)values.buf;
+        int64_t *span = (int64_t *)spans.buf;
+        Py_BEGIN_ALLOW_THREADS
+        while (pos < end && lines < max_lines) {
+            const char *line_start = base + pos;
+            const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
+            const char *line_end = nl ? nl : base + end;
+            if (ok) {
+                const char *first = line_start, *last = line_end, *stop = NULL;
+                uint8_t *slot = out + lines * size;
+                while (first < last && (*first == ' ' || *first == '\t' || *first == '\r'))
+                    first++;
+                while (last > first && (last[-1] == ' ' || last[-1] == '\t' || last[-1] == '\r'))
+                    last--;
+                if (u8_simd && u8_line_simd(first, last, slot, size, &r) == 0) {
+                    stop = last;
+                } else if (u8_line_scalar(first, line_end, nl != NULL, slot, shape, ndim, size, &r, &stop) < 0) {
+                    ok = 0;
+                } else {
+                    const char *after = stop;
+                    while (after < line_end && (*after == ' ' || *after == '\t' || *after == '\r'))
+                        after++;
+                    if (after != line_end)
+                        ok = 0; /* something after the tensor */
+                }
+                span[2 * lines] = first - base;
+                span[2 * lines + 1] = stop ? stop - base : 0;
+            }
+            lines++;
+            pos = nl ? (nl - base) + 1 : end;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_BuildValue("(Onn)", ok ? Py_True : Py_False, lines, pos);
+done:
+    PyMem_Free(r.tmpl);
+    PyMem_Free(r.skel);
+    PyMem_Free(r.scratch);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&spans);
+    return result;
+}
+
 /* The [start, stop) spans of a JSON array's top-level elements (numbers and arrays only). */
 static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *bounds)
 {
@@ -382,10 +604,12 @@ static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_
 }
 
 PyDoc_STRVAR(assemble_doc,
-"assemble(data, spans, n, predictions) -> bytes\n\n"
+"assemble(data, spans, n, predictions, out=None, offset=0) -> bytes | int\n\n"
 "n output lines b'{\"instance\":' + data[start:stop] + b',\"prediction\":' + p + b'}\\n', with\n"
 "spans as from parse and p the i-th prediction: ``predictions`` is a list of n JSON bytes, or\n"
-"the JSON bytes of one array of n numbers or number arrays (split at its top-level commas).");
+"the JSON bytes of one array of n numbers or number arrays (split at its top-level commas).\n"
+"Without ``out``, returns the lines as bytes. With ``out`` (a writable buffer), writes them at\n"
+"``offset`` and returns the offset after them, or -(bytes needed) when they do not fit.");
 
 static const char HEAD[] = "{\"instance\":";
 static const char MIDDLE[] = ",\"prediction\":";
@@ -393,15 +617,25 @@ static const char TAIL[] = "}\n";
 
 static PyObject *assemble(PyObject *self, PyObject *args)
 {
-    Py_buffer data, spans;
-    Py_ssize_t n, i, total = 0;
-    PyObject *predictions, *out = NULL;
+    Py_buffer data, spans, target;
+    int has_target = 0;
+    Py_ssize_t n, i, total = 0, offset = 0;
+    PyObject *predictions, *target_obj = Py_None, *out = NULL;
     Py_ssize_t *bounds = NULL;
     const char *whole = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*nO", &data, &spans, &n, &predictions))
+    if (!PyArg_ParseTuple(args, "y*y*nO|On", &data, &spans, &n, &predictions, &target_obj, &offset))
         return NULL;
+    if (target_obj != Py_None) {
+        if (PyObject_GetBuffer(target_obj, &target, PyBUF_WRITABLE) < 0)
+            goto done;
+        has_target = 1;
+    }
     if (n < 0 || spans.len / 16 < n) {
         PyErr_SetString(PyExc_ValueError, "spans holds fewer than n pairs");
+        goto done;
+    }
+    if (has_target && (offset < 0 || offset > target.len)) {
+        PyErr_SetString(PyExc_ValueError, "offset lies outside out");
         goto done;
     }
     if (PyBytes_Check(predictions)) {
@@ -421,6 +655,7 @@ static PyObject *assemble(PyObject *self, PyObject *args)
     }
     {
         const int64_t *span = (const int64_t *)spans.buf;
+        char *w;
         for (i = 0; i < n; i++) {
             Py_ssize_t plen;
             if (span[2 * i] < 0 || span[2 * i] > span[2 * i + 1] || span[2 * i + 1] > data.len) {
@@ -440,11 +675,19 @@ static PyObject *assemble(PyObject *self, PyObject *args)
             total += (Py_ssize_t)(sizeof HEAD - 1 + sizeof MIDDLE - 1 + sizeof TAIL - 1)
                      + (Py_ssize_t)(span[2 * i + 1] - span[2 * i]) + plen;
         }
-        out = PyBytes_FromStringAndSize(NULL, total);
-        if (out == NULL)
-            goto done;
+        if (has_target) {
+            if (total > target.len - offset) {
+                out = PyLong_FromSsize_t(-total);
+                goto done;
+            }
+            w = (char *)target.buf + offset;
+        } else {
+            out = PyBytes_FromStringAndSize(NULL, total);
+            if (out == NULL)
+                goto done;
+            w = PyBytes_AS_STRING(out);
+        }
         {
-            char *w = PyBytes_AS_STRING(out);
             const char *base = (const char *)data.buf;
             for (i = 0; i < n; i++) {
                 Py_ssize_t len = (Py_ssize_t)(span[2 * i + 1] - span[2 * i]);
@@ -470,16 +713,21 @@ static PyObject *assemble(PyObject *self, PyObject *args)
                 w += sizeof TAIL - 1;
             }
         }
+        if (has_target)
+            out = PyLong_FromSsize_t(offset + total);
     }
 done:
     PyMem_Free(bounds);
     PyBuffer_Release(&data);
     PyBuffer_Release(&spans);
+    if (has_target)
+        PyBuffer_Release(&target);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"parse", parse, METH_VARARGS, parse_doc},
+    {"parse_u8", parse_u8, METH_VARARGS, parse_u8_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -488,4 +736,16 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_denselines",
                                     "Batch jobs' JSON lines of one numeric tensor, read and written in C.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__denselines(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__denselines(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    u8_simd = u8_simd_supported();
+    /* SIMD: whether parse_u8 reads 64 bytes at a time on this CPU (tests check both readers agree) */
+    if (PyModule_AddIntConstant(m, "SIMD", u8_simd) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

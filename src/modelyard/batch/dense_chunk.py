@@ -2,10 +2,11 @@
 
 The general loop (``work.process_chunk``) makes Python objects per row: a line, a row, an
 echo, a result line. Here a chunk is read into a buffer this process reuses, each batch of
-``batch_size`` lines is parsed by C straight into one array (``_denselines.parse``), the model
-runs, and C writes the batch's output lines from the input's bytes and one ``orjson`` dump
-of the whole prediction array (``_denselines.assemble``). Results stream to a temporary
-part file renamed at commit, so a chunk's results are never all in memory.
+``batch_size`` lines is parsed by C straight into one array (``_denselines.parse_u8`` for
+integers from 0 to 255, 64 bytes at a time; else ``_denselines.parse``), the model runs, and C
+writes the batch's output lines from the input's bytes and one ``orjson`` dump of the whole
+prediction array (``_denselines.assemble``) into the buffer of a ``PartWriter``, which streams
+them to a temporary part file renamed at commit, so a chunk's results are never all in memory.
 
 Same bytes as the general loop, by construction: the batches are the same lines (the model
 sees the same arrays), the C parser takes only lines whose values the NumPy fast path reads
@@ -22,6 +23,7 @@ import numpy as np
 
 from modelyard.batch.predictor import Predictor
 from modelyard.batch.readers import Chunk, RawJson, check_rows
+from modelyard.batch.part_writer import PartWriter
 from modelyard.batch.readers.lines import split_lines
 from modelyard.batch.shards import commit_streamed, results_tmp
 from modelyard.errors import ServingError
@@ -40,6 +42,7 @@ class _Buffers:
     def __init__(self) -> None:
         self.data = bytearray()
         self.values = np.empty(0, np.int64)
+        self.u8 = np.empty(0, np.uint8)
         self.spans = np.empty(0, np.int64)
 
     def sized(self, data_bytes: int, values: int, rows: int) -> None:
@@ -47,6 +50,8 @@ class _Buffers:
             self.data = bytearray(data_bytes)
         if self.values.size < values:
             self.values = np.empty(values, np.int64)
+        if self.u8.size < values + 64:  # parse_u8 stores 64 bytes at a time
+            self.u8 = np.empty(values + 64, np.uint8)
         if self.spans.size < 2 * rows:
             self.spans = np.empty(2 * rows, np.int64)
 
@@ -83,47 +88,67 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
     buffers = _buffers()
     data = _read(chunk, buffers)
     buffers.sized(0, batch_size * dense.size, batch_size)
-    integer = dense.parse_dtype is np.int64
-    values = buffers.values.view(np.float64) if not integer else buffers.values
-    spans = buffers.spans
     ok_count, errors, row = 0, [], 0
     tmp = results_tmp(job_dir, chunk.index)
+    out = PartWriter(tmp)
     try:
-        with open(tmp, "wb") as out:
-            pos, end = 0, len(data)
-            while pos < end:
-                parsed, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer,
-                                                     buffers.values, spans)
-                written = _predict(predictor, data, values, spans, n) if parsed else None
-                if written is None:
-                    # The batch as the general loop would take it: its lines, numbered within the file.
-                    batch = split_lines(bytes(data[pos:after]))
-                    raw = [RawJson(line, chunk.first_row + row + i + 1) for i, line in enumerate(batch)]
-                    results: list[bytes] = []
-                    raw_batch(predictor, raw, [line.strip() for line in batch], chunk.file, results, errors)
-                    if results:
-                        out.write(b"\n".join(results) + b"\n")
-                    ok_count += len(results)
-                else:
-                    out.write(written)
-                    ok_count += n
-                row += n
-                pos = after
+        pos, end = 0, len(data)
+        while pos < end:
+            n, after, batch = _parse(data, pos, end, dense, buffers, batch_size)
+            if batch is None or not _predict(predictor, data, batch, buffers.spans, n, out):
+                # The batch as the general loop would take it: its lines, numbered within the file.
+                lines = split_lines(bytes(data[pos:after]))
+                raw = [RawJson(line, chunk.first_row + row + i + 1) for i, line in enumerate(lines)]
+                results: list[bytes] = []
+                raw_batch(predictor, raw, [line.strip() for line in lines], chunk.file, results, errors)
+                if results:
+                    out.write(b"\n".join(results) + b"\n")
+                ok_count += len(results)
+            else:
+                ok_count += n
+            row += n
+            pos = after
+        out.close()
         check_rows(chunk, row)  # counted while parsing: a pass of its own would cost a tenth of the rest
         commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
     except BaseException:
+        out.abort()
         tmp.unlink(missing_ok=True)
         raise
     return ok_count, len(errors)
 
 
-def _predict(predictor: Predictor, data: memoryview, values: np.ndarray, spans: np.ndarray, n: int) -> bytes | None:
-    """The output lines of a parsed batch of ``n`` rows, or None when the model refuses it."""
+def _parse(data: memoryview, pos: int, end: int, dense, buffers: _Buffers,
+           batch_size: int) -> tuple[int, int, np.ndarray | None]:
+    """Up to ``batch_size`` lines from ``pos``: ``(lines, next pos, the model's input batch or None)``.
+
+    Integers from 0 to 255 (images) take the uint8 reader, which skips the int64 buffer and the cast;
+    a batch it refuses takes the general reader, which also reads floats and larger integers.
+    """
+    if dense.dtype.kind in "iuf":
+        ok, n, after = _denselines.parse_u8(data, pos, end, batch_size, dense.shape, buffers.u8, buffers.spans)
+        if ok:
+            return n, after, buffers.u8[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+    integer = dense.parse_dtype is np.int64
+    ok, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer, buffers.values, buffers.spans)
+    if not ok:
+        return n, after, None
+    values = buffers.values if integer else buffers.values.view(np.float64)
+    return n, after, values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+
+
+def _predict(predictor: Predictor, data: memoryview, batch: np.ndarray, spans: np.ndarray, n: int,
+             out: PartWriter) -> bool:
+    """Write the output lines of a parsed batch of ``n`` rows to ``out``; False when the model refuses it."""
     dense = predictor.dense
-    batch = values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
     try:
         encoded = predictor.encode_batch(predictor.servable.run(predictor.signature, {dense.alias: batch},
                                                                 predictor.aliases), n)
     except ServingError:
-        return None  # the general loop splits the batch and words each row's error
-    return _denselines.assemble(data, spans, n, encoded)
+        return False  # the general loop splits the batch and words each row's error
+    written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset)
+    if written < 0:
+        out.room(-written)
+        written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset)
+    out.offset = written
+    return True
