@@ -42,7 +42,10 @@ def _give_back(buf: mmap.mmap) -> None:
         if len(_POOL) < 6:
             _POOL.append(buf)
             return
-    buf.close()
+    try:
+        buf.close()
+    except BufferError:  # a view of it is still alive (an exception's frame): the GC frees it later
+        pass
 
 
 class PartWriter:
@@ -50,7 +53,7 @@ class PartWriter:
 
     def __init__(self, path: Path, buffer_bytes: int = _BUFFER_BYTES):
         self.path = path
-        self._direct = hasattr(os, "O_DIRECT") and not os.environ.get("NODIRECT")
+        self._direct = hasattr(os, "O_DIRECT")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         try:
             self._fd = os.open(path, flags | (os.O_DIRECT if self._direct else 0), 0o644)
@@ -77,11 +80,10 @@ class PartWriter:
             buf, length = job
             try:
                 if self._error is None:
-                    view = memoryview(buf)[:length]
-                    done = 0
-                    while done < length:
-                        done += os.write(self._fd, view[done:])
-                    view.release()
+                    with memoryview(buf) as whole, whole[:length] as view:
+                        done = 0
+                        while done < length:
+                            done += os.write(self._fd, view[done:])
             except BaseException as exc:  # disk full, I/O error: raised to the caller at its next call
                 self._error = exc
             finally:
@@ -97,7 +99,7 @@ class PartWriter:
         if self.offset + size <= self._size:
             return
         if size > self._size - _BLOCK:
-            self._grow(size + _BLOCK)
+            self._grow(self.offset + size)
             return
         full = self.offset - self.offset % _BLOCK if self._direct else self.offset
         nxt = self._free.get()
@@ -112,7 +114,7 @@ class PartWriter:
     def _grow(self, size: int) -> None:
         """A single write larger than a buffer (a huge line): every buffer grows to hold it."""
         self._drain()
-        self._size = -(-size // _BLOCK) * _BLOCK
+        self._size = -(-size // _BLOCK) * _BLOCK + _BLOCK
         bigger = mmap.mmap(-1, self._size)
         bigger[:self.offset] = self.buffer[:self.offset]
         while not self._free.empty():
@@ -145,16 +147,15 @@ class PartWriter:
             self._jobs.put(None)
             self._thread.join()
             self._check()
-            tail = memoryview(buf)[full:self.offset]
-            if len(tail):
+            if self.offset > full:
                 if self._direct:  # the tail is not a whole block: O_DIRECT would refuse it
                     import fcntl
 
                     fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                done = 0
-                while done < len(tail):
-                    done += os.write(self._fd, tail[done:])
-            tail.release()
+                with memoryview(buf) as whole, whole[full:self.offset] as tail:
+                    done = 0
+                    while done < len(tail):
+                        done += os.write(self._fd, tail[done:])
         finally:
             self._release()
 
