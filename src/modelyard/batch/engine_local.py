@@ -38,6 +38,16 @@ def predictor_for(spec: JobSpec):
     return _PREDICTORS[key]
 
 
+def settle_heap() -> None:
+    """In a worker, once the model is loaded: the objects alive now (TensorFlow's, by the million)
+    leave the cyclic collector's view. Measured: without this, full collections walking them
+    took a quarter of a worker's time."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _die_with_parent() -> None:
     try:
         import ctypes
@@ -61,6 +71,7 @@ def _worker(job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, b
     except Exception as exc:  # any load failure fails the job with the loader's message
         answers.put(("failed", f"loading {spec.version_dir}: {type(exc).__name__}: {exc}"))
         return
+    settle_heap()
     answers.put(("ready", os.getpid(), predictor.runtime))
     shaping = shaping_of(spec)
     while True:

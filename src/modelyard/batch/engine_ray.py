@@ -85,7 +85,7 @@ class ChunkWorker:
     """One Ray actor: the job's model loaded once, then chunks on request (``run``)."""
 
     def __init__(self, job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, batch_size: int):
-        from modelyard.batch.engine_local import predictor_for, shaping_of
+        from modelyard.batch.engine_local import predictor_for, settle_heap, shaping_of
 
         self.job_dir, self.chunks, self.contexts, self.batch_size = Path(job_dir), chunks, contexts, batch_size
         self.spec = JobSpec.from_identity(identity)
@@ -96,6 +96,8 @@ class ChunkWorker:
             self.predictor = predictor_for(self.spec)
         except Exception as exc:  # reported by ready(): the job fails with the loader's message
             self.load_error = f"loading {self.spec.version_dir}: {type(exc).__name__}: {exc}"
+        else:
+            settle_heap()
 
     def ready(self) -> tuple[str, str, str]:
         """``("ok", runtime, node id)`` or ``("failed", why, node id)`` once the model is loaded."""
