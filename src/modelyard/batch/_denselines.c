@@ -470,6 +470,26 @@ static int u8_line_simd(const char *p, const char *end, uint8_t *out, Py_ssize_t
 
 static int u8_simd = -1; /* whether this CPU runs u8_line_simd; set at import */
 
+#if U8_SIMD
+/* memcpy into a buffer nobody here reads again (it goes to the disk): whole 64-byte lines are
+ * stored non-temporally, so the CPU does not first read each destination line from memory. */
+U8_TARGET static void copy_streaming(char *dst, const char *src, size_t n)
+{
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    for (; n >= 64; n -= 64, dst += 64, src += 64)
+        _mm512_stream_si512((void *)dst, _mm512_loadu_si512((const void *)src));
+    memcpy(dst, src, n);
+}
+#endif
+
+
+
 /* One line through the scalar reader, narrowed to uint8 only when every value fits exactly. */
 static int u8_line_scalar(const char *p, const char *end, int newline, uint8_t *out, const Py_ssize_t *shape,
                           int ndim, Py_ssize_t n, U8Reader *r, const char **stop)
@@ -571,18 +591,13 @@ done:
     return result;
 }
 
-/* The [start, stop) spans of a JSON array's top-level elements (numbers and arrays only). */
-static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *bounds)
+/* The [start, stop) spans of a JSON array's top-level elements (numbers and arrays only),
+ * byte by byte: any nesting. */
+static int split_array_nested(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *bounds)
 {
     Py_ssize_t i, count = 0, depth = 0, start = 1;
-    if (len < 2 || json[0] != '[' || json[len - 1] != ']')
-        return -1;
-    if (len == 2)
-        return n == 0 ? 0 : -1;
     for (i = 1; i < len - 1; i++) {
         char ch = json[i];
-        if (ch == '"')
-            return -1; /* strings could hold brackets and commas: not for this splitter */
         if (ch == '[')
             depth++;
         else if (ch == ']')
@@ -601,6 +616,50 @@ static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_
     bounds[2 * count] = start;
     bounds[2 * count + 1] = len - 1;
     return count + 1 == n ? 0 : -1;
+}
+
+/* The same spans, found with memchr where the elements are numbers or flat arrays of numbers
+ * (a batch of class scores: the common case), else by split_array_nested. */
+static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *bounds)
+{
+    const char *p, *end;
+    Py_ssize_t count = 0;
+    if (len < 2 || json[0] != '[' || json[len - 1] != ']')
+        return -1;
+    if (len == 2)
+        return n == 0 ? 0 : -1;
+    if (memchr(json, '"', (size_t)len))
+        return -1; /* strings could hold brackets and commas: not for this splitter */
+    p = json + 1;
+    end = json + len - 1;
+    for (;;) {
+        const char *stop;
+        if (count >= n || p >= end)
+            return -1;
+        if (*p == '[') {
+            const char *close = memchr(p, ']', (size_t)(end - p));
+            if (close == NULL)
+                return -1;
+            if (memchr(p + 1, '[', (size_t)(close - p - 1)))
+                return split_array_nested(json, len, n, bounds);
+            stop = close + 1;
+        } else {
+            stop = memchr(p, ',', (size_t)(end - p));
+            if (stop == NULL)
+                stop = end;
+            if (memchr(p, ']', (size_t)(stop - p)))
+                return -1;
+        }
+        bounds[2 * count] = p - json;
+        bounds[2 * count + 1] = stop - json;
+        count++;
+        if (stop == end)
+            break;
+        if (*stop != ',')
+            return -1;
+        p = stop + 1;
+    }
+    return count == n ? 0 : -1;
 }
 
 PyDoc_STRVAR(assemble_doc,
@@ -703,7 +762,12 @@ static PyObject *assemble(PyObject *self, PyObject *args)
                 }
                 memcpy(w, HEAD, sizeof HEAD - 1);
                 w += sizeof HEAD - 1;
-                memcpy(w, base + span[2 * i], (size_t)len);
+#if U8_SIMD
+                if (has_target && u8_simd)
+                    copy_streaming(w, base + span[2 * i], (size_t)len);
+                else
+#endif
+                    memcpy(w, base + span[2 * i], (size_t)len);
                 w += len;
                 memcpy(w, MIDDLE, sizeof MIDDLE - 1);
                 w += sizeof MIDDLE - 1;
@@ -713,8 +777,13 @@ static PyObject *assemble(PyObject *self, PyObject *args)
                 w += sizeof TAIL - 1;
             }
         }
-        if (has_target)
+        if (has_target) {
+#if U8_SIMD
+            if (u8_simd)
+                _mm_sfence(); /* the streamed stores are visible before the writer thread takes the buffer */
+#endif
             out = PyLong_FromSsize_t(offset + total);
+        }
     }
 done:
     PyMem_Free(bounds);
