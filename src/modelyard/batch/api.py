@@ -144,11 +144,13 @@ def _check_engine(engine: str, workers: int | None, ray_address: str | None) -> 
 def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: int | None, progress: bool,
          say: Callable[[str], None], stream: TextIO | None, engine: str = "local",
          ray_address: str | None = None) -> jobs.BatchPredictionJob:
-    from modelyard.batch.engine_local import run_local
+    from modelyard.batch.engine_local import LocalWorkers, run_local
 
     started = time.monotonic()
     job.update(state=jobs.RUNNING, start_time=job.data.get("start_time") or jobs.utc_now(),
                runs=job.data.get("runs", 0) + 1, error=None)
+    # Local workers start now: their TensorFlow import and model load overlap staging and planning.
+    pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
         local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         planned = jobs.load_plan(job.job_dir)
@@ -181,7 +183,8 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
                     on_ready=ready, address=ray_address, log=say)
         else:
             run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
-                      on_ready=ready)
+                      on_ready=ready, started=pool)
+            pool = None  # stopped by run_local
         bar.close()
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))
@@ -191,6 +194,9 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     except Exception as exc:  # anything else in a chunk or the model load: the job fails and says why
         job.update(state=jobs.FAILED, error=f"{type(exc).__name__}: {exc}", end_time=jobs.utc_now())
         return job
+    finally:
+        if pool is not None:  # the job failed before the workers were handed their chunks
+            pool.stop()
     stats = {**counts, "incomplete_count": 0}
     elapsed = time.monotonic() - started
     # last_run_seconds: this run, model loads included; predict_seconds: from the first loaded model on.

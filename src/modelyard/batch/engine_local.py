@@ -12,18 +12,22 @@ import queue
 import signal
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from modelyard.batch.instances import Shaping
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
+
+if TYPE_CHECKING:  # instances imports TensorFlow: only the workers need it, not the coordinator
+    from modelyard.batch.instances import Shaping
 
 # Loaded predictors of this process, by (version dir, signature, runtime): workers=0 jobs
 # run back to back (tests, notebooks) reuse the model instead of loading it again.
 _PREDICTORS: dict[tuple, Any] = {}
 
 
-def shaping_of(spec: JobSpec) -> Shaping:
+def shaping_of(spec: JobSpec) -> "Shaping":
+    from modelyard.batch.instances import Shaping
+
     # CSV rows are read as objects keyed by the header; Vertex sends them as arrays by default.
     default_type = "array" if spec.format == "csv" else None
     return Shaping(spec.key_field, spec.included_fields, spec.excluded_fields, spec.instance_type or default_type)
@@ -58,8 +62,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker(job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, batch_size: int,
-            tasks, answers, parent: int) -> None:
+def _worker(job_dir: str, identity: dict, batch_size: int, tasks, answers, parent: int) -> None:
     _die_with_parent()
     if os.getppid() != parent:
         return  # the coordinator died before the death signal was armed
@@ -75,63 +78,54 @@ def _worker(job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, b
     answers.put(("ready", os.getpid(), predictor.runtime))
     shaping = shaping_of(spec)
     while True:
-        index = tasks.get()
-        if index is None:
-            return
-        chunk = chunks[index]
+        task = tasks.get()
+        if task is None:
+            break
+        chunk, context = task
         try:
-            ok, err = process_chunk(Path(job_dir), chunk, spec.format, contexts.get(chunk.file), shaping,
-                                    predictor, batch_size)
+            ok, err = process_chunk(Path(job_dir), chunk, spec.format, context, shaping, predictor, batch_size)
         except Exception as exc:
-            answers.put(("failed", f"chunk {index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
+            answers.put(("failed", f"chunk {chunk.index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
                                    + traceback.format_exc(limit=3)))
             return
-        answers.put(("done", index, ok, err))
+        answers.put(("done", chunk.index, ok, err))
+    # Every answer flushed, then out without TensorFlow's interpreter teardown (seconds, and noisy).
+    answers.close()
+    answers.join_thread()
+    os._exit(0)
 
 
-def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
-              batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
-              on_ready: Callable[[str], None] = lambda runtime: None) -> None:
-    """Run every pending chunk; ``on_done(index, ok, err)`` after each commit. Raises BatchError on failure."""
-    if not pending:
-        return
-    if workers == 0:
-        from modelyard.batch.work import process_chunk
+class LocalWorkers:
+    """The job's worker processes, started as early as the caller likes: each imports TensorFlow
+    and loads the model while the coordinator stages inputs and plans the chunks."""
 
-        predictor = predictor_for(spec)
-        on_ready(predictor.runtime)
-        shaping = shaping_of(spec)
+    def __init__(self, job_dir: Path, spec: JobSpec, batch_size: int, workers: int):
+        ctx = mp.get_context("spawn")
+        self.tasks, self.answers = ctx.Queue(), ctx.Queue()
+        self.procs = [ctx.Process(target=_worker, daemon=True,
+                                  args=(str(job_dir), spec.identity(), batch_size, self.tasks, self.answers,
+                                        os.getpid()))
+                      for _ in range(workers)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, chunks: list[Chunk], contexts: dict, pending: list[int],
+            on_done: Callable[[int, int, int], None], on_ready: Callable[[str], None]) -> None:
         for index in pending:
-            chunk = chunks[index]
-            ok, err = process_chunk(job_dir, chunk, spec.format, contexts.get(chunk.file), shaping,
-                                    predictor, batch_size)
-            on_done(index, ok, err)
-        return
-    ctx = mp.get_context("spawn")
-    tasks, answers = ctx.Queue(), ctx.Queue()
-    for index in pending:
-        tasks.put(index)
-    count = min(workers, len(pending))
-    for _ in range(count):
-        tasks.put(None)
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(str(job_dir), spec.identity(), chunks, contexts, batch_size, tasks, answers,
-                               os.getpid()))
-             for _ in range(count)]
-    for p in procs:
-        p.start()
-    left = set(pending)
-    announced = False
-    try:
+            self.tasks.put((chunks[index], contexts.get(chunks[index].file)))
+        for _ in self.procs:
+            self.tasks.put(None)
+        left = set(pending)
+        announced = False
         while left:
             try:
-                message = answers.get(timeout=0.5)
+                message = self.answers.get(timeout=0.5)
             except queue.Empty:
-                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead:
                     raise BatchError(f"worker pid {dead[0].pid} died (exit code {dead[0].exitcode}) with "
                                      f"{len(left)} chunks left; run the same command again to resume")
-                if all(not p.is_alive() for p in procs):
+                if all(not p.is_alive() for p in self.procs):
                     raise BatchError(f"all workers exited with {len(left)} chunks left")
                 continue
             kind = message[0]
@@ -145,10 +139,42 @@ def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict,
             _, index, ok, err = message
             left.discard(index)
             on_done(index, ok, err)
-    finally:
+
+    def stop(self) -> None:
         # Every chunk is committed (or the job failed): a worker has nothing left to write, and
         # TensorFlow's interpreter teardown takes seconds, so the workers are killed, not awaited.
-        for p in procs:
+        for p in self.procs:
             if p.is_alive():
                 p.kill()
             p.join()
+
+
+def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
+              batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
+              on_ready: Callable[[str], None] = lambda runtime: None, started: LocalWorkers | None = None) -> None:
+    """Run every pending chunk; ``on_done(index, ok, err)`` after each commit. Raises BatchError on failure.
+
+    ``started``: workers already started for this job (``LocalWorkers``), used and stopped here."""
+    if workers == 0:
+        if not pending:
+            return
+        from modelyard.batch.work import process_chunk
+
+        predictor = predictor_for(spec)
+        on_ready(predictor.runtime)
+        shaping = shaping_of(spec)
+        for index in pending:
+            chunk = chunks[index]
+            ok, err = process_chunk(job_dir, chunk, spec.format, contexts.get(chunk.file), shaping,
+                                    predictor, batch_size)
+            on_done(index, ok, err)
+        return
+    if not pending:
+        if started:
+            started.stop()
+        return
+    pool = started or LocalWorkers(job_dir, spec, batch_size, min(workers, len(pending)))
+    try:
+        pool.run(chunks, contexts, pending, on_done, on_ready)
+    finally:
+        pool.stop()

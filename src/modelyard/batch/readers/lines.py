@@ -14,14 +14,22 @@ def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False
     """``[(start, end, rows), ...]`` covering ``path`` from ``start``; a last line without a newline counts."""
     ranges: list[tuple[int, int, int]] = []
     chunk_start, rows, pos, odd = start, 0, start, 0
+    buf = bytearray(BLOCK)
     with open(path, "rb") as f:
         f.seek(start)
         while True:
-            block = f.read(BLOCK)
-            if not block:
+            size = f.readinto(buf)
+            if not size:
                 break
-            arr = np.frombuffer(block, np.uint8)
-            newlines = np.flatnonzero(arr == 10)
+            arr = np.frombuffer(buf, np.uint8, size)
+            is_newline = arr == 10
+            if not quoted:
+                count = int(np.count_nonzero(is_newline))
+                if count < chunk_rows - rows:  # no chunk ends in this block (most blocks): a count will do
+                    rows += count
+                    pos += size
+                    continue
+            newlines = np.flatnonzero(is_newline)
             if quoted:
                 quotes = np.cumsum(arr == 34, dtype=np.int64)
                 newlines = newlines[(quotes[newlines] + odd) % 2 == 0]
@@ -34,7 +42,7 @@ def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False
                 ranges.append((chunk_start, end, chunk_rows))
                 chunk_start, rows = end, 0
             rows += len(ends) - i
-            pos += len(block)
+            pos += size
     if _has_unterminated_tail(path, start, pos):
         rows += 1  # bytes after the last newline are one more row
     if rows:
