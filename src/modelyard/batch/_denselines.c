@@ -393,6 +393,9 @@ static Py_ssize_t template_len(const Py_ssize_t *shape, int ndim, int depth)
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define U8_SIMD 1
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 4096
+#endif
 #define U8_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,bmi,bmi2,popcnt")))
 
 static int u8_simd_supported(void)
@@ -402,10 +405,13 @@ static int u8_simd_supported(void)
            __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
 }
 
-/* One line [p, end) into ``out`` (``n`` values, 64 bytes of slack after them): 0, or -1. */
-U8_TARGET static int u8_line_simd(const char *p, const char *end, uint8_t *out, Py_ssize_t n, U8Reader *r)
+/* The line at p (it ends at the first '\n', or at limit) into ``out`` (``n`` values, 64 bytes of
+ * slack after them). 0, with *line_end (the '\n' or limit) and the tensor's stripped span
+ * [*first, *stop); or -1 when this reader refuses the line (the caller then finds its end). */
+U8_TARGET static int u8_line_simd(const char *p, const char *limit, uint8_t *out, Py_ssize_t n, U8Reader *r,
+                                  const char **line_end, const char **first, const char **stop)
 {
-    const __m512i zero_char = _mm512_set1_epi8('0'), ten = _mm512_set1_epi8(10);
+    const __m512i zero_char = _mm512_set1_epi8('0'), ten = _mm512_set1_epi8(10), newline = _mm512_set1_epi8('\n');
     const __m512i comma = _mm512_set1_epi8(','), open = _mm512_set1_epi8('['), close = _mm512_set1_epi8(']');
     const __m512i space = _mm512_set1_epi8(' '), tab = _mm512_set1_epi8('\t'), cr = _mm512_set1_epi8('\r');
     const __m512i hash = _mm512_set1_epi8('#');
@@ -414,29 +420,52 @@ U8_TARGET static int u8_line_simd(const char *p, const char *end, uint8_t *out, 
     uint64_t prev = 0; /* the previous block's digit mask */
     Py_ssize_t values = 0, tokens = 0;
     char *skel = r->skel;
-    for (; p < end; p += 64) {
-        size_t left = (size_t)(end - p);
+    *first = *stop = NULL;
+    *line_end = limit;
+    for (; p < limit; p += 64) {
+        size_t left = (size_t)(limit - p);
         __mmask64 in = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
-        __m512i x = _mm512_maskz_loadu_epi8(in, p);
-        __m512i dv = _mm512_sub_epi8(x, zero_char);
-        uint64_t d = _mm512_mask_cmplt_epu8_mask(in, dv, ten);
-        uint64_t structural = _mm512_cmpeq_epi8_mask(x, comma) | _mm512_cmpeq_epi8_mask(x, open) |
-                              _mm512_cmpeq_epi8_mask(x, close);
-        uint64_t blank = _mm512_cmpeq_epi8_mask(x, space) | _mm512_cmpeq_epi8_mask(x, tab) |
-                         _mm512_cmpeq_epi8_mask(x, cr);
-        uint64_t next_digit = left > 64 && is_digit(p[64]);
-        uint64_t d1 = d << 1 | prev >> 63, d2 = d << 2 | prev >> 62, d3 = d << 3 | prev >> 61;
-        uint64_t ends = d & ~(d >> 1 | next_digit << 63);
-        uint64_t starts = d & ~d1;
-        uint64_t keep = (structural | starts) & in;
+        __m512i x;
+        uint64_t found;
+        /* page-cache bytes come from memory, and the hardware's prefetch stops at each 4 KiB page */
+        _mm_prefetch(p + PREFETCH_AHEAD, _MM_HINT_T0);
+        x = _mm512_maskz_loadu_epi8(in, p);
+        found = _mm512_mask_cmpeq_epi8_mask(in, x, newline);
+        int last = left <= 64;
+        uint64_t d, structural, blank, next_digit, d1, d2, d3, ends, starts, keep, solid;
         int count, kept;
-        __m512i ones, tens, h, t, v;
+        __m512i dv, ones, tens, h, t, v;
+        if (found) { /* the line ends in this block: the bytes from its '\n' on are not ours */
+            int k = __builtin_ctzll(found);
+            in &= ((uint64_t)1 << k) - 1;
+            x = _mm512_maskz_mov_epi8(in, x);
+            *line_end = p + k;
+            last = 1;
+        }
+        dv = _mm512_sub_epi8(x, zero_char);
+        d = _mm512_mask_cmplt_epu8_mask(in, dv, ten);
+        structural = _mm512_cmpeq_epi8_mask(x, comma) | _mm512_cmpeq_epi8_mask(x, open) |
+                     _mm512_cmpeq_epi8_mask(x, close);
+        blank = _mm512_cmpeq_epi8_mask(x, space) | _mm512_cmpeq_epi8_mask(x, tab) | _mm512_cmpeq_epi8_mask(x, cr);
+        next_digit = !last && is_digit(p[64]);
+        d1 = d << 1 | prev >> 63;
+        d2 = d << 2 | prev >> 62;
+        d3 = d << 3 | prev >> 61;
+        ends = d & ~(d >> 1 | next_digit << 63);
+        starts = d & ~d1;
+        keep = (structural | starts) & in;
+        solid = in & ~blank;
         if ((in & ~(d | structural | blank)) != 0)
             return -1;                                /* a sign, a dot, a letter: not for this reader */
         if (d & d1 & d2 & d3)
             return -1;                                /* four digits or more */
         if (_mm512_mask_cmpeq_epi8_mask(starts, x, zero_char) & (d >> 1 | next_digit << 63))
             return -1;                                /* 0 followed by a digit: 01 is not JSON */
+        if (solid) {
+            if (*first == NULL)
+                *first = p + __builtin_ctzll(solid);
+            *stop = p + 64 - __builtin_clzll(solid);
+        }
         /* value at each run's last byte: ones + 10 * tens + 100 * hundreds (digits of the same run) */
         ones = _mm512_maskz_mov_epi8(d, dv);
         tens = _mm512_maskz_sub_epi8(d & d1, _mm512_maskz_loadu_epi8(d & d1, p - 1), zero_char);
@@ -457,6 +486,8 @@ U8_TARGET static int u8_line_simd(const char *p, const char *end, uint8_t *out, 
         values += count;
         tokens += kept;
         prev = d;
+        if (last)
+            break;
     }
     if (values != n || tokens != r->tmpl_len || memcmp(skel, r->tmpl, (size_t)tokens) != 0)
         return -1;
@@ -465,7 +496,8 @@ U8_TARGET static int u8_line_simd(const char *p, const char *end, uint8_t *out, 
 #else
 #define U8_SIMD 0
 static int u8_simd_supported(void) { return 0; }
-static int u8_line_simd(const char *p, const char *end, uint8_t *out, Py_ssize_t n, U8Reader *r) { return -1; }
+static int u8_line_simd(const char *p, const char *limit, uint8_t *out, Py_ssize_t n, U8Reader *r,
+                        const char **line_end, const char **first, const char **stop) { return -1; }
 #endif
 
 static int u8_simd = -1; /* whether this CPU runs u8_line_simd; set at import */
@@ -551,32 +583,34 @@ static PyObject *parse_u8(PyObject *self, PyObject *args)
         int64_t *span = (int64_t *)spans.buf;
         Py_BEGIN_ALLOW_THREADS
         while (pos < end && lines < max_lines) {
-            const char *line_start = base + pos;
-            const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
-            const char *line_end = nl ? nl : base + end;
-            if (ok) {
-                const char *first = line_start, *last = line_end, *stop = NULL;
-                uint8_t *slot = out + lines * size;
-                while (first < last && (*first == ' ' || *first == '\t' || *first == '\r'))
-                    first++;
-                while (last > first && (last[-1] == ' ' || last[-1] == '\t' || last[-1] == '\r'))
-                    last--;
-                if (u8_simd && u8_line_simd(first, last, slot, size, &r) == 0) {
-                    stop = last;
-                } else if (u8_line_scalar(first, line_end, nl != NULL, slot, shape, ndim, size, &r, &stop) < 0) {
-                    ok = 0;
-                } else {
-                    const char *after = stop;
-                    while (after < line_end && (*after == ' ' || *after == '\t' || *after == '\r'))
-                        after++;
-                    if (after != line_end)
-                        ok = 0; /* something after the tensor */
-                }
+            const char *line_start = base + pos, *line_end, *first, *stop;
+            uint8_t *slot = out + lines * size;
+            if (ok && u8_simd && u8_line_simd(line_start, base + end, slot, size, &r, &line_end, &first, &stop) == 0) {
                 span[2 * lines] = first - base;
-                span[2 * lines + 1] = stop ? stop - base : 0;
+                span[2 * lines + 1] = stop - base;
+            } else {
+                const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
+                line_end = nl ? nl : base + end;
+                if (ok) {
+                    first = line_start;
+                    stop = NULL;
+                    while (first < line_end && (*first == ' ' || *first == '\t' || *first == '\r'))
+                        first++;
+                    if (u8_line_scalar(first, line_end, nl != NULL, slot, shape, ndim, size, &r, &stop) < 0) {
+                        ok = 0;
+                    } else {
+                        const char *after = stop;
+                        while (after < line_end && (*after == ' ' || *after == '\t' || *after == '\r'))
+                            after++;
+                        if (after != line_end)
+                            ok = 0; /* something after the tensor */
+                    }
+                    span[2 * lines] = first - base;
+                    span[2 * lines + 1] = stop ? stop - base : 0;
+                }
             }
             lines++;
-            pos = nl ? (nl - base) + 1 : end;
+            pos = line_end < base + end ? (line_end - base) + 1 : end;
         }
         Py_END_ALLOW_THREADS
     }
