@@ -141,3 +141,62 @@ def test_a_failed_write_fails_the_chunk_and_commits_nothing(tmp_path, monkeypatc
     assert os.write is real_write
     assert committed(job) == {} and list((job / PARTS_DIR).iterdir()) == []
     assert work.process_chunk(job, chunks[0], "jsonl", None, Shaping(), predictor, 64) == (5000, 0)
+
+
+def test_a_device_refusing_4k_aligned_direct_writes_gets_buffered_ones(tmp_path, monkeypatch):
+    """Some devices want O_DIRECT writes aligned to more than 4 KiB: EINVAL, then the page cache."""
+    real_write, refused = os.write, []
+
+    def wants_larger_alignment(fd, data):
+        import fcntl
+
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(part_writer.os, "write", wants_larger_alignment)
+    data = bytes(np.random.default_rng(8).integers(0, 256, size=5 << 20, dtype=np.uint8))
+    out = PartWriter(tmp_path / "out", buffer_bytes=1 << 20)
+    assert out._direct  # the open took O_DIRECT; the first write is refused
+    for k in range(0, len(data), 100_003):
+        out.write(data[k:k + 100_003])
+    out.close()
+    assert refused and (tmp_path / "out").read_bytes() == data and not out._direct
+
+
+def test_a_chunk_reported_after_its_commit_from_the_writer_thread(tmp_path, monkeypatch, tiny_model):
+    """With ``report`` (as the local engine's workers run chunks), process_chunk returns before its
+    last writes; the outcome is reported only once the part is committed, and a write that fails
+    there reports the error and leaves no part."""
+    predictor = Predictor(load_servable(tiny_model.base / "0001"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps([i / 10, 1, 2, 3]) + "\n" for i in range(20_000)))
+    chunks, _ = plan([str(src)], "jsonl", 5000)
+    job = tmp_path / "job"
+    job.mkdir()
+    outcomes: dict[int, object] = {}
+
+    def report_for(index: int):
+        def report(outcome):
+            # the commit is done before the report: the part is there already
+            outcomes[index] = (outcome, index in committed(job))
+        return report
+
+    for chunk in chunks[:3]:
+        assert work.process_chunk(job, chunk, "jsonl", None, Shaping(), predictor, 64,
+                                  report=report_for(chunk.index)) is None
+    part_writer.wait_finished()
+    assert outcomes == {i: ((5000, 0), True) for i in range(3)}
+
+    def disk_full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(part_writer.os, "write", disk_full)
+        work.process_chunk(job, chunks[3], "jsonl", None, Shaping(), predictor, 64, report=report_for(3))
+        part_writer.wait_finished()
+    error, was_committed = outcomes[3]
+    assert isinstance(error, OSError) and "No space left on device" in str(error) and not was_committed
+    assert sorted(committed(job)) == [0, 1, 2]
+    assert [p.name for p in (job / PARTS_DIR).iterdir() if ".tmp-" in p.name] == []

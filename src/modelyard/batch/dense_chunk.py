@@ -36,6 +36,7 @@ except ImportError:  # built without a C compiler: the general loop does the wor
     _denselines = None
 
 RawBatch = Callable[[Predictor, list[RawJson], list[bytes], str, list[bytes], list[bytes]], None]
+Report = Callable[["tuple[int, int] | BaseException"], None]
 
 
 class _Buffers:
@@ -83,8 +84,11 @@ def _map(chunk: Chunk) -> memoryview:
 
 
 def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
-            raw_batch: RawBatch) -> tuple[int, int]:
-    """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``."""
+            raw_batch: RawBatch, report: Report | None = None) -> tuple[int, int] | None:
+    """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``.
+
+    With ``report``, returns None once every line is predicted: the part writer's thread writes
+    the rest, commits, then calls ``report((successes, failures))``, or ``report(error)``."""
     dense = predictor.dense
     buffers = _buffers()
     data = _map(chunk)
@@ -109,8 +113,19 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
                 ok_count += n
             row += n
             pos = after
-        out.close()
         check_rows(chunk, row)  # counted while parsing: a pass of its own would cost a tenth of the rest
+        if report is not None:
+            def commit() -> None:
+                commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
+                report((ok_count, len(errors)))
+
+            def failed(exc: BaseException) -> None:
+                tmp.unlink(missing_ok=True)
+                report(exc)
+
+            out.finish(commit, failed)
+            return None
+        out.close()
         commit_streamed(job_dir, chunk.index, tmp, ok_count, errors)
     except BaseException:
         out.abort()

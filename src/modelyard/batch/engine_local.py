@@ -77,19 +77,34 @@ def _worker(job_dir: str, identity: dict, batch_size: int, tasks, answers, paren
     settle_heap()
     answers.put(("ready", os.getpid(), predictor.runtime))
     shaping = shaping_of(spec)
+
+    def reporter(chunk: Chunk):
+        # Called once the chunk is committed, maybe from its part writer's thread while this one
+        # predicts the next chunk: the answer goes out only after the commit.
+        def report(outcome) -> None:
+            if isinstance(outcome, BaseException):
+                answers.put(("failed", f"chunk {chunk.index} ({chunk.file}): {type(outcome).__name__}: {outcome}"))
+            else:
+                answers.put(("done", chunk.index, *outcome))
+        return report
+
     while True:
         task = tasks.get()
         if task is None:
             break
         chunk, context = task
         try:
-            ok, err = process_chunk(Path(job_dir), chunk, spec.format, context, shaping, predictor, batch_size)
+            process_chunk(Path(job_dir), chunk, spec.format, context, shaping, predictor, batch_size,
+                          report=reporter(chunk))
         except Exception as exc:
             answers.put(("failed", f"chunk {chunk.index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
                                    + traceback.format_exc(limit=3)))
             return
-        answers.put(("done", chunk.index, ok, err))
-    # Every answer flushed, then out without TensorFlow's interpreter teardown (seconds, and noisy).
+    # Every commit done and every answer flushed, then out without TensorFlow's interpreter
+    # teardown (seconds, and noisy).
+    from modelyard.batch.part_writer import wait_finished
+
+    wait_finished()
     answers.close()
     answers.join_thread()
     os._exit(0)

@@ -14,11 +14,14 @@ systems), the same thread writes through the page cache instead.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
 import queue
 import threading
 from pathlib import Path
+from typing import Callable
 
 _BLOCK = 4096
 _BUFFER_BYTES = 4 << 20  # a few batches of result lines; large writes keep the disk busy
@@ -48,8 +51,25 @@ def _give_back(buf: mmap.mmap) -> None:
         pass
 
 
+# Writers finishing on their own threads (``finish``): a worker waits for them before it exits.
+_FINISHING: set[threading.Thread] = set()
+_FINISHING_LOCK = threading.Lock()
+
+
+def wait_finished() -> None:
+    """Return once every ``finish``-ed writer of this process has written, closed and run its ``then``."""
+    while True:
+        with _FINISHING_LOCK:
+            if not _FINISHING:
+                return
+            thread = next(iter(_FINISHING))
+        thread.join()
+        with _FINISHING_LOCK:
+            _FINISHING.discard(thread)
+
+
 class PartWriter:
-    """Streams one file; ``close()`` returns when every byte is written, ``abort()`` drops it."""
+    """Streams one file; ``close()`` (or ``finish()``) when every byte is given, ``abort()`` to drop it."""
 
     def __init__(self, path: Path, buffer_bytes: int = _BUFFER_BYTES):
         self.path = path
@@ -65,34 +85,76 @@ class PartWriter:
         self._free: queue.Queue[mmap.mmap] = queue.Queue()
         for _ in range(3):
             self._free.put(_take(buffer_bytes))
-        self._jobs: queue.Queue[tuple[mmap.mmap, int] | None] = queue.Queue()
+        self._jobs: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write_loop, name="part-writer", daemon=True)
         self._thread.start()
-        self.buffer = self._free.get()
+        self.buffer: mmap.mmap | None = self._free.get()
         self.offset = 0
 
+    # ------------------------------------------------------------------ the writer thread
     def _write_loop(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is None:
+            if job is None:  # abort
+                return
+            if job[0] == "end":
+                self._end_of_file(*job[1:])
                 return
             buf, length = job
             try:
                 if self._error is None:
-                    with memoryview(buf) as whole, whole[:length] as view:
-                        done = 0
-                        while done < length:
-                            done += os.write(self._fd, view[done:])
+                    self._write(buf, 0, length)
             except BaseException as exc:  # disk full, I/O error: raised to the caller at its next call
                 self._error = exc
             finally:
                 self._free.put(buf)
 
+    def _write(self, buf: mmap.mmap, start: int, stop: int) -> None:
+        with memoryview(buf) as whole, whole[start:stop] as view:
+            done = 0
+            while done < len(view):
+                try:
+                    done += os.write(self._fd, view[done:])
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or not self._direct:
+                        raise
+                    # The device wants a larger alignment than 4 KiB: through the page cache.
+                    self._buffered()
+
+    def _end_of_file(self, buf: mmap.mmap, full: int, stop: int, then, failed) -> None:
+        """Last job: the unaligned tail, close, then ``then()`` (or ``failed(error)``)."""
+        try:
+            if self._error is None and stop > full:
+                if self._direct:  # the tail is not a whole block: O_DIRECT would refuse it
+                    self._buffered()
+                self._write(buf, full, stop)
+        except BaseException as exc:
+            self._error = exc
+        if not full:
+            self._free.put(buf)  # never handed to a write job: back with the others
+        self._release()
+        if then is None:  # close(): the caller joins and checks
+            return
+        try:
+            self._check()
+            then()
+        except BaseException as exc:
+            failed(exc)
+        finally:
+            with _FINISHING_LOCK:
+                _FINISHING.discard(threading.current_thread())
+
+    def _buffered(self) -> None:
+        """Drop O_DIRECT for the rest of the file (the fd first, then the flag the caller reads)."""
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        self._direct = False
+
     def _check(self) -> None:
         if self._error is not None:
             raise OSError(f"writing {self.path}: {self._error}") from self._error
 
+    # ------------------------------------------------------------------ the caller's side
     def room(self, size: int) -> None:
         """Make sure ``size`` bytes fit at ``offset`` in ``buffer`` (handing full blocks to the thread)."""
         self._check()
@@ -136,41 +198,39 @@ class PartWriter:
         self.buffer[self.offset:self.offset + len(data)] = data
         self.offset += len(data)
 
+    def _end(self, then, failed) -> None:
+        full = self.offset - self.offset % _BLOCK if self._direct else self.offset
+        buf, self.buffer = self.buffer, None  # from here on the thread owns every buffer
+        if full:
+            self._jobs.put((buf, full))
+        self._jobs.put(("end", buf, full, self.offset, then, failed))
+
     def close(self) -> None:
         """Write what is left and close the file; raises if any write failed."""
-        try:
-            full = self.offset - self.offset % _BLOCK if self._direct else self.offset
-            buf = self.buffer
-            if full:
-                self.buffer = None  # the thread hands it back through the free queue
-                self._jobs.put((buf, full))
-            self._jobs.put(None)
-            self._thread.join()
-            self._check()
-            if self.offset > full:
-                if self._direct:  # the tail is not a whole block: O_DIRECT would refuse it
-                    import fcntl
+        self._end(None, None)
+        self._thread.join()
+        self._check()
 
-                    fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                with memoryview(buf) as whole, whole[full:self.offset] as tail:
-                    done = 0
-                    while done < len(tail):
-                        done += os.write(self._fd, tail[done:])
-        finally:
-            self._release()
+    def finish(self, then: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """``close()`` on the writer's thread, which then calls ``then()`` (or ``failed(error)`` when a
+        write or ``then`` fails); returns at once, so the caller goes on with its next file."""
+        with _FINISHING_LOCK:
+            _FINISHING.add(self._thread)
+        self._end(then, failed)
 
     def abort(self) -> None:
         """Stop writing and close the file (the caller deletes it)."""
         self._error = self._error or RuntimeError("aborted")
-        self._jobs.put(None)
-        self._thread.join()
-        self._release()
+        if self.buffer is not None:  # not yet ended: stop the thread here
+            self._jobs.put(None)
+            self._thread.join()
+            self._release()
 
     def _release(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-            # The thread has stopped: every buffer is either free or the one being filled.
+            # The thread has stopped or is ending: every buffer is either free or the one being filled.
             while not self._free.empty():
                 _give_back(self._free.get())
             if self.buffer is not None:

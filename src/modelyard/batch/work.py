@@ -55,12 +55,17 @@ def raw_batch(predictor: Predictor, raw: list[RawJson], echoes: list[bytes], pat
 
 
 def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: Shaping,
-                  predictor: Predictor, batch_size: int) -> tuple[int, int]:
-    """Predict every row of ``chunk`` and commit its part; returns ``(successes, failures)``."""
+                  predictor: Predictor, batch_size: int,
+                  report: dense_chunk.Report | None = None) -> tuple[int, int] | None:
+    """Predict every row of ``chunk`` and commit its part; returns ``(successes, failures)``.
+
+    With ``report``, the outcome goes there instead (``(successes, failures)`` once committed, or
+    the error), and the C path returns before its last writes and commit are done (a worker
+    starts its next chunk meanwhile; ``part_writer.wait_finished()`` waits for them)."""
     # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
     lazy = predictor.dense is not None and shaping.identity
     if lazy and fmt == "jsonl" and dense_chunk.available(predictor):
-        return dense_chunk.process(job_dir, chunk, predictor, batch_size, raw_batch)
+        return dense_chunk.process(job_dir, chunk, predictor, batch_size, raw_batch, report)
     results: list[bytes] = []
     errors: list[bytes] = []
     batch: list[Any] = []
@@ -109,4 +114,7 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
     if batch:
         flush()
     commit_part(job_dir, chunk.index, results, errors)
+    if report is not None:
+        report((len(results), len(errors)))
+        return None
     return len(results), len(errors)
