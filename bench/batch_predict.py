@@ -68,7 +68,11 @@ def generate(path: Path, rows: int) -> None:
 
 
 # ---------------------------------------------------------------- ceiling: model alone
-def ceiling_worker(version_dir: str, rows: int, batch: int) -> None:
+def loaded_model(version_dir: str, batch: int):
+    """``(servable, signature, input alias, output aliases, digits arrays, one batch's outputs)``, loaded
+    as batch-predict's workers load it, and warm."""
+    import gc
+
     import numpy as np
 
     from modelyard.batch.predictor import load_servable
@@ -77,16 +81,19 @@ def ceiling_worker(version_dir: str, rows: int, batch: int) -> None:
     servable = load_servable(Path(version_dir))
     # As batch-predict's workers do once the model is loaded (engine_local.settle_heap): the
     # collector stops walking TensorFlow's objects, so neither side pays for it.
-    import gc
-
     gc.collect()
     gc.freeze()
     sig = servable.signatures["serving_default"]
     images, _ = load_digits_28("test")
-    data = np.resize(images.astype(np.uint8), (max(batch, 4096), 28, 28))
+    arrays = np.resize(images.astype(np.uint8), (max(batch, 4096), 28, 28))
     outputs = tuple(sig.outputs)
     (alias,) = sig.inputs
-    servable.run(sig, {alias: data[:batch]}, outputs)  # warm
+    (first,) = servable.run(sig, {alias: arrays[:batch]}, outputs).values()
+    return servable, sig, alias, outputs, arrays, first
+
+
+def ceiling_worker(version_dir: str, rows: int, batch: int) -> None:
+    servable, sig, alias, outputs, data, _first = loaded_model(version_dir, batch)
     done, start = 0, time.perf_counter()
     while done < rows:
         i = done % (len(data) - batch + 1)
@@ -111,7 +118,6 @@ def floor_worker(version_dir: str, data_path: str, part: int, parts: int, batch:
     from the page cache, mapped) and the batch's prediction bytes (encoded once, before the clock)
     by ``_denselines.assemble`` into batch-predict's ``PartWriter``, which writes them to disk. No
     parsing of the lines, no encoding of predictions: what is left of batch-predict's time is theirs."""
-    import gc
     import mmap
 
     import numpy as np
@@ -119,18 +125,8 @@ def floor_worker(version_dir: str, data_path: str, part: int, parts: int, batch:
 
     from modelyard.batch import _denselines
     from modelyard.batch.part_writer import PartWriter
-    from modelyard.batch.predictor import load_servable
-    from modelyard.datasets import load_digits_28
 
-    servable = load_servable(Path(version_dir))
-    gc.collect()
-    gc.freeze()
-    sig = servable.signatures["serving_default"]
-    images, _ = load_digits_28("test")
-    arrays = np.resize(images.astype(np.uint8), (max(batch, 4096), 28, 28))
-    outputs = tuple(sig.outputs)
-    (alias,) = sig.inputs
-    (first,) = servable.run(sig, {alias: arrays[:batch]}, outputs).values()
+    servable, sig, alias, outputs, arrays, first = loaded_model(version_dir, batch)
     with open(data_path, "rb") as f:
         # mapped and populated before the clock starts, as batch-predict maps each chunk
         mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),

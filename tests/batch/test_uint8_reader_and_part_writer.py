@@ -52,6 +52,10 @@ def _agree(data: bytes, shape: tuple[int, ...], lines: int) -> bool:
     return want[0]
 
 
+def _disk_full(fd, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def test_simd_reader_is_on_where_the_cpu_has_avx512_vbmi2():
     flags = Path("/proc/cpuinfo").read_text().split()
     expected = all(f in flags for f in ("avx512f", "avx512bw", "avx512vbmi", "avx512_vbmi2"))
@@ -131,11 +135,8 @@ def test_a_failed_write_fails_the_chunk_and_commits_nothing(tmp_path, monkeypatc
     job.mkdir()
     real_write = os.write
 
-    def disk_full(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     with monkeypatch.context() as m:
-        m.setattr(part_writer.os, "write", disk_full)
+        m.setattr(part_writer.os, "write", _disk_full)
         with pytest.raises(OSError, match="No space left on device"):
             work.process_chunk(job, chunks[0], "jsonl", None, Shaping(), predictor, 64)
     assert os.write is real_write
@@ -189,11 +190,8 @@ def test_a_chunk_reported_after_its_commit_from_the_writer_thread(tmp_path, monk
     part_writer.wait_finished()
     assert outcomes == {i: ((5000, 0), True) for i in range(3)}
 
-    def disk_full(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     with monkeypatch.context() as m:
-        m.setattr(part_writer.os, "write", disk_full)
+        m.setattr(part_writer.os, "write", _disk_full)
         work.process_chunk(job, chunks[3], "jsonl", None, Shaping(), predictor, 64, report=report_for(3))
         part_writer.wait_finished()
     error, was_committed = outcomes[3]
