@@ -150,6 +150,10 @@ class LocalEngine:
         self.host = host
         self.serve_args = list(serve_args or [])
         self._children: dict[int, subprocess.Popen] = {}
+        # Exit codes of children reaped by _reap_children: a replica still being started asks for
+        # its own (a fast-failing load could otherwise be reaped by a want_spare call first, and its
+        # start would wait out START_TIMEOUT_S for a process that is gone).
+        self._exit_codes: dict[int, int] = {}
         self.probe = Probe()
         self._spare: dict | None = None  # the warm spare: rdir, base, port, grpc_port, pid, log_path
         self._unwanted_since: float | None = None
@@ -224,6 +228,9 @@ class LocalEngine:
         for pid, proc in list(self._children.items()):
             if proc.poll() is not None:
                 self._children.pop(pid, None)
+                self._exit_codes[pid] = proc.returncode
+        while len(self._exit_codes) > 1000:  # nobody asked for the oldest ones
+            del self._exit_codes[next(iter(self._exit_codes))]
 
     # ---- replicas -------------------------------------------------------------------------------
     def _launch(self, rdir: Path, poll_s: int, model_path: Path | None = None) -> dict:
@@ -255,10 +262,16 @@ class LocalEngine:
 
         async def exited() -> str | None:
             child = self._children.get(row["pid"])
-            if child is None or child.poll() is None:
-                return None
-            self._children.pop(row["pid"], None)
-            return f"exited with code {child.returncode}: {tail(Path(row['log_path']))}"
+            if child is not None:
+                if child.poll() is None:
+                    return None
+                self._children.pop(row["pid"], None)
+                code: int | None = child.returncode
+            else:
+                code = self._exit_codes.pop(row["pid"], None)
+                if code is None:
+                    return None
+            return f"exited with code {code}: {tail(Path(row['log_path']))}"
 
         await self.probe.wait_available(row, model_path, exited, self.stop)
         return row
