@@ -81,7 +81,7 @@ def c_path(predictor, path: Path, batch: int, out_path: Path, stages: Stages) ->
 
     pos, size = 0, len(data)
     while pos < size:
-        n, pos, x = stages.timed("parse", dense_chunk._parse, data, pos, size, dense, buffers, batch)
+        n, pos, x, _ = stages.timed("parse", dense_chunk._parse, data, pos, size, dense, buffers, batch, True)
         outputs = stages.timed("model", predictor.servable.run, predictor.signature, {dense.alias: x},
                                predictor.aliases)
         encoded = stages.timed("format", predictor.encode_batch, outputs, n)

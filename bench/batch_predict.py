@@ -140,14 +140,13 @@ def floor_worker(version_dir: str, data_path: str, part: int, parts: int, batch:
     spans[0::2], spans[1::2] = starts, ends
     del everything
     out = PartWriter(Path(out_dir) / f"floor-{part}")
+    predictions = orjson.dumps(first, option=orjson.OPT_SERIALIZE_NUMPY)  # encoded once: no formatting
     done, t0 = 0, time.perf_counter()
     while done < len(ends):
         n = min(batch, len(ends) - done)
         i = done % (len(arrays) - batch + 1)
-        result = servable.run(sig, {alias: arrays[i:i + n]}, outputs)
-        if done == 0:
-            predictions = orjson.dumps(next(iter(result.values())), option=orjson.OPT_SERIALIZE_NUMPY)
-        if n < batch:
+        servable.run(sig, {alias: arrays[i:i + n]}, outputs)
+        if n < batch:  # the last, short batch
             predictions = orjson.dumps(first[:n], option=orjson.OPT_SERIALIZE_NUMPY)
         window = spans[2 * done:2 * (done + n)]
         written = _denselines.assemble(mapped, window, n, predictions, out.buffer, out.offset)

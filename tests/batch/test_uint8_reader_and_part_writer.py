@@ -56,6 +56,16 @@ def _disk_full(fd, data):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def _tiny_job(tiny_model, tmp_path: Path, rows: int):
+    """The tiny model's predictor, ``rows`` input lines planned in chunks of 5,000, an empty job dir."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps([i / 10, 1, 2, 3]) + "\n" for i in range(rows)))
+    chunks, _ = plan([str(src)], "jsonl", 5000)
+    job = tmp_path / "job"
+    job.mkdir()
+    return Predictor(load_servable(tiny_model.base / "0001")), chunks, job
+
+
 def test_simd_reader_is_on_where_the_cpu_has_avx512_vbmi2():
     flags = Path("/proc/cpuinfo").read_text().split()
     expected = all(f in flags for f in ("avx512f", "avx512bw", "avx512vbmi", "avx512_vbmi2"))
@@ -127,12 +137,7 @@ def test_part_writer_writes_exactly_the_bytes_given_direct_or_not(tmp_path, monk
 
 
 def test_a_failed_write_fails_the_chunk_and_commits_nothing(tmp_path, monkeypatch, tiny_model):
-    predictor = Predictor(load_servable(tiny_model.base / "0001"))
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps([i / 10, 1, 2, 3]) + "\n" for i in range(5000)))
-    chunks, _ = plan([str(src)], "jsonl", 5000)
-    job = tmp_path / "job"
-    job.mkdir()
+    predictor, chunks, job = _tiny_job(tiny_model, tmp_path, 5000)
     real_write = os.write
 
     with monkeypatch.context() as m:
@@ -170,12 +175,7 @@ def test_a_chunk_reported_after_its_commit_from_the_writer_thread(tmp_path, monk
     """With ``report`` (as the local engine's workers run chunks), process_chunk returns before its
     last writes; the outcome is reported only once the part is committed, and a write that fails
     there reports the error and leaves no part."""
-    predictor = Predictor(load_servable(tiny_model.base / "0001"))
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps([i / 10, 1, 2, 3]) + "\n" for i in range(20_000)))
-    chunks, _ = plan([str(src)], "jsonl", 5000)
-    job = tmp_path / "job"
-    job.mkdir()
+    predictor, chunks, job = _tiny_job(tiny_model, tmp_path, 20_000)
     outcomes: dict[int, object] = {}
 
     def report_for(index: int):

@@ -286,6 +286,19 @@ static int read_shape(PyObject *shape_obj, Py_ssize_t *shape, int *ndim, Py_ssiz
     return 0;
 }
 
+/* The shape and the [pos, end) window of a parse request: 0, or -1 with a ValueError set. */
+static int read_request(PyObject *shape_obj, Py_ssize_t *shape, int *ndim, Py_ssize_t *size, Py_ssize_t pos,
+                        Py_ssize_t end, Py_ssize_t len, Py_ssize_t max_lines)
+{
+    if (read_shape(shape_obj, shape, ndim, size) < 0)
+        return -1;
+    if (pos < 0 || end > len || pos > end || max_lines < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos, end or max_lines out of range");
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(parse_doc,
 "parse(data, pos, end, max_lines, shape, integer, values, spans) -> (ok, lines, next_pos)\n\n"
 "Read up to max_lines lines of data[pos:end] (each ends at a newline or at end). With ok True,\n"
@@ -304,12 +317,8 @@ static PyObject *parse(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnOpw*w*", &data, &pos, &end, &max_lines, &shape_obj, &integer,
                           &values, &spans))
         return NULL;
-    if (read_shape(shape_obj, shape, &ndim, &size) < 0)
+    if (read_request(shape_obj, shape, &ndim, &size, pos, end, data.len, max_lines) < 0)
         goto done;
-    if (pos < 0 || end > data.len || pos > end || max_lines < 0) {
-        PyErr_SetString(PyExc_ValueError, "pos, end or max_lines out of range");
-        goto done;
-    }
     if (max_lines > 0 && (values.len / 8 / (size ? size : 1) < max_lines || spans.len / 16 < max_lines)) {
         PyErr_SetString(PyExc_ValueError, "values or spans buffer too small for max_lines");
         goto done;
@@ -555,12 +564,8 @@ static PyObject *parse_u8(PyObject *self, PyObject *args)
     U8Reader r = {NULL, 0, NULL, NULL};
     if (!PyArg_ParseTuple(args, "y*nnnOw*w*", &data, &pos, &end, &max_lines, &shape_obj, &values, &spans))
         return NULL;
-    if (read_shape(shape_obj, shape, &ndim, &size) < 0)
+    if (read_request(shape_obj, shape, &ndim, &size, pos, end, data.len, max_lines) < 0)
         goto done;
-    if (pos < 0 || end > data.len || pos > end || max_lines < 0) {
-        PyErr_SetString(PyExc_ValueError, "pos, end or max_lines out of range");
-        goto done;
-    }
     if (values.len < max_lines * size + 64 || spans.len / 16 < max_lines) {
         PyErr_SetString(PyExc_ValueError, "values (max_lines * size + 64 bytes) or spans buffer too small");
         goto done;

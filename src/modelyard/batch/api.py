@@ -184,7 +184,6 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         else:
             run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
                       on_ready=ready, started=pool)
-            pool = None  # stopped by run_local
         bar.close()
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))
@@ -195,7 +194,7 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         job.update(state=jobs.FAILED, error=f"{type(exc).__name__}: {exc}", end_time=jobs.utc_now())
         return job
     finally:
-        if pool is not None:  # the job failed before the workers were handed their chunks
+        if pool is not None:
             pool.stop()
     stats = {**counts, "incomplete_count": 0}
     elapsed = time.monotonic() - started

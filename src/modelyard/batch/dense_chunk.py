@@ -96,10 +96,13 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
     ok_count, errors, row = 0, [], 0
     tmp = results_tmp(job_dir, chunk.index)
     out = PartWriter(tmp)
+    # The uint8 reader first (images); once it refuses a batch (floats, larger integers), the chunk
+    # is not of that kind and the general reader takes the rest without a second attempt per batch.
+    small_ints = dense.dtype.kind in "iuf"
     try:
         pos, end = 0, len(data)
         while pos < end:
-            n, after, batch = _parse(data, pos, end, dense, buffers, batch_size)
+            n, after, batch, small_ints = _parse(data, pos, end, dense, buffers, batch_size, small_ints)
             if batch is None or not _predict(predictor, data, batch, buffers.spans, n, out):
                 # The batch as the general loop would take it: its lines, numbered within the file.
                 lines = split_lines(bytes(data[pos:after]))
@@ -134,23 +137,26 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
     return ok_count, len(errors)
 
 
-def _parse(data: memoryview, pos: int, end: int, dense, buffers: _Buffers,
-           batch_size: int) -> tuple[int, int, np.ndarray | None]:
-    """Up to ``batch_size`` lines from ``pos``: ``(lines, next pos, the model's input batch or None)``.
+def _parse(data: memoryview, pos: int, end: int, dense, buffers: _Buffers, batch_size: int,
+           small_ints: bool) -> tuple[int, int, np.ndarray | None, bool]:
+    """Up to ``batch_size`` lines from ``pos``: ``(lines, next pos, the model's input batch or None,
+    whether to try the uint8 reader next time)``.
 
-    Integers from 0 to 255 (images) take the uint8 reader, which skips the int64 buffer and the cast;
-    a batch it refuses takes the general reader, which also reads floats and larger integers.
+    With ``small_ints``, integers from 0 to 255 (images) take the uint8 reader, which skips the int64
+    buffer and the cast; a batch it refuses takes the general reader, which also reads floats and
+    larger integers.
     """
-    if dense.dtype.kind in "iuf":
+    if small_ints:
         ok, n, after = _denselines.parse_u8(data, pos, end, batch_size, dense.shape, buffers.u8, buffers.spans)
         if ok:
-            return n, after, buffers.u8[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+            batch = buffers.u8[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+            return n, after, batch, True
     integer = dense.parse_dtype is np.int64
     ok, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer, buffers.values, buffers.spans)
     if not ok:
-        return n, after, None
+        return n, after, None, False
     values = buffers.values if integer else buffers.values.view(np.float64)
-    return n, after, values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
+    return n, after, values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False), False
 
 
 def _predict(predictor: Predictor, data: memoryview, batch: np.ndarray, spans: np.ndarray, n: int,

@@ -169,7 +169,8 @@ def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict,
               on_ready: Callable[[str], None] = lambda runtime: None, started: LocalWorkers | None = None) -> None:
     """Run every pending chunk; ``on_done(index, ok, err)`` after each commit. Raises BatchError on failure.
 
-    ``started``: workers already started for this job (``LocalWorkers``), used and stopped here."""
+    ``started``: workers already started for this job (``LocalWorkers``): used here, stopped by
+    whoever started them."""
     if workers == 0:
         if not pending:
             return
@@ -185,11 +186,10 @@ def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict,
             on_done(index, ok, err)
         return
     if not pending:
-        if started:
-            started.stop()
         return
     pool = started or LocalWorkers(job_dir, spec, batch_size, min(workers, len(pending)))
     try:
         pool.run(chunks, contexts, pending, on_done, on_ready)
     finally:
-        pool.stop()
+        if pool is not started:
+            pool.stop()
