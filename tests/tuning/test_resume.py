@@ -70,9 +70,12 @@ def test_kill_9_mid_study_then_resume(tmp_path: Path):
         assert after[number].state == TrialState.COMPLETE and after[number].values == values
     real = [t for t in after if t.number not in retried]
     assert len(real) == 6 and all(t.state == TrialState.COMPLETE for t in real), [(t.number, t.state) for t in after]
-    for number, params in interrupted.items():  # re-run with the same parameters
+    for number, params in interrupted.items():
         reruns = [t for t in real if t.system_attrs.get("failed_trial") == number]
-        assert len(reruns) == 1 and reruns[0].params == params
+        assert len(reruns) == 1
+        # A trial killed after drawing its parameters re-runs with them; one killed between
+        # ask() and the draw had none to keep (the kill can land there) and draws afresh.
+        assert reruns[0].params == params if params else set(reruns[0].params) == {"quality"}
     status = run(["tune", "status", str(study)])
     assert "6 complete, 0 pruned, 0 failed, 0 running of max_trial_count 6" in status.stdout, status.stdout
     assert "INTERRUPTED" in status.stdout
