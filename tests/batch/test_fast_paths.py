@@ -374,3 +374,26 @@ def test_threads_running_chunks_at_once_keep_their_own_buffers(tiny_model, tmp_p
     for t in threads:
         t.join()
     assert [together[0], together[1]] == alone
+
+
+def test_count_byte_agrees_with_python_at_every_length_and_alignment():
+    rng = np.random.default_rng(11)
+    data = bytes(rng.choice(np.frombuffer(b"\n[1,2]\n ", np.uint8), size=4096))
+    for start in range(0, 70):
+        for length in (0, 1, 63, 64, 65, 127, 128, 129, 1000, 4096 - start):
+            piece = data[start:start + length]
+            assert _denselines.count_byte(piece, 10) == piece.count(b"\n"), (start, length)
+    assert _denselines.count_byte(memoryview(bytearray(b"a\nb\n")), ord("b")) == 1
+
+
+def test_line_ranges_are_the_same_counted_in_c_or_numpy(tmp_path: Path, monkeypatch):
+    from modelyard.batch.readers import lines
+
+    rng = np.random.default_rng(5)
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"".join(b"x" * int(n) + b"\n" for n in rng.integers(0, 300, size=5000)) + b"tail")
+    monkeypatch.setattr(lines, "BLOCK", 4096)  # many blocks, chunks ending inside and across them
+    with_c = [lines.line_ranges(str(path), rows) for rows in (1, 7, 64, 1000, 10000)]
+    monkeypatch.setattr(lines, "_count_byte", None)
+    assert with_c == [lines.line_ranges(str(path), rows) for rows in (1, 7, 64, 1000, 10000)]
+    assert sum(r for _, _, r in with_c[2]) == 5001 and with_c[2][-1][1] == path.stat().st_size

@@ -146,17 +146,24 @@ def test_cancel_a_running_job(aiplatform, platform, tiny_model, tmp_path):
 
 
 def test_a_job_resumes_after_the_platform_and_its_process_die(platform, tiny_model, tmp_path):
-    rows = 25000
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"k": i, "x": [1.0, 2.0, 3.0, float(i % 7)]}) + "\n"
-                                               for i in range(rows)))
+    rows = 300000
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"k": {i}, "x": [1.0, 2.0, 3.0, {i % 7}.0]}}\n' for i in range(rows)))
     body = {"displayName": "resumed", "model": tiny_model.resource_name,
             "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "in.jsonl")]}},
             "instanceConfig": {"keyField": "k"},
             "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}},
             "manualBatchTuningParameters": {"batchSize": 128}, "dedicatedResources": {"startingReplicaCount": 1}}
     name = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30).json()["name"]
-    wait_state(platform, name, ("JOB_STATE_RUNNING",))
-    time.sleep(3)
+    # Killed with some parts committed and some not (its committed counts, while it runs).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
+        stats = job.get("completionStats", {})
+        if int(stats.get("successfulCount", 0)) > 0:
+            break
+        assert job["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING"), job
+        time.sleep(0.05)
+    assert 0 < int(stats["successfulCount"]) < rows and int(stats["incompleteCount"]) > 0, job
     kill_platform_and_its_jobs(platform)
     job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
     assert job["state"] == "JOB_STATE_SUCCEEDED", job

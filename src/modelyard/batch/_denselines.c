@@ -833,10 +833,56 @@ done:
     return out;
 }
 
+#if U8_SIMD
+U8_TARGET static Py_ssize_t count_byte_simd(const char *p, Py_ssize_t n, char byte)
+{
+    const __m512i wanted = _mm512_set1_epi8(byte);
+    Py_ssize_t count = 0, i = 0;
+    for (; i + 64 <= n; i += 64)
+        count += __builtin_popcountll(_mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(p + i)), wanted));
+    if (i < n) {
+        __mmask64 in = ((__mmask64)1 << (n - i)) - 1;
+        count += __builtin_popcountll(_mm512_mask_cmpeq_epi8_mask(in, _mm512_maskz_loadu_epi8(in, p + i), wanted));
+    }
+    return count;
+}
+#endif
+
+PyDoc_STRVAR(count_byte_doc,
+"count_byte(data, byte) -> int\n\n"
+"How many times ``byte`` (an int) occurs in ``data``: planning counts a file's lines with it\n"
+"(64 bytes at a time with AVX-512 where the CPU has it).");
+
+static PyObject *count_byte(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    int byte;
+    Py_ssize_t count = 0;
+    if (!PyArg_ParseTuple(args, "y*i", &data, &byte))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+#if U8_SIMD
+    if (u8_simd)
+        count = count_byte_simd((const char *)data.buf, data.len, (char)byte);
+    else
+#endif
+    {
+        const char *p = (const char *)data.buf, *end = p + data.len;
+        while ((p = memchr(p, byte, (size_t)(end - p))) != NULL) {
+            count++;
+            p++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"parse", parse, METH_VARARGS, parse_doc},
     {"parse_u8", parse_u8, METH_VARARGS, parse_u8_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
+    {"count_byte", count_byte, METH_VARARGS, count_byte_doc},
     {NULL, NULL, 0, NULL},
 };
 

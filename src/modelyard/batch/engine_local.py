@@ -38,7 +38,8 @@ def predictor_for(spec: JobSpec):
 
     key = (spec.version_dir, spec.signature_name, spec.runtime)
     if key not in _PREDICTORS:
-        _PREDICTORS[key] = Predictor(load_servable(Path(spec.version_dir), spec.runtime), spec.signature_name)
+        _PREDICTORS[key] = Predictor(load_servable(Path(spec.version_dir), spec.runtime, spec.signature_name),
+                                     spec.signature_name)
     return _PREDICTORS[key]
 
 

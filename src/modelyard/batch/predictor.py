@@ -32,14 +32,22 @@ class RowFailure(NamedTuple):
     message: str
 
 
-def load_servable(version_dir: Path, runtime: str = "auto"):
-    """The servable the server would load for ``version_dir`` under ``--runtime``."""
+def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str = "serving_default"):
+    """The servable the server would load for ``version_dir`` under ``--runtime``: for a SavedModel
+    whose ``signature_name`` LiteRT was verified on before (``litert_cache``), that conversion,
+    without importing TensorFlow unless LiteRT refuses a batch."""
     from modelyard.model.savedmodel import TFLITE_FILE
 
     if (version_dir / TFLITE_FILE).is_file():
         from modelyard.model.runtime.litert import load_tflite
 
         return load_tflite(version_dir, version_dir / TFLITE_FILE)
+    if runtime != "tensorflow":
+        from modelyard.model.runtime import litert_cache
+
+        cached = litert_cache.load(version_dir, signature_name)
+        if cached is not None:
+            return litert_cache.CachedLiteRTServable(version_dir, *cached)
     from modelyard.model.runtime.choose_runtime import choose_runtime
     from modelyard.model.runtime.tf_session import load_saved_model
 

@@ -1,4 +1,4 @@
-"""Splitting a file into chunks of whole lines by byte range, fast (NumPy over 4 MiB blocks).
+"""Splitting a file into chunks of whole lines by byte range, fast (4 MiB blocks; lines counted in C where built, else NumPy).
 
 ``quoted=True`` ignores newlines inside double quotes (CSV fields may hold newlines;
 an escaped quote is two quotes, so the parity rule holds).
@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # 64 bytes at a time; NumPy's count makes a boolean array first (0.3 s more per 2 GB)
+    from modelyard.batch._denselines import count_byte as _count_byte
+except ImportError:  # the C helper is optional
+    _count_byte = None
+
 BLOCK = 4 << 20
+
+
+def _newlines(arr: np.ndarray) -> int:
+    return _count_byte(arr, 10) if _count_byte is not None else int(np.count_nonzero(arr == 10))
 
 
 def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> list[tuple[int, int, int]]:
@@ -22,14 +31,13 @@ def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False
             if not size:
                 break
             arr = np.frombuffer(buf, np.uint8, size)
-            is_newline = arr == 10
             if not quoted:
-                count = int(np.count_nonzero(is_newline))
+                count = _newlines(arr)
                 if count < chunk_rows - rows:  # no chunk ends in this block (most blocks): a count will do
                     rows += count
                     pos += size
                     continue
-            newlines = np.flatnonzero(is_newline)
+            newlines = np.flatnonzero(arr == 10)
             if quoted:
                 quotes = np.cumsum(arr == 34, dtype=np.int64)
                 newlines = newlines[(quotes[newlines] + odd) % 2 == 0]

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 from modelyard.errors import Code, ServingError
+from modelyard.model.runtime import litert_cache
 from modelyard.model.runtime.litert import LiteRTRunner, _run_checked
 from modelyard.model.runtime.servable import Servable
 from modelyard.model.tflite import convert_saved_model
@@ -96,7 +97,8 @@ def _matches(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> str
     return None
 
 
-def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dict]:
+def _convert(session: Servable, sig: Signature) -> tuple[bytes, tuple[LiteRTRunner, dict, dict]]:
+    """The flatbuffer, and its runner with signature alias -> tensor key maps for inputs and outputs."""
     # fd 2 stays open: other threads of the server log while this converts.
     content = convert_saved_model(session.path, sig, hold_native_stderr=False)
     runner = LiteRTRunner(content, sig.name)
@@ -112,7 +114,7 @@ def _convert(session: Servable, sig: Signature) -> tuple[LiteRTRunner, dict, dic
                 raise ValueError(f"converted model has no tensor for {alias}")
         return mapping
 
-    return runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs)
+    return content, (runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs))
 
 
 def choose_runtime(session: Servable, runtime: str) -> Servable:
@@ -130,7 +132,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
             continue
         else:
             try:
-                candidate = _convert(session, sig)
+                content, candidate = _convert(session, sig)
                 trial = MixedServable(session, {name: candidate})
                 for sample in samples:
                     expected = session.run(sig, sample, tuple(sig.outputs))
@@ -139,6 +141,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
                         break
                 if not reason:
                     fast[name] = candidate
+                    litert_cache.store(session.path, sig, content, candidate[1], candidate[2])
             except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:

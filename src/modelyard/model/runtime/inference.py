@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
 
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.model import dtypes
@@ -135,7 +134,7 @@ def run_classify(servable: Servable, signature_name: str, serialized: list[bytes
     (alias,) = sig.inputs
     out = servable.run(sig, {alias: _examples_tensor(serialized)}, wanted)
     classes, scores = out.get("classes"), out.get("scores")
-    for name, value, dtype in (("classes", classes, types_pb2.DT_STRING), ("scores", scores, types_pb2.DT_FLOAT)):
+    for name, value, dtype in (("classes", classes, dtypes.DT_STRING), ("scores", scores, dtypes.DT_FLOAT)):
         if value is None:
             continue
         if value.ndim != 2:

@@ -1,0 +1,159 @@
+"""LiteRT conversions that ``choose_runtime`` verified, kept on disk and keyed by the model's bytes.
+
+Converting a SavedModel and checking LiteRT against TensorFlow costs seconds, and before that
+TensorFlow's import costs 2-3 s: every batch worker paid both on every job. Once a signature is
+verified, its flatbuffer and its signature are written under
+``<cache>/litert/<key>/<signature>/`` (``<cache>`` as for the demo model: ``$MODELYARD_CACHE``, ...),
+where ``key`` hashes every file of the version directory, TensorFlow's and LiteRT's versions and
+this format's, so a changed model, converter or interpreter never finds a stale entry. An entry
+is written to a temporary directory and renamed into place: readers see all of it or none.
+
+Only callers that can do without the TensorFlow session up front use the entries (batch
+workers, through ``CachedLiteRTServable``); a request LiteRT refuses still gets TensorFlow's
+answer, from a session loaded on first need.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+
+from modelyard.errors import ServingError
+from modelyard.model.runtime.servable import Servable
+from modelyard.model.signatures import Signature, TensorSpec
+
+log = logging.getLogger("modelyard.serving")
+
+FORMAT = "1"
+MODEL_FILE, SIGNATURE_FILE = "model.tflite", "signature.json"
+
+
+def cache_root() -> Path:
+    from modelyard.demo import default_cache_dir
+
+    return default_cache_dir() / "litert"
+
+
+def _versions() -> str:
+    found = []
+    for package in ("tensorflow", "ai-edge-litert"):
+        try:
+            found.append(f"{package}={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{package}=none")
+    return ";".join(found)
+
+
+def model_key(version_dir: Path) -> str:
+    """A hash of every file under ``version_dir`` (paths and bytes) and of the runtimes' versions."""
+    digest = hashlib.sha256(f"format={FORMAT};{_versions()}".encode())
+    for path in sorted(p for p in Path(version_dir).rglob("*") if p.is_file()):
+        digest.update(b"\0" + str(path.relative_to(version_dir)).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:32]
+
+
+def _entry(version_dir: Path, signature_name: str) -> Path:
+    return cache_root() / model_key(version_dir) / quote(signature_name, safe="")
+
+
+def _spec_json(spec: TensorSpec) -> dict:
+    return {"alias": spec.alias, "tensor_name": spec.tensor_name, "dtype": spec.dtype,
+            "shape": None if spec.shape is None else list(spec.shape)}
+
+
+def _spec(raw: dict) -> TensorSpec:
+    shape = raw["shape"]
+    return TensorSpec(raw["alias"], raw["tensor_name"], int(raw["dtype"]), None if shape is None else tuple(shape))
+
+
+def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict) -> None:
+    """Keep a verified conversion of ``signature``. Never fails the caller: a cache that cannot be
+    written (read-only home, full disk) only means the next load converts again."""
+    if signature.defaults:
+        return  # default inputs are numpy arrays; such signatures are rare and simply not cached
+    try:
+        entry = _entry(version_dir, signature.name)
+        if _read(entry) is not None:
+            return
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+        try:
+            (staging / MODEL_FILE).write_bytes(content)
+            described = {"name": signature.name, "method_name": signature.method_name,
+                         "inputs": [_spec_json(s) for s in signature.inputs.values()],
+                         "outputs": [_spec_json(s) for s in signature.outputs.values()],
+                         "in_keys": in_keys, "out_keys": out_keys}
+            (staging / SIGNATURE_FILE).write_text(json.dumps(described))
+            shutil.rmtree(entry, ignore_errors=True)  # a damaged entry (whole ones were returned above)
+            os.rename(staging, entry)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as exc:  # includes a writer racing us to the rename: its entry is as good
+        log.info("LiteRT conversion of %s not cached: %s", version_dir, exc)
+
+
+def _read(entry: Path) -> tuple[Signature, bytes, dict, dict] | None:
+    try:
+        described = json.loads((entry / SIGNATURE_FILE).read_text())
+        content = (entry / MODEL_FILE).read_bytes()
+        signature = Signature(described["name"], described["method_name"],
+                              {s["alias"]: _spec(s) for s in described["inputs"]},
+                              {s["alias"]: _spec(s) for s in described["outputs"]})
+        return signature, content, dict(described["in_keys"]), dict(described["out_keys"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load(version_dir: Path, signature_name: str) -> tuple[Signature, bytes, dict, dict] | None:
+    """``(signature, flatbuffer, input keys, output keys)`` verified earlier for these bytes, or None."""
+    return _read(_entry(Path(version_dir), signature_name))
+
+
+class CachedLiteRTServable(Servable):
+    """One verified signature on LiteRT, with the TensorFlow session loaded only when LiteRT
+    refuses a request (as ``MixedServable`` answers those, so answers and errors are the same)."""
+
+    runtime = "litert"
+    inline_ok = True
+
+    def __init__(self, path: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict):
+        from modelyard.model.runtime.litert import LiteRTRunner
+
+        super().__init__(path, {signature.name: signature}, None)
+        self._runner = LiteRTRunner(content, signature.name)
+        self._in_keys, self._out_keys = in_keys, out_keys
+        self._session: Servable | None = None
+        self._session_lock = threading.Lock()
+
+    def session(self) -> Servable:
+        with self._session_lock:
+            if self._session is None:
+                from modelyard.model.runtime.tf_session import load_saved_model
+
+                self._session = load_saved_model(self.path)
+            return self._session
+
+    def run(self, signature, inputs: dict[str, np.ndarray], output_aliases) -> dict[str, np.ndarray]:
+        from modelyard.model.runtime.litert import _run_checked
+
+        try:
+            results = _run_checked(self._runner, {self._in_keys[a]: v for a, v in inputs.items()},
+                                   [self._out_keys[a] for a in output_aliases])
+        except ServingError:
+            return self.session().run(self.session().signatures[signature.name], inputs, output_aliases)
+        return {a: results[self._out_keys[a]] for a in output_aliases}
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()

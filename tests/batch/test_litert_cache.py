@@ -1,0 +1,101 @@
+"""The verified-conversion cache batch workers load from: the first load converts, checks LiteRT
+against TensorFlow and keeps the result; the next loads it without importing TensorFlow, answer
+alike, and still give TensorFlow's error for what LiteRT refuses."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.batch.conftest import SRC
+
+# Loads the model as a batch worker does, predicts a good batch and a bad one, and says how.
+_LOAD = r"""
+import json, sys
+import numpy as np
+from pathlib import Path
+from modelyard.batch.predictor import load_servable
+from modelyard.errors import ServingError
+servable = load_servable(Path(sys.argv[1]))
+sig = servable.signatures["serving_default"]
+(alias,) = sig.inputs
+good = np.asarray(json.loads(sys.argv[2]), np.float32)
+(out,) = servable.run(sig, {alias: good}, tuple(sig.outputs)).values()
+before_bad = "tensorflow" in sys.modules
+try:
+    servable.run(sig, {alias: np.zeros((2, 5), np.float32)}, tuple(sig.outputs))
+    error = None
+except ServingError as exc:
+    error = [exc.code.name, str(exc)]
+print(json.dumps({"servable": type(servable).__name__, "runtime": servable.runtime, "out": out.tolist(),
+                  "tensorflow_before_bad_batch": before_bad, "error": error}))
+"""
+
+
+def _load(version_dir: Path, cache: Path, rows: list[list[float]]) -> dict:
+    env = dict(os.environ, MODELYARD_CACHE=str(cache), PYTHONPATH=str(SRC), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", _LOAD, str(version_dir), json.dumps(rows)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_verified_conversion_loads_again_without_tensorflow(tiny_model, tmp_path: Path):
+    version = tiny_model.base / "0001"
+    rows = np.random.default_rng(3).normal(size=(7, 4)).astype(np.float32)
+    first = _load(version, tmp_path / "cache", rows.tolist())
+    assert first["servable"] == "MixedServable" and first["runtime"] == "litert"
+    assert list((tmp_path / "cache" / "litert").glob("*/serving_default/model.tflite"))
+
+    again = _load(version, tmp_path / "cache", rows.tolist())
+    assert again["servable"] == "CachedLiteRTServable" and again["runtime"] == "litert"
+    assert again["tensorflow_before_bad_batch"] is False
+    assert again["out"] == first["out"]  # the same flatbuffer on the same interpreter: the same bits
+    np.testing.assert_allclose(again["out"], tiny_model.reference(rows), rtol=1e-5, atol=1e-6)
+    # What LiteRT refuses goes to TensorFlow, loaded then: its answer, as without the cache.
+    assert again["error"] == first["error"] and again["error"][0] == "INVALID_ARGUMENT"
+
+
+def test_changed_model_bytes_miss_the_cache(tiny_model, tmp_path: Path, monkeypatch):
+    from modelyard.model.runtime import litert_cache
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    version = tmp_path / "copy" / "0001"
+    shutil.copytree(tiny_model.base / "0001", version)
+    key = litert_cache.model_key(version)
+    assert litert_cache.model_key(version) == key
+    assert litert_cache.load(version, "serving_default") is None
+    _load(version, tmp_path / "cache", [[0.0] * 4])
+    assert litert_cache.load(version, "serving_default") is not None
+    assert litert_cache.load(version, "no_such_signature") is None
+    data = next(version.glob("variables/variables.data-*"))
+    data.write_bytes(data.read_bytes()[:-1] + bytes([data.read_bytes()[-1] ^ 1]))
+    assert litert_cache.model_key(version) != key
+    assert litert_cache.load(version, "serving_default") is None
+
+
+def test_a_cache_that_cannot_be_written_only_means_converting_again(tiny_model, tmp_path: Path):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the cache directory would go")
+    for _ in range(2):
+        loaded = _load(tiny_model.base / "0001", blocked, [[1.0, 2.0, 3.0, 4.0]])
+        assert loaded["servable"] == "MixedServable"
+        np.testing.assert_allclose(loaded["out"], tiny_model.reference([[1.0, 2.0, 3.0, 4.0]]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_torn_entry_is_a_miss(tiny_model, tmp_path: Path, monkeypatch):
+    from modelyard.model.runtime import litert_cache
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    version = tiny_model.base / "0001"
+    _load(version, tmp_path / "cache", [[0.0] * 4])
+    (entry,) = (tmp_path / "cache" / "litert").glob("*/serving_default")
+    (entry / "signature.json").write_text('{"name": "serving_default", "inp')
+    assert litert_cache.load(version, "serving_default") is None
+    assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "MixedServable"
+    assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "CachedLiteRTServable"  # rewritten
