@@ -5,6 +5,9 @@ an escaped quote is two quotes, so the parity rule holds).
 """
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
 
 try:  # 64 bytes at a time; NumPy's count makes a boolean array first (0.3 s more per 2 GB)
@@ -22,39 +25,41 @@ def _newlines(arr: np.ndarray) -> int:
 def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> list[tuple[int, int, int]]:
     """``[(start, end, rows), ...]`` covering ``path`` from ``start``; a last line without a newline counts."""
     ranges: list[tuple[int, int, int]] = []
-    chunk_start, rows, pos, odd = start, 0, start, 0
-    buf = bytearray(BLOCK)
+    chunk_start, rows, odd = start, 0, 0
     with open(path, "rb") as f:
-        f.seek(start)
-        while True:
-            size = f.readinto(buf)
-            if not size:
-                break
-            arr = np.frombuffer(buf, np.uint8, size)
-            if not quoted:
-                count = _newlines(arr)
-                if count < chunk_rows - rows:  # no chunk ends in this block (most blocks): a count will do
-                    rows += count
-                    pos += size
-                    continue
-            newlines = np.flatnonzero(arr == 10)
-            if quoted:
-                quotes = np.cumsum(arr == 34, dtype=np.int64)
-                newlines = newlines[(quotes[newlines] + odd) % 2 == 0]
-                odd = (odd + int(quotes[-1])) % 2
-            ends = newlines + (pos + 1)
-            i = 0
-            while len(ends) - i >= chunk_rows - rows:
-                i += chunk_rows - rows
-                end = int(ends[i - 1])
-                ranges.append((chunk_start, end, chunk_rows))
-                chunk_start, rows = end, 0
-            rows += len(ends) - i
-            pos += size
-    if _has_unterminated_tail(path, start, pos):
+        size = os.fstat(f.fileno()).st_size
+        if size <= start:
+            return []
+        # Mapped, not read: the page cache's bytes are counted where they are (a 2 GB file: 0.3 s,
+        # against 0.5 s through a read buffer).
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            whole = np.frombuffer(mapped, np.uint8)
+            for pos in range(start, size, BLOCK):
+                block = whole[pos:pos + BLOCK]
+                if not quoted:
+                    count = _newlines(block)
+                    if count < chunk_rows - rows:  # no chunk ends in this block (most blocks): a count will do
+                        rows += count
+                        continue
+                newlines = np.flatnonzero(block == 10)
+                if quoted:
+                    quotes = np.cumsum(block == 34, dtype=np.int64)
+                    newlines = newlines[(quotes[newlines] + odd) % 2 == 0]
+                    odd = (odd + int(quotes[-1])) % 2
+                ends = newlines + (pos + 1)
+                i = 0
+                while len(ends) - i >= chunk_rows - rows:
+                    i += chunk_rows - rows
+                    end = int(ends[i - 1])
+                    ranges.append((chunk_start, end, chunk_rows))
+                    chunk_start, rows = end, 0
+                rows += len(ends) - i
+            del whole, block  # the map closes only when no array views it
+    if _has_unterminated_tail(path, start, size):
         rows += 1  # bytes after the last newline are one more row
     if rows:
-        ranges.append((chunk_start, pos, rows))
+        ranges.append((chunk_start, size, rows))
     return ranges
 
 
