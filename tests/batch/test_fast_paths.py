@@ -397,3 +397,29 @@ def test_line_ranges_are_the_same_counted_in_c_or_numpy(tmp_path: Path, monkeypa
     monkeypatch.setattr(lines, "_count_byte", None)
     assert with_c == [lines.line_ranges(str(path), rows) for rows in (1, 7, 64, 1000, 10000)]
     assert sum(r for _, _, r in with_c[2]) == 5001 and with_c[2][-1][1] == path.stat().st_size
+
+
+def test_planning_a_large_file_holds_a_window_of_it_not_the_file(tmp_path: Path):
+    """The planner maps the input to count its lines; the mapped pages it touched must not pile
+    up in its RSS (a 2 GB input once showed as a 2 GB process)."""
+    import subprocess
+    import sys
+
+    from tests.batch.conftest import SRC
+
+    path = tmp_path / "big.jsonl"
+    line = b"[" + b"1," * 511 + b"1]\n"  # 1 KiB
+    with open(path, "wb") as f:
+        for _ in range(384):
+            f.write(line * 1024)  # 384 MiB in all
+    probe = ("import resource, sys\n"
+             "from modelyard.batch.readers.lines import line_ranges\n"
+             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "ranges = line_ranges(sys.argv[1], 50000)\n"
+             "print(sum(r for _, _, r in ranges), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    rows, grown_mib = map(int, done.stdout.split())
+    assert rows == 384 * 1024
+    assert grown_mib < 128, f"planning grew the process by {grown_mib} MiB for a 384 MiB file"
