@@ -99,3 +99,32 @@ def test_a_torn_entry_is_a_miss(tiny_model, tmp_path: Path, monkeypatch):
     assert litert_cache.load(version, "serving_default") is None
     assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "MixedServable"
     assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "CachedLiteRTServable"  # rewritten
+
+
+def test_the_server_takes_a_cached_conversion_instead_of_converting_again(tiny_model, tmp_path: Path, monkeypatch):
+    from modelyard.model.runtime import choose_runtime as chooser
+    from modelyard.model.runtime.tf_session import load_saved_model
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    version = tiny_model.base / "0001"
+    x = np.random.default_rng(9).normal(size=(5, 4)).astype(np.float32)
+    first = chooser.choose_runtime(load_saved_model(version), "auto")
+    try:
+        assert first.runtime_of("serving_default") == "litert"
+        sig = first.signatures["serving_default"]
+        expected = first.run(sig, {"x": x}, tuple(sig.outputs))
+    finally:
+        first.close()
+
+    def convert_again(*_args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(chooser, "_convert", convert_again)  # a conversion now fails the litert load
+    again = chooser.choose_runtime(load_saved_model(version), "litert")
+    try:
+        assert again.runtime_of("serving_default") == "litert"
+        sig = again.signatures["serving_default"]
+        got = again.run(sig, {"x": x}, tuple(sig.outputs))
+        assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in expected.items()}
+    finally:
+        again.close()

@@ -122,6 +122,10 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
     if runtime == "tensorflow":
         return session
     fast = {}
+    try:
+        key = litert_cache.model_key(session.path)
+    except OSError:
+        key = None
     for name, sig in session.signatures.items():
         samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
         reason = None
@@ -129,6 +133,14 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
             # No runtime choice to make: LiteRT takes no serialized Examples or strings.
             log.info("Signature %s of %s stays on TensorFlow: LiteRT cannot take inputs of unknown shape or "
                  "non-numeric dtype", name, session.path)
+            continue
+        cached = litert_cache.load(session.path, name, key) if key else None
+        if cached is not None and cached[0] == sig:
+            # Checked against TensorFlow when these bytes were first converted, under these versions.
+            _, content, in_keys, out_keys = cached
+            fast[name] = (LiteRTRunner(content, name), in_keys, out_keys)
+            log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow), as checked at its first "
+                     "conversion (cached)", name, session.path)
             continue
         else:
             try:
@@ -141,7 +153,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
                         break
                 if not reason:
                     fast[name] = candidate
-                    litert_cache.store(session.path, sig, content, candidate[1], candidate[2])
+                    litert_cache.store(session.path, sig, content, candidate[1], candidate[2], key)
             except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:

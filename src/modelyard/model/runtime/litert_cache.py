@@ -8,9 +8,10 @@ where ``key`` hashes every file of the version directory, TensorFlow's and LiteR
 this format's, so a changed model, converter or interpreter never finds a stale entry. An entry
 is written to a temporary directory and renamed into place: readers see all of it or none.
 
-Only callers that can do without the TensorFlow session up front use the entries (batch
-workers, through ``CachedLiteRTServable``); a request LiteRT refuses still gets TensorFlow's
-answer, from a session loaded on first need.
+``choose_runtime`` takes an entry instead of converting and checking again (the server still
+loads the session: it answers what LiteRT refuses, and classify/regress). Batch workers, which
+need one signature, load an entry alone (``CachedLiteRTServable``): a batch LiteRT refuses still
+gets TensorFlow's answer, from a session loaded on first need.
 """
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ def model_key(version_dir: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _entry(version_dir: Path, signature_name: str) -> Path:
-    return cache_root() / model_key(version_dir) / quote(signature_name, safe="")
+def _entry(version_dir: Path, signature_name: str, key: str | None) -> Path:
+    return cache_root() / (key or model_key(version_dir)) / quote(signature_name, safe="")
 
 
 def _spec_json(spec: TensorSpec) -> dict:
@@ -77,13 +78,14 @@ def _spec(raw: dict) -> TensorSpec:
     return TensorSpec(raw["alias"], raw["tensor_name"], int(raw["dtype"]), None if shape is None else tuple(shape))
 
 
-def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict) -> None:
+def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict,
+          key: str | None = None) -> None:
     """Keep a verified conversion of ``signature``. Never fails the caller: a cache that cannot be
     written (read-only home, full disk) only means the next load converts again."""
     if signature.defaults:
         return  # default inputs are numpy arrays; such signatures are rare and simply not cached
     try:
-        entry = _entry(version_dir, signature.name)
+        entry = _entry(version_dir, signature.name, key)
         if _read(entry) is not None:
             return
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -115,9 +117,13 @@ def _read(entry: Path) -> tuple[Signature, bytes, dict, dict] | None:
         return None
 
 
-def load(version_dir: Path, signature_name: str) -> tuple[Signature, bytes, dict, dict] | None:
-    """``(signature, flatbuffer, input keys, output keys)`` verified earlier for these bytes, or None."""
-    return _read(_entry(Path(version_dir), signature_name))
+def load(version_dir: Path, signature_name: str, key: str | None = None) -> tuple[Signature, bytes, dict, dict] | None:
+    """``(signature, flatbuffer, input keys, output keys)`` verified earlier for these bytes, or None.
+    ``key``: ``model_key(version_dir)``, when the caller has it already."""
+    try:
+        return _read(_entry(Path(version_dir), signature_name, key))
+    except OSError:  # a version file unreadable for hashing: the load itself will say why
+        return None
 
 
 class CachedLiteRTServable(Servable):
