@@ -18,7 +18,7 @@ import numpy as np
 
 from modelyard.errors import Code, ServingError
 from modelyard.model.runtime import litert_cache
-from modelyard.model.runtime.litert import LiteRTRunner, _run_checked
+from modelyard.model.runtime.litert import AliasedRunner, LiteRTRunner
 from modelyard.model.runtime.servable import Servable
 from modelyard.model.tflite import convert_saved_model
 from modelyard.model.signatures import Signature
@@ -31,7 +31,7 @@ SAMPLE_BATCHES = (1, 3)
 class MixedServable(Servable):
     """A session servable whose listed signatures run on LiteRT instead (inputs LiteRT refuses: the session)."""
 
-    def __init__(self, session: Servable, fast: dict[str, tuple[LiteRTRunner, dict, dict]]):
+    def __init__(self, session: Servable, fast: dict[str, AliasedRunner]):
         super().__init__(session.path, session.signatures, session.signature_def_map)
         self._session = session
         self._fast = fast
@@ -45,15 +45,12 @@ class MixedServable(Servable):
         fast = self._fast.get(signature.name)
         if fast is None:
             return self._session.run(signature, inputs, output_aliases)
-        runner, in_keys, out_keys = fast
         try:
-            results = _run_checked(runner, {in_keys[a]: v for a, v in inputs.items()},
-                                   [out_keys[a] for a in output_aliases])
+            return fast.run(inputs, output_aliases)
         except ServingError:
             # LiteRT refused these inputs (say, a shape its kernels cannot take). TensorFlow answers
             # them, with its own result or error (TF Serving's), so the runtime never changes either.
             return self._session.run(signature, inputs, output_aliases)
-        return {a: results[out_keys[a]] for a in output_aliases}
 
     def close(self) -> None:
         self._fast.clear()
@@ -97,8 +94,8 @@ def _matches(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> str
     return None
 
 
-def _convert(session: Servable, sig: Signature) -> tuple[bytes, tuple[LiteRTRunner, dict, dict]]:
-    """The flatbuffer, and its runner with signature alias -> tensor key maps for inputs and outputs."""
+def _convert(session: Servable, sig: Signature) -> tuple[bytes, AliasedRunner]:
+    """The flatbuffer, and its runner addressed by the signature's aliases."""
     # fd 2 stays open: other threads of the server log while this converts.
     content = convert_saved_model(session.path, sig, hold_native_stderr=False)
     runner = LiteRTRunner(content, sig.name)
@@ -114,7 +111,7 @@ def _convert(session: Servable, sig: Signature) -> tuple[bytes, tuple[LiteRTRunn
                 raise ValueError(f"converted model has no tensor for {alias}")
         return mapping
 
-    return content, (runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs))
+    return content, AliasedRunner(runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs))
 
 
 def choose_runtime(session: Servable, runtime: str) -> Servable:
@@ -138,7 +135,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
         if cached is not None and cached[0] == sig:
             # Checked against TensorFlow when these bytes were first converted, under these versions.
             _, content, in_keys, out_keys = cached
-            fast[name] = (LiteRTRunner(content, name), in_keys, out_keys)
+            fast[name] = AliasedRunner(LiteRTRunner(content, name), in_keys, out_keys)
             log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow), as checked at its first "
                      "conversion (cached)", name, session.path)
             continue
@@ -153,7 +150,7 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
                         break
                 if not reason:
                     fast[name] = candidate
-                    litert_cache.store(session.path, sig, content, candidate[1], candidate[2], key)
+                    litert_cache.store(session.path, sig, content, candidate.in_keys, candidate.out_keys, key)
             except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:

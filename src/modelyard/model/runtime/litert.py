@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -103,6 +104,21 @@ def _run_checked(runner: LiteRTRunner, inputs, output_keys):
         raise ServingError(Code.INVALID_ARGUMENT, str(exc)) from None
     except RuntimeError as exc:
         raise ServingError(Code.INTERNAL, str(exc)) from None
+
+
+class AliasedRunner(NamedTuple):
+    """A runner driven by signature alias: ``in_keys`` / ``out_keys`` map aliases to its tensor keys
+    (a converted SavedModel signature's tensors may be named otherwise)."""
+
+    runner: LiteRTRunner
+    in_keys: dict
+    out_keys: dict
+
+    def run(self, inputs: dict[str, np.ndarray], output_aliases) -> dict[str, np.ndarray]:
+        """The outputs by alias; ServingError when LiteRT refuses the inputs."""
+        results = _run_checked(self.runner, {self.in_keys[a]: v for a, v in inputs.items()},
+                               [self.out_keys[a] for a in output_aliases])
+        return {a: results[self.out_keys[a]] for a in output_aliases}
 
 
 class LiteRTServable(Servable):

@@ -134,11 +134,10 @@ class CachedLiteRTServable(Servable):
     inline_ok = True
 
     def __init__(self, path: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict):
-        from modelyard.model.runtime.litert import LiteRTRunner
+        from modelyard.model.runtime.litert import AliasedRunner, LiteRTRunner
 
         super().__init__(path, {signature.name: signature}, None)
-        self._runner = LiteRTRunner(content, signature.name)
-        self._in_keys, self._out_keys = in_keys, out_keys
+        self._fast = AliasedRunner(LiteRTRunner(content, signature.name), in_keys, out_keys)
         self._session: Servable | None = None
         self._session_lock = threading.Lock()
 
@@ -151,14 +150,11 @@ class CachedLiteRTServable(Servable):
             return self._session
 
     def run(self, signature, inputs: dict[str, np.ndarray], output_aliases) -> dict[str, np.ndarray]:
-        from modelyard.model.runtime.litert import _run_checked
-
         try:
-            results = _run_checked(self._runner, {self._in_keys[a]: v for a, v in inputs.items()},
-                                   [self._out_keys[a] for a in output_aliases])
+            return self._fast.run(inputs, output_aliases)
         except ServingError:
-            return self.session().run(self.session().signatures[signature.name], inputs, output_aliases)
-        return {a: results[self._out_keys[a]] for a in output_aliases}
+            session = self.session()
+            return session.run(session.signatures[signature.name], inputs, output_aliases)
 
     def close(self) -> None:
         if self._session is not None:
