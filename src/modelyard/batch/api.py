@@ -10,12 +10,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, Container, Iterable, TextIO
 
 from modelyard import objstore
 from modelyard.batch import job as jobs
 from modelyard.batch import remote
 from modelyard.batch.progress import Progress
+from modelyard.batch import job_plan
+from modelyard.batch.readers import Chunk, iter_plan
 from modelyard.batch.readers import plan as make_plan
 from modelyard.batch.shards import committed, finalize
 from modelyard.batch.spec import (DEFAULT_CHUNK_ROWS, BatchError, JobSpec, check_options, expand_inputs,
@@ -153,20 +155,10 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
         local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
-        planned = jobs.load_plan(job.job_dir)
-        if planned is None:
-            try:
-                planned = make_plan(local_inputs, spec.format, spec.chunk_rows)
-            except (ValueError, OSError) as exc:
-                raise BatchError(str(exc)) from None
-            jobs.save_plan(job.job_dir, *planned)
-        chunks, contexts = planned
         done = committed(job.job_dir)
-        total = sum(c.rows for c in chunks)
-        pending = [c.index for c in chunks if c.index not in done]
-        rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
-        if done and pending:
-            say(f"resuming {job.job_dir}: {len(done)} of {len(chunks)} chunks ({rows_done:,} rows) already committed")
+        # A new job on local workers is planned while they predict its first chunks.
+        source, total, rows_done = _chunks(job.job_dir, local_inputs, spec, done, streamed=pool is not None,
+                                           estimate=lambda rows: setattr(bar, "total", rows), say=say)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
         def ready(runtime: str) -> None:
@@ -179,11 +171,13 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         if engine == "ray":
             from modelyard.batch.engine_ray import run_ray
 
-            run_ray(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
-                    on_ready=ready, address=ray_address, log=say)
+            run_ray(job.job_dir, spec, source, done, batch_size, workers, on_done=advance, on_ready=ready,
+                    address=ray_address, log=say)
         else:
-            run_local(job.job_dir, spec, chunks, contexts, pending, batch_size, workers, on_done=advance,
-                      on_ready=ready, started=pool)
+            run_local(job.job_dir, spec, source, done, batch_size, workers, on_done=advance, on_ready=ready,
+                      started=pool)
+        chunks, _contexts = job_plan.load_plan(job.job_dir)  # whole now, however it was made
+        total = sum(c.rows for c in chunks)
         bar.close()
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))
@@ -203,3 +197,50 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
                last_run_seconds=round(elapsed, 3), predict_seconds=round(predicted, 3),
                rows_this_run=total - rows_done)
     return job
+
+
+def _plan(files: list[str], spec: JobSpec) -> tuple[list[Chunk], dict]:
+    try:
+        return make_plan(files, spec.format, spec.chunk_rows)
+    except (ValueError, OSError) as exc:
+        raise BatchError(str(exc)) from None
+
+
+def _chunks(job_dir: Path, files: list[str], spec: JobSpec, done: Container[int], streamed: bool,
+            estimate: Callable[[int], None], say: Callable[[str], None]) -> tuple[Iterable, int, int]:
+    """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs to run.
+
+    A job with a plan (or one cut short by a kill, made again and checked) runs it as it is.
+    A new one is planned on the spot, or, ``streamed``, while its chunks run: then the total
+    is 0 here and ``estimate`` gets it as the plan grows."""
+    planned = job_plan.load_plan(job_dir)
+    if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
+        planned = _plan(files, spec)
+        job_plan.finish_partial_plan(job_dir, planned)
+    if planned is None and streamed:
+        return _counted(job_plan.recorded(job_dir, iter_plan(files, spec.format, spec.chunk_rows)),
+                        files, estimate), 0, 0
+    if planned is None:
+        planned = _plan(files, spec)
+        job_plan.save_plan(job_dir, *planned)
+    chunks, contexts = planned
+    rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
+    if done and len(done) < len(chunks):
+        say(f"resuming {job_dir}: {len(done)} of {len(chunks)} chunks ({rows_done:,} rows) already committed")
+    return [(c, contexts.get(c.file)) for c in chunks], sum(c.rows for c in chunks), rows_done
+
+
+def _counted(source, files: list[str], estimate: Callable[[int], None]):
+    """``source`` passed through, the job's row count estimated as it goes (rows per byte so far)
+    for the progress bar, exact once the plan is whole. Planning errors become BatchError."""
+    size = sum(os.path.getsize(f) for f in files)
+    rows = spanned = 0
+    try:
+        for chunk, context in source:
+            rows += chunk.rows
+            spanned += chunk.end - chunk.start
+            estimate(round(rows * size / spanned) if spanned else rows)
+            yield chunk, context
+    except (ValueError, OSError) as exc:
+        raise BatchError(str(exc)) from None
+    estimate(rows)

@@ -10,9 +10,10 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Container, Iterable
 
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
@@ -125,36 +126,66 @@ class LocalWorkers:
         for p in self.procs:
             p.start()
 
-    def run(self, chunks: list[Chunk], contexts: dict, pending: list[int],
+    def run(self, source: Iterable[tuple[Chunk, Any]], done: Container[int],
             on_done: Callable[[int, int, int], None], on_ready: Callable[[str], None]) -> None:
-        for index in pending:
-            self.tasks.put((chunks[index], contexts.get(chunks[index].file)))
-        for _ in self.procs:
-            self.tasks.put(None)
-        left = set(pending)
-        announced = False
-        while left:
+        """Hand out every chunk of ``source`` not in ``done`` and wait for its commit. ``source`` is
+        read by a thread of its own: when it is the plan being made, workers predict the first
+        chunks while the rest of the input is still being counted."""
+        left: set[int] = set()
+        failure: list[BaseException] = []
+        stop = threading.Event()
+
+        def feed() -> None:
             try:
-                message = self.answers.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
-                if dead:
-                    raise BatchError(f"worker pid {dead[0].pid} died (exit code {dead[0].exitcode}) with "
-                                     f"{len(left)} chunks left; run the same command again to resume")
-                if all(not p.is_alive() for p in self.procs):
-                    raise BatchError(f"all workers exited with {len(left)} chunks left")
-                continue
-            kind = message[0]
-            if kind == "failed":
-                raise BatchError(f"worker failed: {message[1]}")
-            if kind == "ready":
-                if not announced:
-                    on_ready(message[2])
-                    announced = True
-                continue
-            _, index, ok, err = message
-            left.discard(index)
-            on_done(index, ok, err)
+                for chunk, context in source:
+                    if stop.is_set():
+                        return
+                    if chunk.index not in done:
+                        left.add(chunk.index)  # before the task: its answer must find it
+                        self.tasks.put((chunk, context))
+            except BaseException as exc:  # a plan that cannot be made fails the job, in the caller
+                failure.append(exc)
+            finally:
+                for _ in self.procs:
+                    self.tasks.put(None)
+                self.answers.put(("planned",))
+
+        feeder = threading.Thread(target=feed, name="batch-plan", daemon=True)
+        feeder.start()
+        planned = announced = False
+        try:
+            while not planned or left:
+                try:
+                    message = self.answers.get(timeout=0.5)
+                except queue.Empty:
+                    self._check_alive(len(left))
+                    continue
+                kind = message[0]
+                if kind == "planned":
+                    if failure:
+                        raise failure[0]
+                    planned = True
+                elif kind == "failed":
+                    raise BatchError(f"worker failed: {message[1]}")
+                elif kind == "ready":
+                    if not announced:
+                        on_ready(message[2])
+                        announced = True
+                else:
+                    _, index, ok, err = message
+                    left.discard(index)
+                    on_done(index, ok, err)
+        finally:
+            stop.set()  # a failed job's plan stops at its next chunk, and no later than here
+            feeder.join()
+
+    def _check_alive(self, left: int) -> None:
+        dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
+        if dead:
+            raise BatchError(f"worker pid {dead[0].pid} died (exit code {dead[0].exitcode}) with "
+                             f"{left} chunks left; run the same command again to resume")
+        if all(not p.is_alive() for p in self.procs):
+            raise BatchError(f"all workers exited with {left} chunks left")
 
     def stop(self) -> None:
         # Every chunk is committed (or the job failed): a worker has nothing left to write, and
@@ -165,32 +196,31 @@ class LocalWorkers:
             p.join()
 
 
-def run_local(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
+def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],
               batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
               on_ready: Callable[[str], None] = lambda runtime: None, started: LocalWorkers | None = None) -> None:
-    """Run every pending chunk; ``on_done(index, ok, err)`` after each commit. Raises BatchError on failure.
+    """Run every chunk of ``source`` (``(chunk, context)`` pairs) not in ``done``; ``on_done(index,
+    ok, err)`` after each commit. Raises BatchError on failure.
 
     ``started``: workers already started for this job (``LocalWorkers``): used here, stopped by
     whoever started them."""
     if workers == 0:
-        if not pending:
-            return
         from modelyard.batch.work import process_chunk
 
-        predictor = predictor_for(spec)
-        on_ready(predictor.runtime)
-        shaping = shaping_of(spec)
-        for index in pending:
-            chunk = chunks[index]
-            ok, err = process_chunk(job_dir, chunk, spec.format, contexts.get(chunk.file), shaping,
-                                    predictor, batch_size)
-            on_done(index, ok, err)
+        predictor = None
+        for chunk, context in source:
+            if chunk.index in done:
+                continue
+            if predictor is None:
+                predictor = predictor_for(spec)
+                on_ready(predictor.runtime)
+                shaping = shaping_of(spec)
+            ok, err = process_chunk(job_dir, chunk, spec.format, context, shaping, predictor, batch_size)
+            on_done(chunk.index, ok, err)
         return
-    if not pending:
-        return
-    pool = started or LocalWorkers(job_dir, spec, batch_size, min(workers, len(pending)))
+    pool = started or LocalWorkers(job_dir, spec, batch_size, workers)
     try:
-        pool.run(chunks, contexts, pending, on_done, on_ready)
+        pool.run(source, done, on_done, on_ready)
     finally:
         if pool is not started:
             pool.stop()

@@ -19,7 +19,7 @@ import os
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
@@ -121,15 +121,19 @@ class ChunkWorker:
         return ("done", index, ok, err)
 
 
-def run_ray(job_dir: Path, spec: JobSpec, chunks: list[Chunk], contexts: dict, pending: list[int],
+def run_ray(job_dir: Path, spec: JobSpec, source: list[tuple[Chunk, Any]], done: Container[int],
             batch_size: int, workers: int | None, on_done: Callable[[int, int, int], None],
             on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
             log: Callable[[str], None] = lambda message: None) -> None:
-    """Run every pending chunk on Ray actors; ``on_done(index, ok, err)`` after each commit.
+    """Run every chunk of the whole plan ``source`` (``(chunk, context)`` pairs) not in ``done`` on
+    Ray actors; ``on_done(index, ok, err)`` after each commit.
 
     ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets one line at the end: how
     many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
+    chunks = [chunk for chunk, _context in source]
+    contexts = {chunk.file: context for chunk, context in source}
+    pending = [chunk.index for chunk in chunks if chunk.index not in done]
     ray = connect(address)
     if not pending:
         return

@@ -1,4 +1,4 @@
-"""A batch prediction job on disk: its directory, ``job.json`` (spec, state, stats) and its plan.
+"""A batch prediction job on disk: its directory and ``job.json`` (spec, state, stats); its plan is ``job_plan``'s.
 
 States are Vertex AI's (``JOB_STATE_PENDING`` ... ``JOB_STATE_SUCCEEDED``). The job directory
 is ``<output>/prediction-<model>-<UTC timestamp>/``; ``job.json`` is replaced atomically on
@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from modelyard.batch.readers import Chunk
 from modelyard.batch.shards import ERRORS_FILE, iter_lines, result_shards, write_json
 from modelyard.batch.spec import BatchError, JobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = ("JOB_STATE_PENDING", "JOB_STATE_RUNNING",
                                        "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED")
 JOB_FILE = "job.json"
-PLAN_FILE = "plan.json"
 JOB_PREFIX = "prediction-"
 
 
@@ -173,19 +171,3 @@ class JobLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def save_plan(job_dir: Path, chunks: list[Chunk], contexts: dict[str, Any]) -> None:
-    write_json(job_dir / PLAN_FILE, {
-        "chunks": [[c.file, c.start, c.end, c.rows, c.first_row] for c in chunks],
-        "contexts": contexts,
-    })
-
-
-def load_plan(job_dir: Path) -> tuple[list[Chunk], dict[str, Any]] | None:
-    path = job_dir / PLAN_FILE
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    chunks = [Chunk(i, *row) for i, row in enumerate(data["chunks"])]
-    return chunks, data["contexts"]

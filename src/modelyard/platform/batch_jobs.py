@@ -10,7 +10,6 @@ and publishes the result shards and the error file to
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from pathlib import Path
 
@@ -127,15 +126,17 @@ def execute(work_dir: Path, job: dict) -> dict:
 
 def progress(work_dir: Path, row: dict) -> dict | None:
     """Counts of the committed parts while the job runs (the batch package's own progress record)."""
-    from modelyard.batch.job import PLAN_FILE
+    from modelyard.batch.job_plan import load_plan
     from modelyard.batch.shards import committed
 
     for job_dir in (work_dir / "output").glob("prediction-*"):
         try:
-            plan = json.loads((job_dir / PLAN_FILE).read_text())
+            plan = load_plan(job_dir)
         except (OSError, ValueError):
             return None
-        total = sum(chunk[3] for chunk in plan["chunks"])
+        if plan is None:  # still planning: no total to count against yet
+            return None
+        total = sum(chunk.rows for chunk in plan[0])
         done = committed(job_dir).values()
         ok, err = sum(d[0] for d in done), sum(d[1] for d in done)
         return {"completionStats": _stats(ok, err, total - ok - err)}

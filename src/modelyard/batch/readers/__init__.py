@@ -11,7 +11,7 @@ May import: ``modelyard.errors`` and the standard library; nothing of the job or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 
 class Row(NamedTuple):
@@ -57,18 +57,28 @@ def reader(fmt: str):
     return module
 
 
-def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict[str, Any]]:
-    """Every chunk of every file, in order, and each file's decode context (e.g. a CSV header)."""
+def iter_plan(files: list[str], fmt: str, chunk_rows: int) -> Iterator[tuple[Chunk, Any]]:
+    """Every chunk of every file, in order, with its file's decode context (e.g. a CSV header),
+    each as soon as it is found. The same files give the same chunks, so a plan cut short can be
+    made again and checked against what it had handed out."""
     module = reader(fmt)
-    chunks: list[Chunk] = []
-    contexts: dict[str, Any] = {}
+    index = 0
     for path in files:
         ranges, context = module.scan(path, chunk_rows)
-        contexts[path] = context
         first = 0
         for start, end, rows in ranges:
-            chunks.append(Chunk(len(chunks), path, start, end, rows, first))
+            yield Chunk(index, path, start, end, rows, first), context
+            index += 1
             first += rows
+
+
+def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict[str, Any]]:
+    """``iter_plan`` whole: the chunks, and the context of each file that has any."""
+    chunks: list[Chunk] = []
+    contexts: dict[str, Any] = {}
+    for chunk, context in iter_plan(files, fmt, chunk_rows):
+        chunks.append(chunk)
+        contexts[chunk.file] = context
     return chunks, contexts
 
 

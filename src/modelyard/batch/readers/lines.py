@@ -47,7 +47,13 @@ def _blocks(fd: int, start: int, size: int) -> Iterator[tuple[int, np.ndarray]]:
 
 def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> list[tuple[int, int, int]]:
     """``[(start, end, rows), ...]`` covering ``path`` from ``start``; a last line without a newline counts."""
-    ranges: list[tuple[int, int, int]] = []
+    return list(iter_line_ranges(path, chunk_rows, start, quoted))
+
+
+def iter_line_ranges(path: str, chunk_rows: int, start: int = 0,
+                     quoted: bool = False) -> Iterator[tuple[int, int, int]]:
+    """``line_ranges`` one range at a time, each as soon as its last line is found: a job's workers
+    start on the first chunks while the rest of the file is still being counted."""
     chunk_start, rows, odd = start, 0, 0
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -67,14 +73,13 @@ def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False
             while len(ends) - i >= chunk_rows - rows:
                 i += chunk_rows - rows
                 end = int(ends[i - 1])
-                ranges.append((chunk_start, end, chunk_rows))
+                yield chunk_start, end, chunk_rows
                 chunk_start, rows = end, 0
             rows += len(ends) - i
     if _has_unterminated_tail(path, start, size):
         rows += 1  # bytes after the last newline are one more row
     if rows:
-        ranges.append((chunk_start, size, rows))
-    return ranges
+        yield chunk_start, size, rows
 
 
 def _has_unterminated_tail(path: str, start: int, size: int) -> bool:

@@ -1,0 +1,92 @@
+"""A job's plan on disk: the chunks its committed parts are named after.
+
+A complete plan is ``plan.json`` (replaced atomically). A plan being made while workers already
+predict its first chunks is recorded chunk by chunk in ``plan.partial.jsonl``, each line
+written before its chunk is handed out. A job killed mid-plan is planned again on resume and
+the new plan must repeat every recorded chunk (file, byte range, rows): that is what makes its
+committed parts still name the same rows. A changed input fails the job instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from modelyard.batch.readers import Chunk
+from modelyard.batch.shards import write_json
+from modelyard.batch.spec import BatchError
+
+PLAN_FILE = "plan.json"
+PARTIAL_PLAN_FILE = "plan.partial.jsonl"
+
+
+def _row(chunk: Chunk) -> list:
+    return [chunk.file, chunk.start, chunk.end, chunk.rows, chunk.first_row]
+
+
+def save_plan(job_dir: Path, chunks: list[Chunk], contexts: dict[str, Any]) -> None:
+    write_json(job_dir / PLAN_FILE, {"chunks": [_row(c) for c in chunks], "contexts": contexts})
+    (job_dir / PARTIAL_PLAN_FILE).unlink(missing_ok=True)
+
+
+def load_plan(job_dir: Path) -> tuple[list[Chunk], dict[str, Any]] | None:
+    """The complete plan, None when there is none yet."""
+    path = job_dir / PLAN_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    chunks = [Chunk(i, *row) for i, row in enumerate(data["chunks"])]
+    return chunks, data["contexts"]
+
+
+def recorded(job_dir: Path, planned: Iterator[tuple[Chunk, Any]]) -> Iterator[tuple[Chunk, Any]]:
+    """``planned`` passed through, each chunk recorded before it is handed on; ``plan.json`` once
+    the plan is whole. Abandoned part-way (the job failed), the record stays partial."""
+    chunks: list[Chunk] = []
+    contexts: dict[str, Any] = {}
+    fd = os.open(job_dir / PARTIAL_PLAN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        for chunk, context in planned:
+            # One write per line: a kill leaves whole lines and at most one torn last line, whose
+            # chunk was never handed out.
+            os.write(fd, json.dumps(_row(chunk)).encode() + b"\n")
+            chunks.append(chunk)
+            contexts[chunk.file] = context
+            yield chunk, context
+    finally:
+        os.close(fd)
+    save_plan(job_dir, chunks, contexts)
+
+
+def _partial_rows(job_dir: Path) -> list[list] | None:
+    try:
+        text = (job_dir / PARTIAL_PLAN_FILE).read_text()
+    except FileNotFoundError:
+        return None
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # the torn last line of a kill: its chunk was not handed out
+            break
+    return rows
+
+
+def finish_partial_plan(job_dir: Path, whole: tuple[list[Chunk], dict[str, Any]]) -> bool:
+    """When a plan was cut short, check ``whole`` (the plan made again) against its record and
+    save it as the job's plan; False when nothing was cut short. BatchError when the inputs
+    changed since: the committed parts would no longer name the same rows."""
+    rows = _partial_rows(job_dir)
+    if rows is None:
+        return False
+    chunks, contexts = whole
+    for k, row in enumerate(rows):
+        again = _row(chunks[k]) if k < len(chunks) else None
+        if again != row:
+            raise BatchError(
+                f"the input changed since this job started: its chunk {k} was {row[0]} bytes {row[1]}-{row[2]} "
+                f"({row[3]} rows), now {'absent' if again is None else f'bytes {again[1]}-{again[2]} ({again[3]} rows)'}; "
+                "restore the input, or start a new job with a new --output")
+    save_plan(job_dir, chunks, contexts)
+    return True
