@@ -128,3 +128,43 @@ def test_the_server_takes_a_cached_conversion_instead_of_converting_again(tiny_m
         assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in expected.items()}
     finally:
         again.close()
+
+
+def test_the_cache_keeps_to_its_cap_dropping_the_models_used_least_recently(tmp_path: Path, monkeypatch):
+    import time
+
+    from modelyard.model.runtime import litert_cache
+    from modelyard.model.signatures import Signature, TensorSpec
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(litert_cache.MAX_MB_ENV, "3")
+    signature = Signature("serving_default", "tensorflow/serving/predict",
+                          {"x": TensorSpec("x", "x:0", 1, (-1, 4))}, {"y": TensorSpec("y", "y:0", 1, (-1, 3))})
+
+    def model(k: int) -> Path:
+        version = tmp_path / f"model{k}" / "1"
+        version.mkdir(parents=True)
+        (version / "saved_model.pb").write_bytes(bytes([k]) * 64)
+        return version
+
+    def stored(version: Path, k: int) -> Path:
+        litert_cache.store(version, signature, bytes([k]) * SIZE, {"x": "x"}, {"y": "y"})
+        return litert_cache.cache_root() / litert_cache.model_key(version)
+
+    SIZE = 1000 << 10  # three entries (and their signature files) fit in 3 MiB, four do not
+    now = time.time()
+    versions = [model(k) for k in range(3)]
+    for k, version in enumerate(versions):  # three fit, model 0 used longest ago
+        os.utime(stored(version, k), (now - 3600 * (3 - k),) * 2)
+    assert litert_cache.load(versions[0], "serving_default")[1] == bytes([0]) * SIZE  # used again now
+
+    newest = model(3)
+    assert stored(newest, 3).is_dir()  # a fourth against a 3 MiB cap: one model must go
+    left = sorted(p.name for p in litert_cache.cache_root().iterdir())
+    keys = [litert_cache.model_key(v) for v in versions + [newest]]
+    assert left == sorted([keys[0], keys[2], keys[3]])  # model 1, the least recently used, went
+    assert litert_cache.load(versions[1], "serving_default") is None  # a miss: the next load converts
+    assert litert_cache.load(versions[2], "serving_default")[1] == bytes([2]) * SIZE
+
+    monkeypatch.setenv(litert_cache.MAX_MB_ENV, "lots")
+    assert litert_cache.max_bytes() == litert_cache.DEFAULT_MAX_MB << 20

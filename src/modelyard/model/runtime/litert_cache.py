@@ -8,6 +8,10 @@ where ``key`` hashes every file of the version directory, TensorFlow's and LiteR
 this format's, so a changed model, converter or interpreter never finds a stale entry. An entry
 is written to a temporary directory and renamed into place: readers see all of it or none.
 
+The cache is bounded (``$MODELYARD_LITERT_CACHE_MAX_MB``, default 2048): each write drops the
+models used least recently (a load marks its model's directory used) until the rest fit; an
+entry removed under a reader only costs that reader a fresh conversion.
+
 ``choose_runtime`` takes an entry instead of converting and checking again (the server still
 loads the session: it answers what LiteRT refuses, and classify/regress). Batch workers, which
 need one signature, load an entry alone (``CachedLiteRTServable``): a batch LiteRT refuses still
@@ -36,6 +40,7 @@ log = logging.getLogger("modelyard.serving")
 
 FORMAT = "1"
 MODEL_FILE, SIGNATURE_FILE = "model.tflite", "signature.json"
+MAX_MB_ENV, DEFAULT_MAX_MB = "MODELYARD_LITERT_CACHE_MAX_MB", 2048
 
 
 def cache_root() -> Path:
@@ -101,8 +106,52 @@ def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict
             os.rename(staging, entry)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        prune(keep=entry.parent)
     except OSError as exc:  # includes a writer racing us to the rename: its entry is as good
         log.info("LiteRT conversion of %s not cached: %s", version_dir, exc)
+
+
+def max_bytes() -> int:
+    raw = os.environ.get(MAX_MB_ENV, "")
+    try:
+        return max(0, int(raw)) << 20 if raw else DEFAULT_MAX_MB << 20
+    except ValueError:
+        log.warning("%s=%r is not a number of MiB; using %d", MAX_MB_ENV, raw, DEFAULT_MAX_MB)
+        return DEFAULT_MAX_MB << 20
+
+
+def _size(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:  # removed while we looked
+            pass
+    return total
+
+
+def prune(keep: Path | None = None) -> list[Path]:
+    """Remove the least recently used models' entries until the cache fits ``max_bytes()``; never
+    ``keep`` (the model just stored). Returns what was removed."""
+    models = []
+    for directory in cache_root().iterdir():
+        try:
+            if directory.is_dir() and directory != keep:
+                models.append((directory.stat().st_mtime, directory))
+        except OSError:
+            pass
+    sizes = {directory: _size(directory) for _used, directory in models}
+    total = sum(sizes.values()) + (_size(keep) if keep is not None else 0)
+    removed = []
+    for _used, directory in sorted(models):  # least recently used first
+        if total <= max_bytes():
+            break
+        shutil.rmtree(directory, ignore_errors=True)
+        total -= sizes[directory]
+        removed.append(directory)
+    if removed:
+        log.info("LiteRT cache over %d MiB: removed %d model(s) used least recently", max_bytes() >> 20, len(removed))
+    return removed
 
 
 def _read(entry: Path) -> tuple[Signature, bytes, dict, dict] | None:
@@ -121,9 +170,16 @@ def load(version_dir: Path, signature_name: str, key: str | None = None) -> tupl
     """``(signature, flatbuffer, input keys, output keys)`` verified earlier for these bytes, or None.
     ``key``: ``model_key(version_dir)``, when the caller has it already."""
     try:
-        return _read(_entry(Path(version_dir), signature_name, key))
+        entry = _entry(Path(version_dir), signature_name, key)
     except OSError:  # a version file unreadable for hashing: the load itself will say why
         return None
+    found = _read(entry)
+    if found is not None:
+        try:
+            os.utime(entry.parent)  # used now: pruning drops the models used least recently
+        except OSError:
+            pass
+    return found
 
 
 class CachedLiteRTServable(Servable):
