@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +18,7 @@ from modelyard.batch import job as jobs
 from modelyard.batch import job_plan
 from modelyard.batch.readers import iter_plan, plan
 from modelyard.batch.spec import BatchError
-from tests.batch.conftest import rows
+from tests.batch.conftest import cli_env, rows, write_jsonl
 
 
 def _csv(path: Path, first_id: int, x: np.ndarray) -> Path:
@@ -38,7 +42,8 @@ def test_a_plan_cut_short_is_made_again_checked_and_finished(tiny_model, tmp_pat
     record = [json.loads(line) for line in (failed.job_dir / job_plan.PARTIAL_PLAN_FILE).read_text().splitlines()]
     planned_a = plan([record[0][0]], "csv", 50)[0]
     assert Path(record[0][0]) == a and len(planned_a) == 6
-    assert record == [[c.file, c.start, c.end, c.rows, c.first_row] for c in planned_a]
+    header = ["id", "a", "b", "c", "d"]
+    assert record == [[c.file, c.start, c.end, c.rows, c.first_row, header] for c in planned_a]
     assert not (failed.job_dir / job_plan.PLAN_FILE).exists()
 
     # Mended files are other inputs to a new job (sizes and times name a job's inputs); --resume
@@ -67,16 +72,80 @@ def test_a_plan_cut_short_is_made_again_checked_and_finished(tiny_model, tmp_pat
     assert "400/400 rows" in shown.getvalue().strip().splitlines()[-1]
 
 
-def test_a_new_job_on_workers_saves_the_plan_a_whole_planning_makes(tiny_model, tmp_path):
+def test_workers_predict_the_first_chunks_while_the_rest_is_planned(tiny_model, tmp_path, monkeypatch):
+    from modelyard.batch import api
+
     x = rows(230, seed=22)
     files = [str(_csv(tmp_path / "a.csv", 0, x[:120])), str(_csv(tmp_path / "b.csv", 120, x[120:]))]
+    out = tmp_path / "out"
+    overlapped = []
+    real = api.iter_plan
+
+    def held_after_the_first_chunk(*args):
+        for k, item in enumerate(real(*args)):
+            yield item
+            if k == 0:  # planning waits here until a worker has committed chunk 0
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and not overlapped:
+                    overlapped.extend(out.glob("prediction-*/.parts/c000000-ok*-err*.results"))
+                    time.sleep(0.01)
+
+    monkeypatch.setattr(api, "iter_plan", held_after_the_first_chunk)
     shown = io.StringIO()
-    job = modelyard.batch_predict(str(tiny_model.base), str(tmp_path / "*.csv"), tmp_path / "out", format="csv",
+    job = modelyard.batch_predict(str(tiny_model.base), str(tmp_path / "*.csv"), out, format="csv",
                                   key_field="id", chunk_rows=25, workers=2, progress=True, stream=shown)
     assert job.state == jobs.SUCCEEDED, job.error
+    assert overlapped, "no chunk was committed before the plan was whole"
     assert job_plan.load_plan(job.job_dir) == plan(files, "csv", 25)
     assert sorted(o["key"] for o in job.iter_outputs()) == list(range(230))
     assert "230/230 rows" in shown.getvalue().strip().splitlines()[-1]
+
+
+_KILLED_MID_PLAN = r"""
+import os, signal, sys, time
+from pathlib import Path
+import modelyard
+from modelyard.batch import api
+
+model, source, out = sys.argv[1:4]
+real = api.iter_plan
+
+def killed_after_four_chunks(*args):
+    for k, item in enumerate(real(*args)):
+        yield item
+        if k == 3:  # four chunks handed out: once one is committed, the coordinator dies mid-plan
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not list(Path(out).glob("prediction-*/.parts/c*-ok*.results")):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+api.iter_plan = killed_after_four_chunks
+modelyard.batch_predict(model, source, out, key_field="id", chunk_rows=40, workers=1)
+"""
+
+
+def test_killed_mid_plan_then_resumed_every_row_exactly_once(tiny_model, tmp_path):
+    x = rows(1000, seed=23)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "x": v.tolist()} for i, v in enumerate(x)])
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_PLAN, str(tiny_model.base), str(src), str(out)],
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    (job_dir,) = out.glob("prediction-*")
+    assert not (job_dir / job_plan.PLAN_FILE).exists()
+    assert len((job_dir / job_plan.PARTIAL_PLAN_FILE).read_text().splitlines()) == 4
+    before = {p.name for p in (job_dir / ".parts").glob("c*-ok*.results")}
+    assert before, "the kill should land after a commit"
+
+    said = []
+    job = modelyard.batch_predict(str(tiny_model.base), str(src), out, key_field="id", chunk_rows=40, workers=1,
+                                  log=said.append)
+    assert job.job_dir == job_dir and job.state == jobs.SUCCEEDED, job.error
+    assert any(f"{len(before)} of 25 chunks" in line for line in said), said
+    assert job.completion_stats == {"successful_count": 1000, "failed_count": 0, "incomplete_count": 0}
+    got = [o["key"] for o in job.iter_outputs()]
+    assert sorted(got) == list(range(1000))  # each row once: none lost, none twice
+    assert job_plan.load_plan(job_dir) == plan([str(src)], "jsonl", 40)
 
 
 def test_a_torn_last_record_line_is_a_chunk_never_handed_out(tmp_path):
@@ -109,3 +178,16 @@ def test_a_record_the_new_plan_does_not_repeat_is_refused(tmp_path):
     with pytest.raises(BatchError, match="the input changed since this job started: its chunk 0"):
         job_plan.finish_partial_plan(job_dir, plan([str(data)], "jsonl", 30))
     assert job_plan.load_plan(job_dir) is None
+
+
+def test_a_csv_header_rewritten_in_place_is_refused(tmp_path):
+    x = rows(90, seed=24)
+    data = _csv(tmp_path / "in.csv", 0, x)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    stream = job_plan.recorded(job_dir, iter_plan([str(data)], "csv", 30))
+    next(stream)
+    stream.close()
+    data.write_bytes(data.read_bytes().replace(b"id,a,b,c,d", b"id,d,c,b,a", 1))  # same bytes, other columns
+    with pytest.raises(BatchError, match="read with \\['id', 'd', 'c', 'b', 'a'\\]"):
+        job_plan.finish_partial_plan(job_dir, plan([str(data)], "csv", 30))

@@ -233,9 +233,9 @@ def _chunks(job_dir: Path, files: list[str], spec: JobSpec, done: Container[int]
 def _counted(source, files: list[str], estimate: Callable[[int], None]):
     """``source`` passed through, the job's row count estimated as it goes (rows per byte so far)
     for the progress bar, exact once the plan is whole. Planning errors become BatchError."""
-    size = sum(os.path.getsize(f) for f in files)
     rows = spanned = 0
     try:
+        size = sum(os.path.getsize(f) for f in files)
         for chunk, context in source:
             rows += chunk.rows
             spanned += chunk.end - chunk.start

@@ -176,7 +176,7 @@ class LocalWorkers:
                     left.discard(index)
                     on_done(index, ok, err)
         finally:
-            stop.set()  # a failed job's plan stops at its next chunk, and no later than here
+            stop.set()  # a failed job's plan stops once its next chunk is found
             feeder.join()
 
     def _check_alive(self, left: int) -> None:
@@ -194,6 +194,9 @@ class LocalWorkers:
             if p.is_alive():
                 p.kill()
             p.join()
+        # Chunks nobody will take may still fill the queue's pipe: without this, the interpreter's
+        # exit waits for ever to flush them (a job that failed early with thousands of chunks).
+        self.tasks.cancel_join_thread()
 
 
 def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],

@@ -3,8 +3,9 @@
 A complete plan is ``plan.json`` (replaced atomically). A plan being made while workers already
 predict its first chunks is recorded chunk by chunk in ``plan.partial.jsonl``, each line
 written before its chunk is handed out. A job killed mid-plan is planned again on resume and
-the new plan must repeat every recorded chunk (file, byte range, rows): that is what makes its
-committed parts still name the same rows. A changed input fails the job instead.
+the new plan must repeat every recorded chunk (file, byte range, rows, and the file's decode
+context, e.g. a CSV header): that is what makes its committed parts still name the same rows,
+read the same way. A changed input fails the job instead.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def recorded(job_dir: Path, planned: Iterator[tuple[Chunk, Any]]) -> Iterator[tu
         for chunk, context in planned:
             # One write per line: a kill leaves whole lines and at most one torn last line, whose
             # chunk was never handed out.
-            os.write(fd, json.dumps(_row(chunk)).encode() + b"\n")
+            os.write(fd, json.dumps(_row(chunk) + [context]).encode() + b"\n")
             chunks.append(chunk)
             contexts[chunk.file] = context
             yield chunk, context
@@ -82,11 +83,15 @@ def finish_partial_plan(job_dir: Path, whole: tuple[list[Chunk], dict[str, Any]]
         return False
     chunks, contexts = whole
     for k, row in enumerate(rows):
-        again = _row(chunks[k]) if k < len(chunks) else None
-        if again != row:
-            raise BatchError(
-                f"the input changed since this job started: its chunk {k} was {row[0]} bytes {row[1]}-{row[2]} "
-                f"({row[3]} rows), now {'absent' if again is None else f'bytes {again[1]}-{again[2]} ({again[3]} rows)'}; "
-                "restore the input, or start a new job with a new --output")
+        again = _row(chunks[k]) + [contexts.get(chunks[k].file)] if k < len(chunks) else None
+        if again == row:
+            continue
+        if again is None or again[:5] != row[:5]:
+            now = "absent" if again is None else f"{again[0]} bytes {again[1]}-{again[2]} ({again[3]} rows)"
+        else:  # same rows, another decode context: a CSV header rewritten in place
+            now = f"the same bytes read with {again[5]!r} instead of {row[5]!r}"
+        raise BatchError(
+            f"the input changed since this job started: its chunk {k} was {row[0]} bytes {row[1]}-{row[2]} "
+            f"({row[3]} rows), now {now}; restore the input, or start a new job with a new --output")
     save_plan(job_dir, chunks, contexts)
     return True

@@ -46,6 +46,11 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
+        """The final state, drawn once more: the last advance may have come before the total was
+        exact (a job planned while it runs estimates its total until the plan is whole)."""
+        if not self.enabled:
+            return
+        self._draw()
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()

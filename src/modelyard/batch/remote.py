@@ -41,7 +41,8 @@ def stage_inputs(job_dir: Path, spec: JobSpec) -> list[str]:
     if not any(objstore.is_remote(p) for p in paths):
         return paths
     try:
-        return objstore.stage_in(paths, job_dir / INPUTS_DIR)
+        # Absolute: the job's plan names these files, and a resume may spell the job's path otherwise.
+        return objstore.stage_in(paths, (job_dir / INPUTS_DIR).resolve())
     except objstore.StorageError as exc:
         raise BatchError(f"staging the inputs: {exc.message}") from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import struct
+from collections.abc import Iterator
 
 import orjson
 
@@ -19,7 +20,11 @@ _HEADER = struct.Struct("<QI")
 
 
 def scan(path: str, chunk_rows: int):
-    ranges = []
+    return _ranges(path, chunk_rows), None
+
+
+def _ranges(path: str, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
+    """Each range of ``chunk_rows`` records as soon as its last record's header is checked."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         chunk_start = pos = rows = 0
@@ -39,11 +44,10 @@ def scan(path: str, chunk_rows: int):
             f.seek(pos)
             rows += 1
             if rows == chunk_rows:
-                ranges.append((chunk_start, pos, rows))
+                yield chunk_start, pos, rows
                 chunk_start, rows = pos, 0
     if rows:
-        ranges.append((chunk_start, pos, rows))
-    return ranges, None
+        yield chunk_start, pos, rows
 
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:
