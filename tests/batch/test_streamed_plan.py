@@ -148,19 +148,25 @@ def test_killed_mid_plan_then_resumed_every_row_exactly_once(tiny_model, tmp_pat
     assert job_plan.load_plan(job_dir) == plan([str(src)], "jsonl", 40)
 
 
+def _cut_short(job_dir: Path, data: Path, fmt: str, handed: int) -> list:
+    """Plan ``data`` in chunks of 30 rows, record ``handed`` chunks, then abandon the plan (a failed job)."""
+    job_dir.mkdir()
+    stream = job_plan.recorded(job_dir, iter_plan([str(data)], fmt, 30))
+    given = [next(stream)[0] for _ in range(handed)]
+    stream.close()
+    assert job_plan.load_plan(job_dir) is None  # the record stays partial: no plan.json
+    return given
+
+
 def test_a_torn_last_record_line_is_a_chunk_never_handed_out(tmp_path):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(f"[{i}]\n" for i in range(100)))
     job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    stream = job_plan.recorded(job_dir, iter_plan([str(data)], "jsonl", 30))
-    handed = [next(stream), next(stream)]
-    stream.close()  # the job failed here: the record stays partial, no plan.json
-    assert job_plan.load_plan(job_dir) is None
+    handed = _cut_short(job_dir, data, "jsonl", 2)
     with open(job_dir / job_plan.PARTIAL_PLAN_FILE, "a") as f:
         f.write('["' + str(data))  # a kill mid-write
     whole = plan([str(data)], "jsonl", 30)
-    assert whole[0][:2] == [chunk for chunk, _ in handed]
+    assert whole[0][:2] == handed
     assert job_plan.finish_partial_plan(job_dir, whole) is True
     assert job_plan.load_plan(job_dir) == whole
     assert job_plan.finish_partial_plan(job_dir, whole) is False  # nothing cut short any more
@@ -169,25 +175,16 @@ def test_a_torn_last_record_line_is_a_chunk_never_handed_out(tmp_path):
 def test_a_record_the_new_plan_does_not_repeat_is_refused(tmp_path):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(f"[{i}]\n" for i in range(100)))
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    stream = job_plan.recorded(job_dir, iter_plan([str(data)], "jsonl", 30))
-    next(stream)
-    stream.close()
+    _cut_short(tmp_path / "job", data, "jsonl", 1)
     data.write_text("".join(f"[{i * 1000}]\n" for i in range(100)))  # longer lines: other byte ranges
     with pytest.raises(BatchError, match="the input changed since this job started: its chunk 0"):
-        job_plan.finish_partial_plan(job_dir, plan([str(data)], "jsonl", 30))
-    assert job_plan.load_plan(job_dir) is None
+        job_plan.finish_partial_plan(tmp_path / "job", plan([str(data)], "jsonl", 30))
+    assert job_plan.load_plan(tmp_path / "job") is None
 
 
 def test_a_csv_header_rewritten_in_place_is_refused(tmp_path):
-    x = rows(90, seed=24)
-    data = _csv(tmp_path / "in.csv", 0, x)
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    stream = job_plan.recorded(job_dir, iter_plan([str(data)], "csv", 30))
-    next(stream)
-    stream.close()
+    data = _csv(tmp_path / "in.csv", 0, rows(90, seed=24))
+    _cut_short(tmp_path / "job", data, "csv", 1)
     data.write_bytes(data.read_bytes().replace(b"id,a,b,c,d", b"id,d,c,b,a", 1))  # same bytes, other columns
     with pytest.raises(BatchError, match="read with \\['id', 'd', 'c', 'b', 'a'\\]"):
-        job_plan.finish_partial_plan(job_dir, plan([str(data)], "csv", 30))
+        job_plan.finish_partial_plan(tmp_path / "job", plan([str(data)], "csv", 30))
