@@ -95,3 +95,39 @@ def test_resume_flag_finishes_the_named_job(tiny_model, tmp_path):
     assert committed(partial.job_dir) == {}
     assert sorted(o["key"] for o in partial.iter_outputs()) == list(range(500))
     assert os.path.basename(partial.output_info.gcs_output_directory).startswith("prediction-tiny-")
+
+
+def test_a_worker_killed_mid_job_fails_it_saying_how_and_the_rerun_finishes_it(tiny_model, tmp_path):
+    """A worker process dying (OOM killer, kill -9) fails the job with the signal's name; the same
+    call again finishes it, every row once."""
+    import multiprocessing
+    import threading
+
+    import modelyard
+    from modelyard.batch import job as jobs
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "x": v.tolist()} for i, v in enumerate(rows(ROWS, seed=7))])
+    out = tmp_path / "out"
+    killed = []
+
+    def kill_the_worker_after_a_commit() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _committed(out) < 2:
+            time.sleep(0.005)
+        for child in multiprocessing.active_children():  # the job's worker processes
+            os.kill(child.pid, signal.SIGKILL)
+            killed.append(child.pid)
+
+    killer = threading.Thread(target=kill_the_worker_after_a_commit)
+    killer.start()
+    args = dict(key_field="id", chunk_rows=CHUNK, batch_size=256, workers=1)
+    failed = modelyard.batch_predict(str(tiny_model.base), str(src), out, **args)
+    killer.join()
+    assert killed, "no worker to kill"
+    assert failed.state == jobs.FAILED, "the kill should land mid-job"
+    assert f"worker pid {killed[0]} was killed by SIGKILL (out of memory, or killed)" in failed.error
+    assert "run the same command again to resume" in failed.error
+
+    finished = modelyard.batch_predict(str(tiny_model.base), str(src), out, **args)
+    assert finished.job_dir == failed.job_dir and finished.state == jobs.SUCCEEDED, finished.error
+    assert sorted(o["key"] for o in finished.iter_outputs()) == list(range(ROWS))

@@ -182,8 +182,8 @@ class LocalWorkers:
     def _check_alive(self, left: int) -> None:
         dead = [p for p in self.procs if not p.is_alive() and p.exitcode not in (0, None)]
         if dead:
-            raise BatchError(f"worker pid {dead[0].pid} died (exit code {dead[0].exitcode}) with "
-                             f"{left} chunks left; run the same command again to resume")
+            raise BatchError(f"worker pid {dead[0].pid} {_death(dead[0].exitcode)} with {left} chunks left; "
+                             "run the same command again to resume")
         if all(not p.is_alive() for p in self.procs):
             raise BatchError(f"all workers exited with {left} chunks left")
 
@@ -197,6 +197,18 @@ class LocalWorkers:
         # Chunks nobody will take may still fill the queue's pipe: without this, the interpreter's
         # exit waits for ever to flush them (a job that failed early with thousands of chunks).
         self.tasks.cancel_join_thread()
+
+
+def _death(code: int) -> str:
+    if code >= 0:
+        return f"died (exit code {code})"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    hint = {"SIGKILL": " (out of memory, or killed)",
+            "SIGBUS": " (an input file shrank while the job read it; the resume will say which)"}.get(name, "")
+    return f"was killed by {name}{hint}"
 
 
 def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],
