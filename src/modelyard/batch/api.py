@@ -156,8 +156,8 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     try:
         local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         done = committed(job.job_dir)
-        # A new job on local workers is planned while they predict its first chunks.
-        source, total, rows_done = _chunks(job.job_dir, local_inputs, spec, done, streamed=pool is not None,
+        # A new job is planned while the workers predict its first chunks.
+        source, total, rows_done = _chunks(job.job_dir, local_inputs, spec, done,
                                            estimate=lambda rows: setattr(bar, "total", rows), say=say)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
@@ -206,23 +206,20 @@ def _plan(files: list[str], spec: JobSpec) -> tuple[list[Chunk], dict]:
         raise BatchError(str(exc)) from None
 
 
-def _chunks(job_dir: Path, files: list[str], spec: JobSpec, done: Container[int], streamed: bool,
+def _chunks(job_dir: Path, files: list[str], spec: JobSpec, done: Container[int],
             estimate: Callable[[int], None], say: Callable[[str], None]) -> tuple[Iterable, int, int]:
     """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs to run.
 
     A job with a plan (or one cut short by a kill, made again and checked) runs it as it is.
-    A new one is planned on the spot, or, ``streamed``, while its chunks run: then the total
-    is 0 here and ``estimate`` gets it as the plan grows."""
+    A new one is planned while its chunks run: the total is 0 here and ``estimate`` gets it as
+    the plan grows."""
     planned = job_plan.load_plan(job_dir)
     if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
         planned = _plan(files, spec)
         job_plan.finish_partial_plan(job_dir, planned)
-    if planned is None and streamed:
+    if planned is None:
         return _counted(job_plan.recorded(job_dir, iter_plan(files, spec.format, spec.chunk_rows)),
                         files, estimate), 0, 0
-    if planned is None:
-        planned = _plan(files, spec)
-        job_plan.save_plan(job_dir, *planned)
     chunks, contexts = planned
     rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
     if done and len(done) < len(chunks):

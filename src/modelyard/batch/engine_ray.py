@@ -15,11 +15,12 @@ next run still ends with every row exactly once.
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Container
+from typing import Any, Callable, Container, Iterable
 
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
@@ -84,10 +85,10 @@ def cluster_cpus(ray) -> int:
 class ChunkWorker:
     """One Ray actor: the job's model loaded once, then chunks on request (``run``)."""
 
-    def __init__(self, job_dir: str, identity: dict, chunks: list[Chunk], contexts: dict, batch_size: int):
+    def __init__(self, job_dir: str, identity: dict, batch_size: int):
         from modelyard.batch.engine_local import predictor_for, settle_heap, shaping_of
 
-        self.job_dir, self.chunks, self.contexts, self.batch_size = Path(job_dir), chunks, contexts, batch_size
+        self.job_dir, self.batch_size = Path(job_dir), batch_size
         self.spec = JobSpec.from_identity(identity)
         self.shaping = shaping_of(self.spec)
         self.predictor: Any = None
@@ -106,45 +107,71 @@ class ChunkWorker:
         node = ray.get_runtime_context().get_node_id()
         return ("failed", self.load_error, node) if self.load_error else ("ok", self.predictor.runtime, node)
 
-    def run(self, index: int) -> tuple[str, int, int, int] | tuple[str, int, str]:
+    def run(self, chunk: Chunk, context: Any) -> tuple[str, int, int, int] | tuple[str, int, str]:
         from modelyard.batch.work import process_chunk
 
-        chunk = self.chunks[index]
         if self.load_error:
-            return ("failed", index, self.load_error)
+            return ("failed", chunk.index, self.load_error)
         try:
-            ok, err = process_chunk(self.job_dir, chunk, self.spec.format, self.contexts.get(chunk.file),
-                                    self.shaping, self.predictor, self.batch_size)
+            ok, err = process_chunk(self.job_dir, chunk, self.spec.format, context, self.shaping, self.predictor,
+                                    self.batch_size)
         except Exception as exc:
-            return ("failed", index, f"chunk {index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
-                                     + traceback.format_exc(limit=3))
-        return ("done", index, ok, err)
+            return ("failed", chunk.index, f"chunk {chunk.index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
+                                           + traceback.format_exc(limit=3))
+        return ("done", chunk.index, ok, err)
 
 
-def run_ray(job_dir: Path, spec: JobSpec, source: list[tuple[Chunk, Any]], done: Container[int],
+class _Todo:
+    """The chunks of ``source`` not in ``done``, pulled as they are wanted: a plan being made
+    advances only as far as the actors need (or while they load their models, ``prefetch``)."""
+
+    def __init__(self, source: Iterable[tuple[Chunk, Any]], done: Container[int]):
+        self._source, self._done = iter(source), done
+        self._ahead: collections.deque = collections.deque()
+        self.exhausted = False
+
+    def prefetch(self) -> bool:
+        """Plan one more chunk ahead; False once the source is exhausted."""
+        for chunk, context in self._source:
+            if chunk.index not in self._done:
+                self._ahead.append((chunk, context))
+                return True
+        self.exhausted = True
+        return False
+
+    def next(self) -> tuple[Chunk, Any] | None:
+        if not self._ahead and not self.exhausted:
+            self.prefetch()
+        return self._ahead.popleft() if self._ahead else None
+
+    def empty(self) -> bool:
+        return not self._ahead and (self.exhausted or not self.prefetch())
+
+
+def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],
             batch_size: int, workers: int | None, on_done: Callable[[int, int, int], None],
             on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
             log: Callable[[str], None] = lambda message: None) -> None:
-    """Run every chunk of the whole plan ``source`` (``(chunk, context)`` pairs) not in ``done`` on
-    Ray actors; ``on_done(index, ok, err)`` after each commit.
+    """Run every chunk of ``source`` (``(chunk, context)`` pairs, maybe a plan still being made) not
+    in ``done`` on Ray actors; ``on_done(index, ok, err)`` after each commit.
 
     ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets one line at the end: how
     many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
-    chunks = [chunk for chunk, _context in source]
-    contexts = {chunk.file: context for chunk, context in source}
-    pending = [chunk.index for chunk in chunks if chunk.index not in done]
+    todo = _Todo(source, done)
     ray = connect(address)
-    if not pending:
+    if todo.empty():
         return
-    count = min(workers or cluster_cpus(ray), len(pending))
+    count = workers or cluster_cpus(ray)
+    while len(todo._ahead) < count and todo.prefetch():
+        pass  # a job of fewer chunks than actors starts only as many actors as it has chunks
+    count = min(count, len(todo._ahead)) if todo.exhausted else count
     actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
-    chunks_ref, contexts_ref = ray.put(chunks), ray.put(contexts)
     # Absolute: actors run in their own working directories.
     where = str(Path(job_dir).resolve())
-    actors = [actor_class.remote(where, spec.identity(), chunks_ref, contexts_ref, batch_size) for _ in range(count)]
+    actors = [actor_class.remote(where, spec.identity(), batch_size) for _ in range(count)]
     try:
-        nodes = _drive(ray, actors, pending, on_done, on_ready)
+        nodes = _drive(ray, actors, todo, on_done, on_ready)
         log(f"ray: {len(nodes)} workers of {count} ran on {len(set(nodes.values()))} nodes")
     finally:
         # Every chunk is committed (or the job failed): nothing is left for an actor to write.
@@ -152,26 +179,33 @@ def run_ray(job_dir: Path, spec: JobSpec, source: list[tuple[Chunk, Any]], done:
             ray.kill(actor)
 
 
-def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, int], None],
+def _drive(ray, actors: list, todo: _Todo, on_done: Callable[[int, int, int], None],
            on_ready: Callable[[str], None]) -> dict[Any, str]:
     """Hand out chunks until all are committed; returns {actor that loaded its model: node id}."""
-    queue = list(reversed(pending))  # pop() hands out chunks in plan order
-    running: dict[Any, Any] = {}  # ObjectRef -> actor
+    running: dict[Any, tuple[Any, int]] = {}  # ObjectRef -> (actor, chunk index)
 
     def submit(actor) -> None:
-        if queue:
-            running[actor.run.remote(queue.pop())] = actor
+        item = todo.next()
+        if item is not None:
+            running[actor.run.remote(*item)] = (actor, item[0].index)
 
     # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
     # CPU for ever, and chunks queued on it would wait with it while the others sit idle.
     readiness = {actor.ready.remote(): actor for actor in actors}
     announced = False
-    left = set(pending)
     nodes: dict[Any, str] = {}
     waited = 0.0
-    while left:
-        done_refs, _ = ray.wait(list(readiness) + list(running), num_returns=1, timeout=WAIT_STEP_S)
+    while running or (readiness and not announced) or not todo.empty():
+        # While no actor can take work yet, the driver plans ahead instead of only waiting.
+        planning = not running and not todo.exhausted
+        waiting_for = list(readiness) + list(running)
+        if not waiting_for:  # every actor answered ready, none holds work, and work is left
+            raise BatchError("no Ray worker left to hand the remaining chunks to")
+        done_refs, _ = ray.wait(waiting_for, num_returns=1, timeout=0 if planning else WAIT_STEP_S)
         if not done_refs:
+            if planning:
+                todo.prefetch()
+                continue
             waited += WAIT_STEP_S
             if not announced and waited >= START_TIMEOUT_S:
                 raise BatchError(f"no Ray worker started in {START_TIMEOUT_S:.0f} s: each needs 1 free CPU "
@@ -183,8 +217,8 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
             answer = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             first = str(exc).splitlines()[0] if str(exc) else ""
-            raise BatchError(f"a Ray worker died with {len(left)} chunks left ({type(exc).__name__}: {first}); "
-                             "run the same command again to resume") from None
+            raise BatchError(f"a Ray worker died with {len(running)} chunks in flight ({type(exc).__name__}: "
+                             f"{first}); run the same command again to resume") from None
         except ray.exceptions.RayError as exc:
             raise BatchError(f"Ray worker failed: {type(exc).__name__}: {exc}") from None
         if ref in readiness:
@@ -198,11 +232,10 @@ def _drive(ray, actors: list, pending: list[int], on_done: Callable[[int, int, i
             for _ in range(IN_FLIGHT_PER_ACTOR):
                 submit(actor)
             continue
-        actor = running.pop(ref)
+        actor, _index = running.pop(ref)
         if answer[0] == "failed":
             raise BatchError(f"worker failed: {answer[2]}")
         _, index, ok, err = answer
-        left.discard(index)
         on_done(index, ok, err)
         submit(actor)
     return nodes
