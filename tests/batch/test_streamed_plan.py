@@ -165,10 +165,12 @@ def test_a_torn_last_record_line_is_a_chunk_never_handed_out(tmp_path):
     handed = _cut_short(job_dir, data, "jsonl", 2)
     with open(job_dir / job_plan.PARTIAL_PLAN_FILE, "a") as f:
         f.write('["' + str(data))  # a kill mid-write
+    assert job_plan.planned_rows(job_dir) == 60  # what progress counts against until the plan is whole
     whole = plan([str(data)], "jsonl", 30)
     assert whole[0][:2] == handed
     assert job_plan.finish_partial_plan(job_dir, whole) is True
     assert job_plan.load_plan(job_dir) == whole
+    assert job_plan.planned_rows(job_dir) == 100
     assert job_plan.finish_partial_plan(job_dir, whole) is False  # nothing cut short any more
 
 

@@ -41,6 +41,16 @@ def load_plan(job_dir: Path) -> tuple[list[Chunk], dict[str, Any]] | None:
     return chunks, data["contexts"]
 
 
+def planned_rows(job_dir: Path) -> int | None:
+    """Rows the job's plan holds so far (the whole plan, or what a plan being made has handed
+    out), for progress; None before the first chunk is planned."""
+    whole = load_plan(job_dir)
+    if whole is not None:
+        return sum(chunk.rows for chunk in whole[0])
+    rows = _partial_rows(job_dir)
+    return sum(row[3] for row in rows) if rows else None
+
+
 def recorded(job_dir: Path, planned: Iterator[tuple[Chunk, Any]]) -> Iterator[tuple[Chunk, Any]]:
     """``planned`` passed through, each chunk recorded before it is handed on; ``plan.json`` once
     the plan is whole. Abandoned part-way (the job failed), the record stays partial."""

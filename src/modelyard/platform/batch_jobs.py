@@ -125,21 +125,21 @@ def execute(work_dir: Path, job: dict) -> dict:
 
 
 def progress(work_dir: Path, row: dict) -> dict | None:
-    """Counts of the committed parts while the job runs (the batch package's own progress record)."""
-    from modelyard.batch.job_plan import load_plan
+    """Counts of the committed parts while the job runs (the batch package's own progress record);
+    while the job is still being planned, the rows not done are those planned so far."""
+    from modelyard.batch.job_plan import planned_rows
     from modelyard.batch.shards import committed
 
     for job_dir in (work_dir / "output").glob("prediction-*"):
         try:
-            plan = load_plan(job_dir)
+            total = planned_rows(job_dir)
         except (OSError, ValueError):
             return None
-        if plan is None:  # still planning: no total to count against yet
+        if total is None:  # nothing planned yet
             return None
-        total = sum(chunk.rows for chunk in plan[0])
         done = committed(job_dir).values()
         ok, err = sum(d[0] for d in done), sum(d[1] for d in done)
-        return {"completionStats": _stats(ok, err, total - ok - err)}
+        return {"completionStats": _stats(ok, err, max(total - ok - err, 0))}
     return None
 
 
