@@ -702,8 +702,9 @@ static int split_array(const char *json, Py_ssize_t len, Py_ssize_t n, Py_ssize_
 }
 
 PyDoc_STRVAR(assemble_doc,
-"assemble(data, spans, n, predictions, out=None, offset=0) -> bytes | int\n\n"
-"n output lines b'{\"instance\":' + data[start:stop] + b',\"prediction\":' + p + b'}\\n', with\n"
+"assemble(data, spans, n, predictions, out=None, offset=0, head=None) -> bytes | int\n\n"
+"n output lines b'{\"instance\":' + data[start:stop] + b',\"prediction\":' + p + b'}\\n' (``head``\n"
+"instead of b'{\"instance\":' when given, e.g. b'{\"key\":'), with\n"
 "spans as from parse and p the i-th prediction: ``predictions`` is a list of n JSON bytes, or\n"
 "the JSON bytes of one array of n numbers or number arrays (split at its top-level commas).\n"
 "Without ``out``, returns the lines as bytes. With ``out`` (a writable buffer), writes them at\n"
@@ -718,11 +719,22 @@ static PyObject *assemble(PyObject *self, PyObject *args)
     Py_buffer data, spans, target;
     int has_target = 0;
     Py_ssize_t n, i, total = 0, offset = 0;
-    PyObject *predictions, *target_obj = Py_None, *out = NULL;
+    PyObject *predictions, *target_obj = Py_None, *head_obj = Py_None, *out = NULL;
     Py_ssize_t *bounds = NULL;
-    const char *whole = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*nO|On", &data, &spans, &n, &predictions, &target_obj, &offset))
+    const char *whole = NULL, *head = HEAD;
+    Py_ssize_t head_len = sizeof HEAD - 1;
+    if (!PyArg_ParseTuple(args, "y*y*nO|OnO", &data, &spans, &n, &predictions, &target_obj, &offset, &head_obj))
         return NULL;
+    if (head_obj != Py_None) {
+        if (!PyBytes_Check(head_obj)) {
+            PyErr_SetString(PyExc_TypeError, "head must be bytes or None");
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&spans);
+            return NULL;
+        }
+        head = PyBytes_AS_STRING(head_obj);
+        head_len = PyBytes_GET_SIZE(head_obj);
+    }
     if (target_obj != Py_None) {
         if (PyObject_GetBuffer(target_obj, &target, PyBUF_WRITABLE) < 0)
             goto done;
@@ -770,7 +782,7 @@ static PyObject *assemble(PyObject *self, PyObject *args)
                 }
                 plen = PyBytes_GET_SIZE(p);
             }
-            total += (Py_ssize_t)(sizeof HEAD - 1 + sizeof MIDDLE - 1 + sizeof TAIL - 1)
+            total += head_len + (Py_ssize_t)(sizeof MIDDLE - 1 + sizeof TAIL - 1)
                      + (Py_ssize_t)(span[2 * i + 1] - span[2 * i]) + plen;
         }
         if (has_target) {
@@ -799,8 +811,8 @@ static PyObject *assemble(PyObject *self, PyObject *args)
                     p = PyBytes_AS_STRING(item);
                     plen = PyBytes_GET_SIZE(item);
                 }
-                memcpy(w, HEAD, sizeof HEAD - 1);
-                w += sizeof HEAD - 1;
+                memcpy(w, head, (size_t)head_len);
+                w += head_len;
 #if U8_SIMD
                 if (has_target && u8_simd)
                     copy_streaming(w, base + span[2 * i], (size_t)len);

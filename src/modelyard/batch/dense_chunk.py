@@ -34,6 +34,12 @@ try:
     from modelyard.batch import _denselines
 except ImportError:  # built without a C compiler: the general loop does the work
     _denselines = None
+try:  # object lines ({"id": 7, "image": [...]}) taken apart for the dense readers
+    from modelyard.batch import _keyedlines
+except ImportError:
+    _keyedlines = None
+
+KEY_HEAD = b'{"key":'
 
 RawBatch = Callable[[Predictor, list[RawJson], list[bytes], str, list[bytes], list[bytes]], None]
 Report = Callable[["tuple[int, int] | BaseException"], None]
@@ -46,14 +52,19 @@ class _Buffers:
         self.values = np.empty(0, np.int64)
         self.u8 = np.empty(0, np.uint8)
         self.spans = np.empty(0, np.int64)
+        self.echoes = np.empty(0, np.int64)  # object lines: the spans echoed (keys, or whole lines)
+        self.arrays = bytearray()  # object lines: their arrays, one per line, for the dense readers
 
-    def sized(self, values: int, rows: int) -> None:
+    def sized(self, values: int, rows: int, chunk_bytes: int = 0) -> None:
         if self.values.size < values:
             self.values = np.empty(values, np.int64)
         if self.u8.size < values + 64:  # parse_u8 stores 64 bytes at a time
             self.u8 = np.empty(values + 64, np.uint8)
         if self.spans.size < 2 * rows:
             self.spans = np.empty(2 * rows, np.int64)
+            self.echoes = np.empty(2 * rows, np.int64)
+        if len(self.arrays) < chunk_bytes + 1:  # a line's array is shorter than the line
+            self.arrays = bytearray(chunk_bytes + 1)
 
 
 _LOCAL = threading.local()  # one set per thread: jobs run with workers=0 may share a process
@@ -66,9 +77,17 @@ def _buffers() -> _Buffers:
     return found
 
 
-def available(predictor: Predictor) -> bool:
-    """Whether this process can take the C path for ``predictor``'s JSON lines."""
-    return _denselines is not None and predictor.dense is not None and predictor.dense.size > 0
+def available(predictor: Predictor, key: str | None = None) -> bool:
+    """Whether this process can take the C path for ``predictor``'s JSON lines (object lines
+    carrying ``key`` need ``_keyedlines`` too)."""
+    return (_denselines is not None and predictor.dense is not None and predictor.dense.size > 0
+            and (key is None or _keyedlines is not None))
+
+
+def _objects(data: memoryview) -> bool:
+    """Whether a chunk's lines are objects (judged by its first line: a batch that differs fails)."""
+    head = bytes(data[:64]).lstrip(b" \t\r\n")
+    return head.startswith(b"{") and _keyedlines is not None
 
 
 def _map(chunk: Chunk) -> memoryview:
@@ -84,15 +103,19 @@ def _map(chunk: Chunk) -> memoryview:
 
 
 def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
-            raw_batch: RawBatch, report: Report | None = None) -> tuple[int, int] | None:
+            raw_batch: RawBatch, report: Report | None = None, key: str | None = None) -> tuple[int, int] | None:
     """Predict every line of ``chunk`` and commit its part; returns ``(successes, failures)``.
 
+    Lines are arrays, or objects naming the model's input (and ``key``, carried to the output
+    as Vertex's ``key``, when given); ``raw_batch`` predicts a batch the C readers refuse.
     With ``report``, returns None once every line is predicted: the part writer's thread writes
     the rest, commits, then calls ``report((successes, failures))``, or ``report(error)``."""
     dense = predictor.dense
     buffers = _buffers()
     data = _map(chunk)
-    buffers.sized(batch_size * dense.size, batch_size)
+    objects = _objects(data) or key is not None
+    buffers.sized(batch_size * dense.size, batch_size, len(data) if objects else 0)
+    pluck = (key.encode() if key is not None else None, dense.alias.encode()) if objects else None
     ok_count, errors, row = 0, [], 0
     tmp = results_tmp(job_dir, chunk.index)
     out = PartWriter(tmp)
@@ -102,8 +125,14 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
     try:
         pos, end = 0, len(data)
         while pos < end:
-            n, after, batch, small_ints = _parse(data, pos, end, dense, buffers, batch_size, small_ints)
-            if batch is None or not _predict(predictor, data, batch, buffers.spans, n, out):
+            if pluck is None:
+                n, after, batch, small_ints = _parse(data, pos, end, dense, buffers, batch_size, small_ints)
+                echoes, head = buffers.spans, None
+            else:
+                n, after, batch, small_ints = _parse_objects(data, pos, end, dense, buffers, batch_size, small_ints,
+                                                             *pluck)
+                echoes, head = buffers.echoes, (KEY_HEAD if key is not None else None)
+            if batch is None or not _predict(predictor, data, batch, echoes, n, out, head):
                 # The batch as the general loop would take it: its lines, numbered within the file.
                 lines = split_lines(bytes(data[pos:after]))
                 raw = [RawJson(line, chunk.first_row + row + i + 1) for i, line in enumerate(lines)]
@@ -159,18 +188,31 @@ def _parse(data: memoryview, pos: int, end: int, dense, buffers: _Buffers, batch
     return n, after, values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False), False
 
 
+def _parse_objects(data: memoryview, pos: int, end: int, dense, buffers: _Buffers, batch_size: int,
+                   small_ints: bool, key: bytes | None, name: bytes) -> tuple[int, int, np.ndarray | None, bool]:
+    """``_parse`` for object lines: ``_keyedlines.pluck`` copies each line's array into
+    ``buffers.arrays`` (and its echo span into ``buffers.echoes``), which ``_parse`` then reads."""
+    ok, n, after, used = _keyedlines.pluck(data, pos, end, batch_size, key, name, buffers.arrays, buffers.echoes)
+    if not ok:
+        return n, after, None, small_ints
+    arrays = memoryview(buffers.arrays)[:used]
+    parsed, _after, batch, small_ints = _parse(arrays, 0, used, dense, buffers, batch_size, small_ints)
+    return n, after, batch if parsed == n else None, small_ints
+
+
 def _predict(predictor: Predictor, data: memoryview, batch: np.ndarray, spans: np.ndarray, n: int,
-             out: PartWriter) -> bool:
-    """Write the output lines of a parsed batch of ``n`` rows to ``out``; False when the model refuses it."""
+             out: PartWriter, head: bytes | None = None) -> bool:
+    """Write the output lines of a parsed batch of ``n`` rows to ``out`` (``spans``: the bytes echoed
+    after ``head``); False when the model refuses it."""
     dense = predictor.dense
     try:
         encoded = predictor.encode_batch(predictor.servable.run(predictor.signature, {dense.alias: batch},
                                                                 predictor.aliases), n)
     except ServingError:
         return False  # the general loop splits the batch and words each row's error
-    written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset)
+    written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset, head)
     if written < 0:
         out.room(-written)
-        written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset)
+        written = _denselines.assemble(data, spans, n, encoded, out.buffer, out.offset, head)
     out.offset = written
     return True

@@ -54,6 +54,51 @@ def raw_batch(predictor: Predictor, raw: list[RawJson], echoes: list[bytes], pat
                 results.append(result_line(echo, None, answer))
 
 
+def _shaped(row: Any, shaping: Shaping, errors: list[bytes]) -> tuple[bytes, Any, Any] | None:
+    """``(echo, key, instance for the model)`` of a read row, or None once its error line is written."""
+    if isinstance(row, BadRow):
+        errors.append(error_line(row.echo, None, "INVALID_ARGUMENT", row.message))
+        return None
+    try:
+        key, instance = shape(row.instance, shaping)
+    except ServingError as exc:
+        errors.append(error_line(row.echo or orjson.dumps(row.instance), None, exc.code.name, exc.message))
+        return None
+    echo = row.echo if (row.echo is not None and shaping.identity) else orjson.dumps(instance)
+    return echo, key, instance
+
+
+def _predict_rows(predictor: Predictor, batch: list[Any], meta: list[tuple[bytes, Any]], results: list[bytes],
+                  errors: list[bytes]) -> None:
+    if not batch:
+        return  # every row of it was refused before the model
+    for (echo, key), answer in zip(meta, predictor.predict(batch)):
+        if isinstance(answer, RowFailure):
+            errors.append(error_line(echo, key, answer.code, answer.message))
+        else:
+            results.append(result_line(echo, key, answer))
+
+
+def keyed_batch(shaping: Shaping) -> dense_chunk.RawBatch:
+    """The general loop for a batch of object lines with a ``key_field`` that the C path refused."""
+    def run(predictor: Predictor, raw: list[RawJson], echoes: list[bytes], path: str, results: list[bytes],
+            errors: list[bytes]) -> None:
+        batch: list[Any] = []
+        meta: list[tuple[bytes, Any]] = []
+        for item in raw:
+            shaped = _shaped(parse_json(item, path), shaping, errors)
+            if shaped is not None:
+                batch.append(shaped[2])
+                meta.append(shaped[:2])
+        _predict_rows(predictor, batch, meta, results, errors)
+    return run
+
+
+def _key_only(shaping: Shaping) -> bool:
+    return (shaping.key_field is not None and not shaping.included_fields and not shaping.excluded_fields
+            and shaping.instance_type in (None, "object"))
+
+
 def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: Shaping,
                   predictor: Predictor, batch_size: int,
                   report: dense_chunk.Report | None = None) -> tuple[int, int] | None:
@@ -66,6 +111,11 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
     lazy = predictor.dense is not None and shaping.identity
     if lazy and fmt == "jsonl" and dense_chunk.available(predictor):
         return dense_chunk.process(job_dir, chunk, predictor, batch_size, raw_batch, report)
+    # Object lines holding only a key and the model's input: the C path too, keys echoed as they are.
+    if predictor.dense is not None and _key_only(shaping) and fmt == "jsonl" \
+            and dense_chunk.available(predictor, shaping.key_field):
+        return dense_chunk.process(job_dir, chunk, predictor, batch_size, keyed_batch(shaping), report,
+                                   key=shaping.key_field)
     results: list[bytes] = []
     errors: list[bytes] = []
     batch: list[Any] = []
@@ -74,11 +124,7 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
     raw_echo: list[bytes] = []
 
     def flush() -> None:
-        for (echo, key), answer in zip(meta, predictor.predict(batch)):
-            if isinstance(answer, RowFailure):
-                errors.append(error_line(echo, key, answer.code, answer.message))
-            else:
-                results.append(result_line(echo, key, answer))
+        _predict_rows(predictor, batch, meta, results, errors)
         batch.clear()
         meta.clear()
 
@@ -96,17 +142,11 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
                     flush_raw()
                 continue
             row = parse_json(row.instance, chunk.file)
-        if isinstance(row, BadRow):
-            errors.append(error_line(row.echo, None, "INVALID_ARGUMENT", row.message))
+        shaped = _shaped(row, shaping, errors)
+        if shaped is None:
             continue
-        try:
-            key, instance = shape(row.instance, shaping)
-        except ServingError as exc:
-            errors.append(error_line(row.echo or orjson.dumps(row.instance), None, exc.code.name, exc.message))
-            continue
-        echo = row.echo if (row.echo is not None and shaping.identity) else orjson.dumps(instance)
-        batch.append(instance)
-        meta.append((echo, key))
+        batch.append(shaped[2])
+        meta.append(shaped[:2])
         if len(batch) >= batch_size:
             flush()
     if raw:
