@@ -129,11 +129,15 @@ def test_pluck_takes_apart_exactly_the_lines_it_can_echo():
                b'{"id": "\\u00e9", "image": [[1]]}', b'{"id": "\xc3\xa9", "image": [[1]]}',
                b'{"id": 1, "image": [[true]]}', b'{"id": 1, "image": [[1]]', b'{"id": 1, "image": [[1]]} x',
                b'{"i\\d": 1, "image": [[1]]}', b'[[1]]', b'',
-               b'{"id": 1234567890123456789, "image": [[1]]}']
+               b'{"id": 1234567890123456789, "image": [[1]]}',
+               b'{"id": 1, "image": [[-0, 1]]}']  # the int -0 is +0.0 to the general loop
     for line in refused:
         ok, n, after, _used = _keyedlines.pluck(line + b"\n", 0, len(line) + 1, 4, b"id", b"image",
                                                 bytearray(100), spans)
         assert (ok, n, after) == (False, 1, len(line) + 1), line
+
+    for taken in (b'{"id": 1, "image": [[-0.0, -0e1, -1, 0]]}', b'{"id": 1, "image": [[-10, -0.5]]}'):
+        assert _keyedlines.pluck(taken, 0, len(taken), 1, b"id", b"image", bytearray(100), spans)[0], taken
 
     # Without a key, the echo is the stripped line; a batch stops at n lines.
     data = b' {"image": [1]} \n{"image": [2]}\n{"image": [3]}\n'

@@ -72,8 +72,14 @@ static const char *number_array(const char *p, const char *end)
             if (--depth == 0)
                 return p + 1;
             break;
+        case '-':
+            /* -0 as an integer: the general loop reads the int 0 (+0.0 for a float input), the
+             * dense readers -0.0; -0.0 and -0e0 are floats to both */
+            if (p + 1 < end && p[1] == '0' && (p + 2 >= end || (p[2] != '.' && p[2] != 'e' && p[2] != 'E')))
+                return NULL;
+            break;
         case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': case '8': case '9':
-        case '-': case '+': case '.': case 'e': case 'E': case ',': case ' ': case '\t': case '\r':
+        case '+': case '.': case 'e': case 'E': case ',': case ' ': case '\t': case '\r':
             break;
         default:
             return NULL;

@@ -162,10 +162,9 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], d
     ray = connect(address)
     if todo.empty():
         return
+    # Actors start before the plan goes further: they load their models while it is made (a job
+    # with fewer chunks than actors leaves some idle).
     count = workers or cluster_cpus(ray)
-    while len(todo._ahead) < count and todo.prefetch():
-        pass  # a job of fewer chunks than actors starts only as many actors as it has chunks
-    count = min(count, len(todo._ahead)) if todo.exhausted else count
     actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
     # Absolute: actors run in their own working directories.
     where = str(Path(job_dir).resolve())
