@@ -139,6 +139,11 @@ def test_pluck_takes_apart_exactly_the_lines_it_can_echo():
     for taken in (b'{"id": 1, "image": [[-0.0, -0e1, -1, 0]]}', b'{"id": 1, "image": [[-10, -0.5]]}'):
         assert _keyedlines.pluck(taken, 0, len(taken), 1, b"id", b"image", bytearray(100), spans)[0], taken
 
+    # Out of room: the size that holds the batch, to grow the buffer and call again.
+    ok, n, after, used = _keyedlines.pluck(data, 0, len(data), 4, b"id", b"image", bytearray(20), spans)
+    assert (ok, n, after, used) == (False, 3, len(data), -(len(data) + 1))
+    assert _keyedlines.pluck(data, 0, len(data), 4, b"id", b"image", bytearray(-used), spans)[0]
+
     # Without a key, the echo is the stripped line; a batch stops at n lines.
     data = b' {"image": [1]} \n{"image": [2]}\n{"image": [3]}\n'
     ok, n, after, used = _keyedlines.pluck(data, 0, len(data), 2, None, b"image", bytearray(100), spans)

@@ -160,7 +160,8 @@ PyDoc_STRVAR(pluck_doc,
 "ASCII string, and nothing else. Writes each array and a newline to ``out`` and each line's\n"
 "echo span (the key's value, or the stripped line) as int64 pairs into ``spans``. ``after``:\n"
 "the offset past the lines counted; ``used``: bytes written to ``out``. ok is False when any\n"
-"line does not qualify (lines and after still count the batch).");
+"line does not qualify (lines and after still count the batch); when ``out`` ran out of room\n"
+"first, ``used`` is -(the size that holds the batch): grow ``out`` and call again.");
 
 static PyObject *pluck(PyObject *self, PyObject *args)
 {
@@ -169,7 +170,7 @@ static PyObject *pluck(PyObject *self, PyObject *args)
     PyObject *key_obj, *name_obj, *result = NULL;
     const char *key = NULL, *name;
     Py_ssize_t key_len = 0, name_len;
-    int ok = 1;
+    int ok = 1, full = 0;
     if (!PyArg_ParseTuple(args, "y*nnnOSw*w*", &data, &pos, &end, &n, &key_obj, &name_obj, &out, &spans))
         return NULL;
     if (key_obj != Py_None) {
@@ -196,19 +197,23 @@ static PyObject *pluck(PyObject *self, PyObject *args)
             const char *line_end = nl ? nl : stop;
             if (ok) {
                 const char *array = NULL, *array_end = NULL, *echo = NULL, *echo_end = NULL;
-                if (one_line(p, line_end, key, key_len, name, name_len, &array, &array_end, &echo, &echo_end)
-                    && used + (array_end - array) + 1 <= out.len) {
+                if (!one_line(p, line_end, key, key_len, name, name_len, &array, &array_end, &echo, &echo_end)) {
+                    ok = 0; /* the rest of the batch is only counted */
+                } else if (used + (array_end - array) + 1 > out.len) {
+                    ok = 0;
+                    full = 1; /* each array is shorter than its line: the batch's bytes will hold it */
+                } else {
                     memcpy(w + used, array, (size_t)(array_end - array));
                     used += array_end - array;
                     w[used++] = '\n';
                     span[2 * i] = echo - base;
                     span[2 * i + 1] = echo_end - base;
-                } else {
-                    ok = 0; /* the rest of the batch is only counted */
                 }
             }
             p = nl ? nl + 1 : stop;
         }
+        if (full)
+            used = -((p - base) - pos + 1);
         pos = p - base;
         Py_END_ALLOW_THREADS
     }

@@ -55,7 +55,7 @@ class _Buffers:
         self.echoes = np.empty(0, np.int64)  # object lines: the spans echoed (keys, or whole lines)
         self.arrays = bytearray()  # object lines: their arrays, one per line, for the dense readers
 
-    def sized(self, values: int, rows: int, chunk_bytes: int = 0) -> None:
+    def sized(self, values: int, rows: int) -> None:
         if self.values.size < values:
             self.values = np.empty(values, np.int64)
         if self.u8.size < values + 64:  # parse_u8 stores 64 bytes at a time
@@ -63,8 +63,8 @@ class _Buffers:
         if self.spans.size < 2 * rows:
             self.spans = np.empty(2 * rows, np.int64)
             self.echoes = np.empty(2 * rows, np.int64)
-        if len(self.arrays) < chunk_bytes + 1:  # a line's array is shorter than the line
-            self.arrays = bytearray(chunk_bytes + 1)
+        if len(self.arrays) < 4 * values:  # a first guess (4 bytes a number); pluck asks for more
+            self.arrays = bytearray(4 * values)
 
 
 _LOCAL = threading.local()  # one set per thread: jobs run with workers=0 may share a process
@@ -114,7 +114,7 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
     buffers = _buffers()
     data = _map(chunk)
     objects = _objects(data) or key is not None
-    buffers.sized(batch_size * dense.size, batch_size, len(data) if objects else 0)
+    buffers.sized(batch_size * dense.size, batch_size)
     pluck = (key.encode() if key is not None else None, dense.alias.encode()) if objects else None
     ok_count, errors, row = 0, [], 0
     tmp = results_tmp(job_dir, chunk.index)
@@ -193,6 +193,9 @@ def _parse_objects(data: memoryview, pos: int, end: int, dense, buffers: _Buffer
     """``_parse`` for object lines: ``_keyedlines.pluck`` copies each line's array into
     ``buffers.arrays`` (and its echo span into ``buffers.echoes``), which ``_parse`` then reads."""
     ok, n, after, used = _keyedlines.pluck(data, pos, end, batch_size, key, name, buffers.arrays, buffers.echoes)
+    if used < 0:  # the arrays did not fit: room for the batch's bytes, and once more
+        buffers.arrays = bytearray(-used)
+        ok, n, after, used = _keyedlines.pluck(data, pos, end, batch_size, key, name, buffers.arrays, buffers.echoes)
     if not ok:
         return n, after, None, small_ints
     arrays = memoryview(buffers.arrays)[:used]
