@@ -10,15 +10,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Container, Iterable, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from modelyard import objstore
 from modelyard.batch import job as jobs
 from modelyard.batch import remote
 from modelyard.batch.progress import Progress
 from modelyard.batch import job_plan
-from modelyard.batch.readers import Chunk, iter_plan
-from modelyard.batch.readers import plan as make_plan
+from modelyard.batch.readers import Chunk, collect, iter_plan
 from modelyard.batch.shards import committed, finalize
 from modelyard.batch.spec import (DEFAULT_CHUNK_ROWS, BatchError, JobSpec, check_options, expand_inputs,
                                   resolve_model)
@@ -155,9 +154,8 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
         local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
-        done = committed(job.job_dir)
         # A new job is planned while the workers predict its first chunks.
-        source, total, rows_done = _chunks(job.job_dir, local_inputs, spec, done,
+        source, total, rows_done = _chunks(job.job_dir, local_inputs, spec,
                                            estimate=lambda rows: setattr(bar, "total", rows), say=say)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
@@ -171,10 +169,10 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         if engine == "ray":
             from modelyard.batch.engine_ray import run_ray
 
-            run_ray(job.job_dir, spec, source, done, batch_size, workers, on_done=advance, on_ready=ready,
+            run_ray(job.job_dir, spec, source, batch_size, workers, on_done=advance, on_ready=ready,
                     address=ray_address, log=say)
         else:
-            run_local(job.job_dir, spec, source, done, batch_size, workers, on_done=advance, on_ready=ready,
+            run_local(job.job_dir, spec, source, batch_size, workers, on_done=advance, on_ready=ready,
                       started=pool)
         chunks, _contexts = job_plan.load_plan(job.job_dir)  # whole now, however it was made
         total = sum(c.rows for c in chunks)
@@ -199,45 +197,45 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     return job
 
 
-def _plan(files: list[str], spec: JobSpec) -> tuple[list[Chunk], dict]:
+def _planned(files: list[str], spec: JobSpec) -> Iterator[tuple[Chunk, Any]]:
+    """``iter_plan`` for the job, an input it cannot plan failing the job (BatchError)."""
     try:
-        return make_plan(files, spec.format, spec.chunk_rows)
+        yield from iter_plan(files, spec.format, spec.chunk_rows)
     except (ValueError, OSError) as exc:
         raise BatchError(str(exc)) from None
 
 
-def _chunks(job_dir: Path, files: list[str], spec: JobSpec, done: Container[int],
-            estimate: Callable[[int], None], say: Callable[[str], None]) -> tuple[Iterable, int, int]:
-    """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs to run.
+def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[int], None],
+            say: Callable[[str], None]) -> tuple[Iterable, int, int]:
+    """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs not
+    committed yet.
 
     A job with a plan (or one cut short by a kill, made again and checked) runs it as it is.
     A new one is planned while its chunks run: the total is 0 here and ``estimate`` gets it as
     the plan grows."""
     planned = job_plan.load_plan(job_dir)
     if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
-        planned = _plan(files, spec)
+        planned = collect(_planned(files, spec))
         job_plan.finish_partial_plan(job_dir, planned)
-    if planned is None:
-        return _counted(job_plan.recorded(job_dir, iter_plan(files, spec.format, spec.chunk_rows)),
-                        files, estimate), 0, 0
+    if planned is None:  # a new job: nothing is committed yet
+        return _counted(job_plan.recorded(job_dir, _planned(files, spec)), files, estimate), 0, 0
     chunks, contexts = planned
+    done = committed(job_dir)
     rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
     if done and len(done) < len(chunks):
         say(f"resuming {job_dir}: {len(done)} of {len(chunks)} chunks ({rows_done:,} rows) already committed")
-    return [(c, contexts.get(c.file)) for c in chunks], sum(c.rows for c in chunks), rows_done
+    pending = [(c, contexts.get(c.file)) for c in chunks if c.index not in done]
+    return pending, sum(c.rows for c in chunks), rows_done
 
 
-def _counted(source, files: list[str], estimate: Callable[[int], None]):
+def _counted(source: Iterable[tuple[Chunk, Any]], files: list[str], estimate: Callable[[int], None]):
     """``source`` passed through, the job's row count estimated as it goes (rows per byte so far)
-    for the progress bar, exact once the plan is whole. Planning errors become BatchError."""
+    for the progress bar, exact once the plan is whole."""
+    size = sum(os.path.getsize(f) for f in files)
     rows = spanned = 0
-    try:
-        size = sum(os.path.getsize(f) for f in files)
-        for chunk, context in source:
-            rows += chunk.rows
-            spanned += chunk.end - chunk.start
-            estimate(round(rows * size / spanned) if spanned else rows)
-            yield chunk, context
-    except (ValueError, OSError) as exc:
-        raise BatchError(str(exc)) from None
+    for chunk, context in source:
+        rows += chunk.rows
+        spanned += chunk.end - chunk.start
+        estimate(round(rows * size / spanned) if spanned else rows)
+        yield chunk, context
     estimate(rows)

@@ -13,7 +13,7 @@ import signal
 import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Container, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
@@ -126,9 +126,9 @@ class LocalWorkers:
         for p in self.procs:
             p.start()
 
-    def run(self, source: Iterable[tuple[Chunk, Any]], done: Container[int],
-            on_done: Callable[[int, int, int], None], on_ready: Callable[[str], None]) -> None:
-        """Hand out every chunk of ``source`` not in ``done`` and wait for its commit. ``source`` is
+    def run(self, source: Iterable[tuple[Chunk, Any]], on_done: Callable[[int, int, int], None],
+            on_ready: Callable[[str], None]) -> None:
+        """Hand out every chunk of ``source`` and wait for its commit. ``source`` is
         read by a thread of its own: when it is the plan being made, workers predict the first
         chunks while the rest of the input is still being counted."""
         left: set[int] = set()
@@ -140,9 +140,8 @@ class LocalWorkers:
                 for chunk, context in source:
                     if stop.is_set():
                         return
-                    if chunk.index not in done:
-                        left.add(chunk.index)  # before the task: its answer must find it
-                        self.tasks.put((chunk, context))
+                    left.add(chunk.index)  # before the task: its answer must find it
+                    self.tasks.put((chunk, context))
             except BaseException as exc:  # a plan that cannot be made fails the job, in the caller
                 failure.append(exc)
             finally:
@@ -211,11 +210,10 @@ def _death(code: int) -> str:
     return f"was killed by {name}{hint}"
 
 
-def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],
-              batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
+def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
               on_ready: Callable[[str], None] = lambda runtime: None, started: LocalWorkers | None = None) -> None:
-    """Run every chunk of ``source`` (``(chunk, context)`` pairs) not in ``done``; ``on_done(index,
-    ok, err)`` after each commit. Raises BatchError on failure.
+    """Run every chunk of ``source`` (``(chunk, context)`` pairs); ``on_done(index, ok, err)`` after
+    each commit. Raises BatchError on failure.
 
     ``started``: workers already started for this job (``LocalWorkers``): used here, stopped by
     whoever started them."""
@@ -224,8 +222,6 @@ def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]],
 
         predictor = None
         for chunk, context in source:
-            if chunk.index in done:
-                continue
             if predictor is None:
                 predictor = predictor_for(spec)
                 on_ready(predictor.runtime)
@@ -235,7 +231,7 @@ def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]],
         return
     pool = started or LocalWorkers(job_dir, spec, batch_size, workers)
     try:
-        pool.run(source, done, on_done, on_ready)
+        pool.run(source, on_done, on_ready)
     finally:
         if pool is not started:
             pool.stop()

@@ -20,7 +20,7 @@ import os
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Container, Iterable
+from typing import Any, Callable, Iterable
 
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
@@ -122,22 +122,22 @@ class ChunkWorker:
 
 
 class _Todo:
-    """The chunks of ``source`` not in ``done``, pulled as they are wanted: a plan being made
-    advances only as far as the actors need (or while they load their models, ``prefetch``)."""
+    """The chunks of ``source``, pulled as they are wanted: a plan being made advances only as far
+    as the actors need (or while they load their models, ``prefetch``)."""
 
-    def __init__(self, source: Iterable[tuple[Chunk, Any]], done: Container[int]):
-        self._source, self._done = iter(source), done
+    def __init__(self, source: Iterable[tuple[Chunk, Any]]):
+        self._source = iter(source)
         self._ahead: collections.deque = collections.deque()
         self.exhausted = False
 
     def prefetch(self) -> bool:
         """Plan one more chunk ahead; False once the source is exhausted."""
-        for chunk, context in self._source:
-            if chunk.index not in self._done:
-                self._ahead.append((chunk, context))
-                return True
-        self.exhausted = True
-        return False
+        item = next(self._source, None)
+        if item is None:
+            self.exhausted = True
+            return False
+        self._ahead.append(item)
+        return True
 
     def next(self) -> tuple[Chunk, Any] | None:
         if not self._ahead and not self.exhausted:
@@ -148,17 +148,17 @@ class _Todo:
         return not self._ahead and (self.exhausted or not self.prefetch())
 
 
-def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], done: Container[int],
-            batch_size: int, workers: int | None, on_done: Callable[[int, int, int], None],
+def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], batch_size: int,
+            workers: int | None, on_done: Callable[[int, int, int], None],
             on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
             log: Callable[[str], None] = lambda message: None) -> None:
-    """Run every chunk of ``source`` (``(chunk, context)`` pairs, maybe a plan still being made) not
-    in ``done`` on Ray actors; ``on_done(index, ok, err)`` after each commit.
+    """Run every chunk of ``source`` (``(chunk, context)`` pairs, maybe a plan still being made) on
+    Ray actors; ``on_done(index, ok, err)`` after each commit.
 
     ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets one line at the end: how
     many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
-    todo = _Todo(source, done)
+    todo = _Todo(source)
     ray = connect(address)
     if todo.empty():
         return

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from modelyard.batch.readers import Chunk
+from modelyard.batch.readers import Chunk, collect
 from modelyard.batch.shards import write_json
 from modelyard.batch.spec import BatchError
 
@@ -54,20 +54,18 @@ def planned_rows(job_dir: Path) -> int | None:
 def recorded(job_dir: Path, planned: Iterator[tuple[Chunk, Any]]) -> Iterator[tuple[Chunk, Any]]:
     """``planned`` passed through, each chunk recorded before it is handed on; ``plan.json`` once
     the plan is whole. Abandoned part-way (the job failed), the record stays partial."""
-    chunks: list[Chunk] = []
-    contexts: dict[str, Any] = {}
+    handed: list[tuple[Chunk, Any]] = []
     fd = os.open(job_dir / PARTIAL_PLAN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
         for chunk, context in planned:
             # One write per line: a kill leaves whole lines and at most one torn last line, whose
             # chunk was never handed out.
             os.write(fd, json.dumps(_row(chunk) + [context]).encode() + b"\n")
-            chunks.append(chunk)
-            contexts[chunk.file] = context
+            handed.append((chunk, context))
             yield chunk, context
     finally:
         os.close(fd)
-    save_plan(job_dir, chunks, contexts)
+    save_plan(job_dir, *collect(handed))
 
 
 def _partial_rows(job_dir: Path) -> list[list] | None:

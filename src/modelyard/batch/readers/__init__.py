@@ -11,7 +11,7 @@ May import: ``modelyard.errors`` and the standard library; nothing of the job or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple
 
 
 class Row(NamedTuple):
@@ -72,14 +72,19 @@ def iter_plan(files: list[str], fmt: str, chunk_rows: int) -> Iterator[tuple[Chu
             first += rows
 
 
-def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict[str, Any]]:
-    """``iter_plan`` whole: the chunks, and the context of each file that has any."""
+def collect(planned: Iterable[tuple[Chunk, Any]]) -> tuple[list[Chunk], dict[str, Any]]:
+    """A plan's ``(chunk, context)`` pairs as a whole plan: the chunks, and each file's context."""
     chunks: list[Chunk] = []
     contexts: dict[str, Any] = {}
-    for chunk, context in iter_plan(files, fmt, chunk_rows):
+    for chunk, context in planned:
         chunks.append(chunk)
         contexts[chunk.file] = context
     return chunks, contexts
+
+
+def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict[str, Any]]:
+    """``iter_plan`` whole: the chunks, and the context of each file that has any."""
+    return collect(iter_plan(files, fmt, chunk_rows))
 
 
 def read_chunk(chunk: Chunk, fmt: str, context: Any) -> list[Row | BadRow]:

@@ -139,20 +139,19 @@ def choose_runtime(session: Servable, runtime: str) -> Servable:
             log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow), as checked at its first "
                      "conversion (cached)", name, session.path)
             continue
-        else:
-            try:
-                content, candidate = _convert(session, sig)
-                trial = MixedServable(session, {name: candidate})
-                for sample in samples:
-                    expected = session.run(sig, sample, tuple(sig.outputs))
-                    reason = _matches(expected, trial.run(sig, sample, tuple(sig.outputs)))
-                    if reason:
-                        break
-                if not reason:
-                    fast[name] = candidate
-                    litert_cache.store(session.path, sig, content, candidate.in_keys, candidate.out_keys, key)
-            except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            content, candidate = _convert(session, sig)
+            trial = MixedServable(session, {name: candidate})
+            for sample in samples:
+                expected = session.run(sig, sample, tuple(sig.outputs))
+                reason = _matches(expected, trial.run(sig, sample, tuple(sig.outputs)))
+                if reason:
+                    break
+            if not reason:
+                fast[name] = candidate
+                litert_cache.store(session.path, sig, content, candidate.in_keys, candidate.out_keys, key)
+        except Exception as exc:  # the converter raises many types; any failure means "stay on TF"
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if reason:
             if runtime == "litert":
                 raise ServingError(Code.FAILED_PRECONDITION, f"--runtime litert cannot serve signature {name}: {reason}")
