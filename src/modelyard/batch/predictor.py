@@ -42,10 +42,15 @@ def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str 
         from modelyard.model.runtime.litert import load_tflite
 
         return load_tflite(version_dir, version_dir / TFLITE_FILE)
+    key = None
     if runtime != "tensorflow":
         from modelyard.model.runtime import litert_cache
 
-        cached = litert_cache.load(version_dir, signature_name)
+        try:
+            key = litert_cache.model_key(version_dir)  # hashed once: a miss hands it to choose_runtime
+        except OSError:  # a version file unreadable: the load below says why
+            key = None
+        cached = litert_cache.load(version_dir, signature_name, key) if key else None
         if cached is not None:
             return litert_cache.CachedLiteRTServable(version_dir, *cached)
     from modelyard.model.runtime.choose_runtime import choose_runtime
@@ -53,7 +58,7 @@ def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str 
 
     session = load_saved_model(version_dir)
     try:
-        return choose_runtime(session, runtime)
+        return choose_runtime(session, runtime, key)
     except BaseException:
         session.close()
         raise

@@ -114,15 +114,17 @@ def _convert(session: Servable, sig: Signature) -> tuple[bytes, AliasedRunner]:
     return content, AliasedRunner(runner, keys(sig.inputs, runner.inputs), keys(sig.outputs, runner.outputs))
 
 
-def choose_runtime(session: Servable, runtime: str) -> Servable:
-    """Return ``session`` itself (tensorflow) or a MixedServable with verified LiteRT signatures."""
+def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> Servable:
+    """Return ``session`` itself (tensorflow) or a MixedServable with verified LiteRT signatures.
+    ``key``: ``litert_cache.model_key(session.path)`` when the caller has hashed the model already."""
     if runtime == "tensorflow":
         return session
     fast = {}
-    try:
-        key = litert_cache.model_key(session.path)
-    except OSError:
-        key = None
+    if key is None:
+        try:
+            key = litert_cache.model_key(session.path)
+        except OSError:
+            key = None
     for name, sig in session.signatures.items():
         samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
         reason = None
