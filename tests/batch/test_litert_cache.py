@@ -101,6 +101,25 @@ def test_a_torn_entry_is_a_miss(tiny_model, tmp_path: Path, monkeypatch):
     assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "CachedLiteRTServable"  # rewritten
 
 
+def test_a_flipped_byte_in_a_cached_flatbuffer_is_a_miss_not_a_crash(tiny_model, tmp_path: Path, monkeypatch):
+    from modelyard.model.runtime import litert_cache
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    version = tiny_model.base / "0001"
+    _load(version, tmp_path / "cache", [[0.0] * 4])
+    (flatbuffer,) = (tmp_path / "cache" / "litert").glob("*/serving_default/model.tflite")
+    good = flatbuffer.read_bytes()
+    # The signature and the file's length stay whole: only the checksum can tell.
+    flatbuffer.write_bytes(good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 0x40]) + good[len(good) // 2 + 1:])
+    assert litert_cache.load(version, "serving_default") is None
+    rows = [[1.0, 2.0, 3.0, 4.0]]
+    loaded = _load(version, tmp_path / "cache", rows)
+    assert loaded["servable"] == "MixedServable"  # converted and verified again
+    np.testing.assert_allclose(loaded["out"], tiny_model.reference(rows), rtol=1e-5, atol=1e-6)
+    assert flatbuffer.read_bytes() == good  # and the entry rewritten
+    assert _load(version, tmp_path / "cache", rows)["servable"] == "CachedLiteRTServable"
+
+
 def test_the_server_takes_a_cached_conversion_instead_of_converting_again(tiny_model, tmp_path: Path, monkeypatch):
     from modelyard.model.runtime import choose_runtime as chooser
     from modelyard.model.runtime.tf_session import load_saved_model

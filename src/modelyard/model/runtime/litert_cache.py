@@ -6,7 +6,10 @@ verified, its flatbuffer and its signature are written under
 ``<cache>/litert/<key>/<signature>/`` (``<cache>`` as for the demo model: ``$MODELYARD_CACHE``, ...),
 where ``key`` hashes every file of the version directory, TensorFlow's and LiteRT's versions and
 this format's, so a changed model, converter or interpreter never finds a stale entry. An entry
-is written to a temporary directory and renamed into place: readers see all of it or none.
+is written to a temporary directory and renamed into place: readers see all of it or none. Its
+signature file holds the flatbuffer's SHA-256, checked on every load (a few ms for a large model):
+LiteRT trusts a flatbuffer's offsets, so a damaged file must be a miss, never an interpreter
+reading out of bounds.
 
 The cache is bounded (``$MODELYARD_LITERT_CACHE_MAX_MB``, default 2048): each write drops the
 models used least recently (a load marks its model's directory used) until the rest fit; an
@@ -38,7 +41,7 @@ from modelyard.model.signatures import Signature, TensorSpec
 
 log = logging.getLogger("modelyard.serving")
 
-FORMAT = "1"
+FORMAT = "2"  # 2: the signature file holds the flatbuffer's sha256
 MODEL_FILE, SIGNATURE_FILE = "model.tflite", "signature.json"
 MAX_MB_ENV, DEFAULT_MAX_MB = "MODELYARD_LITERT_CACHE_MAX_MB", 2048
 
@@ -100,7 +103,8 @@ def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict
             described = {"name": signature.name, "method_name": signature.method_name,
                          "inputs": [_spec_json(s) for s in signature.inputs.values()],
                          "outputs": [_spec_json(s) for s in signature.outputs.values()],
-                         "in_keys": in_keys, "out_keys": out_keys}
+                         "in_keys": in_keys, "out_keys": out_keys,
+                         "sha256": hashlib.sha256(content).hexdigest()}
             (staging / SIGNATURE_FILE).write_text(json.dumps(described))
             shutil.rmtree(entry, ignore_errors=True)  # a damaged entry (whole ones were returned above)
             os.rename(staging, entry)
@@ -158,6 +162,10 @@ def _read(entry: Path) -> tuple[Signature, bytes, dict, dict] | None:
     try:
         described = json.loads((entry / SIGNATURE_FILE).read_text())
         content = (entry / MODEL_FILE).read_bytes()
+        if hashlib.sha256(content).hexdigest() != described["sha256"]:
+            log.warning("LiteRT cache entry %s is damaged (its flatbuffer does not match its checksum); "
+                        "converting again", entry)
+            return None
         signature = Signature(described["name"], described["method_name"],
                               {s["alias"]: _spec(s) for s in described["inputs"]},
                               {s["alias"]: _spec(s) for s in described["outputs"]})
