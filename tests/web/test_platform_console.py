@@ -135,8 +135,15 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     assert {r["id"] for dm in ep["deployedModels"] for r in dm["replicas"]} == set(replicas)
 
     # escaping: the server sends the name escaped, the browser made no element of it and ran nothing
-    html = requests.get(yard["p"].url + "/console", headers=AUTH, timeout=10).text
+    answer = requests.get(yard["p"].url + "/console", headers=AUTH, timeout=10)
+    html = answer.text
     assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    # sent compressed to a client that accepts it (requests does), plain to one that does not
+    assert answer.headers["Content-Encoding"] in ("gzip", "deflate")
+    assert int(answer.headers["Content-Length"]) < len(answer.content)
+    plain = requests.get(yard["p"].url + "/console/api/live", headers={**AUTH, "Accept-Encoding": "identity"},
+                         timeout=10)
+    assert "Content-Encoding" not in plain.headers and f"data-endpoint=\"{endpoint}\"" in plain.text
     assert page.locator("#live script").count() == 0 and section.locator("h3 b").count() == 0
     _after_next_poll(page)  # after a refresh swapped the fragment in, too
     assert page.locator("#live script").count() == 0 and dialogs == []

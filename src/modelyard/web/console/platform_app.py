@@ -36,6 +36,13 @@ def _error(status: int, name: str, message: str) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=_NO_STORE)
 
 
+def _compressed(response: web.Response) -> web.Response:
+    """gzip or deflate when the client accepts it (aiohttp reads Accept-Encoding): the live
+    fragment, polled every few seconds, is mostly repeated markup."""
+    response.enable_compression()
+    return response
+
+
 class PlatformConsole:
     """``platform`` is the running Platform (duck-typed: store, routing, metrics, config)."""
 
@@ -76,7 +83,8 @@ class PlatformConsole:
         except Exception as exc:  # the store unreachable, say: the page says so and keeps polling
             log.exception("console: reading the platform's state failed")
             return _error(503, "UNAVAILABLE", f"the console cannot read the platform's state: {exc}")
-        return web.Response(body=render(state), content_type=content_type, charset="utf-8", headers=_NO_STORE)
+        return _compressed(web.Response(body=render(state), content_type=content_type, charset="utf-8",
+                                        headers=_NO_STORE))
 
     async def page(self, request: web.Request) -> web.Response:
         if self._refusal(request) is not None:  # a browser's first visit: the page asks for the token
@@ -95,7 +103,7 @@ class PlatformConsole:
         if name not in self.assets:
             return _error(404, "NOT_FOUND", f"No console file {name!r}: the console's paths are /console, "
                           "/console/api/state and /console/api/live.")
-        return web.Response(body=self.assets[name], content_type=_ASSETS[name], charset="utf-8")
+        return _compressed(web.Response(body=self.assets[name], content_type=_ASSETS[name], charset="utf-8"))
 
     async def close(self, _app=None) -> None:
         if self._session is not None:
