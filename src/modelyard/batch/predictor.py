@@ -46,10 +46,7 @@ def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str 
     if runtime != "tensorflow":
         from modelyard.model.runtime import litert_cache
 
-        try:
-            key = litert_cache.model_key(version_dir)  # hashed once: a miss hands it to choose_runtime
-        except OSError:  # a version file unreadable: the load below says why
-            key = None
+        key = litert_cache.key_of(version_dir)  # hashed once: a miss hands it to choose_runtime
         cached = litert_cache.load(version_dir, signature_name, key) if key else None
         if cached is not None:
             return litert_cache.CachedLiteRTServable(version_dir, *cached)

@@ -116,15 +116,11 @@ def _convert(session: Servable, sig: Signature) -> tuple[bytes, AliasedRunner]:
 
 def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> Servable:
     """Return ``session`` itself (tensorflow) or a MixedServable with verified LiteRT signatures.
-    ``key``: ``litert_cache.model_key(session.path)`` when the caller has hashed the model already."""
+    ``key``: ``litert_cache.key_of(session.path)`` when the caller has hashed the model already."""
     if runtime == "tensorflow":
         return session
     fast = {}
-    if key is None:
-        try:
-            key = litert_cache.model_key(session.path)
-        except OSError:
-            key = None
+    key = key or litert_cache.key_of(session.path)
     for name, sig in session.signatures.items():
         samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
         reason = None

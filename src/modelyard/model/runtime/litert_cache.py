@@ -72,8 +72,17 @@ def model_key(version_dir: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _entry(version_dir: Path, signature_name: str, key: str | None) -> Path:
-    return cache_root() / (key or model_key(version_dir)) / quote(signature_name, safe="")
+def key_of(version_dir: Path) -> str | None:
+    """``model_key``, or None when a file of the version cannot be read: nothing is cached for it,
+    and loading the model says why."""
+    try:
+        return model_key(version_dir)
+    except OSError:
+        return None
+
+
+def _entry(key: str, signature_name: str) -> Path:
+    return cache_root() / key / quote(signature_name, safe="")
 
 
 def _spec_json(spec: TensorSpec) -> dict:
@@ -92,8 +101,11 @@ def store(version_dir: Path, signature: Signature, content: bytes, in_keys: dict
     written (read-only home, full disk) only means the next load converts again."""
     if signature.defaults:
         return  # default inputs are numpy arrays; such signatures are rare and simply not cached
+    key = key or key_of(version_dir)
+    if key is None:
+        return
     try:
-        entry = _entry(version_dir, signature.name, key)
+        entry = _entry(key, signature.name)
         if _read(entry) is not None:
             return
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -146,15 +158,16 @@ def prune(keep: Path | None = None) -> list[Path]:
             pass
     sizes = {directory: _size(directory) for _used, directory in models}
     total = sum(sizes.values()) + (_size(keep) if keep is not None else 0)
+    limit = max_bytes()
     removed = []
     for _used, directory in sorted(models):  # least recently used first
-        if total <= max_bytes():
+        if total <= limit:
             break
         shutil.rmtree(directory, ignore_errors=True)
         total -= sizes[directory]
         removed.append(directory)
     if removed:
-        log.info("LiteRT cache over %d MiB: removed %d model(s) used least recently", max_bytes() >> 20, len(removed))
+        log.info("LiteRT cache over %d MiB: removed %d model(s) used least recently", limit >> 20, len(removed))
     return removed
 
 
@@ -176,11 +189,11 @@ def _read(entry: Path) -> tuple[Signature, bytes, dict, dict] | None:
 
 def load(version_dir: Path, signature_name: str, key: str | None = None) -> tuple[Signature, bytes, dict, dict] | None:
     """``(signature, flatbuffer, input keys, output keys)`` verified earlier for these bytes, or None.
-    ``key``: ``model_key(version_dir)``, when the caller has it already."""
-    try:
-        entry = _entry(Path(version_dir), signature_name, key)
-    except OSError:  # a version file unreadable for hashing: the load itself will say why
+    ``key``: ``key_of(version_dir)``, when the caller has it already."""
+    key = key or key_of(Path(version_dir))
+    if key is None:
         return None
+    entry = _entry(key, signature_name)
     found = _read(entry)
     if found is not None:
         try:
