@@ -393,9 +393,9 @@ def test_line_ranges_are_the_same_counted_in_c_or_numpy(tmp_path: Path, monkeypa
     path = tmp_path / "lines.jsonl"
     path.write_bytes(b"".join(b"x" * int(n) + b"\n" for n in rng.integers(0, 300, size=5000)) + b"tail")
     monkeypatch.setattr(lines, "BLOCK", 4096)  # many blocks, chunks ending inside and across them
-    with_c = [lines.line_ranges(str(path), rows) for rows in (1, 7, 64, 1000, 10000)]
+    with_c = [list(lines.line_ranges(str(path), rows)) for rows in (1, 7, 64, 1000, 10000)]
     monkeypatch.setattr(lines, "_count_byte", None)
-    assert with_c == [lines.line_ranges(str(path), rows) for rows in (1, 7, 64, 1000, 10000)]
+    assert with_c == [list(lines.line_ranges(str(path), rows)) for rows in (1, 7, 64, 1000, 10000)]
     assert sum(r for _, _, r in with_c[2]) == 5001 and with_c[2][-1][1] == path.stat().st_size
 
 
@@ -415,7 +415,7 @@ def test_planning_a_large_file_holds_a_window_of_it_not_the_file(tmp_path: Path)
     probe = ("import resource, sys\n"
              "from modelyard.batch.readers.lines import line_ranges\n"
              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-             "ranges = line_ranges(sys.argv[1], 50000)\n"
+             "ranges = list(line_ranges(sys.argv[1], 50000))\n"
              "print(sum(r for _, _, r in ranges), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
     done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "PYTHONPATH": str(SRC)})

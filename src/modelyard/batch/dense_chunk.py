@@ -53,7 +53,7 @@ class _Buffers:
         self.u8 = np.empty(0, np.uint8)
         self.spans = np.empty(0, np.int64)
         self.echoes = np.empty(0, np.int64)  # object lines: the spans echoed (keys, or whole lines)
-        self.arrays = bytearray()  # object lines: their arrays, one per line, for the dense readers
+        self.arrays = bytearray()  # object lines: their arrays, one per line; grown as pluck asks
 
     def sized(self, values: int, rows: int) -> None:
         if self.values.size < values:
@@ -63,8 +63,6 @@ class _Buffers:
         if self.spans.size < 2 * rows:
             self.spans = np.empty(2 * rows, np.int64)
             self.echoes = np.empty(2 * rows, np.int64)
-        if len(self.arrays) < 4 * values:  # a first guess (4 bytes a number); pluck asks for more
-            self.arrays = bytearray(4 * values)
 
 
 _LOCAL = threading.local()  # one set per thread: jobs run with workers=0 may share a process

@@ -210,7 +210,8 @@ def _death(code: int) -> str:
     return f"was killed by {name}{hint}"
 
 
-def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], batch_size: int, workers: int, on_done: Callable[[int, int, int], None],
+def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], batch_size: int, workers: int,
+              on_done: Callable[[int, int, int], None],
               on_ready: Callable[[str], None] = lambda runtime: None, started: LocalWorkers | None = None) -> None:
     """Run every chunk of ``source`` (``(chunk, context)`` pairs); ``on_done(index, ok, err)`` after
     each commit. Raises BatchError on failure.
@@ -221,11 +222,11 @@ def run_local(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]],
         from modelyard.batch.work import process_chunk
 
         predictor = None
+        shaping = shaping_of(spec)
         for chunk, context in source:
-            if predictor is None:
+            if predictor is None:  # loaded for the first chunk: a job with none loads nothing
                 predictor = predictor_for(spec)
                 on_ready(predictor.runtime)
-                shaping = shaping_of(spec)
             ok, err = process_chunk(job_dir, chunk, spec.format, context, shaping, predictor, batch_size)
             on_done(chunk.index, ok, err)
         return

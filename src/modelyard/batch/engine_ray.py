@@ -181,12 +181,12 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
 def _drive(ray, actors: list, todo: _Todo, on_done: Callable[[int, int, int], None],
            on_ready: Callable[[str], None]) -> dict[Any, str]:
     """Hand out chunks until all are committed; returns {actor that loaded its model: node id}."""
-    running: dict[Any, tuple[Any, int]] = {}  # ObjectRef -> (actor, chunk index)
+    running: dict[Any, Any] = {}  # ObjectRef -> actor
 
     def submit(actor) -> None:
         item = todo.next()
         if item is not None:
-            running[actor.run.remote(*item)] = (actor, item[0].index)
+            running[actor.run.remote(*item)] = actor
 
     # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
     # CPU for ever, and chunks queued on it would wait with it while the others sit idle.
@@ -231,7 +231,7 @@ def _drive(ray, actors: list, todo: _Todo, on_done: Callable[[int, int, int], No
             for _ in range(IN_FLIGHT_PER_ACTOR):
                 submit(actor)
             continue
-        actor, _index = running.pop(ref)
+        actor = running.pop(ref)
         if answer[0] == "failed":
             raise BatchError(f"worker failed: {answer[2]}")
         _, index, ok, err = answer

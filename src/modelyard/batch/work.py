@@ -54,8 +54,8 @@ def raw_batch(predictor: Predictor, raw: list[RawJson], echoes: list[bytes], pat
                 results.append(result_line(echo, None, answer))
 
 
-def _shaped(row: Any, shaping: Shaping, errors: list[bytes]) -> tuple[bytes, Any, Any] | None:
-    """``(echo, key, instance for the model)`` of a read row, or None once its error line is written."""
+def _shaped(row: Any, shaping: Shaping, errors: list[bytes]) -> tuple[tuple[bytes, Any], Any] | None:
+    """``((echo, key), instance for the model)`` of a read row, or None once its error line is written."""
     if isinstance(row, BadRow):
         errors.append(error_line(row.echo, None, "INVALID_ARGUMENT", row.message))
         return None
@@ -65,7 +65,7 @@ def _shaped(row: Any, shaping: Shaping, errors: list[bytes]) -> tuple[bytes, Any
         errors.append(error_line(row.echo or orjson.dumps(row.instance), None, exc.code.name, exc.message))
         return None
     echo = row.echo if (row.echo is not None and shaping.identity) else orjson.dumps(instance)
-    return echo, key, instance
+    return (echo, key), instance
 
 
 def _predict_rows(predictor: Predictor, batch: list[Any], meta: list[tuple[bytes, Any]], results: list[bytes],
@@ -88,8 +88,8 @@ def keyed_batch(shaping: Shaping) -> dense_chunk.RawBatch:
         for item in raw:
             shaped = _shaped(parse_json(item, path), shaping, errors)
             if shaped is not None:
-                batch.append(shaped[2])
-                meta.append(shaped[:2])
+                meta.append(shaped[0])
+                batch.append(shaped[1])
         _predict_rows(predictor, batch, meta, results, errors)
     return run
 
@@ -109,11 +109,10 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
     starts its next chunk meanwhile; ``part_writer.wait_finished()`` waits for them)."""
     # Unshaped JSON lines for a one-tensor model skip per-row parsing (fastjson) unless a batch fails.
     lazy = predictor.dense is not None and shaping.identity
-    if lazy and fmt == "jsonl" and dense_chunk.available(predictor):
+    if fmt == "jsonl" and lazy and dense_chunk.available(predictor):
         return dense_chunk.process(job_dir, chunk, predictor, batch_size, raw_batch, report)
     # Object lines holding only a key and the model's input: the C path too, keys echoed as they are.
-    if predictor.dense is not None and _key_only(shaping) and fmt == "jsonl" \
-            and dense_chunk.available(predictor, shaping.key_field):
+    if fmt == "jsonl" and _key_only(shaping) and dense_chunk.available(predictor, shaping.key_field):
         return dense_chunk.process(job_dir, chunk, predictor, batch_size, keyed_batch(shaping), report,
                                    key=shaping.key_field)
     results: list[bytes] = []
@@ -145,8 +144,8 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
         shaped = _shaped(row, shaping, errors)
         if shaped is None:
             continue
-        batch.append(shaped[2])
-        meta.append(shaped[:2])
+        meta.append(shaped[0])
+        batch.append(shaped[1])
         if len(batch) >= batch_size:
             flush()
     if raw:

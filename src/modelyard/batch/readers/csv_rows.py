@@ -11,11 +11,11 @@ import io
 import orjson
 
 from modelyard.batch.readers import BadRow, Row
-from modelyard.batch.readers.lines import iter_line_ranges, show
+from modelyard.batch.readers.lines import line_ranges, show
 
 
 def scan(path: str, chunk_rows: int):
-    header_range = next(iter_line_ranges(path, 1, quoted=True), None)  # the first row only
+    header_range = next(line_ranges(path, 1, quoted=True), None)  # the first row only
     if header_range is None:
         return [], []  # an empty file: no header, no rows
     end = header_range[1]
@@ -25,7 +25,7 @@ def scan(path: str, chunk_rows: int):
         header = next(csv.reader(io.StringIO(head.decode("utf-8-sig"))))
     except (UnicodeDecodeError, StopIteration) as exc:
         raise ValueError(f"{path}: the CSV header row cannot be read ({exc})") from None
-    return iter_line_ranges(path, chunk_rows, start=end, quoted=True), header
+    return line_ranges(path, chunk_rows, start=end, quoted=True), header
 
 
 def _cell(text: str):

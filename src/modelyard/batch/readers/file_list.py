@@ -11,11 +11,11 @@ import os
 import orjson
 
 from modelyard.batch.readers import BadRow, Row
-from modelyard.batch.readers.lines import iter_line_ranges, show, split_lines
+from modelyard.batch.readers.lines import line_ranges, show, split_lines
 
 
 def scan(path: str, chunk_rows: int):
-    return iter_line_ranges(path, chunk_rows), os.path.dirname(os.path.abspath(path))
+    return line_ranges(path, chunk_rows), os.path.dirname(os.path.abspath(path))
 
 
 def decode(data: bytes, base_dir: str, path: str, first_row: int) -> list:

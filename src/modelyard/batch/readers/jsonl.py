@@ -7,11 +7,11 @@ from __future__ import annotations
 import orjson
 
 from modelyard.batch.readers import BadRow, RawJson, Row
-from modelyard.batch.readers.lines import iter_line_ranges, show, split_lines
+from modelyard.batch.readers.lines import line_ranges, show, split_lines
 
 
 def scan(path: str, chunk_rows: int):
-    return iter_line_ranges(path, chunk_rows), None
+    return line_ranges(path, chunk_rows), None
 
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:

@@ -45,15 +45,10 @@ def _blocks(fd: int, start: int, size: int) -> Iterator[tuple[int, np.ndarray]]:
             dropped = done
 
 
-def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> list[tuple[int, int, int]]:
-    """``[(start, end, rows), ...]`` covering ``path`` from ``start``; a last line without a newline counts."""
-    return list(iter_line_ranges(path, chunk_rows, start, quoted))
-
-
-def iter_line_ranges(path: str, chunk_rows: int, start: int = 0,
-                     quoted: bool = False) -> Iterator[tuple[int, int, int]]:
-    """``line_ranges`` one range at a time, each as soon as its last line is found: a job's workers
-    start on the first chunks while the rest of the file is still being counted."""
+def line_ranges(path: str, chunk_rows: int, start: int = 0, quoted: bool = False) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, rows)`` ranges covering ``path`` from ``start`` (a last line without a newline
+    counts), each as soon as its last line is found: a job's workers start on the first chunks
+    while the rest of the file is still being counted."""
     chunk_start, rows, odd = start, 0, 0
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
