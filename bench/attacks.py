@@ -27,15 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+from modelyard.ports import free_ports
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent
 PROBE_S = 6.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _save_model(path: Path) -> None:
@@ -180,7 +176,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="modelyard-attacks-") as tmp:
         base = Path(tmp) / "m"
         _save_model(base)
-        rest, grpc_port = _free_port(), _free_port()
+        rest, grpc_port = free_ports(2)
         log = open(Path(tmp) / "server.log", "wb")
         server = subprocess.Popen([sys.executable, "-m", "modelyard", "serve", "--model_name", "m", "--model_base_path",
                                    str(base), "--port", str(grpc_port), "--rest_api_port", str(rest), "--host",

@@ -33,11 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from modelyard.ports import free_ports
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HOST = "127.0.0.1"
@@ -56,15 +57,6 @@ def ray_command() -> str:
     if not found:
         pytest.fail("Ray is installed but its `ray` command is not on PATH: pip install 'modelyard[ray]'")
     return found
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free right now (all bound at once, so none repeats)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def _port_free(port: int) -> bool:
@@ -208,7 +200,7 @@ def node_args(temp_dir: Path, head: bool) -> list[str]:
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
     if head:
         names += ["--port", "--ray-client-server-port"]
-    ports = free_ports(len(names))
+    ports = free_ports(len(names), HOST)
     low, high = worker_port_range()
     args = [f"{name}={port}" for name, port in zip(names, ports)]
     args += [f"--min-worker-port={low}", f"--max-worker-port={high}", "--num-cpus=1",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import modelyard
 from modelyard.batch.engine_ray import IN_FLIGHT_PER_ACTOR
+from modelyard.ports import free_ports
 from tests.batch.conftest import cli_command, cli_env, read_lines, rows, write_jsonl
-from tests.ray_cluster import free_ports
 
 PART = re.compile(r"^c\d{6}-ok\d+-err\d+\.results$")
 

@@ -3,7 +3,6 @@ gRPC with the same answers as LiteRT in-process."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,10 @@ import numpy as np
 import pytest
 
 from modelyard.cli import main
+from modelyard.ports import free_ports
 
 MODEL_NAME = "digits_lite"
 START_TIMEOUT_S = 90
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +36,7 @@ def test_into_writes_next_versions(lite_base):
 def server(lite_base, tmp_path_factory):
     import requests
 
-    grpc_port, rest_port = _free_port(), _free_port()
+    grpc_port, rest_port = free_ports(2)
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from .conftest import ENV, MODELYARD, kill_group, run, write_config
-from modelyard.training.cluster import free_ports
+from modelyard.ports import free_ports
 
 
 def _get(url: str) -> dict | None:

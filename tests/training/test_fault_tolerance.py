@@ -118,7 +118,7 @@ def test_stuck_peer_on_another_host_times_out_with_a_clear_message(tmp):
     """Two hosts simulated by two launchers (--cluster-spec, --task each). worker:1 is alive but
     stuck, so neither its launcher nor TensorFlow's health checks end worker:0's wait: only the
     collective timeout can, and it must say why."""
-    from modelyard.training.cluster import free_ports
+    from modelyard.ports import free_ports
 
     timeout = 8
     spec = tmp / "cluster.json"

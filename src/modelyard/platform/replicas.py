@@ -21,7 +21,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import aiohttp
 
 from modelyard.platform import names
 from modelyard.platform.errors import ApiError
+from modelyard.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,6 @@ READY_POLL_S = 0.05  # a replica's status API is cheap; polling it fast takes ~0
 SPARE_PREFIX = "spare-"  # replica directories of warm spares
 SPARE_LINGER_S = 30.0  # how long a spare outlives the last deployed model
 CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def pid_alive(pid: int, port: int | None = None) -> bool:
@@ -240,7 +234,7 @@ class LocalEngine:
             link = base / "1"  # TF Serving wants version directories under a base path
             if not link.exists():
                 link.symlink_to(model_path, target_is_directory=True)
-        port, grpc_port = _free_port(self.host), _free_port(self.host)
+        port, grpc_port = free_ports(2, self.host)
         log_path = rdir / "serve.log"
         cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args)
         with open(log_path, "ab") as out:

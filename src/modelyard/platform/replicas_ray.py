@@ -29,6 +29,7 @@ from pathlib import Path
 
 from modelyard.platform.errors import ApiError
 from modelyard.platform.replicas import MODEL, START_TIMEOUT_S, Probe, serve_command, serve_env, tail
+from modelyard.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,7 @@ class ReplicaActor:
         link = base / "1"
         if not link.exists():
             link.symlink_to(self.model_path, target_is_directory=True)
-        ports = []
-        for _ in range(2):
-            with socket.socket() as s:
-                s.bind((host, 0))
-                ports.append(s.getsockname()[1])
+        ports = free_ports(2, host)
         log_path = self.rdir / "serve.log"
         cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
         # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when

@@ -8,9 +8,10 @@ plain Python, so specs are checked before any process or TensorFlow starts.
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+from modelyard.ports import free_ports
 
 ROLES = ("chief", "worker", "ps")
 EVALUATOR = "evaluator"
@@ -98,24 +99,6 @@ def load_spec(path: str | Path) -> dict[str, list[str]]:
     except json.JSONDecodeError as exc:
         raise ClusterError(f"cluster spec {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     return validate_spec(data)
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that are free right now on ``host``.
-
-    All sockets stay open until every port is chosen so the kernel cannot hand the
-    same port out twice.
-    """
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def local_spec(workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1") -> dict[str, list[str]]:
