@@ -25,7 +25,6 @@ import json
 import os
 import platform as host
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from modelyard.ports import free_port
+
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 RESULTS = ROOT / "results"
@@ -41,12 +42,6 @@ PARENT = "projects/local/locations/us-central1"
 
 sys.path.insert(0, str(ROOT))
 from serving import rest_load  # noqa: E402  (the serving benchmark's wrk driver: one load generator)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: dict | None = None) -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from modelyard.ports import free_port
 
 ROOT = Path(__file__).resolve().parent
 SRC = ROOT.parent / "src"
@@ -35,12 +36,6 @@ def http(method: str, url: str, body: dict | None = None) -> dict:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read() or b"{}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_model(out: Path) -> Path:

@@ -36,6 +36,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from modelyard.ports import free_port
+
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 PEERS = ROOT / "peers"
@@ -111,12 +113,6 @@ def ensure_venv(name: str) -> Path:
 def slug(text: str) -> str:
     """``text`` as a file-name part: lower-case words joined by '-'."""
     return "-".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pkg_version(py: Path | str, module: str) -> str:

@@ -45,3 +45,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in held:
             sock.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One port, as ``free_ports`` gives them."""
+    return free_ports(1, host)[0]

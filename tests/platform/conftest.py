@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from modelyard.ports import free_port
 
 REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 PARENT = "projects/local/locations/us-central1"
@@ -22,12 +23,6 @@ TOKEN = "s3cret-token"  # the guarded platform's --auth-token
 # Quick to react, so the scaling test stays short (the defaults are 4 in flight, 3 s up, 60 s cool-down).
 AUTOSCALE_FLAGS = ["--autoscale-target-in-flight", "1.5", "--autoscale-up-seconds", "1",
                    "--autoscale-cooldown-seconds", "4"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from modelyard.ports import free_port
+
 TRIALS = Path(__file__).parent / "trials"
 ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 MODELYARD = [sys.executable, "-m", "modelyard"]
@@ -84,7 +86,6 @@ def _postgres_bin() -> Path | None:
 def postgres_url():
     """A PostgreSQL server of our own on a free loopback port, stopped after the session."""
     import shutil
-    import socket
     import tempfile
     import time
 
@@ -114,9 +115,7 @@ def postgres_url():
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         pytest.fail(f"initdb failed: {init.stderr[-2000:]}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(as_user + [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
                                          "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
                               stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "wb"), start_new_session=True)
