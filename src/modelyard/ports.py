@@ -7,8 +7,9 @@ next bind of port 0. A platform starting two replicas side by side did exactly t
 children were told the same port and the second one died with EADDRINUSE.
 
 So this process remembers every port it handed out for ``HOLD_S`` seconds and never hands one out
-twice in that window. Other processes can still race us for a port; the window where they can is
-the child's start-up, as before, and the child's bind error names the port.
+twice in that window. Other processes (their own bind-to-0 picks, any outgoing connection) can
+still take a port before the child binds it; the child then exits with ``PORT_TAKEN_EXIT``, and
+whoever started it starts it again on new ports.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 
+PORT_TAKEN_EXIT = 98  # a child's exit status when a port it was told to listen on is taken (EADDRINUSE's number)
 HOLD_S = 300.0  # longer than any child takes to bind what it was given (a replica's start is < 180 s)
 
 _lock = threading.Lock()
@@ -50,3 +52,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def free_port(host: str = "127.0.0.1") -> int:
     """One port, as ``free_ports`` gives them."""
     return free_ports(1, host)[0]
+
+
+class PortTaken(OSError):
+    """A port this process was told to listen on is in use by another socket."""

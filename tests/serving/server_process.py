@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-from modelyard.ports import free_port
+from modelyard.ports import PORT_TAKEN_EXIT, free_port
 
 
 
@@ -37,7 +37,7 @@ class ServerProcess:
                                      start_new_session=True)
 
     def _lost_its_port(self) -> bool:
-        return self.proc.returncode != 0 and "Address already in use" in self.log()[-2000:]
+        return self.proc.returncode == PORT_TAKEN_EXIT
 
     @property
     def base(self) -> str:

@@ -31,7 +31,7 @@ import aiohttp
 
 from modelyard.platform import names
 from modelyard.platform.errors import ApiError
-from modelyard.ports import free_ports
+from modelyard.ports import PORT_TAKEN_EXIT, free_ports
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ START_TIMEOUT_S = 180.0
 READY_POLL_S = 0.05  # a replica's status API is cheap; polling it fast takes ~0.2 s off every start
 SPARE_PREFIX = "spare-"  # replica directories of warm spares
 SPARE_LINGER_S = 30.0  # how long a spare outlives the last deployed model
+PORT_RETRIES = 2  # new ports for a replica whose port was taken meanwhile (see modelyard.ports)
 CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
 
 
@@ -246,29 +247,41 @@ class LocalEngine:
 
     async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
         """Start a replica serving ``model_path`` (on the warm spare if ``use_spare`` and there is one);
-        returns its row once the model is AVAILABLE."""
-        proc = (self._claim_spare(model_path) if use_spare else None) \
-            or self._launch(self.state_dir / "replicas" / replica_id, 0, model_path)
-        self.want_spare(True)  # the next spare imports TensorFlow beside this replica's start, not after it
-        row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": proc["port"],
-               "grpc_port": proc["grpc_port"], "pid": proc["pid"], "log_path": proc["log_path"],
-               "created": time.time()}
+        returns its row once the model is AVAILABLE. A replica whose port another process took before
+        it could bind it is started again on new ports (``PORT_RETRIES`` times)."""
+        proc = self._claim_spare(model_path) if use_spare else None
+        attempt = 0
+        while True:
+            proc = proc or self._launch(self.state_dir / "replicas" / replica_id, 0, model_path)
+            self.want_spare(True)  # the next spare imports TensorFlow beside this replica's start, not after it
+            row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": proc["port"],
+                   "grpc_port": proc["grpc_port"], "pid": proc["pid"], "log_path": proc["log_path"],
+                   "created": time.time()}
+            codes: list[int | None] = []
 
-        async def exited() -> str | None:
-            child = self._children.get(row["pid"])
-            if child is not None:
-                if child.poll() is None:
-                    return None
-                self._children.pop(row["pid"], None)
-                code: int | None = child.returncode
-            else:
-                code = self._exit_codes.pop(row["pid"], None)
-                if code is None:
-                    return None
-            return f"exited with code {code}: {tail(Path(row['log_path']))}"
+            async def exited() -> str | None:
+                child = self._children.get(row["pid"])
+                if child is not None:
+                    if child.poll() is None:
+                        return None
+                    self._children.pop(row["pid"], None)
+                    code: int | None = child.returncode
+                else:
+                    code = self._exit_codes.pop(row["pid"], None)
+                    if code is None:
+                        return None
+                codes.append(code)
+                return f"exited with code {code}: {tail(Path(row['log_path']))}"
 
-        await self.probe.wait_available(row, model_path, exited, self.stop)
-        return row
+            try:
+                await self.probe.wait_available(row, model_path, exited, self.stop)
+                return row
+            except ApiError:
+                if codes != [PORT_TAKEN_EXIT] or attempt == PORT_RETRIES:
+                    raise
+            log.warning("replica %s: port %d or %d was taken before it could listen; starting it again on new "
+                        "ports", replica_id, row["port"], row["grpc_port"])
+            proc, attempt = None, attempt + 1
 
     async def healthy(self, row: dict) -> bool:
         """TF Serving's model status says AVAILABLE."""

@@ -28,13 +28,15 @@ def serve(options: ServeOptions) -> int:
     from modelyard.errors import ServingError
     from modelyard.serving.server import ModelServer
 
+    from modelyard.ports import PORT_TAKEN_EXIT, PortTaken
+
     server = ModelServer(options)
     try:
         server.start()
     except (ServingError, OSError) as exc:
         print(f"modelyard serve: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         server.stop()
-        return 1
+        return PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1
     announce()
     server.serve_rest_forever()
     return 0

@@ -5,6 +5,7 @@ finds them AVAILABLE (TF Serving's readiness rule).
 """
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import threading
@@ -12,6 +13,7 @@ import time
 from concurrent import futures
 
 from modelyard.errors import Code, ServingError
+from modelyard.ports import PortTaken
 from modelyard.serving.manager import config as config_files
 from modelyard.serving.core import ServingCore
 from modelyard.serving.protocol.grpc_api import add_services
@@ -318,7 +320,8 @@ class ModelServer:
             sock.bind((o.host, o.rest_api_port))
         except OSError as exc:
             sock.close()
-            raise OSError(f"cannot bind REST port {o.host}:{o.rest_api_port} ({exc.strerror}): use --rest_api_port") from None
+            error = PortTaken if exc.errno == errno.EADDRINUSE else OSError
+            raise error(f"cannot bind REST port {o.host}:{o.rest_api_port} ({exc.strerror}): use --rest_api_port") from None
         sock.listen(2048)
         sock.set_inheritable(True)
         return sock
