@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from modelyard.ports import PORT_TAKEN_EXIT, PortTaken
+
 log = logging.getLogger("modelyard.serving")
 
 
@@ -114,7 +116,7 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
     except (ServingError, OSError) as exc:  # a taken port, no model: the supervisor says it once
         ready.put((index, getattr(exc, "message", None) or str(exc)))
         server.stop()
-        sys.exit(1)
+        sys.exit(PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1)
     ready.put((index, None))
     server.serve_rest_forever()
 
@@ -167,7 +169,7 @@ def run_supervised(options, count: int, on_ready=None) -> int:
                         read_reports(wait=1.0)  # its report may still be in the pipe
                         reason = start_errors.get(i) or f"worker {i} failed to start (exit code {proc.exitcode})"
                         print(f"modelyard serve: error: {reason}", file=sys.stderr)
-                        return 1
+                        return PORT_TAKEN_EXIT if proc.exitcode == PORT_TAKEN_EXIT else 1
                     restarts += 1
                     log.error("worker %d exited with code %s; restarting it (restart %d)", i, proc.exitcode, restarts)
                     time.sleep(min(5, restarts))
