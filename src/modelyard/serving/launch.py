@@ -26,9 +26,8 @@ def serve(options: ServeOptions) -> int:
 
         return run_supervised(options, options.workers, on_ready=announce)
     from modelyard.errors import ServingError
-    from modelyard.serving.server import ModelServer
-
     from modelyard.ports import PORT_TAKEN_EXIT, PortTaken
+    from modelyard.serving.server import ModelServer
 
     server = ModelServer(options)
     try:
