@@ -14,8 +14,8 @@ Detached actors outlive the platform; the next platform finds each stored replic
 readable at the same path on every node (one host, or a shared file system).
 
 Not yet here: the local engine's new ports for a replica whose port another process took before
-it could bind (``modelyard.ports``). Such a replica dies with exit status 98 and the supervisor
-replaces it, a start later. (Asking the port from outside cannot tell the actor's own child
+it could bind (``modelyard.ports``). Such a replica dies with exit status 98: a deploy fails saying
+"Address already in use", a replacement is started again by the supervisor. (Asking the port from outside cannot tell the actor's own child
 listening from the other process that took it; the engine would have to retry on the exit status.)
 
 ``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
