@@ -25,7 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
 sys.path.insert(0, str(ROOT))
-from serving import DEFAULT_BATCHING, free_port  # noqa: E402  (the serving benchmark's parameters and helper)
+from serving import DEFAULT_BATCHING  # noqa: E402  (the serving benchmark's parameters)
+
+from modelyard.ports import free_port  # noqa: E402
 CONFIGS = [  # (label, batching)
     ("batching (predicts wait in the queue, parsed on the event loop)", True),
     ("no batching (predicts run on the REST thread pool)", False),

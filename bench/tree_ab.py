@@ -21,7 +21,9 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import free_port, rest_load  # noqa: E402  (the serving benchmark's port and wrk helpers)
+from serving import rest_load  # noqa: E402  (the serving benchmark's wrk helper)
+
+from modelyard.ports import free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -54,7 +54,8 @@ def gcs_emulator(tmp_path_factory):
     import subprocess
     import sys
 
-    from tests.platform.conftest import STAGING_BUCKET, free_port, require, wait_http
+    from modelyard.ports import free_port
+    from tests.platform.conftest import STAGING_BUCKET, require, wait_http
 
     require("gcp_storage_emulator", "pip install -e '.[test]' (it installs gcp-storage-emulator)")
     storage = require("google.cloud.storage", "pip install -e '.[test]' (google-cloud-aiplatform brings it)")

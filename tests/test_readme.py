@@ -16,7 +16,8 @@ from pathlib import Path
 
 import requests
 
-from tests.serving.server_process import free_port, wait_for
+from modelyard.ports import free_port
+from tests.serving.server_process import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = "python3 -m pip install -e . && modelyard serve"

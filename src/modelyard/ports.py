@@ -13,6 +13,7 @@ whoever started it starts it again on new ports.
 """
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -56,3 +57,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class PortTaken(OSError):
     """A port this process was told to listen on is in use by another socket."""
+
+
+def bind_error(exc: OSError, message: str) -> OSError:
+    """The error to raise for a failed bind: ``PortTaken`` when the port is in use, else a plain OSError."""
+    return (PortTaken if exc.errno == errno.EADDRINUSE else OSError)(message)
+
+
+def exit_status(exc: BaseException) -> int:
+    """A server's exit status for the error that stopped its start: ``PORT_TAKEN_EXIT`` or 1."""
+    return PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1

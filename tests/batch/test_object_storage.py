@@ -15,8 +15,9 @@ import pytest
 
 import modelyard
 from modelyard.batch import BatchError
+from modelyard.ports import free_port
 from tests.batch.conftest import cli_command, cli_env, rows, write_jsonl
-from tests.platform.conftest import STAGING_BUCKET, free_port, require, wait_http
+from tests.platform.conftest import STAGING_BUCKET, require, wait_http
 
 S3_BUCKET = "modelyard-batch"
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from modelyard.ports import free_port
 from tests.platform.client import Api
-from tests.platform.conftest import _env, free_port, require, start_platform
+from tests.platform.conftest import _env, require, start_platform
 
 
 def _pg_bin(name: str) -> str:

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
+from modelyard.ports import free_port
 from tests.platform.client import Api
-from tests.platform.conftest import _env, free_port, start_platform
+from tests.platform.conftest import _env, start_platform
 
 # Asks Ray (from a short-lived driver, so pytest never becomes one) where each replica's actor runs.
 _NODES_SCRIPT = """

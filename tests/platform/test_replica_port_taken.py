@@ -23,14 +23,20 @@ from modelyard.ports import PORT_TAKEN_EXIT
 
 
 @contextmanager
-def first_rest_port_taken(module, monkeypatch):
-    """``module.free_ports`` hands out a port another socket listens on as the first REST port, then
-    real ones. Yields that port and the picks made."""
-    real = module.free_ports
+def taken_port():
+    """A loopback port another socket listens on, while the block runs."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
+        yield taken.getsockname()[1]
+
+
+@contextmanager
+def first_rest_port_taken(monkeypatch):
+    """The engine's ``free_ports`` hands out a taken port as the first REST port, then real ones. Yields
+    that port and the picks made."""
+    real = replicas.free_ports
+    with taken_port() as port:
         picks: list[list[int]] = []
 
         def pick(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -38,7 +44,7 @@ def first_rest_port_taken(module, monkeypatch):
             picks.append(got)
             return [port, *got[1:]] if len(picks) == 1 else got
 
-        monkeypatch.setattr(module, "free_ports", pick)
+        monkeypatch.setattr(replicas, "free_ports", pick)
         yield port, picks
 
 
@@ -64,7 +70,7 @@ def test_a_local_replica_whose_port_was_taken_starts_again_on_new_ports(tmp_path
         finally:
             await engine.close()
 
-    with first_rest_port_taken(replicas, monkeypatch) as (port, picks):
+    with first_rest_port_taken(monkeypatch) as (port, picks):
         row = asyncio.run(start_and_stop())
     assert len(picks) == 2 and row["port"] == picks[1][0] != port
     # The first process said why it stopped, naming the port.
@@ -72,10 +78,7 @@ def test_a_local_replica_whose_port_was_taken_starts_again_on_new_ports(tmp_path
 
 
 def test_serve_on_a_taken_port_exits_with_the_status_that_asks_for_new_ports(tiny_models):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         result = subprocess.run(
             replicas.serve_command(Path(tiny_models["models"]["tiny1"]["path"]).parent, "127.0.0.1",
                                    replicas.free_ports(1)[0], port, 0, []),

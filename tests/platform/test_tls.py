@@ -8,7 +8,8 @@ import sys
 import pytest
 import requests
 
-from tests.platform.conftest import PARENT, _env, free_port
+from modelyard.ports import free_port
+from tests.platform.conftest import PARENT, _env
 from tests.serving.security.pki import make_pki
 
 

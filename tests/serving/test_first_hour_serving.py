@@ -15,10 +15,10 @@ import pytest
 import requests
 import tensorflow as tf
 
-from modelyard.ports import PORT_TAKEN_EXIT
+from modelyard.ports import PORT_TAKEN_EXIT, free_port
 from tests.cli_process import modelyard
 from tests.serving.affine_models import save_affine
-from tests.serving.server_process import ServerProcess, free_port, wait_for
+from tests.serving.server_process import ServerProcess, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from modelyard.ports import free_port
 from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.transport.grpc_h2 import LeanGrpcServer
-from tests.serving.server_process import free_port
 
 
 @pytest.fixture(scope="module")

@@ -257,9 +257,10 @@ class LocalEngine:
             row = {"id": replica_id, "deployed_model_id": dm_id, "host": self.host, "port": proc["port"],
                    "grpc_port": proc["grpc_port"], "pid": proc["pid"], "log_path": proc["log_path"],
                    "created": time.time()}
-            codes: list[int | None] = []
+            exit_code: int | None = None  # the process's, once it exited
 
             async def exited() -> str | None:
+                nonlocal exit_code
                 child = self._children.get(row["pid"])
                 if child is not None:
                     if child.poll() is None:
@@ -270,14 +271,14 @@ class LocalEngine:
                     code = self._exit_codes.pop(row["pid"], None)
                     if code is None:
                         return None
-                codes.append(code)
+                exit_code = code
                 return f"exited with code {code}: {tail(Path(row['log_path']))}"
 
             try:
                 await self.probe.wait_available(row, model_path, exited, self.stop)
                 return row
             except ApiError:
-                if codes != [PORT_TAKEN_EXIT] or attempt == PORT_RETRIES:
+                if exit_code != PORT_TAKEN_EXIT or attempt == PORT_RETRIES:
                     raise
             log.warning("replica %s: port %d or %d was taken before it could listen; starting it again on new "
                         "ports", replica_id, row["port"], row["grpc_port"])

@@ -26,7 +26,7 @@ def serve(options: ServeOptions) -> int:
 
         return run_supervised(options, options.workers, on_ready=announce)
     from modelyard.errors import ServingError
-    from modelyard.ports import PORT_TAKEN_EXIT, PortTaken
+    from modelyard.ports import exit_status
     from modelyard.serving.server import ModelServer
 
     server = ModelServer(options)
@@ -35,7 +35,7 @@ def serve(options: ServeOptions) -> int:
     except (ServingError, OSError) as exc:
         print(f"modelyard serve: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         server.stop()
-        return PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1
+        return exit_status(exc)
     announce()
     server.serve_rest_forever()
     return 0

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from modelyard.ports import PORT_TAKEN_EXIT, PortTaken
+from modelyard.ports import PORT_TAKEN_EXIT, exit_status
 
 log = logging.getLogger("modelyard.serving")
 
@@ -116,7 +116,7 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
     except (ServingError, OSError) as exc:  # a taken port, no model: the supervisor says it once
         ready.put((index, getattr(exc, "message", None) or str(exc)))
         server.stop()
-        sys.exit(PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1)
+        sys.exit(exit_status(exc))
     ready.put((index, None))
     server.serve_rest_forever()
 

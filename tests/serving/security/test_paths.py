@@ -11,9 +11,9 @@ import grpc
 import pytest
 import requests
 
+from modelyard.ports import free_port
 from tests.serving.security.clients import channel, code_of, predict, predict_request, reload_call, status_call
 from tests.serving.security.conftest import ALL_TOKEN
-from tests.serving.server_process import free_port
 
 TRAVERSALS = ["..", "../..", "../../../../etc/passwd", "/etc/passwd", "..%2F..%2Fetc", "%2e%2e", "%252e%252e",
               "default/../default", "default%00", "..\\..\\windows", "~root", "default/../../"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import functools
 import logging
 import socket
@@ -29,7 +28,7 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from modelyard.errors import Code, ServingError
-from modelyard.ports import PortTaken
+from modelyard.ports import bind_error
 from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.batching.scheduler import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
@@ -642,9 +641,8 @@ class LeanGrpcServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            error = PortTaken if exc.errno == errno.EADDRINUSE else OSError
-            raise error(f"cannot bind gRPC port {self.host}:{self.port} ({exc.strerror}): "
-                        "is another server running? Use --port") from None
+            raise bind_error(exc, f"cannot bind gRPC port {self.host}:{self.port} ({exc.strerror}): "
+                                  "is another server running? Use --port") from None
         sock.listen(2048)
         self._sock = sock
 
