@@ -19,6 +19,21 @@ def _flag_part(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but an epilog starting ``examples:`` keeps its lines as written (the
+    description is still wrapped to the terminal)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def examples(*lines: str) -> str:
+    """An ``epilog`` of example command lines, shown as written under the options."""
+    return "examples:\n" + "".join(f"  {line}\n" for line in lines)
+
+
 class SuggestingArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that names the closest known flag for each unknown one.
 
@@ -27,6 +42,10 @@ class SuggestingArgumentParser(argparse.ArgumentParser):
     """
 
     dash_spellings = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def _respelled(self, args: list[str]) -> list[str]:
         """``args`` with each dashed spelling of a known underscore flag replaced by the flag."""

@@ -5,16 +5,40 @@ import argparse
 import sys
 from pathlib import Path
 
+from modelyard.cli_parser import examples
+
+
+USAGE = ("modelyard tune STUDY [--max-trials N] [--parallel N] [--restart] [options]\n"
+         "       modelyard tune status STUDY [--plots DIR]")
+EPILOG = examples(
+    "modelyard tune study.yaml                          # run the study; run it again to resume",
+    "modelyard tune study.yaml --max-trials 4 --parallel 2",
+    "modelyard tune study.yaml --restart                # archive the old study and its runs/, start over",
+    "modelyard tune status study.yaml                   # the trials table, from the study's database",
+    "modelyard tune study.yaml --export-best-to models/mnist --plots plots/",
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     tune = subparsers.add_parser(
         "tune", help="tune hyperparameters: run a study's trials in parallel, one per device",
+        usage=USAGE, epilog=EPILOG,
         description="Run the study a YAML file describes (Vertex AI StudySpec): trials are runs of the training "
                     "command with the trial's hyperparameters as --name=value flags, one per device slot, "
                     "stopped early by the study's stopping rule. Run it again to resume. "
                     "`modelyard tune status STUDY` prints the trials.",
     )
-    tune.add_argument("target", nargs="+", metavar="[status] STUDY", help="study YAML file (after `status`: show it)")
+    # `status` is an optional word before the one study file: `tune STUDY` or `tune status STUDY`.
+    tune.add_argument("status", nargs="?", choices=["status"], metavar="status",
+                      help="show the study's trials instead of running it")
+    tune.add_argument("study", metavar="STUDY", help="the study file (YAML, or a Vertex HyperparameterTuningJob's JSON)")
+    tune.add_argument("--max-trials", type=int, metavar="N",
+                      help="trials to run in all (default: the file's max_trial_count, else 10)")
+    tune.add_argument("--parallel", type=int, metavar="N",
+                      help="trials at once (default: the file's parallel_trial_count, else 1)")
+    tune.add_argument("--restart", action="store_true",
+                      help="archive the study's database and trial directories (renamed with the time) and start "
+                           "over; without it, a study already in the database is resumed")
     tune.add_argument("--storage", help="database URL (default: sqlite file beside the study file); "
                                         "postgresql://... lets several hosts --join one study")
     tune.add_argument("--devices", help="trial slots: auto (default: one GPU each if there are GPUs, else the cores split per "
@@ -37,25 +61,39 @@ def _error(message: str) -> int:
 
 def run_tune(args: argparse.Namespace) -> int:
     from modelyard.tuning.devices import DeviceError
-    from modelyard.tuning.spec import SpecError, load
+    from modelyard.tuning.spec import SpecError, load, with_budget
 
-    target = args.target
-    status = target[0] == "status" and len(target) == 2
-    if len(target) != 1 and not status:
-        return _error("give one study file: modelyard tune STUDY or modelyard tune status STUDY")
+    status = args.status == "status"
+    if status and (args.restart or args.max_trials or args.parallel):
+        return _error("`modelyard tune status STUDY` only reads the study; drop --restart, --max-trials, --parallel")
     try:
-        study = load(target[-1], args.storage)
+        study = with_budget(load(args.study, args.storage), args.max_trials, args.parallel)
         if args.join and study.storage.startswith("sqlite"):
             raise SpecError("--join needs a database several hosts reach: --storage postgresql://...; SQLite is "
                             "written by one tuning process only")
+        if args.join and args.restart:
+            raise SpecError("--restart with --join would archive the study under the other hosts; restart it "
+                            "from one host without --join, then join")
         if status:
             return _status(study, args)
         from modelyard.tuning import devices
 
         slots = devices.parse(args.devices, study.parallel)
+        if args.restart:
+            _restart(study)
         return _run(study, slots, args)
     except (SpecError, DeviceError) as exc:
         return _error(str(exc))
+
+
+def _restart(study) -> None:
+    from modelyard.tuning.restart import archive
+
+    moved = archive(study)
+    if not moved:
+        print(f"modelyard tune: --restart: no earlier run of study {study.name} to archive", flush=True)
+    for what, where in moved:
+        print(f"modelyard tune: --restart: archived the old study's {what} to {where}", flush=True)
 
 
 def _status(study, args: argparse.Namespace) -> int:

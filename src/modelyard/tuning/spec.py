@@ -396,6 +396,19 @@ def _parse_trial(raw: Any, base: Path) -> dict[str, Any]:
             "timeout": timeout, "workdir": workdir}
 
 
+def with_budget(study: Study, max_trials: int | None = None, parallel: int | None = None) -> Study:
+    """The study with ``--max-trials`` / ``--parallel`` from the command line over the file's
+    ``max_trial_count`` / ``parallel_trial_count`` (a grid still stops at its size)."""
+    for flag, value in (("--max-trials", max_trials), ("--parallel", parallel)):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} {value}: must be at least 1")
+    if max_trials is not None:
+        study.max_trials = min(max_trials, grid_size(study.params)) if study.algorithm == "grid" else max_trials
+    if parallel is not None:
+        study.parallel = parallel
+    return study
+
+
 def grid_size(params: list[Param]) -> int:
     """How many points a grid over ``params`` has (conditional children multiply their branch)."""
     total = 1

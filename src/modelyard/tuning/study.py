@@ -275,8 +275,9 @@ class Tuner:
         if self._stop_signal is not None:
             raise StudyFailed(f"interrupted by signal {self._stop_signal}; run the same command to resume")
         if tally["failed"] >= self.study.max_failed:
-            raise StudyFailed(f"{tally['failed']} trial(s) failed (max_failed_trial_count {self.study.max_failed}); "
-                              f"see `modelyard tune status {self.study.path}` for their log tails")
+            from modelyard.tuning.advice import stopped_study
+
+            raise StudyFailed(stopped_study(self.study, self.ostudy.get_trials(deepcopy=False), tally["failed"]))
         return tally
 
     def _on_signal(self, signum: int, frame) -> None:
