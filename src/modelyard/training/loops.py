@@ -16,7 +16,7 @@ from modelyard.training import data as data_mod
 from modelyard.training import strategy as strategy_mod
 from modelyard.training.config import ConfigError, TrainConfig
 from modelyard.training.progress import write_json
-from modelyard.training.trainer import Role, _build, _dataset_fns, _export, _placement, _steps
+from modelyard.training.job import Role, build_model, count_steps, dataset_fns, export, placement
 
 
 def _finish(cfg: TrainConfig, module: ModuleType, model, role: Role, info: dict[str, Any],
@@ -24,7 +24,7 @@ def _finish(cfg: TrainConfig, module: ModuleType, model, role: Role, info: dict[
     """Export when asked, write the final metrics.json, return what it holds."""
     summary: dict[str, Any] = {"completed": True, "epochs_completed": len(epochs)}
     if cfg.export_to:
-        version = _export(cfg, module, model)
+        version = export(cfg, module, model)
         summary["exported"] = str(version)
         print(f"{role.name}: exported {version}", flush=True)
     write_json(cfg.job_dir / "metrics.json", {**info, **summary, "epochs": epochs})
@@ -36,12 +36,12 @@ def run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dict
     from modelyard.training import pipeline
 
     options = cfg.model_parallel
-    model = _build(module)
-    train_fn, val_fn = _dataset_fns(cfg, module)
-    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
+    model = build_model(module)
+    train_fn, val_fn = dataset_fns(cfg, module)
+    steps = count_steps(cfg, module, "train", cfg.steps_per_epoch)
     if not steps:
         raise ConfigError("model_parallel needs steps_per_epoch with a make_dataset() of unknown length")
-    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+    val_steps = count_steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
     cfg.job_dir.mkdir(parents=True, exist_ok=True)
     (cfg.job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
     info: dict[str, Any] = {
@@ -94,7 +94,7 @@ def run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[st
                           f"each step averages ({workers} workers - {backup} backup)")
     strategy = strategy_mod.make(cfg.strategy)
     with strategy.scope():
-        model = _build(module)
+        model = build_model(module)
     per_worker = cfg.global_batch_size // required  # each step averages N gradients of this many examples
     user = getattr(module, "make_dataset", None)
     if callable(user) and not cfg.data:
@@ -102,11 +102,11 @@ def run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[st
     else:
         worker_fn = ps_training.distinct_per_worker(
             data_mod.builtin_dataset_fn(cfg.data, "train", per_worker, cfg.seed), workers)
-    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
+    steps = count_steps(cfg, module, "train", cfg.steps_per_epoch)
     if not steps:
         raise ConfigError("backup_workers needs steps_per_epoch (its workers read an endless dataset)")
-    _, val_fn = _dataset_fns(cfg, module)
-    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+    _, val_fn = dataset_fns(cfg, module)
+    val_steps = count_steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
 
     def evaluate() -> dict[str, float]:
         if not val_steps:
@@ -140,7 +140,7 @@ def run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[st
                             "mode": "asynchronous" if staleness is not None else "synchronous",
                             "backup_workers": backup, "gradients_per_step": required,
                             "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs,
-                            "variable_placement": _placement(model)}
+                            "variable_placement": placement(model)}
     epochs: list[dict[str, Any]] = []
     summaries = tf.summary.create_file_writer(str(cfg.job_dir / "tensorboard" / "train")) if cfg.tensorboard else None
 

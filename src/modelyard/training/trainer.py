@@ -7,118 +7,19 @@ when there is no chief) writes ``metrics.json`` and exports the model.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import os
 import shutil
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from modelyard.training import data as data_mod
 from modelyard.training import devices as devices_mod
 from modelyard.training import strategy as strategy_mod
 from modelyard.training.config import ConfigError, TrainConfig, check_batch
-
-
-class TrainError(RuntimeError):
-    """Training could not run or finish; the message says what to do next."""
-
-
-@dataclass(frozen=True)
-class Role:
-    """This process's place in the job, from TF_CONFIG (absent: a one-process job)."""
-
-    type: str
-    index: int
-    cluster: dict[str, list[str]]
-
-    @property
-    def name(self) -> str:
-        return f"{self.type}:{self.index}"
-
-    @property
-    def is_chief(self) -> bool:
-        if self.type == "chief":
-            return True
-        return self.type == "worker" and self.index == 0 and not self.cluster.get("chief")
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.cluster.get("chief", [])) + len(self.cluster.get("worker", [])) or 1
-
-
-def current_role() -> Role:
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return Role("chief", 0, {})
-    try:
-        conf = json.loads(raw)
-        task = conf.get("task", {})
-        return Role(task.get("type", "worker"), int(task.get("index", 0)), conf.get("cluster", {}))
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise TrainError(f"TF_CONFIG is not valid JSON ({exc}); let `modelyard launch` set it") from None
-
-
-def load_user_module(model: str) -> ModuleType:
-    """Import the config's model file (``.py`` path) or module name."""
-    if model.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"modelyard_user_{Path(model).stem}", model)
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(Path(model).parent))  # let the file import its neighbours
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(model)
-        except ModuleNotFoundError as exc:
-            raise ConfigError(f"model: cannot import {model!r} ({exc}); give a .py file or an importable module") from None
-    if not callable(getattr(module, "build_model", None)):
-        raise ConfigError(f"model: {model} defines no build_model(); add one returning a compiled tf_keras model")
-    return module
-
-
-def _build(module: ModuleType):
-    import tf_keras as keras
-
-    model = module.build_model()
-    if not isinstance(model, keras.Model):
-        raise TrainError(f"build_model() returned {type(model).__name__}, not a tf_keras model "
-                         "(use `import tf_keras as keras`)")
-    if model.optimizer is None:
-        raise TrainError("build_model() returned an uncompiled model; call model.compile(optimizer, loss) before returning it")
-    return model
-
-
-def _dataset_fns(cfg: TrainConfig, module: ModuleType) -> tuple[Callable, Callable | None]:
-    user = getattr(module, "make_dataset", None)
-    if callable(user) and not cfg.data:
-        return (lambda ctx: user(ctx, "train")), (lambda ctx: user(ctx, "validation"))
-    train = data_mod.builtin_dataset_fn(cfg.data, "train", cfg.global_batch_size, cfg.seed)
-    validation = data_mod.builtin_dataset_fn(cfg.data, "validation", cfg.global_batch_size, None)
-    workers = len(current_role().cluster.get("worker", []))
-    if cfg.strategy_name == "parameter_server" and workers > 1:
-        from modelyard.training.ps_training import distinct_per_worker
-
-        train = distinct_per_worker(train, workers)
-    return train, validation
-
-
-def _steps(cfg: TrainConfig, module: ModuleType, split: str, configured: int | None) -> int | None:
-    if configured:
-        return configured
-    if callable(getattr(module, "make_dataset", None)) and not cfg.data:
-        return None
-    count = data_mod.count_examples(cfg.data, split)
-    if count is None:
-        return None
-    steps = count // cfg.global_batch_size
-    if not steps:
-        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is larger than the {count} {split} examples")
-    return steps
+from modelyard.training.job import (  # what the loops of training/loops.py share with this one
+    Role, TrainError, build_model, count_steps, current_role, dataset_fns, export, load_user_module, placement,
+)
 
 
 def _serve_forever(role: Role, cfg: TrainConfig) -> int:
@@ -139,9 +40,9 @@ def _run_evaluator(cfg: TrainConfig, module: ModuleType) -> int:
     """Side-car evaluation: evaluate each checkpoint the chief writes, until the last epoch."""
     import tf_keras as keras
 
-    model = _build(module)
-    _, val_fn = _dataset_fns(cfg, module)
-    steps = _steps(cfg, module, "validation", cfg.validation_steps)
+    model = build_model(module)
+    _, val_fn = dataset_fns(cfg, module)
+    steps = count_steps(cfg, module, "validation", cfg.validation_steps)
     keras.utils.SidecarEvaluator(
         model=model, data=val_fn(None), checkpoint_dir=str(cfg.job_dir / "checkpoints"),
         steps=steps, max_evaluations=cfg.epochs,
@@ -183,20 +84,6 @@ def _input_report(train_fn: Callable, strategy, global_batch: int, train_rate: f
     )
     return {"input_samples_per_sec": rate, "train_samples_per_sec": train_rate, "input_share": share,
             "input_bound": bound, "verdict": verdict}
-
-
-def _placement(model) -> dict[str, str]:
-    """The device of each variable (a partitioned variable shows as its parts, ``kernel/part_0`` ...)."""
-    return {variable.name: variable.device for variable in model.variables}
-
-
-def _export(cfg: TrainConfig, module: ModuleType, model) -> Path:
-    """Export a strategy-free copy, so the SavedModel has plain variables a server can load."""
-    import modelyard
-
-    plain = _build(module)
-    plain.set_weights(model.get_weights())
-    return modelyard.export(plain, cfg.export_to, quiet=True)  # run() prints it with the task name
 
 
 def _explain(exc: Exception, me: str = "") -> TrainError:
@@ -273,7 +160,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         (job_dir / "config.resolved.json").write_text(json.dumps(cfg.raw, indent=2))
 
     with strategy.scope():
-        model = _build(module)
+        model = build_model(module)
     from modelyard.training import train_step
 
     recompute = cfg.recompute
@@ -281,9 +168,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         recompute = tuple(tuple(b) if isinstance(b, list) else (b,) for b in recompute)
     step_options = train_step.StepOptions(cfg.accumulate_steps, cfg.gradient_dtype, recompute)
     train_step.install(model, step_options)
-    train_fn, val_fn = _dataset_fns(cfg, module)
-    steps = _steps(cfg, module, "train", cfg.steps_per_epoch)
-    val_steps = _steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
+    train_fn, val_fn = dataset_fns(cfg, module)
+    steps = count_steps(cfg, module, "train", cfg.steps_per_epoch)
+    val_steps = count_steps(cfg, module, "validation", cfg.validation_steps) if val_fn else None
     if name == "parameter_server":
         if not steps:
             raise ConfigError("parameter_server needs steps_per_epoch (its workers read an endless dataset)")
@@ -304,7 +191,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         "accumulate_steps": cfg.accumulate_steps, "gradient_dtype": cfg.gradient_dtype,
     }
     if name == "parameter_server":
-        info["variable_placement"] = _placement(model)
+        info["variable_placement"] = placement(model)
     if strategy.num_replicas_in_sync > 1 and name in ("mirrored", "multi_worker_mirrored"):
         # What each replica hands to the all-reduce per step; bench/scaling.py measures the wire.
         info["allreduce_bytes_per_step"] = train_step.gradient_bytes_per_step(model, cfg.gradient_dtype)
@@ -367,7 +254,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         summary["input_report"] = report
         print(f"{role.name}: {report['verdict']}", flush=True)
     if role.is_chief and cfg.export_to:
-        version = _export(cfg, module, model)
+        version = export(cfg, module, model)
         summary["exported"] = str(version)
         print(f"{role.name}: exported {version}", flush=True)
     writer.flush(**summary)
