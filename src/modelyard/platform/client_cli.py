@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 DEFAULT_URL = "http://127.0.0.1:8600"
 
@@ -24,7 +25,7 @@ class Client:
         self.base = args.platform.rstrip("/")
         self.parent = f"projects/{args.project}/locations/{args.location}"
         self.token = args.token
-        self.wait_ops = not args.no_wait
+        self.wait_ops = not getattr(args, "no_wait", False)
 
     def call(self, method: str, path: str, body: dict | None = None, absolute: bool = False) -> dict:
         url = f"{self.base}/v1/{path if absolute else f'{self.parent}/{path}'}"
@@ -124,9 +125,12 @@ def endpoints_cmd(args: argparse.Namespace, c: Client):
         return c.call("PATCH", f"endpoints/{args.endpoint}?updateMask=trafficSplit",
                       {"trafficSplit": _split(args.traffic_split)})
     if a == "predict":
-        instances = json.load(sys.stdin if args.instances == "-" else open(args.instances))
-        if isinstance(instances, dict):
-            instances = instances.get("instances", instances)
+        from modelyard.platform.instances_arg import read_instances
+
+        try:
+            instances = read_instances(args.instances, sys.stdin)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
         return c.call("POST", f"endpoints/{args.endpoint}:predict", {"instances": instances})
     raise CliError(f"unknown action {a}")
 
@@ -160,6 +164,13 @@ def job_request(config_path: str, display_name: str | None) -> tuple[str, dict]:
         raise CliError(f"--config {config_path} is not YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise CliError(f"--config {config_path}: expected a mapping at the top")
+    from modelyard.platform import study_submit
+
+    if study_submit.is_study_file(doc):  # a `modelyard tune` study file, as it is
+        try:
+            return "hyperparameterTuningJobs", study_submit.tuning_job(Path(path), doc, display_name)
+        except study_submit.SubmitError as exc:
+            raise CliError(f"--config {config_path}: {exc}") from None
     doc = _camel(doc)
     name = display_name or doc.get("displayName") or os.path.splitext(os.path.basename(path))[0]
     if "studySpec" in doc:
@@ -239,55 +250,63 @@ def register(subparsers) -> None:
     common.add_argument("--location", default="us-central1")
     common.add_argument("--token", default=os.environ.get("MODELYARD_PLATFORM_TOKEN"),
                         help="the platform's --auth-token (default $MODELYARD_PLATFORM_TOKEN)")
-    common.add_argument("--no-wait", action="store_true", help="print the operation instead of waiting for it")
+    # Only the commands that start an operation wait for it; --no-wait is theirs alone.
+    waiting = argparse.ArgumentParser(add_help=False)
+    waiting.add_argument("--no-wait", action="store_true", help="print the operation instead of waiting for it")
 
     m = subparsers.add_parser("models", help="upload, list, describe, delete models on a modelyard platform")
     ms = m.add_subparsers(dest="action", required=True)
-    up = ms.add_parser("upload", parents=[common], help="upload a SavedModel directory as a model (or a new version)")
+    up = ms.add_parser("upload", parents=[common, waiting], help="upload a SavedModel directory as a model (or a new version)")
     up.add_argument("--display-name", required=True)
     up.add_argument("--artifact-uri", required=True, help="SavedModel directory: path, file://, gs:// or s3://")
     up.add_argument("--parent-model", help="upload as a new version of this model id")
     ms.add_parser("list", parents=[common])
-    for action in ("describe", "delete"):
-        ms.add_parser(action, parents=[common]).add_argument("model", help="model id, optionally @version")
+    ms.add_parser("describe", parents=[common]).add_argument("model", help="model id, optionally @version")
+    ms.add_parser("delete", parents=[common, waiting]).add_argument("model", help="model id, optionally @version")
     m.set_defaults(func=lambda a: _run(a, models_cmd))
 
     e = subparsers.add_parser("endpoints", help="create endpoints, deploy models, split traffic, predict")
     es = e.add_subparsers(dest="action", required=True)
-    es.add_parser("create", parents=[common]).add_argument("--display-name", required=True)
+    es.add_parser("create", parents=[common, waiting]).add_argument("--display-name", required=True)
     es.add_parser("list", parents=[common])
-    for action in ("describe", "delete"):
-        es.add_parser(action, parents=[common]).add_argument("endpoint")
-    d = es.add_parser("deploy", parents=[common], help="deploy a model (waits until its replicas serve)")
+    es.add_parser("describe", parents=[common]).add_argument("endpoint")
+    es.add_parser("delete", parents=[common, waiting]).add_argument("endpoint")
+    d = es.add_parser("deploy", parents=[common, waiting], help="deploy a model (waits until its replicas serve)")
     d.add_argument("endpoint")
     d.add_argument("--model", required=True, help="model id, optionally @version")
     d.add_argument("--min-replicas", type=int, default=1)
     d.add_argument("--max-replicas", type=int, default=0, help="default: --min-replicas")
     d.add_argument("--traffic-percentage", type=int, help="share for this model; the others keep their proportions")
     d.add_argument("--shadow-percentage", type=int, default=0, help="deploy as a shadow mirroring this share")
-    u = es.add_parser("undeploy", parents=[common])
+    u = es.add_parser("undeploy", parents=[common, waiting])
     u.add_argument("endpoint")
     u.add_argument("deployed_model_id")
     u.add_argument("--traffic-split", nargs="*", default=[], metavar="ID=PERCENT")
     t = es.add_parser("update-traffic", parents=[common], help="set the split, e.g. 123=90 456=10")
     t.add_argument("endpoint")
     t.add_argument("traffic_split", nargs="+", metavar="ID=PERCENT")
-    p = es.add_parser("predict", parents=[common], help="predict with a JSON file of instances ('-': stdin)")
+    p = es.add_parser("predict", parents=[common], help="predict: instances as JSON text, @FILE or - (stdin)")
     p.add_argument("endpoint")
-    p.add_argument("--instances", required=True, help="JSON list of instances, or {\"instances\": [...]}")
+    p.add_argument("--instances", required=True, metavar="JSON|@FILE|-",
+                   help="a JSON list of instances or {\"instances\": [...]}: as text, @FILE for a file, - for stdin")
     e.set_defaults(func=lambda a: _run(a, endpoints_cmd))
 
     j = subparsers.add_parser("jobs", help="submit, list, describe, follow and cancel jobs on a modelyard platform")
     js = j.add_subparsers(dest="action", required=True)
-    sb = js.add_parser("submit", parents=[common], help="submit a training config (runs `modelyard train`), a "
-                       "CustomJob spec or a HyperparameterTuningJob spec (YAML)")
-    sb.add_argument("--config", required=True, help="YAML: modelyard training config, or a Vertex job spec")
+    sb = js.add_parser("submit", parents=[common], help="submit a `modelyard tune` study file, a training config "
+                       "(runs `modelyard train`), or a Vertex CustomJob / HyperparameterTuningJob spec")
+    sb.add_argument("--config", required=True, metavar="FILE", help="YAML or JSON: a `modelyard tune` study file, "
+                    "a modelyard training config, or a Vertex job spec")
     sb.add_argument("--display-name", help="default: the spec's displayName, else the file's name")
-    sb.add_argument("--wait", action="store_true", help="wait until the job ends")
+    sb.add_argument("--wait", action="store_true", help="wait until the job ends (exit 1 unless it succeeded); "
+                    "default: print the job as created and return")
     js.add_parser("list", parents=[common], help="every job (custom, tuning, batch prediction)")
     for action, what in (("describe", "the job's resource"), ("logs", "the job's log"), ("cancel", "cancel the job")):
         js.add_parser(action, parents=[common], help=what).add_argument("job", help="job id or resource name")
     j.set_defaults(func=lambda a: _run(a, jobs_cmd))
+    from modelyard.platform.client_help import document
+
+    document(subparsers)
 
 
 def _run(args: argparse.Namespace, cmd) -> int:

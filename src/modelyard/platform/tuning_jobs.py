@@ -25,6 +25,8 @@ from modelyard.platform.names import Route
 RESUMABLE = True
 PROGRESS_FILE = "progress.json"
 STUDY_FILE = "study.json"
+FILES_FIELD = "modelyardTrialFiles"  # what `modelyard jobs submit` ships with a study file's trial command
+PRIVATE = "_modelyard"
 
 # Enum fields of StudySpec sent as numbers by clients using enum-encoding=int (the SDK does).
 _ENUMS = {
@@ -76,15 +78,53 @@ def _base_dir(body: dict) -> str | None:
 
 
 async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
+    import tempfile
+
     from modelyard.tuning.spec import SpecError, from_mapping
 
     _base_dir(body)
-    probe = Path(p.config.state_dir) / "jobs" / "new" / STUDY_FILE  # anchors relative paths; nothing written
-    try:
-        from_mapping(study_mapping(body, "check", str(probe.parent / "output")), probe, f"sqlite:///{probe}.db")
-    except SpecError as exc:
-        raise invalid(str(exc)) from None
-    return {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state", "trials")}, {}
+    files = trial_files(body.get(FILES_FIELD))
+    with tempfile.TemporaryDirectory(prefix="check-", dir=Path(p.config.state_dir)) as probe_dir:
+        # The study file anchors relative paths: the shipped files sit beside it, as in the job's folder.
+        probe = Path(probe_dir) / STUDY_FILE
+        write_trial_files(Path(probe_dir), files)
+        try:
+            from_mapping(study_mapping(body, "check", str(probe.parent / "output")), probe, f"sqlite:///{probe}.db")
+        except SpecError as exc:
+            raise invalid(str(exc)) from None
+    spec = {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state", "trials", FILES_FIELD)}
+    if files:
+        spec[PRIVATE] = {"trialFiles": body[FILES_FIELD]}  # not shown in the resource
+    return spec, {}
+
+
+def trial_files(raw) -> dict[str, bytes]:
+    """``modelyardTrialFiles`` (relative path -> base64, from ``modelyard jobs submit``) decoded and checked."""
+    import base64
+    import binascii
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise invalid(f"{FILES_FIELD} must map relative paths to base64 file contents.")
+    out = {}
+    for name, data in raw.items():
+        parts = str(name).replace("\\", "/").split("/")
+        if not name or str(name).startswith("/") or ".." in parts or not isinstance(data, str):
+            raise invalid(f"{FILES_FIELD}: {name!r} must be a relative path inside the job, without '..', "
+                          "mapped to base64 text.")
+        try:
+            out[str(name)] = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid(f"{FILES_FIELD}: {name!r} is not base64.") from None
+    return out
+
+
+def write_trial_files(folder: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 def render(out: dict, enum_ints: bool) -> None:
@@ -110,6 +150,8 @@ def execute(work_dir: Path, job: dict) -> dict:
     job_dir = str(work_dir / "output") if remote or not base else objstore.local_path(base)
     name = f"hpt-{job['id']}"
     study = work_dir / STUDY_FILE
+    # The files `modelyard jobs submit` shipped, beside the study file: its relative trial command finds them.
+    write_trial_files(work_dir, trial_files((body.get(PRIVATE) or {}).get("trialFiles")))
     write_json(study, study_mapping(body, name, job_dir))
     storage = f"sqlite:///{work_dir / 'study.db'}"
     sys.stdout.flush()
