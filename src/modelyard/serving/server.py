@@ -176,6 +176,7 @@ class ModelServer:
             cors=o.rest_api_enable_cors_support,
             metrics_path=metrics_path,
             peer_metrics=self.group.peer_metrics if self.group else None,
+            json_numbers=o.json_numbers,
         )
         if o.console:
             from modelyard.web.console import Console
@@ -225,10 +226,11 @@ class ModelServer:
             set_max_decoded_bytes(o.security.max_decoded_tensor_bytes)
         if o.grpc_implementation == "lean":
             from modelyard.serving.transport.grpc_h2 import LeanGrpcServer
+            from modelyard.serving.transport.secure_h2 import grpc_guard
 
             server = LeanGrpcServer(self.core, self.reload_config, o.host, o.port, max_threads=o.grpc_max_threads,
                                     max_receive_bytes=o.grpc_max_receive_message_bytes,
-                                    reuse_port=self.group is not None, security=o.security)
+                                    reuse_port=self.group is not None, guard=grpc_guard(o.security))
             server.bind()
             return server
         import grpc
@@ -292,6 +294,7 @@ class ModelServer:
                 from modelyard.serving.transport import response_writer
                 from modelyard.serving.protocol import rest_json
                 from modelyard.serving.transport.http_server import serve
+                from modelyard.serving.transport.secure_http import rest_guard
 
                 missing = [what for what, built in (("the numeric body reader", rest_json._numjson),
                                                     ("the answer writer", response_writer.send_many)) if built is None]
@@ -300,7 +303,7 @@ class ModelServer:
                                 "It serves the same answers through slower pure-Python paths. Install a C "
                                 "compiler and reinstall modelyard to build them.", " and ".join(missing))
                 log.info("Exporting HTTP/REST API at:%s:%d ...", o.host, o.rest_api_port)
-                serve(self.rest_app, self._rest_sock, o.security)
+                serve(self.rest_app, self._rest_sock, rest_guard(o.security))
             else:
                 self.grpc_server.wait_for_termination()
         finally:

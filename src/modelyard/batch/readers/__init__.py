@@ -11,24 +11,11 @@ May import: ``modelyard.errors`` and the standard library; nothing of the job or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator
 
+from modelyard.batch.readers.rows import BadRow, RawJson, Row
 
-class Row(NamedTuple):
-    instance: Any
-    echo: bytes | None
-
-
-class RawJson(NamedTuple):
-    """A JSON line not parsed yet: the fast path reads a batch of them as bytes (``fastjson``)."""
-
-    line: bytes
-    row: int  # 1-based line number within its file, for error messages
-
-
-class BadRow(NamedTuple):
-    echo: bytes
-    message: str
+__all__ = ["BadRow", "Chunk", "RawJson", "Row", "check_rows", "collect", "iter_plan", "plan", "read_chunk", "reader"]
 
 
 @dataclass(frozen=True)

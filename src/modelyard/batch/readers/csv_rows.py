@@ -10,7 +10,7 @@ import io
 
 import orjson
 
-from modelyard.batch.readers import BadRow, Row
+from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.lines import line_ranges, show
 
 

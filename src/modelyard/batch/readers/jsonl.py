@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from modelyard.batch.readers import BadRow, RawJson, Row
+from modelyard.batch.readers.rows import BadRow, RawJson, Row
 from modelyard.batch.readers.lines import line_ranges, show, split_lines
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import orjson
 
-from modelyard.batch.readers import BadRow, Row
+from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.crc32c import masked_crc
 
 _HEADER = struct.Struct("<QI")

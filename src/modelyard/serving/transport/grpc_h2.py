@@ -612,13 +612,16 @@ class LeanGrpcServer:
     mirror grpc.Server's so ``ModelServer`` drives either."""
 
     def __init__(self, core: ServingCore, reload_config: Callable, host: str, port: int, *,
-                 max_threads: int, max_receive_bytes: int, reuse_port: bool = False, security=None):
+                 max_threads: int, max_receive_bytes: int, reuse_port: bool = False,
+                 guard: Callable[[LeanGrpcServer], tuple[Callable[[], asyncio.Protocol], dict]] | None = None):
         self.services = Services(core, reload_config)
         self.core = core
         self.host, self.port = host, port
         self.max_receive_bytes = max_receive_bytes
         self.reuse_port = reuse_port
-        self.security = security  # security.options.SecurityOptions: guarded connections (secure_h2) when on
+        # ``secure_h2.grpc_guard``: (connection factory, TLS keywords) when security is on. Passed
+        # in by the caller, so this plain transport never imports the module that subclasses it.
+        self.guard = guard
         self.pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grpc")
         self.connections: set[_Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -663,10 +666,8 @@ class LeanGrpcServer:
             asyncio.set_event_loop(self.loop)
             try:
                 factory, tls = (lambda: _Connection(self)), {}
-                if self.security is not None and self.security.guards_connections:
-                    from modelyard.serving.transport.secure_h2 import guarded_factory
-
-                    factory, tls = guarded_factory(self, self.security)
+                if self.guard is not None:
+                    factory, tls = self.guard(self)
                 self._aserver = self.loop.run_until_complete(
                     self.loop.create_server(factory, sock=self._sock, backlog=2048, **tls))
             except BaseException as exc:  # pragma: no cover

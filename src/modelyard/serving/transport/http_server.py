@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 from http import HTTPStatus
+from typing import Callable
 
 import httptools
 
@@ -288,11 +289,16 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
 
 
-def serve(app: RestApp, sock: socket.socket, security=None) -> None:
+# ``guard(app, writer, loop)`` -> (protocol factory, ``create_server`` TLS keywords).
+Guard = Callable[[RestApp, ResponseWriter, asyncio.AbstractEventLoop], tuple[Callable[[], asyncio.Protocol], dict]]
+
+
+def serve(app: RestApp, sock: socket.socket, guard: Guard | None = None) -> None:
     """Serve ``app`` on the listening ``sock`` until SIGINT or SIGTERM.
 
-    ``security`` (``security.options.SecurityOptions``) switches to the guarded connection
-    class (``secure_http``) when it turns TLS, tokens or limits on.
+    ``guard`` (``secure_http.rest_guard``) makes the guarded connections when TLS, tokens or
+    limits are on. The caller passes it in: TLS wraps this plain transport from one side, so
+    this module never imports ``secure_http`` (which subclasses ``HttpProtocol``).
     """
     try:
         import uvloop
@@ -306,10 +312,8 @@ def serve(app: RestApp, sock: socket.socket, security=None) -> None:
 
     async def main() -> None:
         factory, tls = (lambda: HttpProtocol(app, writer)), {}
-        if security is not None and security.guards_connections:
-            from modelyard.serving.transport.secure_http import guarded_factory
-
-            factory, tls = guarded_factory(app, writer, security, loop)
+        if guard is not None:
+            factory, tls = guard(app, writer, loop)
         server = await loop.create_server(factory, sock=sock, backlog=2048, **tls)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

@@ -1,6 +1,7 @@
 """The lean gRPC connection with the security options on: TLS (ALPN ``h2``), tokens, limits.
 
-``grpc_h2.LeanGrpcServer`` runs this subclass only when a security flag is set. A call's
+``grpc_h2.LeanGrpcServer`` runs this subclass only when a security flag is set (the caller
+hands it ``grpc_guard(security)``; this module imports ``grpc_h2``, never the reverse). A call's
 token is checked when its HEADERS arrive, before any of its DATA is kept: a refused call is
 answered UNAUTHENTICATED or PERMISSION_DENIED (trailers only) and its stream reset.
 With ``--client_timeout_seconds`` the connection preface and each call's whole request
@@ -9,6 +10,8 @@ must arrive in time, so a peer trickling bytes cannot hold a stream open.
 from __future__ import annotations
 
 import asyncio
+import functools
+from typing import Callable
 
 from modelyard.errors import Code
 from modelyard.serving.security.auth import Authorizer, authorizer_for
@@ -95,7 +98,15 @@ class GuardedConnection(_Connection):
             self._flush()
 
 
-def guarded_factory(server, security):
+def grpc_guard(security) -> Callable | None:
+    """``LeanGrpcServer``'s ``guard`` for ``security`` (``SecurityOptions``): None when it turns
+    nothing on, so the plain connection class runs."""
+    if security is None or not security.guards_connections:
+        return None
+    return functools.partial(guarded_factory, security)
+
+
+def guarded_factory(security, server):
     """``(connection factory, create_server TLS keywords)`` for a lean gRPC server with ``security`` on."""
     from modelyard.serving.security.tls import server_context
     from modelyard.serving.transport.secure_http import refuse_plain_on_tls

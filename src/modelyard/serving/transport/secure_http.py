@@ -1,14 +1,17 @@
 """The REST connection with the security options on: TLS, bearer tokens, size and time limits.
 
 ``http_server.serve`` runs this subclass of ``HttpProtocol`` only when a security flag is
-set, so a server without them keeps the unguarded class and pays nothing. Tokens are
+set (the caller hands it ``rest_guard(security)``), so a server without them keeps the
+unguarded class and pays nothing. This module imports ``http_server``, never the reverse. Tokens are
 checked once the headers are in, before any body byte is kept: a refused request is
 answered at once and its connection closed.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import httptools
 import orjson
@@ -153,7 +156,15 @@ def refuse_plain_on_tls(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
-def guarded_factory(app: RestApp, writer: ResponseWriter, security, loop: asyncio.AbstractEventLoop):
+def rest_guard(security) -> Callable | None:
+    """``http_server.serve``'s ``guard`` for ``security`` (``SecurityOptions``): None when it turns
+    nothing on, so the plain class runs."""
+    if security is None or not security.guards_connections:
+        return None
+    return functools.partial(guarded_factory, security)
+
+
+def guarded_factory(security, app: RestApp, writer: ResponseWriter, loop: asyncio.AbstractEventLoop):
     """``(protocol factory, create_server TLS keywords)`` for a REST server with ``security`` on."""
     from modelyard.serving.security.tls import server_context
 
