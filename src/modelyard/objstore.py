@@ -56,7 +56,12 @@ def filesystem(scheme: str):
         # gcsfs's newer file system first asks the gRPC storage-control API for the bucket's layout,
         # which an emulator does not serve (a minute of retries per bucket): use the plain JSON API one.
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        options["endpoint_url"] = os.environ["STORAGE_EMULATOR_HOST"]  # part of fsspec's cache key: one per storage
         options["token"] = "anon"
+        if os.environ.get("MODELYARD_STORAGE_TOKEN"):  # a platform's storage behind --auth-token
+            from google.oauth2.credentials import Credentials
+
+            options["token"] = Credentials(os.environ["MODELYARD_STORAGE_TOKEN"])
     if scheme == "s3" and os.environ.get("AWS_ENDPOINT_URL"):
         options["client_kwargs"] = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
     try:

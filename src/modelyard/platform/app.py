@@ -37,6 +37,10 @@ class Config:
     ray_address: str = ""
     ray_replica_cpus: float = 1.0
     warm_spare: bool = True  # local engine: keep one `modelyard serve` warm for the next replica
+    # The Cloud Storage this platform serves: gs://B/N is storage_root/B/N (modelyard.platform.storage.local_file);
+    # None when STORAGE_EMULATOR_HOST named another storage at start. storage_url is what children get.
+    storage_root: Path | None = None
+    storage_url: str = ""
 
 
 def make_engine(config: Config) -> LocalEngine | RayEngine:

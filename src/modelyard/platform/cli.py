@@ -40,6 +40,12 @@ def register(subparsers) -> None:
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument("--tls-client-ca", default=None, metavar="PEM",
                         help="mutual TLS: only clients with a certificate signed by this CA get in")
+    parser.add_argument("--storage-port", type=int, default=None,
+                        help="port of the Cloud Storage JSON API the platform serves (default: --port + 1, "
+                        "i.e. 8601); unused when STORAGE_EMULATOR_HOST is already set (that storage is used)")
+    parser.add_argument("--storage-root", default=None, metavar="DIR",
+                        help="where the served objects are files: gs://BUCKET/NAME is DIR/BUCKET/NAME "
+                        "(default: STATE_DIR/storage)")
     parser.add_argument("--max-replicas", type=int, default=8, help="largest max_replica_count accepted")
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
@@ -87,6 +93,18 @@ def run(args: argparse.Namespace) -> int:
                                      args.autoscale_cooldown_seconds),
                     engine=args.engine, ray_address=args.ray_address, ray_replica_cpus=args.ray_replica_cpus,
                     warm_spare=args.warm_spare)
+    config.storage_root = None if os.environ.get(STORAGE_ENV) else \
+        Path(args.storage_root or state_dir / "storage").expanduser().resolve()
+    try:
+        tls = _tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except (OSError, ValueError) as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 2
+    try:  # before anything that starts or connects to children (Ray's runtime_env is set at connect)
+        storage = _start_storage(config, args, "https" if tls else "http")
+    except OSError as exc:
+        print(f"modelyard platform: error: cannot serve Cloud Storage: {exc}", file=sys.stderr)
+        return 1
     if args.engine == "ray":
         from modelyard.platform.replicas_ray import EngineUnavailable, connect
 
@@ -94,12 +112,8 @@ def run(args: argparse.Namespace) -> int:
             connect(args.ray_address)  # before serving: a wrong address stops the start, it does not hang
         except EngineUnavailable as exc:
             print(f"modelyard platform: error: {exc}", file=sys.stderr)
+            _stop(storage)
             return 2
-    try:
-        tls = _tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
-    except (OSError, ValueError) as exc:
-        print(f"modelyard platform: error: {exc}", file=sys.stderr)
-        return 2
     try:
         import uvloop
 
@@ -113,7 +127,63 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        _stop(storage)
     return 0
+
+
+def _stop(proc) -> None:
+    if proc is not None:
+        proc.terminate()
+        proc.wait(10)
+
+
+STORAGE_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def _start_storage(config, args: argparse.Namespace, scheme: str):
+    """The platform's Cloud Storage (modelyard.platform.storage) in a child process, unless
+    STORAGE_EMULATOR_HOST already names one; either way that variable is set here, so every replica and
+    job the platform starts (they inherit its environment) and its own gs:// reads use the same storage."""
+    if config.storage_root is None:
+        print(f"modelyard platform: using the Cloud Storage at {STORAGE_ENV}={os.environ[STORAGE_ENV]} "
+              "(set before start), not serving its own", flush=True)
+        return None
+    from modelyard.platform.storage.server import start_process
+
+    port = args.storage_port if args.storage_port is not None else _default_storage_port(args.host, args.port)
+    tls_args = []
+    for flag, value in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-client-ca", args.tls_client_ca)):
+        if value:
+            tls_args += [flag, str(Path(value).resolve())]
+    config.storage_root.mkdir(parents=True, exist_ok=True)
+    proc = start_process(config.storage_root, args.host, port, config.auth_token, tls_args,
+                         config.state_dir / "storage.log")
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
+    config.storage_url = f"{scheme}://{host}:{port}"
+    os.environ[STORAGE_ENV] = config.storage_url
+    if config.auth_token:  # the platform's and its jobs' own gs:// reads (modelyard.objstore) send it
+        os.environ["MODELYARD_STORAGE_TOKEN"] = config.auth_token
+    print(f"modelyard platform: Cloud Storage JSON API on {config.storage_url}, objects under "
+          f"{config.storage_root}; point clients at it with:\n  export {STORAGE_ENV}={config.storage_url}", flush=True)
+    return proc
+
+
+def _default_storage_port(host: str, port: int) -> int:
+    """--port + 1 when free (8601 beside 8600), else any free port: an explicit --storage-port is never
+    replaced, but the default must not stop a platform whose neighbour port happens to be in use."""
+    import socket
+
+    from modelyard.ports import free_port
+
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        probe.bind((host, port + 1))
+        return port + 1
+    except OSError:
+        return free_port(host)
+    finally:
+        probe.close()
 
 
 def _tls_context(cert: str | None, key: str | None, client_ca: str | None):

@@ -298,6 +298,9 @@ class RaySupervisor(launcher.Supervisor):
         from modelyard.platform.job_runner import JOB_ID_ENV
 
         delta = {k: v for k, v in env.items() if os.environ.get(k) != v and k != JOB_ID_ENV}
+        for key in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN"):  # the platform's storage, on every node
+            if key in env:
+                delta[key] = env[key]
         unset = [k for k in os.environ if k not in env]
         actor = self.placement.actors[task]
         where = self.placement.where[task]

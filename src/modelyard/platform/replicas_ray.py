@@ -47,6 +47,11 @@ class EngineUnavailable(Exception):
     """The Ray engine cannot start: ray is not installed, or the cluster cannot be reached."""
 
 
+def _storage_env() -> dict[str, str]:
+    """The platform's Cloud Storage settings (set by ``modelyard platform`` at start), for every node's replicas."""
+    return {k: os.environ[k] for k in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN") if k in os.environ}
+
+
 def connect(address: str, namespace: str = NAMESPACE) -> None:
     """Join the Ray cluster at ``address`` (host:port of its GCS) as a driver, or raise EngineUnavailable.
     The address is checked with a plain TCP connect first: ``ray.init`` retries an unreachable one for minutes."""
@@ -74,7 +79,7 @@ def connect(address: str, namespace: str = NAMESPACE) -> None:
     pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **_storage_env()}})
     except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on what failed
         raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {exc}") from None
 

@@ -1,0 +1,502 @@
+"""The Cloud Storage JSON API's HTTP side (aiohttp): paths parsed from the raw request target, the
+token check, streaming uploads and downloads, and the one mapping of errors to Google's JSON body.
+
+Paths served (what google-cloud-storage, gcsfs and google-cloud-aiplatform call)::
+
+  /storage/v1/b                      GET list, POST create
+  /storage/v1/b/B                    GET, PATCH, PUT, DELETE
+  /storage/v1/b/B/iam                GET, PUT        .../iam/testPermissions  GET
+  /storage/v1/b/B/o                  GET list (prefix, delimiter, pageToken, maxResults, offsets, matchGlob)
+  /storage/v1/b/B/o/O                GET (alt=media: the bytes), PATCH, PUT, DELETE
+  /storage/v1/b/B/o/O/compose        POST
+  /storage/v1/b/B/o/O/copyTo/b/B2/o/O2, .../rewriteTo/b/B2/o/O2   POST
+  /upload/storage/v1/b/B/o           POST uploadType=media|multipart|resumable, PUT/DELETE upload_id=...
+  /download/storage/v1/b/B/o/O       GET the bytes (Range)
+  /batch/storage/v1                  POST multipart/mixed of the calls above (gcsfs deletes this way)
+"""
+from __future__ import annotations
+
+import asyncio
+import email.parser
+import email.policy
+import hmac
+import json
+import logging
+import re
+import time
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from aiohttp import web
+
+from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
+from modelyard.platform.storage.hashing import READ_CHUNK
+from modelyard.platform.storage.multipart import read_multipart
+from modelyard.platform.storage.objects import Store, check_preconditions
+from modelyard.platform.storage.uploads import Uploads
+
+log = logging.getLogger(__name__)
+
+_CONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch", "ifMetagenerationMatch", "ifMetagenerationNotMatch")
+_SOURCE_CONDITIONS = tuple("ifSource" + c[2:] for c in _CONDITIONS)
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+def _json(body: dict, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body), status=status, content_type="application/json", headers=headers)
+
+
+def _error(exc: StorageApiError) -> web.Response:
+    if exc.code == 304:
+        return web.Response(status=304)
+    return _json(exc.to_body(), exc.code)
+
+
+def _conditions(query: dict, names=_CONDITIONS) -> dict[str, int]:
+    out = {}
+    for name in names:
+        if name in query:
+            try:
+                out[name] = int(query[name])
+            except ValueError:
+                raise invalid(f"Invalid argument for {name}: {query[name]!r}") from None
+    return out
+
+
+def _hash_header(value: str | None) -> tuple[str | None, str | None]:
+    """``x-goog-hash: crc32c=...,md5=...`` -> (crc32c, md5)."""
+    crc = md5 = None
+    for part in (value or "").split(","):
+        key, _, val = part.strip().partition("=")
+        if key == "crc32c":
+            crc = val
+        elif key == "md5":
+            md5 = val
+    return crc, md5
+
+
+class StorageRoutes:
+    def __init__(self, store: Store, token: str | None = None) -> None:
+        self.store = store
+        self.uploads = Uploads(store)
+        self.token = token
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 40)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    def _check_token(self, request: web.Request) -> None:
+        if not self.token:
+            return
+        given = request.headers.get("Authorization", "")
+        if not given:
+            raise StorageApiError(401, "required", "Anonymous caller does not have access: send "
+                                  "'Authorization: Bearer <token>' (the platform's --auth-token).")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            raise StorageApiError(401, "authError", "Invalid Credentials")
+
+    def _base_url(self, request: web.Request) -> str:
+        return f"{request.scheme}://{request.host}"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.store.last_activity = time.monotonic()
+        target = urlsplit(request.raw_path)
+        query = dict(parse_qsl(target.query, keep_blank_values=True))
+        try:
+            if target.path in ("/", "/healthz") and request.method == "GET":
+                return _json({"status": "ok"})
+            self._check_token(request)
+            return await self.dispatch(request, request.method, target.path, query)
+        except StorageApiError as exc:
+            return _error(exc)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug: answered in Google's format and logged; the server keeps serving
+            log.exception("storage request %s %s failed", request.method, request.path)
+            return _error(StorageApiError(500, "backendError", f"internal error: {type(exc).__name__}: {exc}"))
+        finally:
+            self.store.last_activity = time.monotonic()
+
+    async def dispatch(self, request: web.Request, method: str, path: str, query: dict) -> web.StreamResponse:
+        parts = path.split("/")  # raw segments: an object name's %2F stays inside its segment until decoded
+        if path.startswith("/batch/storage/v1"):
+            return await self.batch(request)
+        if path.startswith("/upload/storage/v1/b/") and len(parts) == 7 and parts[6] == "o":
+            return await self.upload(request, method, unquote(parts[5]), query)
+        if path.startswith("/download/storage/v1/b/") and len(parts) >= 8 and parts[6] == "o":
+            return await self.download(request, unquote(parts[5]), unquote("/".join(parts[7:])), query)
+        if not path.startswith("/storage/v1/b"):
+            raise StorageApiError(404, "notFound", f"Not Found: {path}")
+        rest = parts[4:]
+        if rest == [] or rest == [""]:  # /storage/v1/b
+            if method == "GET":
+                buckets = await asyncio.to_thread(self.store.list_buckets, query.get("prefix", ""))
+                return _json({"kind": "storage#buckets", "items": buckets})
+            if method == "POST":
+                return _json(self.store.create_bucket(await self._body(request)))
+            raise self._bad_method(method, path)
+        bucket = unquote(rest[0])
+        if len(rest) == 1:
+            if method == "GET":
+                return _json(self.store.bucket_resource(bucket))
+            if method in ("PATCH", "PUT"):
+                return _json(self.store.patch_bucket(bucket, await self._body(request)))
+            if method == "DELETE":
+                await asyncio.to_thread(self.store.delete_bucket, bucket)
+                return web.Response(status=204)
+            raise self._bad_method(method, path)
+        if rest[1] == "iam":
+            if len(rest) == 3 and rest[2] == "testPermissions":
+                self.store.bucket_path(bucket)
+                perms = [v for k, v in parse_qsl(urlsplit(request.raw_path).query) if k == "permissions"]
+                return _json({"kind": "storage#testIamPermissionsResponse", "permissions": perms})
+            if method == "GET":
+                return _json(self.store.iam_policy(bucket))
+            if method == "PUT":
+                return _json(self.store.set_iam_policy(bucket, await self._body(request)))
+            raise self._bad_method(method, path)
+        if rest[1] != "o":
+            raise StorageApiError(404, "notFound", f"Not Found: {path}")
+        if len(rest) == 2:
+            if method == "GET":
+                return await self.list_objects(bucket, query)
+            raise self._bad_method(method, path)
+        obj_parts = rest[2:]
+        for verb in ("copyTo", "rewriteTo"):
+            if method == "POST" and verb in obj_parts:
+                i = len(obj_parts) - 1 - obj_parts[::-1].index(verb)
+                tail = obj_parts[i + 1:]
+                if len(tail) >= 4 and tail[0] == "b" and tail[2] == "o":
+                    return await self.copy(request, verb, bucket, unquote("/".join(obj_parts[:i])),
+                                           unquote(tail[1]), unquote("/".join(tail[3:])), query)
+        if method == "POST" and obj_parts[-1] == "compose" and len(obj_parts) > 1:
+            return await self.compose(request, bucket, unquote("/".join(obj_parts[:-1])), query)
+        name = unquote("/".join(obj_parts))
+        if method == "GET":
+            if query.get("alt") == "media":
+                return await self.download(request, bucket, name, query)
+            rec = await asyncio.to_thread(self.store.record, bucket, name)
+            self._generation(rec, query)
+            check_preconditions(rec, _conditions(query))
+            return _json(self.store.resource(rec, self._base_url(request)))
+        if method in ("PATCH", "PUT"):
+            rec = self.store.patch(bucket, name, await self._body(request), _conditions(query))
+            return _json(self.store.resource(rec, self._base_url(request)))
+        if method == "DELETE":
+            self.store.delete(bucket, name, _conditions(query))
+            return web.Response(status=204)
+        raise self._bad_method(method, path)
+
+    @staticmethod
+    def _bad_method(method: str, path: str) -> StorageApiError:
+        return StorageApiError(405, "methodNotAllowed", f"{method} is not allowed on {path}")
+
+    @staticmethod
+    def _generation(rec, query: dict) -> None:
+        """Only the live generation is kept: asking for another one is a 404, as for a deleted version."""
+        if query.get("generation") and query["generation"] != str(rec.generation):
+            raise no_object(rec.bucket, f"{rec.name}#{query['generation']}")
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict:
+        raw = await request.read()
+        if not raw:
+            return {}
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise invalid(f"Invalid JSON payload received: {exc}") from None
+        if not isinstance(doc, dict):
+            raise invalid("Invalid JSON payload received: expected an object.")
+        return doc
+
+    # ---- listing ---------------------------------------------------------------------------------
+    async def list_objects(self, bucket: str, query: dict) -> web.Response:
+        try:
+            max_results = min(int(query.get("maxResults") or 1000), 1000)
+        except ValueError:
+            raise invalid(f"Invalid maxResults: {query['maxResults']!r}") from None
+        if max_results < 1:
+            raise invalid("maxResults must be positive")
+        try:
+            items, prefixes, token = await asyncio.to_thread(
+                self.store.list, bucket, query.get("prefix", ""), query.get("delimiter", ""), query.get("pageToken", ""),
+                max_results, query.get("startOffset", ""), query.get("endOffset", ""), query.get("matchGlob", ""))
+        except (ValueError, UnicodeDecodeError):
+            raise invalid(f"Invalid pageToken: {query.get('pageToken')!r}") from None
+        base = ""
+        body: dict = {"kind": "storage#objects", "items": [self.store.resource(r, base) for r in items]}
+        if prefixes:
+            body["prefixes"] = prefixes
+        if token:
+            body["nextPageToken"] = token
+        return _json(body)
+
+    # ---- downloads -------------------------------------------------------------------------------
+    async def download(self, request: web.Request, bucket: str, name: str, query: dict) -> web.StreamResponse:
+        rec = await asyncio.to_thread(self.store.record, bucket, name)
+        self._generation(rec, query)
+        check_preconditions(rec, _conditions(query))
+        from modelyard.platform.storage.names import object_path
+
+        size = rec.size
+        start, end = 0, size  # [start, end)
+        status = 200
+        headers = {"Content-Type": rec.extra.get("contentType", "application/octet-stream"),
+                   "Accept-Ranges": "bytes", "ETag": f'"{rec.crc32c}"',
+                   "x-goog-hash": f"crc32c={rec.crc32c}" + (f",md5={rec.md5}" if rec.md5 else ""),
+                   "x-goog-generation": str(rec.generation), "x-goog-metageneration": str(rec.metageneration),
+                   "x-goog-stored-content-length": str(size),
+                   "x-goog-stored-content-encoding": rec.extra.get("contentEncoding", "identity")}
+        if rec.extra.get("contentEncoding"):
+            headers["Content-Encoding"] = rec.extra["contentEncoding"]
+        rng = request.headers.get("Range")
+        if rng and size:
+            m = _RANGE.match(rng.strip())
+            if not m or (m.group(1) == "" and m.group(2) == ""):
+                raise invalid(f"Invalid Range header: {rng!r}")
+            if m.group(1) == "":
+                start = max(0, size - int(m.group(2)))
+            else:
+                start = int(m.group(1))
+                if m.group(2) != "":
+                    end = min(size, int(m.group(2)) + 1)
+            if start >= size or start >= end:
+                return _json(StorageApiError(416, "requestedRangeNotSatisfiable",
+                                             "The requested range cannot be satisfied.").to_body(), 416,
+                             {"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = end - start
+        if request.method == "HEAD":
+            await resp.prepare(request)
+            return resp
+        f = open(object_path(self.store.root, bucket, name), "rb")
+        try:
+            writer = await resp.prepare(request)
+            count = end - start
+            if count:
+                try:
+                    await asyncio.get_running_loop().sendfile(request.transport, f, start, count)
+                except (NotImplementedError, AttributeError, RuntimeError):
+                    f.seek(start)
+                    left = count
+                    while left > 0:
+                        chunk = f.read(min(READ_CHUNK, left))
+                        if not chunk:
+                            break  # truncated behind our back: the client sees a short body
+                        left -= len(chunk)
+                        await writer.write(chunk)
+            await resp.write_eof()
+        finally:
+            f.close()
+        return resp
+
+    # ---- uploads ---------------------------------------------------------------------------------
+    async def _stream_into(self, writer, content, skip: int = 0) -> None:
+        """Copy the request body (or a multipart part) into the writer, as it arrives."""
+        while True:
+            chunk = await content.readany() if hasattr(content, "readany") else await content.read_chunk(READ_CHUNK)
+            if not chunk:
+                return
+            if skip:
+                drop = min(skip, len(chunk))
+                chunk, skip = chunk[drop:], skip - drop
+                if not chunk:
+                    continue
+            writer.write(chunk)
+
+    async def upload(self, request: web.Request, method: str, bucket: str, query: dict) -> web.StreamResponse:
+        kind = query.get("uploadType", "")
+        if "upload_id" in query:
+            if method == "DELETE":
+                self.uploads.cancel(query["upload_id"])
+                return web.Response(status=499)
+            if method in ("PUT", "POST"):
+                return await self.resumable_chunk(request, query["upload_id"])
+            raise self._bad_method(method, request.path)
+        if method != "POST":
+            raise self._bad_method(method, request.path)
+        self.store.bucket_path(bucket)
+        cond = _conditions(query)
+        if kind == "resumable":
+            fields = await self._body(request)
+            name = query.get("name") or fields.get("name")
+            if not name:
+                raise invalid("Required parameter: name")
+            total = request.headers.get("X-Upload-Content-Length")
+            if "contentType" not in fields and request.headers.get("X-Upload-Content-Type"):
+                fields["contentType"] = request.headers["X-Upload-Content-Type"]
+            upload_id = self.uploads.start(bucket, str(name), fields, cond, int(total) if total else None)
+            location = f"{self._base_url(request)}/upload/storage/v1/b/{bucket}/o?uploadType=resumable&upload_id={upload_id}"
+            return web.Response(status=200, headers={"Location": location, "X-GUploader-UploadID": upload_id})
+        if kind == "media":
+            name = query.get("name")
+            if not name:
+                raise invalid("Required parameter: name")
+            fields = {"contentType": request.headers.get("Content-Type", "application/octet-stream")}
+            crc, md5 = _hash_header(request.headers.get("x-goog-hash"))
+            return await self._write_object(request, bucket, name, fields, cond, request.content, crc, md5)
+        if kind == "multipart":
+            return await self.multipart(request, bucket, query, cond)
+        raise invalid(f"Invalid uploadType: {kind!r} (media, multipart or resumable)")
+
+    async def _write_object(self, request, bucket, name, fields, cond, content, crc, md5) -> web.Response:
+        from modelyard.platform.storage.names import object_path
+
+        object_path(self.store.root, bucket, name)  # a bad name is refused before any byte is written
+        if cond:  # fail before the bytes; checked again when the object is put in place
+            check_preconditions(await self._existing(bucket, name), cond)
+        w = self.store.writer(md5=bool(md5))
+        try:
+            await self._stream_into(w, content)
+        except BaseException:
+            w.abort()  # cut off half-way: nothing is left
+            raise
+        rec = await asyncio.to_thread(self.store.commit, w, bucket, name, fields, cond, crc, md5)
+        return _json(self.store.resource(rec, self._base_url(request)))
+
+    async def _existing(self, bucket: str, name: str):
+        try:
+            return await asyncio.to_thread(self.store.record, bucket, name)
+        except StorageApiError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    async def multipart(self, request: web.Request, bucket: str, query: dict, cond: dict) -> web.Response:
+        from modelyard.platform.storage.names import object_path
+
+        if "name" in query:
+            object_path(self.store.root, bucket, query["name"])
+        w = self.store.writer()
+
+        def wants_md5(metadata: dict) -> None:  # a client's MD5 to check: computed whatever the size
+            w.md5_wanted = bool(metadata.get("md5Hash"))
+
+        try:
+            fields, media_type = await read_multipart(request.content, request.headers.get("Content-Type", ""),
+                                                      w.write, wants_md5)
+        except BaseException:
+            w.abort()  # a bad or cut-off body: nothing is left
+            raise
+        name = query.get("name") or fields.get("name")
+        if not name:
+            w.abort()
+            raise invalid("Required parameter: name")
+        if "contentType" not in fields and media_type:
+            fields["contentType"] = media_type
+        rec = await asyncio.to_thread(self.store.commit, w, bucket, str(name), fields, cond,
+                                      fields.get("crc32c"), fields.get("md5Hash"))
+        return _json(self.store.resource(rec, self._base_url(request)))
+
+    async def resumable_chunk(self, request: web.Request, upload_id: str) -> web.Response:
+        s = self.uploads.session(upload_id)
+        if s.extra.get("done"):
+            bucket, name, _gen = s.extra["done"]
+            rec = await asyncio.to_thread(self.store.record, bucket, name)
+            return _json(self.store.resource(rec, self._base_url(request)))
+        first, last, total = self.uploads.parse_range(request.headers.get("Content-Range"))
+        if total is None and s.extra.get("total") is not None and first is None:
+            total = s.extra["total"]
+        if first is not None:
+            have = s.persisted
+            if first > have:
+                await request.read()  # a gap: say what is kept, the client sends from there
+                return self._incomplete(s)
+            await self._stream_into(s.writer, request.content, skip=have - first)
+            if last is None:  # no Content-Range: the whole object in one PUT
+                total = s.persisted
+        if total is not None and s.persisted > total:
+            self.uploads.fail(s)
+            raise invalid(f"The upload got {s.persisted} bytes, more than its declared {total}.")
+        if total is None or s.persisted < total:
+            return self._incomplete(s)
+        crc, md5 = _hash_header(request.headers.get("x-goog-hash"))
+        try:
+            rec = await asyncio.to_thread(self.uploads.finish, s, crc, md5)
+        except StorageApiError:
+            self.uploads.fail(s)
+            raise
+        return _json(self.store.resource(rec, self._base_url(request)))
+
+    @staticmethod
+    def _incomplete(s) -> web.Response:
+        headers = {"X-GUploader-UploadID": s.id}
+        if s.persisted:
+            headers["Range"] = f"bytes=0-{s.persisted - 1}"
+        return web.Response(status=308, headers=headers)
+
+    # ---- copy, rewrite, compose ------------------------------------------------------------------
+    async def copy(self, request, verb, src_bucket, src_name, bucket, name, query) -> web.Response:
+        body = await self._body(request)
+        if src_name == "" or name == "":
+            raise invalid("copy/rewrite: source and destination object names are required")
+        rec = await asyncio.to_thread(self.store.copy, src_bucket, src_name, bucket, name, body,
+                                      _conditions(query), _conditions(query, _SOURCE_CONDITIONS))
+        resource = self.store.resource(rec, self._base_url(request))
+        if verb == "copyTo":
+            return _json(resource)
+        return _json({"kind": "storage#rewriteResponse", "totalBytesRewritten": str(rec.size),
+                      "objectSize": str(rec.size), "done": True, "resource": resource})
+
+    async def compose(self, request, bucket, name, query) -> web.Response:
+        body = await self._body(request)
+        sources = body.get("sourceObjects")
+        if not isinstance(sources, list) or any(not isinstance(s, dict) for s in sources):
+            raise invalid("compose needs sourceObjects: [{name, generation?, objectPreconditions?}]")
+        rec = await asyncio.to_thread(self.store.compose, bucket, name, sources, body.get("destination") or {},
+                                      _conditions(query))
+        return _json(self.store.resource(rec, self._base_url(request)))
+
+    # ---- batch -----------------------------------------------------------------------------------
+    async def batch(self, request: web.Request) -> web.Response:
+        """``multipart/mixed`` of small JSON calls (no uploads): each answered in order in one reply."""
+        raw = await request.read()
+        ctype = request.headers.get("Content-Type", "")
+        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw)
+        if not msg.is_multipart():
+            raise invalid("A batch request is multipart/mixed.")
+        out = []
+        boundary = "batch_modelyard"
+        for i, part in enumerate(msg.iter_parts()):
+            inner = part.get_payload(decode=True) or b""
+            head, _, body = inner.partition(b"\r\n\r\n") if b"\r\n\r\n" in inner else inner.partition(b"\n\n")
+            lines = head.decode().splitlines()
+            method, target = lines[0].split(" ")[:2]
+            t = urlsplit(target)
+            q = dict(parse_qsl(t.query, keep_blank_values=True))
+            try:
+                if method not in ("GET", "DELETE", "PATCH", "PUT", "POST") or "/upload/" in t.path or "/batch/" in t.path:
+                    raise invalid(f"{method} {t.path} cannot be batched")
+                resp = await self.dispatch(_BatchRequest(request, method, target, body), method, t.path, q)
+            except StorageApiError as exc:
+                resp = _error(exc)
+            payload = resp.body if isinstance(resp, web.Response) and resp.body is not None else b""
+            if not isinstance(payload, bytes):
+                payload = bytes(payload._value) if hasattr(payload, "_value") else b""
+            cid = part.get("Content-ID", f"<{i}>").strip("<>")
+            out.append(f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: <response-{cid}>\r\n\r\n"
+                       f"HTTP/1.1 {resp.status} {resp.reason}\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload + b"\r\n")
+        data = b"".join(out) + f"--{boundary}--\r\n".encode()
+        return web.Response(body=data, headers={"Content-Type": f"multipart/mixed; boundary={boundary}"})
+
+
+class _BatchRequest:
+    """What ``dispatch`` reads of a request, for one call inside a batch."""
+
+    def __init__(self, outer: web.Request, method: str, target: str, body: bytes) -> None:
+        self._outer = outer
+        self.method = method
+        self.raw_path = target
+        self.path = urlsplit(target).path
+        self._body = body
+        self.headers = outer.headers
+        self.scheme = outer.scheme
+        self.host = outer.host
+
+    async def read(self) -> bytes:
+        return self._body

@@ -1,0 +1,123 @@
+"""Run the storage API: in its own process (``python -m modelyard.platform.storage``, which the platform
+starts beside itself), and the helpers the platform uses to start it and to find the files it serves.
+
+Its own process because a transfer then never competes with the control plane for the event loop or
+the GIL, and the platform's own blocking reads of ``gs://`` (artifact staging) cannot deadlock on it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENV = "STORAGE_EMULATOR_HOST"
+DEFAULT_PORT_OFFSET = 1  # default storage port: the platform's --port + 1 (8601 beside 8600)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8601, help="port (default 8601)")
+    parser.add_argument("--root", required=True, help="storage root: gs://BUCKET/NAME is the file ROOT/BUCKET/NAME")
+    parser.add_argument("--auth-token", default=os.environ.get("MODELYARD_PLATFORM_TOKEN"),
+                        help="require 'Authorization: Bearer TOKEN' (default: $MODELYARD_PLATFORM_TOKEN)")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate (chain)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default=None, metavar="PEM", help="mutual TLS: the clients' CA")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from modelyard.platform.storage.objects import Store
+    from modelyard.platform.storage.routes import StorageRoutes
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tls = None
+    if args.tls_cert or args.tls_key:
+        import ssl
+
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_client_ca:
+            tls.load_verify_locations(args.tls_client_ca)
+            tls.verify_mode = ssl.CERT_REQUIRED
+    root = Path(args.root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    routes = StorageRoutes(Store(root), args.auth_token or None)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    scheme = "https" if tls else "http"
+    try:
+        asyncio.run(_serve(routes, args.host, args.port, tls, f"{scheme}://{args.host}:{args.port}", root))
+    except OSError as exc:
+        print(f"modelyard storage: error: {exc}", file=sys.stderr, flush=True)
+        return 98 if exc.errno == 98 else 1
+    return 0
+
+
+async def _serve(routes, host: str, port: int, tls, url: str, root: Path) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(routes.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_address=True, backlog=512)
+    await site.start()
+    print(f"modelyard storage: Cloud Storage JSON API on {url}, objects under {root}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the platform dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def start_process(root: Path, host: str, port: int, token: str | None, tls_args: list[str],
+                  log_path: Path, timeout: float = 30.0) -> subprocess.Popen:
+    """Start the storage server as a child of the calling process and wait until it answers; an
+    ``OSError`` says why it could not start (the port taken, the root unwritable)."""
+    cmd = [sys.executable, "-m", "modelyard.platform.storage", "--host", host, "--port", str(port),
+           "--root", str(root), *tls_args]
+    env = dict(os.environ)
+    env.pop("MODELYARD_PLATFORM_TOKEN", None)
+    if token:
+        env["MODELYARD_PLATFORM_TOKEN"] = token  # through the environment, not the command line (ps shows that)
+    src = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent)
+    log.close()
+    deadline = time.monotonic() + timeout
+    import socket
+
+    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise OSError(f"the storage server exited with {proc.returncode}: {tail.strip()}")
+        try:
+            with socket.create_connection((probe_host, port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise OSError(f"the storage server did not listen on {host}:{port} within {timeout:.0f} s (log: {log_path})")
