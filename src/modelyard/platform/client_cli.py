@@ -84,13 +84,22 @@ def _split(items: list[str]) -> dict[str, int]:
 
 def models_cmd(args: argparse.Namespace, c: Client):
     if args.action == "upload":
+        # As the SDK does: a new version takes the "default" alias unless --no-default-version.
+        aliases = [*args.version_aliases, *([] if args.no_default_version else ["default"])]
         body = {"model": {"displayName": args.display_name, "artifactUri": args.artifact_uri,
-                          "containerSpec": {"imageUri": "modelyard/serve"}}}
+                          "containerSpec": {"imageUri": "modelyard/serve"}, "versionAliases": aliases}}
         if args.parent_model:
             body["parentModel"] = f"{c.parent}/models/{args.parent_model}"
+        if args.model_id:
+            body["modelId"] = args.model_id
         return c.operation(c.call("POST", "models:upload", body))
     if args.action == "list":
         return c.call("GET", "models").get("models", [])
+    if args.action == "list-versions":
+        return c.call("GET", f"models/{args.model}:listVersions").get("models", [])
+    if args.action == "aliases":
+        changes = [*args.add, *(f"-{a}" for a in args.remove)]
+        return c.call("POST", f"models/{args.model}:mergeVersionAliases", {"versionAliases": changes})
     if args.action == "describe":
         return c.call("GET", f"models/{args.model}")
     return c.operation(c.call("DELETE", f"models/{args.model}"))
@@ -260,7 +269,19 @@ def register(subparsers) -> None:
     up.add_argument("--display-name", required=True)
     up.add_argument("--artifact-uri", required=True, help="SavedModel directory: path, file://, gs:// or s3://")
     up.add_argument("--parent-model", help="upload as a new version of this model id")
+    up.add_argument("--model-id", help="the new model's id ([a-z_][a-z0-9_-]*, 63 characters at most; "
+                    "default: a generated number)")
+    up.add_argument("--version-aliases", nargs="*", default=[], metavar="ALIAS", help="aliases for this version")
+    up.add_argument("--no-default-version", action="store_true",
+                    help="a new version leaves the 'default' alias where it is")
     ms.add_parser("list", parents=[common])
+    ms.add_parser("list-versions", parents=[common], help="every version of a model, with its aliases"
+                  ).add_argument("model", help="model id")
+    al = ms.add_parser("aliases", parents=[common], help="add or remove a version's aliases (an alias moves "
+                       "from the version that held it)")
+    al.add_argument("model", help="model id @version, e.g. my_model@2")
+    al.add_argument("--add", nargs="*", default=[], metavar="ALIAS")
+    al.add_argument("--remove", nargs="*", default=[], metavar="ALIAS")
     ms.add_parser("describe", parents=[common]).add_argument("model", help="model id, optionally @version")
     ms.add_parser("delete", parents=[common, waiting]).add_argument("model", help="model id, optionally @version")
     m.set_defaults(func=lambda a: _run(a, models_cmd))

@@ -8,7 +8,9 @@ A request path below ``/v1/`` names one of:
     projects/{p}/locations/{l}/batchPredictionJobs/{id}:cancel  (jobs: customJobs, hyperparameterTuningJobs too)
     projects/{p}/locations/{l}[/{collection}/{id}]/operations/{op}
 
-Ids are decimal strings, as Vertex AI hands out.
+Ids are decimal strings, as Vertex AI hands out; a model may also have the id its uploader chose
+(``UploadModelRequest.model_id``). A model version is named by its number or by one of its aliases
+(``models/{id}@3``, ``models/{id}@prod``); ``@-`` means the model itself, as in Vertex AI.
 """
 from __future__ import annotations
 
@@ -22,6 +24,13 @@ COLLECTIONS = ("models", "endpoints", "batchPredictionJobs", "customJobs", "hype
 JOB_COLLECTIONS = COLLECTIONS[2:]
 _ID = re.compile(r"^[0-9]{1,30}$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# UploadModelRequest.model_id: up to 63 characters of [a-z0-9_-], the first not a digit nor a hyphen
+# (so a chosen id never looks like a generated one).
+_MODEL_ID = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
+# Model.version_aliases: [a-z][a-zA-Z0-9-]{0,126}[a-z0-9], never a bare number (that is a version id).
+_ALIAS = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
+_VERSION_ID = re.compile(r"^[0-9]{1,18}$")
+DEFAULT_ALIAS = "default"
 
 
 @dataclass(frozen=True)
@@ -69,10 +78,8 @@ def parse_path(path: str) -> Route:
         return Route(project, location, collection, operation_id=route.operation_id, verb=verb)
     if len(rest) != 2:
         raise ApiError("NOT_FOUND", f"No API at /v1/{path}.")
-    resource, _, version = rest[1].partition("@")
-    kind = collection[:-1]
-    return Route(project, location, collection, _check_id(resource, kind), version or None,
-                 route.operation_id, verb)
+    resource_id, version = _split_resource(rest[1], collection)
+    return Route(project, location, collection, resource_id, version, route.operation_id, verb)
 
 
 def parse_resource(name: str, collection: str) -> tuple[str, str | None]:
@@ -80,8 +87,46 @@ def parse_resource(name: str, collection: str) -> tuple[str, str | None]:
     short = name.rsplit(f"{collection}/", 1)[-1] if f"{collection}/" in name else name
     if "/" in short:
         raise ApiError("INVALID_ARGUMENT", f"Invalid {collection[:-1]} resource name {name!r}.")
-    resource, _, version = short.partition("@")
-    return _check_id(resource, collection[:-1]), version or None
+    return _split_resource(short, collection)
+
+
+def _split_resource(segment: str, collection: str) -> tuple[str, str | None]:
+    """``12``, ``my_model@3``, ``my_model@prod`` -> (id, version reference or None)."""
+    resource, at, version = segment.partition("@")
+    if collection != "models":
+        if at:
+            raise ApiError("INVALID_ARGUMENT", f"Invalid {collection[:-1]} id {segment!r}: only models have versions.")
+        return _check_id(resource, collection[:-1]), None
+    if not (_ID.match(resource) or _MODEL_ID.match(resource)):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid model id {resource!r}: a model id is a number, or up to 63 "
+                       "characters of [a-z0-9_-] starting with a letter or an underscore.")
+    if not at or version == "-":  # models/{id}@- names the model itself
+        return resource, None
+    if not (_VERSION_ID.match(version) or _ALIAS.match(version)):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid model version {version!r} in {segment!r}: a version id "
+                       "(a number) or an alias ([a-z][a-zA-Z0-9-]{0,126}[a-z0-9]).")
+    return resource, version
+
+
+def check_model_id(value: object) -> str:
+    """A model id chosen at upload (``UploadModelRequest.model_id``), checked by Vertex AI's rule."""
+    if not isinstance(value, str) or not _MODEL_ID.match(value):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid model_id {value!r}: up to 63 characters of [a-z0-9_-], "
+                       "the first a lowercase letter or an underscore (not a digit nor a hyphen).")
+    return value
+
+
+def check_alias(value: object) -> str:
+    """A version alias, checked by Vertex AI's rule (so it can never be mistaken for a version id)."""
+    if not isinstance(value, str) or not _ALIAS.match(value):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid version alias {value!r}: an alias matches "
+                       "[a-z][a-zA-Z0-9-]{0,126}[a-z0-9] (2 to 128 characters, starting with a letter).")
+    return value
+
+
+def is_version_id(ref: str) -> bool:
+    """Whether a version reference is a version number (else it is an alias)."""
+    return bool(_VERSION_ID.match(ref))
 
 
 def _check_id(value: str, kind: str) -> str:
@@ -95,8 +140,8 @@ def new_id() -> str:
     return str(secrets.randbelow(9 * 10**17) + 10**17)
 
 
-def model_name(parent: str, model_id: str) -> str:
-    return f"{parent}/models/{model_id}"
+def model_name(parent: str, model_id: str, version_id: str | None = None) -> str:
+    return f"{parent}/models/{model_id}" + (f"@{version_id}" if version_id else "")
 
 
 def endpoint_name(parent: str, endpoint_id: str) -> str:

@@ -14,13 +14,16 @@ from sqlalchemy import (JSON, Column, Float, Integer, MetaData, String, Table, T
                         text)
 from sqlalchemy.engine import Connection, Engine
 
+from modelyard.platform.names import DEFAULT_ALIAS
+
 metadata = MetaData()
 
 schema_version = Table("modelyard_schema", metadata, Column("version", Integer, primary_key=True))
 
+# Model ids are 128 wide since schema v4: a chosen id (UploadModelRequest.model_id) has up to 63 characters.
 models = Table(
     "models", metadata,
-    Column("id", String(32), primary_key=True),
+    Column("id", String(128), primary_key=True),
     Column("parent", String(256), nullable=False, index=True),
     Column("display_name", String(256), nullable=False),
     Column("description", Text, nullable=False, default=""),
@@ -31,13 +34,18 @@ models = Table(
 
 model_versions = Table(
     "model_versions", metadata,
-    Column("model_id", String(32), primary_key=True),
+    Column("model_id", String(128), primary_key=True),
     Column("version_id", String(16), primary_key=True),
     Column("artifact_uri", Text, nullable=False),
     Column("local_path", Text, nullable=False),  # where replicas load it from
     Column("container", JSON, nullable=False, default=dict),
+    # Since schema v4 "default" is stored on the one version that holds it (before: implied, the highest).
     Column("aliases", JSON, nullable=False, default=list),
     Column("created", Float, nullable=False),
+    # Schema v4: the version's own description and labels (merged over the model's when shown), last change.
+    Column("description", Text, nullable=False, default="", server_default=""),
+    Column("labels", JSON, nullable=True),
+    Column("updated", Float, nullable=True),
 )
 
 endpoints = Table(
@@ -56,7 +64,7 @@ deployed_models = Table(
     "deployed_models", metadata,
     Column("id", String(32), primary_key=True),
     Column("endpoint_id", String(32), nullable=False, index=True),
-    Column("model_id", String(32), nullable=False),
+    Column("model_id", String(128), nullable=False),
     Column("version_id", String(16), nullable=False),
     Column("display_name", String(256), nullable=False, default=""),
     Column("min_replicas", Integer, nullable=False),
@@ -128,8 +136,31 @@ def _v3(conn: Connection) -> None:
     jobs.create(conn, checkfirst=True)
 
 
+def _v4(conn: Connection) -> None:
+    # The model registry: chosen model ids (wider id columns), version descriptions and labels, and the
+    # "default" alias stored where it is (it was implied: the highest version).
+    if conn.dialect.name == "postgresql":  # SQLite does not enforce VARCHAR lengths
+        for table, column in (("models", "id"), ("model_versions", "model_id"), ("deployed_models", "model_id")):
+            conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE VARCHAR(128)"))
+    have = {c["name"] for c in inspect(conn).get_columns("model_versions")}
+    for column, ddl in (("description", "TEXT NOT NULL DEFAULT ''"), ("labels", "JSON"), ("updated", "FLOAT")):
+        if column not in have:
+            conn.execute(text(f"ALTER TABLE model_versions ADD COLUMN {column} {ddl}"))
+    latest: dict[str, tuple[int, list]] = {}
+    for model_id, version_id, aliases in conn.execute(
+            select(model_versions.c.model_id, model_versions.c.version_id, model_versions.c.aliases)):
+        if int(version_id) > latest.get(model_id, (0, []))[0]:
+            latest[model_id] = (int(version_id), list(aliases or []))
+    for model_id, (version_id, aliases) in latest.items():
+        if DEFAULT_ALIAS not in aliases:
+            conn.execute(model_versions.update()
+                         .where(model_versions.c.model_id == model_id)
+                         .where(model_versions.c.version_id == str(version_id))
+                         .values(aliases=[DEFAULT_ALIAS, *aliases]))
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
 LATEST = len(MIGRATIONS)
 
 

@@ -141,8 +141,14 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
                 return models.list_(p, route)
         elif verb is None and method == "GET":
             return models.get(p, route)
-        elif verb is None and method == "DELETE":
+        elif verb is None and method == "PATCH":
+            return models.patch(p, route, await _body(request), request.query.get("updateMask"))
+        elif verb in (None, "deleteVersion") and method == "DELETE":
             return models.delete(p, route)
+        elif verb == "listVersions" and method == "GET":
+            return models.list_versions(p, route, request.query)
+        elif verb == "mergeVersionAliases" and method == "POST":
+            return models.merge_version_aliases(p, route, await _body(request))
     elif coll in names.JOB_COLLECTIONS:
         return await jobs.dispatch(p, route, method, lambda: _body(request), request.query)
     elif coll == "endpoints":

@@ -13,8 +13,10 @@ from pathlib import Path
 from sqlalchemy import create_engine, delete, event, insert, select, text, update
 from sqlalchemy.engine import Engine
 
+from modelyard.platform import aliases
 from modelyard.platform import schema as s
 from modelyard.platform.errors import ApiError, not_found
+from modelyard.platform.names import DEFAULT_ALIAS, is_version_id
 
 
 _LEADER_LOCK_KEY = 0x6D7964  # any constant: one advisory lock per database
@@ -38,6 +40,21 @@ def database_url(store: str | None) -> str:
 
 def _row(r) -> dict:
     return dict(r._mapping)
+
+
+def _pick(rows: list[dict], model_id: str, ref: str | None) -> dict:
+    """The version ``ref`` names among a model's versions: a number, an alias, or None for the default."""
+    if not rows:
+        raise not_found("Model", model_id)
+    ref = ref or DEFAULT_ALIAS
+    by_number = is_version_id(ref)
+    for r in rows:
+        if (r["version_id"] == ref) if by_number else (ref in (r["aliases"] or [])):
+            return r
+    if ref == DEFAULT_ALIAS:  # written before "default" was stored (it was implied: the highest version)
+        return rows[-1]
+    raise ApiError("NOT_FOUND", f"Model {model_id} has no version {'' if by_number else 'aliased '}{ref!r}: "
+                   f"GET models/{model_id}:listVersions lists its versions and their aliases.")
 
 
 class Store:
@@ -89,9 +106,12 @@ class Store:
             self._lead_file.close()
         self.engine.dispose()
 
-    # ---- models -------------------------------------------------------------------------------
+    # ---- models and their versions ------------------------------------------------------------
     def add_model(self, model: dict, version: dict) -> None:
+        """A new model and its first version; ALREADY_EXISTS if the (chosen) id is taken."""
         with self.engine.begin() as c:
+            if c.execute(select(s.models.c.id).where(s.models.c.id == model["id"])).first() is not None:
+                raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.")
             c.execute(insert(s.models).values(**model))
             c.execute(insert(s.model_versions).values(**version))
 
@@ -102,25 +122,36 @@ class Store:
             raise not_found("Model", model_id)
         return _row(row)
 
-    def get_version(self, model_id: str, version_id: str | None) -> dict:
-        """A version by id or alias; None -> the default (highest) version."""
+    def versions(self, model_id: str) -> list[dict]:
+        """Every version of a model, oldest first."""
         with self.engine.connect() as c:
-            rows = [_row(r) for r in c.execute(
-                select(s.model_versions).where(s.model_versions.c.model_id == model_id))]
-        if not rows:
-            raise not_found("Model", model_id)
-        rows.sort(key=lambda r: int(r["version_id"]))
-        if version_id is None or version_id == "default":
-            return rows[-1]
-        for r in rows:
-            if r["version_id"] == version_id or version_id in (r["aliases"] or []):
-                return r
-        raise not_found("Model", f"{model_id}@{version_id}")
+            return self._versions(c, model_id)
 
-    def add_version(self, version: dict) -> None:
+    @staticmethod
+    def _versions(c, model_id: str) -> list[dict]:
+        rows = [_row(r) for r in c.execute(select(s.model_versions).where(s.model_versions.c.model_id == model_id))]
+        return sorted(rows, key=lambda r: int(r["version_id"]))
+
+    def get_version(self, model_id: str, ref: str | None) -> dict:
+        """A version by number or alias; None -> the version holding the ``default`` alias."""
+        with self.engine.connect() as c:
+            return _pick(self._versions(c, model_id), model_id, ref)
+
+    def add_version(self, version: dict) -> str:
+        """A new version of an existing model, numbered next; its aliases leave the versions that held
+        them (``default`` included: a version uploaded as the default takes it). Returns its number."""
+        model_id = version["model_id"]
         with self.engine.begin() as c:
-            c.execute(insert(s.model_versions).values(**version))
-            c.execute(update(s.models).where(s.models.c.id == version["model_id"]).values(updated=version["created"]))
+            rows = self._versions(c, model_id)
+            if not rows:
+                raise not_found("Model", model_id)
+            version_id = str(int(rows[-1]["version_id"]) + 1)
+            placement = aliases.place({r["version_id"]: list(r["aliases"] or []) for r in rows}, version_id,
+                                      list(version["aliases"]), [])
+            self._save_aliases(c, model_id, rows, placement, version["created"])
+            c.execute(insert(s.model_versions).values(**{**version, "version_id": version_id}))
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=version["created"]))
+        return version_id
 
     def version_ids(self, model_id: str) -> list[str]:
         with self.engine.connect() as c:
@@ -131,6 +162,63 @@ class Store:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(
                 select(s.models).where(s.models.c.parent == parent).order_by(s.models.c.created))]
+
+    def update_model(self, model_id: str, changes: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(**changes, updated=time.time()))
+
+    def update_version(self, model_id: str, ref: str | None, changes: dict,
+                       new_aliases: list[str] | None = None, add: list[str] | None = None,
+                       remove: list[str] | None = None) -> str:
+        """Change one version's fields and aliases (``new_aliases``: exactly these; ``add``/``remove``:
+        merged), moving aliases between versions by ``aliases``' rules, in one transaction. Returns
+        the version's number."""
+        now = time.time()
+        with self.engine.begin() as c:
+            rows = self._versions(c, model_id)
+            version_id = _pick(rows, model_id, ref)["version_id"]
+            current = {r["version_id"]: list(r["aliases"] or []) for r in rows}
+            if new_aliases is not None:
+                current = aliases.replace(current, version_id, new_aliases)
+            if add or remove:
+                current = aliases.place(current, version_id, add or [], remove or [])
+            self._save_aliases(c, model_id, rows, current, now)
+            c.execute(update(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                      .where(s.model_versions.c.version_id == version_id).values(**changes, updated=now))
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=now))
+        return version_id
+
+    @staticmethod
+    def _save_aliases(c, model_id: str, rows: list[dict], placement: dict[str, list[str]], now: float) -> None:
+        for r in rows:
+            if placement.get(r["version_id"], []) != list(r["aliases"] or []):
+                c.execute(update(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                          .where(s.model_versions.c.version_id == r["version_id"])
+                          .values(aliases=placement[r["version_id"]], updated=now))
+
+    def delete_version(self, model_id: str, ref: str) -> str:
+        """Delete one version; refused while it is deployed, for the only version (delete the model)
+        and for the default version (move ``default`` first). Returns its number."""
+        with self.engine.begin() as c:
+            rows = self._versions(c, model_id)
+            version = _pick(rows, model_id, ref)
+            version_id = version["version_id"]
+            used = c.execute(select(s.deployed_models.c.endpoint_id)
+                             .where(s.deployed_models.c.model_id == model_id)
+                             .where(s.deployed_models.c.version_id == version_id)).first()
+            if used is not None:
+                raise ApiError("FAILED_PRECONDITION", f"Model {model_id}@{version_id} is deployed to endpoint "
+                               f"{used[0]}: undeploy it first.")
+            if len(rows) == 1:
+                raise ApiError("FAILED_PRECONDITION", f"Version {version_id} is the only version of model "
+                               f"{model_id}: delete the model instead.")
+            if DEFAULT_ALIAS in (version["aliases"] or []):
+                raise ApiError("FAILED_PRECONDITION", f"Version {version_id} of model {model_id} holds the "
+                               f"'{DEFAULT_ALIAS}' alias: give it to another version first (mergeVersionAliases).")
+            c.execute(delete(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                      .where(s.model_versions.c.version_id == version_id))
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=time.time()))
+        return version_id
 
     def delete_model(self, model_id: str) -> None:
         with self.engine.begin() as c:
