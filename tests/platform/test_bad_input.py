@@ -46,7 +46,8 @@ def test_bad_requests_get_google_errors_and_create_nothing(guarded, tiny_models)
     google_error(api.call("GET", f"models/{model}@7"), 404, "NOT_FOUND")
     google_error(api.call("DELETE", "endpoints/123456"), 404, "NOT_FOUND")
     google_error(api.predict("123456", [[1, 2, 3, 4]]), 404, "NOT_FOUND")
-    google_error(api.call("GET", "models/not-a-number"), 400, "INVALID_ARGUMENT")
+    google_error(api.call("GET", "models/Not_An-Id"), 400, "INVALID_ARGUMENT")  # not [a-z_][a-z0-9_-]*
+    google_error(api.call("GET", "models/not-a-number"), 404, "NOT_FOUND")  # a chosen id that nobody chose
     google_error(api.call("GET", "operations/42"), 404, "NOT_FOUND")
     google_error(api.call("POST", "endpoints/123456:deployModel",
                           {"deployedModel": {"model": f"{PARENT}/models/{model}"}}), 404, "NOT_FOUND")

@@ -173,26 +173,23 @@ _FIELD_NAMES = {"display_name": "displayName", "version_description": "versionDe
 _MODEL_FIELDS = ("displayName", "description")
 _VERSION_FIELDS = ("versionDescription",)
 _EITHER_FIELDS = ("labels", "versionAliases")
-_LABEL_CHARS = "_-"
 
 
 def check_labels(labels: object) -> dict:
-    """Labels as Google's rules have them: keys start with a lowercase letter, keys and values are at most
-    63 characters of lowercase letters, digits, ``_`` and ``-`` (international letters allowed)."""
+    """Labels as Google's rules have them: keys start with a lowercase letter and are at most 63 lowercase
+    letters (international ones too), digits, ``_`` and ``-``; values are strings of at most 63
+    characters. (Value characters are not checked: the SDK checks them before sending.)"""
     if labels is None:
         return {}
     if not isinstance(labels, dict):
         raise invalid("Model.labels must be a map of strings to strings.")
     for key, value in labels.items():
-        ok_key = isinstance(key, str) and 0 < len(key) <= 63 and key[0].isalpha() and key[0] == key[0].lower()
-        if not ok_key or not _label_text(key) or not isinstance(value, str) or len(value) > 63 or not _label_text(value):
-            raise invalid(f"Invalid label {key!r}: {value!r}: keys start with a lowercase letter; keys and values "
-                          "are at most 63 lowercase letters, digits, '_' and '-'.")
+        ok_key = isinstance(key, str) and 0 < len(key) <= 63 and key[0].isalpha() and key[0] == key[0].lower() \
+            and all((c.isalnum() and c == c.lower()) or c in "_-" for c in key)
+        if not ok_key or not isinstance(value, str) or len(value) > 63:
+            raise invalid(f"Invalid label {key!r}: {value!r}: keys start with a lowercase letter and are at most "
+                          "63 lowercase letters, digits, '_' and '-'; values are strings of at most 63 characters.")
     return dict(labels)
-
-
-def _label_text(text: str) -> bool:
-    return all((c.isalnum() and c == c.lower()) or c in _LABEL_CHARS for c in text)
 
 
 def _text(spec: dict, field: str) -> str:
