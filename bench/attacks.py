@@ -20,14 +20,12 @@ import os
 import socket
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from modelyard.ports import free_ports
+from harness import modelyard_serve, machine, percentile, take_turns, write_results
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent
@@ -163,68 +161,47 @@ ATTACKS = {"slowloris (64 connections, 1 byte / 0.5 s)": ("rest", _slowloris),
            "HTTP/2 rapid reset (3,000 streams per connection)": ("grpc", _rapid_reset)}
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "results"))
     args = parser.parse_args()
+    started_on = machine()
     with tempfile.TemporaryDirectory(prefix="modelyard-attacks-") as tmp:
         base = Path(tmp) / "m"
         _save_model(base)
-        rest, grpc_port = free_ports(2)
-        log = open(Path(tmp) / "server.log", "wb")
-        server = subprocess.Popen([sys.executable, "-m", "modelyard", "serve", "--model_name", "m", "--model_base_path",
-                                   str(base), "--port", str(grpc_port), "--rest_api_port", str(rest), "--host",
-                                   "127.0.0.1", "--client_timeout_seconds", "5"],
-                                  env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src")), stdout=log,
-                                  stderr=subprocess.STDOUT)
-        try:
-            import requests
-
-            for _ in range(600):
-                try:
-                    requests.get(f"http://127.0.0.1:{rest}/v1/models/m", timeout=1)
-                    break
-                except requests.RequestException:
-                    time.sleep(0.2)
+        with modelyard_serve("modelyard serve", base, Path(tmp) / "server.log", "--client_timeout_seconds", "5") as server:
+            rest, grpc_port = server.rest_port, server.grpc_port
             _probe(rest, 1.0)  # warm up
-            runs: dict[str, list[dict]] = {"no attack (baseline)": [], **{name: [] for name in ATTACKS}}
-            for round_index in range(args.rounds):
-                for name in runs:
-                    seen: dict = {}
-                    stop = threading.Event()
-                    threads = []
-                    if name in ATTACKS:
-                        port_kind, attack = ATTACKS[name]
-                        port = rest if port_kind == "rest" else grpc_port
-                        threads = [threading.Thread(target=attack, args=(port, stop, seen), daemon=True)]
-                        for thread in threads:
-                            thread.start()
-                        time.sleep(0.5)  # the attack is under way
-                    latencies = _probe(rest, PROBE_S)
-                    stop.set()
+
+            def one_run(name: str, _round: int) -> dict:
+                seen: dict = {}
+                stop = threading.Event()
+                threads = []
+                if name in ATTACKS:
+                    port_kind, attack = ATTACKS[name]
+                    port = rest if port_kind == "rest" else grpc_port
+                    threads = [threading.Thread(target=attack, args=(port, stop, seen), daemon=True)]
                     for thread in threads:
-                        thread.join(15)
-                    failed = sum(1 for v in latencies if v == float("inf"))
-                    ok = [v for v in latencies if v != float("inf")]
-                    runs[name].append({"p50_ms": _pct(ok, 0.5), "p99_ms": _pct(ok, 0.99), "requests": len(latencies),
-                                       "failed": failed, "attacker_saw": seen})
-                    print(f"round {round_index + 1}: {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-        finally:
-            server.terminate()
-            server.wait(30)
+                        thread.start()
+                    time.sleep(0.5)  # the attack is under way
+                latencies = _probe(rest, PROBE_S)
+                stop.set()
+                for thread in threads:
+                    thread.join(15)
+                failed = sum(1 for v in latencies if v == float("inf"))
+                ok = [v for v in latencies if v != float("inf")]
+                return {"p50_ms": percentile(ok, 50), "p99_ms": percentile(ok, 99), "requests": len(latencies),
+                        "failed": failed, "attacker_saw": seen}
+
+            runs = take_turns(["no attack (baseline)", *ATTACKS], args.rounds, one_run)
     base50 = statistics.median(r["p50_ms"] for r in runs["no attack (baseline)"])
     base99 = statistics.median(r["p99_ms"] for r in runs["no attack (baseline)"])
     lines = [
         "# Normal requests while the server is under attack",
         "",
-        f"`python3 bench/attacks.py --rounds {args.rounds}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"2 cores (server, attacker and client share them). REST predicts one after the other for {PROBE_S:.0f} s "
+        f"`python3 bench/attacks.py --rounds {args.rounds}`, {started_on} (server, attacker and client share "
+        "the cores). REST predicts one after the other for {PROBE_S:.0f} s "
         "per run; medians over the rounds, the runs taking turns.",
         "",
         "| during | normal p50 ms | p99 ms | p50 vs baseline | failed normal requests | what the attacker got |",
@@ -240,10 +217,7 @@ def main() -> None:
         shown = ", ".join(f"{k} x{n}" for k, n in sorted(seen.items())) or "-"
         lines.append(f"| {name} | {p50:.2f} | {p99:.2f} | {p50 / base50:.2f}x | {sum(r['failed'] for r in rs)} | {shown} |")
     lines += ["", f"Baseline p50 {base50:.2f} ms, p99 {base99:.2f} ms.", "", "Per run: " + json.dumps(runs)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "attacks.md").write_text(text)
+    write_results("attacks", "\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

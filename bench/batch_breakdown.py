@@ -36,6 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 sys.path.insert(0, str(ROOT))
+from harness import machine, take_turns, write_results  # noqa: E402
 
 clock = time.thread_time  # this thread's CPU; the part writer's thread is counted apart
 
@@ -149,6 +150,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256)
     args = parser.parse_args()
+    started_on = machine()
     import modelyard  # noqa: F401
     from batch_predict import generate
     from modelyard.batch.predictor import Predictor, load_servable
@@ -160,9 +162,10 @@ def main() -> None:
         data = tmp / "digits.jsonl"
         generate(data, args.rows)
         c_stages, py_stages = Stages(), Stages()
-        for k in range(args.passes):  # taking turns, so both see the same neighbours
-            c_path(predictor, data, args.batch_size, tmp / "c.out", c_stages)
-            python_path(predictor, data, args.batch_size, tmp / "py.out", py_stages)
+        paths = {"C": lambda: c_path(predictor, data, args.batch_size, tmp / "c.out", c_stages),
+                 "Python": lambda: python_path(predictor, data, args.batch_size, tmp / "py.out", py_stages)}
+        # Taking turns, so both see the same neighbours.
+        take_turns(list(paths), args.passes, lambda side, _k: paths[side]() or {}, report=lambda *_: None)
         assert (tmp / "c.out").read_bytes() == (tmp / "py.out").read_bytes(), "the two paths must write the same bytes"
         chunks = whole_chunks(predictor, data, args.batch_size, tmp, max(1, args.passes // 2))
     rows = args.rows * args.passes
@@ -178,9 +181,10 @@ def main() -> None:
         "# Batch prediction: CPU per row, by stage",
         "",
         f"`python3 bench/batch_breakdown.py --rows {args.rows} --passes {args.passes} --batch-size {args.batch_size}` "
-        f"on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC: demo digits model on {predictor.runtime}, "
+        f"on {started_on}: demo digits model on {predictor.runtime}, "
         f"28x28 uint8 instances as JSON lines (~2.1 KB each), CPU microseconds per row of one worker's thread "
-        f"(shared machine, load average {os.getloadavg()[0]:.1f}; wall time would measure the neighbours). "
+        f"(shared machine, load average at the end {os.getloadavg()[0]:.1f}; wall time would measure the "
+        "neighbours). "
         "Both paths wrote the same bytes.",
         "",
         "C path (`batch/dense_chunk.py`, `_denselines.c`):",
@@ -208,10 +212,7 @@ def main() -> None:
         *[f"| {k} | {cpu:.2f} | {wall:.2f} |" for k, (cpu, wall) in chunks.items()],
         "",
     ])
-    print(text)
-    results = ROOT / "results"
-    results.mkdir(exist_ok=True)
-    (results / "batch_breakdown.md").write_text(text)
+    write_results("batch_breakdown", text)
 
 
 if __name__ == "__main__":

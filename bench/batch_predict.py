@@ -48,9 +48,11 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from harness import env, machine, take_turns, write_results  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent
 SRC = ROOT.parent / "src"
-ENV = dict(os.environ, PYTHONPATH=str(SRC), PYTHONUNBUFFERED="1")
+ENV = env(PYTHONPATH=str(SRC))
 CORES = os.cpu_count() or 1
 
 
@@ -289,6 +291,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="turns of batch-predict (both engines) and the Ray Data script (default 2)")
     args = parser.parse_args()
+    started_on = machine()
     sys.path.insert(0, str(SRC))
     import modelyard  # noqa: F401
     from modelyard.demo import ensure_demo_model
@@ -330,13 +333,7 @@ def main() -> None:
         cold = batch_predict("local", tmp / "out-cold")
         print(f"batch-predict, the model's first job: {cold['rows_s']:,.0f} rows/s end to end", flush=True)
 
-        turns: dict[str, list[dict]] = {"local": [], "ray": [], "raydata": []}
-        for k in range(args.rounds):
-            for engine in ("local", "ray"):
-                run = batch_predict(engine, tmp / f"out-{engine}-{k}")
-                turns[engine].append(run)
-                print(f"round {k + 1}: batch-predict --engine {engine}: {run['rows_s']:,.0f} rows/s end to end, "
-                      f"{run['predict_rows_s']:,.0f} predicting, {run['rss_mib']:,.0f} MiB", flush=True)
+        def raydata_run(k: int) -> dict:
             out = tmp / f"out-raydata-{k}"
             ray_tmp = tempfile.mkdtemp(prefix="rdb-", dir="/tmp")  # short: Ray's socket paths live under it
             try:
@@ -347,9 +344,21 @@ def main() -> None:
             written = count_lines(out)
             assert written == rows, f"the Ray Data script wrote {written} of {rows} rows"
             run["rows_s"] = rows / run["seconds"]
-            turns["raydata"].append(run)
             shutil.rmtree(out)
-            print(f"round {k + 1}: Ray Data script: {run['rows_s']:,.0f} rows/s, {run['rss_mib']:,.0f} MiB", flush=True)
+            return run
+
+        def one_run(side: str, k: int) -> dict:
+            return raydata_run(k) if side == "raydata" else batch_predict(side, tmp / f"out-{side}-{k}")
+
+        def show(side: str, k: int, run: dict) -> None:
+            if side == "raydata":
+                print(f"round {k + 1}: Ray Data script: {run['rows_s']:,.0f} rows/s, {run['rss_mib']:,.0f} MiB",
+                      flush=True)
+            else:
+                print(f"round {k + 1}: batch-predict --engine {side}: {run['rows_s']:,.0f} rows/s end to end, "
+                      f"{run['predict_rows_s']:,.0f} predicting, {run['rss_mib']:,.0f} MiB", flush=True)
+
+        turns = take_turns(["local", "ray", "raydata"], args.rounds, one_run, show)
         mean = {name: {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]} for name, runs in turns.items()}
         ours_e2e, ours_predict = mean["local"]["rows_s"], mean["local"]["predict_rows_s"]
         run = {"rss_mib": max(r["rss_mib"] for r in turns["local"])}
@@ -397,9 +406,9 @@ def main() -> None:
     text = "\n".join([
         "# Batch prediction benchmark",
         "",
-        f"`python3 bench/batch_predict.py --rows {rows}` on {time.strftime('%Y-%m-%d', time.gmtime())}: "
-        f"{rows:,} demo-digits instances ({size_mib:,.0f} MiB JSONL), batch size {batch}, {CORES} cores "
-        f"(shared machine; load average {os.getloadavg()[0]:.1f} at the end).",
+        f"`python3 bench/batch_predict.py --rows {rows}` on {started_on}: "
+        f"{rows:,} demo-digits instances ({size_mib:,.0f} MiB JSONL), batch size {batch} "
+        f"(load average {os.getloadavg()[0]:.1f} at the end).",
         "",
         *table,
         "",
@@ -410,10 +419,7 @@ def main() -> None:
         + ". Peak RSS: the largest single process among the command's descendants (Ray's workers included).",
         "",
     ])
-    print("\n" + text)
-    results = ROOT / "results"
-    results.mkdir(exist_ok=True)
-    (results / "batch_predict.md").write_text(text)
+    write_results("batch_predict", text)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,7 @@ import argparse
 import asyncio
 import collections
 import json
-import os
-import platform as host
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,11 +33,11 @@ from pathlib import Path
 from modelyard.ports import free_port
 
 ROOT = Path(__file__).resolve().parent
-REPO = ROOT.parent
-RESULTS = ROOT / "results"
 PARENT = "projects/local/locations/us-central1"
 
 sys.path.insert(0, str(ROOT))
+from harness import (REPO, RESULTS, machine, markdown_table, median, modelyard_platform,  # noqa: E402
+                     take_turns, write_results)
 from serving import rest_load  # noqa: E402  (the serving benchmark's wrk driver: one load generator)
 
 
@@ -52,24 +49,12 @@ def http(method: str, url: str, body: dict | None = None) -> dict:
 
 
 class Platform:
+    """The platform under test (harness.modelyard_platform) and the API calls the benchmark makes."""
+
     def __init__(self, workdir: Path, cooldown: float) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "TF_CPP_MIN_LOG_LEVEL": "2"}
+        self.service = modelyard_platform(workdir, "--autoscale-cooldown-seconds", str(cooldown)).start()
+        self.base = self.service.base
         self.workdir = workdir
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), "--store",
-             str(workdir / "db.sqlite"), "--state-dir", str(workdir / "state"),
-             "--autoscale-cooldown-seconds", str(cooldown)],
-            env=env, stdout=open(workdir / "platform.log", "wb"), stderr=subprocess.STDOUT)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(self.base + "/healthz", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("platform did not start: see " + str(workdir / "platform.log"))
 
     def api(self, path: str) -> str:
         return f"{self.base}/v1/{PARENT}/{path}"
@@ -115,15 +100,7 @@ class Platform:
         return float("nan")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        marker = str(self.workdir / "state").encode()  # the replicas this run started
-        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        self.service.stop()  # and the replicas it started
 
 
 async def count_split(url: str, body: bytes, n: int, concurrency: int = 32) -> collections.Counter:
@@ -197,6 +174,7 @@ def main() -> int:
     base = demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr))
     body = demo.demo_predict_body(1).encode()
     cooldown = 10.0
+    started_on = machine()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         peer = None if args.no_ray else RayServe(base / "0001", workdir)
@@ -213,14 +191,15 @@ def main() -> int:
             replica = p.replicas(dm1)[0]
             direct = f"http://127.0.0.1:{replica['port']}/v1/models/model:predict"
             gateway = p.api(f"endpoints/{ep}:predict")
-            runs = {"direct": [], "gateway": [], "ray_serve": []}
-            targets = [("direct", direct), ("gateway", gateway)] + ([("ray_serve", peer.url)] if peer else [])
-            for _ in range(args.rounds):  # taking turns, so drift on the shared machine hits all alike
-                for name, url in targets:
-                    r = rest_load("wrk", url, body, args.concurrency, args.duration, workdir)
-                    runs[name].append(r)
-                    print(f"{name:9s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
-                          f"errors {r['errors']}", file=sys.stderr)
+            targets = {"direct": direct, "gateway": gateway, **({"ray_serve": peer.url} if peer else {})}
+
+            def show(name: str, _round: int, r: dict) -> None:
+                print(f"{name:9s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                      f"errors {r['errors']}", file=sys.stderr)
+
+            # Taking turns, so drift on the shared machine hits all alike.
+            runs = {"ray_serve": [], **take_turns(list(targets), args.rounds, lambda name, _round: rest_load(
+                "wrk", targets[name], body, args.concurrency, args.duration, workdir), show)}
 
             dm2 = p.deploy(ep, v2, split={dm1: 90, "0": 10})
             counts = asyncio.run(count_split(gateway, body, args.split_requests))
@@ -248,7 +227,7 @@ def main() -> int:
                 peer.stop()
 
     def med(name, key):
-        return statistics.median(r[key] for r in runs[name])
+        return median(r[key] for r in runs[name])
 
     ratio = med("gateway", "rps") / med("direct", "rps")
     p99_ratio = med("gateway", "p99_ms") / med("direct", "p99_ms")
@@ -271,9 +250,8 @@ def main() -> int:
             ray_check = "| gateway req/s / Ray Serve req/s | Ray Serve answered no request | target >= 3x | FAIL |"
     else:
         ray_check = "| gateway req/s / Ray Serve req/s | not run (--no-ray) | target >= 3x | MISSING |"
-    table = ["| path (digits, REST, c=%d, wrk 1 thread) | req/s (median of %d) | p50 ms | p99 ms | errors |"
-             % (args.concurrency, args.rounds), "| --- | ---: | ---: | ---: | ---: |"]
-    table += ["| " + " | ".join(r) + " |" for r in rows]
+    table = [markdown_table([f"path (digits, REST, c={args.concurrency}, wrk 1 thread)",
+                             f"req/s (median of {args.rounds})", "p50 ms", "p99 ms", "errors"], rows)]
     checks = [
         f"| gateway req/s / direct req/s | {ratio:.2f}x | target >= 0.5x | {'PASS' if ratio >= 0.5 else 'FAIL'} |",
         f"| gateway p99 / direct p99 | {p99_ratio:.2f}x | target <= 2x | {'PASS' if p99_ratio <= 2 else 'FAIL'} |",
@@ -287,15 +265,11 @@ def main() -> int:
     ]
     text = "\n".join([
         "# Endpoint benchmark (bench/endpoints.py)", "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {host.node()}, {os.cpu_count()} cores; "
+        f"`{'python3 bench/endpoints.py' + (' --quick' if args.quick else '')}` on {started_on}; "
         f"{args.rounds} turns of {args.duration:g} s each. Split counts: {dict(counts)}", "",
         *table, "", "| check | measured | target | |", "| --- | ---: | --- | --- |", *checks, "",
         "Per run: " + json.dumps(runs), ""])
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("endpoints-quick.md" if args.quick else "endpoints.md")
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}", file=sys.stderr)
+    write_results("endpoints", text, RESULTS / ("endpoints-quick.md" if args.quick else "endpoints.md"))
     return 0
 
 

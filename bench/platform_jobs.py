@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,11 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from modelyard.ports import free_port
+from harness import env, machine, markdown_table, median, modelyard_platform, take_turns, write_results
 
-ROOT = Path(__file__).resolve().parent
-SRC = ROOT.parent / "src"
-ENV = dict(os.environ, PYTHONPATH=str(SRC), TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+ENV = env(TF_USE_LEGACY_KERAS="1")
 PARENT = "projects/local/locations/us-central1"
 
 
@@ -82,46 +78,32 @@ def main() -> int:
         with open(data, "w") as f:
             for i in range(args.rows):
                 f.write(f"[1.0, 2.0, 3.0, {i % 11}.0]\n")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(tmp / "platform.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform", "--port", str(port), "--store",
-                                 str(tmp / "platform.db"), "--state-dir", str(tmp / "state")], env=ENV, stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            for _ in range(300):
-                try:
-                    urllib.request.urlopen(f"{url}/healthz", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        started_on = machine()
+        with modelyard_platform(tmp, child_env=ENV) as platform:
+            url = platform.base
             op = http("POST", f"{url}/v1/{PARENT}/models:upload",
                       {"model": {"displayName": "tiny", "artifactUri": str(model_dir)}})
             model = op["response"]["model"]
-            times: dict[str, list[float]] = {"modelyard batch-predict": [], "BatchPredictionJob on the platform": []}
-            for k in range(args.rounds):  # taking turns, so load on the shared machine hits both alike
-                times["modelyard batch-predict"].append(via_cli(model_dir, data, tmp / f"cli-{k}"))
-                times["BatchPredictionJob on the platform"].append(via_platform(url, model, data, tmp / f"job-{k}"))
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    cli = statistics.median(times["modelyard batch-predict"])
-    lines = [f"# Batch prediction as a platform job vs the CLI ({args.rows:,} JSONL rows, {args.rounds} rounds, "
-             f"{os.cpu_count()} cores)", "",
-             "| run | median s | runs (s) | rows/s (median) | vs CLI |", "| --- | --- | --- | --- | --- |"]
+            sides = {"modelyard batch-predict": lambda k: via_cli(model_dir, data, tmp / f"cli-{k}"),
+                     "BatchPredictionJob on the platform": lambda k: via_platform(url, model, data, tmp / f"job-{k}")}
+            # Taking turns, so load on the shared machine hits both alike.
+            runs = take_turns(list(sides), args.rounds, lambda side, k: {"s": sides[side](k)})
+    times = {side: [r["s"] for r in rs] for side, rs in runs.items()}
+    cli = median(times["modelyard batch-predict"])
+    rows = []
     for name, values in times.items():
-        med = statistics.median(values)
-        lines.append(f"| {name} | {med:.1f} | {', '.join(f'{v:.1f}' for v in values)} | {args.rows / med:,.0f} | "
-                     f"{med / cli:.2f}x |")
+        med = median(values)
+        rows.append([name, f"{med:.1f}", ", ".join(f"{v:.1f}" for v in values), f"{args.rows / med:,.0f}",
+                     f"{med / cli:.2f}x"])
+    lines = [f"# Batch prediction as a platform job vs the CLI ({args.rows:,} JSONL rows, {args.rounds} rounds)", "",
+             f"On {started_on}.", "",
+             markdown_table(["run", "median s", "runs (s)", "rows/s (median)", "vs CLI"], rows, align="lllll")]
     lines += ["", "Wall clock from the command (or the create request) to the job's end, imports and model loads "
               "included; the platform's job adds its REST call, child process, runner polling and the copy of the "
               "shards to the output prefix. Command: `python3 bench/platform_jobs.py"
               + (f" --rows {args.rows}" if args.rows != 200_000 else "")
               + (f" --rounds {args.rounds}" if args.rounds != 3 else "") + "`."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    (ROOT / "results").mkdir(exist_ok=True)
-    (ROOT / "results" / "platform_jobs.md").write_text(text)
+    write_results("platform_jobs", "\n".join(lines))
     return 0
 
 

@@ -14,13 +14,11 @@ import argparse
 import json
 import os
 import sys
-import time
 import timeit
-from pathlib import Path
 
 import numpy as np
+from harness import RESULTS, log, machine, markdown_table, write_results
 
-ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -46,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--number", type=int, default=2000, help="parses per timing (default 2000)")
     p.add_argument("--repeats", type=int, default=5, help="timings per cell; the best is reported (default 5)")
-    p.add_argument("--out", default=str(ROOT / "results"), help="directory for rest_json_parse.md")
+    p.add_argument("--out", default=str(RESULTS), help="directory for rest_json_parse.md")
     args = p.parse_args(argv)
 
+    started_on = machine()
     import tensorflow as tf
 
     from modelyard.serving.protocol import rest_json
@@ -77,26 +76,22 @@ def main(argv: list[str] | None = None) -> int:
                 rest_json._numjson = reader
         taken = reader.read_number_body(body) is not None
         rows.append((label, len(body), dtype, taken, cells["C reader"], cells["general parser"]))
-        print(f"{label}: C {cells['C reader']:.1f} µs, general {cells['general parser']:.1f} µs", file=sys.stderr)
+        log(f"{label}: C {cells['C reader']:.1f} µs, general {cells['general parser']:.1f} µs")
 
+    table = markdown_table(
+        ["body", "bytes", "input dtype", "C reader takes it", "C reader µs", "general parser µs", "speed-up"],
+        [[label, f"{size:,}", dtype, "yes" if taken else "no", f"{fast:.1f}", f"{general:.1f}", f"{general / fast:.2f}×"]
+         for label, size, dtype, taken, fast, general in rows], align="lrllrrr")
     lines = [
         "# REST body reading: the C reader against the general parser",
         "",
-        f"`python3 bench/rest_json_parse.py` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"`python3 bench/rest_json_parse.py` on {started_on}: "
         f"body bytes to the model's input array (`parse_predict` + `predict_inputs`) for one 28×28 image, "
         f"µs per body, best of {args.repeats} timings of {args.number:,}.",
         "",
-        "| body | bytes | input dtype | C reader takes it | C reader µs | general parser µs | speed-up |",
-        "| --- | ---: | --- | --- | ---: | ---: | ---: |",
+        table,
     ]
-    for label, size, dtype, taken, fast, general in rows:
-        lines.append(f"| {label} | {size:,} | {dtype} | {'yes' if taken else 'no'} | {fast:.1f} | {general:.1f} | "
-                     f"{general / fast:.2f}× |")
-    md = "\n".join(lines) + "\n"
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "rest_json_parse.md").write_text(md)
-    print(md)
+    write_results("rest_json_parse", "\n".join(lines), args.out)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,19 +22,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
 sys.path.insert(0, str(ROOT))
 from serving import DEFAULT_BATCHING  # noqa: E402  (the serving benchmark's parameters)
+
+from harness import env, log, machine, markdown_table, take_turns, write_results  # noqa: E402
 
 from modelyard.ports import free_port  # noqa: E402
 CONFIGS = [  # (label, batching)
     ("batching (predicts wait in the queue, parsed on the event loop)", True),
     ("no batching (predicts run on the REST thread pool)", False),
 ]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def one_run(batching: bool, requests: int, connections: int) -> dict:
@@ -140,42 +136,40 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
-    best: dict[str, dict] = {}
-    for repeat in range(args.repeats):
-        for label, batching in CONFIGS:  # configurations alternate, so a slow spell hits all of them
-            cmd = [sys.executable, __file__, "--requests", str(args.requests), "--connections", str(args.connections),
-                   "--_child", "1" if batching else "0"]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-            line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-            if out.returncode != 0 or line is None:
-                log(f"{label}: failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-                return 1
-            result = json.loads(line[len("RESULT "):])
-            log(f"run {repeat + 1}/{args.repeats} {label}: {result['rps']:,.0f} req/s, "
-                f"{result['cpu_us']:.0f} µs CPU/req, event loop {result['loop_us']:.0f} µs/req")
-            if label not in best or result["cpu_us"] < best[label]["cpu_us"]:
-                best[label] = result
+    started_on = machine()
+    labels = dict(CONFIGS)
 
+    def one_run(label: str, round_no: int) -> dict:  # each run in a fresh process
+        cmd = [sys.executable, __file__, "--requests", str(args.requests), "--connections", str(args.connections),
+               "--_child", "1" if labels[label] else "0"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if out.returncode != 0 or line is None:
+            raise SystemExit(f"{label}: failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+        return json.loads(line[len("RESULT "):])
+
+    def show(label: str, round_no: int, result: dict) -> None:
+        log(f"run {round_no + 1}/{args.repeats} {label}: {result['rps']:,.0f} req/s, "
+            f"{result['cpu_us']:.0f} µs CPU/req, event loop {result['loop_us']:.0f} µs/req")
+
+    # The configurations take turns, so a slow spell of the machine hits all of them.
+    runs = take_turns(list(labels), args.repeats, one_run, show)
+    best = {label: min(results, key=lambda r: r["cpu_us"]) for label, results in runs.items()}
+    table = markdown_table(
+        ["configuration", "body bytes", "req/s", "CPU µs/req (all threads)", "event loop µs/req"],
+        [[label, f"{r['body_bytes']:,}", f"{r['rps']:,.0f}", f"{r['cpu_us']:.0f}", f"{r['loop_us']:.0f}"]
+         for label, r in best.items()])
     lines = [
         "# REST serving overhead (model call taken out)",
         "",
-        f"`python3 bench/rest_overhead.py` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"`python3 bench/rest_overhead.py` on {started_on}: "
         f"the demo digits model's path with a session call that returns at once, {args.connections} fake "
         f"connections in a closed loop through `HttpProtocol`, {args.requests:,} requests per run, best of "
         f"{args.repeats} runs by CPU. One 28×28 uint8 image per request (JSON integers).",
         "",
-        "| configuration | body bytes | req/s | CPU µs/req (all threads) | event loop µs/req |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        table,
     ]
-    for label, _ in CONFIGS:
-        r = best[label]
-        lines.append(f"| {label} | {r['body_bytes']:,} | {r['rps']:,.0f} | {r['cpu_us']:.0f} | {r['loop_us']:.0f} |")
-    md = "\n".join(lines) + "\n"
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "rest_overhead.md").write_text(md)
-    print(md)
-    log(f"wrote {out_dir / 'rest_overhead.md'}")
+    write_results("rest_overhead", "\n".join(lines), args.out)
     return 0
 
 

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import yaml
+from harness import machine, median, write_results
 
 ROOT = Path(__file__).resolve().parent
 PREFIX = "mys"  # names of the namespaces, veths and bridge this script owns
@@ -175,7 +176,7 @@ def one_run(work: Path, model: str, strategy: dict, workers: int, ps: int, rate:
     metrics = json.loads((run_dir / "job" / "metrics.json").read_text())
     rates = [e.get("samples_per_sec") or e["steps_per_sec"] * global_batch for e in metrics["epochs"][1:]]
     worker_bytes = [m for (kind, _), m in zip(roles, moved) if kind == "worker"]
-    return {"samples_per_sec": statistics.median(rates), "seconds": seconds,
+    return {"samples_per_sec": median(rates), "seconds": seconds,
             "bytes_per_step_per_worker": statistics.mean(worker_bytes) / (steps * epochs)}
 
 
@@ -221,6 +222,7 @@ def main() -> None:
                 label, n = head.rsplit(", ", 1)
                 if label not in chosen_labels and any(label == s[0] for s in SERIES):
                     results.setdefault(label, {})[int(n)] = ast.literal_eval(tail)
+    started_on = machine()
     with tempfile.TemporaryDirectory(prefix="modelyard-scaling-") as tmp:
         work = Path(tmp)
         (work / "scaling_models.py").write_text(MODEL_FILE)
@@ -238,7 +240,7 @@ def main() -> None:
         "# Data parallelism against the network: samples/s and scaling efficiency by link and method",
         "",
         f"`python3 bench/scaling.py --steps {args.steps} --epochs {args.epochs}`, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each task in its own network namespace, links "
+        f"{started_on}. Each task in its own network namespace, links "
         "rate-limited with tc tbf (no netem module in this kernel) in both directions; 64 examples per worker per "
         "step (all-reduce) or per update (parameter server). 2 cores: compute alone stops scaling at 2 workers.",
         "",
@@ -253,11 +255,8 @@ def main() -> None:
             lines.append(f"| {label} | {n} | {r['samples_per_sec']:,.0f} | {eff:.2f} | "
                          f"{r['bytes_per_step_per_worker'] / 1e6:.2f} |")
     lines += ["", "Raw: " + json.dumps(results)]
-    text = "\n".join(lines) + "\n"
-    print(text)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.md").write_text(text)
+    write_results("scaling", "\n".join(lines), out)
     try:
         import matplotlib
 

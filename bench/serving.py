@@ -26,16 +26,14 @@ import os
 import platform
 import shlex
 import shutil
-import signal
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+from harness import (Service, children_cpu_seconds, ensure_tool, log, machine, model_available, port_open,
+                     take_turns, write_results)
 from modelyard.ports import free_port
 
 ROOT = Path(__file__).resolve().parent
@@ -73,28 +71,8 @@ max_enqueued_batches { value: 1000 }
 num_batch_threads { value: 1 }
 """
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
 
 # ------------------------------------------------------------------ environment
-def ensure_tools(loadgen: str, package: str | None = None) -> None:
-    if shutil.which(loadgen):
-        return
-    package = package or loadgen
-    log(f"{loadgen} is not installed: installing Debian's package {package} with apt-get (needs root) ...")
-    cmd = ["apt-get", "install", "-y", "-q", package]
-    if os.geteuid() != 0:
-        cmd = ["sudo"] + cmd
-    if subprocess.call(cmd) != 0:
-        subprocess.call(cmd[:-4] + ["update", "-q"] if cmd[0] == "sudo" else ["apt-get", "update", "-q"])
-        if subprocess.call(cmd) != 0:
-            sys.exit(f"could not install {loadgen}; install it by hand: apt-get install -y {package}")
-
-
 def ensure_venv(name: str) -> Path:
     """A virtualenv under the cache dir holding VENVS[name]; created (minutes) on first use."""
     venv = CACHE / "venvs" / name
@@ -123,115 +101,26 @@ def pkg_version(py: Path | str, module: str) -> str:
         return "?"
 
 
-# ------------------------------------------------------------------ process CPU accounting
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, utime+stime ticks) of a live process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), int(fields[11]) + int(fields[12])
-
-
-def children_cpu_seconds() -> float:
-    """CPU seconds of this process's finished children (the load generator runs)."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every live descendant."""
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st:
-                stats[int(entry)] = st
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(children.get(pid, []))
-    return total / CLK_TCK
-
-
 # ------------------------------------------------------------------ servers
-class Server:
+class Server(Service):
+    """A server under load (modelyard or a peer): ready once ``model`` is AVAILABLE (and its
+    gRPC port open), stopped with its whole process group (harness.Service)."""
+
     def __init__(self, label: str, cmd: list[str], rest_port: int, model: str, logfile: Path,
                  env: dict | None = None, cwd: Path | None = None, grpc_port: int | None = None):
-        self.label, self.cmd, self.rest_port, self.grpc_port = label, cmd, rest_port, grpc_port
-        self.model, self.logfile, self.env, self.cwd = model, logfile, env or ENV, cwd
-        self.proc: subprocess.Popen | None = None
+        super().__init__(label, cmd, logfile, ready=model_available(rest_port, model), env=env or ENV, cwd=cwd)
+        self.rest_port, self.grpc_port, self.model = rest_port, grpc_port, model
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.rest_port}/v1/models/{self.model}:predict"
 
-    def start(self, timeout: float = 300) -> None:
-        log(f"starting {self.label}: {' '.join(shlex.quote(c) for c in self.cmd)}")
-        self._out = open(self.logfile, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=self.cwd, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        status_url = f"http://127.0.0.1:{self.rest_port}/v1/models/{self.model}"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; see {self.logfile}:\n"
-                                   + self.logfile.read_text()[-3000:])
-            try:
-                with urllib.request.urlopen(status_url, timeout=2) as r:
-                    # TF Serving (and FastAPI peer): a version AVAILABLE; KServe V1: {"ready": true}.
-                    if r.status == 200 and ready_body(r.read()):
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            self.stop()
-            raise RuntimeError(f"{self.label} not ready after {timeout:.0f}s; see {self.logfile}")
+    def start(self, timeout: float = 300) -> "Server":
+        self.timeout = timeout
+        super().start()
         if self.grpc_port:  # both ports open together in modelyard, but be sure
-            wait_port(self.grpc_port, deadline)
-        log(f"{self.label} ready (pid {self.proc.pid})")
-
-    def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        self._out.close()
-
-    def log_text(self) -> str:
-        return self.logfile.read_text(errors="replace")
-
-
-def ready_body(data: bytes) -> bool:
-    compact = data.replace(b" ", b"")
-    return b"AVAILABLE" in compact or b'"ready":true' in compact
-
-
-def wait_port(port: int, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"port {port} never opened")
+            self.wait(port_open(self.grpc_port), timeout)
+        return self
 
 
 def modelyard_runtime(server: Server, model: str) -> str:
@@ -651,11 +540,13 @@ def paired_runs(server: Server, body: bytes, grpc_request: bytes, args, seconds:
     """
     if not args.pair_rounds:
         return []
-    runs: dict[str, list[dict]] = {"REST": [], "gRPC": []}
-    for _ in range(args.pair_rounds):
-        runs["REST"] += run_rest_series(server, body, [32], seconds, args.loadgen, work, base_row)
-        runs["gRPC"] += run_grpc_series(server, grpc_request, [32], seconds, args.grpc_processes,
-                                        dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)
+    def one_run(protocol: str, _round: int) -> dict:
+        if protocol == "REST":
+            return run_rest_series(server, body, [32], seconds, args.loadgen, work, base_row)[0]
+        return run_grpc_series(server, grpc_request, [32], seconds, args.grpc_processes,
+                               dict(base_row, protocol="gRPC"), args.grpc_loadgen, work)[0]
+
+    runs = take_turns(["REST", "gRPC"], args.pair_rounds, one_run, report=lambda *_: None)
     return [dict(median_run(runs[protocol]), server=base_row["server"] + PAIRED) for protocol in ("REST", "gRPC")]
 
 
@@ -729,9 +620,9 @@ def main(argv=None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     my_args = shlex.split(args.modelyard_args)
     warm_s = 1.0 if args.quick else 2.0
-    ensure_tools(args.loadgen)
+    ensure_tool(args.loadgen)
     if args.grpc_loadgen == "h2load" and "grpc" not in skip:
-        ensure_tools("h2load", package="nghttp2-client")
+        ensure_tool("h2load", package="nghttp2-client")
     help_text = serve_help()
     for flag in my_args:
         if flag.startswith("--") and flag.split("=")[0] not in help_text:
@@ -745,6 +636,7 @@ def main(argv=None) -> int:
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     started = time.time()
+    machine_line = machine()  # at the start: the load figure is the machine's before the runs
 
     log("preparing models and requests ...")
     prep = subprocess.run([sys.executable, __file__, "_prepare", "--out", str(work)], env=ENV,
@@ -854,17 +746,15 @@ def main(argv=None) -> int:
                                      "runtime": modelyard_runtime(srv, CNN)} for label, srv in servers.items()}
                 protocols = ["REST"] + ([] if "grpc" in skip else ["gRPC"])
                 for protocol in protocols:
-                    runs: dict[str, list[dict]] = {label: [] for label in servers}
-                    for turn in range(args.cnn_rounds):
-                        order = list(servers) if turn % 2 == 0 else list(servers)[::-1]
-                        for label in order:
-                            row = dict(base_rows[label], protocol=protocol)
-                            if protocol == "REST":
-                                runs[label] += run_rest_series(servers[label], body, [bc], half_duration,
-                                                               args.loadgen, work, row)
-                            else:
-                                runs[label] += run_grpc_series(servers[label], grpc_req[CNN], [bc], half_duration,
-                                                               args.grpc_processes, row, args.grpc_loadgen, work)
+                    def one_run(label: str, _round: int) -> dict:
+                        row = dict(base_rows[label], protocol=protocol)
+                        if protocol == "REST":
+                            return run_rest_series(servers[label], body, [bc], half_duration, args.loadgen, work,
+                                                   row)[0]
+                        return run_grpc_series(servers[label], grpc_req[CNN], [bc], half_duration,
+                                               args.grpc_processes, row, args.grpc_loadgen, work)[0]
+
+                    runs = take_turns(list(servers), args.cnn_rounds, one_run, report=lambda *_: None)
                     rows += [median_run(r) for r in runs.values()]
             finally:
                 for srv in servers.values():
@@ -885,7 +775,7 @@ def main(argv=None) -> int:
         versions["uvicorn"] = pkg_version(peer_py["fastapi"], "uvicorn")
     loadgen_version = subprocess.run([args.loadgen, "-v"] if args.loadgen == "wrk" else ["true"], capture_output=True,
                                      text=True).stdout.splitlines()[:1]
-    meta = {"duration": duration, "concs": concs, "modelyard_args": args.modelyard_args, "loadgen": args.loadgen,
+    meta = {"machine": machine_line, "duration": duration, "concs": concs, "modelyard_args": args.modelyard_args, "loadgen": args.loadgen,
             "loadgen_version": loadgen_version[0] if loadgen_version else args.loadgen,
             "grpc_processes": args.grpc_processes, "grpc_loadgen": args.grpc_loadgen, "peer_workers": args.peer_workers, "versions": versions,
             "elapsed_min": (time.time() - started) / 60, "quick": args.quick, "has_batching": has_batching,
@@ -895,10 +785,8 @@ def main(argv=None) -> int:
             "batching": (Path(args.batching_parameters_file).read_text() if args.batching_parameters_file
                          else DEFAULT_BATCHING)}
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     md = report(rows, meta)
-    (out_dir / "serving.md").write_text(md)
-    print("\n" + md)
+    write_results("serving", md, out_dir)
     data = work / "rows.json"
     data.write_text(json.dumps(rows))
     try:
@@ -954,19 +842,14 @@ def cnn_targets(rows: list[dict], meta: dict) -> list[str]:
 
 
 def report(rows: list[dict], meta: dict) -> str:
-    cpu_model = "?"
-    try:
-        cpu_model = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     v = meta["versions"]
     lines = [
         "# Serving benchmark",
         "",
         f"`python3 bench/serving.py{' --quick' if meta['quick'] else ''}"
         f"{' --modelyard-args ' + shlex.quote(meta['modelyard_args']) if meta['modelyard_args'] else ''}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {os.cpu_count()} cores ({cpu_model}), "
-        f"Python {v['python']}, TensorFlow {v['tensorflow']}, ai-edge-litert {v['ai-edge-litert']}"
+        f"{meta['machine']}; "
+        f"TensorFlow {v['tensorflow']}, ai-edge-litert {v['ai-edge-litert']}"
         + (f", KServe {v['kserve']}" if "kserve" in v else "")
         + (f", FastAPI {v['fastapi']} on uvicorn {v['uvicorn']}" if "fastapi" in v else "") + ".",
         "",

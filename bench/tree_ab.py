@@ -10,43 +10,14 @@ other, ``--rounds`` times. The table (medians and every round) goes to
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
+import contextlib
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import requests
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, machine, markdown_table, median, modelyard_serve, take_turns, write_results  # noqa: E402
 from serving import rest_load  # noqa: E402  (the serving benchmark's wrk helper)
-
-from modelyard.ports import free_port  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def start(tree: Path, base_path: str, log: Path) -> tuple[subprocess.Popen, int]:
-    rest, grpc = free_port(), free_port()
-    env = dict(os.environ, PYTHONPATH=str(tree / "src"), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "modelyard", "serve", "--model_name", "m", "--model_base_path", base_path,
-         "--rest_api_port", str(rest), "--port", str(grpc)],
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{rest}/v1/models/m", timeout=1).ok:
-                return proc, rest
-        except requests.ConnectionError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise SystemExit(f"server from {tree} did not start; see {log}")
 
 
 def main() -> int:
@@ -64,41 +35,38 @@ def main() -> int:
     base_path = str(demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr)))
     body = ('{"instances": ' + str(demo.demo_instances(1).tolist()) + "}").encode()
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
-    with tempfile.TemporaryDirectory() as work:
+    started_on = machine()
+    with tempfile.TemporaryDirectory() as work, contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(modelyard_serve(f"{name} tree's modelyard serve", base_path,
+                                                             Path(work) / f"{name}.log", source=tree, timeout=120))
+                   for name, tree in trees.items()}
         for name in trees:
             (Path(work) / name).mkdir()
-        servers = {name: start(tree, base_path, Path(work) / f"{name}.log") for name, tree in trees.items()}
-        try:
-            for round_no in range(args.rounds):
-                order = list(trees) if round_no % 2 == 0 else list(reversed(list(trees)))
-                for name in order:
-                    url = f"http://127.0.0.1:{servers[name][1]}/v1/models/m:predict"
-                    r = rest_load("wrk", url, body, args.concurrency, args.seconds, Path(work) / name)
-                    runs[name].append(r)
-                    print(f"round {round_no + 1}/{args.rounds} {name}: {r['rps']:,.0f} req/s, "
-                          f"p99 {r['p99_ms']:.2f} ms, errors {r['errors']}", file=sys.stderr)
-        finally:
-            for proc, _ in servers.values():
-                proc.terminate()
-                proc.wait(10)
-    med = {name: statistics.median(r["rps"] for r in rs) for name, rs in runs.items()}
+
+        def one_run(name: str, _round: int) -> dict:
+            return rest_load("wrk", servers[name].predict_url, body, args.concurrency, args.seconds, Path(work) / name)
+
+        def show(name: str, round_no: int, r: dict) -> None:
+            print(f"round {round_no + 1}/{args.rounds} {name}: {r['rps']:,.0f} req/s, "
+                  f"p99 {r['p99_ms']:.2f} ms, errors {r['errors']}", file=sys.stderr)
+
+        runs = take_turns(list(trees), args.rounds, one_run, show)
+    med = {name: median(r["rps"] for r in rs) for name, rs in runs.items()}
+    table = markdown_table(
+        ["tree", "median req/s", "rounds (req/s)", "median p99 ms", "errors"],
+        [[f"{name} ({tree.name})", f"{med[name]:,.0f}", ", ".join(f"{r['rps']:,.0f}" for r in runs[name]),
+          f"{median(r['p99_ms'] for r in runs[name]):.2f}", sum(r["errors"] for r in runs[name])]
+         for name, tree in trees.items()], align="lllll")
     lines = [
         f"# Tree A/B: REST digits predict, c={args.concurrency}, {args.rounds} rounds x {args.seconds:g} s, taking turns",
         "",
-        "| tree | median req/s | rounds (req/s) | median p99 ms | errors |",
-        "| --- | --- | --- | --- | --- |",
+        f"`python3 bench/tree_ab.py --old {args.old} --new {args.new}` on {started_on}.",
+        "",
+        table,
+        "",
+        f"new / old = {med['new'] / med['old']:.3f}",
     ]
-    for name, tree in trees.items():
-        rs = runs[name]
-        rounds = ", ".join(f"{r['rps']:,.0f}" for r in rs)
-        p99 = statistics.median(r["p99_ms"] for r in rs)
-        lines.append(f"| {name} ({tree.name}) | {med[name]:,.0f} | {rounds} | {p99:.2f} | {sum(r['errors'] for r in rs)} |")
-    lines += ["", f"new / old = {med['new'] / med['old']:.3f}", ""]
-    table = "\n".join(lines)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
+    write_results("tree_ab", "\n".join(lines), args.out)
     return 0
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from harness import machine, take_turns, write_results
 
 ROOT = Path(__file__).resolve().parent
 EPOCHS = 5
@@ -273,29 +274,31 @@ def peers(tmp: Path) -> str:
 
 def parallelism(tmp: Path, repeats: int) -> str:
     """Sequential vs 2 parallel trials on disjoint cores: the table."""
-    walls: dict[str, list[float]] = {"sequential": [], "parallel": []}
-    cpus: dict[str, list[float]] = {"sequential": [], "parallel": []}
-    bests: dict[str, list[float]] = {"sequential": [], "parallel": []}
-    loads: dict[str, list[float]] = {"sequential": [], "parallel": []}  # 1-minute load average after each run
-    for r in range(repeats):
-        for side, parallel, devices in (("sequential", 1, "cpu:0"), ("parallel", 2, "cpu:0,1")):
-            directory = tmp / f"{side}-{r}"
-            directory.mkdir()
-            run = run_tune(write_study(directory, side, parallel), devices)
-            wall, cpu, best, done = run.wall, run.cpu, run.best, run.done
-            if done != TRIALS:
-                raise SystemExit(f"{side}: {done} of {TRIALS} trials completed")
-            walls[side].append(wall)
-            cpus[side].append(cpu)
-            bests[side].append(best)
-            loads[side].append(os.getloadavg()[0])
-            print(f"run {r + 1} {side}: {wall:.1f} s wall, {cpu:.1f} s CPU, best val_accuracy {best:.4f}", flush=True)
+    settings = {"sequential": (1, "cpu:0"), "parallel": (2, "cpu:0,1")}
+
+    def one_run(side: str, r: int) -> dict:
+        parallel, devices = settings[side]
+        directory = tmp / f"{side}-{r}"
+        directory.mkdir()
+        run = run_tune(write_study(directory, side, parallel), devices)
+        if run.done != TRIALS:
+            raise SystemExit(f"{side}: {run.done} of {TRIALS} trials completed")
+        # load: the 1-minute load average after the run
+        return {"wall": run.wall, "cpu": run.cpu, "best": run.best, "load": os.getloadavg()[0]}
+
+    def show(side: str, r: int, run: dict) -> None:
+        print(f"run {r + 1} {side}: {run['wall']:.1f} s wall, {run['cpu']:.1f} s CPU, "
+              f"best val_accuracy {run['best']:.4f}", flush=True)
+
+    runs = take_turns(list(settings), repeats, one_run, show)
+    walls, cpus, bests, loads = ({side: [run[key] for run in rs] for side, rs in runs.items()}
+                                 for key in ("wall", "cpu", "best", "load"))
     # Best run per side (as bench/training.py does): other work on this shared machine only ever
     # adds time, so the fastest run is the closest to what the code itself costs.
     seq, par = min(walls["sequential"]), min(walls["parallel"])
     ratio = par / seq
     median_ratio = statistics.median(walls["parallel"]) / statistics.median(walls["sequential"])
-    # Each parallel run against the sequential run just before it: the two sides of one turn
+    # Each parallel run against the sequential run of the same turn: the two sides of one turn
     # saw about the same load from other work, which the best and the median runs do not pair up.
     paired = [p / s for s, p in zip(walls["sequential"], walls["parallel"])]
 
@@ -329,34 +332,30 @@ def main() -> int:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("this benchmark needs 2 cores")
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    stamp = machine()
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("all", "parallel"):
             table = parallelism(Path(tmp), args.repeats)
             table += f"; 1-minute load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-            print(table)
-            (out / "tuning.md").write_text(
+            write_results("tuning",
                 f"# Tuning benchmark: parallel trials\n\n`python3 bench/tuning.py --part parallel` ({stamp})\n\n"
                 f"Each trial: `modelyard train` of the digits MLP, {EPOCHS} epochs, on one core (affinity + "
                 f"TF_NUM_INTRAOP_THREADS=1). The same 8 grid points on both sides; each side a fresh "
                 f"`modelyard tune`, wall time from start to exit; runs alternate (the machine is shared with "
-                f"other work, so single runs swing).\n\n{table}\n")
+                f"other work, so single runs swing).\n\n{table}\n", out)
         if args.part in ("all", "early"):
             table = early_stopping(Path(tmp))
             table += f"\n\n1-minute load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-            print(table)
-            (out / "tuning_early_stopping.md").write_text(
+            write_results("tuning_early_stopping",
                 f"# Tuning benchmark: early stopping\n\n`python3 bench/tuning.py --part early` ({stamp})\n\n"
                 f"The same {EARLY_TRIALS} random points (seed 0) of the digits MLP (learning rate, width, dropout; "
                 f"{EARLY_EPOCHS} epochs each, `modelyard train`), 2 trials at a time, without early stopping, with "
                 f"median stopping and with Hyperband. Epochs run = measurements received (a pruned trial's "
                 f"epochs up to its stop). Best = best validation accuracy of any epoch of any trial "
-                f"(BEST_MEASUREMENT).\n\n{table}\n")
+                f"(BEST_MEASUREMENT).\n\n{table}\n", out)
         if args.part in ("all", "peers"):
             table = peers(Path(tmp))
-            print(table)
-            (out / "tuning_peers.md").write_text(
+            write_results("tuning_peers",
                 f"# Tuning benchmark: modelyard tune against KerasTuner and Optuna\n\n"
                 f"`python3 bench/tuning.py --part peers` ({stamp}; `pip install keras-tuner`)\n\n"
                 f"The study of the early-stopping part (digits MLP, learning rate 1e-4..0.3 log, width 8..256 log, "
@@ -367,7 +366,7 @@ def main() -> int:
                 f"hyperband_iterations set so it starts about {EARLY_TRIALS} points), one process. The peers train "
                 f"the same network on the same tf.data input as `modelyard train` (bench/tuning_trial/peers.py). "
                 f"Time to target: seconds from the study's launch (Python and TensorFlow start-up included) to the "
-                f"first epoch of any trial at or above the target.\n\n{table}\n")
+                f"first epoch of any trial at or above the target.\n\n{table}\n", out)
     return 0
 
 

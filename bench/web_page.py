@@ -15,16 +15,15 @@ first prediction <= 2 s, <= 5 ms per prediction, <= 4 MB transferred (float mode
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT / "src"))
+from harness import REPO as ROOT, Service, env, log, machine, median, percentile, write_results
+
+ENV = env(PYTHONPATH=str(ROOT / "src"))
 MODES = {
     "none": [],
     "dynamic": ["--quantize", "dynamic"],
@@ -36,24 +35,20 @@ FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component
 TARGETS = {"first_ms": 2000, "per_ms": 5.0, "bytes": 4_000_000}
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def convert(base: Path, out: Path, extra: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "modelyard", "convert", str(base), "--to", "web", "-o", str(out),
                     "--no-report", *extra], check=True, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def serve(site: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "modelyard", "web", str(site), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
-    line = proc.stdout.readline()
-    if " at http://" not in line:
-        proc.kill()
-        raise RuntimeError(f"modelyard web did not start: {line!r}")
+def serve(site: Path) -> tuple[Service, str]:
+    """``modelyard web`` on a port it picks: ready once it prints where it serves."""
+    service = Service("modelyard web", [sys.executable, "-m", "modelyard", "web", str(site), "--port", "0"],
+                      site.parent / f"web-{site.name}.log", env=ENV, timeout=60)
+    service.ready = lambda: " at http://" in service.log_text()
+    service.start()
+    line = next(line for line in service.log_text().splitlines() if " at http://" in line)
     time.sleep(1.0)  # let its background compression of the small files finish before timing
-    return proc, line.rsplit(" at ", 1)[1].strip()
+    return service, line.rsplit(" at ", 1)[1].strip()
 
 
 def one_load(browser, url: str) -> dict:
@@ -110,6 +105,7 @@ def main() -> None:
     from modelyard.datasets import load_digits_28
     from modelyard.demo import ensure_demo_model
 
+    args.machine = machine()
     base = ensure_demo_model(log=log)
     images = [img.reshape(-1).tolist() for img in load_digits_28("test")[0][:50]]
     rows = []
@@ -132,18 +128,17 @@ def main() -> None:
                 per = sorted(predictions(last["page"], images, args.predictions))
                 last["context"].close()
             finally:
-                proc.terminate()
-                proc.wait(10)
+                proc.stop()
             row = {
                 "mode": mode,
                 "model_kib": (site / "model.tflite").stat().st_size / 1024,
-                "runtime_ms": statistics.median(l["runtime_ms"] for l in loads),
-                "model_ms": statistics.median(l["model_ms"] for l in loads),
-                "first_ms": statistics.median(l["first_prediction_ms"] for l in loads),
+                "runtime_ms": median(l["runtime_ms"] for l in loads),
+                "model_ms": median(l["model_ms"] for l in loads),
+                "first_ms": median(l["first_prediction_ms"] for l in loads),
                 "first_max_ms": max(l["first_prediction_ms"] for l in loads),
-                "per_ms": statistics.median(per),
-                "p95_ms": per[int(0.95 * (len(per) - 1))],
-                "bytes": statistics.median(l["bytes"] for l in loads),
+                "per_ms": median(per),
+                "p95_ms": percentile(per, 95),
+                "bytes": median(l["bytes"] for l in loads),
                 "wasm_files": max(l["wasm_files"] for l in loads),
             }
             rows.append(row)
@@ -163,7 +158,7 @@ def write(rows: list[dict], args) -> None:
         f"`python3 bench/web_page.py --loads {args.loads} --predictions {args.predictions}`, {version}, "
         f"LiteRT.js wasm CPU path, demo model version 2 (MLP 100-50), served by `modelyard web` on loopback; "
         f"times in ms after navigation start, each load in a fresh browser context. Machine: "
-        f"{os.cpu_count()} cores, shared.",
+        f"{args.machine}.",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
@@ -179,10 +174,7 @@ def write(rows: list[dict], args) -> None:
     lines += ["", f"Targets (issue 20): first prediction <= {TARGETS['first_ms']} ms after load, "
               f"<= {TARGETS['per_ms']} ms per prediction, <= {TARGETS['bytes'] / 1e6:.0f} MB transferred with the "
               "float model; one wasm build fetched."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+    write_results("web_page", "\n".join(lines), args.out)
 
 
 if __name__ == "__main__":
