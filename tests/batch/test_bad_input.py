@@ -53,19 +53,6 @@ def test_missing_version(tiny_model, good_input, tmp_path, capsys):
     assert "has no version 7 (versions: 1)" in err
 
 
-def test_output_directory_holding_a_different_job(tiny_model, good_input, tmp_path, capsys):
-    out = tmp_path / "out"
-    code, stdout, err = _run(capsys, "--model", str(tiny_model.base), "--input", str(good_input), "--output", str(out))
-    assert code == 0, err
-    assert "JOB_STATE_SUCCEEDED: 5 results, 0 errors" in stdout
-    other = write_jsonl(tmp_path / "other.jsonl", [v.tolist() for v in rows(3)])
-    code, _, err = _run(capsys, "--model", str(tiny_model.base), "--input", str(other), "--output", str(out))
-    assert code == 2
-    assert f"--output {out} already holds a different job: prediction-tiny-" in err
-    assert "--resume" in err
-    assert len(list(out.iterdir())) == 1  # no second job started
-
-
 def test_resume_of_a_directory_that_is_not_a_job(tmp_path, capsys):
     code, _, err = _run(capsys, "--resume", str(tmp_path))
     assert code == 2

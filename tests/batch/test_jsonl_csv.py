@@ -80,8 +80,9 @@ def test_csv_object_instances_and_included_fields(tiny_model, tmp_path):
     np.testing.assert_allclose([o["prediction"] for o in out], tiny_model.reference(x), atol=1e-5)
     excluded = modelyard.batch_predict(str(tiny_model.base), str(src), tmp_path / "out2", format="csv",
                                        excluded_fields=["noise"], instance_type="object", workers=0)
-    # Objects name inputs; {d,c,b,a} is not the model's {x}: every row an error line, none dropped.
-    assert excluded.state == "JOB_STATE_SUCCEEDED", excluded.error
+    # Objects name inputs; {d,c,b,a} is not the model's {x}: every row an error line, none dropped,
+    # and a job in which no row succeeded fails.
+    assert excluded.state == "JOB_STATE_FAILED" and excluded.error.startswith("no row succeeded"), excluded.error
     assert excluded.completion_stats["failed_count"] == 20
     errors = read_lines(excluded.job_dir / "prediction.errors_stats-00000-of-00001")
     assert errors[0]["instance"].keys() == {"a", "b", "c", "d"}

@@ -218,3 +218,16 @@ def test_a_job_that_cannot_read_its_input_fails_saying_why(platform, tiny_model,
     assert job["state"] == "JOB_STATE_FAILED", job
     assert "TFRecord" in job["error"]["message"] and "in.tfrecord" in job["error"]["message"], job
     assert not (tmp_path / "out").exists()
+
+
+def test_a_job_in_which_no_row_succeeded_fails(platform, tiny_model, tmp_path):
+    """Issue 27: a CSV file sent as jsonl: every row is an error line, and the job is FAILED, not SUCCEEDED."""
+    (tmp_path / "rows.csv").write_text("a,b,c,d\n1,2,3,4\n")
+    body = {"displayName": "all-rows-fail", "model": tiny_model.resource_name,
+            "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": [str(tmp_path / "rows.csv")]}},
+            "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": str(tmp_path / "out")}}}
+    created = requests.post(platform.api("batchPredictionJobs"), json=body, timeout=30)
+    assert created.status_code == 200, created.text
+    job = wait_state(platform, created.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
+    assert job["state"] == "JOB_STATE_FAILED", job
+    assert "no row succeeded: all 2 rows failed" in job["error"]["message"], job["error"]

@@ -20,7 +20,7 @@ from modelyard.batch import job_plan
 from modelyard.batch.readers import Chunk, collect, iter_plan
 from modelyard.batch.shards import committed, finalize
 from modelyard.batch.spec import (DEFAULT_CHUNK_ROWS, BatchError, JobSpec, check_options, expand_inputs,
-                                  resolve_model)
+                                  guess_format, resolve_model)
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -33,7 +33,7 @@ def _fields(value) -> tuple[str, ...]:
     return tuple(v.strip() for v in value if v.strip())
 
 
-def build_spec(model: str, input, format: str = "jsonl", key_field: str | None = None,
+def build_spec(model: str, input, format: str | None = None, key_field: str | None = None,
                included_fields=(), excluded_fields=(), instance_type: str | None = None,
                signature_name: str = "serving_default", runtime: str = "auto",
                chunk_rows: int = DEFAULT_CHUNK_ROWS) -> JobSpec:
@@ -42,13 +42,14 @@ def build_spec(model: str, input, format: str = "jsonl", key_field: str | None =
         raise BatchError(f"chunk_rows {chunk_rows}: must be at least 1")
     if runtime not in ("auto", "tensorflow", "litert"):
         raise BatchError(f"--runtime {runtime}: expected auto, tensorflow or litert")
-    return JobSpec(name, version, str(version_dir.resolve()), expand_inputs(input), format, key_field,
+    inputs = expand_inputs(input)
+    return JobSpec(name, version, str(version_dir.resolve()), inputs, format or guess_format(inputs), key_field,
                    _fields(included_fields), _fields(excluded_fields), instance_type, signature_name,
                    chunk_rows, runtime)
 
 
 def batch_predict(model: str | None = None, input=None, output: str | os.PathLike | None = None, *,
-                  format: str = "jsonl", batch_size: int = DEFAULT_BATCH_SIZE, workers: int | None = None,
+                  format: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE, workers: int | None = None,
                   key_field: str | None = None, included_fields=(), excluded_fields=(),
                   instance_type: str | None = None, resume: str | os.PathLike | None = None,
                   signature_name: str = "serving_default", runtime: str = "auto",
@@ -57,7 +58,8 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
                   stream: TextIO | None = None) -> jobs.BatchPredictionJob:
     """Run (or finish) a batch prediction job and return it.
 
-    ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them;
+    ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them
+    (``format`` None: guessed from the files' extensions, jsonl when they say nothing);
     ``output``: the directory that receives ``prediction-<model>-<timestamp>/``: local, ``file://``,
     or ``gs://`` / ``s3://`` (run in a local staging directory, uploaded when the job succeeds). Bad arguments
     raise ``BatchError``; a job that fails while running is returned with state JOB_STATE_FAILED.
@@ -77,22 +79,28 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
             raise BatchError("--model and --input go together")
         spec = build_spec(model, input, format, key_field, included_fields, excluded_fields, instance_type,
                           signature_name, runtime, chunk_rows)
+        if format is None:
+            say(f"reading the input as {spec.format} (from its extension; --format sets it)")
     if resume is not None:
         job = jobs.BatchPredictionJob(resume)
-        if spec is not None and job.data["spec"] != json.loads(json.dumps(spec.identity())):
-            raise BatchError(f"--resume {resume} holds a different job ({jobs._describe(job.data['spec'])}) than "
-                             "--model/--input describe; drop them to resume that job as it was started")
+        if spec is not None and not jobs.is_same_job(job.data, spec):
+            differs = "; ".join(jobs.differences(job.data["spec"], json.loads(json.dumps(spec.identity()))))
+            then = ("that job is finished: drop --resume to run these arguments as a new job beside it"
+                    if jobs.is_finished(job.data) else "drop --model/--input (and the other options) to finish "
+                    "that job as it was started, or drop --resume to start a new job with these")
+            raise BatchError(f"--resume {resume} is a different job from the one these arguments describe: "
+                             f"{differs}; {then}")
         spec = job.spec
     elif spec is None:
         raise BatchError("give --model and --input (a new job) or --resume JOB_DIR")
     else:
         if output is None:
             raise BatchError("--output is required for a new job")
-        job = _find_or_create(str(output), spec)
-    if job.state == jobs.SUCCEEDED:
+        job = _find_or_create(str(output), spec, say)
+    if jobs.is_finished(job.data):
         remote.publish(job)  # a crash between finishing and uploading is made good here
         stats = job.completion_stats
-        say(f"job {job.output_info.gcs_output_directory} already finished (SUCCEEDED: "
+        say(f"job {job.output_info.gcs_output_directory} already finished ({job.state.rsplit('_', 1)[-1]}: "
             f"{stats.get('successful_count', 0):,} results, {stats.get('failed_count', 0):,} errors); nothing to do")
         return job
     with jobs.JobLock(job.job_dir):
@@ -105,21 +113,23 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
     return job
 
 
-def _find_or_create(output: str, spec: JobSpec) -> jobs.BatchPredictionJob:
+def _find_or_create(output: str, spec: JobSpec, say: Callable[[str], None]) -> jobs.BatchPredictionJob:
     """The spec's job under ``output`` (unfinished, or finished), else a new one. A gs:// / s3:// output
     runs in its local staging directory, and a job finished there is recognised on the remote side."""
     try:
         is_remote = objstore.is_remote(output)
     except objstore.StorageError as exc:
         raise BatchError(f"--output {exc.message}") from None
-    if not is_remote:
-        found = jobs.find_job(Path(objstore.local_path(output)), spec)
-        return jobs.BatchPredictionJob(found) if found else jobs.create_job(Path(objstore.local_path(output)), spec)
-    local = remote.staging_dir(output)
-    found = jobs.find_job(local, spec) or remote.find_finished(output, spec, local)
+    local = Path(objstore.local_path(output)) if not is_remote else remote.staging_dir(output)
+    found = jobs.find_job(local, spec) or (remote.find_finished(output, spec, local) if is_remote else None)
     if found:
         return jobs.BatchPredictionJob(found)
+    for other, differs in jobs.unfinished_lookalikes(local, spec):
+        say(f"note: --output also holds {other.name}, an unfinished job of the same input files that differs "
+            f"({'; '.join(differs)}); a new job starts beside it (--resume {other} finishes that one)")
     job = jobs.create_job(local, spec)
+    if not is_remote:
+        return job
     job.update(output_uri=output.rstrip("/"))
     return job
 
@@ -190,11 +200,27 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             pool.stop()
     stats = {**counts, "incomplete_count": 0}
     elapsed = time.monotonic() - started
+    if stats["successful_count"] == 0 and stats["failed_count"] > 0:
+        # Every row was tried and refused: a failed job (finished: a re-run does not try them again).
+        job.update(state=jobs.FAILED, finished=True, completion_stats=stats, end_time=jobs.utc_now(),
+                   last_run_seconds=round(elapsed, 3), error=_nothing_succeeded(job.job_dir, spec, stats))
+        return job
     # last_run_seconds: this run, model loads included; predict_seconds: from the first loaded model on.
     job.update(state=jobs.SUCCEEDED, completion_stats=stats, end_time=jobs.utc_now(),
                last_run_seconds=round(elapsed, 3), predict_seconds=round(predicted, 3),
                rows_this_run=total - rows_done)
     return job
+
+
+def _nothing_succeeded(job_dir: Path, spec: JobSpec, stats: dict[str, int]) -> str:
+    """The error of a job none of whose rows succeeded: the first row's error, and the format it was read as."""
+    from modelyard.batch.shards import ERRORS_FILE, iter_lines
+
+    first = next(iter_lines([job_dir / ERRORS_FILE]), {}) if (job_dir / ERRORS_FILE).is_file() else {}
+    message = (first.get("error") or {}).get("message", "")
+    return (f"no row succeeded: all {stats['failed_count']:,} rows failed"
+            + (f" (the first: {message})" if message else "")
+            + f". The input was read as {spec.format} (--format); every error is in {job_dir / ERRORS_FILE}")
 
 
 def _planned(files: list[str], spec: JobSpec) -> Iterator[tuple[Chunk, Any]]:

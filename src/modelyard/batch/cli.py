@@ -6,6 +6,7 @@ import sys
 
 from modelyard.batch.api import DEFAULT_BATCH_SIZE, batch_predict
 from modelyard.batch.spec import DEFAULT_CHUNK_ROWS, FORMATS, BatchError
+from modelyard.cli_parser import examples
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,15 +17,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Predict every instance of the input files with a model and write "
             "OUTPUT/prediction-<model>-<timestamp>/prediction.results-0000K-of-0000N (JSON lines) and "
             "prediction.errors_stats-00000-of-00001 (rows the model refused). Running the same command "
-            "again finishes an interrupted job, each row exactly once, and does nothing for a finished one."
+            "again finishes an interrupted job, each row exactly once, and does nothing for a finished one; "
+            "another job into the same OUTPUT gets its own folder beside it. A job in which no row "
+            "succeeded fails (exit 1)."
+        ),
+        usage="%(prog)s --model MODEL --input FILE|GLOB --output DIR [--format FORMAT] [options]\n"
+              "       %(prog)s --resume JOB_DIR [options]",
+        epilog=examples(
+            "modelyard batch-predict --model models/my_mnist_model --input 'data/*.jsonl' --output out/",
+            "modelyard batch-predict --model models/my_mnist_model:1 --input rows.csv --output out/ --key-field id",
+            "modelyard batch-predict --resume out/prediction-my_mnist_model-2026_01_01T00_00_00_000Z",
         ),
     )
     parser.add_argument("--model", help="model base path, BASE:VERSION, or a version directory")
     parser.add_argument("--input", action="append",
                         help="input file or glob (quote it): a local path, file://, gs:// or s3://; repeatable")
-    parser.add_argument("--output", help="directory that receives the job directory: local, file://, gs:// or "
-                                         "s3:// (staged locally, uploaded when the job succeeds)")
-    parser.add_argument("--format", default="jsonl", choices=FORMATS, help="instances format (default jsonl)")
+    parser.add_argument("--output", help="directory that receives the job's prediction-<model>-<time>/ folder (it "
+                                         "may hold other jobs): local, file://, gs:// or s3:// (staged locally, "
+                                         "uploaded when the job succeeds)")
+    parser.add_argument("--format", default=None, choices=FORMATS,
+                        help="instances format (default: from the input's extension: .csv, .jsonl/.json, "
+                             ".tfrecord; else jsonl)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes (local) or Ray actors (ray), each loading the model once "
@@ -34,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="the Ray cluster's head node for --engine ray (default: RAY_ADDRESS, else a new "
                              "local Ray)")
-    parser.add_argument("--resume", metavar="JOB_DIR", help="finish the job in JOB_DIR")
+    parser.add_argument("--resume", metavar="JOB_DIR", help="finish the job in JOB_DIR (a prediction-<model>-<time>/ "
+                                                            "folder)")
     parser.add_argument("--key-field", help="instance field carried to the output as 'key' (not sent to the model)")
     parser.add_argument("--included-fields", help="comma-separated fields sent to the model")
     parser.add_argument("--excluded-fields", help="comma-separated fields not sent to the model")

@@ -1,8 +1,9 @@
 """A batch prediction job on disk: its directory and ``job.json`` (spec, state, stats); its plan is ``job_plan``'s.
 
 States are Vertex AI's (``JOB_STATE_PENDING`` ... ``JOB_STATE_SUCCEEDED``). The job directory
-is ``<output>/prediction-<model>-<UTC timestamp>/``; ``job.json`` is replaced atomically on
-every state change, and an exclusive lock on ``.lock`` keeps two runs off one job.
+is ``<output>/prediction-<model>-<UTC timestamp>/``, and one output holds any number of them;
+``job.json`` is replaced atomically on every state change, and an exclusive lock on ``.lock``
+keeps two runs off one job.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -108,41 +110,83 @@ def _describe(spec: dict) -> str:
     return f"model {spec['version_dir']}, {spec['format']} input {shown}"
 
 
+def is_finished(data: dict) -> bool:
+    """A job with nothing left to do: succeeded, or failed after every row was tried (no row succeeded)."""
+    return data.get("state") == SUCCEEDED or bool(data.get("finished"))
+
+
+def _when(mtime_ns: int) -> str:
+    return _dt.datetime.fromtimestamp(mtime_ns / 1e9, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def differences(recorded: dict, wanted: dict) -> list[str]:
+    """What differs between a job's recorded spec and this run's, one phrase each (job first, then this run)."""
+    out = []
+    before = {f[0]: f for f in recorded.get("inputs", [])}
+    after = {f[0]: f for f in wanted.get("inputs", [])}
+    for path in sorted(set(before) | set(after)):
+        if path not in after:
+            out.append(f"input {path} is the job's, not this run's")
+        elif path not in before:
+            out.append(f"input {path} is this run's, not the job's")
+        elif before[path] != after[path]:
+            (_, size0, time0), (_, size1, time1) = before[path], after[path]
+            change = [f"{size0:,} -> {size1:,} bytes"] if size0 != size1 else []
+            if time0 != time1:
+                change.append(f"modified {_when(time0)} -> {_when(time1)}")
+            out.append(f"input {path} changed since the job started ({', '.join(change)})")
+    for key in sorted((set(recorded) | set(wanted)) - {"inputs"}):
+        if recorded.get(key) != wanted.get(key):
+            out.append(f"{key}: {recorded.get(key)!r} (job) vs {wanted.get(key)!r} (this run)")
+    return out
+
+
 def find_job(output_dir: Path, spec: JobSpec) -> Path | None:
-    """This spec's job under ``output_dir``, None if there is none; refuses a directory holding another job."""
+    """This spec's job under ``output_dir`` (finished or not), None if there is none. The output holds any
+    number of jobs, each in its own ``prediction-<model>-<time>/`` folder, as a Vertex destination does."""
     if not output_dir.exists():
         return None
     if not output_dir.is_dir():
         raise BatchError(f"--output {output_dir} is a file, not a directory")
     for entry in sorted(output_dir.iterdir()):
-        if not (entry.name.startswith(JOB_PREFIX) and entry.is_dir()):
-            continue
-        data = BatchPredictionJob(entry).data if (entry / JOB_FILE).is_file() else None
-        if is_same_job(str(output_dir), entry.name, data, spec):
-            return entry
+        if entry.name.startswith(JOB_PREFIX) and (entry / JOB_FILE).is_file():
+            if is_same_job(BatchPredictionJob(entry).data, spec):
+                return entry
     return None
 
 
-def is_same_job(output: str, name: str, data: dict | None, spec: JobSpec) -> bool:
-    """True when job ``name`` (its ``job.json`` ``data``) under ``output`` is this spec's job; BatchError
-    when it is another job or no job: an output directory holds one job (local or gs:// / s3://)."""
-    if data is None:
-        raise BatchError(f"--output {output} already holds {name}, which is not a modelyard job "
-                         f"(no {JOB_FILE}); give an empty or new --output directory")
+def is_same_job(data: dict | None, spec: JobSpec) -> bool:
+    """True when a job's ``job.json`` ``data`` records this spec (so this run continues or reports it)."""
+    return data is not None and data.get("spec") == json.loads(json.dumps(spec.identity()))
+
+
+def unfinished_lookalikes(output_dir: Path, spec: JobSpec) -> list[tuple[Path, list[str]]]:
+    """Unfinished jobs under ``output_dir`` reading the same input files as ``spec`` but not the same job
+    (an input edited since, another option): each with what differs, so the user can ``--resume`` it."""
     wanted = json.loads(json.dumps(spec.identity()))
-    if data["spec"] == wanted:
-        return True
-    raise BatchError(
-        f"--output {output} already holds a different job: {name} ({_describe(data['spec'])}; "
-        f"this run: {_describe(wanted)}). Give a new --output directory, or --resume {output.rstrip('/')}/{name} "
-        "to finish that job."
-    )
+    paths = sorted(f[0] for f in wanted["inputs"])
+    out = []
+    if not output_dir.is_dir():
+        return out
+    for entry in sorted(output_dir.iterdir()):
+        if not (entry.name.startswith(JOB_PREFIX) and (entry / JOB_FILE).is_file()):
+            continue
+        data = BatchPredictionJob(entry).data
+        if is_finished(data) or data["spec"] == wanted or sorted(f[0] for f in data["spec"]["inputs"]) != paths:
+            continue
+        out.append((entry, differences(data["spec"], wanted)))
+    return out
 
 
 def create_job(output_dir: Path, spec: JobSpec) -> BatchPredictionJob:
     output_dir.mkdir(parents=True, exist_ok=True)
-    job_dir = output_dir / job_dir_name(spec.model_name)
-    job_dir.mkdir()
+    while True:  # two jobs of one model started in the same millisecond get the next one
+        job_dir = output_dir / job_dir_name(spec.model_name)
+        try:
+            job_dir.mkdir()
+            break
+        except FileExistsError:
+            time.sleep(0.001)
     write_json(job_dir / JOB_FILE, {"spec": spec.identity(), "state": PENDING, "create_time": utc_now(),
                                     "completion_stats": {}, "error": None, "runs": 0})
     return BatchPredictionJob(job_dir)

@@ -53,14 +53,14 @@ def drop_staged_inputs(job_dir: Path) -> None:
 
 def find_finished(output_uri: str, spec: JobSpec, local_out: Path) -> Path | None:
     """This spec's finished job on the remote ``output_uri``, mirrored into ``local_out``; None if there
-    is none; BatchError when the output holds another job."""
+    is none (other jobs there are left alone)."""
     try:
         for uri in objstore.list_dirs(output_uri):
             name = uri.rsplit("/", 1)[-1]
             if not name.startswith(JOB_PREFIX):
                 continue
             text = objstore.read_text(f"{uri}/{JOB_FILE}")
-            if is_same_job(output_uri, name, json.loads(text) if text else None, spec):
+            if is_same_job(json.loads(text) if text else None, spec):
                 target = local_out / name
                 if not target.exists():
                     local_out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,9 @@ from modelyard.model.export import latest_version, list_versions
 from modelyard.model.savedmodel import SAVED_MODEL_FILES, TFLITE_FILE
 
 FORMATS = ("jsonl", "csv", "tf-record", "file-list")
+# The format an input's extension says, when --format is not given (file lists have no extension of their own).
+EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
+              ".tfrecord": "tf-record", ".tfrecords": "tf-record", ".tfr": "tf-record"}
 INSTANCE_TYPES = ("object", "array")
 DEFAULT_CHUNK_ROWS = 10_000
 
@@ -140,6 +143,21 @@ def expand_inputs(patterns: list[str] | str) -> tuple[InputFile, ...]:
     return tuple(found[p] for p in sorted(found))
 
 
+def guess_format(inputs: tuple[InputFile, ...]) -> str:
+    """The inputs' format from their extensions (``.csv`` -> csv, ``.jsonl`` -> jsonl, ``.tfrecord`` ->
+    tf-record ...); jsonl when none says; BatchError when they say different things."""
+    said: dict[str, str] = {}
+    for f in inputs:
+        name = f.path.rsplit("/", 1)[-1].lower()
+        ext = "." + name.rsplit(".", 1)[-1] if "." in name else ""
+        if ext in EXTENSIONS:
+            said.setdefault(EXTENSIONS[ext], f.path)
+    if len(said) > 1:
+        shown = ", ".join(f"{path} ({fmt})" for fmt, path in said.items())
+        raise BatchError(f"--input: the files are of different formats ({shown}); give --format, or one job per format")
+    return next(iter(said), "jsonl")
+
+
 def _expand_remote(pattern: str) -> dict[str, InputFile]:
     """A gs:// / s3:// path or glob -> its objects, each with the size and time that identify the job."""
     try:
@@ -148,9 +166,9 @@ def _expand_remote(pattern: str) -> dict[str, InputFile]:
         raise BatchError(f"--input {pattern}: {exc.message}") from None
 
 
-def check_options(fmt: str, instance_type: str | None, included: tuple[str, ...], excluded: tuple[str, ...],
+def check_options(fmt: str | None, instance_type: str | None, included: tuple[str, ...], excluded: tuple[str, ...],
                   batch_size: int, workers: int) -> None:
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise BatchError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     if instance_type is not None and instance_type not in INSTANCE_TYPES:
         raise BatchError(f"--instance-type {instance_type}: expected object or array")
