@@ -141,3 +141,41 @@ def test_jobs_submit_has_one_wait_flag():
     submit = parser._subparsers._group_actions[0].choices["jobs"]._subparsers._group_actions[0].choices["submit"]
     flags = {s for a in submit._actions for s in a.option_strings}
     assert "--wait" in flags and "--no-wait" not in flags
+
+
+# ---- issue 27 point 1: --artifact-root as the Quickstart uses it ----
+def test_artifact_root_relative_to_the_working_directory_and_said_at_start(tmp_path, tiny_models):
+    import shutil
+    import subprocess
+    import sys
+
+    import requests
+
+    from tests.platform.conftest import PARENT, PlatformProcess, _env
+
+    project = tmp_path / "project"
+    shutil.copytree(tiny_models["models"]["tiny1"]["path"], project / "models" / "my_model" / "0001")
+    # A root that does not exist stops the start, saying where it looked.
+    refused = subprocess.run([sys.executable, "-m", "modelyard.platform", "--artifact-root", "modles",
+                              "--store", str(tmp_path / "p.db")], cwd=project, env=_env(), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"--artifact-root modles: {project / 'modles'} (from the working directory {project}) is not a directory" \
+        in refused.stderr, refused.stderr
+    assert not (tmp_path / "p.db").exists()
+
+    p = PlatformProcess(project, _env(), ["--artifact-root", "models", "--no-warm-spare"])
+    p.start()
+    try:
+        log = (project / "platform-1.log").read_text()
+        assert f"artifact URIs are accepted only under {project / 'models'} (--artifact-root)" in log, log
+        up = requests.post(f"{p.url}/v1/{PARENT}/models:upload", timeout=60, json={"model": {
+            "displayName": "quickstart", "artifactUri": "models/my_model/0001",
+            "containerSpec": {"imageUri": "modelyard/serve"}}})
+        assert up.status_code == 200, up.text
+        outside = requests.post(f"{p.url}/v1/{PARENT}/models:upload", timeout=60, json={"model": {
+            "displayName": "outside", "artifactUri": tiny_models["models"]["tiny1"]["path"],
+            "containerSpec": {"imageUri": "modelyard/serve"}}})
+        assert outside.status_code == 403 and "outside the allowed roots" in outside.text, outside.text
+    finally:
+        p.cleanup()

@@ -43,6 +43,26 @@ def resolve(uri: str, roots: list[str], cache_dir: Path) -> Path:
     return path
 
 
+def allowed_roots(raw: list[str], cwd: Path | None = None) -> list[str]:
+    """``--artifact-root`` values as the platform compares them: a local one resolved against the working
+    directory (``models`` from the project folder is ``<project>/models``, as the Quickstart exports it),
+    remote prefixes as given. A local root that is not a directory is a ValueError saying so."""
+    cwd = cwd or Path.cwd()
+    out = []
+    for root in raw:
+        if "://" in root:
+            out.append(root.rstrip("/"))
+            continue
+        path = (cwd / Path(root).expanduser()).resolve()
+        if not path.is_dir():
+            where = "" if Path(root).expanduser().is_absolute() else f" (from the working directory {cwd})"
+            raise ValueError(f"--artifact-root {root}: {path}{where} is not a directory; create it, or name the "
+                             f"folder your models are exported under (e.g. --artifact-root models from the project "
+                             f"folder, where the Quickstart writes models/my_mnist_model)")
+        out.append(str(path))
+    return out
+
+
 def _check_roots(uri: str, roots: list[str], inside) -> None:
     if roots and not any(inside(r) for r in roots):
         raise ApiError("PERMISSION_DENIED", f"artifact_uri {uri!r} is outside the allowed roots "

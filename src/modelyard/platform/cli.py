@@ -27,8 +27,9 @@ def register(subparsers) -> None:
                         "postgresql://... URL shared by several platform processes")
     parser.add_argument("--state-dir", default=None,
                         help="where replica logs and model links go (default: beside the SQLite store)")
-    parser.add_argument("--artifact-root", action="append", default=[],
-                        help="only artifact URIs inside this directory are accepted (repeatable)")
+    parser.add_argument("--artifact-root", action="append", default=[], metavar="DIR|gs://BUCKET/PREFIX",
+                        help="only artifact URIs inside this directory (relative: to the working directory; it "
+                        "must exist) or object-storage prefix are accepted (repeatable; default: any)")
     parser.add_argument("--auth-token", default=os.environ.get("MODELYARD_PLATFORM_TOKEN"),
                         help="require 'Authorization: Bearer TOKEN' on the control API "
                         "(default: $MODELYARD_PLATFORM_TOKEN; unset: no token)")
@@ -77,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from modelyard.platform.artifacts import allowed_roots
+
+    try:  # before anything is made: a root that does not exist stops the start
+        roots = allowed_roots(args.artifact_root)
+    except ValueError as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 2
     url = database_url(args.store)
     if args.state_dir:
         state_dir = Path(args.state_dir)
@@ -86,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         state_dir = default_store_path().parent / "platform-state"
     state_dir.mkdir(parents=True, exist_ok=True)
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
-                    artifact_roots=[r if "://" in r else str(Path(r).expanduser().resolve()) for r in args.artifact_root],
+                    artifact_roots=roots,
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
                     max_replicas=args.max_replicas, replica_args=args.replica_arg,
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
@@ -122,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         pass
     scheme = "https" if tls else "http"
     print(f"modelyard platform: store {url.split('@')[-1]}, API on {scheme}://{args.host}:{args.port}", flush=True)
+    print("modelyard platform: " + (f"artifact URIs are accepted only under {', '.join(roots)} (--artifact-root)"
+                                    if roots else "artifact URIs are accepted anywhere (no --artifact-root)")
+          + f"; relative ones are read from {Path.cwd()}", flush=True)
     try:
         asyncio.run(_serve(Platform(config), args.host, args.port, tls))
     except OSError as exc:
