@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from modelyard.cli_parser import examples
 from modelyard.model.inspect import InspectError, describe, format_text
 
 
@@ -18,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "`saved_model_cli show --all`. DIR is a version directory or a model base path "
             "(then its latest integer version is shown)."
         ),
+        epilog=examples("modelyard inspect models/my_mnist_model", "modelyard inspect models/my_mnist_model/0001 --json"),
     )
     parser.add_argument("dir", metavar="DIR", help="version directory or model base path")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from modelyard.cli_parser import examples
+
 
 def register(subparsers) -> None:
     from modelyard.platform import client_cli
@@ -19,6 +21,11 @@ def register(subparsers) -> None:
         help="run the Vertex-AI-compatible control plane: models, endpoints, traffic splits, replicas",
         description="Serve Vertex AI's v1 REST API for models and endpoints; deployed models run as "
         "`modelyard serve` replica processes behind a gateway.",
+        epilog=examples(
+            "modelyard platform --port 8600 --artifact-root models     # from the folder holding models/",
+            "modelyard platform --store postgresql+psycopg://user@db/platform --auth-token s3cret",
+            "modelyard platform --engine ray --ray-address 10.0.0.1:6379",
+        ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8600, help="port of the API and gateway (default 8600)")

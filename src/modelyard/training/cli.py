@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from modelyard.cli_parser import examples
 from modelyard.training.cluster import ClusterError
 
 
@@ -12,6 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a Keras model from a YAML config (any tf.distribute strategy)",
         description="Train the model a YAML config names, with the configured tf.distribute strategy. "
                     "Run under `modelyard launch` for multi-worker strategies.",
+        epilog=examples("modelyard train job.yaml",
+                        "modelyard train job.yaml --epochs 2 --export-to models/my_mnist_model",
+                        "modelyard launch --workers 2 -- modelyard train job.yaml   # multi_worker_mirrored"),
     )
     train.add_argument("config", metavar="CONFIG", help="YAML training config")
     train.add_argument("--job-dir", help="override job_dir from the config")
@@ -24,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "launch", help="run a command as a supervised local cluster (chief, workers, ps, evaluator)",
         description="Start one process per task with its TF_CONFIG on free loopback ports, stream their output "
                     "prefixed with the task, stop everything if one task fails (or restart with --max-restarts).",
+        epilog=examples("modelyard launch --workers 2 -- modelyard train job.yaml",
+                        "modelyard launch --workers 2 --ps 1 -- modelyard train ps_job.yaml   # parameter servers"),
     )
     launch.add_argument("--chief", action="store_true", help="add a chief task")
     launch.add_argument("--workers", type=int, default=0, help="number of worker tasks")
