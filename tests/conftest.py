@@ -48,34 +48,13 @@ def tiny_models(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
-    """``gcp-storage-emulator`` (test extra) on a free port, with the SDK's staging bucket created
-    (for the platform's and the batch package's gs:// tests)."""
-    import os
-    import subprocess
-    import sys
+    """modelyard's own Cloud Storage (``python -m modelyard.platform.storage``, what ``modelyard platform``
+    serves) on a free port, with the SDK's staging bucket created (for the platform's and the batch
+    package's gs:// tests); ``root`` is the directory its objects are files in."""
+    from tests.platform.conftest import STAGING_BUCKET
+    from tests.storage_server import storage_session
 
-    from modelyard.ports import free_port
-    from tests.platform.conftest import STAGING_BUCKET, require, wait_http
-
-    require("gcp_storage_emulator", "pip install -e '.[test]' (it installs gcp-storage-emulator)")
-    storage = require("google.cloud.storage", "pip install -e '.[test]' (google-cloud-aiplatform brings it)")
-    import google.auth.credentials
-
-    port = free_port()
-    log = tmp_path_factory.mktemp("gcs") / "emulator.log"
-    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
-                             f"--port={port}", "--in-memory"], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    host = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(host + "/storage/v1/b", 30, proc, log)
-        os.environ["STORAGE_EMULATOR_HOST"] = host  # for the SDK's storage client in this process
-        client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
-        client.create_bucket(STAGING_BUCKET)
-        yield {"host": host, "client": client}
-    finally:
-        os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        proc.terminate()
-        proc.wait(10)
+    yield from storage_session(tmp_path_factory, STAGING_BUCKET)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Shared, session-scoped parts of the platform tests: two tiny SavedModels and one real ``modelyard
-platform`` process (restartable) whose replicas are real ``modelyard serve`` processes (the local GCS
-emulator is ``gcs_emulator`` in tests/conftest.py). Every process started here is stopped at the
-end, replicas included."""
+platform`` process (restartable) whose replicas are real ``modelyard serve`` processes; it serves its
+own Cloud Storage over the root of ``gcs_emulator`` (tests/conftest.py), the session's storage.
+Every process started here is stopped at the end, replicas included."""
 from __future__ import annotations
 
 import json
@@ -27,6 +27,9 @@ AUTOSCALE_FLAGS = ["--autoscale-target-in-flight", "1.5", "--autoscale-up-second
 
 def _env(**extra: str) -> dict:
     env = dict(os.environ)
+    # A platform serves its own Cloud Storage unless a test names one (the session's gcs_emulator sets this
+    # process's STORAGE_EMULATOR_HOST for its clients; a platform must not pick it up by the order tests run in).
+    env.pop("STORAGE_EMULATOR_HOST", None)
     env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra)
@@ -102,6 +105,9 @@ class PlatformProcess:
         self.extra_args = extra_args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Its Cloud Storage (unless STORAGE_EMULATOR_HOST names another): a port of its own, known to the tests.
+        self.storage_port = free_port()
+        self.storage_url = f"http://127.0.0.1:{self.storage_port}"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -111,7 +117,7 @@ class PlatformProcess:
         store = [] if "--store" in self.extra_args else ["--store", str(self.workdir / "platform.db")]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), *store,
-             "--state-dir", str(self.workdir / "state"), *self.extra_args],
+             "--state-dir", str(self.workdir / "state"), "--storage-port", str(self.storage_port), *self.extra_args],
             env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
         wait_http(self.url + "/healthz", 60, self.proc, log)
 
@@ -150,9 +156,11 @@ def start_platform(tmp_path_factory, name: str, env: dict, args: list[str]) -> P
 
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory, tiny_models, gcs_emulator):
-    p = start_platform(tmp_path_factory, "platform", _env(STORAGE_EMULATOR_HOST=gcs_emulator["host"]),
+    # It serves its own Cloud Storage over the session storage's root: what a test uploads through
+    # gcs_emulator's client, the platform, its replicas and jobs read through the platform's own port.
+    p = start_platform(tmp_path_factory, "platform", _env(),
                        ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}",
-                        *AUTOSCALE_FLAGS])
+                        "--storage-root", str(gcs_emulator["root"]), *AUTOSCALE_FLAGS])
     try:
         yield p
     finally:

@@ -87,7 +87,8 @@ class Store:
         self.db = MetaDB(self.root)
         self._lock_path = self.root / META_DIR / "lock"
         self._thread_lock = threading.Lock()
-        self.last_activity = time.monotonic()
+        self.last_activity = time.monotonic()  # the routes keep these two up to date
+        self.in_flight = 0
         self._md5_queue: list[tuple[str, str, int]] = []
         self._md5_wake = threading.Event()
         threading.Thread(target=self._md5_worker, name="storage-md5", daemon=True).start()
@@ -393,7 +394,7 @@ class Store:
              start_offset: str = "", end_offset: str = "", match_glob: str = "") -> tuple[list[Record], list[str], str]:
         """(objects, prefixes, next page token), in name order, ``max_results`` of both together."""
         base = self.bucket_path(bucket)
-        after = base64.urlsafe_b64decode(page_token.encode()).decode() if page_token else ""
+        after = base64.b64decode(page_token.encode(), altchars=b"-_", validate=True).decode() if page_token else ""
         pattern = _glob_regex(match_glob) if match_glob else None
         markers = self.db.folder_markers(bucket)
         items: list[Record] = []
@@ -476,8 +477,8 @@ class Store:
             self._md5_wake.clear()
             while self._md5_queue:
                 idle = time.monotonic() - self.last_activity
-                if idle < 1.0:
-                    time.sleep(1.0 - idle)
+                if self.in_flight or idle < 1.0:
+                    time.sleep(max(0.2, 1.0 - idle))
                     continue
                 bucket, name, generation = self._md5_queue.pop(0)
                 try:

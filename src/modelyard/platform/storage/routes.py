@@ -99,7 +99,7 @@ class StorageRoutes:
         return f"{request.scheme}://{request.host}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.store.last_activity = time.monotonic()
+        self.store.in_flight += 1  # the background MD5 waits for a quiet moment
         target = urlsplit(request.raw_path)
         query = dict(parse_qsl(target.query, keep_blank_values=True))
         try:
@@ -115,6 +115,7 @@ class StorageRoutes:
             log.exception("storage request %s %s failed", request.method, request.path)
             return _error(StorageApiError(500, "backendError", f"internal error: {type(exc).__name__}: {exc}"))
         finally:
+            self.store.in_flight -= 1
             self.store.last_activity = time.monotonic()
 
     async def dispatch(self, request: web.Request, method: str, path: str, query: dict) -> web.StreamResponse:
@@ -159,7 +160,7 @@ class StorageRoutes:
             raise StorageApiError(404, "notFound", f"Not Found: {path}")
         if len(rest) == 2:
             if method == "GET":
-                return await self.list_objects(bucket, query)
+                return await self.list_objects(request, bucket, query)
             raise self._bad_method(method, path)
         obj_parts = rest[2:]
         for verb in ("copyTo", "rewriteTo"):
@@ -211,7 +212,7 @@ class StorageRoutes:
         return doc
 
     # ---- listing ---------------------------------------------------------------------------------
-    async def list_objects(self, bucket: str, query: dict) -> web.Response:
+    async def list_objects(self, request: web.Request, bucket: str, query: dict) -> web.Response:
         try:
             max_results = min(int(query.get("maxResults") or 1000), 1000)
         except ValueError:
@@ -224,7 +225,7 @@ class StorageRoutes:
                 max_results, query.get("startOffset", ""), query.get("endOffset", ""), query.get("matchGlob", ""))
         except (ValueError, UnicodeDecodeError):
             raise invalid(f"Invalid pageToken: {query.get('pageToken')!r}") from None
-        base = ""
+        base = self._base_url(request)
         body: dict = {"kind": "storage#objects", "items": [self.store.resource(r, base) for r in items]}
         if prefixes:
             body["prefixes"] = prefixes

@@ -1,0 +1,251 @@
+"""Cloud Storage benchmark: the platform's own storage API against `cp` on the same disk and against
+gcp-storage-emulator, through the stock `google-cloud-storage` client.
+
+    python3 bench/storage.py            # 3 turns, a 200 MB model directory, the 1 GB memory check
+    python3 bench/storage.py --quick    # 1 turn
+
+One `modelyard platform` (temporary store, no warm spare: nothing but the control plane and its
+storage child) and one `gcp-storage-emulator` (its default on-disk mode) run side by side. A model
+directory of 200 MB (two large variable shards, a graph file and a few small files, random bytes) is
+uploaded (`Blob.upload_from_filename`, one call per file as `aiplatform`'s `upload_directory` does) and
+downloaded (`Blob.download_to_filename`), both with the client's default CRC32C check, against each
+server; `cp -r` copies the same directory to and back from another directory on the same disk. The
+three take turns each round, so drift on the shared machine hits all alike; medians are reported.
+
+Memory: a 1 GB file is uploaded (the client's default resumable upload, 100 MB chunks) to each server,
+and the peak resident size (VmHWM) of the process holding the storage is read from /proc afterwards:
+the platform's storage process (and the platform itself), and the emulator's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as host
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RESULTS = ROOT / "results"
+sys.path.insert(0, str(REPO / "src"))
+from modelyard.ports import free_port  # noqa: E402
+
+MB = 1 << 20
+# The model directory: sizes in MB (200 in all), shaped like a SavedModel with sharded variables.
+LAYOUT = {"saved_model.pb": 6.0, "fingerprint.pb": 0.001, "variables/variables.index": 0.05,
+          "variables/variables.data-00000-of-00002": 120.0, "variables/variables.data-00001-of-00002": 73.0,
+          "assets/vocab.txt": 0.9, "assets.extra/tf_serving_warmup_requests": 0.049}
+
+
+def write_random(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(16 * MB, left)
+            f.write(os.urandom(n))
+            left -= n
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer: see {log}")
+
+
+def status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def child_pid(parent: int, marker: str) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and marker.encode() in cmd:
+                return int(entry)
+    raise RuntimeError(f"no child of {parent} running {marker}")
+
+
+class Servers:
+    def __init__(self, work: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env.pop("STORAGE_EMULATOR_HOST", None)
+        port, self.storage_port, emu_port = free_port(), free_port(), free_port()
+        self.platform = subprocess.Popen(
+            [sys.executable, "-m", "modelyard.platform", "--port", str(port), "--storage-port", str(self.storage_port),
+             "--store", str(work / "db.sqlite"), "--state-dir", str(work / "state"), "--no-warm-spare"],
+            env=env, stdout=open(work / "platform.log", "wb"), stderr=subprocess.STDOUT)
+        (work / "emulator").mkdir()
+        self.emulator = subprocess.Popen(
+            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={emu_port}", "-q"],
+            env=env, cwd=work / "emulator", stdout=open(work / "emulator.log", "wb"), stderr=subprocess.STDOUT)
+        self.urls = {"modelyard": f"http://127.0.0.1:{self.storage_port}", "emulator": f"http://127.0.0.1:{emu_port}"}
+        wait_http(f"http://127.0.0.1:{port}/healthz", self.platform, work / "platform.log")
+        wait_http(self.urls["emulator"] + "/storage/v1/b", self.emulator, work / "emulator.log")
+        self.storage_pid = child_pid(self.platform.pid, "modelyard.platform.storage")
+
+    def stop(self) -> None:
+        for p in (self.platform, self.emulator):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+
+
+def client(url: str):
+    import google.auth.credentials
+    from google.cloud import storage
+
+    os.environ["STORAGE_EMULATOR_HOST"] = url  # read when the client is made
+    c = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+    os.environ.pop("STORAGE_EMULATOR_HOST")
+    return c
+
+
+def upload_dir(bucket, src: Path, prefix: str) -> None:
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            bucket.blob(f"{prefix}/{p.relative_to(src).as_posix()}").upload_from_filename(str(p))
+
+
+def download_dir(bucket, prefix: str, dest: Path) -> None:
+    for blob in bucket.list_blobs(prefix=prefix + "/"):
+        path = dest / blob.name[len(prefix) + 1:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(path))
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return fa == fb and all((a / p).stat().st_size == (b / p).stat().st_size for p in fa)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-mb", type=int, default=1024, help="size of the memory check's object (default 1024)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds = 1
+    work = Path(tempfile.mkdtemp(prefix="storage-bench-", dir=os.environ.get("BENCH_TMP")))
+    src = work / "model"
+    for rel, mb in LAYOUT.items():
+        write_random(src / rel, int(mb * MB))
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    servers = Servers(work)
+    runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in ("cp", "modelyard", "emulator")}
+    try:
+        buckets = {}
+        for name in ("modelyard", "emulator"):
+            c = client(servers.urls[name])
+            buckets[name] = c.create_bucket(f"bench-{name}")
+        for r in range(args.rounds):
+            for name in ("cp", "modelyard", "emulator"):
+                back = work / f"back-{name}-{r}"
+                if name == "cp":
+                    dst = work / f"cp-{r}"
+                    t0 = time.perf_counter()
+                    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+                    t1 = time.perf_counter()
+                    subprocess.run(["cp", "-r", str(dst), str(back)], check=True)
+                    t2 = time.perf_counter()
+                    shutil.rmtree(dst)
+                else:
+                    bucket = buckets[name]
+                    t0 = time.perf_counter()
+                    upload_dir(bucket, src, f"r{r}")
+                    t1 = time.perf_counter()
+                    download_dir(bucket, f"r{r}", back)
+                    t2 = time.perf_counter()
+                    for blob in bucket.list_blobs(prefix=f"r{r}/"):
+                        blob.delete()
+                if not same_tree(src, back):
+                    raise RuntimeError(f"{name}: the copy back differs from the source")
+                shutil.rmtree(back)
+                runs[name]["up"].append(total / MB / (t1 - t0))
+                runs[name]["down"].append(total / MB / (t2 - t1))
+                print(f"round {r} {name:9s} up {runs[name]['up'][-1]:7.0f} MB/s  down {runs[name]['down'][-1]:7.0f} MB/s",
+                      file=sys.stderr)
+        # memory: one large object into each server
+        big = work / "big.bin"
+        write_random(big, args.big_mb * MB)
+        memory = {}
+        for name, pid in (("modelyard", servers.storage_pid), ("emulator", servers.emulator.pid)):
+            before = status_kb(pid, "VmHWM")
+            t0 = time.perf_counter()
+            buckets[name].blob("big.bin").upload_from_filename(str(big))
+            secs = time.perf_counter() - t0
+            memory[name] = {"before_mb": before / 1024, "peak_mb": status_kb(pid, "VmHWM") / 1024, "seconds": secs}
+            print(f"{name}: 1 object of {args.big_mb} MB in {secs:.1f} s, peak RSS {memory[name]['peak_mb']:.0f} MB",
+                  file=sys.stderr)
+        memory["platform"] = {"peak_mb": status_kb(servers.platform.pid, "VmHWM") / 1024}
+        on_disk = work / "state" / "storage" / "bench-modelyard" / "big.bin"
+        if on_disk.stat().st_size != args.big_mb * MB:
+            raise RuntimeError("the large object is not on disk whole")
+    finally:
+        servers.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(name: str, way: str) -> float:
+        return statistics.median(runs[name][way])
+
+    import google.cloud.storage as gcs_mod
+
+    emu_version = subprocess.run([sys.executable, "-m", "pip", "show", "gcp-storage-emulator"], capture_output=True,
+                                 text=True).stdout.split("Version: ")[-1].split()[0]
+    rows = [("`cp -r` on the same disk", med("cp", "up"), med("cp", "down")),
+            ("modelyard platform storage", med("modelyard", "up"), med("modelyard", "down")),
+            (f"gcp-storage-emulator {emu_version}", med("emulator", "up"), med("emulator", "down"))]
+    table = [f"| {total / MB:.0f} MB model directory, {len(LAYOUT)} files | upload MB/s | download MB/s | "
+             "upload / cp | download / cp |", "| --- | ---: | ---: | ---: | ---: |"]
+    for label, up, down in rows:
+        table.append(f"| {label} | {up:,.0f} | {down:,.0f} | {up / med('cp', 'up'):.2f}x | {down / med('cp', 'down'):.2f}x |")
+    up_ratio, down_ratio = med("modelyard", "up") / med("cp", "up"), med("modelyard", "down") / med("cp", "down")
+    peak = memory["modelyard"]["peak_mb"]
+    mem_table = [f"| storing one {args.big_mb} MB object | seconds | peak RSS (VmHWM) |", "| --- | ---: | ---: |",
+                 f"| modelyard storage process | {memory['modelyard']['seconds']:.1f} | {peak:.0f} MB |",
+                 f"| modelyard platform process (control plane) | | {memory['platform']['peak_mb']:.0f} MB |",
+                 f"| gcp-storage-emulator | {memory['emulator']['seconds']:.1f} | {memory['emulator']['peak_mb']:.0f} MB |"]
+    checks = [f"| modelyard upload / cp | {up_ratio:.2f}x | >= 0.5x | {'PASS' if up_ratio >= 0.5 else 'FAIL'} |",
+              f"| modelyard download / cp | {down_ratio:.2f}x | >= 0.5x | {'PASS' if down_ratio >= 0.5 else 'FAIL'} |",
+              f"| storage peak RSS storing {args.big_mb} MB | {peak:.0f} MB | < 200 MB | {'PASS' if peak < 200 else 'FAIL'} |"]
+    text = "\n".join([
+        "# Cloud Storage benchmark (bench/storage.py)", "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {host.node()}, {os.cpu_count()} cores; "
+        f"google-cloud-storage {gcs_mod.__version__}; {args.rounds} turn(s), medians.", "",
+        *table, "", *mem_table, "", "| check | measured | target | |", "| --- | ---: | --- | --- |", *checks, "",
+        "Per run (MB/s): " + json.dumps({k: {w: [round(x) for x in v] for w, v in d.items()} for k, d in runs.items()}),
+        ""])
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("storage-quick.md" if args.quick else "storage.md")
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

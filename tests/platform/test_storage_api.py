@@ -1,0 +1,243 @@
+"""The platform's Cloud Storage (modelyard.platform.storage) through the real clients: google-cloud-storage
+and gcsfs against the session platform's own storage port; the token check on the guarded platform;
+an upload cut off half-way; bad names in Google's error format. Name rules are tested one layer down."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from modelyard.platform.storage import StorageApiError, local_file
+from modelyard.platform.storage.names import check_object, object_path
+from tests.platform.conftest import TOKEN, _env, require, start_platform
+
+BUCKET = "storage-api-test"
+
+
+@pytest.fixture
+def gcs(platform, gcs_emulator, monkeypatch):
+    """A google-cloud-storage client of the platform's own storage, and gcsfs pointed at it too."""
+    storage = require("google.cloud.storage", "pip install -e '.[test]'")
+    import google.auth.credentials
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", platform.storage_url)
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+    if client.lookup_bucket(BUCKET) is None:
+        client.create_bucket(BUCKET)
+    return client
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _google_error(resp: requests.Response, code: int, reason: str) -> str:
+    body = resp.json()
+    assert resp.status_code == code, resp.text
+    assert body["error"]["code"] == code and body["error"]["errors"][0]["reason"] == reason, body
+    return body["error"]["message"]
+
+
+def test_platform_prints_the_export_line(platform):
+    log = (platform.workdir / f"platform-{platform.starts}.log").read_text()
+    assert f"export STORAGE_EMULATOR_HOST={platform.storage_url}" in log
+
+
+def test_resumable_upload_of_100_mb_and_ranged_download(gcs, gcs_emulator, platform, tmp_path):
+    src = tmp_path / "big.bin"
+    with open(src, "wb") as f:
+        for _ in range(100):
+            f.write(os.urandom(1 << 20))
+    blob = gcs.bucket(BUCKET).blob("big/model.bin")
+    blob.chunk_size = 16 << 20  # several PUTs with Content-Range, each answered 308 until the last
+    blob.upload_from_filename(str(src), checksum="crc32c")
+    assert blob.size == 100 << 20 and blob.crc32c
+    # The object is a plain file under the storage root, byte for byte.
+    on_disk = gcs_emulator["root"] / BUCKET / "big" / "model.bin"
+    assert _sha(on_disk) == _sha(src)
+    assert local_file(f"gs://{BUCKET}/big/model.bin", gcs_emulator["root"]) == on_disk
+    back = tmp_path / "back.bin"
+    gcs.bucket(BUCKET).blob("big/model.bin").download_to_filename(str(back), checksum="crc32c")
+    assert _sha(back) == _sha(src)
+    with open(src, "rb") as f:
+        f.seek(12345)
+        want = f.read(1000)
+    got = gcs.bucket(BUCKET).blob("big/model.bin").download_as_bytes(start=12345, end=12345 + 999)
+    assert got == want
+    url = f"{platform.storage_url}/download/storage/v1/b/{BUCKET}/o/big%2Fmodel.bin?alt=media"
+    tail = requests.get(url, headers={"Range": "bytes=-10"})
+    assert tail.status_code == 206 and tail.content == src.read_bytes()[-10:]
+    assert tail.headers["Content-Range"] == f"bytes {(100 << 20) - 10}-{(100 << 20) - 1}/{100 << 20}"
+    _google_error(requests.get(url, headers={"Range": f"bytes={200 << 20}-"}), 416, "requestedRangeNotSatisfiable")
+
+
+def test_list_with_delimiter_and_pages(gcs):
+    bucket = gcs.bucket(BUCKET)
+    names = ["list/a.txt", "list/b/1", "list/b/2", "list/c/x/y", "list/d.txt", "list/b-side"]
+    for n in names:
+        bucket.blob(n).upload_from_string(n.encode())
+    it = gcs.list_blobs(BUCKET, prefix="list/", delimiter="/")
+    assert [b.name for b in it] == ["list/a.txt", "list/b-side", "list/d.txt"]
+    assert it.prefixes == {"list/b/", "list/c/"}
+    pages = list(gcs.list_blobs(BUCKET, prefix="list/", page_size=2).pages)
+    assert len(pages) == 3
+    assert [b.name for p in pages for b in p] == sorted(names)  # Cloud Storage's order: "b-side" < "b/1"
+    delimited = list(gcs.list_blobs(BUCKET, prefix="list/", delimiter="/", page_size=1).pages)
+    assert sum(len(list(p)) + len(p.prefixes) for p in delimited) == 5
+
+
+def test_rewrite_copy_compose_and_preconditions(gcs):
+    from google.api_core.exceptions import PreconditionFailed
+
+    bucket = gcs.bucket(BUCKET)
+    src = bucket.blob("rw/src")
+    src.upload_from_string(b"0123456789", content_type="text/plain")
+    dest = bucket.blob("rw/dest")
+    token, done, total = dest.rewrite(src)
+    assert token is None and done == total == 10
+    assert dest.download_as_bytes() == b"0123456789" and dest.content_type == "text/plain"
+    bucket.copy_blob(src, bucket, "rw/copy")
+    both = bucket.blob("rw/both")
+    both.compose([src, bucket.blob("rw/copy")])
+    assert both.download_as_bytes() == b"01234567890123456789"
+    with pytest.raises(PreconditionFailed):
+        bucket.blob("rw/src").upload_from_string(b"again", if_generation_match=0)
+    src.reload()
+    bucket.blob("rw/src").upload_from_string(b"new", if_generation_match=src.generation)
+    assert bucket.blob("rw/src").download_as_bytes() == b"new"
+
+
+def test_gcsfs_reads_a_model_directory(gcs, tiny_models, tmp_path):
+    gcsfs = require("gcsfs", "pip install gcsfs")
+    model = Path(tiny_models["models"]["tiny1"]["path"])
+    files = sorted(p for p in model.rglob("*") if p.is_file())
+    for p in files:  # as aiplatform's upload_directory does, one blob per file
+        gcs.bucket(BUCKET).blob(f"models/tiny1/{p.relative_to(model).as_posix()}").upload_from_filename(str(p))
+    fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=os.environ["STORAGE_EMULATOR_HOST"])
+    found = sorted(fs.find(f"{BUCKET}/models/tiny1"))
+    assert found == [f"{BUCKET}/models/tiny1/{p.relative_to(model).as_posix()}" for p in files]
+    fs.get(f"{BUCKET}/models/tiny1", str(tmp_path / "copy"), recursive=True)
+    for p in files:
+        assert (tmp_path / "copy" / p.relative_to(model)).read_bytes() == p.read_bytes()
+    with fs.open(f"{BUCKET}/models/tiny1/{files[0].relative_to(model).as_posix()}", "rb") as f:
+        f.seek(1)
+        assert f.read(5) == files[0].read_bytes()[1:6]
+
+
+def test_bad_input_gets_googles_error_format(gcs, platform):
+    from google.api_core.exceptions import BadRequest, NotFound
+
+    base = f"{platform.storage_url}/storage/v1/b"
+    assert "bucket does not exist" in _google_error(requests.get(f"{base}/no-such-bucket/o"), 404, "notFound")
+    with pytest.raises(NotFound):
+        gcs.get_bucket("no-such-bucket")
+    for bad in ("..%2F..%2Fetc%2Fpasswd", "%2e%2e%2Fx", "a%2F%2Fb", "%2Fabsolute", "a%2F.%2Fb"):
+        _google_error(requests.get(f"{base}/{BUCKET}/o/{bad}"), 400, "invalid")
+        upload = f"{platform.storage_url}/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name={bad}"
+        _google_error(requests.post(upload, data=b"x"), 400, "invalid")
+    with pytest.raises(BadRequest):
+        gcs.bucket(BUCKET).blob("../escape").upload_from_string(b"x")
+    _google_error(requests.post(base, json={"name": "Bad_Bucket!"}), 400, "invalid")
+    _google_error(requests.get(f"{base}/{BUCKET}/o/missing"), 404, "notFound")
+    _google_error(requests.get(f"{base}/{BUCKET}/o", params={"pageToken": "%%%"}), 400, "invalid")
+    # ... and it keeps serving
+    assert requests.get(f"{base}/{BUCKET}").json()["name"] == BUCKET
+
+
+def test_an_upload_cut_off_half_way_leaves_nothing(gcs, gcs_emulator, platform):
+    host, port = "127.0.0.1", platform.storage_port
+    for kind in ("media", "multipart"):
+        name = f"cut/{kind}.bin"
+        head = (f"POST /upload/storage/v1/b/{BUCKET}/o?uploadType={kind}&name={name} HTTP/1.1\r\n"
+                f"Host: {host}:{port}\r\nContent-Length: {20 << 20}\r\n")
+        head += ("Content-Type: multipart/related; boundary=xx\r\n\r\n--xx\r\nContent-Type: application/json\r\n\r\n"
+                 f'{{"name": "{name}"}}\r\n--xx\r\nContent-Type: application/octet-stream\r\n\r\n'
+                 if kind == "multipart" else "Content-Type: application/octet-stream\r\n\r\n")
+        with socket.create_connection((host, port)) as s:
+            s.sendall(head.encode())
+            s.sendall(os.urandom(8 << 20))  # then the client dies
+        deadline = time.monotonic() + 10
+        while any((gcs_emulator["root"] / ".modelyard" / "tmp").iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any((gcs_emulator["root"] / ".modelyard" / "tmp").iterdir())
+        assert not gcs.bucket(BUCKET).blob(name).exists()
+        assert not (gcs_emulator["root"] / BUCKET / name).exists()
+    # a resumable session that never finishes leaves no object either
+    blob = gcs.bucket(BUCKET).blob("cut/resumable.bin")
+    url = blob.create_resumable_upload_session(size=10 << 20)
+    r = requests.put(url, data=os.urandom(4 << 20), headers={"Content-Range": f"bytes 0-{(4 << 20) - 1}/{10 << 20}"})
+    assert r.status_code == 308 and r.headers["Range"] == f"bytes=0-{(4 << 20) - 1}"
+    assert not blob.exists()
+
+
+def test_auth_token_refuses_anonymous_calls(guarded, monkeypatch):
+    storage = require("google.cloud.storage", "pip install -e '.[test]'")
+    import google.auth.credentials
+    import google.oauth2.credentials
+    from google.auth.exceptions import InvalidOperation
+
+    p, _root = guarded
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", p.storage_url)
+    _google_error(requests.get(f"{p.storage_url}/storage/v1/b"), 401, "required")
+    _google_error(requests.get(f"{p.storage_url}/storage/v1/b", headers={"Authorization": "Bearer wrong"}), 401,
+                  "authError")
+    anon = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+    # google-auth answers a 401 by refreshing the credentials, which anonymous ones cannot: that is the refusal.
+    with pytest.raises(InvalidOperation):
+        anon.create_bucket("guarded-bucket")
+    client = storage.Client(project="local", credentials=google.oauth2.credentials.Credentials(TOKEN))
+    bucket = client.create_bucket("guarded-bucket")
+    bucket.blob("x").upload_from_string(b"secret")
+    assert bucket.blob("x").download_as_bytes() == b"secret"
+    with pytest.raises(InvalidOperation):
+        anon.bucket("guarded-bucket").blob("x").download_as_bytes()
+
+
+def test_a_platform_given_storage_uses_it(tmp_path_factory, gcs_emulator):
+    p = start_platform(tmp_path_factory, "outside-storage", _env(STORAGE_EMULATOR_HOST=gcs_emulator["host"]),
+                       ["--no-warm-spare"])
+    try:
+        log = (p.workdir / "platform-1.log").read_text()
+        assert f"using the Cloud Storage at STORAGE_EMULATOR_HOST={gcs_emulator['host']}" in log
+        with pytest.raises(requests.ConnectionError):
+            requests.get(p.storage_url + "/storage/v1/b", timeout=2)
+    finally:
+        p.cleanup()
+
+
+# ---- one layer down: the name rules and the path mapping ---------------------------------------------
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/../../b", "a//b", "/abs", "a/./b", ".", "a\0b", "x\ny", "",
+                                  "a/" + "z" * 256])
+def test_names_that_cannot_be_files_are_refused(name):
+    with pytest.raises(StorageApiError) as err:
+        check_object(name)
+    assert err.value.code == 400 and err.value.reason == "invalid"
+
+
+def test_names_map_under_the_root_and_symlinks_cannot_leave_it(tmp_path):
+    root = tmp_path / "root"
+    (root / "bkt").mkdir(parents=True)
+    assert object_path(root, "bkt", "a/b c/é.txt") == root / "bkt" / "a" / "b c" / "é.txt"
+    assert object_path(root, "bkt", "dir/") == root / "bkt" / "dir"
+    assert local_file("/gcs/bkt/x/y", root) == root / "bkt" / "x" / "y"
+    assert local_file("gs://bkt", root) == root / "bkt"
+    assert local_file("gs://bkt/x", None) is None
+    (tmp_path / "outside").mkdir()
+    (root / "bkt" / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(StorageApiError):
+        object_path(root, "bkt", "link/secret")
+    with pytest.raises(StorageApiError):
+        local_file("gs://Bad_Bucket/x", root)
