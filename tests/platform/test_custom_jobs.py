@@ -41,13 +41,13 @@ def test_custom_job_runs_its_pool_with_vertex_environment(aiplatform, gcs_emulat
     assert spec.worker_pool_specs[0].container_spec.image_uri == "us-docker.pkg.dev/my-project/trainer:latest"
     base = spec.base_output_directory.output_uri_prefix
     assert base.startswith(f"gs://{STAGING_BUCKET}/")
-    # The replica wrote into its local AIP_MODEL_DIR; the job published it under the gs:// base directory.
+    # As on Vertex, AIP_MODEL_DIR is a gs:// URI under the base directory: the replica wrote its object there.
     blob = gcs_emulator["client"].bucket(STAGING_BUCKET).blob(base.split(f"{STAGING_BUCKET}/", 1)[1] + "/model/workerpool0-0.json")
     seen = json.loads(blob.download_as_text())
     assert seen["argv"] == ["--epochs=2"] and seen["env"]["GREETING"] == "hi"
-    assert seen["env"]["CLOUD_ML_JOB_ID"] == job.name
+    assert seen["env"]["CLOUD_ML_JOB_ID"] == job.name and seen["env"]["CLOUD_ML_PROJECT_ID"] == "local"
     for var, sub in (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"), ("AIP_TENSORBOARD_LOG_DIR", "logs")):
-        assert seen["env"][var].endswith(f"/{sub}/")
+        assert seen["env"][var] == f"{base.rstrip('/')}/{sub}/"
     assert seen["env"]["TF_CONFIG"] is None  # one replica: no cluster, as on Vertex
     assert json.loads(seen["env"]["CLUSTER_SPEC"])["task"] == {"type": "workerpool0", "index": 0}
     assert job.gca_resource.start_time and job.gca_resource.end_time

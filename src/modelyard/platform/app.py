@@ -67,6 +67,7 @@ class Platform:
         # Jobs (batch prediction, custom, tuning) run as children of the leading platform only.
         self.jobs = JobRunner(self.store, config.state_dir, lambda: self.supervisor.leader,
                               engine={"name": "ray", "address": config.ray_address} if config.engine == "ray" else None)
+        self.jobs.platform = self  # training pipelines upload their model through the API's code
         self._jobs_task: asyncio.Task | None = None
 
     def refresh(self) -> None:

@@ -1,26 +1,27 @@
 """Vertex AI ``CustomJob``: worker pools run as local processes, one per replica.
 
 A pool's ``containerSpec.command`` + ``args`` (the image URI is recorded and otherwise ignored) or
-``pythonPackageSpec`` (its packages pip-installed into the job's work dir, then ``python -m
-module args``) is the command of each of its replicas. Pools map to TF roles as on Vertex:
-pool 0 the chief (exactly one replica), 1 workers, 2 parameter servers, 3 the evaluator; the
-replicas run under modelyard's launcher, which gives each its ``TF_CONFIG`` (when there is more
-than one) and stops the rest when one fails. Every replica gets Vertex's ``AIP_MODEL_DIR``,
-``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` under ``baseOutputDirectory`` and
-``CLUSTER_SPEC``; a gs:// / s3:// base directory is written locally and published when the job
-ends (local processes cannot write object storage through TensorFlow here).
+``pythonPackageSpec`` (its packages pip-installed with their dependencies into the job's own
+virtual environment, then ``python -m module args``) is the command of each of its replicas. Pools
+map to TF roles as on Vertex: pool 0 the chief (exactly one replica), 1 workers, 2 parameter
+servers, 3 the evaluator; the replicas run under modelyard's launcher, which gives each its
+``TF_CONFIG`` (when there is more than one) and stops the rest when one fails. Every replica gets
+Vertex's ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` under
+``baseOutputDirectory`` (gs:// URIs when it is one), ``CLUSTER_SPEC``, ``CLOUD_ML_PROJECT_ID``,
+``CLOUD_ML_JOB_ID`` and its ``/gcs/`` paths (job_env). A bucket the job names that does not exist
+is refused at create.
 """
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from modelyard import objstore
+from modelyard.platform import job_env
 from modelyard.platform.errors import invalid
 from modelyard.platform.names import Route
 
@@ -33,6 +34,7 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     if not isinstance(job_spec, dict):
         raise invalid("CustomJob.job_spec is required.")
     check_job_spec(job_spec)
+    await asyncio.to_thread(job_env.check_storage, job_spec)  # a missing bucket: refused now, nothing made
     return {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state")}, {}
 
 
@@ -115,7 +117,8 @@ def _strings(value, field: str) -> list[str]:
 
 # ---- the child side -----------------------------------------------------------------------------
 def execute(work_dir: Path, job: dict) -> dict:
-    run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"))
+    run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"),
+              project=job["parent"].split("/")[1], storage_root=job.get("storageRoot"))
     return {}
 
 
@@ -127,25 +130,40 @@ def output_env(base: str) -> dict[str, str]:
 
 
 def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str] = (),
-              engine: dict | None = None) -> None:
+              engine: dict | None = None, project: str = "local", storage_root: str | None = None) -> None:
     """Run the job's pools to the end; JobFailed (with the failed replica's last lines) if one fails,
     JobFailed(CANCELLED) on SIGTERM after stopping every replica. ``engine`` ``{"name": "ray",
     "address": ...}`` (the platform's ``--engine ray``) runs each replica on a Ray node (jobs_ray);
-    otherwise they are processes of this host."""
+    otherwise they are processes of this host. The replicas' Python, variables and /gcs/ paths are
+    job_env's (``storage_root``: the Cloud Storage the platform serves, whose files /gcs/ paths are)."""
     from modelyard.platform.job_runner import JobFailed
     from modelyard.training import cluster as cluster_mod
     from modelyard.training import launcher
 
     pools = check_job_spec(job_spec)
     base = (job_spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
-    remote = bool(base) and bool(objstore.scheme_of(base))
+    scheme = objstore.scheme_of(base) if base else ""
+    # gs://: the replicas get gs:// URIs and write them themselves (the platform's storage), as on
+    # Vertex; s3:// (not Vertex's): written locally and published at the end; else a local directory.
+    remote = scheme == "s3"
     local_base = str(work_dir / "output") if remote or not base else objstore.local_path(base)
-    env = {"CLOUD_ML_JOB_ID": job_id, **output_env(local_base)}
-    for d in output_env(local_base).values():
-        Path(d).mkdir(parents=True, exist_ok=True)
-    site = _install_packages([u for pool in pools for u in pool["packages"]], work_dir)
-    if site:
-        env["PYTHONPATH"] = site + os.pathsep + os.environ.get("PYTHONPATH", "")
+    dirs = output_env(base) if scheme == "gs" else output_env(local_base)
+    if scheme != "gs":
+        for d in dirs.values():
+            Path(d).mkdir(parents=True, exist_ok=True)
+    env = job_env.vertex_env(project, job_id, dirs)
+    python = job_env.PythonEnv(work_dir)
+    python.create()
+    env.update(python.env())
+    mount = job_env.GcsMount(work_dir, storage_root)
+    mount.stage_in(job_env.pool_strings(job_spec))
+    python.install(objstore.stage_in(list(dict.fromkeys(mount.rewrite(u) for pool in pools for u in pool["packages"])),
+                                     work_dir / "packages"))
+    for pool in pools:
+        pool["command"] = [mount.rewrite(a) for a in pool["command"]]
+        if pool["packages"]:  # python -m module: the job's own interpreter, where its packages are
+            pool["command"][0] = python.python
+        pool["env"] = {k: mount.rewrite(v) for k, v in pool["env"].items()}
 
     by_role = {pool["role"]: pool for pool in pools}
     count = {role: by_role[role]["replicas"] if role in by_role else 0 for role in ROLES}
@@ -205,23 +223,11 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
         if remote:
             n = objstore.publish_tree(Path(local_base), base)
             print(f"published {n} output file(s) to {base}", flush=True)
+        n = mount.publish()
+        if n:
+            print(f"wrote {n} file(s) under /gcs/ back to their buckets", flush=True)
     if cancelled:
         raise JobFailed("CANCELED", "CANCELLED")
     if not ok:
         raise JobFailed(why, "INTERNAL")
 
-
-def _install_packages(uris: list[str], work_dir: Path) -> str | None:
-    """pip-install a python_package_spec's packages (no dependencies) into the work dir."""
-    if not uris:
-        return None
-    from modelyard.platform.job_runner import JobFailed
-
-    target = work_dir / "site-packages"
-    files = objstore.stage_in(list(dict.fromkeys(uris)), work_dir / "packages")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), *files], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise JobFailed(f"python_package_spec: pip could not install {', '.join(uris)}:\n{done.stderr[-1500:]}",
-                        "INVALID_ARGUMENT")
-    return str(target)

@@ -46,6 +46,7 @@ MODULES = {
     "batchPredictionJobs": "modelyard.platform.batch_jobs",
     "customJobs": "modelyard.platform.custom_jobs",
     "hyperparameterTuningJobs": "modelyard.platform.tuning_jobs",
+    "trainingPipelines": "modelyard.platform.training_pipelines",
 }
 
 
@@ -87,8 +88,11 @@ class JobRunner:
     """Starts, watches, cancels and adopts job processes for the rows of one store.
 
     A kind's module may define ``RESUMABLE`` (bool) and ``progress(work_dir, row) -> dict | None``
-    (fields merged into the row's result while it runs). ``engine`` (``{"name": "ray", "address": ...}``
-    under ``--engine ray``) reaches each job's child in its job.json: where a custom job's replicas run.
+    (fields merged into the row's result while it runs); a kind with ``follow(runner, row)`` runs no
+    process: each tick calls it instead (a pipeline following the job it made). ``platform`` (set by
+    the Platform) is what ``call_platform`` hands such a kind for work done through the API's code.
+    ``engine`` (``{"name": "ray", "address": ...}`` under ``--engine ray``) reaches each job's child
+    in its job.json: where a custom job's replicas run.
     """
 
     def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
@@ -102,6 +106,8 @@ class JobRunner:
         self._signalled: dict[str, float] = {}
         self._progress_at: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self.platform = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def work_dir(self, job_id: str) -> Path:
         return self.root / job_id
@@ -110,7 +116,14 @@ class JobRunner:
         """Tick now (a job was created or cancelled) rather than at the next interval."""
         self._wake.set()
 
+    def call_platform(self, work, timeout: float = 600.0):
+        """``await work(platform)`` on the platform's event loop, from the runner's thread; its result."""
+        if self.platform is None or self._loop is None:
+            raise ApiError("INTERNAL", "the job runner has no platform to call")
+        return asyncio.run_coroutine_threadsafe(work(self.platform), self._loop).result(timeout)
+
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         while True:
             try:
                 if self.is_leader():
@@ -133,6 +146,10 @@ class JobRunner:
     # ---- one job --------------------------------------------------------------------------------
     def _step(self, row: dict) -> None:
         job_id, state = row["id"], row["state"]
+        follow = getattr(kind_module(row["kind"]), "follow", None)
+        if follow is not None:
+            follow(self, row)
+            return
         if state == PENDING:
             if self.store.update_job(job_id, (PENDING,), state=RUNNING, started=time.time()):
                 self._spawn(row)
@@ -149,9 +166,11 @@ class JobRunner:
         work_dir = self.work_dir(job_id)
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / RESULT_FILE).unlink(missing_ok=True)
+        storage_root = getattr(getattr(self.platform, "config", None), "storage_root", None)
         write_json(work_dir / JOB_FILE, {"id": job_id, "kind": row["kind"], "parent": row["parent"],
                                          "displayName": row["display_name"], "spec": row["spec"],
-                                         "run": row["runs"] + 1, "engine": self.engine})
+                                         "run": row["runs"] + 1, "engine": self.engine,
+                                         "storageRoot": str(storage_root) if storage_root else None})
         try:
             with open(work_dir / LOG_FILE, "ab") as logf:
                 # MODELYARD_JOB_ID is inherited by every process of the job: how leftovers are found.

@@ -70,6 +70,9 @@ def list_(p, route: Route, filter_: str | None) -> dict:
 
 def cancel(p, route: Route) -> dict:
     row = _get_in(p, route)
+    hook = getattr(_kind(p, route), "cancel", None)  # a kind that cancels through another job
+    if hook is not None:
+        return hook(p, route, row)
     if row["state"] == PENDING and p.store.update_job(row["id"], (PENDING,), state=CANCELLED, ended=time.time(),
                                                       error=ApiError("CANCELLED", "CANCELED").to_rpc_status()):
         return {}
@@ -138,7 +141,8 @@ def _parse_filter(filter_: str | None) -> list[tuple[str, str]]:
         if not m:
             raise invalid(f"Unsupported filter {filter_!r}: modelyard filters jobs by display_name=\"...\" and "
                           "state=\"JOB_STATE_...\", joined by AND.")
-        out.append(("state" if m.group(1) == "state" else "display_name", m.group(2)))
+        value = m.group(2).replace("PIPELINE_STATE_", "JOB_STATE_")  # a pipeline's states are stored as jobs'
+        out.append(("state" if m.group(1) == "state" else "display_name", value))
     return out
 
 

@@ -5,7 +5,7 @@ A request path below ``/v1/`` names one of:
     projects/{p}/locations/{l}/models:upload           (a verb on a collection)
     projects/{p}/locations/{l}/models/{id}[@{version}]  (a resource)
     projects/{p}/locations/{l}/endpoints/{id}:predict   (a verb on a resource)
-    projects/{p}/locations/{l}/batchPredictionJobs/{id}:cancel  (jobs: customJobs, hyperparameterTuningJobs too)
+    projects/{p}/locations/{l}/batchPredictionJobs/{id}:cancel  (jobs: customJobs, hyperparameterTuningJobs, trainingPipelines too)
     projects/{p}/locations/{l}[/{collection}/{id}]/operations/{op}
 
 Ids are decimal strings, as Vertex AI hands out; a model may also have the id its uploader chose
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from modelyard.platform.errors import ApiError
 
-COLLECTIONS = ("models", "endpoints", "batchPredictionJobs", "customJobs", "hyperparameterTuningJobs")
+COLLECTIONS = ("models", "endpoints", "batchPredictionJobs", "customJobs", "hyperparameterTuningJobs",
+               "trainingPipelines")
 JOB_COLLECTIONS = COLLECTIONS[2:]
 _ID = re.compile(r"^[0-9]{1,30}$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

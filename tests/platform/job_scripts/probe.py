@@ -1,6 +1,7 @@
 """A training command for the job tests: records what the platform gave it, then sleeps or fails.
 
-Writes AIP_MODEL_DIR/<task>.json with its argv, pid and the Vertex environment variables.
+Writes AIP_MODEL_DIR/<task>.json with its argv, pid and the Vertex environment variables (through
+google-cloud-storage when AIP_MODEL_DIR is a gs:// URI, as a script on Vertex would).
 """
 import json
 import os
@@ -11,11 +12,20 @@ args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:] if "=" in a)
 task = json.loads(os.environ["CLUSTER_SPEC"])["task"]
 name = f"{task['type']}-{task['index']}"
 model_dir = os.environ["AIP_MODEL_DIR"]
-os.makedirs(model_dir, exist_ok=True)
-with open(os.path.join(model_dir, name + ".json"), "w") as f:
-    json.dump({"argv": sys.argv[1:], "pid": os.getpid(), "env": {k: os.environ.get(k) for k in (
-        "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR", "TF_CONFIG", "CLUSTER_SPEC",
-        "CLOUD_ML_JOB_ID", "GREETING")}}, f)
+record = json.dumps({"argv": sys.argv[1:], "pid": os.getpid(), "env": {k: os.environ.get(k) for k in (
+    "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR", "TF_CONFIG", "CLUSTER_SPEC",
+    "CLOUD_ML_JOB_ID", "CLOUD_ML_PROJECT_ID", "GREETING")}})
+if model_dir.startswith("gs://"):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    blob = storage.Blob.from_uri(model_dir + name + ".json",
+                                    client=storage.Client(project="local", credentials=AnonymousCredentials()))
+    blob.upload_from_string(record)
+else:
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, name + ".json"), "w") as f:
+        f.write(record)
 print(f"{name}: started with {sys.argv[1:]}", flush=True)
 time.sleep(float(args.get("sleep", 0)))
 if args.get("fail"):
