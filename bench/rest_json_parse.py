@@ -7,6 +7,8 @@ pixels scaled to [0, 1] as floats with few digits, as float32 reprs, and as full
 (16-17 digits: a 17-digit significand exceeds 2^53, so the C reader stops at the first one
 and the general parser reads the body). Each row times body bytes -> the float32 input array the model gets
 (``parse_predict`` + ``predict_inputs``, as the REST server calls them), best of ``--repeats``.
+The last row is the uint8 image as Vertex AI's SDK sends it (every pixel a double, ``0.0``), read
+under ``--json_numbers vertex`` (the platform's replicas): integral doubles become uint8.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from harness import RESULTS, log, machine, markdown_table, write_results
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def bodies() -> list[tuple[str, str, bytes]]:
-    """(label, input dtype, body) for each way of writing one image."""
+def bodies() -> list[tuple[str, str, bytes, bool]]:
+    """(label, input dtype, body, under the vertex number rule) for each way of writing one image."""
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (1, 28, 28))
     scaled = pixels / 255.0
@@ -32,11 +34,12 @@ def bodies() -> list[tuple[str, str, bytes]]:
         return json.dumps({"instances": values}).encode()
 
     return [
-        ("uint8 pixels as integers", "uint8", body(pixels.tolist())),
-        ("pixels/255, 4 decimals", "float32", body(np.round(scaled, 4).tolist())),
+        ("uint8 pixels as integers", "uint8", body(pixels.tolist()), False),
+        ("pixels/255, 4 decimals", "float32", body(np.round(scaled, 4).tolist()), False),
         ("pixels/255 as float32 reprs (≤ 9 digits)", "float32",
-         body([[[float(str(np.float32(v))) for v in row] for row in scaled[0]]])),
-        ("pixels/255 as double reprs (16-17 digits)", "float32", body(scaled.tolist())),
+         body([[[float(str(np.float32(v))) for v in row] for row in scaled[0]]]), False),
+        ("pixels/255 as double reprs (16-17 digits)", "float32", body(scaled.tolist()), False),
+        ("uint8 pixels as doubles (0.0), vertex rule", "uint8", body(pixels.astype(np.float64).tolist()), True),
     ]
 
 
@@ -58,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         print("the C reader (_numjson) was not built: reinstall modelyard with a C compiler", file=sys.stderr)
         return 1
     rows = []
-    for label, dtype, body in bodies():
+    for label, dtype, body, integral in bodies():
         spec = TensorSpec("x", "x:0", tf.as_dtype(dtype).as_datatype_enum, None)
         sig = type("Signature", (), {"inputs": {"x": spec}})()
 
         def read() -> None:
             _, key, payload = rest_json.parse_predict(body)
-            rest_json.predict_inputs(key, payload, sig)
+            rest_json.predict_inputs(key, payload, sig, integral)
 
         cells = {}
         for name, module in (("C reader", reader), ("general parser", None)):

@@ -96,35 +96,47 @@ def _signature(*dtypes: tf.DType):
     return type("Sig", (), {"inputs": inputs})()
 
 
-def _outcome(body: bytes, sig):
+def _outcome(body: bytes, sig, integral: bool = False):
     try:
         _, key, payload = rest_json.parse_predict(body)
-        arrays = rest_json.predict_inputs(key, payload, sig)
+        arrays = rest_json.predict_inputs(key, payload, sig, integral)
     except ServingError as exc:
         return ("error", exc.code, exc.message)
     return [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in sorted(arrays.items())]
 
 
+# Whole-valued numbers written as doubles (what Vertex AI's SDK sends for a uint8 image), and their neighbours.
+INTEGRAL_BODIES = [b'{"instances":[[0.0,255.0],[3.0,1e2]]}', b'{"instances":[-0.0,1E1,2.50e1]}',
+                   b'{"instances":[256.0,0.0]}', b'{"instances":[-1.0]}', b'{"instances":[0.5,1.0]}',
+                   b'{"instances":[1,2.0,3]}', b'{"instances":[9007199254740992.0]}', b'{"inputs":[[1e3,7.0]]}']
+
+
 # Past float16's or float32's range a value casts to infinity, on either path, and NumPy warns.
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("integral", [False, True], ids=["tf_serving", "vertex"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_the_c_reader_answers_as_the_general_parser(dtype, monkeypatch):
+def test_the_c_reader_answers_as_the_general_parser(dtype, integral, monkeypatch):
     sigs = [_signature(dtype), _signature(dtype, tf.float32)]
-    fast = [_outcome(body, sig) for body in BODIES for sig in sigs]
+    bodies = BODIES + INTEGRAL_BODIES
+    fast = [_outcome(body, sig, integral) for body in bodies for sig in sigs]
     monkeypatch.setattr(rest_json, "_numjson", None)  # as when installed without a C compiler
-    general = [_outcome(body, sig) for body in BODIES for sig in sigs]
-    for body, f, g in zip([b for b in BODIES for _ in sigs], fast, general):
+    general = [_outcome(body, sig, integral) for body in bodies for sig in sigs]
+    for body, f, g in zip([b for b in bodies for _ in sigs], fast, general):
         assert f == g, body
 
 
 def test_which_bodies_the_c_reader_takes():
     assert _numjson.read_number_body(b'{"instances":[[1,-2],[3,4]]}')[:2] == ("instances", None)
-    key, name, values, shape, lo, hi, floating = _numjson.read_number_body(b' {"signature_name" : "s", "inputs":[[5]] } ')
-    assert (key, name, shape, lo, hi, floating) == ("inputs", "s", (1, 1), 5, 5, False)
+    key, name, values, shape, lo, hi, floating, integral = _numjson.read_number_body(
+        b' {"signature_name" : "s", "inputs":[[5]] } ')
+    assert (key, name, shape, lo, hi, floating, integral) == ("inputs", "s", (1, 1), 5, 5, False, True)
     assert np.frombuffer(values, np.int64).tolist() == [5]
-    key, name, values, shape, _, _, floating = _numjson.read_number_body(b'{"instances":[[7,-0.5],[1e2,0]]}')
-    assert (shape, floating) == ((2, 2), True)
+    key, name, values, shape, _, _, floating, integral = _numjson.read_number_body(b'{"instances":[[7,-0.5],[1e2,0]]}')
+    assert (shape, floating, integral) == ((2, 2), True, False)
     assert np.frombuffer(values, np.float64).tolist() == [7.0, -0.5, 100.0, 0.0]
+    # whole doubles (the vertex rule's integers): their extremes, as for integers
+    _, _, values, shape, lo, hi, floating, integral = _numjson.read_number_body(b'{"instances":[[7,-0.0],[1e2,-3.0]]}')
+    assert (shape, lo, hi, floating, integral) == ((2, 2), -3, 100, True, True)
     assert [body for body, _ in CASES if _numjson.read_number_body(body) is not None] == \
         [body for body, taken in CASES if taken]
     for body in (b'{"signature_name":"a\\"b","instances":[1]}', b'{"instances":[1],"extra":1}', b"",
@@ -222,8 +234,9 @@ def _mutations(rng: random.Random, body: bytes, count: int):
 def test_whatever_the_c_reader_takes_is_valid_json_with_the_same_numbers():
     rng = random.Random(7)
     seeds = [b'{"instances":[[1,2,3],[40,-5,60]]}', b'{"signature_name":"s","inputs":[[[0],[7]],[[8],[9]]]}',
-             b'{"instances":[0, 10, -200]}', b'{"instances":[[0.5,-1e3,2],[1.25E-2,0,-0.0]]}']
-    taken = floating_taken = 0
+             b'{"instances":[0, 10, -200]}', b'{"instances":[[0.5,-1e3,2],[1.25E-2,0,-0.0]]}',
+             b'{"instances":[[3.0,-1e3,2],[1.25E2,0,-0.0]]}']
+    taken = floating_taken = integral_taken = 0
     for seed in seeds:
         for body in _mutations(rng, seed, 3000):
             read = _numjson.read_number_body(body)
@@ -231,7 +244,7 @@ def test_whatever_the_c_reader_takes_is_valid_json_with_the_same_numbers():
                 continue
             taken += 1
             doc = orjson.loads(body)  # raises if the C reader took something that is not JSON
-            key, name, values, shape, lo, hi, floating = read
+            key, name, values, shape, lo, hi, floating, integral = read
             assert set(doc) <= {key, "signature_name"} and doc.get("signature_name") == name
             expected = np.asarray(doc[key])
             assert expected.shape == shape, body
@@ -239,8 +252,13 @@ def test_whatever_the_c_reader_takes_is_valid_json_with_the_same_numbers():
                 floating_taken += 1
                 assert expected.dtype == np.float64, body
                 assert np.frombuffer(values, np.float64).tobytes() == expected.tobytes(), body
+                whole = bool((np.trunc(expected) == expected).all() and np.abs(expected).max() <= 2**53)
+                assert integral == whole, body
+                if integral:
+                    integral_taken += 1
+                    assert (lo, hi) == (expected.min(), expected.max()), body
             else:
                 assert expected.dtype == np.int64, body
                 assert np.frombuffer(values, np.int64).tolist() == expected.ravel().tolist(), body
                 assert (lo, hi) == (expected.min(), expected.max())
-    assert taken > 100 and floating_taken > 50  # the mutations did reach both success paths
+    assert taken > 100 and floating_taken > 50 and integral_taken > 20  # the mutations reached every success path

@@ -14,6 +14,11 @@
  * Floats: Clinger's fast path (significand <= 2^53, |power of ten| <= 22: one exact rounding)
  * and otherwise PyOS_string_to_double, Python's correctly rounded, locale-free reader; a
  * result that overflows to infinity fails the batch.
+ *
+ * ``integral`` (an integer tensor under dtypes' vertex rule): a number with a fraction or an
+ * exponent is read as a double as above and stored as the int64 it equals when it is integral
+ * and at most 2^53 in size (exact); any other fails the batch, and the Python path refuses the
+ * row in its own words. Ranges are checked by the caller (dtypes.json_array), never here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,7 +34,8 @@
 typedef struct {
     const char *p;   /* next byte */
     const char *end; /* end of the line (its '\n' or the end of the data) */
-    int integer;     /* int64 values; a fraction or exponent fails */
+    int integer;     /* int64 values; a fraction or exponent fails (unless integral) */
+    int integral;    /* with integer: an integral fraction or exponent (3.0, 1e2) is its integer */
     int64_t *out;    /* next value slot (int64 or double bit patterns) */
     const Py_ssize_t *shape;
     int ndim;
@@ -130,7 +136,7 @@ static int number(Line *l)
         }
         power += below ? -written : written;
     }
-    if (l->integer) {
+    if (l->integer && !(floating && l->integral)) {
         /* An integer input takes integers only; the Python path words the error for the rest. */
         if (floating || !exact)
             return -1;
@@ -159,6 +165,12 @@ static int number(Line *l)
             return -1;
         }
 #endif
+        if (l->integer) { /* integral: only a whole double a 64-bit integer holds exactly */
+            if (d != d || d > (double)EXACT_INT || d < -(double)EXACT_INT || d != (double)(int64_t)d)
+                return -1;
+            *l->out++ = (int64_t)d; /* -0.0 is 0 */
+            return 0;
+        }
         memcpy(l->out++, &d, sizeof d);
         return 0;
     }
@@ -230,8 +242,15 @@ static int value(Line *l, int depth)
     Py_ssize_t i, n;
     if (depth == l->ndim)
         return number(l);
-    if (l->integer && depth == l->ndim - 1)
-        return l->newline ? integer_leaf_to_newline(l, l->shape[depth]) : integer_leaf_bounded(l, l->shape[depth]);
+    if (l->integer && depth == l->ndim - 1) {
+        const char *p = l->p;
+        int64_t *out = l->out;
+        int read = l->newline ? integer_leaf_to_newline(l, l->shape[depth]) : integer_leaf_bounded(l, l->shape[depth]);
+        if (read == 0 || !l->integral)
+            return read;
+        l->p = p; /* integral: the leaf again, number by number (it may hold 3.0 or 1e2) */
+        l->out = out;
+    }
     if (l->p >= l->end || *l->p != '[')
         return -1;
     l->p++;
@@ -300,12 +319,13 @@ static int read_request(PyObject *shape_obj, Py_ssize_t *shape, int *ndim, Py_ss
 }
 
 PyDoc_STRVAR(parse_doc,
-"parse(data, pos, end, max_lines, shape, integer, values, spans) -> (ok, lines, next_pos)\n\n"
+"parse(data, pos, end, max_lines, shape, integer, values, spans, integral=False) -> (ok, lines, next_pos)\n\n"
 "Read up to max_lines lines of data[pos:end] (each ends at a newline or at end). With ok True,\n"
 "every line held one strict JSON tensor of the given shape: its values fill ``values`` (int64\n"
 "when integer, else float64; lines * prod(shape) slots) and its stripped [start, stop) byte\n"
 "span fills ``spans`` (int64 pairs). With ok False, some line did not: lines and next_pos\n"
-"still say where the batch ends, and the buffers hold garbage.");
+"still say where the batch ends, and the buffers hold garbage. With integer and integral, a\n"
+"whole-valued number written with a fraction or exponent (3.0, 1e2) is read as its integer.");
 
 static PyObject *parse(PyObject *self, PyObject *args)
 {
@@ -313,9 +333,9 @@ static PyObject *parse(PyObject *self, PyObject *args)
     Py_ssize_t pos, end, max_lines, size, lines = 0;
     PyObject *shape_obj, *result = NULL;
     Py_ssize_t shape[MAX_NDIM];
-    int integer, ndim, ok = 1;
-    if (!PyArg_ParseTuple(args, "y*nnnOpw*w*", &data, &pos, &end, &max_lines, &shape_obj, &integer,
-                          &values, &spans))
+    int integer, integral = 0, ndim, ok = 1;
+    if (!PyArg_ParseTuple(args, "y*nnnOpw*w*|p", &data, &pos, &end, &max_lines, &shape_obj, &integer,
+                          &values, &spans, &integral))
         return NULL;
     if (read_request(shape_obj, shape, &ndim, &size, pos, end, data.len, max_lines) < 0)
         goto done;
@@ -332,7 +352,7 @@ static PyObject *parse(PyObject *self, PyObject *args)
             const char *nl = memchr(line_start, '\n', (size_t)(end - pos));
             const char *line_end = nl ? nl : base + end;
             if (ok) {
-                Line l = {line_start, line_end, integer, out + lines * size, shape, ndim, nl != NULL};
+                Line l = {line_start, line_end, integer, integral, out + lines * size, shape, ndim, nl != NULL};
                 const char *first;
                 skip_blanks(&l);
                 first = l.p;
@@ -535,7 +555,7 @@ U8_TARGET static void copy_streaming(char *dst, const char *src, size_t n)
 static int u8_line_scalar(const char *p, const char *end, int newline, uint8_t *out, const Py_ssize_t *shape,
                           int ndim, Py_ssize_t n, U8Reader *r, const char **stop)
 {
-    Line l = {p, end, 1, r->scratch, shape, ndim, newline};
+    Line l = {p, end, 1, 0, r->scratch, shape, ndim, newline};
     Py_ssize_t i;
     if (value(&l, 0) < 0)
         return -1;

@@ -36,16 +36,18 @@ def _fields(value) -> tuple[str, ...]:
 def build_spec(model: str, input, format: str | None = None, key_field: str | None = None,
                included_fields=(), excluded_fields=(), instance_type: str | None = None,
                signature_name: str = "serving_default", runtime: str = "auto",
-               chunk_rows: int = DEFAULT_CHUNK_ROWS) -> JobSpec:
+               chunk_rows: int = DEFAULT_CHUNK_ROWS, json_numbers: str = "tf_serving") -> JobSpec:
     name, version, version_dir = resolve_model(model)
     if chunk_rows < 1:
         raise BatchError(f"chunk_rows {chunk_rows}: must be at least 1")
     if runtime not in ("auto", "tensorflow", "litert"):
         raise BatchError(f"--runtime {runtime}: expected auto, tensorflow or litert")
+    if json_numbers not in ("tf_serving", "vertex"):
+        raise BatchError(f"--json-numbers {json_numbers}: expected tf_serving or vertex")
     inputs = expand_inputs(input)
     return JobSpec(name, version, str(version_dir.resolve()), inputs, format or guess_format(inputs), key_field,
                    _fields(included_fields), _fields(excluded_fields), instance_type, signature_name,
-                   chunk_rows, runtime)
+                   chunk_rows, runtime, json_numbers=json_numbers)
 
 
 def batch_predict(model: str | None = None, input=None, output: str | os.PathLike | None = None, *,
@@ -55,7 +57,7 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
                   signature_name: str = "serving_default", runtime: str = "auto",
                   chunk_rows: int = DEFAULT_CHUNK_ROWS, engine: str = "local", ray_address: str | None = None,
                   progress: bool = False, log: Callable[[str], None] | None = None,
-                  stream: TextIO | None = None) -> jobs.BatchPredictionJob:
+                  stream: TextIO | None = None, json_numbers: str = "tf_serving") -> jobs.BatchPredictionJob:
     """Run (or finish) a batch prediction job and return it.
 
     ``model``: ``BASE[:VERSION]`` or a version directory; ``input``: path, glob or list of them
@@ -66,6 +68,8 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
     ``engine``: ``"local"`` (worker processes here; ``workers`` default: cores) or ``"ray"`` (Ray
     actors on the cluster at ``ray_address``, default ``RAY_ADDRESS`` or a new local Ray;
     ``workers`` default: the cluster's CPUs).
+    ``json_numbers``: how JSON numbers meet integer inputs, as ``modelyard serve --json_numbers``:
+    ``"tf_serving"`` (``0.0`` is refused) or ``"vertex"`` (integral numbers are integers; the platform's jobs).
     """
     say = log or (lambda msg: print(msg, file=stream or sys.stderr))
     _check_engine(engine, workers, ray_address)
@@ -78,7 +82,7 @@ def batch_predict(model: str | None = None, input=None, output: str | os.PathLik
         if model is None or input is None:
             raise BatchError("--model and --input go together")
         spec = build_spec(model, input, format, key_field, included_fields, excluded_fields, instance_type,
-                          signature_name, runtime, chunk_rows)
+                          signature_name, runtime, chunk_rows, json_numbers)
         if format is None:
             say(f"reading the input as {spec.format} (from its extension; --format sets it)")
     if resume is not None:

@@ -56,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--signature-name", default="serving_default")
     parser.add_argument("--runtime", default="auto", choices=("auto", "tensorflow", "litert"),
                         help="as the server's --runtime (default auto: LiteRT where it matches TensorFlow)")
+    parser.add_argument("--json-numbers", default="tf_serving", choices=("tf_serving", "vertex"),
+                        help="how JSON numbers reach integer inputs, as serve's --json_numbers: tf_serving "
+                             "(default: 0.0 is refused) or vertex (integral numbers such as 0.0 are integers, as "
+                             "on Vertex AI; the platform's batch jobs use it)")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
                         help="rows per committed part (the unit of resume)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             excluded_fields=args.excluded_fields or (), instance_type=args.instance_type, resume=args.resume,
             signature_name=args.signature_name, runtime=args.runtime, chunk_rows=args.chunk_rows,
             engine=args.engine, ray_address=args.ray_address, progress=not args.no_progress,
+            json_numbers=args.json_numbers,
         )
     except BatchError as exc:
         print(f"modelyard batch-predict: error: {exc}", file=sys.stderr)

@@ -173,17 +173,21 @@ def _parse(data: memoryview, pos: int, end: int, dense, buffers: _Buffers, batch
     buffer and the cast; a batch it refuses takes the general reader, which also reads floats and
     larger integers.
     """
+    # The values become the input's dtype by dtypes' rule (dense.fit): a batch with a value out of
+    # the input's range (300, or 200 for an int8) goes to the general loop, which refuses that row.
     if small_ints:
         ok, n, after = _denselines.parse_u8(data, pos, end, batch_size, dense.shape, buffers.u8, buffers.spans)
         if ok:
-            batch = buffers.u8[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False)
-            return n, after, batch, True
+            batch = dense.fit(buffers.u8[:n * dense.size])
+            return n, after, None if batch is None else batch.reshape((n,) + dense.shape), True
     integer = dense.parse_dtype is np.int64
-    ok, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer, buffers.values, buffers.spans)
+    ok, n, after = _denselines.parse(data, pos, end, batch_size, dense.shape, integer, buffers.values, buffers.spans,
+                                     dense.integral)
     if not ok:
         return n, after, None, False
     values = buffers.values if integer else buffers.values.view(np.float64)
-    return n, after, values[:n * dense.size].reshape((n,) + dense.shape).astype(dense.dtype, copy=False), False
+    batch = dense.fit(values[:n * dense.size])
+    return n, after, None if batch is None else batch.reshape((n,) + dense.shape), False
 
 
 def _parse_objects(data: memoryview, pos: int, end: int, dense, buffers: _Buffers, batch_size: int,

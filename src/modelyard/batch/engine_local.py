@@ -37,10 +37,10 @@ def shaping_of(spec: JobSpec) -> "Shaping":
 def predictor_for(spec: JobSpec):
     from modelyard.batch.predictor import Predictor, load_servable
 
-    key = (spec.version_dir, spec.signature_name, spec.runtime)
+    key = (spec.version_dir, spec.signature_name, spec.runtime, spec.json_numbers)
     if key not in _PREDICTORS:
         _PREDICTORS[key] = Predictor(load_servable(Path(spec.version_dir), spec.runtime, spec.signature_name),
-                                     spec.signature_name)
+                                     spec.signature_name, spec.json_numbers)
     return _PREDICTORS[key]
 
 

@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from modelyard.model import dtypes
 from modelyard.model.signatures import Signature
 
 _NUMBER_BYTES = b"0123456789.-eE \t\r"
@@ -26,8 +27,11 @@ _NUMBER_BYTES = b"0123456789.-eE \t\r"
 class DenseParser:
     """Parses batches of JSON lines for a one-input signature with a static, numeric input shape."""
 
-    def __init__(self, alias: str, dtype: np.dtype, shape: tuple[int, ...]):
+    def __init__(self, alias: str, dtype: np.dtype, shape: tuple[int, ...], integral: bool = False):
         self.alias, self.dtype, self.shape = alias, dtype, shape
+        self.enum_value = dtypes.from_numpy(dtype)
+        # dtypes' vertex rule: integral numbers (0.0, 1e2) are integers for an integer input
+        self.integral = integral and dtype.kind in "iu"
         self.size = math.prod(shape)
         skeleton = "0"
         for dim in reversed(shape):
@@ -36,8 +40,16 @@ class DenseParser:
         # Integer inputs refuse fractions (as the general path's kind check does): parse as int64.
         self.parse_dtype = np.int64 if dtype.kind in "iu" else np.float64
 
+    def fit(self, values: np.ndarray) -> np.ndarray | None:
+        """Parsed values as the input's dtype by ``dtypes.json_array`` (the rule serving uses), or None
+        when some value is refused (out of range, not integral): the general path words the row's error."""
+        try:
+            return dtypes.json_array(values, self.enum_value, self.alias, self.integral)
+        except ValueError:
+            return None
+
     @classmethod
-    def for_signature(cls, sig: Signature) -> "DenseParser | None":
+    def for_signature(cls, sig: Signature, integral: bool = False) -> "DenseParser | None":
         if len(sig.inputs) != 1 or sig.defaults:
             return None
         (spec,) = sig.inputs.values()
@@ -46,21 +58,25 @@ class DenseParser:
         dtype = spec.numpy_dtype
         if dtype.kind not in "fiu":
             return None
-        return cls(spec.alias, dtype, tuple(spec.shape[1:]))
+        return cls(spec.alias, dtype, tuple(spec.shape[1:]), integral)
 
     def parse(self, lines: list[bytes]) -> dict[str, np.ndarray] | None:
         data = b",".join(lines)
         if data.translate(None, _NUMBER_BYTES) != b",".join([self.skeleton] * len(lines)):
             return None
         numbers = data.translate(None, b"[]")
-        if self.parse_dtype is np.int64 and (b"." in numbers or b"e" in numbers or b"E" in numbers):
-            return None
+        parse_dtype = self.parse_dtype
+        if parse_dtype is np.int64 and (b"." in numbers or b"e" in numbers or b"E" in numbers):
+            if not self.integral:
+                return None
+            parse_dtype = np.float64  # whole-valued doubles are integers under the vertex rule
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a short read warns; the count check below catches it
             try:
-                values = np.fromstring(numbers, dtype=self.parse_dtype, sep=",")
+                values = np.fromstring(numbers, dtype=parse_dtype, sep=",")
             except ValueError:
                 return None
         if values.size != len(lines) * self.size:
             return None
-        return {self.alias: values.reshape((len(lines),) + self.shape).astype(self.dtype, copy=False)}
+        fitted = self.fit(values)
+        return None if fitted is None else {self.alias: fitted.reshape((len(lines),) + self.shape)}

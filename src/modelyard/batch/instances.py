@@ -96,8 +96,11 @@ def _bytes_of(value: Any) -> Any:
     raise invalid_argument(f"expected a string or {{'b64': ...}} for a string input, got {value!r}")
 
 
-def to_arrays(instances: list[Any], sig: Signature) -> dict[str, np.ndarray]:
-    """Stack a batch of model instances into one array per input, checked against the signature."""
+def to_arrays(instances: list[Any], sig: Signature, integral: bool = False) -> dict[str, np.ndarray]:
+    """Stack a batch of model instances into one array per input, checked against the signature.
+
+    Numbers become the input's dtype by ``dtypes.json_array``, the rule serving uses (``integral``:
+    its ``vertex`` rule): a value out of an integer input's range is refused in serving's words."""
     named = [_named(inst, sig) for inst in instances]
     arrays = {}
     for alias, spec in sig.inputs.items():
@@ -120,12 +123,12 @@ def to_arrays(instances: list[Any], sig: Signature) -> dict[str, np.ndarray]:
             except ValueError as exc:  # ragged nesting
                 raise invalid_argument(f"input {alias}: instances of different shapes ({exc})") from None
             try:
-                dtypes.check_json_kind(inferred, spec.dtype)
-            except dtypes.ValueKindError as exc:
+                dtypes.check_json_kind(inferred, spec.dtype, integral)
+                if inferred.dtype.kind == "O":
+                    raise invalid_argument(f"input {alias}: values are not all numbers")
+                arr = dtypes.json_array(inferred, spec.dtype, alias, integral)
+            except ValueError as exc:  # dtypes' ValueKindError / ValueRangeError
                 raise invalid_argument(str(exc)) from None
-            if inferred.dtype.kind == "O":
-                raise invalid_argument(f"input {alias}: values are not all numbers")
-            arr = inferred.astype(target, copy=False)
         if spec.shape is not None:
             want = spec.shape[1:]
             got = arr.shape[1:]

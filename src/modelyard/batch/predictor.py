@@ -80,14 +80,17 @@ def _jsonable(value: Any) -> Any:
 class Predictor:
     """``predict(instances)`` -> one JSON prediction (bytes) or RowFailure per instance."""
 
-    def __init__(self, servable, signature_name: str = "serving_default"):
+    def __init__(self, servable, signature_name: str = "serving_default", json_numbers: str = "tf_serving"):
+        from modelyard.model import dtypes
         from modelyard.model.runtime.inference import predict_signature
 
         self.servable = servable
         self.signature = predict_signature(servable, signature_name)
         self.aliases = tuple(self.signature.outputs)
         self.runtime = getattr(servable, "runtime", "unknown")
-        self.dense = DenseParser.for_signature(self.signature)
+        # How JSON numbers meet integer inputs (dtypes.JSON_NUMBER_RULES), as in `modelyard serve`.
+        self.integral = dtypes.integral_numbers(json_numbers)
+        self.dense = DenseParser.for_signature(self.signature, self.integral)
 
     def predict_dense(self, lines: list[bytes]) -> list[bytes] | None:
         """The fast path for raw JSON lines (see fastjson); None: take the general path instead."""
@@ -111,7 +114,7 @@ class Predictor:
         return self.predict(instances[:half]) + self.predict(instances[half:])
 
     def _run(self, instances: list[Any]) -> list[bytes]:
-        arrays = to_arrays(instances, self.signature)
+        arrays = to_arrays(instances, self.signature, self.integral)
         return self._encode(self.servable.run(self.signature, arrays, self.aliases), len(instances))
 
     def encode_batch(self, outputs: dict[str, np.ndarray], n: int) -> bytes | list[bytes]:

@@ -49,11 +49,14 @@ class JobSpec:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     runtime: str = "auto"
     extra: dict = field(default_factory=dict)
+    json_numbers: str = "tf_serving"  # how JSON numbers meet integer inputs: dtypes.JSON_NUMBER_RULES
 
     def identity(self) -> dict:
         """Everything that decides which rows and which predictions the job writes."""
         data = asdict(self)
         data.pop("extra")
+        if data["json_numbers"] == "tf_serving":
+            data.pop("json_numbers")  # the default: jobs recorded before the setting existed still match
         data["inputs"] = [list(asdict(f).values()) for f in self.inputs]
         data["included_fields"] = list(self.included_fields)
         data["excluded_fields"] = list(self.excluded_fields)

@@ -1,11 +1,19 @@
-"""The one place for dtype rules: TF DataType enum <-> NumPy, and JSON value checks.
+"""The one place for dtype rules: TF DataType enum <-> NumPy, and JSON numbers -> arrays.
 
-Every adapter converts through here, so REST and gRPC accept and refuse the same values.
+Every adapter converts through here, so REST, gRPC and batch prediction accept and refuse the
+same values. JSON numbers meet an integer input under one of two rules (``JSON_NUMBER_RULES``):
+``tf_serving``, TF Serving's (a number written with a fraction or an exponent, even ``0.0``, is
+not an integer), and ``vertex``, what Vertex AI's prediction service hands a container (every
+JSON number travels as a double there and reaches the model as an integer when it is integral:
+``0.0``, ``3.0`` and ``1e2`` are accepted, ``0.5`` is still refused). Under both, an integer
+outside the input's range is refused, never wrapped.
 The enum's values are written out (they are fixed by ``types.proto``, and a test holds them to
 TensorFlow's) so that what only needs dtypes, such as a batch worker running a cached LiteRT
 model, does not pay the 2-3 s of importing TensorFlow for ``types_pb2``.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -49,6 +57,17 @@ _FROM_NUMPY: dict[np.dtype, int] = {v: k for k, v in _TO_NUMPY.items()}
 _ACCEPTED_KINDS = {"f": "fiu", "c": "fiuc", "i": "iu", "u": "iu", "b": "b"}
 
 
+TF_SERVING_NUMBERS, VERTEX_NUMBERS = "tf_serving", "vertex"
+JSON_NUMBER_RULES = (TF_SERVING_NUMBERS, VERTEX_NUMBERS)
+
+
+def integral_numbers(rule: str) -> bool:
+    """Whether ``rule`` (one of ``JSON_NUMBER_RULES``) takes integral numbers such as ``0.0`` as integers."""
+    if rule not in JSON_NUMBER_RULES:
+        raise ValueError(f"JSON number rule {rule!r}: expected one of {', '.join(JSON_NUMBER_RULES)}")
+    return rule == VERTEX_NUMBERS
+
+
 def dtype_name(enum_value: int) -> str:
     """``1`` -> ``"DT_FLOAT"``."""
     name = _NAMES.get(enum_value)
@@ -78,21 +97,80 @@ def is_string(enum_value: int) -> bool:
 
 
 class ValueKindError(ValueError):
-    """A JSON value whose kind the target dtype cannot hold (e.g. a string for DT_FLOAT)."""
+    """A JSON value whose kind the target dtype cannot hold (e.g. a string for DT_FLOAT, 0.5 for DT_UINT8)."""
 
 
-def check_json_kind(inferred: np.ndarray, enum_value: int) -> None:
+class ValueRangeError(ValueError):
+    """An integer outside the target integer dtype's range (e.g. 300 for DT_UINT8)."""
+
+
+@functools.lru_cache(maxsize=None)
+def integer_limits(dtype: np.dtype) -> tuple[int, int]:
+    """The smallest and largest value of an integer dtype."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def range_message(enum_value: int, alias: str) -> str:
+    """The one wording of an out-of-range integer, for serving's answers and batch prediction's error lines."""
+    return (f"JSON Value out of range for {dtype_name(enum_value)[3:].lower()} in input {alias}"
+            + sending_hint(enum_value))
+
+
+def json_value_fits(value, dtype: np.dtype, integral: bool = False) -> bool:
+    """Whether one parsed JSON scalar (bool, int, float, str) may become an element of ``dtype``
+    (its range aside): where a refused batch finds the value to name."""
+    if isinstance(value, bool):
+        return dtype.kind == "b"
+    if isinstance(value, int):
+        return dtype.kind in "fiuc"
+    if isinstance(value, float):
+        return dtype.kind in "fc" or (integral and dtype.kind in "iu" and value.is_integer())
+    if isinstance(value, str):
+        return dtype.kind == "O"
+    return False
+
+
+def check_json_kind(inferred: np.ndarray, enum_value: int, integral: bool = False) -> None:
     """Refuse values the signature's dtype cannot take; never guess a dtype from the data."""
     target = to_numpy(enum_value)
     accepted = _ACCEPTED_KINDS.get(target.kind)
     if accepted is None or inferred.size == 0:
         return
-    if inferred.dtype.kind not in accepted:
-        sample = inferred.flat[0] if inferred.size else None
-        raise ValueKindError(
-            f"JSON Value: {_show(sample)} not of type {dtype_name(enum_value)[3:].lower()} "
-            f"as expected by the signature's input of dtype {dtype_name(enum_value)}{sending_hint(enum_value)}"
-        )
+    if inferred.dtype.kind in accepted:
+        return
+    sample = inferred.flat[0]
+    if integral and target.kind in "iu" and inferred.dtype.kind == "f":
+        whole = np.isfinite(inferred) & (np.trunc(inferred) == inferred)
+        if whole.all():
+            return
+        sample = inferred[~whole].flat[0]  # the first value that is not an integer
+    raise ValueKindError(
+        f"JSON Value: {_show(sample)} not of type {dtype_name(enum_value)[3:].lower()} "
+        f"as expected by the signature's input of dtype {dtype_name(enum_value)}{sending_hint(enum_value)}"
+    )
+
+
+def json_array(inferred: np.ndarray, enum_value: int, alias: str, integral: bool = False) -> np.ndarray:
+    """THE rule for numbers: an array NumPy inferred from JSON values -> the input's dtype.
+
+    ``inferred`` holds the values as parsed (int64, uint64 or float64; bool). Refused with
+    ``ValueKindError``: a kind the dtype cannot hold (with ``integral``, a non-integral float for an
+    integer dtype). Refused with ``ValueRangeError``: an integer outside an integer dtype's range.
+    Numbers past an input's range are never wrapped (NumPy's cast would make 300 a uint8 44).
+    """
+    check_json_kind(inferred, enum_value, integral)
+    target = to_numpy(enum_value)
+    if target.kind in "iu" and inferred.size and inferred.dtype.kind in "iuf" \
+            and not np.can_cast(inferred.dtype, target, "safe"):
+        low, high = integer_limits(target)
+        if inferred.dtype.kind == "f":  # integral doubles: the first double past ``high`` is high + 1
+            out = inferred.min() < low or inferred.max() >= float(high) + 1
+        else:
+            out = inferred.min() < low or inferred.max() > high
+        if out:
+            raise ValueRangeError(range_message(enum_value, alias))
+    return inferred.astype(target, copy=False)
 
 
 def sending_hint(enum_value: int) -> str:

@@ -107,7 +107,8 @@ def execute(work_dir: Path, job: dict) -> dict:
             ctx["modelPath"], inputs, work_dir / "output", format=spec["inputConfig"]["instancesFormat"],
             batch_size=ctx["batchSize"], workers=ctx["workers"], key_field=cfg.get("keyField") or None,
             included_fields=cfg.get("includedFields") or (), excluded_fields=cfg.get("excludedFields") or (),
-            instance_type=cfg.get("instanceType") or None, progress=False, log=lambda m: print(m, flush=True))
+            instance_type=cfg.get("instanceType") or None, progress=False, log=lambda m: print(m, flush=True),
+            json_numbers="vertex")  # integral numbers reach integer inputs as integers, as on Vertex AI
     except BatchError as exc:
         raise JobFailed(str(exc), "INVALID_ARGUMENT") from None
     except objstore.StorageError as exc:

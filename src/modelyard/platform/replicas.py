@@ -61,10 +61,14 @@ def pid_alive(pid: int, port: int | None = None) -> bool:
 
 
 def serve_command(base: Path, host: str, port: int, grpc_port: int, poll_s: int, extra: list[str]) -> list[str]:
-    """The ``modelyard serve`` command line of one replica (``poll_s`` 0: load once, never re-scan)."""
+    """The ``modelyard serve`` command line of one replica (``poll_s`` 0: load once, never re-scan).
+
+    Replicas take JSON numbers as Vertex AI's prediction service hands them to a container
+    (``--json_numbers vertex``: ``0.0`` reaches a uint8 input as 0); ``modelyard serve`` alone keeps
+    TF Serving's rule."""
     return [sys.executable, "-m", "modelyard", "serve", "--model_name", MODEL, "--model_base_path", str(base),
             "--host", host, "--rest_api_port", str(port), "--port", str(grpc_port),
-            "--file_system_poll_wait_seconds", str(poll_s), *extra]
+            "--file_system_poll_wait_seconds", str(poll_s), "--json_numbers", "vertex", *extra]
 
 
 def serve_env() -> dict:

@@ -62,6 +62,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--runtime", choices=("auto", "tensorflow", "litert"), default="auto",
         help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
         "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
+    add("--json_numbers", choices=("tf_serving", "vertex"), default="tf_serving",
+        help="how REST JSON numbers reach integer inputs: tf_serving (default: a number written with a "
+        "fraction or exponent, even 0.0, is refused, as TF Serving does) or vertex (integral numbers such as "
+        "0.0 or 1e2 are integers, as Vertex AI's prediction service hands them to a container; 0.5 is still "
+        "refused). The platform starts its replicas with vertex")
     add("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF decides)")
     add("--tensorflow_inter_op_parallelism", type=int, default=0,
         help="TF inter-op threads (0: TF decides; -1: each call runs its ops in the calling thread)")
@@ -105,6 +110,7 @@ class ServeOptions:
     security: object = None  # a security.options.SecurityOptions
     console: bool = True
     console_token: str | None = None
+    json_numbers: str = "tf_serving"  # dtypes.JSON_NUMBER_RULES: how JSON numbers meet integer inputs
 
 
 class OptionsError(ValueError):
@@ -221,4 +227,5 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         security=security_options,
         console=args.console,
         console_token=console_token,
+        json_numbers=args.json_numbers,
     )

@@ -176,6 +176,7 @@ class ModelServer:
             cors=o.rest_api_enable_cors_support,
             metrics_path=metrics_path,
             peer_metrics=self.group.peer_metrics if self.group else None,
+            json_numbers=o.json_numbers,
         )
         if o.console:
             from modelyard.web.console import Console

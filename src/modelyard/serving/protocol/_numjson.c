@@ -18,6 +18,10 @@
  * Anything else, including every malformed body, returns None and the general parser
  * (rest_json) decides what it is and words the error: this module never raises for bad
  * input, so TF Serving's error messages stay in one place.
+ *
+ * For dtypes' vertex rule (integral numbers are integers for an integer input), the reader also
+ * says whether every float64 value is whole and within 2^53 (exact), and then their extremes:
+ * such a body reaches an integer input with a range check and a cast, no pass over the values.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,8 +44,9 @@ typedef struct {
     Py_ssize_t count;
     int ndim;
     Py_ssize_t shape[MAX_DEPTH];
-    int64_t lo, hi; /* the extremes while the values are integers */
+    int64_t lo, hi; /* the extremes while the values are integers (or, floating, integral) */
     int floating;
+    int integral; /* every value is a whole number within +-2^53 (always so until floating) */
 } Tensor;
 
 static void skip_ws(Cursor *c)
@@ -52,7 +57,20 @@ static void skip_ws(Cursor *c)
 
 static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 
-static void store_double(Tensor *t, double d) { memcpy(&t->values[t->count++], &d, sizeof d); }
+static void store_double(Tensor *t, double d)
+{
+    memcpy(&t->values[t->count++], &d, sizeof d);
+    if (!t->integral)
+        return;
+    if (d > (double)MAX_EXACT_INT || d < -(double)MAX_EXACT_INT || d != (double)(int64_t)d) {
+        t->integral = 0; /* a fraction (or NaN): the vertex rule refuses it for an integer input */
+        return;
+    }
+    if ((int64_t)d < t->lo)
+        t->lo = (int64_t)d;
+    if ((int64_t)d > t->hi)
+        t->hi = (int64_t)d;
+}
 
 /* Turn the integers read so far into doubles, in place; -1 if one would not be exact. */
 static int to_floating(Tensor *t)
@@ -196,6 +214,7 @@ static int read_tensor(Cursor *c, Tensor *t, Py_ssize_t capacity)
     t->lo = INT64_MAX;
     t->hi = INT64_MIN;
     t->floating = 0;
+    t->integral = 1;
     if (c->p >= c->end || *c->p != '[')
         return -1;
     for (;;) {
@@ -316,10 +335,10 @@ static int read_body(Cursor *c, Tensor *t, Py_ssize_t capacity, const char **ten
 
 PyDoc_STRVAR(read_number_body_doc,
 "read_number_body(body: bytes) -> tuple | None\n\n"
-"(key, signature_name or None, values as a bytearray, shape, min, max, floating) when ``body``\n"
-"is a predict request whose only tensor is regular nested arrays of JSON numbers. The values\n"
-"are int64 (min and max their extremes) or, when ``floating``, float64. None for any other\n"
-"body, valid or not.");
+"(key, signature_name or None, values as a bytearray, shape, min, max, floating, integral) when\n"
+"``body`` is a predict request whose only tensor is regular nested arrays of JSON numbers. The\n"
+"values are int64 (min and max their extremes) or, when ``floating``, float64 (min and max their\n"
+"extremes when ``integral``: every value whole, within 2^53). None for any other body, valid or not.");
 
 static PyObject *read_number_body(PyObject *module, PyObject *arg)
 {
@@ -376,8 +395,8 @@ static PyObject *read_number_body(PyObject *module, PyObject *arg)
             goto done;
         PyTuple_SET_ITEM(shape, i, n);
     }
-    result = Py_BuildValue("(sOOOLLO)", key, name, values, shape, (long long)t.lo, (long long)t.hi,
-                           t.floating ? Py_True : Py_False);
+    result = Py_BuildValue("(sOOOLLOO)", key, name, values, shape, (long long)t.lo, (long long)t.hi,
+                           t.floating ? Py_True : Py_False, t.integral ? Py_True : Py_False);
 done:
     Py_DECREF(values);
     Py_XDECREF(shape);

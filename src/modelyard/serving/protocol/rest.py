@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import orjson
 
 from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.model import dtypes
 from modelyard.serving.protocol import rest_json
 from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
@@ -49,8 +50,11 @@ class RestApp:
         cors: bool = False,
         metrics_path: str | None = None,
         peer_metrics=None,
+        json_numbers: str = dtypes.TF_SERVING_NUMBERS,
     ):
         self.core = core
+        # How JSON numbers meet integer inputs (serve --json_numbers): with vertex, 0.0 reaches one as 0.
+        self.integral_numbers = dtypes.integral_numbers(json_numbers)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rest")
         self.timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
         self.max_body_bytes = max_body_bytes
@@ -148,7 +152,7 @@ class RestApp:
 
         def read_request(handle):
             signature_name, key, payload = rest_json.parse_predict(body)
-            sig, inputs = _predict_inputs(handle, signature_name, key, payload)
+            sig, inputs = _predict_inputs(handle, signature_name, key, payload, self.integral_numbers)
             instances = key == "instances"
             return sig.name, inputs, lambda _queued, outputs: rest_json.predict_body(outputs, instances)
 
@@ -199,7 +203,7 @@ class RestApp:
             if api == "predict":
                 signature_name, key, payload = rest_json.parse_predict(body)
                 with core.acquire(spec) as handle:
-                    sig, inputs = _predict_inputs(handle, signature_name, key, payload)
+                    sig, inputs = _predict_inputs(handle, signature_name, key, payload, self.integral_numbers)
                     _, outputs = core.predict(handle, sig.name, inputs)
                 return rest_json.predict_body(outputs, key == "instances")
             signature_name, examples = rest_json.parse_examples(body, api)
@@ -235,14 +239,14 @@ def _status_json(statuses) -> list[dict]:
     ]
 
 
-def _predict_inputs(handle, signature_name: str | None, key: str, payload):
+def _predict_inputs(handle, signature_name: str | None, key: str, payload, integral: bool = False):
     """The signature a REST predict names and its inputs as arrays (``predict`` checks them further)."""
     sig = handle.servable.signatures.get(signature_name or DEFAULT_SIGNATURE)
     if sig is None:
         raise invalid_argument(
             f'Serving signature name: "{signature_name or DEFAULT_SIGNATURE}" not found in signature def'
         )
-    return sig, rest_json.predict_inputs(key, payload, sig)
+    return sig, rest_json.predict_inputs(key, payload, sig, integral)
 
 
 def metadata_json(core: ServingCore, spec: ModelSpec) -> bytes:

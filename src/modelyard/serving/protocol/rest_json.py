@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
 from typing import NamedTuple
 
@@ -104,16 +103,10 @@ def _leaves(value):
         yield value
 
 
-def _fits(value, dtype: np.dtype) -> bool:
-    if isinstance(value, bool):
-        return dtype.kind == "b"
-    if isinstance(value, int):
-        return dtype.kind in "fiuc"
-    if isinstance(value, float):
-        return dtype.kind in "fc"
-    if isinstance(value, str) or _is_b64(value):
+def _fits(value, dtype: np.dtype, integral: bool = False) -> bool:
+    if _is_b64(value):
         return dtype.kind == "O"
-    return False
+    return dtypes.json_value_fits(value, dtype, integral)
 
 
 def _type_error(value, spec: TensorSpec) -> ServingError:
@@ -158,15 +151,17 @@ class NumericTensor(NamedTuple):
     """The tensor of an all-numbers predict body, read by the C reader (``_numjson``)."""
 
     values: np.ndarray  # the body's shape: int64, or float64 when a number had a fraction or exponent
-    lo: int  # the int64 values' extremes: the range check needs no pass over the values
+    lo: int  # the values' extremes (of float64 ones when integral): the range check needs no pass over them
     hi: int
     body: bytes  # for the general parser, when the signature needs more than this one tensor
+    integral: bool = True  # every value is whole (and within 2^53, so exact as int64)
 
-    def as_input(self, sig: Signature) -> dict[str, np.ndarray] | None:
+    def as_input(self, sig: Signature, integral: bool = False) -> dict[str, np.ndarray] | None:
         """The signature's inputs when it takes one numeric tensor these values fit; else None.
 
         None sends the request to the general path, which answers exactly as it would have
         (the errors, and TF Serving's element-by-element wording, live there only).
+        ``integral``: the ``vertex`` rule of ``dtypes`` (``0.0`` is an integer for an integer input).
         """
         if len(sig.inputs) != 1:
             return None
@@ -175,9 +170,11 @@ class NumericTensor(NamedTuple):
         if dtype.kind not in "iufc":
             return None
         if dtype.kind in "iu":
-            if self.values.dtype.kind == "f":  # fractions for an integer input: an error, worded there
+            # Fractions or exponents for an integer input: by dtypes' rule an error (worded by the
+            # general path), except whole numbers under its vertex rule (0.0 -> 0), which C vouched for.
+            if self.values.dtype.kind == "f" and not (integral and self.integral):
                 return None
-            low, high = _int_limits(dtype)
+            low, high = dtypes.integer_limits(dtype)
             if self.lo < low or self.hi > high:
                 return None
         return {spec.alias: self.values.astype(dtype, copy=False)}
@@ -194,13 +191,14 @@ def read_number_body(body: bytes) -> tuple[str, str, NumericTensor] | None:
     read = _numjson.read_number_body(body)
     if read is None:
         return None
-    key, name, values, shape, lo, hi, floating = read
+    key, name, values, shape, lo, hi, floating, integral = read
     array = np.frombuffer(values, np.float64 if floating else np.int64).reshape(shape)
-    return name or "", key, NumericTensor(array, lo, hi, body)
+    return name or "", key, NumericTensor(array, lo, hi, body, integral)
 
 
-def to_array(value, spec: TensorSpec) -> np.ndarray:
-    """One JSON value (scalar or nested lists) as an array of the signature's dtype."""
+def to_array(value, spec: TensorSpec, integral: bool = False) -> np.ndarray:
+    """One JSON value (scalar or nested lists) as an array of the signature's dtype, by ``dtypes``' rule
+    (``integral``: its ``vertex`` rule)."""
     dtype = spec.numpy_dtype
     if dtype.kind == "O":
         return _string_array(value, spec)
@@ -212,35 +210,18 @@ def to_array(value, spec: TensorSpec) -> np.ndarray:
         raise _rank_error(inferred.ndim)
     if inferred.dtype.kind == "O":
         for leaf in _leaves(value):
-            if not _fits(leaf, dtype) or isinstance(leaf, list):
+            if not _fits(leaf, dtype, integral) or isinstance(leaf, list):
                 raise _type_error(leaf, spec)
         raise _shape_error(value)
     try:
-        dtypes.check_json_kind(inferred, spec.dtype)
+        return dtypes.json_array(inferred, spec.dtype, spec.alias, integral)
     except dtypes.ValueKindError:
-        for leaf in _leaves(value):
-            if not _fits(leaf, dtype):
+        for leaf in _leaves(value):  # TF Serving names the first value that does not fit
+            if not _fits(leaf, dtype, integral):
                 raise _type_error(leaf, spec) from None
         raise
-    return _int_to(inferred, dtype, spec)
-
-
-def _int_to(inferred: np.ndarray, dtype: np.dtype, spec: TensorSpec) -> np.ndarray:
-    """The range check for integer targets, then the cast."""
-    if dtype.kind in "iu" and inferred.dtype.kind != "b" and inferred.size and inferred.dtype.itemsize >= dtype.itemsize:
-        low, high = _int_limits(dtype)
-        if inferred.min() < low or inferred.max() > high:
-            raise invalid_argument(
-                f"JSON Value out of range for {dtypes.dtype_name(spec.dtype)[3:].lower()} in input {spec.alias}"
-                + dtypes.sending_hint(spec.dtype)
-            )
-    return inferred.astype(dtype, copy=False)
-
-
-@functools.lru_cache(maxsize=None)
-def _int_limits(dtype: np.dtype) -> tuple[int, int]:
-    info = np.iinfo(dtype)
-    return int(info.min), int(info.max)
+    except dtypes.ValueRangeError as exc:
+        raise invalid_argument(str(exc)) from None
 
 
 def _string_array(value, spec: TensorSpec) -> np.ndarray:
@@ -313,20 +294,23 @@ def parse_predict(body: bytes):
     return name, key, doc[key]
 
 
-def predict_inputs(key: str, payload, sig: Signature) -> dict[str, np.ndarray]:
-    """The inputs of a predict body whose tensor key is ``key`` (``parse_predict``'s answer)."""
+def predict_inputs(key: str, payload, sig: Signature, integral: bool = False) -> dict[str, np.ndarray]:
+    """The inputs of a predict body whose tensor key is ``key`` (``parse_predict``'s answer);
+    ``integral``: numbers meet integer inputs under ``dtypes``' ``vertex`` rule."""
     if type(payload) is NumericTensor:
-        inputs = payload.as_input(sig)
+        inputs = payload.as_input(sig, integral)
         if inputs is not None:
             return inputs
         payload = payload.general(key)
     try:
-        return inputs_from_instances(payload, sig) if key == "instances" else inputs_from_columns(payload, sig)
+        if key == "instances":
+            return inputs_from_instances(payload, sig, integral)
+        return inputs_from_columns(payload, sig, integral)
     except RecursionError:  # found by fuzzing: lists nested ~1000 deep answered 500
         raise invalid_argument("Tensor nesting too deep: a tensor has at most 64 dimensions") from None
 
 
-def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
+def inputs_from_instances(instances, sig: Signature, integral: bool = False) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise invalid_argument(f"JSON Value: {_dump({'instances': instances})} Excepting 'instances' to be an list/array")
     if not instances:
@@ -342,7 +326,7 @@ def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
         for i, item in enumerate(instances):
             if isinstance(item, dict) and not _is_b64(item):
                 raise invalid_argument(f"Expecting value/list but got object at item {i} of input list")
-        return {spec.alias: _batch(instances, spec)}
+        return {spec.alias: _batch(instances, spec, integral)}
     names = set(sig.inputs)
     for i, item in enumerate(instances):
         if not isinstance(item, dict) or _is_b64(item):
@@ -358,24 +342,24 @@ def inputs_from_instances(instances, sig: Signature) -> dict[str, np.ndarray]:
                 f"Failed to process element: {i} of 'instances' list. JSON object: {_dump(item)} "
                 f"keys must be equal to: {','.join(sorted(names))}"
             )
-    return {alias: _batch([item[alias] for item in instances], spec) for alias, spec in sig.inputs.items()}
+    return {alias: _batch([item[alias] for item in instances], spec, integral) for alias, spec in sig.inputs.items()}
 
 
-def _batch(rows: list, spec: TensorSpec) -> np.ndarray:
+def _batch(rows: list, spec: TensorSpec, integral: bool = False) -> np.ndarray:
     try:
-        return to_array(rows, spec)
+        return to_array(rows, spec, integral)
     except ServingError as exc:
         # Name the failing instance as TF Serving does, when one instance alone shows the problem.
         for i, row in enumerate(rows):
             try:
-                to_array(row, spec)
+                to_array(row, spec, integral)
             except ServingError as inner:
                 raise invalid_argument(
                     f"Failed to process element: {i} of 'instances' list. Error: INVALID_ARGUMENT: {inner.message}"
                 ) from None
-        first = np.shape(to_array(rows[0], spec))
+        first = np.shape(to_array(rows[0], spec, integral))
         for row in rows[1:]:
-            shape = np.shape(to_array(row, spec))
+            shape = np.shape(to_array(row, spec, integral))
             if shape != first:
                 raise invalid_argument(
                     f"Expecting shape [{','.join(map(str, first))}] but got: [{','.join(map(str, shape))}]"
@@ -383,13 +367,13 @@ def _batch(rows: list, spec: TensorSpec) -> np.ndarray:
         raise exc
 
 
-def inputs_from_columns(inputs, sig: Signature) -> dict[str, np.ndarray]:
+def inputs_from_columns(inputs, sig: Signature, integral: bool = False) -> dict[str, np.ndarray]:
     if isinstance(inputs, dict) and not _is_b64(inputs):
         result = {}
         for alias, spec in sig.inputs.items():
             if alias not in inputs:
                 raise invalid_argument(f"Missing named input: {alias} in 'inputs' object.")
-            result[alias] = to_array(inputs[alias], spec)
+            result[alias] = to_array(inputs[alias], spec, integral)
         return result
     if len(sig.inputs) > 1:
         raise invalid_argument(
@@ -397,7 +381,7 @@ def inputs_from_columns(inputs, sig: Signature) -> dict[str, np.ndarray]:
             "as per tensorinfo_map"
         )
     (spec,) = sig.inputs.values()
-    return {spec.alias: to_array(inputs, spec)}
+    return {spec.alias: to_array(inputs, spec, integral)}
 
 
 # ---- encoding ---------------------------------------------------------------------------------
