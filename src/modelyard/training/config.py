@@ -334,6 +334,15 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
         raise ConfigError("recompute: true (about sqrt(L) blocks of layers), false, or a list of blocks, each a list "
                           "of consecutive layer names ([[dense, dense_1], [dense_2, dense_3]])")
     cfg.recompute = recompute
+    coordinated = [key for key in ("backup_workers", "staleness") if key in cfg.strategy]
+    asked = [name for name, on in (("accumulate_steps", cfg.accumulate_steps > 1), ("recompute", recompute)) if on]
+    if cfg.strategy_name == "parameter_server" and coordinated and asked:
+        # modelyard's coordinator (training/ps_training.py) computes each gradient in one pass
+        # of its own; it would silently ignore these options, so refuse them.
+        raise ConfigError(
+            f"{' and '.join(asked)} with strategy.{coordinated[0]}: modelyard's parameter-server coordinator computes "
+            f"each worker's gradient in one pass over its batch; drop {' and '.join(asked)}, or drop "
+            f"{coordinated[0]} (plain parameter_server, or multi_worker_mirrored, take them)")
     parallel = raw.get("model_parallel")
     if parallel is None:
         return

@@ -59,7 +59,8 @@ def configure(options: dict[str, Any]) -> None:
                 tf.config.set_logical_device_configuration(
                     gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit or 1024) for _ in range(count)]
                 )
-        if options.get("logical_cpus"):
+        if options.get("logical_cpus") and len(tf.config.get_logical_device_configuration(cpus[0]) or [None]) \
+                != options["logical_cpus"]:  # already split so (a second job in this process): nothing to do
             tf.config.set_logical_device_configuration(
                 cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(options["logical_cpus"])]
             )

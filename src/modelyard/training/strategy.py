@@ -11,6 +11,9 @@ from typing import Any
 from modelyard.training import devices as devices_mod
 
 
+_MULTI_WORKER: dict[str, Any] = {}  # communication -> this process's MultiWorkerMirroredStrategy
+
+
 class StrategyError(ValueError):
     """The strategy cannot be built as configured; the message says what to change."""
 
@@ -86,7 +89,12 @@ def make(options: dict[str, Any]):
         _check_present(names + [param])
         return tf.distribute.experimental.CentralStorageStrategy(compute_devices=names, parameter_device=param)
     if name == "multi_worker_mirrored":
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=_communication(options))
+        # TensorFlow sets up the cluster's collectives once per process: a second job in the
+        # same process (several configs trained one after the other) shares the first's strategy.
+        key = options.get("communication", "auto")
+        if key not in _MULTI_WORKER:
+            _MULTI_WORKER[key] = tf.distribute.MultiWorkerMirroredStrategy(communication_options=_communication(options))
+        return _MULTI_WORKER[key]
     if name == "parameter_server":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         num_ps = len(resolver.cluster_spec().as_dict().get("ps", []))

@@ -2,9 +2,10 @@
 a tf_keras model turns a batch into one update.
 
 - ``accumulate_steps: k`` runs each replica's batch as k micro-batches, one after the other
-  (a ``tf.while_loop``, so their activations are never alive together), sums their mean
-  gradients / k and applies one update: exactly the update of the whole batch, with the
-  activation memory of a micro-batch. (Layers whose output depends on the whole batch, such
+  (each forward pass waits for the previous micro-batch's gradients, so their activations are
+  never alive together), sums their mean gradients / k in the replica and applies one update
+  (one all-reduce of the sum between replicas, not one per micro-batch): exactly the update of
+  the whole batch, with the activation memory of a micro-batch. (Layers whose output depends on the whole batch, such
   as BatchNormalization in training, see micro-batches instead: say so to users.)
 - ``recompute: true`` (or a list of blocks, each a list of consecutive layer names) runs each
   block under ``tf.recompute_grad``: only the block's input is kept for the backward pass,
@@ -48,6 +49,16 @@ def install(model, options: StepOptions) -> None:
     if not options.custom:
         return
     import types
+
+    import tf_keras as keras
+
+    if options.accumulate_steps > 1 and type(model).compute_metrics is not keras.Model.compute_metrics:
+        from modelyard.training.config import ConfigError
+
+        # The micro-batches update the compiled metrics themselves (see _make_step); a
+        # custom compute_metrics would silently not run.
+        raise ConfigError(f"accumulate_steps: {type(model).__name__} overrides compute_metrics, which the "
+                          "micro-batches cannot call; put the metrics in compile(metrics=...) or drop accumulate_steps")
 
     model.train_step = types.MethodType(_make_step(options, _recomputed_layers(model, options.recompute)), model)
 
@@ -129,23 +140,32 @@ def _make_step(options: StepOptions, recomputed: tuple[tuple[str, ...], ...] = (
             model.compute_metrics(x, y, y_pred, sample_weight)
             return _dense(tape.gradient(loss, variables), variables)
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        tf.debugging.assert_equal(rows % k, 0, message=f"accumulate_steps {k} must divide each replica's batch")
+        check = tf.debugging.assert_equal(rows % k, 0, message=f"accumulate_steps {k} must divide each replica's batch")
         size = rows // k
+        # The k micro-batches are written out one after the other (k is small and known when
+        # tracing) rather than in a tf.while_loop: the loss and the metrics update their
+        # running sums in every micro-batch, and under central_storage such an update is a
+        # merge_call, which TensorFlow refuses inside the control flow of a replica context.
+        # Each micro-batch's forward pass waits for the previous one's gradients (control
+        # dependencies), so one micro-batch's activations are alive at a time, as in a loop.
+        total, previous = None, [check]
+        for i in range(k):
+            with tf.control_dependencies(previous):
+                def take(t, i=i):
+                    return None if t is None else t[i * size:(i + 1) * size]
 
-        def body(i, total):
-            def take(t):
-                return None if t is None else t[i * size:(i + 1) * size]
-
-            xi, yi, wi = (None if part is None else tf.nest.map_structure(take, part) for part in (x, y, sample_weight))
-            with tf.GradientTape() as tape:
-                y_pred = _forward(model, xi, recomputed)
-                loss = model.compute_loss(xi, yi, y_pred, wi)
-            model.compute_metrics(xi, yi, y_pred, wi)
+                xi, yi, wi = (None if part is None else tf.nest.map_structure(take, part)
+                              for part in (x, y, sample_weight))
+                with tf.GradientTape() as tape:
+                    y_pred = _forward(model, xi, recomputed)
+                    loss = model.compute_loss(xi, yi, y_pred, wi)
+            # Only the metrics' running sums here; their result() (a merge_call across the
+            # replicas, a collective under multi_worker_mirrored) is read once per step, by
+            # train_step's return, as in Keras' own step.
+            model.compiled_metrics.update_state(yi, y_pred, wi)
             grads = _dense(tape.gradient(loss, variables), variables)
-            return i + 1, [t + g / k for t, g in zip(total, grads)]
-
-        zeros = [tf.zeros_like(v) for v in variables]
-        _, total = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros))
+            total = [g / k for g in grads] if total is None else [t + g / k for t, g in zip(total, grads)]
+            previous = total
         return total
 
     def train_step(model, data):
