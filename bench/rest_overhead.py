@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     started_on = machine()
     labels = dict(CONFIGS)
 
-    def one_run(label: str, round_no: int) -> dict:  # each run in a fresh process
+    def fresh_process_run(label: str, round_no: int) -> dict:  # each run in a fresh process
         cmd = [sys.executable, __file__, "--requests", str(args.requests), "--connections", str(args.connections),
                "--_child", "1" if labels[label] else "0"]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['cpu_us']:.0f} µs CPU/req, event loop {result['loop_us']:.0f} µs/req")
 
     # The configurations take turns, so a slow spell of the machine hits all of them.
-    runs = take_turns(list(labels), args.repeats, one_run, show)
+    runs = take_turns(list(labels), args.repeats, fresh_process_run, show)
     best = {label: min(results, key=lambda r: r["cpu_us"]) for label, results in runs.items()}
     table = markdown_table(
         ["configuration", "body bytes", "req/s", "CPU µs/req (all threads)", "event loop µs/req"],
