@@ -9,8 +9,10 @@ storage child) and one `gcp-storage-emulator` (its default on-disk mode) run sid
 directory of 200 MB (two large variable shards, a graph file and a few small files, random bytes) is
 uploaded (`Blob.upload_from_filename`, one call per file as `aiplatform`'s `upload_directory` does) and
 downloaded (`Blob.download_to_filename`), both with the client's default CRC32C check, against each
-server; `cp -r` copies the same directory to and back from another directory on the same disk. The
-three take turns each round, so drift on the shared machine hits all alike; medians are reported.
+server; `cp -r` copies the same directory to and back from another directory on the same disk; and,
+to tell the server's cost from the Python client's, curl uploads and downloads the same files from
+the platform's storage. All take turns each round, so drift on the shared machine hits all alike;
+medians are reported.
 
 Memory: a 1 GB file is uploaded (the client's default resumable upload, 100 MB chunks) to each server,
 and the peak resident size (VmHWM) of the process holding the storage is read from /proc afterwards:
@@ -136,6 +138,31 @@ def download_dir(bucket, prefix: str, dest: Path) -> None:
         blob.download_to_filename(str(path))
 
 
+def curl_upload_dir(url: str, bucket: str, src: Path, prefix: str) -> None:
+    """The same uploads by curl (a C client), one simple upload per file: what the server does without
+    the Python client's own costs."""
+    from urllib.parse import quote
+
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            name = quote(f"{prefix}/{p.relative_to(src).as_posix()}", safe="")
+            subprocess.run(["curl", "-sf", "-o", "/dev/null", "-X", "POST", "--data-binary", f"@{p}",
+                            "-H", "Content-Type: application/octet-stream",
+                            f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}"], check=True)
+
+
+def curl_download_dir(url: str, bucket: str, src: Path, prefix: str, dest: Path) -> None:
+    from urllib.parse import quote
+
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(src).as_posix()
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["curl", "-sf", "-o", str(dest / rel),
+                            f"{url}/download/storage/v1/b/{bucket}/o/{quote(f'{prefix}/{rel}', safe='')}?alt=media"],
+                           check=True)
+
+
 def same_tree(a: Path, b: Path) -> bool:
     fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
@@ -156,14 +183,15 @@ def main() -> int:
         write_random(src / rel, int(mb * MB))
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     servers = Servers(work)
-    runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in ("cp", "modelyard", "emulator")}
+    names = ("cp", "modelyard", "emulator", "modelyard-curl")
+    runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in names}
     try:
         buckets = {}
         for name in ("modelyard", "emulator"):
             c = client(servers.urls[name])
             buckets[name] = c.create_bucket(f"bench-{name}")
         for r in range(args.rounds):
-            for name in ("cp", "modelyard", "emulator"):
+            for name in names:
                 back = work / f"back-{name}-{r}"
                 if name == "cp":
                     dst = work / f"cp-{r}"
@@ -173,6 +201,14 @@ def main() -> int:
                     subprocess.run(["cp", "-r", str(dst), str(back)], check=True)
                     t2 = time.perf_counter()
                     shutil.rmtree(dst)
+                elif name == "modelyard-curl":
+                    t0 = time.perf_counter()
+                    curl_upload_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}")
+                    t1 = time.perf_counter()
+                    curl_download_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}", back)
+                    t2 = time.perf_counter()
+                    for blob in buckets["modelyard"].list_blobs(prefix=f"c{r}/"):
+                        blob.delete()
                 else:
                     bucket = buckets[name]
                     t0 = time.perf_counter()
@@ -218,7 +254,9 @@ def main() -> int:
                                  text=True).stdout.split("Version: ")[-1].split()[0]
     rows = [("`cp -r` on the same disk", med("cp", "up"), med("cp", "down")),
             ("modelyard platform storage", med("modelyard", "up"), med("modelyard", "down")),
-            (f"gcp-storage-emulator {emu_version}", med("emulator", "up"), med("emulator", "down"))]
+            (f"gcp-storage-emulator {emu_version}", med("emulator", "up"), med("emulator", "down")),
+            ("modelyard platform storage, driven by curl instead (the server alone)", med("modelyard-curl", "up"),
+             med("modelyard-curl", "down"))]
     table = [f"| {total / MB:.0f} MB model directory, {len(LAYOUT)} files | upload MB/s | download MB/s | "
              "upload / cp | download / cp |", "| --- | ---: | ---: | ---: | ---: |"]
     for label, up, down in rows:

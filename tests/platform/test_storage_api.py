@@ -205,6 +205,24 @@ def test_auth_token_refuses_anonymous_calls(guarded, monkeypatch):
         anon.bucket("guarded-bucket").blob("x").download_as_bytes()
 
 
+def test_a_crashed_storage_process_is_started_again(platform, gcs):
+    from tests.platform.conftest import live_processes
+
+    marker = f"--port\0{platform.storage_port}\0".encode()
+    pids = [pid for pid, cmd, _ in live_processes() if b"modelyard.platform.storage" in cmd and marker in cmd]
+    assert len(pids) == 1, pids
+    os.kill(pids[0], 9)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{platform.storage_url}/storage/v1/b/{BUCKET}", timeout=2).status_code == 200:
+                break
+        except requests.RequestException:
+            time.sleep(0.2)
+    assert gcs.bucket(BUCKET).exists()  # back, with its objects (they are files)
+    assert "starting it again" in (platform.workdir / f"platform-{platform.starts}.log").read_text()
+
+
 def test_a_platform_given_storage_uses_it(tmp_path_factory, gcs_emulator):
     p = start_platform(tmp_path_factory, "outside-storage", _env(STORAGE_EMULATOR_HOST=gcs_emulator["host"]),
                        ["--no-warm-spare"])
@@ -241,3 +259,37 @@ def test_names_map_under_the_root_and_symlinks_cannot_leave_it(tmp_path):
         object_path(root, "bkt", "link/secret")
     with pytest.raises(StorageApiError):
         local_file("gs://Bad_Bucket/x", root)
+
+
+def test_storage_speaks_tls_when_the_platform_does(tmp_path, monkeypatch):
+    """The platform's --tls-cert/--tls-key serve its storage port too; a stock client trusting the CA works."""
+    storage = require("google.cloud.storage", "pip install -e '.[test]'")
+    import google.auth.credentials
+
+    from modelyard.ports import free_port
+    from tests.platform.test_tls import _wait_tls, _write_server_files
+    from tests.serving.security.pki import make_pki
+
+    pki = make_pki(tmp_path)
+    _write_server_files(tmp_path, pki)
+    port, storage_port = free_port(), free_port()
+    log = tmp_path / "platform.log"
+    proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform", "--port", str(port), "--store",
+                             str(tmp_path / "p.db"), "--state-dir", str(tmp_path / "state"), "--no-warm-spare",
+                             "--storage-port", str(storage_port), "--tls-cert", str(tmp_path / "server.pem"),
+                             "--tls-key", str(tmp_path / "server.key")],
+                            env=_env(), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        _wait_tls(port, proc, log, verify=pki.ca_file)
+        url = f"https://127.0.0.1:{storage_port}"
+        assert f"export STORAGE_EMULATOR_HOST={url}" in log.read_text()
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pki.ca_file))
+        client = storage.Client(project="local", credentials=google.auth.credentials.AnonymousCredentials())
+        client.create_bucket("tls-bucket").blob("a").upload_from_string(b"over tls")
+        assert client.bucket("tls-bucket").blob("a").download_as_bytes() == b"over tls"
+        with pytest.raises(requests.exceptions.ConnectionError):  # plaintext to the TLS port
+            requests.get(f"http://127.0.0.1:{storage_port}/storage/v1/b", timeout=10)
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                                     if roots else "artifact URIs are accepted anywhere (no --artifact-root)")
           + f"; relative ones are read from {Path.cwd()}", flush=True)
     try:
-        asyncio.run(_serve(Platform(config), args.host, args.port, tls))
+        asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage))
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return 1
@@ -150,10 +150,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop(proc) -> None:
-    if proc is not None:
-        proc.terminate()
-        proc.wait(10)
+async def _watch_storage(storage) -> None:
+    """Start the storage process again if it dies (same port, root and flags), so the platform's
+    Cloud Storage is back within seconds after a crash."""
+    log = logging.getLogger("modelyard.platform.storage")
+    while True:
+        await asyncio.sleep(2)
+        if storage.proc.poll() is None:
+            continue
+        log.warning("the storage process exited with %s; starting it again", storage.proc.returncode)
+        try:
+            await asyncio.to_thread(storage.restart)
+        except OSError as exc:
+            log.error("cannot start the storage process again: %s", exc)
+
+
+def _stop(storage) -> None:
+    if storage is not None:
+        storage.stop()
 
 
 STORAGE_ENV = "STORAGE_EMULATOR_HOST"
@@ -167,7 +181,7 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
         print(f"modelyard platform: using the Cloud Storage at {STORAGE_ENV}={os.environ[STORAGE_ENV]} "
               "(set before start), not serving its own", flush=True)
         return None
-    from modelyard.platform.storage.server import start_process
+    from modelyard.platform.storage.server import StorageProcess
 
     port = args.storage_port if args.storage_port is not None else _default_storage_port(args.host, args.port)
     tls_args = []
@@ -175,8 +189,8 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
         if value:
             tls_args += [flag, str(Path(value).resolve())]
     config.storage_root.mkdir(parents=True, exist_ok=True)
-    proc = start_process(config.storage_root, args.host, port, config.auth_token, tls_args,
-                         config.state_dir / "storage.log")
+    proc = StorageProcess(config.storage_root, args.host, port, config.auth_token, tls_args,
+                          config.state_dir / "storage.log")
     host = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
     config.storage_url = f"{scheme}://{host}:{port}"
     os.environ[STORAGE_ENV] = config.storage_url
@@ -226,7 +240,7 @@ def _tls_context(cert: str | None, key: str | None, client_ca: str | None):
     return context
 
 
-async def _serve(platform, host: str, port: int, tls=None) -> None:
+async def _serve(platform, host: str, port: int, tls=None, storage=None) -> None:
     """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
     Stopping leaves the replicas running: the next start adopts them."""
     from aiohttp import web
@@ -250,6 +264,9 @@ async def _serve(platform, host: str, port: int, tls=None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = loop.create_task(_watch_storage(storage)) if storage is not None else None
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     server.close()
     await runner.cleanup()

@@ -116,3 +116,25 @@ def start_process(root: Path, host: str, port: int, token: str | None, tls_args:
             time.sleep(0.05)
     proc.kill()
     raise OSError(f"the storage server did not listen on {host}:{port} within {timeout:.0f} s (log: {log_path})")
+
+
+class StorageProcess:
+    """The storage server as the platform's child: started at once (``OSError`` if it cannot), started
+    again by ``restart`` after a crash, stopped by ``stop``."""
+
+    def __init__(self, root: Path, host: str, port: int, token: str | None, tls_args: list[str],
+                 log_path: Path) -> None:
+        self._args = (root, host, port, token, tls_args, log_path)
+        self.proc = start_process(*self._args)
+
+    def restart(self) -> None:
+        self.proc = start_process(*self._args)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
