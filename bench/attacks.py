@@ -201,7 +201,7 @@ def main() -> None:
         "# Normal requests while the server is under attack",
         "",
         f"`python3 bench/attacks.py --rounds {args.rounds}`, {started_on} (server, attacker and client share "
-        "the cores). REST predicts one after the other for {PROBE_S:.0f} s "
+        f"the cores). REST predicts one after the other for {PROBE_S:.0f} s "
         "per run; medians over the rounds, the runs taking turns.",
         "",
         "| during | normal p50 ms | p99 ms | p50 vs baseline | failed normal requests | what the attacker got |",
