@@ -87,3 +87,48 @@ def test_two_platforms_share_one_postgres_store(tmp_path_factory, postgres, tiny
     finally:
         first.cleanup()
         second.cleanup()
+
+
+def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):
+    """Schema v4 on PostgreSQL: a v3 database (32-wide model ids, "default" implied) gets wide ids, the
+    stored "default" alias and the version columns; then the registry's writes work on it."""
+    from sqlalchemy import create_engine, text
+
+    from modelyard.platform.store import Store
+    from tests.platform.conftest import PARENT
+
+    admin = create_engine(postgres, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text("CREATE DATABASE registry_v3"))
+    admin.dispose()
+    url = postgres.rsplit("/", 1)[0] + "/registry_v3"
+    engine = create_engine(url)
+    with engine.begin() as c:  # the v3 tables a registry needs, as v3 wrote them
+        c.execute(text("CREATE TABLE modelyard_schema (version INTEGER PRIMARY KEY)"))
+        c.execute(text("INSERT INTO modelyard_schema VALUES (3)"))
+        c.execute(text("CREATE TABLE models (id VARCHAR(32) PRIMARY KEY, parent VARCHAR(256) NOT NULL, "
+                       "display_name VARCHAR(256) NOT NULL, description TEXT NOT NULL, labels JSON NOT NULL, "
+                       "created FLOAT NOT NULL, updated FLOAT NOT NULL)"))
+        c.execute(text("CREATE TABLE model_versions (model_id VARCHAR(32), version_id VARCHAR(16), "
+                       "artifact_uri TEXT NOT NULL, local_path TEXT NOT NULL, container JSON NOT NULL, "
+                       "aliases JSON NOT NULL, created FLOAT NOT NULL, PRIMARY KEY (model_id, version_id))"))
+        c.execute(text("CREATE TABLE deployed_models (id VARCHAR(32) PRIMARY KEY, endpoint_id VARCHAR(32) NOT NULL, "
+                       "model_id VARCHAR(32) NOT NULL, version_id VARCHAR(16) NOT NULL)"))
+        c.execute(text(f"INSERT INTO models VALUES ('123', '{PARENT}', 'old', '', '{{}}', 1, 1)"))
+        for v, aliases in (("1", '["stable"]'), ("2", "[]")):
+            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', '{aliases}', 1)"))
+    engine.dispose()
+    store = Store(url)
+    try:
+        assert store.migrated_from == 3
+        assert [(v["version_id"], v["aliases"]) for v in store.versions("123")] == [("1", ["stable"]), ("2", ["default"])]
+        long_id = "m" * 63  # wider than the v3 columns
+        version = {"model_id": long_id, "version_id": "1", "artifact_uri": "gs://b/m", "local_path": "/m",
+                   "container": {}, "aliases": ["default"], "created": 2.0, "updated": 2.0, "description": ""}
+        store.add_model({"id": long_id, "parent": PARENT, "display_name": "long", "description": "", "labels": {},
+                         "created": 2.0, "updated": 2.0}, version)
+        assert store.add_version({**version, "aliases": ["stable"]}) == "2"
+        store.update_version(long_id, "1", {}, add=["stable"])  # the alias moves back to version 1
+        assert [v["aliases"] for v in store.versions(long_id)] == [["default", "stable"], []]
+    finally:
+        store.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, delete, event, insert, select, text, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
 from modelyard.platform import aliases
 from modelyard.platform import schema as s
@@ -109,11 +110,14 @@ class Store:
     # ---- models and their versions ------------------------------------------------------------
     def add_model(self, model: dict, version: dict) -> None:
         """A new model and its first version; ALREADY_EXISTS if the (chosen) id is taken."""
-        with self.engine.begin() as c:
-            if c.execute(select(s.models.c.id).where(s.models.c.id == model["id"])).first() is not None:
-                raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.")
-            c.execute(insert(s.models).values(**model))
-            c.execute(insert(s.model_versions).values(**version))
+        try:
+            with self.engine.begin() as c:
+                if c.execute(select(s.models.c.id).where(s.models.c.id == model["id"])).first() is not None:
+                    raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.")
+                c.execute(insert(s.models).values(**model))
+                c.execute(insert(s.model_versions).values(**version))
+        except IntegrityError:  # taken by a concurrent upload between the check and the insert
+            raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.") from None
 
     def get_model(self, model_id: str) -> dict:
         with self.engine.connect() as c:
@@ -128,7 +132,11 @@ class Store:
             return self._versions(c, model_id)
 
     @staticmethod
-    def _versions(c, model_id: str) -> list[dict]:
+    def _versions(c, model_id: str, lock: bool = False) -> list[dict]:
+        """``lock`` (in a transaction that changes them): the model's row is locked first, so changes to one
+        model's versions and aliases never interleave on PostgreSQL (SQLite has one writer anyway)."""
+        if lock:
+            c.execute(select(s.models.c.id).where(s.models.c.id == model_id).with_for_update())
         rows = [_row(r) for r in c.execute(select(s.model_versions).where(s.model_versions.c.model_id == model_id))]
         return sorted(rows, key=lambda r: int(r["version_id"]))
 
@@ -141,17 +149,22 @@ class Store:
         """A new version of an existing model, numbered next; its aliases leave the versions that held
         them (``default`` included: a version uploaded as the default takes it). Returns its number."""
         model_id = version["model_id"]
-        with self.engine.begin() as c:
-            rows = self._versions(c, model_id)
-            if not rows:
-                raise not_found("Model", model_id)
-            version_id = str(int(rows[-1]["version_id"]) + 1)
-            placement = aliases.place({r["version_id"]: list(r["aliases"] or []) for r in rows}, version_id,
-                                      list(version["aliases"]), [])
-            self._save_aliases(c, model_id, rows, placement, version["created"])
-            c.execute(insert(s.model_versions).values(**{**version, "version_id": version_id}))
-            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=version["created"]))
-        return version_id
+        for _ in range(5):
+            try:
+                with self.engine.begin() as c:
+                    rows = self._versions(c, model_id, lock=True)
+                    if not rows:
+                        raise not_found("Model", model_id)
+                    version_id = str(int(rows[-1]["version_id"]) + 1)
+                    placement = aliases.place({r["version_id"]: list(r["aliases"] or []) for r in rows}, version_id,
+                                              list(version["aliases"]), [])
+                    self._save_aliases(c, model_id, rows, placement, version["created"])
+                    c.execute(insert(s.model_versions).values(**{**version, "version_id": version_id}))
+                    c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=version["created"]))
+                return version_id
+            except IntegrityError:  # a concurrent upload took this number first: number it again
+                continue
+        raise ApiError("ABORTED", f"Concurrent uploads to model {model_id} kept taking the next version number: retry.")
 
     def version_ids(self, model_id: str) -> list[str]:
         with self.engine.connect() as c:
@@ -175,7 +188,7 @@ class Store:
         the version's number."""
         now = time.time()
         with self.engine.begin() as c:
-            rows = self._versions(c, model_id)
+            rows = self._versions(c, model_id, lock=True)
             version_id = _pick(rows, model_id, ref)["version_id"]
             current = {r["version_id"]: list(r["aliases"] or []) for r in rows}
             if new_aliases is not None:
@@ -200,7 +213,7 @@ class Store:
         """Delete one version; refused while it is deployed, for the only version (delete the model)
         and for the default version (move ``default`` first). Returns its number."""
         with self.engine.begin() as c:
-            rows = self._versions(c, model_id)
+            rows = self._versions(c, model_id, lock=True)
             version = _pick(rows, model_id, ref)
             version_id = version["version_id"]
             used = c.execute(select(s.deployed_models.c.endpoint_id)
