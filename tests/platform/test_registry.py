@@ -311,3 +311,25 @@ def test_a_schema_v3_database_is_upgraded_in_place(tmp_path):
         assert store.get_version("123", "stable")["version_id"] == "1"
     finally:
         store.close()
+
+
+def test_alias_rules_one_layer_down():
+    """The placement rules the store applies (modelyard.platform.aliases), case by case."""
+    from modelyard.platform import aliases
+    from modelyard.platform.errors import ApiError
+
+    now = {"1": ["default", "prod"], "2": ["beta"]}
+    assert aliases.place(now, "2", ["prod"], []) == {"1": ["default"], "2": ["beta", "prod"]}  # prod moves
+    assert aliases.place(now, "2", ["default"], ["beta"]) == {"1": ["prod"], "2": ["default"]}  # default moves
+    assert aliases.place(now, "3", ["beta"], []) == {"1": ["default", "prod"], "2": [], "3": ["beta"]}  # a new version
+    assert aliases.replace(now, "1", ["default", "gold"]) == {"1": ["default", "gold"], "2": ["beta"]}
+    assert aliases.place(now, "2", [], ["nothing"]) == now  # removing an absent alias changes nothing
+    with pytest.raises(ApiError, match="cannot be removed"):
+        aliases.place(now, "1", [], ["default"])
+    with pytest.raises(ApiError, match="cannot be removed"):
+        aliases.replace(now, "1", ["prod"])
+    assert aliases.parse_merge(["a1", "-b1", "c1", "-c1", "a1"]) == (["a1"], ["b1"])  # c1 cancels out
+    assert aliases.check_list(["x1", "x1", "default"]) == ["x1", "default"]
+    for bad in (["1"], ["A1"], ["a"], ["a_b"], ["a" * 129], "a1", [None]):
+        with pytest.raises(ApiError):
+            aliases.check_list(bad)
