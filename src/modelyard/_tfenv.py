@@ -43,10 +43,12 @@ def apply_python_levels() -> None:
     """Python-side loggers (TensorFlow's, absl's) follow the level; called once TF is imported."""
     import logging
 
-    python_level = {"error": logging.ERROR, "debug": logging.DEBUG}.get(_chosen_level() or "")
-    if python_level is not None:  # "warning" and "info" keep the loggers' own defaults
-        logging.getLogger("tensorflow").setLevel(python_level)
-        logging.getLogger("absl").setLevel(python_level)
+    # The default ("warning") hides TensorFlow's Python info lines too, such as the "Assets written to: ..."
+    # of every SavedModel save, which a command that sets up INFO logging for itself would print.
+    python_level = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
+                    "debug": logging.DEBUG}[_chosen_level() or "warning"]
+    logging.getLogger("tensorflow").setLevel(python_level)
+    logging.getLogger("absl").setLevel(python_level)
 
 
 def _setup() -> None:

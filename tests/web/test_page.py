@@ -117,6 +117,20 @@ def test_drawn_digit_is_recognised(drawing_page, digit):
     assert max(page.evaluate("window.modelyard.last.input")) == 255
 
 
+def test_a_blank_pad_shows_no_class(drawing_page):
+    """Issue 27: the page said "top class 3" before anything was drawn (the model's answer for a blank image)."""
+    page = drawing_page
+    for _ in range(2):  # as loaded (or after the digit tests), then cleared after a drawing
+        page.click("#clear")
+        wait_idle(page)
+        assert page.locator("#top").get_attribute("data-cls") is None
+        assert page.text_content("#top").startswith("–")
+        assert page.locator(".bar.top").count() == 0
+        assert set(page.locator(".bar .value").all_text_contents()) == {"–"}
+        draw(page, SHAPES[1])
+        assert page.locator("#top").get_attribute("data-cls") == "1"
+
+
 def test_toggle_compares_with_modelyard_serve(browser, site_urls, demo_server, tmp_path_factory):
     model_url = f"{demo_server.base}/v1/models/my_mnist_model"
     page = open_page(browser, f"{site_urls['none']}?serve={model_url}", viewport=DESKTOP)

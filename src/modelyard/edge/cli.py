@@ -141,5 +141,15 @@ def run(args) -> int:
         return 1
     if report is not None:
         _print_reports([report], args.json)
-    print(f"wrote {target} ({len(content)} bytes)", file=sys.stderr)
+    print(f"wrote {target} ({_written_size(target)})", file=sys.stderr)
     return 0
+
+
+def _written_size(target: Path) -> str:
+    """What was written, in bytes: a file's size, or a site folder's total (the page, the runtime and the model)."""
+    if not target.is_dir():
+        return f"{target.stat().st_size:,} bytes"
+    files = [p for p in target.rglob("*") if p.is_file()]
+    model = sum(p.stat().st_size for p in files if p.suffix == ".tflite")
+    return (f"{sum(p.stat().st_size for p in files):,} bytes in {len(files)} files, of which the model "
+            f"{model:,} bytes")

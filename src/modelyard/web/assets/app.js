@@ -115,8 +115,10 @@ function drawPreview(pixels) {
 }
 
 // ---- results ----------------------------------------------------------------------------
-function renderBars(page, server) {
-  const top = page.indexOf(Math.max(...page));
+// A blank pad has no class: the model still answers (it warms up and shows its latency), but no
+// bar, value or "top class" is shown for an image with no ink.
+function renderBars(page, server, blank) {
+  const top = blank ? -1 : page.indexOf(Math.max(...page));
   $('bars').replaceChildren(...page.map((p, k) => {
     const row = document.createElement('div');
     row.className = 'bar' + (k === top ? ' top' : '');
@@ -127,22 +129,22 @@ function renderBars(page, server) {
     track.className = 'track';
     const fill = document.createElement('div');
     fill.className = 'fill page';
-    fill.style.width = `${(p * 100).toFixed(1)}%`;
+    fill.style.width = blank ? '0%' : `${(p * 100).toFixed(1)}%`;
     track.append(fill);
     if (server) {
       const sfill = document.createElement('div');
       sfill.className = 'fill server';
-      sfill.style.width = `${(server[k] * 100).toFixed(1)}%`;
+      sfill.style.width = blank ? '0%' : `${(server[k] * 100).toFixed(1)}%`;
       track.append(sfill);
     }
     const value = document.createElement('span');
     value.className = 'value';
-    value.textContent = p.toFixed(3);
+    value.textContent = blank ? '–' : p.toFixed(3);
     row.append(label, track, value);
     return row;
   }));
-  $('top').textContent = String(top);
-  $('top').dataset.cls = top;
+  $('top').textContent = blank ? '– (draw a digit)' : String(top);
+  if (blank) delete $('top').dataset.cls; else $('top').dataset.cls = top;
 }
 
 async function update() {
@@ -164,7 +166,7 @@ async function update() {
         $('server-note').textContent = `server: ${error.message} (is modelyard serve running with --rest_api_enable_cors_support?)`;
       }
     }
-    renderBars(local.values, remote && remote.values);
+    renderBars(local.values, remote && remote.values, !pixels.some((v) => v > 0));
     if (window.modelyard) window.modelyard.last = {page: local, server: remote, input: Array.from(pixels)};
     document.body.dataset.predictions = String(Number(document.body.dataset.predictions || 0) + 1);
   } finally {
