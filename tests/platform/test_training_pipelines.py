@@ -109,13 +109,21 @@ def test_container_training_job_with_two_workers(sdk, platform, tiny_models, gcs
     model.delete()
 
 
-def test_a_failing_script_fails_the_pipeline_with_its_last_lines(sdk):
+def test_a_failing_script_fails_the_pipeline_with_its_last_lines(sdk, platform):
     job = sdk.CustomContainerTrainingJob(display_name="fails", container_uri="example.com/trainer:1",
                                          command=[sys.executable, SCRIPT])
     with pytest.raises(RuntimeError, match="failing on purpose"):
         job.run(args=["--fail=3"], replica_count=1)
     assert job.gca_resource.state.name == "PIPELINE_STATE_FAILED"
     assert "exited with code 3" in job.gca_resource.error.message
+    log = requests.get(f"{platform.url}/modelyard/v1/jobs/{job.name}/logs", timeout=10).text  # its job's log
+    assert "workerpool0-0: failing on purpose" in log
+
+    # A job that succeeds without writing a model: the pipeline fails at the upload, saying why.
+    body = _pipeline_body([], f"gs://{STAGING_BUCKET}/no-model-{time.time_ns()}")
+    name = requests.post(platform.api("trainingPipelines"), json=body, timeout=30).json()["name"]
+    done = _wait(platform, name, FINAL)
+    assert done["state"] == "PIPELINE_STATE_FAILED" and "could not be uploaded" in done["error"]["message"], done
 
 
 def test_cancel_stops_the_pipeline_and_its_job(sdk, platform):

@@ -96,6 +96,9 @@ def delete(p, route: Route) -> dict:
 
 def logs(p, job_id: str) -> str:
     row = p.store.get_job(job_id)
+    backing = (row["spec"].get(PRIVATE) or {}).get("backing")
+    if backing:  # a training pipeline: its custom job's log
+        row = p.store.get_job(backing)
     try:
         return (Path(row["work_dir"]) / LOG_FILE).read_text(errors="replace")
     except OSError:
