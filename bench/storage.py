@@ -163,6 +163,20 @@ def curl_download_dir(url: str, bucket: str, src: Path, prefix: str, dest: Path)
                            check=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def snap(server_pid: int | None) -> tuple[float, float, float]:
+    """(wall clock, CPU seconds of this process and its finished children (cp, curl), of the server)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (time.perf_counter(), me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            cpu_seconds(server_pid) if server_pid else 0.0)
+
+
 def same_tree(a: Path, b: Path) -> bool:
     fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
@@ -177,6 +191,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.rounds = 1
+    load_before = " / ".join(Path("/proc/loadavg").read_text().split()[:3])
     work = Path(tempfile.mkdtemp(prefix="storage-bench-", dir=os.environ.get("BENCH_TMP")))
     src = work / "model"
     for rel, mb in LAYOUT.items():
@@ -185,6 +200,7 @@ def main() -> int:
     servers = Servers(work)
     names = ("cp", "modelyard", "emulator", "modelyard-curl")
     runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in names}
+    cpu: dict[str, dict[str, list[tuple[float, float]]]] = {k: {"up": [], "down": []} for k in names}
     try:
         buckets = {}
         for name in ("modelyard", "emulator"):
@@ -193,36 +209,40 @@ def main() -> int:
         for r in range(args.rounds):
             for name in names:
                 back = work / f"back-{name}-{r}"
+                spid = {"modelyard": servers.storage_pid, "modelyard-curl": servers.storage_pid,
+                        "emulator": servers.emulator.pid}.get(name)
                 if name == "cp":
                     dst = work / f"cp-{r}"
-                    t0 = time.perf_counter()
+                    t0 = snap(spid)
                     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
-                    t1 = time.perf_counter()
+                    t1 = snap(spid)
                     subprocess.run(["cp", "-r", str(dst), str(back)], check=True)
-                    t2 = time.perf_counter()
+                    t2 = snap(spid)
                     shutil.rmtree(dst)
                 elif name == "modelyard-curl":
-                    t0 = time.perf_counter()
+                    t0 = snap(spid)
                     curl_upload_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}")
-                    t1 = time.perf_counter()
+                    t1 = snap(spid)
                     curl_download_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}", back)
-                    t2 = time.perf_counter()
+                    t2 = snap(spid)
                     for blob in buckets["modelyard"].list_blobs(prefix=f"c{r}/"):
                         blob.delete()
                 else:
                     bucket = buckets[name]
-                    t0 = time.perf_counter()
+                    t0 = snap(spid)
                     upload_dir(bucket, src, f"r{r}")
-                    t1 = time.perf_counter()
+                    t1 = snap(spid)
                     download_dir(bucket, f"r{r}", back)
-                    t2 = time.perf_counter()
+                    t2 = snap(spid)
                     for blob in bucket.list_blobs(prefix=f"r{r}/"):
                         blob.delete()
                 if not same_tree(src, back):
                     raise RuntimeError(f"{name}: the copy back differs from the source")
                 shutil.rmtree(back)
-                runs[name]["up"].append(total / MB / (t1 - t0))
-                runs[name]["down"].append(total / MB / (t2 - t1))
+                runs[name]["up"].append(total / MB / (t1[0] - t0[0]))
+                runs[name]["down"].append(total / MB / (t2[0] - t1[0]))
+                cpu[name]["up"].append((t1[1] - t0[1], t1[2] - t0[2]))
+                cpu[name]["down"].append((t2[1] - t1[1], t2[2] - t1[2]))
                 print(f"round {r} {name:9s} up {runs[name]['up'][-1]:7.0f} MB/s  down {runs[name]['down'][-1]:7.0f} MB/s",
                       file=sys.stderr)
         # memory: one large object into each server
@@ -257,10 +277,17 @@ def main() -> int:
             (f"gcp-storage-emulator {emu_version}", med("emulator", "up"), med("emulator", "down")),
             ("modelyard platform storage, driven by curl instead (the server alone)", med("modelyard-curl", "up"),
              med("modelyard-curl", "down"))]
+    def cpu_cell(name: str, way: str) -> str:
+        client_s = statistics.median(c for c, _ in cpu[name][way])
+        server_s = statistics.median(s for _, s in cpu[name][way])
+        return f"{client_s:.2f} + {server_s:.2f}"
+
     table = [f"| {total / MB:.0f} MB model directory, {len(LAYOUT)} files | upload MB/s | download MB/s | "
-             "upload / cp | download / cp |", "| --- | ---: | ---: | ---: | ---: |"]
-    for label, up, down in rows:
-        table.append(f"| {label} | {up:,.0f} | {down:,.0f} | {up / med('cp', 'up'):.2f}x | {down / med('cp', 'down'):.2f}x |")
+             "upload / cp | download / cp | CPU s up (client + server) | CPU s down (client + server) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (label, up, down), name in zip(rows, ("cp", "modelyard", "emulator", "modelyard-curl")):
+        table.append(f"| {label} | {up:,.0f} | {down:,.0f} | {up / med('cp', 'up'):.2f}x | {down / med('cp', 'down'):.2f}x "
+                     f"| {cpu_cell(name, 'up')} | {cpu_cell(name, 'down')} |")
     up_ratio, down_ratio = med("modelyard", "up") / med("cp", "up"), med("modelyard", "down") / med("cp", "down")
     peak = memory["modelyard"]["peak_mb"]
     mem_table = [f"| storing one {args.big_mb} MB object | seconds | peak RSS (VmHWM) |", "| --- | ---: | ---: |",
@@ -273,7 +300,8 @@ def main() -> int:
     text = "\n".join([
         "# Cloud Storage benchmark (bench/storage.py)", "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {host.node()}, {os.cpu_count()} cores; "
-        f"google-cloud-storage {gcs_mod.__version__}; {args.rounds} turn(s), medians.", "",
+        f"google-cloud-storage {gcs_mod.__version__}; {args.rounds} turn(s), medians; load average before the run "
+        f"{load_before}. CPU seconds: the client side (this process, or cp/curl) + the server process.", "",
         *table, "", *mem_table, "", "| check | measured | target | |", "| --- | ---: | --- | --- |", *checks, "",
         "Per run (MB/s): " + json.dumps({k: {w: [round(x) for x in v] for w, v in d.items()} for k, d in runs.items()}),
         ""])

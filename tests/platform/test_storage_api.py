@@ -119,6 +119,27 @@ def test_rewrite_copy_compose_and_preconditions(gcs):
     assert bucket.blob("rw/src").download_as_bytes() == b"new"
 
 
+def test_the_sdks_staging_code_creates_a_bucket_and_grants_it(gcs, tmp_path):
+    """google-cloud-aiplatform's own staging helpers: bucket exists/create, getIamPolicy/setIamPolicy, upload."""
+    require("google.cloud.aiplatform", "pip install -e '.[test]'")
+    import google.auth.credentials
+    from google.cloud.aiplatform.utils import gcs_utils
+
+    anon = google.auth.credentials.AnonymousCredentials()
+    uri = gcs_utils.create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist(
+        output_artifacts_gcs_dir="gs://sdk-pipelines-bucket/root", service_account="runner@local.iam.gserviceaccount.com",
+        project="local", location="us-central1", credentials=anon)
+    assert uri == "gs://sdk-pipelines-bucket/root"
+    policy = gcs.bucket("sdk-pipelines-bucket").get_iam_policy()
+    assert "serviceAccount:runner@local.iam.gserviceaccount.com" in policy["roles/storage.objectCreator"]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "saved_model.pb").write_bytes(b"pb")
+    staged = gcs_utils.stage_local_data_in_gcs(str(tmp_path / "model"), staging_gcs_dir=f"gs://{BUCKET}/staging",
+                                               project="local", location="us-central1", credentials=anon)
+    name = staged.split(f"gs://{BUCKET}/", 1)[1] + "/saved_model.pb"
+    assert gcs.bucket(BUCKET).blob(name).download_as_bytes() == b"pb"
+
+
 def test_gcsfs_reads_a_model_directory(gcs, tiny_models, tmp_path):
     gcsfs = require("gcsfs", "pip install gcsfs")
     model = Path(tiny_models["models"]["tiny1"]["path"])
