@@ -200,13 +200,21 @@ def test_a_running_job_survives_a_platform_restart_and_a_killed_one_fails(platfo
     assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
 
 
-def test_python_package_spec_is_installed_and_run(aiplatform, gcs_emulator, tmp_path):
+def test_python_package_spec_is_installed_with_its_requirements_and_run(aiplatform, gcs_emulator, tmp_path):
+    # The package declares a requirement (small, pure Python, from PyPI, not installed beside the platform):
+    # it is installed with it into the job's own environment, as on Vertex; the platform's stays as it was.
+    import importlib.util
+
+    assert importlib.util.find_spec("pyjokes") is None, "pyjokes must not be installed for this test"
     src = tmp_path / "src"
     (src / "trainer").mkdir(parents=True)
     (src / "trainer" / "__init__.py").write_text("")
     (src / "trainer" / "task.py").write_text(
-        "import os, sys\nopen(os.path.join(os.environ['AIP_MODEL_DIR'], 'done.txt'), 'w').write(' '.join(sys.argv[1:]))\n")
-    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='trainer', version='0.1', packages=['trainer'])\n")
+        "import os, sys, pyjokes\n"
+        "open(os.path.join(os.environ['AIP_MODEL_DIR'], 'done.txt'), 'w').write(' '.join(sys.argv[1:]) + ' ' + "
+        "pyjokes.__name__ + ' ' + os.environ['VIRTUAL_ENV'])\n")
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='trainer', version='0.1', packages=['trainer'], "
+                                  "install_requires=['pyjokes'])\n")
     subprocess.run([sys.executable, "setup.py", "-q", "sdist"], cwd=src, check=True, capture_output=True, timeout=120)
     sdist = next((src / "dist").glob("trainer-0.1.tar.gz"))
     gcs_emulator["client"].bucket(STAGING_BUCKET).blob("pkgs/trainer-0.1.tar.gz").upload_from_filename(str(sdist))
@@ -216,4 +224,6 @@ def test_python_package_spec_is_installed_and_run(aiplatform, gcs_emulator, tmp_
                                 "package_uris": [f"gs://{STAGING_BUCKET}/pkgs/trainer-0.1.tar.gz"],
                                 "python_module": "trainer.task", "args": ["--lr=0.1"]}}])
     job.run(sync=True)
-    assert (tmp_path / "out" / "model" / "done.txt").read_text() == "--lr=0.1"
+    args, module, venv = (tmp_path / "out" / "model" / "done.txt").read_text().split(" ")
+    assert (args, module) == ("--lr=0.1", "pyjokes") and venv.endswith("/venv")
+    assert importlib.util.find_spec("pyjokes") is None

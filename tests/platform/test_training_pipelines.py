@@ -1,6 +1,6 @@
 """Issue 34: Vertex AI training pipelines (``CustomTrainingJob``, ``CustomContainerTrainingJob``) with the
-stock SDK, and what every CustomJob's processes find: their package's requirements, Vertex's
-variables, /gcs/ paths, and a refusal at create of a bucket that does not exist.
+stock SDK, and what every CustomJob's processes find: Vertex's variables, /gcs/ paths, and a refusal
+at create of a bucket that does not exist (a CustomJob package's requirements: test_custom_jobs).
 
 One representative end-to-end case (a script with requirements -> a Model that deploys and
 predicts); the variants (container command, two workers, failure, cancel, restart) stop at the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -168,26 +167,6 @@ def test_a_pipeline_survives_a_platform_restart(platform, tiny_models):
     model = requests.get(f"{platform.url}/v1/{done['modelToUpload']['name']}", timeout=10).json()
     assert model["artifactUri"] == f"{base}/model/" and model["displayName"] == "restarted"
     requests.delete(f"{platform.url}/v1/{model['name']}", timeout=10)
-
-
-def test_a_custom_jobs_package_gets_its_requirements(aiplatform, gcs_emulator, tmp_path):
-    src = tmp_path / "src"
-    (src / "trainer").mkdir(parents=True)
-    (src / "trainer" / "__init__.py").write_text("")
-    (src / "trainer" / "task.py").write_text(
-        f"import os, sys, {REQUIREMENT}\n"
-        f"open(os.path.join(os.environ['AIP_MODEL_DIR'], 'done.txt'), 'w').write({REQUIREMENT}.__name__)\n")
-    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='trainer', version='0.1', "
-                                  f"packages=['trainer'], install_requires=['{REQUIREMENT}'])\n")
-    subprocess.run([sys.executable, "setup.py", "-q", "sdist"], cwd=src, check=True, capture_output=True, timeout=120)
-    gcs_emulator["client"].bucket(STAGING_BUCKET).blob("pkgs/req-trainer-0.1.tar.gz").upload_from_filename(
-        str(src / "dist" / "trainer-0.1.tar.gz"))
-    job = aiplatform.CustomJob(display_name="pkg-deps", base_output_dir=str(tmp_path / "out"), worker_pool_specs=[{
-        "machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
-        "python_package_spec": {"executor_image_uri": TRAIN_IMAGE, "python_module": "trainer.task",
-                                "package_uris": [f"gs://{STAGING_BUCKET}/pkgs/req-trainer-0.1.tar.gz"]}}])
-    job.run(sync=True)
-    assert (tmp_path / "out" / "model" / "done.txt").read_text() == REQUIREMENT
 
 
 def test_a_command_reads_and_writes_gcs_paths(aiplatform, gcs_emulator, tmp_path):
