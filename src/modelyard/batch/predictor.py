@@ -42,6 +42,11 @@ def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str 
         from modelyard.model.runtime.litert import load_tflite
 
         return load_tflite(version_dir, version_dir / TFLITE_FILE)
+    from modelyard.model.runtime import estimators
+    from modelyard.model.savedmodel import SAVED_MODEL_FILES
+
+    if not any((version_dir / name).is_file() for name in SAVED_MODEL_FILES) and estimators.model_file(version_dir):
+        return estimators.load_estimator(version_dir)  # scikit-learn / XGBoost, as the server loads them
     key = None
     if runtime != "tensorflow":
         from modelyard.model.runtime import litert_cache

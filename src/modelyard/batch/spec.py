@@ -72,7 +72,9 @@ class JobSpec:
 
 
 def _is_version_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in SAVED_MODEL_FILES + (TFLITE_FILE,))
+    from modelyard.model.runtime.estimators import ESTIMATOR_FILES  # scikit-learn / XGBoost models
+
+    return any((path / name).is_file() for name in SAVED_MODEL_FILES + (TFLITE_FILE,) + ESTIMATOR_FILES)
 
 
 def resolve_model(model: str) -> tuple[str, int | None, Path]:

@@ -94,8 +94,11 @@ def _download(uri: str, scheme: str, cache_dir: Path) -> Path:
 
 
 def check_saved_model(path: Path, uri: str) -> None:
+    """A model directory: a SavedModel, or a scikit-learn / XGBoost model file (Vertex's prebuilt images)."""
+    from modelyard.model.runtime.estimators import ESTIMATOR_FILES
+
     if not path.is_dir():
         raise invalid(f"artifact_uri {uri!r}: no such directory {path}")
-    if not any((path / f).is_file() for f in _SAVED_MODEL_FILES):
-        raise invalid(f"artifact_uri {uri!r}: {path} holds no saved_model.pb; name the SavedModel's own "
-                      "directory, e.g. models/my_model/0001")
+    if not any((path / f).is_file() for f in _SAVED_MODEL_FILES + ESTIMATOR_FILES):
+        raise invalid(f"artifact_uri {uri!r}: {path} holds no saved_model.pb (nor model.joblib, model.pkl or "
+                      "model.bst); name the SavedModel's own directory, e.g. models/my_model/0001")

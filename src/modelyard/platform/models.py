@@ -7,7 +7,7 @@ import contextvars
 import re
 import time
 
-from modelyard.platform import aliases, artifacts, names
+from modelyard.platform import aliases, artifacts, names, prebuilt_images
 from modelyard.platform.errors import ApiError, invalid, not_found
 from modelyard.platform.names import DEFAULT_ALIAS, Route
 from modelyard.platform.operations import EMPTY, typed
@@ -52,6 +52,7 @@ async def upload(p, route: Route, body: dict) -> dict:
     # Off the event loop: a gs:// or s3:// artifact is downloaded here.
     path = await asyncio.to_thread(artifacts.resolve, spec.get("artifactUri", ""), p.config.artifact_roots,
                                    p.config.state_dir)
+    prebuilt_images.check_upload(spec.get("containerSpec") or {}, path, spec["artifactUri"])  # sklearn/XGBoost
     now = time.time()
     version = {"model_id": model_id, "version_id": "1", "artifact_uri": spec["artifactUri"],
                "local_path": str(path), "container": spec.get("containerSpec") or {}, "aliases": version_aliases,

@@ -1,6 +1,8 @@
 """Turn a version directory into a ready servable: pick the runtime, load, warm up, record metrics.
 
-A directory with ``model.tflite`` runs on LiteRT; a SavedModel runs in a TensorFlow session.
+A directory with ``model.tflite`` runs on LiteRT; a SavedModel runs in a TensorFlow session; one
+with ``model.joblib`` / ``model.pkl`` / ``model.bst`` (no SavedModel) is a scikit-learn or XGBoost
+model (``model.runtime.estimators``).
 Warmup replays ``assets.extra/tf_serving_warmup_requests`` before the version takes traffic.
 """
 from __future__ import annotations
@@ -82,6 +84,10 @@ class VersionLoader:
         try:
             saved_model_file(path)
         except SavedModelError as exc:
+            from modelyard.model.runtime import estimators
+
+            if estimators.model_file(path) is not None:  # scikit-learn / XGBoost (Vertex's prebuilt images)
+                return estimators.load_estimator(path)
             raise ServingError(Code.NOT_FOUND, str(exc)) from None
         from modelyard.model.runtime.tf_session import load_saved_model
 
