@@ -116,12 +116,14 @@ def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):
                        "model_id VARCHAR(32) NOT NULL, version_id VARCHAR(16) NOT NULL)"))
         c.execute(text(f"INSERT INTO models VALUES ('123', '{PARENT}', 'old', '', '{{}}', 1, 1)"))
         for v, aliases in (("1", '["stable"]'), ("2", "[]")):
-            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', '{aliases}', 1)"))
+            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', "
+                           f"'{aliases}', 1)"))
     engine.dispose()
     store = Store(url)
     try:
         assert store.migrated_from == 3
-        assert [(v["version_id"], v["aliases"]) for v in store.versions("123")] == [("1", ["stable"]), ("2", ["default"])]
+        assert [(v["version_id"], v["aliases"]) for v in store.versions("123")] == [
+            ("1", ["stable"]), ("2", ["default"])]
         long_id = "m" * 63  # wider than the v3 columns
         version = {"model_id": long_id, "version_id": "1", "artifact_uri": "gs://b/m", "local_path": "/m",
                    "container": {}, "aliases": ["default"], "created": 2.0, "updated": 2.0, "description": ""}

@@ -217,7 +217,8 @@ def test_bad_registry_requests_in_googles_error_format(aiplatform, platform, uri
         r = requests.get(f"{url}:listVersions", params={"filter": "displayName=x"}, timeout=10)
         assert "filter" in _google_error(r, "INVALID_ARGUMENT")
         r = requests.post(platform.api("models:upload"), timeout=10, json={
-            "parentModel": f"{PARENT}/models/no_such_model", "model": {"displayName": "x", "artifactUri": uris["tiny1"]}})
+            "parentModel": f"{PARENT}/models/no_such_model",
+            "model": {"displayName": "x", "artifactUri": uris["tiny1"]}})
         assert "no_such_model" in _google_error(r, "NOT_FOUND")
         assert ok.gca_resource.version_id == aiplatform.Model(model).version_id == "1"  # nothing changed
         assert requests.get(f"{platform.url}/healthz", timeout=5).status_code == 200  # still serving
@@ -300,7 +301,8 @@ def test_a_schema_v3_database_is_upgraded_in_place(tmp_path):
                        "aliases JSON NOT NULL, created FLOAT NOT NULL, PRIMARY KEY (model_id, version_id))"))
         c.execute(text(f"INSERT INTO models VALUES ('123', '{PARENT}', 'old', '', '{{}}', 1, 1)"))
         for v, aliases in (("1", '["stable"]'), ("2", "[]")):
-            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', '{aliases}', 1)"))
+            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', "
+                           f"'{aliases}', 1)"))
     engine.dispose()
     store = Store(url)
     try:

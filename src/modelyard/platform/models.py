@@ -132,7 +132,8 @@ def patch(p, route: Route, body: dict, update_mask: str | None) -> dict:
         elif f == "versionDescription":
             version_changes["description"] = _text(body, "versionDescription")
         elif f == "labels":
-            (version_changes if route.version is not None else model_changes)["labels"] = check_labels(body.get("labels"))
+            target = version_changes if route.version is not None else model_changes
+            target["labels"] = check_labels(body.get("labels"))
         elif f == "versionAliases":
             new_aliases = aliases.check_list(body.get("versionAliases"))
     if model_changes:
@@ -210,7 +211,9 @@ def _absent(p, model_id: str) -> None:
     raise ApiError("ALREADY_EXISTS", f"Model {model_id} already exists: upload with parent_model to add a version.")
 
 
-_FILTER = re.compile(r'^labels\.([A-Za-z0-9_-]+|"[^"]+")\s*(=\s*("[^"]*"|[^\s"]*)|:\s*\*)$|^labels\s*:\s*([A-Za-z0-9_-]+)$')
+# labels.KEY=VALUE (KEY or VALUE may be quoted), labels.KEY:* and labels:KEY (the key exists).
+_FILTER = re.compile(r'^labels\.([A-Za-z0-9_-]+|"[^"]+")\s*(=\s*("[^"]*"|[^\s"]*)|:\s*\*)$'
+                     r'|^labels\s*:\s*([A-Za-z0-9_-]+)$')
 
 
 def _matches(labels: dict, expression: str) -> bool:
