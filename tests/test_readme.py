@@ -129,3 +129,118 @@ def _run_client_snippets(rest_port: int, grpc_port: int) -> None:
         assert y_proba.shape == (3, 10), marker
         # demo_instances(3) is a 0, a 1 and a 2: the served model tells them apart.
         assert list(y_proba.argmax(axis=1)) == [0, 1, 2], (marker, y_proba.round(3))
+
+
+# ---- The tuning quick start (docs/tuning.md) and the README's batch and endpoints command blocks ----
+def fenced(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
+
+
+def shell_commands(block: str) -> list[str]:
+    """The block's command lines, trailing comments (after two spaces) cut off."""
+    lines = [re.sub(r"\s{2,}#.*$", "", line).strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _shell_env(tmp_path: Path, **extra: str) -> dict:
+    """``modelyard`` and ``python3`` on PATH as a user's venv has them: this interpreter's."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "modelyard").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m modelyard "$@"\n')
+    (bin_dir / "modelyard").chmod(0o755)
+    for name in ("python3", "python"):
+        if not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("MODELYARD_LOG_LEVEL", None)
+    env.update(extra)
+    return env
+
+
+def _sh(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def test_the_vertex_extra_brings_the_sdk_storage_and_hypertune():
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["vertex"]}
+    assert names == {"google-cloud-aiplatform", "google-cloud-storage", "cloudml-hypertune"}
+    test_names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["test"]}
+    assert names <= test_names  # the test install has them too
+    readme = (REPO / "README.md").read_text()
+    indented = [line.strip() for line in readme.splitlines() if line.startswith("    ")]
+    assert "python3 -m pip install -e '.[vertex]'" in indented
+    assert "pip install gcsfs" not in readme  # a dependency already
+    assert "Two commands do everything" not in readme
+
+
+def test_tuning_quick_start_runs_as_written(tmp_path):
+    """docs/tuning.md's quick start: its train.py and study.yaml saved side by side, then its first look
+    (`modelyard tune study.yaml --max-trials 2`) and `modelyard tune status study.yaml`, as written."""
+    doc = (REPO / "docs" / "tuning.md").read_text()
+    quick = doc[doc.index("## Quick start"):doc.index("## The study file")]
+    assert "    python3 -m pip install -e '.[vertex]'\n" in quick  # the install line (this test run has it)
+    (train,) = [b for b in fenced(quick, "python") if b.startswith("# train.py")]
+    (study,) = [b for b in fenced(quick, "yaml") if b.startswith("# study.yaml")]
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "study.yaml").write_text(study)
+    assert "accuracy = ..." not in train and "hpt.report_hyperparameter_tuning_metric" in train
+    (commands,) = [shell_commands(b) for b in fenced(quick, "bash") if "modelyard tune" in b]
+    first, status = commands[0], next(c for c in commands if c.startswith("modelyard tune status"))
+    assert first == "modelyard tune study.yaml --max-trials 2"
+    env = _shell_env(tmp_path)
+    ran = _sh(first, tmp_path, env, timeout=900)
+    assert "2 trial(s), 2 at a time" in ran.stdout, ran.stdout
+    best = re.search(r"^best: trial \d+  accuracy = ([\d.]+)", ran.stdout, re.M)
+    assert best and float(best.group(1)) > 0.5, ran.stdout  # a real model learnt the digits
+    shown = _sh(status, tmp_path, env)
+    assert re.search(r"study mnist-mlp: \d+ complete, \d+ pruned, 0 failed", shown.stdout), shown.stdout
+    assert (tmp_path / "mnist-mlp.tuning.db").is_file() and (tmp_path / "runs" / "mnist-mlp" / "trial-0002").is_dir()
+
+
+def test_batch_and_endpoints_commands_run_as_written(tmp_path):
+    """From a project folder holding the Quickstart's models/my_mnist_model: the batch prediction block,
+    then `modelyard platform` (its README line, on a free port) and the CLI block against it."""
+    import json
+    import shutil
+
+    from modelyard.demo import ensure_demo_model
+    from tests.platform.conftest import PlatformProcess
+
+    readme = (REPO / "README.md").read_text()
+    project = tmp_path / "project"
+    shutil.copytree(ensure_demo_model(log=lambda _m: None), project / "models" / "my_mnist_model")
+    env = _shell_env(tmp_path)
+
+    (batch,) = [shell_commands(b) for b in fenced(readme, "bash") if "modelyard batch-predict" in b]
+    for command in batch:
+        _sh(command, project, env)
+    (job,) = (project / "out").glob("prediction-my_mnist_model-*")
+    rows = [json.loads(line) for shard in sorted(job.glob("prediction.results-*")) for line in shard.read_text().splitlines()]
+    assert len(rows) == 100
+    assert [max(range(10), key=r["prediction"].__getitem__) for r in rows[:3]] == [0, 1, 2]
+
+    (line,) = [c.strip() for c in readme.splitlines() if c.strip().startswith("modelyard platform --port 8600")]
+    args = shlex.split(re.sub(r"\s{2,}#.*$", "", line))[2:]  # after `modelyard platform`
+    assert args[:2] == ["--port", "8600"], args
+    args = args[2:]  # the port (and the store, beside the project) are the test's own
+    platform = PlatformProcess(project, env, [*args, "--storage-port", str(free_port())])
+    platform.start()
+    try:
+        log = (project / "platform-1.log").read_text()
+        assert f"accepted only under {project / 'models'}" in log, log
+        (cli,) = [shell_commands(b) for b in fenced(readme, "bash") if "modelyard endpoints predict" in b]
+        cli_env = dict(env, MODELYARD_PLATFORM=platform.url)
+        for command in cli:
+            out = _sh(command, project, cli_env).stdout
+        predictions = json.loads(out)["predictions"]
+        assert [max(range(10), key=p.__getitem__) for p in predictions] == [0, 1, 2]
+    finally:
+        platform.cleanup()

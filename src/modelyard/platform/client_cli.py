@@ -10,6 +10,7 @@ import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def models_cmd(args: argparse.Namespace, c: Client):
 def endpoints_cmd(args: argparse.Namespace, c: Client):
     a = args.action
     if a == "create":
-        return c.operation(c.call("POST", "endpoints", {"displayName": args.display_name}))
+        chosen = f"?endpointId={urllib.parse.quote(args.endpoint_id)}" if args.endpoint_id else ""
+        return c.operation(c.call("POST", f"endpoints{chosen}", {"displayName": args.display_name}))
     if a == "list":
         return c.call("GET", "endpoints").get("endpoints", [])
     if a == "describe":
@@ -288,7 +290,9 @@ def register(subparsers) -> None:
 
     e = subparsers.add_parser("endpoints", help="create endpoints, deploy models, split traffic, predict")
     es = e.add_subparsers(dest="action", required=True)
-    es.add_parser("create", parents=[common, waiting]).add_argument("--display-name", required=True)
+    ec = es.add_parser("create", parents=[common, waiting])
+    ec.add_argument("--display-name", required=True)
+    ec.add_argument("--endpoint-id", help="the new endpoint's id: a number, 1-10 digits (default: a generated one)")
     es.add_parser("list", parents=[common])
     es.add_parser("describe", parents=[common]).add_argument("endpoint")
     es.add_parser("delete", parents=[common, waiting]).add_argument("endpoint")
