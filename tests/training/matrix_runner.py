@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -40,7 +41,9 @@ def main(paths: list[str]) -> int:
     import modelyard  # noqa: F401  (TF environment before TF)
 
     for path in paths:
-        print("MATRIX " + json.dumps(run_cell(Path(path))), flush=True)
+        start = time.perf_counter()
+        record = run_cell(Path(path))
+        print("MATRIX " + json.dumps(record | {"seconds": round(time.perf_counter() - start, 2)}), flush=True)
     return 0
 
 

@@ -8,7 +8,6 @@ accumulation check of the train step itself, which trains in this process.
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -88,37 +87,8 @@ def test_recompute_naming_no_layer_of_the_model_is_refused():
         train_step.install(demo.build_model(hidden=8), train_step.StepOptions(recompute=("nope",)))
 
 
-@pytest.mark.timeout(240)
-def test_accumulate_steps_in_a_config_trains_as_the_whole_batch(tmp_path):
-    common = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
-    whole, _ = _train(tmp_path, "whole", export_to=str(tmp_path / "whole"), **common)
-    accumulated, _ = _train(tmp_path, "accumulated", accumulate_steps=4, export_to=str(tmp_path / "acc"), **common)
-    assert accumulated["accumulate_steps"] == 4
-    np.testing.assert_allclose(_losses(whole), _losses(accumulated), rtol=1e-5)
-    one, other = model_weights(tmp_path / "whole" / "0001"), model_weights(tmp_path / "acc" / "0001")
-    for name in one:
-        assert np.max(np.abs(one[name] - other[name])) <= 1e-5, name
-
-
-# -- bf16 gradients -------------------------------------------------------------------------
-
-@pytest.mark.timeout(300)
-def test_bf16_all_reduce_on_two_workers_matches_float32(tmp_path):
-    common = dict(global_batch_size=64, epochs=3, steps_per_epoch=10, seed=5, strategy="multi_worker_mirrored")
-    runs = {}
-    for dtype in ("float32", "bfloat16"):
-        config = write_config(tmp_path, dtype, gradient_dtype=dtype, **common)
-        result = run(["launch", "--workers", "2", "--", sys.executable, "-m", "modelyard", "train", str(config)], timeout=240)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        runs[dtype] = [json.loads((tmp_path / f"job-{dtype}" / name).read_text())
-                       for name in ("metrics.json", "metrics.worker-1.json")]
-    full, half = runs["float32"], runs["bfloat16"]
-    assert _losses(half[0]).tolist() == _losses(half[1]).tolist()  # both workers applied the same update
-    # bfloat16 keeps 8 bits of mantissa: each gradient is off by up to 2^-8 of itself.
-    np.testing.assert_allclose(_losses(half[0]), _losses(full[0]), rtol=2e-2)
-    assert not np.array_equal(_losses(half[0]), _losses(full[0]))  # the cast really happened
-    assert half[0]["gradient_dtype"] == "bfloat16"
-    assert half[0]["allreduce_bytes_per_step"] * 2 == full[0]["allreduce_bytes_per_step"] == 4 * (784 * 100 + 100 + 1010)
+# Through `modelyard train` under every strategy, with bf16 gradients and accumulation equal
+# to the whole batch under mirrored and multi-worker mirrored: tests/training/test_matrix.py.
 
 
 # -- model and pipeline parallelism ---------------------------------------------------------
