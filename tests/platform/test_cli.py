@@ -134,6 +134,18 @@ def test_jobs_submit_takes_the_tune_study_file_as_it_is(platform, tmp_path, caps
     code, _, err = run(capsys, "jobs", "submit", "--platform", platform.url, "--config", "study/study.yaml")
     assert code == 1 and "script missing.py not found" in err, err
 
+    # A Vertex HyperparameterTuningJob spec naming a relative script: read beside the file, sent along
+    # (it was looked for in the platform's state directory).
+    (folder / "train.py").write_text(TRAIN)
+    (folder / "hpt.yaml").write_text(
+        "display_name: vertex-spec\nmax_trial_count: 1\n" + STUDY[STUDY.index("study_spec:"):STUDY.index("max_trial")]
+        + "trial_job_spec:\n  worker_pool_specs:\n  - replica_count: 1\n    container_spec:\n"
+        "      image_uri: x\n      command: [python3, train.py]\n      args: [--scale=3]\n")
+    code, job, err = run(capsys, "jobs", "submit", "--platform", platform.url, "--config", "study/hpt.yaml", "--wait")
+    assert code == 0 and job["state"] == "JOB_STATE_SUCCEEDED", (err, job)
+    x = float(job["trials"][0]["parameters"][0]["value"])
+    assert job["trials"][0]["finalMeasurement"]["metrics"][0]["value"] == pytest.approx(3 * (1 - (x - 0.3) ** 2))
+
 
 def test_jobs_submit_has_one_wait_flag():
     parser = argparse.ArgumentParser(prog="modelyard")

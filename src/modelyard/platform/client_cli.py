@@ -184,8 +184,8 @@ def job_request(config_path: str, display_name: str | None) -> tuple[str, dict]:
             raise CliError(f"--config {config_path}: {exc}") from None
     doc = _camel(doc)
     name = display_name or doc.get("displayName") or os.path.splitext(os.path.basename(path))[0]
-    if "studySpec" in doc:
-        return "hyperparameterTuningJobs", {**doc, "displayName": name}
+    if "studySpec" in doc:  # relative paths in its trial command are read beside the file, and sent along
+        return "hyperparameterTuningJobs", study_submit.ship_trial_files(Path(path), {**doc, "displayName": name})
     if "workerPoolSpecs" in doc:
         doc = {"jobSpec": doc}
     if "jobSpec" in doc:

@@ -1,5 +1,6 @@
 """``modelyard jobs submit --config study.yaml``: a ``modelyard tune`` study file as a Vertex
-``HyperparameterTuningJob`` request, with the files its trial command names shipped along.
+``HyperparameterTuningJob`` request, with the files its trial command names shipped along (a Vertex
+``HyperparameterTuningJob`` spec file gets its trial files shipped the same way).
 
 The study file runs as it is under ``modelyard tune``: its ``trial.command`` is resolved beside
 the file (``python3 train.py``). A platform may run elsewhere, and a job must not change when
@@ -76,6 +77,17 @@ def tuning_job(path: Path, doc: dict[str, Any], display_name: str | None) -> dic
     if files:
         body[FILES_FIELD] = files
     return body
+
+
+def ship_trial_files(path: Path, body: dict[str, Any]) -> dict[str, Any]:
+    """A Vertex HyperparameterTuningJob spec (camelCase) from the file at ``path``: the files its one
+    worker pool's command and args name by relative paths beside the file go with it, as for a study file."""
+    pools = [p for p in (body.get("trialJobSpec") or {}).get("workerPoolSpecs") or [] if p]
+    container = pools[0].get("containerSpec") if len(pools) == 1 and isinstance(pools[0], dict) else None
+    if not isinstance(container, dict) or not isinstance(container.get("command"), list):
+        return body  # the platform's own checks say what is wrong
+    files = _shipped([str(c) for c in [*container["command"], *(container.get("args") or [])]], path.parent)
+    return {**body, FILES_FIELD: files} if files else body
 
 
 def _shipped(command: list[str], base: Path) -> dict[str, str]:
