@@ -190,3 +190,33 @@ def _show(value) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
     return str(value)
+
+
+# ---- the Open Inference Protocol's (KServe V2) datatype names ------------------------------------
+# The one table for V2's REST and gRPC adapters. BYTES is DT_STRING (length-prefixed in binary
+# form); BF16 only where ml_dtypes gave NumPy a bfloat16 (see _TO_NUMPY).
+_V2_NAMES: dict[int, str] = {
+    DT_BOOL: "BOOL", DT_UINT8: "UINT8", DT_UINT16: "UINT16", DT_UINT32: "UINT32", DT_UINT64: "UINT64",
+    DT_INT8: "INT8", DT_INT16: "INT16", DT_INT32: "INT32", DT_INT64: "INT64",
+    DT_HALF: "FP16", DT_FLOAT: "FP32", DT_DOUBLE: "FP64", DT_STRING: "BYTES",
+}
+if DT_BFLOAT16 in _TO_NUMPY:
+    _V2_NAMES[DT_BFLOAT16] = "BF16"
+_FROM_V2: dict[str, int] = {name: value for value, name in _V2_NAMES.items()}
+V2_DATATYPES = tuple(_FROM_V2)
+
+
+def v2_datatype(enum_value: int) -> str:
+    """``DT_FLOAT`` -> ``"FP32"``; a dtype V2 cannot carry (complex numbers) raises TypeError."""
+    try:
+        return _V2_NAMES[enum_value]
+    except KeyError:
+        raise TypeError(f"dtype {dtype_name(enum_value)} has no Open Inference Protocol datatype") from None
+
+
+def from_v2_datatype(name: str) -> int:
+    """``"FP32"`` -> ``DT_FLOAT``; an unknown name raises ValueError naming the known ones."""
+    try:
+        return _FROM_V2[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown datatype {name!r}; expected one of {', '.join(V2_DATATYPES)}") from None

@@ -19,6 +19,8 @@ import orjson
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.model import dtypes
 from modelyard.serving.protocol import rest_json
+from modelyard.serving.protocol.v2_rest import V2RestApp
+from modelyard.serving.protocol.v2_service import V2Service
 from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
 from modelyard.model.signatures import DEFAULT_SIGNATURE
@@ -67,6 +69,8 @@ class RestApp:
         # path -> (match, model name, ModelSpec or None when the path's version is malformed).
         # Clients send the same few paths, so each is parsed once, not per request.
         self._post_routes: dict[str, tuple] = {}
+        # The Open Inference Protocol's /v2 paths (v2_rest.py), on the same port and models.
+        self.v2 = V2RestApp(V2Service(core), self.extra_headers, self.timeout_s)
 
     # ---- answered on the event loop, before or without the body ------------------------------
     def immediate(self, method: str, path: str) -> tuple[int, list, bytes] | None:
@@ -79,7 +83,7 @@ class RestApp:
             return 200, [(b"content-type", b"text/plain")] + self.extra_headers, body
         if self.console is not None and self.console.owns(path):
             return self.console.immediate(method, path)
-        if not path.lower().startswith("/v1/"):
+        if not path.lower().startswith("/v1/") and not self.v2.owns(path):
             error = ServingError(Code.NOT_FOUND, f"Not found: {path}")
             return 404, self.json_headers, rest_json.error_body(error)
         return None

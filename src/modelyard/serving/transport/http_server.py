@@ -51,10 +51,12 @@ def _json_head(app: RestApp, status: int, length: int, keep_alive: bool) -> byte
 
 
 class _Request:
-    __slots__ = ("method", "path", "body", "keep_alive", "response", "answered", "timer", "pending")
+    __slots__ = ("method", "path", "body", "keep_alive", "response", "answered", "timer", "pending", "header_length")
 
-    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, response=None):
+    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, response=None,
+                 header_length: bytes | None = None):
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.header_length = header_length  # V2's Inference-Header-Content-Length (binary tensor data)
         self.response = response  # set when answered before the body (413, immediate routes)
         self.answered = False  # offloaded: by its result or by its timeout, whichever comes first
         self.timer = None
@@ -86,6 +88,7 @@ class HttpProtocol(asyncio.Protocol):
         self.size = 0
         self.expect_continue = False
         self.early = None
+        self.header_length = None
 
     # ---- transport events ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -138,6 +141,8 @@ class HttpProtocol(asyncio.Protocol):
                 self.early = self.app.body_too_large()
         elif name == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
+        elif name == b"inference-header-content-length":
+            self.header_length = value
 
     def on_headers_complete(self) -> None:
         method = self.parser.get_method().decode("latin-1")
@@ -173,7 +178,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         keep_alive = self.parser.should_keep_alive()
-        self.queue.append(_Request(self.method, self.path, b"".join(self.chunks), keep_alive, self.early))
+        self.queue.append(_Request(self.method, self.path, b"".join(self.chunks), keep_alive, self.early,
+                                   self.header_length))
         self._reset()
         if not self.busy:
             self._next()
@@ -187,6 +193,8 @@ class HttpProtocol(asyncio.Protocol):
             request = self.queue.popleft()
             if request.response is not None:
                 self._write(request, request.response)
+            elif self.app.v2.owns(request.path):
+                self._v2(request)
             elif self.app.cheap(request.path):
                 # A LiteRT call costs microseconds: a thread hop would cost more than the model.
                 status, payload = self.app.handle(request.method, request.path, request.body)
@@ -222,6 +230,18 @@ class HttpProtocol(asyncio.Protocol):
             request.timer = loop.call_later(app.timeout_s, self._timed_out, request)
         when_done_on_loop(loop, future, self._answer, request)
 
+    # The Open Inference Protocol (protocol/v2_rest.py): its answers carry their own headers.
+    def _v2(self, request: _Request) -> None:
+        app, v2 = self.app, self.app.v2
+        if v2.cheap(request.path):
+            self._write(request, v2.handle(request.method, request.path, request.body))
+            return
+        self.busy = True
+        future = app.pool.submit(v2.handle, request.method, request.path, request.body, request.header_length)
+        if app.timeout_s:
+            request.timer = self.loop.call_later(app.timeout_s, self._timed_out, request)
+        when_done_on_loop(self.loop, future, self._answer, request)
+
     # A predict on a batching model: parsed and checked here, then it waits in the queue holding
     # no thread; the batch thread hands the answer back into the loop (a batch at once) to encode and write.
     def _await_batch(self, request: _Request, pending) -> None:
@@ -248,8 +268,8 @@ class HttpProtocol(asyncio.Protocol):
         if request.timer is not None:
             request.timer.cancel()
         try:
-            status, payload = future.result()
-            response = (status, self.app.json_headers, payload)
+            result = future.result()  # (status, payload), or V2's (status, headers, payload)
+            response = result if len(result) == 3 else (result[0], self.app.json_headers, result[1])
         except BaseException as exc:  # handle() answers every error itself; this is a last resort
             log.error("REST request failed: %s %s: %r", request.method, request.path, exc)
             response = (500, self.app.json_headers, b'{"error": "Internal error"}')

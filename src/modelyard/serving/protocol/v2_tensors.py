@@ -1,0 +1,193 @@
+"""Open Inference Protocol (KServe V2) tensors <-> NumPy arrays, for its REST and gRPC adapters.
+
+One tensor arrives in one of three forms: JSON ``data`` (flat or nested, row-major), raw
+little-endian bytes (the REST binary extension and gRPC's ``raw_input_contents``), or gRPC's
+typed ``contents``. BYTES elements travel raw as a 4-byte little-endian length before each
+element. Datatype names come from ``model.dtypes`` (the one table); JSON numbers are checked
+and cast by ``dtypes.json_array``, as for TF Serving's REST API.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from modelyard.errors import invalid_argument
+from modelyard.model import dtypes
+
+
+@dataclass(frozen=True)
+class V2Tensor:
+    """One decoded input: its name, the datatype and shape the client declared, and its values."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+
+def check_header(name, datatype, shape) -> tuple[int, tuple[int, ...]]:
+    """A tensor's declared datatype and shape checked: ``(DataType enum, shape)``."""
+    if not isinstance(name, str) or not name:
+        raise invalid_argument("an input tensor has no 'name'")
+    try:
+        enum = dtypes.from_v2_datatype(datatype)
+    except ValueError as exc:
+        raise invalid_argument(f"input '{name}': {exc}") from None
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise invalid_argument(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+    return enum, tuple(shape)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def from_json(name: str, datatype: str, shape, data) -> V2Tensor:
+    """A JSON tensor (``data`` flat or nested in row-major order) as an array of ``shape``."""
+    enum, shape = check_header(name, datatype, shape)
+    if not isinstance(data, list):
+        data = [data]
+    if enum == dtypes.DT_STRING:
+        flat = _flatten(data)
+        array = np.empty(len(flat), dtype=object)
+        for i, value in enumerate(flat):
+            if isinstance(value, str):
+                array[i] = value.encode("utf-8")
+            else:
+                raise invalid_argument(f"input '{name}': BYTES data holds strings, got {value!r}")
+    else:
+        try:
+            inferred = np.asarray(data)
+        except ValueError:  # ragged nesting
+            raise invalid_argument(f"input '{name}': 'data' is not a regular nested list") from None
+        if inferred.dtype.kind not in "biuf":
+            if inferred.size and inferred.dtype.kind != "O":
+                raise invalid_argument(f"input '{name}': {datatype} data holds numbers, got {inferred.flat[0]!r}")
+            raise invalid_argument(f"input '{name}': 'data' must be a (nested) list of numbers for {datatype}")
+        inferred = inferred.reshape(-1)
+        if enum == dtypes.DT_BOOL and inferred.dtype.kind != "b":
+            raise invalid_argument(f"input '{name}': BOOL data holds true/false, got {inferred.flat[0]!r}"
+                                   if inferred.size else f"input '{name}': BOOL data holds true/false")
+        try:
+            array = dtypes.json_array(inferred, enum, name)
+        except ValueError as exc:
+            raise invalid_argument(f"input '{name}': {exc}") from None
+    if array.size != _count(shape):
+        raise invalid_argument(
+            f"input '{name}': shape {list(shape)} holds {_count(shape)} elements but 'data' has {array.size}")
+    return V2Tensor(name, datatype, shape, array.reshape(shape))
+
+
+def _flatten(data: list) -> list:
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            out.append(value)
+        else:
+            stack.pop()
+    return out
+
+
+def from_raw(name: str, datatype: str, shape, raw) -> V2Tensor:
+    """Raw little-endian bytes (REST binary data, gRPC raw_input_contents) as an array of ``shape``."""
+    enum, shape = check_header(name, datatype, shape)
+    count = _count(shape)
+    if enum == dtypes.DT_STRING:
+        array = _unpack_bytes(name, memoryview(raw), count)
+    else:
+        dtype = dtypes.to_numpy(enum).newbyteorder("<")
+        if len(raw) != count * dtype.itemsize:
+            raise invalid_argument(
+                f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes "
+                f"but {len(raw)} were sent")
+        array = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+    return V2Tensor(name, datatype, shape, array.reshape(shape))
+
+
+def _unpack_bytes(name: str, raw: memoryview, count: int) -> np.ndarray:
+    array = np.empty(count, dtype=object)
+    offset, size = 0, len(raw)
+    for i in range(count):
+        if offset + 4 > size:
+            raise invalid_argument(f"input '{name}': BYTES data ends after {i} of {count} elements")
+        length = int.from_bytes(raw[offset:offset + 4], "little")
+        offset += 4
+        if offset + length > size:
+            raise invalid_argument(f"input '{name}': BYTES element {i} is cut short ({length} bytes declared)")
+        array[i] = bytes(raw[offset:offset + length])
+        offset += length
+    if offset != size:
+        raise invalid_argument(f"input '{name}': {size - offset} bytes left after {count} BYTES elements")
+    return array
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """An output's raw little-endian bytes (BYTES elements length-prefixed)."""
+    if array.dtype.kind in "OSU":
+        parts = []
+        for value in array.reshape(-1):
+            value = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+            parts.append(len(value).to_bytes(4, "little"))
+            parts.append(value)
+        return b"".join(parts)
+    little = array.dtype.newbyteorder("<")
+    return np.ascontiguousarray(array, dtype=little).tobytes()
+
+
+def to_json_data(array: np.ndarray) -> list:
+    """An output's values as V2's flat JSON ``data`` (BYTES as UTF-8 text)."""
+    flat = array.reshape(-1)
+    if array.dtype.kind in "OS":
+        try:
+            return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+        except UnicodeDecodeError:
+            raise invalid_argument(
+                "an output holds bytes that are not UTF-8 text: ask for it with binary_data") from None
+    if array.dtype == np.float16 or array.dtype.name == "bfloat16":
+        flat = flat.astype(np.float32)
+    return flat.tolist()
+
+
+def output_datatype(array: np.ndarray) -> str:
+    """The V2 datatype of an output array."""
+    return dtypes.v2_datatype(dtypes.from_numpy(array.dtype))
+
+
+# gRPC's InferTensorContents: which repeated field carries each datatype (FP16/BF16 only raw).
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def from_contents(name: str, datatype: str, shape, contents) -> V2Tensor:
+    """gRPC's typed ``contents`` as an array of ``shape``; values outside the datatype's range refused."""
+    enum, shape = check_header(name, datatype, shape)
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise invalid_argument(f"input '{name}': {datatype} travels only in raw_input_contents")
+    values = getattr(contents, field)
+    count = _count(shape)
+    if len(values) != count:
+        raise invalid_argument(
+            f"input '{name}': shape {list(shape)} holds {count} elements but {field} has {len(values)}")
+    if enum == dtypes.DT_STRING:
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+    else:
+        target = dtypes.to_numpy(enum)
+        wide = np.asarray(values, dtype=np.float64 if target.kind == "f" else
+                          np.uint64 if target.kind == "u" else np.bool_ if target.kind == "b" else np.int64)
+        try:
+            array = dtypes.json_array(wide, enum, name)
+        except ValueError as exc:
+            raise invalid_argument(f"input '{name}': {exc}") from None
+    return V2Tensor(name, datatype, shape, array.reshape(shape))
