@@ -155,6 +155,15 @@ def test_gcsfs_reads_a_model_directory(gcs, tiny_models, tmp_path):
     with fs.open(f"{BUCKET}/models/tiny1/{files[0].relative_to(model).as_posix()}", "rb") as f:
         f.seek(1)
         assert f.read(5) == files[0].read_bytes()[1:6]
+    # gcsfs's own writes (multipart bodies with bare LF, resumable for large files) and batch deletes
+    fs.pipe(f"{BUCKET}/gcsfs/small", b"small")
+    fs.put(str(files[0]), f"{BUCKET}/gcsfs/copied")
+    with fs.open(f"{BUCKET}/gcsfs/large", "wb", block_size=5 << 20) as f:
+        f.write(b"x" * (12 << 20))
+    assert fs.cat(f"{BUCKET}/gcsfs/small") == b"small" and fs.info(f"{BUCKET}/gcsfs/large")["size"] == 12 << 20
+    assert fs.cat(f"{BUCKET}/gcsfs/copied") == files[0].read_bytes()
+    fs.rm([f"{BUCKET}/gcsfs/small", f"{BUCKET}/gcsfs/copied", f"{BUCKET}/gcsfs/large"])
+    assert fs.find(f"{BUCKET}/gcsfs") == []
 
 
 def test_bad_input_gets_googles_error_format(gcs, platform):
@@ -175,6 +184,19 @@ def test_bad_input_gets_googles_error_format(gcs, platform):
     _google_error(requests.get(f"{base}/{BUCKET}/o", params={"pageToken": "%%%"}), 400, "invalid")
     # ... and it keeps serving
     assert requests.get(f"{base}/{BUCKET}").json()["name"] == BUCKET
+
+
+def test_a_wrong_checksum_is_refused_and_leaves_nothing(gcs, platform):
+    body = (b'--xx\r\nContent-Type: application/json\r\n\r\n{"name": "sum/bad", "crc32c": "AAAAAA=="}\r\n'
+            b"--xx\r\nContent-Type: text/plain\r\n\r\nhello\r\n--xx--\r\n")
+    r = requests.post(f"{platform.storage_url}/upload/storage/v1/b/{BUCKET}/o?uploadType=multipart", data=body,
+                      headers={"Content-Type": "multipart/related; boundary=xx"})
+    assert "CRC32C" in _google_error(r, 400, "invalid")
+    assert not gcs.bucket(BUCKET).blob("sum/bad").exists()
+    good = body.replace(b', "crc32c": "AAAAAA=="', b"")
+    r = requests.post(f"{platform.storage_url}/upload/storage/v1/b/{BUCKET}/o?uploadType=multipart", data=good,
+                      headers={"Content-Type": "multipart/related; boundary=xx"})
+    assert r.status_code == 200 and gcs.bucket(BUCKET).blob("sum/bad").download_as_bytes() == b"hello"
 
 
 def test_an_upload_cut_off_half_way_leaves_nothing(gcs, gcs_emulator, platform):
