@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.classify import GUARD, classify, quick_guard
 from tests.tfserving_models import (
     MONITORING_CONFIG,
     configured_shared_path,
@@ -67,6 +68,16 @@ def monitoring_config(tmp_path_factory) -> Path:
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     config._tfserving_models_used = any("tfserving_testdata" in item.fixturenames for item in items)
+    classify(items)  # tests that start a process are e2e; ./scripts/test --quick runs the others
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with quick_guard(item):  # a test classified quick that starts a process fails, saying how to mark it
+        return (yield)
+
+
+GUARD.install()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -8,6 +8,7 @@ by whoever reads the code and by type checkers, which the layers are for.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "modelyard"
@@ -47,8 +48,9 @@ def _is_module(path: Path) -> bool:
     return path.is_dir() or any(path.with_name(path.name + suffix).is_file() for suffix in (".py", ".c"))
 
 
+@functools.lru_cache(maxsize=None)  # every test reads the same tree: parse it once per run
 def _graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
-    """Module -> the modules of ``root``'s package it imports (itself left out)."""
+    """Module -> the modules of ``root``'s package it imports (itself left out). Read-only: cached."""
     modules = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph = {}
     for name, path in modules.items():

@@ -16,6 +16,7 @@ from modelyard.platform import replicas
 from modelyard.platform.errors import ApiError
 
 
+@pytest.mark.e2e  # LocalEngine starts a real `modelyard serve` (inside the package, where tests/classify.py does not read)
 def test_a_replica_reaped_by_another_call_still_fails_its_start_at_once(tmp_path, monkeypatch):
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
