@@ -75,6 +75,7 @@ class Load:
     def __init__(self, base_url: str, endpoint: str, instances, threads: int = 4) -> None:
         self.base, self.endpoint, self.instances = base_url, endpoint, instances
         self.ok = 0
+        self.slowest = 0.0  # seconds: the longest any one request waited
         self.failures: list[str] = []
         self.by_model: Counter = Counter()
         self._stop = threading.Event()
@@ -95,9 +96,11 @@ class Load:
         api = Api(self.base)
         while not self._stop.is_set():
             try:
+                sent = time.monotonic()
                 r = api.predict(self.endpoint, self.instances)
                 ok = r.status_code == 200
                 with self._lock:
+                    self.slowest = max(self.slowest, time.monotonic() - sent)
                     if ok:
                         self.ok += 1
                         self.by_model[r.json()["deployedModelId"]] += 1

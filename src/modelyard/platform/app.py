@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelyard.platform.autoscale import Autoscaler, Policy
+from modelyard.platform.deadlines import DeadlinePolicy
+from modelyard.platform.fields import DEFAULT_MAX_REQUEST_BYTES
 from modelyard.platform.gateway import Gateway
 from modelyard.platform.job_runner import JobRunner
 from modelyard.platform.metrics import Metrics
@@ -15,7 +17,7 @@ from modelyard.platform.replicas import LocalEngine
 from modelyard.platform.replicas_ray import RayEngine
 from modelyard.platform.routing import Routing
 from modelyard.platform.store import Store
-from modelyard.platform.supervisor import Supervisor
+from modelyard.platform.supervisor import Readiness, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ class Config:
     ray_address: str = ""
     ray_replica_cpus: float = 1.0
     warm_spare: bool = True  # local engine: keep one `modelyard serve` warm for the next replica
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a control-plane request body (fields.py)
+    upstream_deadline: DeadlinePolicy = field(default_factory=DeadlinePolicy)  # a predict's wait for a replica
+    readiness: Readiness = field(default_factory=Readiness)  # replicas' readiness probes (supervisor.py)
     # The Cloud Storage this platform serves: gs://B/N is storage_root/B/N (modelyard.platform.storage.local_file);
     # None when STORAGE_EMULATOR_HOST named another storage at start. storage_url is what children get.
     storage_root: Path | None = None
@@ -59,8 +64,8 @@ class Platform:
         self.routing = Routing()
         self.engine = make_engine(config)
         self.metrics = Metrics()
-        self.gateway = Gateway(self.routing, self.metrics)
-        self.supervisor = Supervisor(self.store, self.engine, self.routing)
+        self.gateway = Gateway(self.routing, self.metrics, config.upstream_deadline)
+        self.supervisor = Supervisor(self.store, self.engine, self.routing, readiness=config.readiness)
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None

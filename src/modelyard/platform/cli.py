@@ -55,6 +55,21 @@ def register(subparsers) -> None:
                         help="where the served objects are files: gs://BUCKET/NAME is DIR/BUCKET/NAME "
                         "(default: STATE_DIR/storage)")
     parser.add_argument("--max-replicas", type=int, default=8, help="largest max_replica_count accepted")
+    parser.add_argument("--upstream-deadline-min-seconds", type=float, default=1.0, metavar="S",
+                        help="a predict's first attempt waits for its replica at least this long (default 1)")
+    parser.add_argument("--upstream-deadline-factor", type=float, default=10.0, metavar="K",
+                        help="... and up to K times the slowest of the model's last 256 answers, then it is "
+                             "retried on another replica (default 10)")
+    parser.add_argument("--upstream-timeout-seconds", type=float, default=120.0, metavar="S",
+                        help="the longest any attempt waits, retries included (default 120)")
+    parser.add_argument("--readiness-deadline-seconds", type=float, default=1.0, metavar="S",
+                        help="a replica whose model status does not answer within S (probed every second) "
+                             "is taken out of routing (default 1)")
+    parser.add_argument("--replace-unready-after-seconds", type=float, default=5.0, metavar="S",
+                        help="a replica unready this long is stopped and replaced (default 5)")
+    parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+                        help="largest control-plane request body, refused (413) before it is read whole "
+                             "(default 4 MiB); predict bodies keep the serving limit, 256 MiB")
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
                         "e.g. --replica-arg=--runtime=tensorflow")
@@ -81,6 +96,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from modelyard.platform.app import Config, Platform
     from modelyard.platform.autoscale import Policy
+    from modelyard.platform.deadlines import DeadlinePolicy
+    from modelyard.platform.supervisor import Readiness
     from modelyard.platform.store import database_url, default_store_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,7 +124,11 @@ def run(args: argparse.Namespace) -> int:
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
                                      args.autoscale_cooldown_seconds),
                     engine=args.engine, ray_address=args.ray_address, ray_replica_cpus=args.ray_replica_cpus,
-                    warm_spare=args.warm_spare)
+                    warm_spare=args.warm_spare, max_request_bytes=args.max_request_bytes,
+                    upstream_deadline=DeadlinePolicy(args.upstream_deadline_min_seconds,
+                                                     args.upstream_deadline_factor, args.upstream_timeout_seconds),
+                    readiness=Readiness(deadline_s=args.readiness_deadline_seconds,
+                                        replace_after_s=args.replace_unready_after_seconds))
     config.storage_root = None if os.environ.get(STORAGE_ENV) else \
         Path(args.storage_root or state_dir / "storage").expanduser().resolve()
     try:

@@ -29,16 +29,17 @@ STATUS = {
 class ApiError(Exception):
     """A failure with a canonical Google status name, e.g. ``ApiError("NOT_FOUND", "Model 1 ...")``."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, http_status: int | None = None) -> None:
         if status not in STATUS:
             raise ValueError(f"unknown status {status!r}")
         super().__init__(message)
         self.status = status
         self.message = message
+        self._http = http_status  # where HTTP says more than the status's own (413 for a body too large)
 
     @property
     def http_status(self) -> int:
-        return STATUS[self.status][1]
+        return self._http or STATUS[self.status][1]
 
     def to_body(self) -> dict:
         """Google's REST error body: ``code`` is the HTTP status, as Google's JSON APIs send it."""

@@ -15,6 +15,7 @@ import re
 import httptools
 import orjson
 
+from modelyard.platform import fields
 from modelyard.platform.errors import ApiError
 from modelyard.platform.upstream import Upstream
 
@@ -24,7 +25,7 @@ _PREDICT = re.compile(rb"^/v1/projects/([^/]+)/locations/([^/]+)/endpoints/([0-9
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"upgrade"}
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
             409: b"Conflict", 429: b"Too Many Requests", 499: b"Client Closed Request", 500: b"Internal Server Error",
-            501: b"Not Implemented", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
+            413: b"Payload Too Large", 501: b"Not Implemented", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
 
 
 def _response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
@@ -37,13 +38,21 @@ def _response(status: int, body: bytes, headers: list[tuple[bytes, bytes]], keep
     return b"".join(out) + body
 
 
+# How long a connection whose body was refused keeps draining (and dropping) what the client still sends
+# before it closes: a close with unread data resets the connection, and the client could lose the answer.
+_REFUSED_LINGER_S = 1.0
+
+
 class _Request:
-    __slots__ = ("url", "method", "headers", "body", "keep_alive")
+    __slots__ = ("url", "method", "headers", "body", "keep_alive", "size", "limit", "refused")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
+        self.size = 0
+        self.limit = 0
+        self.refused: ApiError | None = None  # a body over the limit: answered without reading it whole
 
 
 class FrontProtocol(asyncio.Protocol):
@@ -54,6 +63,7 @@ class FrontProtocol(asyncio.Protocol):
         self.current: _Request | None = None
         self.queue: asyncio.Queue | None = None
         self.worker: asyncio.Task | None = None
+        self.refusing = False  # a body was refused: the rest of what arrives is dropped, then the connection ends
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -64,6 +74,8 @@ class FrontProtocol(asyncio.Protocol):
         self.queue.put_nowait(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.refusing:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -81,11 +93,37 @@ class FrontProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.current.headers.append((name, value))
 
+    def on_headers_complete(self) -> None:
+        """A body declared larger than this route takes is refused now, before any of it is read."""
+        r = self.current
+        r.limit = self.front.body_limit(r.url)
+        for name, value in r.headers:
+            if name.lower() == b"content-length" and value.strip().isdigit() and int(value) > r.limit:
+                self._refuse(r, int(value))
+
     def on_body(self, body: bytes) -> None:
-        self.current.body.append(body)
+        r = self.current
+        if r.refused is not None:
+            return
+        r.size += len(body)
+        if r.size > r.limit:  # no (or a false) Content-Length: refused as soon as the limit is passed
+            self._refuse(r, None)
+            return
+        r.body.append(body)
+
+    def _refuse(self, r: _Request, declared: int | None) -> None:
+        predict = r.limit == fields.PREDICT_MAX_BYTES
+        r.refused = fields.too_large(declared, r.limit, "predict limit" if predict else "--max-request-bytes")
+        r.body = []
+        r.method = self.parser.get_method()
+        r.keep_alive = False
+        self.refusing = True
+        self.queue.put_nowait(r)  # answered in turn, after the requests before it
 
     def on_message_complete(self) -> None:
         r = self.current
+        if r.refused is not None:
+            return  # queued already, by _refuse
         r.method = self.parser.get_method()
         r.keep_alive = self.parser.should_keep_alive()
         self.queue.put_nowait(r)
@@ -100,6 +138,9 @@ class FrontProtocol(asyncio.Protocol):
             if self.transport.is_closing():
                 return
             self.transport.write(_response(status, body, headers, r.keep_alive))
+            if r.refused is not None:
+                asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, self.transport.close)
+                return
             if not r.keep_alive:
                 self.transport.close()
                 return
@@ -110,7 +151,13 @@ class Front:
         self.p = platform
         self.api = Upstream(api_host, api_port)
 
+    def body_limit(self, url: bytes) -> int:
+        """Predict bodies keep the serving limit; every other request is a control-plane one."""
+        return fields.PREDICT_MAX_BYTES if _PREDICT.match(url) else self.p.config.max_request_bytes
+
     async def handle(self, r: _Request):
+        if r.refused is not None:
+            return r.refused.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(r.refused.to_body())
         m = _PREDICT.match(r.url) if r.method == b"POST" else None
         if m is None:
             return await self._pass(r)

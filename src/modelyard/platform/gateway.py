@@ -4,8 +4,9 @@ The deployed model comes from the endpoint's split (or a pinning header), the re
 with the fewest requests in flight, and the body goes to the replica's TF Serving ``:predict``
 as received (Vertex's ``{"instances": ...}`` is TF Serving's row format). The replica's answer is
 extended in place with Vertex's ``deployedModelId`` / ``model`` / ``modelVersionId``, not re-parsed.
-A predict that fails to reach a replica (refused, reset, replica killed) is retried on another:
-predicts are idempotent.
+A predict that fails to reach a replica (refused, reset, replica killed), or gets no answer within
+its deadline (``deadlines``: derived from the model's recent answer times; a stuck replica), is
+retried on another: predicts are idempotent.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import time
 
 import orjson
 
+from modelyard.platform.deadlines import DeadlinePolicy, LatencyWindow
 from modelyard.platform.errors import ApiError
 from modelyard.platform.routing import Deployed, Routing
+from modelyard.platform.upstream import UpstreamTimeout
 
 PIN_HEADER = "X-Modelyard-Deployed-Model-Id"
 MAX_ATTEMPTS = 4
@@ -29,10 +32,13 @@ _RELAYED = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT", 
 
 
 class Gateway:
-    def __init__(self, routing: Routing, metrics=None) -> None:
+    def __init__(self, routing: Routing, metrics=None, deadlines: DeadlinePolicy = DeadlinePolicy()) -> None:
         self.routing = routing
         self.metrics = metrics
-        self.on_replica_failure = None  # set by the supervisor: called with the failed Replica
+        self.deadlines = deadlines
+        self._latency: dict[str, LatencyWindow] = {}  # deployed model id -> its recent answer times
+        # set by the supervisor: called with the failed Replica and the ConnectionError (UpstreamTimeout: stuck?)
+        self.on_replica_failure = None
         self._shadow_tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
@@ -82,6 +88,10 @@ class Gateway:
         tried: set[int] = set()
         deadline = time.monotonic() + wait_s
         attempts = 0
+        latency = self._latency.get(d.id)
+        if latency is None:
+            latency = self._latency[d.id] = LatencyWindow(self.deadlines)
+            self._prune()
         last_error = "no replica"
         while True:
             replica = self.routing.choose_replica(d, tried)
@@ -94,21 +104,33 @@ class Gateway:
                 continue
             attempts += 1
             replica.outstanding += 1
+            # The first attempt waits as long as this model's answers take lately; a retry, the full limit.
+            timeout = latency.first_attempt_s() if attempts == 1 else self.deadlines.max_s
+            sent = time.monotonic()
             try:
-                status, _, data = await replica.connections().request(b"POST", replica.PREDICT_PATH, body, _JSON)
+                status, _, data = await replica.connections().request(b"POST", replica.PREDICT_PATH, body, _JSON,
+                                                                      timeout=timeout)
             except ConnectionError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
                 tried.add(id(replica))
                 if self.on_replica_failure is not None:
-                    self.on_replica_failure(replica)
+                    self.on_replica_failure(replica, exc)
                 continue
             finally:
                 replica.outstanding -= 1
+            if status == 200:
+                latency.observe(time.monotonic() - sent)
             if status == 503 and attempts < MAX_ATTEMPTS:
                 tried.add(id(replica))  # a replica shutting down; another may answer
                 continue
             replica.served += 1
             return status, data
+
+
+    def _prune(self) -> None:
+        """Forget the answer times of models no longer deployed (checked when a new one appears)."""
+        for dm_id in [k for k in self._latency if k not in self.routing.deployed]:
+            del self._latency[dm_id]
 
 
 def compare(served: bytes, shadow: bytes) -> tuple[bool | None, float]:

@@ -7,7 +7,7 @@ import contextvars
 import re
 import time
 
-from modelyard.platform import aliases, artifacts, names, prebuilt_images
+from modelyard.platform import aliases, artifacts, fields, names, prebuilt_images
 from modelyard.platform.errors import ApiError, invalid, not_found
 from modelyard.platform.names import DEFAULT_ALIAS, Route
 from modelyard.platform.operations import EMPTY, typed
@@ -178,20 +178,8 @@ _EITHER_FIELDS = ("labels", "versionAliases")
 
 
 def check_labels(labels: object) -> dict:
-    """Labels as Google's rules have them: keys start with a lowercase letter and are at most 63 lowercase
-    letters (international ones too), digits, ``_`` and ``-``; values are strings of at most 63
-    characters. (Value characters are not checked: the SDK checks them before sending.)"""
-    if labels is None:
-        return {}
-    if not isinstance(labels, dict):
-        raise invalid("Model.labels must be a map of strings to strings.")
-    for key, value in labels.items():
-        ok_key = isinstance(key, str) and 0 < len(key) <= 63 and key[0].isalpha() and key[0] == key[0].lower() \
-            and all((c.isalnum() and c == c.lower()) or c in "_-" for c in key)
-        if not ok_key or not isinstance(value, str) or len(value) > 63:
-            raise invalid(f"Invalid label {key!r}: {value!r}: keys start with a lowercase letter and are at most "
-                          "63 lowercase letters, digits, '_' and '-'; values are strings of at most 63 characters.")
-    return dict(labels)
+    """Labels as Vertex documents them (the one rule: ``fields.labels``)."""
+    return fields.labels(labels, "Model.labels")
 
 
 def _text(spec: dict, field: str) -> str:

@@ -24,6 +24,10 @@ class Replica:
     dead: bool = False
     served: int = 0
     upstream: Upstream | None = None
+    # Since when the replica misses its readiness deadline (None: ready). An unready replica gets no new
+    # request; the supervisor re-admits it when it answers again, or replaces it if it stays stuck.
+    unready_since: float | None = None
+    probing: bool = False
 
     PREDICT_PATH = f"/v1/models/{MODEL}:predict".encode()
 
@@ -124,10 +128,10 @@ class Routing:
 
     @staticmethod
     def choose_replica(d: Deployed, exclude: set[int] | None = None) -> Replica | None:
-        """The live replica with the fewest in-flight requests (ties: the first)."""
+        """The live, ready replica with the fewest in-flight requests (ties: the first)."""
         best = None
         for r in d.replicas:
-            if r.draining or r.dead or (exclude and id(r) in exclude):
+            if r.draining or r.dead or r.unready_since is not None or (exclude and id(r) in exclude):
                 continue
             if best is None or r.outstanding < best.outstanding:
                 best = r

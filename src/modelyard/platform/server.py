@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform import endpoints, jobs, models, names
+from modelyard.platform import endpoints, fields, jobs, models, names
 from modelyard.platform.app import Platform
 from modelyard.platform.errors import ApiError
 from modelyard.platform.gateway import PIN_HEADER
@@ -27,8 +27,18 @@ def _error(exc: ApiError) -> web.Response:
     return _json(exc.to_body(), exc.http_status)
 
 
-async def _body(request: web.Request) -> dict:
-    raw = await request.read()
+async def _body(request: web.Request, message: str) -> dict:
+    """The request's JSON object, checked as the Vertex message ``message`` (``fields.check_body``).
+    The front server has bounded its size already; a request sent to this app's port directly is
+    bounded here too, as it arrives."""
+    limit = request.app["max_request_bytes"]
+    if (request.content_length or 0) > limit:
+        raise fields.too_large(request.content_length, limit, "--max-request-bytes")
+    raw = bytearray()
+    async for chunk in request.content.iter_any():
+        raw += chunk
+        if len(raw) > limit:
+            raise fields.too_large(None, limit, "--max-request-bytes")
     if not raw:
         return {}
     try:
@@ -37,6 +47,7 @@ async def _body(request: web.Request) -> dict:
         raise ApiError("INVALID_ARGUMENT", f"Invalid JSON payload received: {exc}") from None
     if not isinstance(doc, dict):
         raise ApiError("INVALID_ARGUMENT", "Invalid JSON payload received: expected an object.")
+    fields.check_body(doc, message)
     return doc
 
 
@@ -85,14 +96,16 @@ def build_app(p: Platform) -> web.Application:
         out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
                 "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
                 "shadowTrafficPercentage": d.shadow_percent,
-                "state": "DEAD" if r.dead else "DRAINING" if r.draining else "SERVING"}
+                "state": "DEAD" if r.dead else "DRAINING" if r.draining else
+                "UNREADY" if r.unready_since is not None else "SERVING"}
                for d in p.routing.deployed.values() for r in d.replicas]
         return _json({"replicas": out})
 
     async def not_found(request: web.Request) -> web.Response:
         return _error(ApiError("NOT_FOUND", f"No API at {request.path}: Vertex AI paths start with /v1/projects/"))
 
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app = web.Application(client_max_size=fields.PREDICT_MAX_BYTES)
+    app["max_request_bytes"] = p.config.max_request_bytes
     app.router.add_route("*", "/v1/{tail:.*}", handle)
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)
@@ -136,35 +149,35 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
     if coll == "models":
         if route.resource_id is None:
             if verb == "upload" and method == "POST":
-                return await models.upload(p, route, await _body(request))
+                return await models.upload(p, route, await _body(request, "UploadModelRequest"))
             if verb is None and method == "GET":
                 return models.list_(p, route)
         elif verb is None and method == "GET":
             return models.get(p, route)
         elif verb is None and method == "PATCH":
-            return models.patch(p, route, await _body(request), request.query.get("updateMask"))
+            return models.patch(p, route, await _body(request, "Model"), request.query.get("updateMask"))
         elif verb in (None, "deleteVersion") and method == "DELETE":
             return models.delete(p, route)
         elif verb == "listVersions" and method == "GET":
             return models.list_versions(p, route, request.query)
         elif verb == "mergeVersionAliases" and method == "POST":
-            return models.merge_version_aliases(p, route, await _body(request))
+            return models.merge_version_aliases(p, route, await _body(request, "MergeVersionAliasesRequest"))
     elif coll in names.JOB_COLLECTIONS:
-        return await jobs.dispatch(p, route, method, lambda: _body(request), request.query)
+        return await jobs.dispatch(p, route, method, lambda: _body(request, fields.JOB_MESSAGES[coll]), request.query)
     elif coll == "endpoints":
         if route.resource_id is None:
             if verb is None and method == "POST":
-                return endpoints.create(p, route, await _body(request), request.query.get("endpointId"))
+                return endpoints.create(p, route, await _body(request, "Endpoint"), request.query.get("endpointId"))
             if verb is None and method == "GET":
                 return endpoints.list_(p, route)
         elif verb is None and method == "GET":
             return endpoints.get(p, route)
         elif verb is None and method == "PATCH":
-            return endpoints.patch(p, route, await _body(request), request.query.get("updateMask"))
+            return endpoints.patch(p, route, await _body(request, "Endpoint"), request.query.get("updateMask"))
         elif verb is None and method == "DELETE":
             return endpoints.delete(p, route)
         elif verb == "deployModel" and method == "POST":
-            return endpoints.deploy(p, route, await _body(request))
+            return endpoints.deploy(p, route, await _body(request, "DeployModelRequest"))
         elif verb == "undeployModel" and method == "POST":
-            return endpoints.undeploy(p, route, await _body(request))
+            return endpoints.undeploy(p, route, await _body(request, "UndeployModelRequest"))
     raise ApiError("NOT_FOUND", f"No API for {method} {request.path}.")

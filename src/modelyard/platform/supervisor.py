@@ -1,5 +1,12 @@
-"""Keeps each deployed model's replicas alive and counted: adoption at start, replacement of dead
-replicas, starting and draining replicas for deploys, undeploys and the autoscaler.
+"""Keeps each deployed model's replicas alive, ready and counted: adoption at start, readiness
+probes, replacement of dead and stuck replicas, starting and draining replicas for deploys,
+undeploys and the autoscaler.
+
+Readiness, not liveness: a replica whose process runs may still be stuck (stopped, swapped out,
+deadlocked). Every ``Readiness.interval_s`` each replica's model status is asked with a deadline;
+a replica that misses it, and answered no predict meanwhile, is taken out of routing at once (as
+is one the gateway saw time out); it is re-admitted when it answers again, and a replica unready
+for ``Readiness.replace_after_s`` is killed and replaced (the warm spare takes its place).
 
 A replica's row is written to the store as soon as its process is up, so a platform that dies
 leaves no untracked process: the next one adopts replicas of deployed models that still answer,
@@ -10,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.platform import names
@@ -17,17 +25,29 @@ from modelyard.platform.replicas import LocalEngine
 from modelyard.platform.replicas_ray import RayEngine
 from modelyard.platform.routing import Deployed, Replica, Routing
 from modelyard.platform.store import Store
+from modelyard.platform.upstream import UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_FAILURE_S = 10.0
+STUCK_STOP_GRACE_S = 1.0  # a stuck replica gets little time for SIGTERM: it is not answering anyway
+
+
+@dataclass(frozen=True)
+class Readiness:
+    interval_s: float = 1.0  # how often each replica's readiness is probed
+    deadline_s: float = 1.0  # --readiness-deadline-seconds: a probe unanswered by then is a miss
+    replace_after_s: float = 5.0  # --replace-unready-after-seconds: unready that long, it is replaced
 SYNC_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 60.0
 
 
 class Supervisor:
-    def __init__(self, store: Store, engine: LocalEngine | RayEngine, routing: Routing, interval_s: float = 0.25) -> None:
+    def __init__(self, store: Store, engine: LocalEngine | RayEngine, routing: Routing, interval_s: float = 0.25,
+                 readiness: Readiness = Readiness()) -> None:
         self.store = store
+        self.readiness = readiness
+        self._probed_at = 0.0
         self.engine = engine
         self.routing = routing
         self.interval_s = interval_s
@@ -107,10 +127,50 @@ class Supervisor:
         self.store.remove_replica(replica.id)
         self.routing.remove_replica(replica)
 
-    def replica_failed(self, replica: Replica) -> None:
-        """The gateway could not reach ``replica``: if its process is gone, stop routing to it now."""
+    def replica_failed(self, replica: Replica, exc: Exception | None = None) -> None:
+        """The gateway could not reach ``replica``: if its process is gone, stop routing to it now; if it
+        did not answer in time, no new request goes to it until a readiness probe says it is ready."""
         if not replica.dead and not self.engine.alive(replica.row):
             replica.dead = True
+        elif isinstance(exc, UpstreamTimeout) and replica.unready_since is None:
+            log.warning("replica %s did not answer a predict in time; out of routing until it is ready", replica.id)
+            replica.unready_since = time.monotonic()
+
+    # ---- readiness ------------------------------------------------------------------------------
+    def _probe_all(self) -> None:
+        for d in self.routing.deployed.values():
+            for r in d.replicas:
+                if not (r.draining or r.dead or r.probing):
+                    r.probing = True
+                    self._spawn(self._probe(r))
+
+    async def _probe(self, r: Replica) -> None:
+        served = r.served
+        try:
+            ready = await asyncio.wait_for(self.engine.healthy(r.row), self.readiness.deadline_s)
+        except Exception:  # a timeout, or a replica whose engine cannot say: not ready
+            ready = False
+        finally:
+            r.probing = False
+        if ready:
+            if r.unready_since is not None:
+                log.info("replica %s is ready again after %.1f s; back in routing", r.id,
+                         time.monotonic() - r.unready_since)
+            r.unready_since = None
+        elif r.unready_since is None and r.served == served and not (r.draining or r.dead):
+            # No status within the deadline and no predict answered meanwhile either: stuck, or not serving.
+            log.warning("replica %s missed its readiness deadline (%.1f s); out of routing", r.id,
+                        self.readiness.deadline_s)
+            r.unready_since = time.monotonic()
+
+    async def _replace_stuck(self, r: Replica) -> None:
+        """Kill a replica that stayed unready (its requests were retried elsewhere) and forget it; the
+        next tick starts its replacement."""
+        try:
+            await self.engine.stop(r.row, grace_s=STUCK_STOP_GRACE_S)
+        finally:
+            self.store.remove_replica(r.id)
+            self.routing.remove_replica(r)
 
     # ---- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -131,6 +191,9 @@ class Supervisor:
                 log.info("this platform now supervises the replicas of this store")
                 self.leader = True
             await self.sync_from_store()
+        if now - self._probed_at >= self.readiness.interval_s:
+            self._probed_at = now
+            self._probe_all()
         if not self.leader:
             return
         # A warm spare replica while anything is deployed: the next replica (scale-up, replacement) is up in ~1 s.
@@ -142,6 +205,12 @@ class Supervisor:
                     r.dead = True
                     self.routing.remove_replica(r)
                     self.store.remove_replica(r.id)
+                elif not r.draining and r.unready_since is not None \
+                        and now - r.unready_since >= self.readiness.replace_after_s:
+                    log.warning("replica %s of deployed model %s stayed unready for %.0f s; stopping and replacing "
+                                "it", r.id, d.id, now - r.unready_since)
+                    r.draining = True  # no longer counted: its replacement starts on this tick
+                    self._spawn(self._replace_stuck(r))
             want = self.autoscaler.desired(d) if self.autoscaler else d.min_replicas
             want = max(d.min_replicas, min(d.max_replicas, want))
             have = len(d.live()) + self._starting.get(d.id, 0)

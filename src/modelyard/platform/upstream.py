@@ -3,7 +3,8 @@ platform's own API app), parsed with httptools: the gateway's hot path, without 
 per-request overhead.
 
 ``Upstream.request`` sends one request and returns (status, headers, body). A connection that
-fails raises ``ConnectionError`` (the caller decides whether to retry elsewhere); a connection is
+fails raises ``ConnectionError`` (``UpstreamTimeout`` past the request's ``timeout``; the caller decides
+whether to retry elsewhere); a connection is
 reused only after a complete response that allows keep-alive.
 """
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import httptools
+
+
+class UpstreamTimeout(ConnectionError):
+    """The upstream did not answer within the request's deadline (its connection is closed)."""
 
 
 class _Conn(asyncio.Protocol):
@@ -92,7 +97,7 @@ class Upstream:
             status, rheaders, rbody, keep = await asyncio.wait_for(conn.waiter, timeout)
         except asyncio.TimeoutError:
             conn._fail(ConnectionError("timed out"))
-            raise ConnectionError(f"{self.host}:{self.port} did not answer within {timeout:g} s") from None
+            raise UpstreamTimeout(f"{self.host}:{self.port} did not answer within {timeout:g} s") from None
         conn.waiter = None
         if keep and not conn.closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)

@@ -1,0 +1,159 @@
+"""What a control-plane request body may hold, as Vertex AI has it: the one place every resource's
+request is checked before any of it is used or stored.
+
+- The fields each message knows (Vertex AI v1's protos, in their JSON names). Google's JSON parser
+  refuses any other field with ``INVALID_ARGUMENT`` "Invalid JSON payload received. Unknown name
+  "x" at 'model': Cannot find field."; so does ``check_body``, at every nested message listed here.
+  Output-only fields (``name``, ``createTime`` ...) are known fields: sent back, they are ignored.
+- Display names of at most 128 characters (Vertex's documented limit for every resource);
+  labels as Vertex documents them (keys and values at most 64 characters of lowercase letters,
+  international ones too, digits, ``_`` and ``-``; keys start with a letter; at most 64 labels, as
+  Google's label rules have it); descriptions: Vertex documents no limit, modelyard bounds them at
+  ``MAX_DESCRIPTION`` characters so one request cannot grow every later listing without bound.
+- The bound on a control-plane body's size (``DEFAULT_MAX_REQUEST_BYTES``, the platform's
+  ``--max-request-bytes``), applied by the front server before the body is read whole; predict
+  bodies keep the serving limit (``PREDICT_MAX_BYTES``, ``modelyard serve``'s default).
+"""
+from __future__ import annotations
+
+from modelyard.platform.errors import ApiError, invalid
+
+MAX_DISPLAY_NAME = 128
+MAX_DESCRIPTION = 8192
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 64
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+PREDICT_MAX_BYTES = 256 * 1024 * 1024  # modelyard serve's --rest_api_max_body_bytes default
+
+_COMMON_JOB = ("name", "displayName", "labels", "state", "error", "createTime", "startTime", "endTime",
+               "updateTime", "encryptionSpec", "satisfiesPzs", "satisfiesPzi")
+
+# message -> (its fields, {field: the message that field holds}); fields as google-cloud-aiplatform v1 has them.
+# A modelyard extension is listed with its message and named in the comment beside it.
+MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
+    "Model": (frozenset((
+        "name", "versionId", "versionAliases", "versionCreateTime", "versionUpdateTime", "displayName",
+        "description", "versionDescription", "defaultCheckpointId", "predictSchemata", "metadataSchemaUri",
+        "metadata", "supportedExportFormats", "trainingPipeline", "pipelineJob", "containerSpec", "artifactUri",
+        "supportedDeploymentResourcesTypes", "supportedInputStorageFormats", "supportedOutputStorageFormats",
+        "createTime", "updateTime", "deployedModels", "explanationSpec", "etag", "labels", "dataStats",
+        "encryptionSpec", "modelSourceInfo", "originalModelInfo", "metadataArtifact", "baseModelSource",
+        "satisfiesPzs", "satisfiesPzi", "checkpoints")), {}),
+    "UploadModelRequest": (frozenset(("parent", "parentModel", "modelId", "model", "serviceAccount")),
+                           {"model": "Model"}),
+    "MergeVersionAliasesRequest": (frozenset(("name", "versionAliases")), {}),
+    "Endpoint": (frozenset((
+        "name", "displayName", "description", "deployedModels", "trafficSplit", "etag", "labels", "createTime",
+        "updateTime", "encryptionSpec", "network", "enablePrivateServiceConnect", "privateServiceConnectConfig",
+        "modelDeploymentMonitoringJob", "predictRequestResponseLoggingConfig", "dedicatedEndpointEnabled",
+        "dedicatedEndpointDns", "clientConnectionConfig", "satisfiesPzs", "satisfiesPzi",
+        "genAiAdvancedFeaturesConfig", "privateModelServerEnabled")), {}),
+    "DeployedModel": (frozenset((
+        "dedicatedResources", "automaticResources", "sharedResources", "id", "model", "modelVersionId",
+        "displayName", "createTime", "explanationSpec", "disableExplanations", "serviceAccount",
+        "disableContainerLogging", "enableAccessLogging", "privateEndpoints", "fasterDeploymentConfig", "status",
+        "systemLabels", "checkpointId", "speculativeDecodingSpec")), {}),
+    # shadowTrafficPercentage: modelyard's shadow deployments (docs/platform.md).
+    "DeployModelRequest": (frozenset(("endpoint", "deployedModel", "trafficSplit", "shadowTrafficPercentage")),
+                           {"deployedModel": "DeployedModel"}),
+    "UndeployModelRequest": (frozenset(("endpoint", "deployedModelId", "trafficSplit")), {}),
+    "BatchPredictionJob": (frozenset(_COMMON_JOB + (
+        "model", "modelVersionId", "unmanagedContainerModel", "inputConfig", "instanceConfig", "modelParameters",
+        "outputConfig", "dedicatedResources", "serviceAccount", "manualBatchTuningParameters",
+        "generateExplanation", "explanationSpec", "outputInfo", "partialFailures", "resourcesConsumed",
+        "completionStats", "disableContainerLogging")), {}),
+    "CustomJob": (frozenset(_COMMON_JOB + ("jobSpec", "webAccessUris")), {}),
+    # modelyardTrialFiles: the files `modelyard jobs submit` ships with a study's trial command.
+    "HyperparameterTuningJob": (frozenset(_COMMON_JOB + (
+        "studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount", "trialJobSpec", "trials",
+        "modelyardTrialFiles")), {}),
+    "TrainingPipeline": (frozenset(_COMMON_JOB + (
+        "inputDataConfig", "trainingTaskDefinition", "trainingTaskInputs", "trainingTaskMetadata",
+        "modelToUpload", "modelId", "parentModel")), {"modelToUpload": "Model"}),
+}
+
+# The message a job collection's create request body is.
+JOB_MESSAGES = {"batchPredictionJobs": "BatchPredictionJob", "customJobs": "CustomJob",
+                "hyperparameterTuningJobs": "HyperparameterTuningJob", "trainingPipelines": "TrainingPipeline"}
+
+# Messages that carry a resource's display name, description and labels (checked by check_body).
+_NAMED = {"Model", "Endpoint", "DeployedModel", "BatchPredictionJob", "CustomJob", "HyperparameterTuningJob",
+          "TrainingPipeline"}
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def check_body(doc: dict, message: str, at: str = "") -> None:
+    """Refuses a field ``message`` does not know (at any nested message listed in ``MESSAGES``), and a
+    display name, description or labels beyond Vertex's limits; ``at`` is the path Google's message
+    names ('' for the request itself, else e.g. ``model``)."""
+    known, nested = MESSAGES[message]
+    for key in doc:
+        if key not in known:
+            where = f" at '{at}'" if at else ""
+            raise invalid(f'Invalid JSON payload received. Unknown name "{key}"{where}: Cannot find field.')
+    if message in _NAMED:
+        if "displayName" in doc:
+            display_name(doc["displayName"], f"{message}.display_name")
+        if "description" in doc:
+            description(doc["description"], f"{message}.description")
+        if "versionDescription" in doc:
+            description(doc["versionDescription"], f"{message}.version_description")
+        if "labels" in doc:
+            labels(doc["labels"], f"{message}.labels")
+    for key, inner in nested.items():
+        value = doc.get(key)
+        if isinstance(value, dict):
+            check_body(value, inner, f"{at}.{_snake(key)}" if at else _snake(key))
+
+
+def display_name(value: object, what: str) -> None:
+    """A display name, if given, is a string of at most 128 characters (its presence is the resource's rule)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise invalid(f"{what} must be a string.")
+    if len(value) > MAX_DISPLAY_NAME:
+        raise invalid(f"{what} is {len(value)} characters long: it can be at most {MAX_DISPLAY_NAME} characters.")
+
+
+def description(value: object, what: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise invalid(f"{what} must be a string.")
+    if len(value) > MAX_DESCRIPTION:
+        raise invalid(f"{what} is {len(value)} characters long: modelyard takes at most {MAX_DESCRIPTION}.")
+
+
+def labels(value: object, what: str = "labels") -> dict:
+    """Labels as Vertex documents them; the checked map ({} for none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{what} must be a map of strings to strings.")
+    if len(value) > MAX_LABELS:
+        raise invalid(f"{what} has {len(value)} labels: a resource can have at most {MAX_LABELS}.")
+    for key, val in value.items():
+        ok_key = isinstance(key, str) and 0 < len(key) <= MAX_LABEL_CHARS and key[0].isalpha() \
+            and key[0] == key[0].lower() and all(_label_char(c) for c in key)
+        ok_value = isinstance(val, str) and len(val) <= MAX_LABEL_CHARS and all(_label_char(c) for c in val)
+        if not (ok_key and ok_value):
+            shown = lambda s: repr(s if not isinstance(s, str) or len(s) <= 80 else s[:80] + "...")  # noqa: E731
+            raise invalid(f"Invalid label {shown(key)}: {shown(val)} in {what}: keys start with a lowercase letter; "
+                          f"keys and values are at most {MAX_LABEL_CHARS} lowercase letters (international ones "
+                          "too), digits, '_' and '-'.")
+    return dict(value)
+
+
+def _label_char(c: str) -> bool:
+    return (c.isalnum() and c == c.lower()) or c in "_-"
+
+
+def too_large(size: int | None, limit: int, flag: str) -> ApiError:
+    """The refusal of a body over ``limit`` bytes (``size`` when declared), in Google's format (HTTP 413)."""
+    declared = f" ({size} bytes)" if size is not None else ""
+    return ApiError("INVALID_ARGUMENT", f"Request payload{declared} exceeds the limit of {limit} bytes "
+                    f"(the platform's {flag}).", http_status=413)

@@ -1,0 +1,116 @@
+"""Issue 35, must-show 4: oversized and unknown input gets a 4xx in Google's format before it is
+stored (or, for a body over the limit, before it is read whole), for every resource kind; the
+platform keeps serving. Runs on the session platform (nothing here damages it)."""
+from __future__ import annotations
+
+import socket
+import time
+
+import requests
+
+from tests.platform.client import Api
+from tests.platform.conftest import PARENT
+from tests.platform.test_bad_input import google_error
+
+LIMIT = 4 * 1024 * 1024  # the platform's --max-request-bytes default
+
+
+def test_names_descriptions_labels_and_unknown_fields_are_refused_as_vertex_does(platform, tiny_models):
+    api = Api(platform.url)
+    long_name = "n" * 129
+    artifact = tiny_models["models"]["tiny1"]["path"]
+    before_models, before_endpoints = api.ok("GET", "models"), api.ok("GET", "endpoints")
+
+    def refused(method: str, path: str, body: dict, *needles: str, **kw) -> None:
+        msg = google_error(api.call(method, path, body, **kw), 400, "INVALID_ARGUMENT")
+        for needle in needles:
+            assert needle in msg, msg
+
+    # Display names: at most 128 characters, on every resource kind.
+    refused("POST", "models:upload", {"model": {"displayName": long_name, "artifactUri": artifact}}, "128")
+    refused("POST", "endpoints", {"displayName": long_name}, "128")
+    refused("POST", "customJobs", {"displayName": long_name, "jobSpec": {}}, "128")
+    refused("POST", "trainingPipelines", {"displayName": long_name}, "128")
+    refused("POST", "batchPredictionJobs", {"displayName": long_name}, "128")
+    # Unknown fields, named as Google's JSON parser names them (and where).
+    refused("POST", "endpoints", {"displayName": "e", "x": "y"}, 'Unknown name "x"', "Cannot find field")
+    refused("POST", "models:upload", {"model": {"displayName": "m", "artifactUri": artifact, "x": 1}},
+            'Unknown name "x" at \'model\'')
+    refused("POST", "models:upload", {"model": {"displayName": "m", "artifactUri": artifact}, "x": 1},
+            'Unknown name "x":')
+    refused("POST", "hyperparameterTuningJobs", {"displayName": "t", "x": 1}, 'Unknown name "x"')
+    refused("POST", "trainingPipelines", {"displayName": "t", "modelToUpload": {"displayName": "m", "bogus": 1}},
+            'Unknown name "bogus" at \'model_to_upload\'')
+    # Descriptions and labels within their limits.
+    refused("POST", "endpoints", {"displayName": "e", "description": "d" * 8193}, "description")
+    refused("POST", "endpoints", {"displayName": "e", "labels": {"k": "v" * 65}}, "label")
+    refused("POST", "endpoints", {"displayName": "e", "labels": {f"k{i}": "v" for i in range(65)}}, "at most 64")
+    refused("POST", "customJobs", {"displayName": "j", "jobSpec": {}, "labels": {"Bad": "v"}}, "label")
+
+    model = api.upload(artifact, "limits")
+    try:
+        refused("PATCH", f"models/{model}", {"displayName": long_name}, "128", params={"updateMask": "displayName"})
+        refused("PATCH", f"models/{model}", {"displayName": "m", "x": 1}, 'Unknown name "x"',
+                params={"updateMask": "displayName"})
+        refused("PATCH", f"models/{model}@1", {"versionDescription": "d" * 8193}, "version_description",
+                params={"updateMask": "versionDescription"})
+        ep = api.create_endpoint("n" * 128)  # exactly the limit is fine
+        try:
+            refused("PATCH", f"endpoints/{ep}", {"displayName": long_name}, "128", params={"updateMask": "displayName"})
+            refused("POST", f"endpoints/{ep}:deployModel",
+                    {"deployedModel": {"model": f"{PARENT}/models/{model}", "x": 1}},
+                    'Unknown name "x" at \'deployed_model\'')
+            refused("POST", f"endpoints/{ep}:undeployModel", {"deployedModelId": "1", "x": 1}, 'Unknown name "x"')
+            assert api.ok("GET", f"endpoints/{ep}")["displayName"] == "n" * 128
+        finally:
+            api.wait(api.ok("DELETE", f"endpoints/{ep}"))
+        assert api.ok("GET", f"models/{model}")["displayName"] == "limits"
+    finally:
+        api.wait(api.ok("DELETE", f"models/{model}"))
+    assert (api.ok("GET", "models"), api.ok("GET", "endpoints")) == (before_models, before_endpoints)
+
+
+def _raw_request(port: int, head: bytes, timeout: float = 5) -> bytes:
+    """Sends only ``head`` (no body) and returns what the server answers before it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out
+
+
+def test_oversized_bodies_are_refused_before_they_are_read(platform):
+    api = Api(platform.url)
+    path = f"/v1/{PARENT}/endpoints"
+    # Declared too large: refused from the headers alone (none of the 50 MB is ever sent).
+    started = time.monotonic()
+    answer = _raw_request(platform.port, (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                          f"Content-Length: {50 * 1024 * 1024}\r\n\r\n").encode())
+    assert time.monotonic() - started < 4.5, "the refusal waited for the body"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert b'"status":"INVALID_ARGUMENT"' in body and b"exceeds the limit" in body and b"--max-request-bytes" in body
+    # Not declared (chunked): refused once the limit is passed, with the stock client reading the answer.
+    chunk = b" " * (256 * 1024)
+
+    def stream():
+        yield b'{"displayName": "big", "description": "'
+        for _ in range((LIMIT // len(chunk)) + 2):
+            yield chunk
+        yield b'"}'
+
+    r = api.s.post(api.url("endpoints"), data=stream(), headers={"Content-Type": "application/json"}, timeout=30)
+    assert google_error(r, 413, "INVALID_ARGUMENT")
+    # Predict bodies keep the serving limit: 5 MB reaches the gateway (here: no such endpoint, 404).
+    big = b'{"instances": [' + b"1," * (5 * 1024 * 1024 // 2) + b"1]}"
+    r = requests.post(api.url("endpoints/123456:predict"), data=big, timeout=30)
+    google_error(r, 404, "NOT_FOUND")
+    # The platform keeps serving, and stored nothing.
+    assert all(e["displayName"] != "big" for e in api.ok("GET", "endpoints").get("endpoints", []))
