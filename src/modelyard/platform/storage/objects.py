@@ -63,6 +63,20 @@ class Writer:
         self.hasher = hashing.Hasher(md5=True)
         self.md5_wanted = md5  # the client sent an MD5 to check: keep it whatever the size
 
+    @classmethod
+    def resume(cls, store: "Store", path: Path, done: bool = False) -> "Writer":
+        """A resumable session's writer over its file: the bytes kept so far hashed again, appended to
+        from there (``done``: the session made its object already, nothing to open)."""
+        w = cls.__new__(cls)
+        w.store, w.tmp, w.md5_wanted = store, path, False
+        w.hasher = hashing.Hasher(md5=False)
+        if not done:
+            with open(path, "rb") as f:
+                while chunk := f.read(hashing.READ_CHUNK):
+                    w.hasher.update(chunk)
+            w.file = open(path, "ab", buffering=0)
+        return w
+
     def write(self, data: bytes | memoryview) -> None:
         self.file.write(data)
         self.hasher.update(data)
@@ -261,7 +275,7 @@ class Store:
                               "directory here, so it must be empty.")
             fields = {k: v for k, v in fields.items() if k in USER_FIELDS and v is not None}
             with self.locked():
-                old = self._current(bucket, name, path)
+                old = self._current(bucket, name)
                 check_preconditions(old, cond)
                 self._place(w.tmp, path, bucket, name)
                 st = path.stat()
@@ -276,7 +290,7 @@ class Store:
         finally:
             w.tmp.unlink(missing_ok=True)
 
-    def _current(self, bucket: str, name: str, path: Path) -> Record | None:
+    def _current(self, bucket: str, name: str) -> Record | None:
         try:
             return self.record(bucket, name)
         except StorageApiError as exc:

@@ -31,6 +31,7 @@ from aiohttp import web
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
 from modelyard.platform.storage.multipart import read_multipart
+from modelyard.platform.storage.names import object_path
 from modelyard.platform.storage.objects import Store, check_preconditions
 from modelyard.platform.storage.uploads import Uploads
 
@@ -238,8 +239,6 @@ class StorageRoutes:
         rec = await asyncio.to_thread(self.store.record, bucket, name)
         self._generation(rec, query)
         check_preconditions(rec, _conditions(query))
-        from modelyard.platform.storage.names import object_path
-
         size = rec.size
         start, end = 0, size  # [start, end)
         status = 200
@@ -296,9 +295,9 @@ class StorageRoutes:
 
     # ---- uploads ---------------------------------------------------------------------------------
     async def _stream_into(self, writer, content, skip: int = 0) -> None:
-        """Copy the request body (or a multipart part) into the writer, as it arrives."""
+        """Copy the request body into the writer as it arrives (``skip``: bytes already kept, sent again)."""
         while True:
-            chunk = await content.readany() if hasattr(content, "readany") else await content.read_chunk(READ_CHUNK)
+            chunk = await content.readany()
             if not chunk:
                 return
             if skip:
@@ -344,8 +343,6 @@ class StorageRoutes:
         raise invalid(f"Invalid uploadType: {kind!r} (media, multipart or resumable)")
 
     async def _write_object(self, request, bucket, name, fields, cond, content, crc, md5) -> web.Response:
-        from modelyard.platform.storage.names import object_path
-
         object_path(self.store.root, bucket, name)  # a bad name is refused before any byte is written
         if cond:  # fail before the bytes; checked again when the object is put in place
             check_preconditions(await self._existing(bucket, name), cond)
@@ -367,8 +364,6 @@ class StorageRoutes:
             raise
 
     async def multipart(self, request: web.Request, bucket: str, query: dict, cond: dict) -> web.Response:
-        from modelyard.platform.storage.names import object_path
-
         if "name" in query:
             object_path(self.store.root, bucket, query["name"])
         w = self.store.writer()

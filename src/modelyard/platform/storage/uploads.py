@@ -13,8 +13,8 @@ import re
 import time
 import uuid
 
-from modelyard.platform.storage import hashing
 from modelyard.platform.storage.errors import StorageApiError, invalid
+from modelyard.platform.storage.names import object_path
 from modelyard.platform.storage.objects import Store, Writer
 
 SESSION_LIFETIME_S = 7 * 24 * 3600
@@ -43,8 +43,6 @@ class Uploads:
 
     def start(self, bucket: str, name: str, fields: dict, cond: dict[str, int], total: int | None) -> str:
         self.store.bucket_path(bucket)
-        from modelyard.platform.storage.names import object_path
-
         object_path(self.store.root, bucket, name)  # a bad name fails now, not after the bytes
         upload_id = uuid.uuid4().hex
         (self.store.uploads_dir / upload_id).touch()
@@ -60,14 +58,7 @@ class Uploads:
         if row is None or not re.fullmatch(r"[0-9a-f]{32}", upload_id):
             raise StorageApiError(404, "notFound", f"No such upload session: {upload_id}")
         bucket, name, _created, extra = row
-        w = Writer.__new__(Writer)  # reopened in append mode: the bytes kept so far stay
-        w.store, w.tmp, w.md5_wanted = self.store, self.store.uploads_dir / upload_id, False
-        w.hasher = hashing.Hasher(md5=False)
-        if not extra.get("done"):
-            with open(w.tmp, "rb") as f:
-                while chunk := f.read(hashing.READ_CHUNK):
-                    w.hasher.update(chunk)
-            w.file = open(w.tmp, "ab", buffering=0)
+        w = Writer.resume(self.store, self.store.uploads_dir / upload_id, done=bool(extra.get("done")))
         s = Session(upload_id, bucket, name, extra, w)
         self._open[upload_id] = s
         return s
