@@ -220,3 +220,29 @@ def test_gcs_paths_of_a_storage_the_platform_does_not_serve_are_mirrored(gcs_emu
     assert mount.publish() == 2  # the new file and the changed one; b.txt untouched is not sent again
     assert bucket.blob("mirror/out/new.txt").download_as_text() == "written"
     assert bucket.blob("mirror/in/a.txt").download_as_text() == "changed"
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.1\n", "p-0.1/p.egg-info/PKG-INFO": "",
+      "p-0.1/p.egg-info/requires.txt": "pyjokes\nsix>=1\n\n[dev]\npytest\n"}, ["pyjokes", "six>=1"]),
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.1\n", "p-0.1/p.egg-info/PKG-INFO": ""}, []),
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.1\n", "p-0.1/p.egg-info/PKG-INFO": "",
+      "p-0.1/p.egg-info/requires.txt": "six\n[:python_version < '3.12']\nold\n"}, None),  # markers: pip decides
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.2\nRequires-Dist: six\nRequires-Dist: x; extra == 'dev'\n"}, ["six"]),
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.2\nDynamic: Requires-Dist\n"}, None),
+    ({"p-0.1/PKG-INFO": "Metadata-Version: 2.1\n"}, None),  # an older sdist may leave them out
+])
+def test_the_requirements_a_package_declares(tmp_path, files, expected):
+    # One layer down: what decides whether a package's requirements come from the shared per-set environment.
+    import io
+    import tarfile
+
+    from modelyard.platform.job_env import declared_requirements
+
+    path = tmp_path / "p-0.1.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    assert declared_requirements(str(path)) == expected

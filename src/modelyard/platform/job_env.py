@@ -6,8 +6,9 @@
   platform itself runs in a venv). Its ``bin`` is first on ``PATH`` (``python3``, ``pip`` and
   ``pip3`` are the venv's, so a job's ``pip install --upgrade pip`` never touches the platform), and
   ``PYTHONUSERBASE`` is in the work dir (``pip install --user`` stays in the job). A
-  ``python_package_spec``'s packages are installed into it *with* their dependencies (PyPI, through
-  pip's own cache; requirements the platform already has are not installed again).
+  ``python_package_spec``'s packages are installed into it *with* their dependencies (PyPI;
+  requirements the platform already has are not installed again; a requirement set the package
+  declares is installed once into a shared environment all jobs with that set see).
 - **Variables.** ``CLOUD_ML_PROJECT_ID``, ``CLOUD_ML_JOB_ID``, the ``AIP_*`` output directories (as
   ``gs://`` URIs when the base output directory is one, as on Vertex) and ``STORAGE_EMULATOR_HOST``
   when the platform has one, so gs:// reads and writes of the job reach the platform's storage.
@@ -25,6 +26,7 @@ a missing one is FAILED_PRECONDITION with nothing started, as Vertex refuses it.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import site
@@ -107,7 +109,7 @@ class PythonEnv:
         if not Path(self.python).exists():
             subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(self.root)],
                            check=True, capture_output=True, timeout=300)
-        purelib = self.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        purelib = self.purelib
         # The platform's own site directories (its venv's, when it runs in one), .pth files and all.
         parents = [p for p in [*site.getsitepackages(), sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
         (purelib / "_modelyard_platform_site.pth").write_text(
@@ -122,17 +124,105 @@ class PythonEnv:
                 "PATH": str(self.root / "bin") + os.pathsep + os.environ.get("PATH", "")}
 
     def install(self, files: list[str]) -> None:
-        """pip-install the packages with their dependencies; JobFailed(INVALID_ARGUMENT) with pip's words."""
-        from modelyard.platform.job_runner import JobFailed
+        """pip-install the packages with their dependencies; JobFailed(INVALID_ARGUMENT) with pip's words.
 
+        When the packages declare their requirements in their metadata (as the SDK's staged script
+        package does), those are installed once per requirement set into a shared environment under
+        the jobs' directory (``.python-deps/<hash>``) that this venv then sees, and the packages
+        themselves go in without dependencies: the next job with the same requirements installs none."""
         if not files:
             return
+        declared = [declared_requirements(f) for f in files]
+        if all(r is not None for r in declared):
+            wanted = sorted({r for reqs in declared for r in reqs})
+            if wanted:
+                deps = _shared_deps(self.root.parent.parent / ".python-deps", wanted)
+                (self.purelib / "_modelyard_deps.pth").write_text(str(deps.purelib) + "\n")
+            self._pip(files, "--no-deps")
+        else:  # requirements known only to the build: pip resolves them
+            self._pip(files)
+
+    @property
+    def purelib(self) -> Path:
+        return self.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+    def _pip(self, items: list[str], *flags: str) -> None:
+        from modelyard.platform.job_runner import JobFailed
+
         done = subprocess.run([self.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                               "--no-build-isolation", *files], capture_output=True, text=True,
+                               "--no-build-isolation", *flags, *items], capture_output=True, text=True,
                               env={**os.environ, **self.env()})
         if done.returncode != 0:
-            raise JobFailed(f"python_package_spec: pip could not install {', '.join(files)} and its "
-                            f"requirements:\n{done.stderr[-1500:]}", "INVALID_ARGUMENT")
+            raise JobFailed(f"python_package_spec: pip could not install {', '.join(items)} (with their "
+                            f"requirements):\n{done.stderr[-1500:]}", "INVALID_ARGUMENT")
+
+
+def _shared_deps(cache: Path, requirements: list[str]) -> PythonEnv:
+    """The environment holding ``requirements`` (over the platform's interpreter), made once per set;
+    concurrent jobs wait for the one making it."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    key = hashlib.sha256(json.dumps([sys.executable, requirements]).encode()).hexdigest()[:20]
+    cache.mkdir(parents=True, exist_ok=True)
+    env = PythonEnv(cache / key)
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cache / key / "ready").exists():
+            shutil.rmtree(cache / key, ignore_errors=True)
+            env.create()
+            env._pip(requirements)
+            (cache / key / "ready").write_text("\n".join(requirements) + "\n")
+    return env
+
+
+def declared_requirements(path: str) -> list[str] | None:
+    """The requirements a wheel or sdist declares (``Requires-Dist``; an sdist's ``*.egg-info/requires.txt``),
+    extras left out; None when they cannot be told without building it (then pip resolves them)."""
+    import tarfile
+    import zipfile
+    from email.parser import Parser
+
+    def unconditional(lines: list[str]) -> list[str] | None:
+        out = []
+        for line in lines:
+            line = line.strip()
+            if line.startswith("[:"):  # an environment-marker section: leave it to pip
+                return None
+            if line.startswith("["):  # the extras: not asked for
+                break
+            if line and not line.startswith("#"):
+                out.append(line)
+        return out
+
+    try:
+        if path.endswith(".whl"):
+            with zipfile.ZipFile(path) as z:
+                name = next(n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+                meta = Parser().parsestr(z.read(name).decode())
+            return [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r.replace("extra==", "extra ==")]
+        if path.endswith((".tar.gz", ".tgz")):
+            with tarfile.open(path) as t:
+                members = {m.name: m for m in t.getmembers() if m.isfile()}
+                requires = [n for n in members if n.count("/") == 2 and n.endswith(".egg-info/requires.txt")]
+                if requires:
+                    return unconditional(t.extractfile(members[requires[0]]).read().decode().splitlines())
+                egg_info = [n for n in members if n.count("/") == 2 and n.endswith(".egg-info/PKG-INFO")]
+                if egg_info:  # setuptools wrote the egg-info, and no requires.txt: no requirements
+                    return []
+                pkg_info = [n for n in members if n.count("/") == 1 and n.endswith("/PKG-INFO")]
+                if not pkg_info:
+                    return None
+                meta = Parser().parsestr(t.extractfile(members[pkg_info[0]]).read().decode())
+                # Metadata 2.2+ says which fields the build decides; before it, an sdist's fields may be empty.
+                if meta.get("Metadata-Version", "1.0") < "2.2" or "requires-dist" in \
+                        [d.lower() for d in meta.get_all("Dynamic") or []]:
+                    return None
+                return [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    except (OSError, StopIteration, KeyError, UnicodeDecodeError, tarfile.TarError, zipfile.BadZipFile):
+        return None
+    return None
 
 
 class GcsMount:
