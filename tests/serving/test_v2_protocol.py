@@ -189,3 +189,88 @@ def test_a_truncated_body_is_refused_and_the_server_keeps_serving(v2_server, htt
     assert http.is_model_ready("half")
     np.testing.assert_array_equal(
         http.infer("half", [_input(thttp, "x", np.float32([[4]]), "FP32")]).as_numpy("y"), [[4.0]])
+
+
+# ---- gRPC: inference.GRPCInferenceService on the gRPC port, beside PredictionService ---------------
+@pytest.fixture(scope="module")
+def grpc(v2_server):
+    client = tgrpc.InferenceServerClient(v2_server.grpc_target)
+    yield client
+    client.close()
+
+
+def test_grpc_health_metadata_and_readiness(grpc):
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    assert grpc.get_server_metadata().name == "modelyard"
+    assert grpc.is_model_ready("digits") and grpc.is_model_ready("half", "123")
+    assert not grpc.is_model_ready("nope") and not grpc.is_model_ready("digits", "2")
+    metadata = grpc.get_model_metadata("digits", as_json=True)
+    assert metadata["inputs"] == [{"name": "image", "datatype": "UINT8", "shape": ["-1", "28", "28"]}]
+    assert metadata["versions"] == ["1"]
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "typed-contents"])
+def test_grpc_infer_matches_tf_serving_predict(grpc, v2_server, raw):
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    import grpc as grpcio
+
+    expected = _tf_predict(v2_server, "digits", {"image": IMAGES})
+    if raw:  # tritonclient sends raw_input_contents
+        result = grpc.infer("digits", [_input(tgrpc, "image", IMAGES, "UINT8")],
+                            outputs=[tgrpc.InferRequestedOutput("probabilities")])
+        assert [o.name for o in result.get_response().outputs] == ["probabilities"]
+        probabilities = result.as_numpy("probabilities")
+    else:  # typed contents, with the generated stub itself
+        request = service_pb2.ModelInferRequest(model_name="digits", model_version="1")
+        tensor = request.inputs.add(name="image", datatype="UINT8", shape=IMAGES.shape)
+        tensor.contents.uint_contents.extend(IMAGES.reshape(-1).tolist())
+        with grpcio.insecure_channel(v2_server.grpc_target) as channel:
+            response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+        assert response.model_version == "1" and [o.name for o in response.outputs] == ["digit", "probabilities"]
+        probabilities = np.frombuffer(response.raw_output_contents[1], "<f4").reshape(4, 10)
+    np.testing.assert_array_equal(probabilities, np.float32(expected["probabilities"]))
+
+
+def test_grpc_multi_io_with_bytes(grpc):
+    a = np.ones((1, 3), np.float32)
+    result = grpc.infer("multi", [_input(tgrpc, "a", a, "FP32"), _input(tgrpc, "b", np.int32([5]), "INT32"),
+                                  _input(tgrpc, "tag", np.array([b"t"], dtype=object), "BYTES")])
+    np.testing.assert_array_equal(result.as_numpy("scaled"), [[5, 5, 5]])
+    assert result.as_numpy("echo").tolist() == [b"t!"] and result.as_numpy("total").tolist() == [15.0]
+
+
+@pytest.mark.parametrize("model, tensor, code, words", [
+    ("nope", ("x", np.float32([[1]]), "FP32"), "NOT_FOUND", "Servable not found"),
+    ("half", ("x", np.int32([[1]]), "INT32"), "INVALID_ARGUMENT", "has datatype INT32; the model expects FP32"),
+    ("half", ("x", np.float32([[1, 2]]), "FP32"), "INVALID_ARGUMENT", "has shape [1, 2]"),
+], ids=["unknown-model", "datatype", "shape"])
+def test_grpc_bad_input(grpc, model, tensor, code, words):
+    with pytest.raises(InferenceServerException) as caught:
+        grpc.infer(model, [_input(tgrpc, *tensor)])
+    assert caught.value.status() == f"StatusCode.{code}" and words in caught.value.message()
+    assert grpc.is_model_ready("half")
+
+
+def test_grpc_raw_size_mismatch_and_prediction_service_beside_it(grpc, v2_server):
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    import grpc as grpcio
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="half")
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 1])
+    request.raw_input_contents.append(np.float32([1]).tobytes())
+    with grpcio.insecure_channel(v2_server.grpc_target) as channel:
+        with pytest.raises(grpcio.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+        assert caught.value.code() == grpcio.StatusCode.INVALID_ARGUMENT
+        assert "needs 8 bytes but 4 were sent" in caught.value.details()
+        # TF Serving's PredictionService still answers on the same port.
+        predict = predict_pb2.PredictRequest()
+        predict.model_spec.name = "half"
+        x = predict.inputs["x"]
+        x.dtype = 1  # DT_FLOAT
+        x.tensor_shape.dim.add(size=1)
+        x.tensor_shape.dim.add(size=1)
+        x.float_val.append(2.0)
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(predict, timeout=30)
+        assert list(answer.outputs["y"].float_val) == [3.0]

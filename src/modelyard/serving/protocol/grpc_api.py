@@ -25,7 +25,8 @@ from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, QueuedPredict, ServingCore
 from modelyard.model.signatures import CLASSIFY_METHOD, REGRESS_METHOD
-from modelyard.serving.protocol import predict_response
+from modelyard.serving.protocol import predict_response, v2_grpc
+from modelyard.serving.protocol.v2_service import V2Service
 from modelyard.serving.protocol.predict_response import fill_model_spec
 from modelyard.model.tensor_proto import serialized_examples, to_ndarray
 
@@ -119,13 +120,16 @@ class Services:
     request class, for both gRPC servers.
     """
 
-    def __init__(self, core: ServingCore, reload_config: Callable):
+    def __init__(self, core: ServingCore, reload_config: Callable, repository=None):
         self.core = core
         self.reload_config = reload_config
         self.methods: dict[str, Method] = {}
         for service, names in _SERVICES.items():
             for name, request_class in names.items():
                 self.methods[f"/{service}/{name}"] = Method(name, request_class, getattr(self, name))
+        # The Open Inference Protocol's GRPCInferenceService on the same server (v2_grpc.py).
+        for path, (name, request_class, call) in v2_grpc.methods(V2Service(core), repository).items():
+            self.methods[path] = Method(name, request_class, call)
 
     @_guard("Predict")
     def Predict(self, request):

@@ -1,0 +1,138 @@
+"""The Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``) over ``V2Service``.
+
+Its messages are the stubs generated from the published ``grpc_service.proto`` that
+``tritonclient`` ships (``tritonclient.grpc.service_pb2``); none are written here.
+``methods(service)`` gives each unary method as ``(name, request class, call)`` by its
+HTTP/2 path; ``grpc_api.Services`` registers them beside PredictionService, so both gRPC
+servers (the lean one and grpcio's) serve them on the same port. A call returns
+``(response or None, Code, message)``: a ServingError's own code, INTERNAL for a bug.
+Tensors arrive as ``raw_input_contents`` or typed ``contents``; outputs always leave as
+``raw_output_contents`` (what Triton answers, and the cheapest to encode).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving.protocol import v2_tensors
+from modelyard.serving.protocol.v2_service import V2Service
+
+log = logging.getLogger("modelyard.serving")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _pb2():
+    """The generated messages, or None when ``tritonclient`` is not installed."""
+    try:
+        from tritonclient.grpc import service_pb2
+    except ImportError:
+        return None
+    return service_pb2
+
+
+def available() -> bool:
+    return _pb2() is not None
+
+
+def _guarded(call: Callable) -> Callable:
+    def run(request):
+        try:
+            return call(request), Code.OK, ""
+        except ServingError as exc:
+            return None, exc.code, exc.message
+        except Exception as exc:  # a bug: INTERNAL, logged, and the server keeps serving
+            log.error("gRPC %s failed", call.__name__, exc_info=exc)
+            return None, Code.INTERNAL, f"{type(exc).__name__}: {exc}"
+
+    run.__name__ = call.__name__
+    return run
+
+
+def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, Callable]]:
+    """``/inference.GRPCInferenceService/Method`` -> ``(Method, request class, call)``; empty without the stubs."""
+    pb = _pb2()
+    if pb is None:
+        log.warning("tritonclient is not installed: the Open Inference Protocol's gRPC service is off "
+                    "(pip install tritonclient); its REST API is on")
+        return {}
+
+    def ServerLive(_request):
+        return pb.ServerLiveResponse(live=service.live())
+
+    def ServerReady(_request):
+        return pb.ServerReadyResponse(ready=service.ready())
+
+    def ModelReady(request):
+        return pb.ModelReadyResponse(ready=service.model_ready(request.name, request.version))
+
+    def ServerMetadata(_request):
+        return pb.ServerMetadataResponse(**service.server_metadata())
+
+    def ModelMetadata(request):
+        meta = service.model_metadata(request.name, request.version)
+        response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        for key in ("inputs", "outputs"):
+            for tensor in meta[key]:
+                getattr(response, key).add(**tensor)
+        return response
+
+    def ModelInfer(request):
+        result = service.infer(request.model_name, request.model_version, _inputs(request),
+                               [o.name for o in request.outputs] or None, "GRPC")
+        response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.model_version),
+                                         id=request.id)
+        for alias, array in result.outputs.items():
+            response.outputs.add(name=alias, datatype=v2_tensors.output_datatype(array), shape=array.shape)
+            response.raw_output_contents.append(v2_tensors.to_raw(array))
+        return response
+
+    calls: list[tuple[Callable, str]] = [
+        (ServerLive, "ServerLiveRequest"), (ServerReady, "ServerReadyRequest"), (ModelReady, "ModelReadyRequest"),
+        (ServerMetadata, "ServerMetadataRequest"), (ModelMetadata, "ModelMetadataRequest"),
+        (ModelInfer, "ModelInferRequest"),
+    ]
+    if repository is not None:
+        calls += _repository_calls(pb, repository)
+    return {f"/{SERVICE}/{call.__name__}": (call.__name__, getattr(pb, request), _guarded(call))
+            for call, request in calls}
+
+
+def _inputs(request) -> list[v2_tensors.V2Tensor]:
+    """A ModelInferRequest's tensors: all from raw_input_contents (one per input, in order) or all typed."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise invalid_argument(
+            f"raw_input_contents holds {len(raw)} tensors but the request has {len(request.inputs)} inputs")
+    tensors = []
+    for i, tensor in enumerate(request.inputs):
+        if raw:
+            if tensor.HasField("contents"):
+                raise invalid_argument(f"input '{tensor.name}' has both contents and raw_input_contents")
+            tensors.append(v2_tensors.from_raw(tensor.name, tensor.datatype, list(tensor.shape), raw[i]))
+        else:
+            tensors.append(v2_tensors.from_contents(tensor.name, tensor.datatype, list(tensor.shape),
+                                                    tensor.contents))
+    if not tensors:
+        raise invalid_argument("the request has no inputs")
+    return tensors
+
+
+def _repository_calls(pb, repository) -> list[tuple[Callable, str]]:
+    def RepositoryIndex(request):
+        response = pb.RepositoryIndexResponse()
+        for entry in repository.index(ready_only=request.ready):
+            response.models.add(**entry)
+        return response
+
+    def RepositoryModelLoad(request):
+        repository.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(request):
+        repository.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    return [(RepositoryIndex, "RepositoryIndexRequest"), (RepositoryModelLoad, "RepositoryModelLoadRequest"),
+            (RepositoryModelUnload, "RepositoryModelUnloadRequest")]
