@@ -44,6 +44,11 @@ _RECHECK_S = 1.0
 _REST_PREDICT = re.compile(r"/v1/models/[^:]*:(predict|classify|regress)", re.I)
 _REST_METADATA = re.compile(r"/v1/models/.*/metadata", re.I)
 _REST_CONSOLE_ACTION = "/console/api/"  # POSTs under it change the server (reload): admin
+# The Open Inference Protocol (V2): infer needs predict, the repository extension admin, health
+# and readiness are health checks, metadata needs read.
+_REST_V2_INFER = re.compile(r"/v2/models/.+/infer")
+_REST_V2_HEALTH = re.compile(r"/v2/health/(live|ready)|/v2/models/.+/ready")
+_REST_V2_REPOSITORY = "/v2/repository/"
 
 _GRPC_SCOPES = {
     "/tensorflow.serving.PredictionService/Predict": PREDICT,
@@ -53,6 +58,12 @@ _GRPC_SCOPES = {
     "/tensorflow.serving.PredictionService/GetModelMetadata": READ,
     "/tensorflow.serving.ModelService/GetModelStatus": "health",
     "/tensorflow.serving.ModelService/HandleReloadConfigRequest": ADMIN,
+    "/inference.GRPCInferenceService/ModelInfer": PREDICT,
+    "/inference.GRPCInferenceService/ServerLive": "health",
+    "/inference.GRPCInferenceService/ServerReady": "health",
+    "/inference.GRPCInferenceService/ModelReady": "health",
+    "/inference.GRPCInferenceService/RepositoryModelLoad": ADMIN,
+    "/inference.GRPCInferenceService/RepositoryModelUnload": ADMIN,
 }
 
 
@@ -141,8 +152,12 @@ class Authorizer:
             return OPEN  # CORS preflight: browsers send it without credentials
         if metrics_path and path == metrics_path:
             return OPEN if self.policy.open_metrics else METRICS
-        if method == "POST" and _REST_PREDICT.fullmatch(path):
+        if method == "POST" and (_REST_PREDICT.fullmatch(path) or _REST_V2_INFER.fullmatch(path)):
             return PREDICT
+        if method == "POST" and path.startswith(_REST_V2_REPOSITORY) and path != _REST_V2_REPOSITORY + "index":
+            return ADMIN
+        if method == "GET" and _REST_V2_HEALTH.fullmatch(path):
+            return OPEN if self.policy.open_health else READ
         if method == "POST" and path.startswith(_REST_CONSOLE_ACTION):
             return ADMIN
         if method == "GET" and path.lower().startswith("/v1/models/") and not _REST_METADATA.fullmatch(path):

@@ -1,0 +1,85 @@
+"""The Open Inference Protocol one layer down: datatype table, tensor forms, body split, token scopes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from modelyard.errors import ServingError
+from modelyard.model import dtypes
+from modelyard.serving.protocol import v2_tensors
+from modelyard.serving.protocol.v2_rest import decode_inputs, requested_outputs, split_body
+from modelyard.serving.protocol.v2_service import model_spec
+
+
+def test_every_v2_datatype_maps_both_ways():
+    for name in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                 "FP16", "FP32", "FP64", "BYTES", "BF16"):
+        assert dtypes.v2_datatype(dtypes.from_v2_datatype(name)) == name
+    with pytest.raises(ValueError, match="unknown datatype 'FP8'"):
+        dtypes.from_v2_datatype("FP8")
+    with pytest.raises(TypeError):
+        dtypes.v2_datatype(dtypes.DT_COMPLEX64)
+
+
+@pytest.mark.parametrize("datatype, array", [
+    ("FP32", np.float32([[1.5, -2], [3, 4]])), ("INT64", np.int64([[-(2**40), 7]])), ("UINT16", np.uint16([1, 65535])),
+    ("BOOL", np.array([True, False])), ("FP16", np.float16([0.5, 2])), ("BYTES", np.array([b"a", b"", b"\xff"], object)),
+])
+def test_raw_round_trip(datatype, array):
+    tensor = v2_tensors.from_raw("x", datatype, list(array.shape), v2_tensors.to_raw(array))
+    assert tensor.array.dtype == array.dtype and tensor.array.tolist() == array.tolist()
+
+
+def test_json_flat_and_nested_agree_and_values_are_checked():
+    flat = v2_tensors.from_json("x", "INT32", [2, 2], [1, 2, 3, 4]).array
+    nested = v2_tensors.from_json("x", "INT32", [2, 2], [[1, 2], [3, 4]]).array
+    assert flat.dtype == np.int32 and flat.tolist() == nested.tolist() == [[1, 2], [3, 4]]
+    for data, words in (([0.5], "not of type uint8"), ([256], "out of range"), (["a"], "holds numbers")):
+        with pytest.raises(ServingError, match=words):
+            v2_tensors.from_json("x", "UINT8", [1], data)
+    with pytest.raises(ServingError, match="holds 3 elements"):
+        v2_tensors.from_json("x", "FP32", [3], [1, 2])
+    with pytest.raises(ServingError, match="non-negative integers"):
+        v2_tensors.from_json("x", "FP32", [-1], [1])
+    assert v2_tensors.from_json("s", "BYTES", [2], ["é", "b"]).array.tolist() == ["é".encode(), b"b"]
+
+
+def test_bytes_raw_refuses_cut_elements():
+    raw = v2_tensors.to_raw(np.array([b"abc"], object))
+    with pytest.raises(ServingError, match="cut short"):
+        v2_tensors.from_raw("s", "BYTES", [1], raw[:-1])
+    with pytest.raises(ServingError, match="ends after 1 of 2"):
+        v2_tensors.from_raw("s", "BYTES", [2], raw)
+
+
+def test_binary_body_split_and_outputs_asked_for():
+    head = b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}],' \
+           b' "outputs": [{"name": "y", "parameters": {"binary_data": true}}, {"name": "z"}]}'
+    request, binary = split_body(head + np.float32([1, 2]).tobytes(), str(len(head)).encode())
+    (tensor,) = decode_inputs(request, binary)
+    assert tensor.array.tolist() == [1.0, 2.0]
+    names, binary_of = requested_outputs(request)
+    assert names == ["y", "z"] and binary_of("y") and not binary_of("z")
+    assert requested_outputs({"parameters": {"binary_data_output": True}})[1]("any")
+    with pytest.raises(ServingError, match="byte count"):
+        split_body(head, b"abc")
+
+
+def test_version_strings():
+    assert model_spec("m", "") == model_spec("m", None) and model_spec("m", None).version is None
+    assert model_spec("m", "3").version == 3 and model_spec("m", "stable").label == "stable"
+
+
+def test_v2_calls_need_the_scopes_of_their_tf_serving_twins(tmp_path):
+    from modelyard.serving.security.auth import ADMIN, OPEN, PREDICT, READ, AuthPolicy, Authorizer
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("a-token-of-sixteen-chars predict\n")
+    auth = Authorizer(AuthPolicy(str(tokens), open_health=True))
+    assert auth.rest_scope("POST", "/v2/models/m/versions/1/infer", None) == PREDICT
+    assert auth.rest_scope("POST", "/v2/repository/models/m/load", None) == ADMIN
+    assert auth.rest_scope("GET", "/v2/health/ready", None) is OPEN
+    assert auth.rest_scope("GET", "/v2/models/m", None) == READ
+    assert auth.grpc_scope("/inference.GRPCInferenceService/ModelInfer") == PREDICT
+    assert auth.grpc_scope("/inference.GRPCInferenceService/RepositoryModelUnload") == ADMIN
+    assert auth.grpc_scope("/inference.GRPCInferenceService/ModelMetadata") == READ
