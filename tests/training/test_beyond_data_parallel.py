@@ -128,7 +128,10 @@ def test_stages_on_two_devices_train_as_one_device(tmp_path, micro_batches):
     (dict(model_parallel={"stages": 2}, strategy="mirrored"), "it runs with the default strategy, not mirrored"),
     (dict(model_parallel={"stages": 2, "micro_batches": 5}), "micro_batches 5 must divide global_batch_size 64"),
     (dict(model_parallel={"stages": 2, "micro_batches": 4}, accumulate_steps=2), "use model_parallel.micro_batches"),
-    (dict(model_parallel={"stages": 2, "schedule": "1f1b"}), "only gpipe is implemented"),
+    (dict(model_parallel={"stages": 2, "schedule": "interleaved"}),
+     "model_parallel.schedule: 'interleaved' is not one of gpipe, 1f1b, 1f1b-flush"),
+    (dict(model_parallel={"stages": 2, "weight_stashing": False}),
+     "model_parallel.weight_stashing: only schedule 1f1b updates weights between"),
     (dict(model_parallel={"stages": 2}, recompute=True), "the pipeline already recomputes"),
     (dict(recompute="yes"), "recompute: true (about sqrt(L) blocks of layers), false, or a list of blocks"),
 ])

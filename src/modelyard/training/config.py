@@ -39,7 +39,8 @@ _TOP_KEYS = {
 }
 # gradient_dtype: bfloat16 compresses the all-reduce between replicas, which only these have.
 ALL_REDUCE_STRATEGIES = ("mirrored", "multi_worker_mirrored")
-_MODEL_PARALLEL_KEYS = {"stages", "devices", "micro_batches", "schedule"}
+_MODEL_PARALLEL_KEYS = {"stages", "devices", "micro_batches", "schedule", "weight_stashing"}
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "1f1b-flush")  # training/pipeline.py
 _STRATEGY_KEYS = {
     "name", "device", "devices", "cross_device_ops", "compute_devices", "parameter_device",
     "communication", "collective_timeout", "num_shards", "min_shard_bytes", "backup_workers", "staleness",
@@ -368,8 +369,14 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
                           f"[{', '.join(f'CPU:{i}' for i in range(count))}]")
     micro = _int(parallel, "micro_batches", 1)
     schedule = parallel.get("schedule", "gpipe")
-    if schedule != "gpipe":
-        raise ConfigError(f"model_parallel.schedule: {schedule!r}; only gpipe is implemented")
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ConfigError(f"model_parallel.schedule: {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
+    stashing = parallel.get("weight_stashing", True)
+    if not isinstance(stashing, bool):
+        raise ConfigError("model_parallel.weight_stashing: true or false")
+    if "weight_stashing" in parallel and schedule != "1f1b":
+        raise ConfigError(f"model_parallel.weight_stashing: only schedule 1f1b updates weights between a micro-batch's "
+                          f"forward and backward passes; {schedule} never does, so drop weight_stashing")
     if cfg.strategy_name not in ("default", "one_device"):
         raise ConfigError(f"model_parallel places the model's stages on devices itself; it runs with the default "
                           f"strategy, not {cfg.strategy_name} (drop strategy:)")
@@ -382,7 +389,7 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
     if cfg.global_batch_size % micro:
         raise ConfigError(f"model_parallel.micro_batches {micro} must divide global_batch_size {cfg.global_batch_size}")
     cfg.model_parallel = {"stages": stages, "devices": devices or [f"CPU:{i}" for i in range(count)],
-                          "micro_batches": micro, "schedule": schedule}
+                          "micro_batches": micro, "schedule": schedule, "weight_stashing": stashing}
 
 
 def resolved_mapping(cfg: TrainConfig) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def _finish(cfg: TrainConfig, module: ModuleType, model, role: Role, info: dict[
 
 
 def run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[str, Any]:
-    """``model_parallel``: the model's stages on their devices, GPipe over micro-batches (training/pipeline.py)."""
+    """``model_parallel``: the model's stages on their devices, GPipe or PipeDream's 1F1B over micro-batches
+    (training/pipeline.py)."""
     from modelyard.training import pipeline
 
     options = cfg.model_parallel
@@ -47,6 +48,7 @@ def run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dict
     info: dict[str, Any] = {
         "task": role.name, "strategy": "model_parallel", "stages": len(options["devices"]),
         "devices": options["devices"], "micro_batches": options["micro_batches"],
+        "schedule": options["schedule"], "weight_stashing": options["weight_stashing"],
         "global_batch_size": cfg.global_batch_size, "epochs_planned": cfg.epochs,
     }
     epochs: list[dict[str, Any]] = []
@@ -61,14 +63,20 @@ def run_model_parallel(cfg: TrainConfig, module: ModuleType, role: Role) -> dict
         if cfg.verbose:
             shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy")
                               if k in record)
+            per_stage = f"  inputs held per stage {record['stashed_inputs_peak']}"
+            if "staleness_mean" in record:
+                per_stage += (f"  weight versions per stage {record['weight_versions_peak']}  staleness per stage "
+                              f"mean {[round(t, 2) for t in record['staleness_mean']]} max {record['staleness_max']}")
             print(f"epoch {record['epoch']}/{cfg.epochs}  {steps} steps  {shown}  {record['samples_per_sec']:.0f} "
-                  f"samples/s  bubble {record['bubble']:.2f} (GPipe theory {record['bubble_theoretical']:.2f})",
-                  flush=True)
+                  f"samples/s  bubble {record['bubble']:.2f} (GPipe theory {record['bubble_theoretical']:.2f})"
+                  f"{per_stage}", flush=True)
 
+    stashing = {"1f1b": f", weight stashing {'on' if options['weight_stashing'] else 'off'}"}.get(options["schedule"], "")
     print(f"{role.name}: training {Path(cfg.model).name} in {len(options['devices'])} stages on "
           f"{', '.join(options['devices'])}, {options['micro_batches']} micro-batch(es) per batch of "
-          f"{cfg.global_batch_size}", flush=True)
-    runner = pipeline.Pipeline(model, options["stages"], options["devices"], options["micro_batches"])
+          f"{cfg.global_batch_size}, schedule {options['schedule']}{stashing}", flush=True)
+    runner = pipeline.Pipeline(model, options["stages"], options["devices"], options["micro_batches"],
+                               schedule=options["schedule"], weight_stashing=options["weight_stashing"])
     pipeline.fit(runner, train_fn(None), cfg.epochs, steps, on_epoch=on_epoch)
     info["stage_devices"] = [stage.output_device for stage in runner.stages]
     return _finish(cfg, module, model, role, info, epochs)

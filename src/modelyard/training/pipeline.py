@@ -13,6 +13,18 @@ two passes, never the activations inside a stage. The gradient is the mean of th
 micro-batches' mean-loss gradients: the whole batch's gradient, so training follows the
 unpipelined model's losses.
 
+``schedule: 1f1b`` is PipeDream's (Narayanan et al. 2019): after a warm-up of K - 1 - k
+forward passes, stage k alternates one forward and one backward pass (1F1B), so it holds at
+most K - k micro-batches' inputs instead of GPipe's M, and each stage applies its gradient
+as soon as its backward pass ends (one update per micro-batch, on the stage's own copy of
+the optimizer: asynchronous between stages). A micro-batch's forward and backward passes
+then meet different weights; with ``weight_stashing`` (default on) the stage keeps the
+weights of each forward pass until that micro-batch's backward pass, which uses them, so
+the gradient is that of the weights the forward pass saw. ``1f1b-flush`` (PipeDream-Flush)
+keeps 1F1B's order and memory but applies one update per batch: GPipe's updates exactly.
+Each step ends with the pipeline drained (the next batch starts on fresh weights), so the
+updates' staleness is at most K - 1 - k on stage k; it is counted per update.
+
 The idle ("bubble") share is measured on each step: 1 - (time the stages were busy) /
 (K x the span from the first stage call's start to the last one's end), next to GPipe's
 theoretical (K - 1) / (M + K - 1). The weight update after the span is not part of it.
@@ -97,6 +109,9 @@ class _Stage:
                 return [t + g for t, g in zip(total, grads)]
 
         self.forward, self.backward, self.accumulate = forward, backward, accumulate
+        self.optimizer = None  # 1f1b: the stage's own copy of the model's optimizer
+        self.version = 0  # updates applied to this stage's weights
+        self.checks: list[tuple[int, float, float]] | None = None  # (micro-batch, forward's weights, backward's)
         self.busy = 0.0
         self.first, self.last = float("inf"), 0.0  # this step's first call began, last call ended
         self.output_device = ""  # where its forward output was placed (TF's own answer)
@@ -114,6 +129,16 @@ class _Stage:
         return out
 
 
+SCHEDULES = ("gpipe", "1f1b", "1f1b-flush")
+
+
+def _fingerprint(variables) -> float:
+    """A number that changes when any weight does (for the weight-stashing check)."""
+    import numpy as np
+
+    return float(sum(np.abs(np.asarray(v, np.float64)).sum() for v in variables))
+
+
 @dataclass
 class StepResult:
     loss: float
@@ -121,6 +146,9 @@ class StepResult:
     wall: float = 0.0  # the whole step, the weight update included
     busy: list[float] = field(default_factory=list)  # each stage's time in its forward and backward calls
     span: float = 0.0  # from the first stage call's start to the last one's end: the schedule GPipe's bound is about
+    stashed_peak: list[int] = field(default_factory=list)  # per stage: most micro-batch inputs held at once
+    versions_peak: list[int] = field(default_factory=list)  # per stage: most weight versions alive at once
+    staleness: list[list[int]] = field(default_factory=list)  # per stage: each update's staleness (1f1b)
 
     @property
     def bubble(self) -> float:
@@ -130,7 +158,8 @@ class StepResult:
 class Pipeline:
     """Train ``model`` with its layers cut into stages on devices, GPipe-scheduled over micro-batches."""
 
-    def __init__(self, model, stages, devices: list[str], micro_batches: int):
+    def __init__(self, model, stages, devices: list[str], micro_batches: int, schedule: str = "gpipe",
+                 weight_stashing: bool = True, check_weights: bool = False):
         import tensorflow as tf
         import tf_keras as keras
 
@@ -147,6 +176,18 @@ class Pipeline:
         self.stages = [_Stage(group, name, loss_fn if i == len(groups) - 1 else None, needs_input_gradient=i > 0)
                        for i, (group, name) in enumerate(zip(groups, names))]
         self.optimizer = model.optimizer
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"model_parallel.schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
+        self.schedule, self.weight_stashing = schedule, weight_stashing
+        if schedule == "1f1b":
+            for stage in self.stages:  # each stage updates its own weights, in its own thread
+                stage.optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
+                stage.optimizer.build(stage.variables)  # its slots exist before the first traced update
+                stage.update = tf.function(lambda grads, stage=stage: stage.optimizer.apply_gradients(
+                    zip(grads, stage.variables)), reduce_retracing=True)
+        if check_weights:
+            for stage in self.stages:
+                stage.checks = []
         self._tf = tf
 
     @property
@@ -167,33 +208,79 @@ class Pipeline:
         for stage in self.stages:
             stage.busy, stage.first, stage.last = 0.0, float("inf"), 0.0
 
-        def work(i: int) -> None:
+        asynchronous = self.schedule == "1f1b"
+        stashed_peak, versions_peak = [0] * k, [1] * k
+        staleness: list[list[int]] = [[] for _ in range(k)]
+
+        def forward(i: int) -> bool:
             stage, last = self.stages[i], i == k - 1
-            stash = {}
+            j, value = forward_in[i].get()
+            if value is None:
+                return False
+            weights = None
+            if asynchronous and self.weight_stashing:
+                # This forward pass's weights, kept for its backward pass; micro-batches that
+                # saw the same version share one copy.
+                weights = next((entry[1] for entry in stash[i].values() if entry[2] == stage.version), None) \
+                    or [tf.identity(v) for v in stage.variables]
+            stash[i][j] = (value, weights, stage.version,
+                           _fingerprint(stage.variables) if stage.checks is not None else None)
+            stashed_peak[i] = max(stashed_peak[i], len(stash[i]))
+            out = stage.timed(stage.forward, value)
+            stage.output_device = out.device
+            if last:
+                backward_in[i].put((j, ys[j]))
+            else:
+                forward_in[i + 1].put((j, out))
+            return True
+
+        def backward(i: int) -> bool:
+            stage, last = self.stages[i], i == k - 1
+            j, upstream = backward_in[i].get()
+            if upstream is None:
+                return False
+            value, weights, version, seen = stash[i].pop(j)
+            current = None
+            if weights is not None and version != stage.version:  # use the forward pass's weights
+                current = [tf.identity(v) for v in stage.variables]
+                for variable, old in zip(stage.variables, weights):
+                    variable.assign(old)
+            if stage.checks is not None:
+                stage.checks.append((j, seen, _fingerprint(stage.variables)))
+            scale = tf.constant(1.0 if asynchronous else 1.0 / m)
+            d_input, d_vars, loss, y_pred = stage.timed(stage.backward, value, upstream, scale)
+            if current is not None:
+                for variable, new in zip(stage.variables, current):
+                    variable.assign(new)
+            if weights is not None:  # the versions alive: the current one and those still stashed
+                versions_peak[i] = max(versions_peak[i], len({entry[2] for entry in stash[i].values()}
+                                                             | {version, stage.version}))
+            if last:
+                losses[j], outputs[j] = loss, y_pred
+            if i > 0:
+                backward_in[i - 1].put((j, d_input))
+            if asynchronous:  # PipeDream: this micro-batch's update, now, on this stage alone
+                if stage.variables:
+                    staleness[i].append(stage.version - version)
+                    stage.timed(stage.update, d_vars)
+                    stage.version += 1
+            else:
+                # Summing the micro-batches' gradients is the stage's work too: timed, on its device.
+                grads[i] = list(d_vars) if grads[i] is None else stage.timed(stage.accumulate, grads[i], d_vars)
+            return True
+
+        stash: list[dict] = [{} for _ in range(k)]
+
+        def work(i: int) -> None:
             try:
-                for _ in range(m):  # every forward pass first (GPipe) ...
-                    j, value = forward_in[i].get()
-                    if value is None:
+                if self.schedule == "gpipe":
+                    order = ["F"] * m + ["B"] * m  # every forward pass first, then every backward pass
+                else:  # 1F1B: K - 1 - i forward passes of warm-up, then one forward, one backward
+                    warm = min(k - 1 - i, m)
+                    order = ["F"] * warm + ["F", "B"] * (m - warm) + ["B"] * warm
+                for step in order:
+                    if not (forward(i) if step == "F" else backward(i)):
                         return
-                    stash[j] = value
-                    out = stage.timed(stage.forward, value)
-                    stage.output_device = out.device
-                    if last:
-                        backward_in[i].put((j, ys[j]))
-                    else:
-                        forward_in[i + 1].put((j, out))
-                for _ in range(m):  # ... then every backward pass, in the order they come back
-                    j, upstream = backward_in[i].get()
-                    if upstream is None:
-                        return
-                    d_input, d_vars, loss, y_pred = stage.timed(stage.backward, stash.pop(j), upstream,
-                                                                tf.constant(1.0 / m))
-                    if last:
-                        losses[j], outputs[j] = loss, y_pred
-                    # Summing the micro-batches' gradients is the stage's work too: timed, on its device.
-                    grads[i] = list(d_vars) if grads[i] is None else stage.timed(stage.accumulate, grads[i], d_vars)
-                    if i > 0:
-                        backward_in[i - 1].put((j, d_input))
             except BaseException as exc:  # stop the other stages too, then re-raise in the caller
                 errors.append(exc)
                 for q in forward_in + backward_in:
@@ -209,13 +296,15 @@ class Pipeline:
             thread.join()
         if errors:
             raise errors[0]
-        pairs = [(g, v) for stage, stage_grads in zip(self.stages, grads)
-                 for g, v in zip(stage_grads or [], stage.variables) if g is not None]
-        self.optimizer.apply_gradients(pairs)
+        if not asynchronous:  # one synchronous update of the whole batch (GPipe, PipeDream-Flush)
+            pairs = [(g, v) for stage, stage_grads in zip(self.stages, grads)
+                     for g, v in zip(stage_grads or [], stage.variables) if g is not None]
+            self.optimizer.apply_gradients(pairs)
         wall = time.perf_counter() - start
         loss = float(tf.reduce_mean(tf.stack(losses)))
         span = max(s.last for s in self.stages) - min(s.first for s in self.stages)
-        return StepResult(loss, outputs, wall, [s.busy for s in self.stages], span)
+        return StepResult(loss, outputs, wall, [s.busy for s in self.stages], span, stashed_peak, versions_peak,
+                          staleness)
 
 
 def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch=None) -> list[dict]:
@@ -226,6 +315,8 @@ def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch
     history = []
     for epoch in range(epochs):
         losses, correct, seen, wall, bubbles = [], 0, 0, 0.0, []
+        k = len(pipeline.stages)
+        stashed, versions, staleness = [0] * k, [1] * k, [[] for _ in range(k)]
         for _ in range(steps_per_epoch):
             x, y = next(batches)
             result = pipeline.train_step(x, y)
@@ -237,13 +328,23 @@ def fit(pipeline: Pipeline, dataset, epochs: int, steps_per_epoch: int, on_epoch
             seen += len(labels)
             wall += result.wall
             bubbles.append(result.bubble)
+            stashed = [max(a, b) for a, b in zip(stashed, result.stashed_peak)]
+            versions = [max(a, b) for a, b in zip(versions, result.versions_peak)]
+            for mine, more in zip(staleness, result.staleness):
+                mine.extend(more)
         record = {
             "epoch": epoch + 1, "loss": float(np.mean(losses)), "accuracy": correct / max(seen, 1),
             "samples_per_sec": seen / max(wall, 1e-9), "seconds": wall,
             # The first step of a run traces the stages' functions: leave it out of the bubble.
             "bubble": float(np.median(bubbles[1:] if len(bubbles) > 1 else bubbles)),
             "bubble_theoretical": pipeline.theoretical_bubble,
+            "schedule": pipeline.schedule,
+            "stashed_inputs_peak": stashed,  # per stage: micro-batch inputs held at once (activation memory)
+            "weight_versions_peak": versions,  # per stage: weight versions alive at once (1f1b with stashing)
         }
+        if pipeline.schedule == "1f1b":  # per stage: how many updates each update's weights were behind
+            record["staleness_mean"] = [float(np.mean(t)) if t else 0.0 for t in staleness]
+            record["staleness_max"] = [int(max(t)) if t else 0 for t in staleness]
         history.append(record)
         if on_epoch is not None:
             on_epoch(record)
