@@ -57,19 +57,26 @@ static void skip_ws(Cursor *c)
 
 static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 
-static void store_double(Tensor *t, double d)
+static void store_double(Tensor *t, double d) { memcpy(&t->values[t->count++], &d, sizeof d); }
+
+/* The extremes of whole values, kept while every value is whole (the vertex rule's integers). */
+static inline void note_whole(Tensor *t, int64_t v)
 {
-    memcpy(&t->values[t->count++], &d, sizeof d);
+    if (v < t->lo)
+        t->lo = v;
+    if (v > t->hi)
+        t->hi = v;
+}
+
+/* A double read from a fraction or exponent: still whole (3.0, 1e2) and exact as int64? */
+static inline void note_double(Tensor *t, double d)
+{
     if (!t->integral)
         return;
-    if (d > (double)MAX_EXACT_INT || d < -(double)MAX_EXACT_INT || d != (double)(int64_t)d) {
-        t->integral = 0; /* a fraction (or NaN): the vertex rule refuses it for an integer input */
-        return;
-    }
-    if ((int64_t)d < t->lo)
-        t->lo = (int64_t)d;
-    if ((int64_t)d > t->hi)
-        t->hi = (int64_t)d;
+    if (d > (double)MAX_EXACT_INT || d < -(double)MAX_EXACT_INT || d != (double)(int64_t)d)
+        t->integral = 0; /* a fraction: the vertex rule refuses it for an integer input */
+    else
+        note_whole(t, (int64_t)d);
 }
 
 /* Turn the integers read so far into doubles, in place; -1 if one would not be exact. */
@@ -151,6 +158,8 @@ static int read_number(Cursor *c, Tensor *t)
         if (t->floating) {
             if (value > MAX_EXACT_INT || value < -MAX_EXACT_INT)
                 return -1;
+            if (t->integral)
+                note_whole(t, value);
             store_double(t, (double)value);
             return 0;
         }
@@ -164,6 +173,8 @@ static int read_number(Cursor *c, Tensor *t)
     if (!t->floating && to_floating(t) < 0)
         return -1;
     if (significand == 0) {
+        if (t->integral)
+            note_whole(t, 0);
         store_double(t, negative ? -0.0 : 0.0);
         return 0;
     }
@@ -179,7 +190,9 @@ static int read_number(Cursor *c, Tensor *t)
     {
         double d = (double)significand;
         d = exponent < 0 ? d / POW10[-exponent] : d * POW10[exponent];
-        store_double(t, negative ? -d : d);
+        d = negative ? -d : d;
+        note_double(t, d);
+        store_double(t, d);
     }
     return 0;
 }
