@@ -158,12 +158,14 @@ def _pipeline_body(args: list[str], base: str, model_env: dict | None = None) ->
 def test_a_pipeline_survives_a_platform_restart(platform, tiny_models):
     base = f"gs://{STAGING_BUCKET}/restart-{time.time_ns()}"
     body = _pipeline_body(["--sleep=6"], base, {"SOURCE_MODEL": tiny_models["models"]["tiny1"]["path"]})
+    body["modelId"] = model_id = f"restarted_{time.time_ns()}"  # the uploaded model's id, chosen
     name = requests.post(platform.api("trainingPipelines"), json=body, timeout=30).json()["name"]
     _wait(platform, name, ("PIPELINE_STATE_RUNNING",))
     platform.stop()  # the job's processes are not the platform's to stop: the next platform adopts them
     platform.start()
     done = _wait(platform, name, FINAL)
     assert done["state"] == "PIPELINE_STATE_SUCCEEDED", done
+    assert done["modelToUpload"]["name"].endswith(f"/models/{model_id}") and done["modelToUpload"]["versionId"] == "1"
     model = requests.get(f"{platform.url}/v1/{done['modelToUpload']['name']}", timeout=10).json()
     assert model["artifactUri"] == f"{base}/model/" and model["displayName"] == "restarted"
     requests.delete(f"{platform.url}/v1/{model['name']}", timeout=10)
