@@ -51,6 +51,7 @@ def _google_error(resp: requests.Response, code: int, reason: str) -> str:
 
 
 def test_platform_prints_the_export_line(platform):
+    # (that jobs get the same value: tests/platform/test_training_pipelines.py reads a job's environment)
     log = (platform.workdir / f"platform-{platform.starts}.log").read_text()
     assert f"export STORAGE_EMULATOR_HOST={platform.storage_url}" in log
 
@@ -81,6 +82,15 @@ def test_resumable_upload_of_100_mb_and_ranged_download(gcs, gcs_emulator, platf
     assert tail.status_code == 206 and tail.content == src.read_bytes()[-10:]
     assert tail.headers["Content-Range"] == f"bytes {(100 << 20) - 10}-{(100 << 20) - 1}/{100 << 20}"
     _google_error(requests.get(url, headers={"Range": f"bytes={200 << 20}-"}), 416, "requestedRangeNotSatisfiable")
+    # MD5 is computed after the upload, once the server is idle; then the metadata carries it.
+    import base64
+
+    want_md5 = base64.b64encode(hashlib.md5(src.read_bytes()).digest()).decode()
+    deadline = time.monotonic() + 60
+    while blob.md5_hash is None and time.monotonic() < deadline:
+        time.sleep(1)
+        blob.reload()
+    assert blob.md5_hash == want_md5
 
 
 def test_list_with_delimiter_and_pages(gcs):
