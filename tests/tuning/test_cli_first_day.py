@@ -89,3 +89,21 @@ def test_usage_reads_like_the_docs():
     assert (args.status, args.study) == ("status", "s.yaml")
     args = parser.parse_args(["tune", "s.yaml", "--max-trials", "4"])
     assert (args.status, args.study, args.max_trials) == (None, "s.yaml", 4)
+
+
+def test_restart_in_a_shared_database_keeps_the_old_study_under_a_new_name(tmp_path: Path, postgres_url: str):
+    import optuna
+
+    study = write_study(tmp_path, "shared-restart", [X, UNITS], "hypertune_quadratic.py", max_trial_count=1,
+                        storage=postgres_url)
+    assert run(["tune", str(study), "--devices", "none"]).returncode == 0
+    restarted = run(["tune", str(study), "--restart", "--devices", "none"])
+    assert restarted.returncode == 0, restarted.stdout
+    archived = re.search(r"archived the old study's trials to (shared-restart-archived-\d{8}T\d{6}) in ",
+                         restarted.stdout)
+    assert archived, restarted.stdout
+    from modelyard.tuning.study import open_storage
+
+    storage = open_storage(postgres_url)
+    names = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    assert names[archived.group(1)] == 1 and names["shared-restart"] == 1

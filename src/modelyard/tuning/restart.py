@@ -52,7 +52,7 @@ def archive(study: Study) -> list[tuple[str, str]]:
     else:
         archived = _archive_shared(study, stamp)
         if archived:
-            moved.append(("study", archived))
+            moved.append(("trials", archived))
     if study.job_dir.exists():
         target = _free(study.job_dir.with_name(f"{study.job_dir.name}-{stamp}"))
         study.job_dir.rename(target)
