@@ -226,8 +226,10 @@ def test_grpc_infer_matches_tf_serving_predict(grpc, v2_server, raw):
         tensor.contents.uint_contents.extend(IMAGES.reshape(-1).tolist())
         with grpcio.insecure_channel(v2_server.grpc_target) as channel:
             response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
-        assert response.model_version == "1" and [o.name for o in response.outputs] == ["digit", "probabilities"]
-        probabilities = np.frombuffer(response.raw_output_contents[1], "<f4").reshape(4, 10)
+        names = [o.name for o in response.outputs]
+        assert response.model_version == "1" and sorted(names) == ["digit", "probabilities"]
+        probabilities = np.frombuffer(response.raw_output_contents[names.index("probabilities")], "<f4")
+        probabilities = probabilities.reshape(4, 10)
     np.testing.assert_array_equal(probabilities, np.float32(expected["probabilities"]))
 
 
@@ -274,3 +276,47 @@ def test_grpc_raw_size_mismatch_and_prediction_service_beside_it(grpc, v2_server
         x.float_val.append(2.0)
         answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(predict, timeout=30)
         assert list(answer.outputs["y"].float_val) == [3.0]
+
+
+# ---- the model repository extension: unload and load while another model answers without pause -----
+def test_repository_unload_and_load_while_another_model_serves(http, grpc, v2_server):
+    import threading
+
+    stop, failures, answered = threading.Event(), [], [0]
+
+    def keep_sending():
+        client = thttp.InferenceServerClient(f"127.0.0.1:{v2_server.rest_port}")
+        try:
+            while not stop.is_set():
+                try:
+                    client.infer("digits", [_input(thttp, "image", IMAGES[:1], "UINT8")])
+                    answered[0] += 1
+                except Exception as exc:  # every failure counts: none is allowed
+                    failures.append(repr(exc))
+        finally:
+            client.close()
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    try:
+        assert {"name": "multi", "version": "1", "state": "READY", "reason": ""} in http.get_model_repository_index()
+        http.unload_model("multi")
+        assert not http.is_model_ready("multi")
+        entries = {e["name"]: e for e in http.get_model_repository_index()}
+        assert entries["multi"]["state"] == "UNAVAILABLE" and entries["multi"]["reason"] == "unloaded"
+        with pytest.raises(InferenceServerException, match="Servable not found"):
+            http.infer("multi", [_input(thttp, "b", np.int32([1]), "INT32")])
+        http.load_model("multi")
+        assert http.is_model_ready("multi")
+        # The same over gRPC.
+        grpc.unload_model("multi")
+        assert not grpc.is_model_ready("multi")
+        assert "multi" not in {m.name for m in grpc.get_model_repository_index().models if m.state == "READY"}
+        grpc.load_model("multi")
+        assert grpc.is_model_ready("multi")
+        with pytest.raises(InferenceServerException, match="not in the model repository"):
+            http.load_model("nope")
+    finally:
+        stop.set()
+        sender.join(30)
+    assert failures == [] and answered[0] > 0

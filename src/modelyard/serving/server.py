@@ -21,6 +21,7 @@ from modelyard.serving.manager.manager import Manager, ModelConfig
 from modelyard.serving.metrics import ServingMetrics
 from modelyard.serving.options import ServeOptions
 from modelyard.serving.protocol.rest import RestApp
+from modelyard.serving.protocol.v2_repository import Repository
 
 log = logging.getLogger("modelyard.serving")
 _GC_THRESHOLD = 10_000  # tracked objects allocated (net) between young-generation collections
@@ -56,6 +57,8 @@ class ModelServer:
         self.grpc_server = None  # grpc_h2.LeanGrpcServer or grpc.Server: same start/stop/wait calls
         self._rest_sock = None
         self.rest_app: RestApp | None = None
+        # The Open Inference Protocol's model repository extension, over apply_configs (REST and gRPC).
+        self.repository = Repository(self.core, self.apply_configs)
 
     def _session_config(self):
         import tensorflow as tf
@@ -182,6 +185,7 @@ class ModelServer:
             from modelyard.web.console import Console
 
             self.rest_app.console = Console(self, o.console_token)
+        self.rest_app.v2.repository = self.repository
 
     def _report_unavailable(self, configs: list[ModelConfig]) -> None:
         """After a start where some models did not load: say why for each, and stop when nothing can serve.
@@ -230,7 +234,8 @@ class ModelServer:
 
             server = LeanGrpcServer(self.core, self.reload_config, o.host, o.port, max_threads=o.grpc_max_threads,
                                     max_receive_bytes=o.grpc_max_receive_message_bytes,
-                                    reuse_port=self.group is not None, guard=grpc_guard(o.security))
+                                    reuse_port=self.group is not None, guard=grpc_guard(o.security),
+                                    repository=self.repository)
             server.bind()
             return server
         import grpc
@@ -245,7 +250,7 @@ class ModelServer:
                 ("grpc.so_reuseport", 1 if self.group else 0),
             ],
         )
-        add_services(server, self.core, self.reload_config)
+        add_services(server, self.core, self.reload_config, self.repository)
         from modelyard.serving.security.grpcio_server import bind_grpcio
 
         if bind_grpcio(server, f"{o.host}:{o.port}", o.security) == 0:

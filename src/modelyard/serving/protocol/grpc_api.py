@@ -293,9 +293,9 @@ def _grpcio_handler(method: Method) -> Callable:
     return handler
 
 
-def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable) -> None:
-    """Register both services on a grpcio server (the ``--grpc_implementation=grpcio`` path)."""
-    services = Services(core, reload_config)
+def add_services(server: grpc.Server, core: ServingCore, reload_config: Callable, repository=None) -> None:
+    """Register the services on a grpcio server (the ``--grpc_implementation=grpcio`` path)."""
+    services = Services(core, reload_config, repository)
     by_service: dict[str, dict] = {}
     for path, method in services.methods.items():
         service = path.split("/")[1]

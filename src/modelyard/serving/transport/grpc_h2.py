@@ -613,8 +613,9 @@ class LeanGrpcServer:
 
     def __init__(self, core: ServingCore, reload_config: Callable, host: str, port: int, *,
                  max_threads: int, max_receive_bytes: int, reuse_port: bool = False,
-                 guard: Callable[[LeanGrpcServer], tuple[Callable[[], asyncio.Protocol], dict]] | None = None):
-        self.services = Services(core, reload_config)
+                 guard: Callable[[LeanGrpcServer], tuple[Callable[[], asyncio.Protocol], dict]] | None = None,
+                 repository=None):
+        self.services = Services(core, reload_config, repository)  # repository: V2's extension (v2_repository)
         self.core = core
         self.host, self.port = host, port
         self.max_receive_bytes = max_receive_bytes
