@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelyard.training.config import ConfigError
+from modelyard.training.config import PIPELINE_SCHEDULES, ConfigError
 
 
 def theoretical_bubble(stages: int, micro_batches: int) -> float:
@@ -129,7 +129,7 @@ class _Stage:
         return out
 
 
-SCHEDULES = ("gpipe", "1f1b", "1f1b-flush")
+SCHEDULES = PIPELINE_SCHEDULES  # gpipe, 1f1b, 1f1b-flush: the config checks them, the pipeline runs them
 
 
 def _fingerprint(variables) -> float:
@@ -156,7 +156,8 @@ class StepResult:
 
 
 class Pipeline:
-    """Train ``model`` with its layers cut into stages on devices, GPipe-scheduled over micro-batches."""
+    """Train ``model`` with its layers cut into stages on devices, pipelined over micro-batches
+    (GPipe, PipeDream's 1F1B with or without weight stashing, or PipeDream-Flush)."""
 
     def __init__(self, model, stages, devices: list[str], micro_batches: int, schedule: str = "gpipe",
                  weight_stashing: bool = True, check_weights: bool = False):
