@@ -7,10 +7,10 @@ its feature count), output ``predictions``. The prediction is what those images 
 
 - scikit-learn: ``model.predict(np.asarray(instances))`` (the class labels for a classifier,
   not ``predict_proba``), the model from ``model.joblib`` (preferred) or ``model.pkl``;
-- XGBoost: ``model.predict(xgboost.DMatrix(instances))``, the model from ``model.bst`` (a saved
+- XGBoost: ``booster.predict(xgboost.DMatrix(instances))``, the model from ``model.bst`` (a saved
   Booster, preferred), else ``model.joblib`` (joblib, or a Booster file under that name) or
   ``model.pkl``. A Booster's ``predict`` gives what its objective gives (probabilities for
-  ``multi:softprob``); a pickled ``XGBClassifier`` gives class labels.
+  ``multi:softprob``); a pickled ``XGBClassifier`` gives its own ``predict`` (class labels).
 
 A loaded object is XGBoost's when it is a Booster or one of XGBoost's scikit-learn wrappers, so a
 directory needs no other hint. Loading a pickle runs code from the file: serve only models you
@@ -112,6 +112,9 @@ class EstimatorServable(Servable):
             raise ServingError(Code.INVALID_ARGUMENT, f"could not load {file}: {type(exc).__name__}: {exc}") from None
         self.model = model
         self.runtime = framework_of(model)
+        # A Booster predicts a DMatrix; XGBoost's scikit-learn wrappers take the rows as they are
+        # (XGBoost 2+ refuses a DMatrix there), which gives the same predictions.
+        self._booster = self.runtime == XGBOOST and type(model).__name__ == "Booster"
         if self.runtime == XGBOOST:
             try:
                 import xgboost
@@ -127,7 +130,7 @@ class EstimatorServable(Servable):
             out_dtype = dtypes.from_numpy(classes.dtype)
         elif isinstance(classes, np.ndarray):
             out_dtype = dtypes.DT_STRING
-        elif self.runtime == XGBOOST and type(model).__name__ == "Booster":
+        elif self._booster:
             out_dtype = dtypes.DT_FLOAT
         signature = Signature(DEFAULT_SIGNATURE, PREDICT_METHOD,
                               {INPUT: TensorSpec(INPUT, INPUT, dtypes.DT_DOUBLE, (-1, _features(model)))},
@@ -149,13 +152,17 @@ class EstimatorServable(Servable):
             output_aliases: tuple[str, ...]) -> dict[str, np.ndarray]:
         rows = inputs[INPUT]
         try:
-            if self.runtime == XGBOOST:
+            if self._booster:
                 predicted = self.model.predict(self._dmatrix(rows))
             else:
                 predicted = self.model.predict(rows)
         except (ValueError, TypeError) as exc:  # the library's own words for a wrong instance
             raise ServingError(Code.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}") from None
-        return {OUTPUT: np.asarray(predicted)}
+        predicted = np.asarray(predicted)
+        if predicted.dtype.kind in "OSU":  # string labels: DT_STRING's form, an object array of bytes
+            predicted = np.array([v if isinstance(v, bytes) else str(v).encode("utf-8") for v in predicted.ravel()],
+                                 dtype=object).reshape(predicted.shape)
+        return {OUTPUT: predicted}
 
 
 def load_estimator(path: Path) -> EstimatorServable:

@@ -416,8 +416,8 @@ def _with_literals(value: np.ndarray):
 
 
 def _map_strings(value: np.ndarray, as_b64: bool):
-    if value.ndim == 0:
-        item = value[()]
+    if not isinstance(value, np.ndarray) or value.ndim == 0:  # a 1-D object array's rows are its elements
+        item = value[()] if isinstance(value, np.ndarray) else value
         data = item if isinstance(item, bytes) else str(item).encode("utf-8")
         if as_b64:
             return {"b64": base64.b64encode(data).decode("ascii")}
