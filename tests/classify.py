@@ -69,6 +69,7 @@ def _starter(chain: list[str], scope: dict) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _names(func) -> list[list[str]]:
     """Every dotted name the function's source uses (``a.b.c`` as ``[a, b, c]``)."""
     try:
@@ -189,6 +190,7 @@ def e2e_reason(item: pytest.Item) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # asked once per test for each fixture: read each once
 def _requested_fixtures(func) -> list[str]:
     """The string constants of a function that calls ``getfixturevalue`` (the names it may ask for)."""
     try:

@@ -40,6 +40,19 @@ def tfserving_testdata(request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> Path:
+    """A MODELYARD_CACHE holding the demo digits model (0001, 0002), trained once per test run for
+    every folder that needs it (edge, web, serving), or the cache MODELYARD_CACHE names."""
+    import os
+
+    from modelyard.demo import ensure_demo_model
+
+    cache = Path(os.environ.get("MODELYARD_CACHE") or tmp_path_factory.mktemp("demo_cache"))
+    ensure_demo_model(cache_dir=cache, log=lambda _m: None)
+    return cache
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict:
     """The platform's tiny test models, built once per session for the platform and console tests."""
     from tests.platform.conftest import build_tiny_models

@@ -1,20 +1,17 @@
 """Shared, session-scoped fixtures: each model is built and converted once per test session."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import modelyard  # noqa: F401  (sets the TF/Keras environment before TensorFlow is imported)
 import pytest
 
 @pytest.fixture(scope="session")
-def demo_base(tmp_path_factory) -> Path:
-    """The demo digits classifier (versions 0001, 0002), built into a per-session cache
-    unless MODELYARD_CACHE points at an existing one."""
+def demo_base(demo_cache) -> Path:
+    """The demo digits classifier (versions 0001, 0002), from the run's one demo cache (tests/conftest.py)."""
     from modelyard.demo import ensure_demo_model
 
-    cache = os.environ.get("MODELYARD_CACHE") or tmp_path_factory.mktemp("cache")
-    return ensure_demo_model(cache_dir=Path(cache), log=lambda _m: None)
+    return ensure_demo_model(cache_dir=demo_cache, log=lambda _m: None)
 
 
 @pytest.fixture(scope="session")

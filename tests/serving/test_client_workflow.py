@@ -18,13 +18,6 @@ from tests.serving.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    demo.ensure_demo_model(cache_dir=cache, log=lambda m: None)
-    return cache
-
-
-@pytest.fixture(scope="module")
 def server(demo_cache, tmp_path_factory):
     # No model named: `modelyard serve` serves the built-in demo (from this cache, already built).
     with ServerProcess(log_dir=tmp_path_factory.mktemp("logs"), env={"MODELYARD_CACHE": str(demo_cache)}) as srv:

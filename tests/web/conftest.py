@@ -54,11 +54,12 @@ def browser():
 
 
 @pytest.fixture(scope="session")
-def demo_base() -> Path:
-    """The demo digits model (0001: one hidden layer, 0002: two), from the modelyard cache."""
+def demo_base(demo_cache) -> Path:
+    """The demo digits model (0001: one hidden layer, 0002: two), from the run's one demo cache
+    (tests/conftest.py)."""
     from modelyard.demo import ensure_demo_model
 
-    return ensure_demo_model(log=lambda _m: None)
+    return ensure_demo_model(cache_dir=demo_cache, log=lambda _m: None)
 
 
 def _convert(base: Path, out: Path, *extra: str) -> Path:
