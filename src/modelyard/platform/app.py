@@ -74,6 +74,7 @@ class Platform:
                               engine={"name": "ray", "address": config.ray_address} if config.engine == "ray" else None)
         self.jobs.platform = self  # training pipelines upload their model through the API's code
         self._jobs_task: asyncio.Task | None = None
+        self._ops_task: asyncio.Task | None = None  # operations' outcomes the store refused, written later
 
     def refresh(self) -> None:
         self.routing.load(self.store)
@@ -95,6 +96,7 @@ class Platform:
                      "(%d endpoint(s)), and takes over if that one stops", len(self.routing.endpoints))
         self._loop_task = asyncio.get_running_loop().create_task(self.supervisor.run())
         self._jobs_task = asyncio.get_running_loop().create_task(self.jobs.run())
+        self._ops_task = asyncio.get_running_loop().create_task(self.ops.run())
 
     async def stop(self) -> None:
         """Stop the control plane; replicas keep running, to be adopted by the next start."""
@@ -102,6 +104,8 @@ class Platform:
             self._loop_task.cancel()
         if self._jobs_task is not None:  # job processes keep running, adopted by the next start
             self._jobs_task.cancel()
+        if self._ops_task is not None:
+            self._ops_task.cancel()
         await self.gateway.close()
         await self.engine.close()
         self.store.close()

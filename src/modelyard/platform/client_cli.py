@@ -27,6 +27,7 @@ class Client:
         self.parent = f"projects/{args.project}/locations/{args.location}"
         self.token = args.token
         self.wait_ops = not getattr(args, "no_wait", False)
+        self.timeout_s = float(getattr(args, "timeout", None) or 900.0)  # how long a wait may last
 
     def call(self, method: str, path: str, body: dict | None = None, absolute: bool = False) -> dict:
         url = f"{self.base}/v1/{path if absolute else f'{self.parent}/{path}'}"
@@ -61,7 +62,11 @@ class Client:
             raise CliError(f"cannot reach the platform at {self.base} ({exc.reason})") from None
 
     def operation(self, op: dict) -> dict:
+        deadline = time.monotonic() + self.timeout_s
         while self.wait_ops and not op.get("done"):
+            if time.monotonic() > deadline:
+                raise CliError(f"gave up after {self.timeout_s:g} s (--timeout) waiting for operation {op['name']} "
+                               "to end; it may still end: GET it, or run the command again with --no-wait")
             time.sleep(0.3)
             op = self.call("GET", op["name"], absolute=True)
         if "error" in op:
@@ -216,7 +221,11 @@ def jobs_cmd(args: argparse.Namespace, c: Client):
     if a == "submit":
         coll, body = job_request(args.config, args.display_name)
         job = c.call("POST", coll, body)
+        deadline = time.monotonic() + args.timeout
         while args.wait and job["state"] not in _FINAL:
+            if time.monotonic() > deadline:
+                raise CliError(f"gave up after {args.timeout:g} s (--timeout) waiting for job {job['name']} to end "
+                               f"(it is {job['state']}): modelyard jobs describe / cancel it")
             time.sleep(0.5)
             job = c.call("GET", job["name"], absolute=True)
         return job
@@ -264,6 +273,8 @@ def register(subparsers) -> None:
     # Only the commands that start an operation wait for it; --no-wait is theirs alone.
     waiting = argparse.ArgumentParser(add_help=False)
     waiting.add_argument("--no-wait", action="store_true", help="print the operation instead of waiting for it")
+    waiting.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                         help="give up waiting for the operation after S seconds, saying so (default 900)")
 
     m = subparsers.add_parser("models", help="upload, list, describe, delete models on a modelyard platform")
     ms = m.add_subparsers(dest="action", required=True)
@@ -325,6 +336,8 @@ def register(subparsers) -> None:
     sb.add_argument("--display-name", help="default: the spec's displayName, else the file's name")
     sb.add_argument("--wait", action="store_true", help="wait until the job ends (exit 1 unless it succeeded); "
                     "default: print the job as created and return")
+    sb.add_argument("--timeout", type=float, default=86400.0, metavar="S",
+                    help="with --wait: give up waiting after S seconds, saying so (default 86400)")
     js.add_parser("list", parents=[common], help="every job (custom, tuning, batch prediction)")
     for action, what in (("describe", "the job's resource"), ("logs", "the job's log"), ("cancel", "cancel the job")):
         js.add_parser(action, parents=[common], help=what).add_argument("job", help="job id or resource name")

@@ -116,11 +116,9 @@ def deploy(p, route: Route, body: dict) -> dict:
             ids = {d["id"] for d in p.store.deployed_models(endpoint["id"])}
             split = new_split(current["traffic_split"] or {}, ids)
             p.store.add_deployed_model(dm, split)
-        except ApiError:
+        except Exception:  # refused, or the store failed (disk full): no replica runs for it
             for row in rows:
-                await p.engine.stop(row)
-                p.store.remove_replica(row["id"])
-                p.supervisor.started(row)
+                await p.supervisor.discard(row)
             raise
         p.refresh()
         for row in rows:
@@ -147,8 +145,7 @@ def undeploy(p, route: Route, body: dict) -> dict:
 
     async def work() -> dict:
         if leaving is not None:
-            for replica in list(leaving.replicas):
-                await p.supervisor.retire(replica)
+            await p.supervisor.retire_all(list(leaving.replicas))
         for row in p.store.replicas(dm_id):  # replicas the routing never saw (e.g. still starting)
             await p.engine.stop(row)
             p.store.remove_replica(row["id"])

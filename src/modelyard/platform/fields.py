@@ -53,7 +53,7 @@ MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
         "displayName", "createTime", "explanationSpec", "disableExplanations", "serviceAccount",
         "disableContainerLogging", "enableAccessLogging", "privateEndpoints", "fasterDeploymentConfig", "status",
         "systemLabels", "checkpointId", "speculativeDecodingSpec")), {}),
-    # shadowTrafficPercentage: modelyard's shadow deployments (docs/platform.md).
+    # shadowTrafficPercentage: modelyard's shadow deployments (README, Endpoints).
     "DeployModelRequest": (frozenset(("endpoint", "deployedModel", "trafficSplit", "shadowTrafficPercentage")),
                            {"deployedModel": "DeployedModel"}),
     "UndeployModelRequest": (frozenset(("endpoint", "deployedModelId", "trafficSplit")), {}),

@@ -5,6 +5,10 @@ Quick mutations finish before answering (``done: true``); slow ones (deploy, und
 ``GET .../operations/{id}``. An operation's ``response`` and ``metadata`` carry ``@type`` so the
 SDK can unpack them. Operations still pending when the platform stopped are failed (ABORTED) at
 the next start, since the task that would finish them is gone.
+
+Every operation ends: an operation whose work fails ends with its error; one whose final write
+fails (the store's disk full, the database away) keeps its outcome in memory, and ``reconcile``
+(on the platform's timer, every ``RECONCILE_INTERVAL_S``) writes it as soon as the store takes it.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ log = logging.getLogger(__name__)
 
 TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1."
 EMPTY = "type.googleapis.com/google.protobuf.Empty"
+RECONCILE_INTERVAL_S = 1.0
 
 
 def typed(type_name: str, body: dict) -> dict:
@@ -40,6 +45,37 @@ class Operations:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._tasks: set[asyncio.Task] = set()
+        # Operations whose work ended but whose outcome the store could not take yet: id -> (response, error).
+        self._unwritten: dict[str, tuple[dict | None, dict | None]] = {}
+
+    def _finish(self, op_id: str, response: dict | None, error: dict | None) -> None:
+        """Write an operation's outcome; if the store refuses, keep it for ``reconcile``."""
+        try:
+            self.store.finish_operation(op_id, response, error)
+            self._unwritten.pop(op_id, None)
+        except Exception as exc:  # disk full, database away: the outcome must not be lost with the task
+            if op_id not in self._unwritten:
+                log.error("operation %s ended, but the store could not record it (%s); retrying every %.0f s",
+                          op_id, exc, RECONCILE_INTERVAL_S)
+            self._unwritten[op_id] = (response, error)
+
+    def reconcile(self) -> int:
+        """Write the outcomes the store refused before; how many are still unwritten."""
+        for op_id, (response, error) in list(self._unwritten.items()):
+            self._finish(op_id, response, error)
+            if op_id in self._unwritten:
+                break  # the store still refuses: try again on the next timer
+            log.info("operation %s: its outcome is recorded now", op_id)
+        return len(self._unwritten)
+
+    async def run(self) -> None:
+        """The timer: outcomes the store refused are written as soon as it takes them."""
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                self.reconcile()
+            except Exception:  # the timer must outlive any one failure
+                log.exception("reconciling operations failed")
 
     def abort_pending(self) -> int:
         pending = self.store.pending_operations()
@@ -65,12 +101,13 @@ class Operations:
         async def run() -> None:
             try:
                 response = await work()
-                self.store.finish_operation(op["id"], response, None)
             except ApiError as exc:
-                self.store.finish_operation(op["id"], None, exc.to_rpc_status())
-            except Exception as exc:  # a bug or an I/O failure: the operation reports it
+                self._finish(op["id"], None, exc.to_rpc_status())
+            except Exception as exc:  # a bug or an I/O failure (the store's disk full): the operation reports it
                 log.exception("operation %s failed", op["name"])
-                self.store.finish_operation(op["id"], None, ApiError("INTERNAL", str(exc)).to_rpc_status())
+                self._finish(op["id"], None, ApiError("INTERNAL", f"{type(exc).__name__}: {exc}").to_rpc_status())
+            else:
+                self._finish(op["id"], response, None)
 
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)

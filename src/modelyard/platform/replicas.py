@@ -12,6 +12,11 @@ fast, under load (scale-ups, replacements of dead replicas), claim the spare by 
 into that directory (1-2 s until AVAILABLE), and a new spare starts at once. Deploys start their own
 processes and leave the spare warm: a deploy is often followed at once by the load it scales for.
 
+Each replica carries the platform's identity from before it starts: its environment names the
+state directory (``STATE_ENV``) and the platform's pid (``PLATFORM_PID_ENV``), and its command line
+holds its directory under that state directory. So a platform that restarts after any crash finds
+every process a dead platform started on this host, listed in the store or not (``reap_orphans``).
+
 Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
 ``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop`` and ``want_spare``.
 """
@@ -42,6 +47,8 @@ SPARE_PREFIX = "spare-"  # replica directories of warm spares
 SPARE_LINGER_S = 30.0  # how long a spare outlives the last deployed model
 PORT_RETRIES = 2  # new ports for a replica whose port was taken meanwhile (see modelyard.ports)
 CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
+STATE_ENV = "MODELYARD_PLATFORM_STATE"  # in a replica's environment: the state directory of its platform
+PLATFORM_PID_ENV = "MODELYARD_PLATFORM_PID"  # ... and the pid of the platform process that started it
 
 
 def pid_alive(pid: int, port: int | None = None) -> bool:
@@ -57,6 +64,17 @@ def pid_alive(pid: int, port: int | None = None) -> bool:
                     return False  # the pid was reused by another process
         return True
     except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _is_platform(pid: int) -> bool:
+    """``pid`` is a live ``modelyard platform`` process (not a recycled pid)."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"modelyard.platform" in f.read() and pid_alive(pid)
+    except OSError:
         return False
 
 
@@ -215,6 +233,35 @@ class LocalEngine:
                 if b"serve" in cmdline and any(d + b"/" in cmdline for d in dirs):
                     self._kill(int(entry))
 
+    def reap_orphans(self, keep: set[int]) -> int:
+        """Kill every process a platform on this state directory started whose platform is gone, except
+        ``keep`` (the replicas adopted from the store) and this engine's spare: replicas whose row was
+        never written (a kill -9 between start and store), spares, anything. Returns how many."""
+        mine = str(self.state_dir).encode()
+        spare = self._spare["pid"] if self._spare else None
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in keep or int(entry) in (spare, os.getpid()):
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except OSError:
+                continue
+            if env.get(STATE_ENV.encode()) != mine or int(entry) in self._children:
+                continue
+            starter = int(env.get(PLATFORM_PID_ENV.encode(), b"0") or 0)
+            if starter and _is_platform(starter):
+                continue  # its platform runs (another one on this state directory): not an orphan
+            log.warning("stopping process %s: started by platform pid %d, which is gone, and listed nowhere",
+                        entry, starter)
+            try:
+                os.kill(int(entry), signal.SIGKILL)  # SIGKILL: a stopped (SIGSTOP) orphan ignores SIGTERM
+                killed += 1
+            except ProcessLookupError:
+                pass
+        return killed
+
     def _kill(self, pid: int) -> None:
         """SIGTERM without waiting: the process is reaped by a later ``_reap_children``."""
         try:
@@ -242,9 +289,10 @@ class LocalEngine:
         port, grpc_port = free_ports(2, self.host)
         log_path = rdir / "serve.log"
         cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args)
+        identity = {STATE_ENV: str(self.state_dir), PLATFORM_PID_ENV: str(os.getpid())}
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=serve_env(), start_new_session=True)
+                                    env={**serve_env(), **identity}, start_new_session=True)
         self._children[proc.pid] = proc
         return {"rdir": str(rdir), "base": str(base), "port": port, "grpc_port": grpc_port, "pid": proc.pid,
                 "log_path": str(log_path)}

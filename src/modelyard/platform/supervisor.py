@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.platform import names
-from modelyard.platform.replicas import LocalEngine
+from modelyard.platform.replicas import START_TIMEOUT_S, LocalEngine
 from modelyard.platform.replicas_ray import RayEngine
 from modelyard.platform.routing import Deployed, Replica, Routing
 from modelyard.platform.store import Store
@@ -30,7 +30,8 @@ from modelyard.platform.upstream import UpstreamTimeout
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_FAILURE_S = 10.0
-STUCK_STOP_GRACE_S = 1.0  # a stuck replica gets little time for SIGTERM: it is not answering anyway
+STUCK_STOP_GRACE_S = 1.0
+RECONCILE_INTERVAL_S = 5.0  # the store's replica rows against the processes that run  # a stuck replica gets little time for SIGTERM: it is not answering anyway
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Supervisor:
         self.store = store
         self.readiness = readiness
         self._probed_at = 0.0
+        self._reconciled_at = time.monotonic()  # the first pass after adopt() has settled
         self.engine = engine
         self.routing = routing
         self.interval_s = interval_s
@@ -56,6 +58,7 @@ class Supervisor:
         self._failed_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._starting_ids: set[str] = set()  # stored but not yet routed (a deploy in progress)
+        self._retiring: set[str] = set()  # being drained and stopped (an undeploy, a scale-down)
         self._synced_at = 0.0
         self.leader = False
 
@@ -88,7 +91,17 @@ class Supervisor:
                 await self.engine.stop(row, grace_s=5)
                 self.store.remove_replica(row["id"])
                 dropped += 1
+        self.reap_orphans()
         return adopted, dropped
+
+    def reap_orphans(self) -> None:
+        """Processes a dead platform started that no row lists (its replicas' rows come first): stopped."""
+        reap = getattr(self.engine, "reap_orphans", None)  # the local engine; Ray actors end with their driver
+        if reap is not None:
+            keep = {r.row["pid"] for d in self.routing.deployed.values() for r in d.replicas}
+            killed = reap(keep | {row["pid"] for row in self.store.replicas()})
+            if killed:
+                log.warning("stopped %d process(es) a previous platform started and no store row lists", killed)
 
     # ---- replicas ---------------------------------------------------------------------------
     async def start_replicas(self, dm_id: str, model_path: Path, count: int, use_spare: bool = False) -> list[dict]:
@@ -100,9 +113,7 @@ class Supervisor:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for row in rows:
-                await self.engine.stop(row)
-                self.store.remove_replica(row["id"])
-                self.started(row)
+                await self.discard(row)
             raise errors[0]
         return rows
 
@@ -110,8 +121,43 @@ class Supervisor:
         replica_id = names.new_id()
         self._starting_ids.add(replica_id)
         row = await self.engine.start(replica_id, dm_id, model_path, use_spare=use_spare)
-        self.store.add_replica(row)
+        try:
+            self.store.add_replica(row)
+        except BaseException:  # the store refused its row (disk full ...): no process may run unlisted
+            await self.engine.stop(row, grace_s=5)
+            self.started(row)
+            raise
         return row
+
+    async def discard(self, row: dict) -> None:
+        """Stop a replica that will not serve (its deploy failed) and forget its row; a row the store
+        cannot delete now is deleted by ``reconcile_replicas`` later (its process is gone by then)."""
+        try:
+            await self.engine.stop(row)
+            try:
+                self.store.remove_replica(row["id"])
+            except Exception as exc:
+                log.error("replica %s is stopped, but the store could not forget it (%s); retried later",
+                          row["id"], exc)
+        finally:
+            self.started(row)
+
+    async def reconcile_replicas(self) -> None:
+        """The store's replica rows against what runs: a row whose process is gone, or that belongs to no
+        deployed model (its deploy ended without committing, even in another platform, long enough ago),
+        is stopped and forgotten. On the leader's timer."""
+        routed = {r.id for d in self.routing.deployed.values() for r in d.replicas}
+        for row in self.store.replicas():
+            if row["id"] in routed or row["id"] in self._starting_ids or row["id"] in self._retiring:
+                continue
+            deployed = row["deployed_model_id"] in self.routing.deployed
+            stale = time.time() - row["created"] > START_TIMEOUT_S + 60
+            if not self.engine.alive(row) or (not deployed and stale):
+                log.warning("replica %s (deployed model %s) is listed but %s; stopping and forgetting it",
+                            row["id"], row["deployed_model_id"],
+                            "its process is gone" if not self.engine.alive(row) else "its model is not deployed")
+                await self.engine.stop(row, grace_s=5)
+                self.store.remove_replica(row["id"])
 
     def started(self, row: dict) -> None:
         """``row``'s replica is routed now (or given up): syncing may treat it as any other."""
@@ -120,12 +166,25 @@ class Supervisor:
     async def retire(self, replica: Replica, drain: bool = True) -> None:
         """Take ``replica`` out of rotation, wait for its in-flight requests, stop it, forget it."""
         replica.draining = True
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while drain and replica.outstanding and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await self.engine.stop(replica.row)
-        self.store.remove_replica(replica.id)
-        self.routing.remove_replica(replica)
+        self._retiring.add(replica.id)  # no longer routed (an undeploy): reconcile_replicas leaves it to us
+        try:
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while drain and replica.outstanding and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await self.engine.stop(replica.row)
+            self.store.remove_replica(replica.id)
+            self.routing.remove_replica(replica)
+        finally:
+            self._retiring.discard(replica.id)
+
+    async def retire_all(self, replicas: list[Replica]) -> None:
+        """Retire ``replicas`` one after the other (an undeploy), all marked as leaving from the start."""
+        self._retiring.update(r.id for r in replicas)
+        try:
+            for replica in replicas:
+                await self.retire(replica)
+        finally:
+            self._retiring.difference_update(r.id for r in replicas)
 
     def replica_failed(self, replica: Replica, exc: Exception | None = None) -> None:
         """The gateway could not reach ``replica``: if its process is gone, stop routing to it now; if it
@@ -190,12 +249,16 @@ class Supervisor:
             if not self.leader and self.store.try_lead():
                 log.info("this platform now supervises the replicas of this store")
                 self.leader = True
+                self.reap_orphans()
             await self.sync_from_store()
         if now - self._probed_at >= self.readiness.interval_s:
             self._probed_at = now
             self._probe_all()
         if not self.leader:
             return
+        if now - self._reconciled_at >= RECONCILE_INTERVAL_S:
+            self._reconciled_at = now
+            await self.reconcile_replicas()
         # A warm spare replica while anything is deployed: the next replica (scale-up, replacement) is up in ~1 s.
         self.engine.want_spare(bool(self.routing.deployed or self._starting_ids))
         for d in list(self.routing.deployed.values()):
@@ -232,8 +295,7 @@ class Supervisor:
                 added = self.routing.add_replica(d.id, row)
                 self.started(row)
                 if added is None:  # undeployed meanwhile
-                    await self.engine.stop(row)
-                    self.store.remove_replica(row["id"])
+                    await self.discard(row)
         except Exception as exc:
             self._failed_at[d.id] = time.monotonic()
             log.error("could not start replicas of deployed model %s: %s", d.id, getattr(exc, "message", exc))
