@@ -83,3 +83,19 @@ def test_v2_calls_need_the_scopes_of_their_tf_serving_twins(tmp_path):
     assert auth.grpc_scope("/inference.GRPCInferenceService/ModelInfer") == PREDICT
     assert auth.grpc_scope("/inference.GRPCInferenceService/RepositoryModelUnload") == ADMIN
     assert auth.grpc_scope("/inference.GRPCInferenceService/ModelMetadata") == READ
+
+
+def test_repository_changes_reach_workers_as_the_config_they_came_from(tmp_path):
+    """V2's repository load/unload reaches --workers peers as a ModelServerConfig: one that reads back the same."""
+    from pathlib import Path
+
+    from modelyard.serving.manager.config import config_proto, model_configs
+    from modelyard.serving.manager.manager import ModelConfig
+    from modelyard.serving.manager.versions import VersionPolicy
+
+    configs = [ModelConfig("a", Path("/m/a")),
+               ModelConfig("b", Path("/m/b"), VersionPolicy("all"), {"stable": 1}),
+               ModelConfig("c", Path("/m/c"), VersionPolicy("specific", versions=frozenset({1, 3})), {"x": 3}),
+               ModelConfig("d", Path("/m/d"), VersionPolicy("latest", num_versions=2))]
+    assert model_configs(config_proto(configs)) == configs
+    assert model_configs(config_proto([])) == []

@@ -58,7 +58,7 @@ class ModelServer:
         self._rest_sock = None
         self.rest_app: RestApp | None = None
         # The Open Inference Protocol's model repository extension, over apply_configs (REST and gRPC).
-        self.repository = Repository(self.core, self.apply_configs)
+        self.repository = Repository(self.core, self.apply_everywhere)
 
     def _session_config(self):
         import tensorflow as tf
@@ -82,6 +82,7 @@ class ModelServer:
 
     def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
         """Replace the served models; labels are checked once the versions they name have loaded."""
+        self.repository.remember(configs)  # V2's model repository: what a load may bring back
         if self.options.security is not None:  # --model_roots (security/paths.py)
             from modelyard.serving.security.paths import check_model_paths
 
@@ -136,6 +137,13 @@ class ModelServer:
         problems = self.group.wait_acks(generation, RELOAD_WAIT_S)
         if problems:
             raise ServingError(Code.UNKNOWN, "Config applied here but not by every worker: " + "; ".join(problems))
+
+    def apply_everywhere(self, configs: list[ModelConfig]) -> None:
+        """``apply_configs`` here and, with workers, in every peer (V2's repository load/unload)."""
+        if self.group is None:
+            self.apply_configs(configs)
+        else:
+            self.reload_config(config_files.config_proto(configs))
 
     def _sync_with_group(self) -> None:
         """Apply a config another worker received; publish this worker's metrics."""

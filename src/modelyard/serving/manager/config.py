@@ -57,6 +57,28 @@ def model_configs(proto) -> list[ModelConfig]:
     return configs
 
 
+def config_proto(configs: list[ModelConfig]):
+    """Our ModelConfigs -> a ModelServerConfig (``model_configs``' inverse): how a change made here
+    (V2's repository load/unload) reaches the other worker processes, as a reload does."""
+    from tensorflow_serving.config import model_server_config_pb2
+
+    proto = model_server_config_pb2.ModelServerConfig()
+    proto.model_config_list.SetInParent()
+    for cfg in configs:
+        entry = proto.model_config_list.config.add(name=cfg.name, base_path=str(cfg.base_path),
+                                                   model_platform="tensorflow")
+        policy = entry.model_version_policy
+        if cfg.policy.kind == "all":
+            policy.all.SetInParent()
+        elif cfg.policy.kind == "specific":
+            policy.specific.versions.extend(sorted(cfg.policy.versions))
+        else:
+            policy.latest.num_versions = cfg.policy.num_versions
+        for label, version in cfg.labels.items():
+            entry.version_labels[label] = version
+    return proto
+
+
 @dataclass(frozen=True)
 class MonitoringConfig:
     prometheus_enabled: bool = False

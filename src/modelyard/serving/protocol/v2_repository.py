@@ -26,6 +26,11 @@ class Repository:
         self.known: dict = {}  # name -> its last ModelConfig: what load brings back
         self.lock = threading.Lock()  # one change at a time: each reads the served set, then replaces it
 
+    def remember(self, configs: list) -> None:
+        """Every config the server applies (a start, a reload, a peer worker's change) joins the repository."""
+        for config in configs:
+            self.known[config.name] = config
+
     def _served(self) -> dict:
         served = {}
         for name in self.manager.model_names():
