@@ -49,8 +49,13 @@ class V2RestApp:
         return path == "/v2" or path.startswith("/v2/")
 
     def cheap(self, path: str) -> bool:
-        """Health and server metadata need no model: answered on the event loop."""
-        return path in ("/v2", "/v2/health/live", "/v2/health/ready")
+        """Whether to answer on the event loop: health and server metadata (no model), and infer on a
+        model that answers in microseconds (LiteRT, no batching), as TF Serving's REST path does."""
+        if path in ("/v2", "/v2/health/live", "/v2/health/ready"):
+            return True
+        match = _MODEL.fullmatch(path)
+        return match is not None and match.group(3) == "/infer" \
+            and self.service.core.manager.runs_inline(unquote(match.group(1)))
 
     def handle(self, method: str, path: str, body: bytes, header_length: bytes | None = None
                ) -> tuple[int, list, bytes]:

@@ -234,7 +234,7 @@ class HttpProtocol(asyncio.Protocol):
     def _v2(self, request: _Request) -> None:
         app, v2 = self.app, self.app.v2
         if v2.cheap(request.path):
-            self._write(request, v2.handle(request.method, request.path, request.body))
+            self._write(request, v2.handle(request.method, request.path, request.body, request.header_length))
             return
         self.busy = True
         future = app.pool.submit(v2.handle, request.method, request.path, request.body, request.header_length)
