@@ -70,6 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", help="results file or folder (default bench/results/platform_jobs.md)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -103,7 +104,7 @@ def main() -> int:
               "shards to the output prefix. Command: `python3 bench/platform_jobs.py"
               + (f" --rows {args.rows}" if args.rows != 200_000 else "")
               + (f" --rounds {args.rounds}" if args.rounds != 3 else "") + "`."]
-    write_results("platform_jobs", "\n".join(lines))
+    write_results("platform_jobs", "\n".join(lines), args.out)
     return 0
 
 

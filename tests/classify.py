@@ -20,6 +20,7 @@ import functools
 import importlib
 import inspect
 import subprocess
+import sys
 import textwrap
 import types
 from pathlib import Path
@@ -59,8 +60,8 @@ def _starter(chain: list[str], scope: dict) -> str | None:
     head = scope.get(chain[0])
     if isinstance(head, types.ModuleType):
         module, names = head.__name__, chain[1:2]
-    elif callable(head):
-        module, names = getattr(head, "__module__", "") or "", [getattr(head, "__name__", "")]
+    elif head is not None and isinstance(getattr(head, "__name__", None), str):  # a function, or a stand-in
+        module, names = getattr(head, "__module__", "") or "", [head.__name__]
     else:
         return None
     for top, starters in STARTERS.items():
@@ -113,6 +114,26 @@ def _resolve(chain: list[str], scope: dict):
     return obj
 
 
+def _imported(module: str, name: str):
+    """What ``import module`` (``name`` empty) or ``from module import name`` binds, without importing
+    anything heavy: this suite's own modules are imported (to be read further), modules already
+    loaded are used, and any other stands in by its name (``ray``, ``playwright.sync_api``: enough
+    to tell a starter), never loaded for the sake of reading (Ray alone costs seconds)."""
+    if module == "tests" or module.startswith("tests."):
+        try:
+            loaded = importlib.import_module(module)
+            return getattr(loaded, name, None) if name else loaded
+        except ImportError:
+            return None
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return getattr(loaded, name, None) if name else loaded
+    if not name:
+        return types.ModuleType(module)
+    stand_in = types.SimpleNamespace(__module__=module, __name__=name)
+    return stand_in if any(module == top or module.startswith(top + ".") for top in STARTERS) else None
+
+
 @functools.lru_cache(maxsize=None)
 def _starts_process(func) -> str | None:
     """The starter ``func`` reaches (its dotted name), or None; follows this repository's code only."""
@@ -147,10 +168,8 @@ def _starts_process(func) -> str | None:
             if chain[0] == "<import>":  # an import inside the function: bind the name it makes
                 _, bound, module, name = chain
                 chain = [bound]
-                try:
-                    scope[bound] = getattr(importlib.import_module(module), name) if name else \
-                        importlib.import_module(module)
-                except (ImportError, AttributeError):
+                scope[bound] = _imported(module, name)
+                if scope[bound] is None:
                     continue
             starter = _starter(chain, scope)
             if starter:

@@ -41,3 +41,10 @@ def only_an_exception() -> None:
 
 def pure() -> int:
     return sum([1, 2])
+
+
+def imports_a_heavy_starter_lazily() -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright():
+        pass

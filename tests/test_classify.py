@@ -22,6 +22,7 @@ def sample(name: str):
     ("through_a_class", "subprocess.Popen"),
     ("through_a_subclass", "subprocess.Popen"),
     ("lazily_imported", "subprocess.check_output"),
+    ("imports_a_heavy_starter_lazily", "playwright.sync_api.sync_playwright"),
 ])
 def test_a_function_that_reaches_a_starter_is_e2e(name, starter):
     assert classify._starts_process(sample(name)) == starter
