@@ -233,12 +233,27 @@ def test_grpc_infer_matches_tf_serving_predict(grpc, v2_server, raw):
     np.testing.assert_array_equal(probabilities, np.float32(expected["probabilities"]))
 
 
-def test_grpc_multi_io_with_bytes(grpc):
-    a = np.ones((1, 3), np.float32)
-    result = grpc.infer("multi", [_input(tgrpc, "a", a, "FP32"), _input(tgrpc, "b", np.int32([5]), "INT32"),
-                                  _input(tgrpc, "tag", np.array([b"t"], dtype=object), "BYTES")])
-    np.testing.assert_array_equal(result.as_numpy("scaled"), [[5, 5, 5]])
-    assert result.as_numpy("echo").tolist() == [b"t!"] and result.as_numpy("total").tolist() == [15.0]
+def test_grpc_multi_io_matches_tf_serving_grpc_predict(grpc, v2_server):
+    import grpc as grpcio
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from modelyard.model.tensor_proto import from_ndarray, to_ndarray
+
+    inputs = {"a": np.float32([[1, 2, 3], [0.5, -1, 4]]), "b": np.int32([5, -2]),
+              "tag": np.array([b"t", b"u v"], dtype=object)}
+    result = grpc.infer("multi", [_input(tgrpc, "a", inputs["a"], "FP32"), _input(tgrpc, "b", inputs["b"], "INT32"),
+                                  _input(tgrpc, "tag", inputs["tag"], "BYTES")])
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "multi"
+    for alias, value in inputs.items():
+        from_ndarray(value, request.inputs[alias])
+    with grpcio.insecure_channel(v2_server.grpc_target) as channel:
+        expected = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+    for alias in ("scaled", "total", "echo"):
+        want = to_ndarray(expected.outputs[alias], alias)
+        got = result.as_numpy(alias)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), alias
+    assert result.as_numpy("echo").tolist() == [b"t!", b"u v!"] and result.as_numpy("total").tolist() == [30.0, -7.0]
 
 
 @pytest.mark.parametrize("model, tensor, code, words", [
