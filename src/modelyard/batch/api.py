@@ -194,11 +194,9 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))
     except BatchError as exc:
-        job.update(state=jobs.FAILED, error=str(exc), end_time=jobs.utc_now())
-        return job
+        return _failed(job, str(exc))
     except Exception as exc:  # anything else in a chunk or the model load: the job fails and says why
-        job.update(state=jobs.FAILED, error=f"{type(exc).__name__}: {exc}", end_time=jobs.utc_now())
-        return job
+        return _failed(job, f"{type(exc).__name__}: {exc}")
     finally:
         if pool is not None:
             pool.stop()
@@ -213,6 +211,28 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     job.update(state=jobs.SUCCEEDED, completion_stats=stats, end_time=jobs.utc_now(),
                last_run_seconds=round(elapsed, 3), predict_seconds=round(predicted, 3),
                rows_this_run=total - rows_done)
+    return job
+
+
+def _failed(job: jobs.BatchPredictionJob, error: str) -> jobs.BatchPredictionJob:
+    """The job FAILED with ``error`` and the counts of the chunks it committed (a resume keeps them). If
+    its record cannot be written either (the output's disk or inodes full), a BatchError says so in one
+    line; job.json keeps its previous state (written atomically), and the same command resumes."""
+    counts = {"successful_count": 0, "failed_count": 0}
+    try:
+        for ok, err, _name in committed(job.job_dir).values():
+            counts["successful_count"] += ok
+            counts["failed_count"] += err
+    except OSError:
+        pass  # the counts are a report; the error is what matters
+    try:
+        job.update(state=jobs.FAILED, error=error, end_time=jobs.utc_now(),
+                   completion_stats={**counts, "incomplete_count": 0})
+    except OSError as exc:
+        last = (error.strip().splitlines() or [""])[-1]  # one line: a worker's error may hold its traceback
+        raise BatchError(f"{last}; and the job's record could not be updated ({exc.strerror}: "
+                         f"{exc.filename or job.job_dir}): free space or inodes there, then run the same "
+                         "command again to resume") from None
     return job
 
 

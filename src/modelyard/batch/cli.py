@@ -79,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     except BatchError as exc:
         print(f"modelyard batch-predict: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the job's own bookkeeping (.lock, job.json, plan.json) could not be written
+        print(f"modelyard batch-predict: error: cannot write the job's bookkeeping: {exc.strerror}: "
+              f"{exc.filename or ''} (free space or inodes on the output's file system, then run the same "
+              "command again to resume)", file=sys.stderr)
+        return 1
     stats = job.completion_stats
     if job.state != "JOB_STATE_SUCCEEDED":
         print(f"modelyard batch-predict: job {job.job_dir} {job.state}: {job.error}", file=sys.stderr)

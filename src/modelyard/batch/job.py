@@ -11,6 +11,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,8 +188,12 @@ def create_job(output_dir: Path, spec: JobSpec) -> BatchPredictionJob:
             break
         except FileExistsError:
             time.sleep(0.001)
-    write_json(job_dir / JOB_FILE, {"spec": spec.identity(), "state": PENDING, "create_time": utc_now(),
-                                    "completion_stats": {}, "error": None, "runs": 0})
+    try:
+        write_json(job_dir / JOB_FILE, {"spec": spec.identity(), "state": PENDING, "create_time": utc_now(),
+                                        "completion_stats": {}, "error": None, "runs": 0})
+    except OSError:  # no record, no job: a directory without job.json would only confuse the next run
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
     return BatchPredictionJob(job_dir)
 
 
