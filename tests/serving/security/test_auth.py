@@ -31,6 +31,12 @@ REST_CASES = {
     ("GET", "/console"): {READ_TOKEN: 200, ALL_TOKEN: 200, PREDICT_TOKEN: 403, None: 401},
     ("GET", "/console/api/state"): {READ_TOKEN: 200, METRICS_TOKEN: 403, None: 401},
     ("POST", "/console/api/reload"): {ADMIN_TOKEN: 403, READ_TOKEN: 403, PREDICT_TOKEN: 403, None: 401},
+    # the Open Inference Protocol (V2): infer is predict (400: past the check, this body is not V2's),
+    # metadata read, readiness a health check, the repository's load/unload admin
+    ("POST", "/v2/models/default/infer"): {PREDICT_TOKEN: 400, READ_TOKEN: 403, METRICS_TOKEN: 403, None: 401},
+    ("GET", "/v2/models/default"): {READ_TOKEN: 200, PREDICT_TOKEN: 403, None: 401},
+    ("GET", "/v2/health/ready"): {None: 200, PREDICT_TOKEN: 200},
+    ("POST", "/v2/repository/models/default/unload"): {READ_TOKEN: 403, PREDICT_TOKEN: 403, None: 401},
 }
 CONSOLE_READ_ONLY = "the console is read-only"
 
