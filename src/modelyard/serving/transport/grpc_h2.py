@@ -440,7 +440,8 @@ class _Connection(asyncio.Protocol):
                 self._answer(stream, None, Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
                 return
         spec = getattr(request, "model_spec", None)
-        if spec is not None and self.server.runs_inline(spec.name):
+        model = spec.name if spec is not None else getattr(request, "model_name", None)  # V2's ModelInfer
+        if model is not None and self.server.runs_inline(model):
             # Microseconds of model: a thread hop would cost more than the call.
             set_request_timeout(remaining)
             response, code, message = method.call(request)
