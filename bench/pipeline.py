@@ -9,6 +9,15 @@ the median over steps 2..N of the measured idle share, 1 - busy / (K x wall), an
 samples/s, next to the same model trained on one device without stages. Each configuration
 runs in its own process (TensorFlow's devices and thread counts are fixed per process), and
 the configurations take turns over the rounds.
+
+    python3 bench/pipeline.py --schedules   # writes bench/results/pipeline_1f1b.md
+
+PipeDream's 1F1B (asynchronous, weight stashing) and PipeDream-Flush against GPipe on the
+same model and devices at M = 4 and 8: the bubble, samples/s and the stage inputs each stage
+holds between its forward and backward passes (the activation memory: a stage's backward
+pass recomputes its forward pass from them), counted by the pipeline and times their bytes;
+then the demo model's accuracy on digits without a pipeline, with 1F1B and stashing, and
+without stashing.
 """
 from __future__ import annotations
 
@@ -42,7 +51,7 @@ def _model():
     return model
 
 
-def one_run(micro_batches: int) -> dict:
+def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
     """One configuration in this process; M = 0 means one device, no stages."""
     import numpy as np
     import tensorflow as tf
@@ -67,11 +76,105 @@ def one_run(micro_batches: int) -> dict:
             walls.append(time.perf_counter() - start)
         return {"samples_per_sec": BATCH / statistics.median(walls[1:])}
     layers = [layer.name for layer in model.layers]
-    runner = pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches)
+    runner = pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches, schedule=schedule)
     results = [runner.train_step(x, y) for _ in range(STEPS)][1:]  # the first step traces the stages
+    # Bytes of one micro-batch's input to each stage: the data for the first, the first stage's output after.
+    input_bytes = [4 * (BATCH // micro_batches) * WIDTH] * STAGES
     return {"samples_per_sec": BATCH / statistics.median(r.wall for r in results),
             "bubble": statistics.median(r.bubble for r in results),
-            "bubble_theoretical": runner.theoretical_bubble}
+            "bubble_theoretical": runner.theoretical_bubble,
+            "inputs_held": [max(r.stashed_peak[i] for r in results) for i in range(STAGES)],
+            "held_mib": [max(r.stashed_peak[i] for r in results) * input_bytes[i] / 2**20 for i in range(STAGES)],
+            "weight_versions": [max(r.versions_peak[i] for r in results) for i in range(STAGES)],
+            "staleness_max": [max((max(r.staleness[i]) if r.staleness[i] else 0) for r in results)
+                              for i in range(STAGES)]}
+
+
+def accuracy_run() -> dict:
+    """The demo on digits, 4 epochs of batch 64: no pipeline, 1F1B (M = 4) with and without stashing."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras as keras
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * STAGES)
+    from modelyard.training import data as data_mod
+    from modelyard.training import demo, pipeline
+
+    epochs, batch = 4, 64
+    train = data_mod.builtin_dataset_fn({}, "train", batch, 0)(None)
+    x_val, y_val = data_mod.load_arrays({}, "validation")
+    steps = data_mod.count_examples({}, "train") // batch
+    out = {}
+    for name in ("no pipeline", "1f1b, stashing", "1f1b, no stashing", "gpipe"):
+        keras.utils.set_random_seed(1)
+        model = demo.build_model()
+        if name == "no pipeline":
+            model.fit(train, epochs=epochs, steps_per_epoch=steps, verbose=0)
+        else:
+            names = [layer.name for layer in model.layers]
+            runner = pipeline.Pipeline(model, [names[:3], names[3:]], ["CPU:0", "CPU:1"], 4,
+                                       schedule=name.split(",")[0], weight_stashing="no stashing" not in name)
+            pipeline.fit(runner, train, epochs, steps)
+        out[name] = float(np.mean(np.argmax(model.predict(x_val, verbose=0), axis=1) == y_val))
+    return out
+
+
+def schedules_main(rounds: int, out_dir: str) -> None:
+    """PipeDream (1F1B, PipeDream-Flush) against GPipe: bubble, samples/s, activation memory, accuracy."""
+    sys.path.insert(0, str(ROOT))
+    from harness import machine, markdown_table, median, take_turns, write_results
+
+    sides = [f"{schedule}:{m}" for m in (4, 8) for schedule in ("gpipe", "1f1b-flush", "1f1b")]
+
+    def run(side: str, _round: int) -> dict:
+        out = subprocess.run([sys.executable, __file__, "--one-schedule", side], capture_output=True, text=True,
+                             check=True, env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src")))
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    runs = take_turns(sides, rounds, run)
+    rows = []
+    for side in sides:
+        schedule, m = side.split(":")
+        gpipe = runs[f"gpipe:{m}"]
+        rate, base = median(r["samples_per_sec"] for r in runs[side]), median(r["samples_per_sec"] for r in gpipe)
+        held, base_held = runs[side][0]["held_mib"], gpipe[0]["held_mib"]
+        rows.append([f"`{schedule}`", m, f"{median(r['bubble'] for r in runs[side]):.3f}",
+                     f"{runs[side][0]['bubble_theoretical']:.3f}", f"{rate:,.0f}", f"{rate / base:.2f}x",
+                     " / ".join(str(n) for n in runs[side][0]["inputs_held"]),
+                     " / ".join(f"{mib:.1f}" for mib in held),
+                     " / ".join(f"{a / b:.2f}x" for a, b in zip(held, base_held)),
+                     " / ".join(str(n) for n in runs[side][0]["weight_versions"]),
+                     " / ".join(str(n) for n in runs[side][0]["staleness_max"])])
+    accuracy = json.loads(subprocess.run([sys.executable, __file__, "--one-schedule", "accuracy"], capture_output=True,
+                                         text=True, check=True,
+                                         env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src"))).stdout
+                          .strip().splitlines()[-1])
+    plain = accuracy["no pipeline"]
+    text = "\n".join([
+        f"# Pipeline schedules: PipeDream 1F1B and PipeDream-Flush against GPipe, K = {STAGES}",
+        "",
+        f"`python3 bench/pipeline.py --schedules --rounds {rounds}`; {machine()}.",
+        f"Model: 4 x Dense {WIDTH} + Dense 10 (two equal stages on logical CPU:0 / CPU:1, one thread per op), batch "
+        f"{BATCH}; medians over steps 2..{STEPS} and {rounds} round(s), the schedules taking turns. Inputs held: the "
+        "most micro-batch inputs a stage kept at once between their forward and backward passes (counted by the "
+        "pipeline); their MiB is the stage's activation memory between the passes (each backward pass recomputes "
+        "its stage's forward pass from them). Values per stage (stage 0 / stage 1).",
+        "",
+        markdown_table(["schedule", "M", "bubble", "GPipe theory", "samples/s", "vs GPipe", "inputs held",
+                        "held MiB", "held vs GPipe", "weight versions", "max staleness"], rows, "lrrrrrrrrrr"),
+        "",
+        "## Accuracy: the demo on digits (4 epochs, batch 64, M = 4)",
+        "",
+        markdown_table(["training", "validation accuracy", "vs no pipeline (points)"],
+                       [[name, f"{acc:.4f}", f"{100 * (acc - plain):+.1f}"] for name, acc in accuracy.items()]),
+        "",
+        "1F1B applies an update per micro-batch (M times GPipe's updates, each on a quarter of the batch), so its "
+        "accuracy after the same epochs is not GPipe's; PipeDream-Flush makes GPipe's updates exactly "
+        "(tests/training/test_pipedream.py). Each batch ends with the pipeline drained, so 1F1B's bubble here "
+        "includes a fill and a drain per batch, as GPipe's does.",
+    ])
+    write_results("pipeline_1f1b", text, out_dir)
 
 
 def main() -> None:
@@ -79,9 +182,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "results"))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # run one configuration, print JSON
+    parser.add_argument("--schedules", action="store_true", help="1F1B and PipeDream-Flush against GPipe")
+    parser.add_argument("--one-schedule", help=argparse.SUPPRESS)  # "schedule:M" or "accuracy", print JSON
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(one_run(args.one)))
+        return
+    if args.one_schedule:
+        if args.one_schedule == "accuracy":
+            print(json.dumps(accuracy_run()))
+        else:
+            schedule, m = args.one_schedule.split(":")
+            print(json.dumps(one_run(int(m), schedule)))
+        return
+    if args.schedules:
+        schedules_main(args.rounds, args.out)
         return
     configs = (0,) + MICRO_BATCHES
     runs: dict[int, list[dict]] = {m: [] for m in configs}
