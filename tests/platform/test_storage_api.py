@@ -172,8 +172,19 @@ def test_gcsfs_reads_a_model_directory(gcs, tiny_models, tmp_path):
         f.write(b"x" * (12 << 20))
     assert fs.cat(f"{BUCKET}/gcsfs/small") == b"small" and fs.info(f"{BUCKET}/gcsfs/large")["size"] == 12 << 20
     assert fs.cat(f"{BUCKET}/gcsfs/copied") == files[0].read_bytes()
-    fs.rm([f"{BUCKET}/gcsfs/small", f"{BUCKET}/gcsfs/copied", f"{BUCKET}/gcsfs/large"])
+    fs.mv(f"{BUCKET}/gcsfs/small", f"{BUCKET}/gcsfs/moved")  # moveTo: a rename
+    assert fs.cat(f"{BUCKET}/gcsfs/moved") == b"small" and not fs.exists(f"{BUCKET}/gcsfs/small")
+    fs.rm([f"{BUCKET}/gcsfs/moved", f"{BUCKET}/gcsfs/copied", f"{BUCKET}/gcsfs/large"])
     assert fs.find(f"{BUCKET}/gcsfs") == []
+    fs.mkdir("gcsfs-made-bucket")  # buckets: create, refuse to delete while not empty, delete
+    fs.pipe("gcsfs-made-bucket/x", b"x")
+    from gcsfs.retry import HttpError
+
+    with pytest.raises(HttpError, match="not empty"):
+        fs.rmdir("gcsfs-made-bucket")
+    fs.rm("gcsfs-made-bucket/x")
+    fs.rmdir("gcsfs-made-bucket")
+    assert "gcsfs-made-bucket" not in [b.name for b in gcs.list_buckets()]
 
 
 def test_bad_input_gets_googles_error_format(gcs, platform):

@@ -380,6 +380,26 @@ class Store:
             self.db.set_md5(bucket, name, rec.generation, md5)
         return rec
 
+    def move(self, bucket: str, src_name: str, name: str, cond: dict[str, int], src_cond: dict[str, int]) -> Record:
+        """moveTo: the object renamed inside its bucket in one step (the file is renamed, never copied)."""
+        with self.locked():
+            src = self.record(bucket, src_name)
+            check_preconditions(src, src_cond, prefix="ifSource")
+            if src_name.endswith("/") or name.endswith("/"):
+                raise invalid("moveTo moves objects, not folder placeholders.")
+            path = object_path(self.root, bucket, name)
+            old = self._current(bucket, name)
+            check_preconditions(old, cond)
+            src_path = object_path(self.root, bucket, src_name)
+            self._place(src_path, path, bucket, name)
+            st = path.stat()
+            rec = Record(bucket, name, max(time.time_ns() // 1000, (old.generation + 1) if old else 0), 1, st.st_size,
+                         st.st_mtime_ns, st.st_ino, src.crc32c, src.md5, src.created, rfc3339(), src.extra)
+            self.db.delete(bucket, src_name)
+            self.db.put(rec)
+            self._prune_dirs(bucket, src_path.parent)
+            return rec
+
     def compose(self, bucket: str, name: str, sources: list[dict], fields: dict, cond: dict[str, int]) -> Record:
         if not sources or len(sources) > 32:
             raise invalid("A compose request takes 1 to 32 sourceObjects.")

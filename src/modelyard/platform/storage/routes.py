@@ -10,6 +10,7 @@ Paths served (what google-cloud-storage, gcsfs and google-cloud-aiplatform call)
   /storage/v1/b/B/o/O                GET (alt=media: the bytes), PATCH, PUT, DELETE
   /storage/v1/b/B/o/O/compose        POST
   /storage/v1/b/B/o/O/copyTo/b/B2/o/O2, .../rewriteTo/b/B2/o/O2   POST
+  /storage/v1/b/B/o/O/moveTo/o/O2    POST (a rename inside the bucket)
   /upload/storage/v1/b/B/o           POST uploadType=media|multipart|resumable, PUT/DELETE upload_id=...
   /download/storage/v1/b/B/o/O       GET the bytes (Range)
   /batch/storage/v1                  POST multipart/mixed of the calls above (gcsfs deletes this way)
@@ -171,6 +172,14 @@ class StorageRoutes:
                 if len(tail) >= 4 and tail[0] == "b" and tail[2] == "o":
                     return await self.copy(request, verb, bucket, unquote("/".join(obj_parts[:i])),
                                            unquote(tail[1]), unquote("/".join(tail[3:])), query)
+        if method == "POST" and "moveTo" in obj_parts:
+            i = len(obj_parts) - 1 - obj_parts[::-1].index("moveTo")
+            tail = obj_parts[i + 1:]
+            if len(tail) >= 2 and tail[0] == "o":
+                rec = await asyncio.to_thread(self.store.move, bucket, unquote("/".join(obj_parts[:i])),
+                                              unquote("/".join(tail[1:])), _conditions(query),
+                                              _conditions(query, _SOURCE_CONDITIONS))
+                return _json(self.store.resource(rec, self._base_url(request)))
         if method == "POST" and obj_parts[-1] == "compose" and len(obj_parts) > 1:
             return await self.compose(request, bucket, unquote("/".join(obj_parts[:-1])), query)
         name = unquote("/".join(obj_parts))
