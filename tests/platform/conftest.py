@@ -160,6 +160,8 @@ def platform(tmp_path_factory, tiny_models, gcs_emulator):
     # gcs_emulator's client, the platform, its replicas and jobs read through the platform's own port.
     p = start_platform(tmp_path_factory, "platform", _env(),
                        ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}",
+                        # the textbook notebook's bucket (test_textbook_vertex.py runs its cells as written)
+                        "--artifact-root", "gs://my_bucket",
                         "--storage-root", str(gcs_emulator["root"]), *AUTOSCALE_FLAGS])
     try:
         yield p
