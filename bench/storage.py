@@ -184,7 +184,7 @@ def same_tree(a: Path, b: Path) -> bool:
 
 
 NOTES = """Reading the figures: the CPU columns say where the time goes. A download through
-google-cloud-storage costs the client about 1 CPU second per 200 MB because it reads the body 8 KiB at
+google-cloud-storage costs the client 0.6-1 CPU second per 200 MB because it reads the body 8 KiB at
 a time (`_SINGLE_GET_CHUNK_SIZE`), writing and checksumming each piece; the storage process sends the
 file with the kernel's sendfile and spends well under a tenth of that. An upload costs the server about
 as much CPU as the client (receive, write, CRC32C). cp moves the same bytes with a few large kernel
