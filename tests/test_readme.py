@@ -207,7 +207,8 @@ def test_tuning_quick_start_runs_as_written(tmp_path):
 
 def test_batch_and_endpoints_commands_run_as_written(tmp_path):
     """From a project folder holding the Quickstart's models/my_mnist_model: the batch prediction block,
-    then `modelyard platform` (its README line, on a free port) and the CLI block against it."""
+    then `modelyard platform` (its README line, on a free port), the Endpoints section's Python session
+    (Vertex SDK, scikit-learn and registry snippets) and the CLI block against it."""
     import json
     import shutil
 
@@ -231,11 +232,17 @@ def test_batch_and_endpoints_commands_run_as_written(tmp_path):
     args = shlex.split(re.sub(r"\s{2,}#.*$", "", line))[2:]  # after `modelyard platform`
     assert args[:2] == ["--port", "8600"], args
     args = args[2:]  # the port (and the store, beside the project) are the test's own
+    # The platform serves its own storage (this process's STORAGE_EMULATOR_HOST, set by other tests'
+    # storage, must not point it elsewhere); the Python session gets the line the platform prints.
+    env.pop("STORAGE_EMULATOR_HOST", None)
     platform = PlatformProcess(project, env, [*args, "--storage-port", str(free_port())])
     platform.start()
     try:
         log = (project / "platform-1.log").read_text()
-        assert f"accepted only under {project / 'models'}" in log, log
+        assert f"accepted only under {project / 'models'}, gs://my-staging" in log, log
+        export = re.search(r"^\s*export (STORAGE_EMULATOR_HOST)=(\S+)$", log, re.M)  # the line it prints
+        assert export, log
+        _run_platform_python_session(readme, project, platform, dict(env, STORAGE_EMULATOR_HOST=export.group(2)))
         (cli,) = [shell_commands(b) for b in fenced(readme, "bash") if "modelyard endpoints predict" in b]
         cli_env = dict(env, MODELYARD_PLATFORM=platform.url)
         for command in cli:
@@ -244,3 +251,59 @@ def test_batch_and_endpoints_commands_run_as_written(tmp_path):
         assert [max(range(10), key=p.__getitem__) for p in predictions] == [0, 1, 2]
     finally:
         platform.cleanup()
+
+
+# One Python session over the given README blocks, as a user types them: a bare expression's value is
+# kept (as Jupyter shows it), everything else executed; the values are printed as JSON at the end.
+_SESSION = """
+import ast, json, sys
+ns, values = {}, []
+for path in sys.argv[1:]:
+    for stmt in ast.parse(open(path).read()).body:
+        if isinstance(stmt, ast.Expr):
+            values.append(eval(compile(ast.Expression(stmt.value), path, "eval"), ns))
+        else:
+            exec(compile(ast.Module([stmt], []), path, "exec"), ns)
+print(json.dumps(values, default=repr))
+"""
+
+
+def _run_platform_python_session(readme: str, project: Path, platform, env: dict) -> None:
+    """The Endpoints section's Python (the Vertex SDK snippet, the scikit-learn snippet, the registry
+    snippet), in README order, in one session, as written but for the platform's port."""
+    import json
+
+    import joblib
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    markers = ("aiplatform.init(", "upload_scikit_learn_model_file", "ModelRegistry(")
+    blocks = [b for b in python_blocks(readme) if any(m in b for m in markers)]
+    assert [next(m for m in markers if m in b) for b in blocks] == list(markers), blocks
+    assert (project / "models" / "my_mnist_model" / "0002").is_dir()  # the demo has both of the Quickstart's versions
+    paths = []
+    for i, block in enumerate(blocks):
+        assert "localhost:8600" in block or i > 0
+        path = project / f"readme_block_{i}.py"
+        path.write_text(block.replace("http://localhost:8600", platform.url))
+        paths.append(str(path))
+    done = subprocess.run([sys.executable, "-c", _SESSION, *paths], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    values = json.loads(done.stdout.strip().splitlines()[-1])
+    # Vertex snippet: the demo model tells the Quickstart's 0, 1 and 2 apart through the SDK.
+    predictions = next(v for v in values if isinstance(v, list) and v and isinstance(v[0], list))
+    assert [int(np.argmax(p)) for p in predictions] == [0, 1, 2], predictions
+    # scikit-learn snippet: the endpoint answers the estimator's own predict().
+    X_digits, _ = load_digits(return_X_y=True)
+    own = joblib.load(project / "digits.joblib").predict(X_digits[:3]).tolist()
+    assert own in values, (own, values)
+    # Registry snippet: what its comments say happened.
+    model = requests.get(f"{platform.url}/v1/projects/local/locations/us-central1/models/my_mnist", timeout=10).json()
+    assert model["versionId"] == "2" and model["description"] == "digits", model
+    assert set(model["versionAliases"]) == {"default", "champion"}, model
+    versions = requests.get(f"{platform.url}/v1/projects/local/locations/us-central1/models/my_mnist:listVersions",
+                            timeout=10).json()["models"]
+    assert {v["versionId"]: sorted(v.get("versionAliases", [])) for v in versions} == {"1": [], "2": ["champion", "default"]}
+    # The staged copies are in the bucket the snippet made, as files under the platform's storage root.
+    assert any(p.name == "saved_model.pb" for p in (platform.workdir / "state" / "storage" / "my-staging").rglob("*"))
