@@ -27,6 +27,7 @@ class Replica:
     # Since when the replica misses its readiness deadline (None: ready). An unready replica gets no new
     # request; the supervisor re-admits it when it answers again, or replaces it if it stays stuck.
     unready_since: float | None = None
+    unready_served: int = 0  # ``served`` when it was found unready: an answer since then shows it is not stuck
     probing: bool = False
 
     PREDICT_PATH = f"/v1/models/{MODEL}:predict".encode()
@@ -128,11 +129,16 @@ class Routing:
 
     @staticmethod
     def choose_replica(d: Deployed, exclude: set[int] | None = None) -> Replica | None:
-        """The live, ready replica with the fewest in-flight requests (ties: the first)."""
-        best = None
+        """The live, ready replica with the fewest in-flight requests (ties: the first). When every live
+        replica is unready (an overloaded host can make a slow one look stuck), the least busy of them:
+        the gateway's deadline still bounds the wait, and refusing would fail every request."""
+        best = fallback = None
         for r in d.replicas:
-            if r.draining or r.dead or r.unready_since is not None or (exclude and id(r) in exclude):
+            if r.draining or r.dead or (exclude and id(r) in exclude):
                 continue
-            if best is None or r.outstanding < best.outstanding:
+            if r.unready_since is not None:
+                if fallback is None or r.outstanding < fallback.outstanding:
+                    fallback = r
+            elif best is None or r.outstanding < best.outstanding:
                 best = r
-        return best
+        return best or fallback

@@ -193,7 +193,7 @@ class Supervisor:
             replica.dead = True
         elif isinstance(exc, UpstreamTimeout) and replica.unready_since is None:
             log.warning("replica %s did not answer a predict in time; out of routing until it is ready", replica.id)
-            replica.unready_since = time.monotonic()
+            replica.unready_since, replica.unready_served = time.monotonic(), replica.served
 
     # ---- readiness ------------------------------------------------------------------------------
     def _probe_all(self) -> None:
@@ -220,7 +220,7 @@ class Supervisor:
             # No status within the deadline and no predict answered meanwhile either: stuck, or not serving.
             log.warning("replica %s missed its readiness deadline (%.1f s); out of routing", r.id,
                         self.readiness.deadline_s)
-            r.unready_since = time.monotonic()
+            r.unready_since, r.unready_served = time.monotonic(), r.served
 
     async def _replace_stuck(self, r: Replica) -> None:
         """Kill a replica that stayed unready (its requests were retried elsewhere) and forget it; the
@@ -268,6 +268,9 @@ class Supervisor:
                     r.dead = True
                     self.routing.remove_replica(r)
                     self.store.remove_replica(r.id)
+                elif r.unready_since is not None and r.served != r.unready_served:
+                    # It answered predicts meanwhile: slow, not stuck. Not replaced yet; the probe re-admits it.
+                    r.unready_since, r.unready_served = now, r.served
                 elif not r.draining and r.unready_since is not None \
                         and now - r.unready_since >= self.readiness.replace_after_s:
                     log.warning("replica %s of deployed model %s stayed unready for %.0f s; stopping and replacing "
