@@ -17,6 +17,9 @@ from pathlib import Path
 import requests
 
 from modelyard.ports import free_port
+from tests.doc_blocks import fenced, shell_commands
+from tests.doc_blocks import sh as _sh
+from tests.doc_blocks import shell_env as _shell_env
 from tests.serving.server_process import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,40 +135,6 @@ def _run_client_snippets(rest_port: int, grpc_port: int) -> None:
 
 
 # ---- The tuning quick start (docs/tuning.md) and the README's batch and endpoints command blocks ----
-def fenced(text: str, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
-
-
-def shell_commands(block: str) -> list[str]:
-    """The block's command lines, trailing comments (after two spaces) cut off."""
-    lines = [re.sub(r"\s{2,}#.*$", "", line).strip() for line in block.splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
-
-
-def _shell_env(tmp_path: Path, **extra: str) -> dict:
-    """``modelyard`` and ``python3`` on PATH as a user's venv has them: this interpreter's."""
-    import os
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "modelyard").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m modelyard "$@"\n')
-    (bin_dir / "modelyard").chmod(0o755)
-    for name in ("python3", "python"):
-        if not (bin_dir / name).exists():
-            (bin_dir / name).symlink_to(sys.executable)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("MODELYARD_LOG_LEVEL", None)
-    env.update(extra)
-    return env
-
-
-def _sh(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done
-
-
 def test_the_vertex_extra_brings_the_sdk_storage_and_hypertune():
     import tomllib
 

@@ -1,0 +1,65 @@
+"""Fenced blocks of the README and docs/ pages, and running shell lines as a user's venv would.
+
+One reader for every doc test: a fence's language says what the block is. ``bash``/``sh`` blocks
+are commands, ``python`` blocks code, ``yaml``/``json`` file contents, and ``text`` (or another
+language no runner knows, such as ``nginx``) a sample the reader looks at: output, a file tree, a
+usage synopsis. An untyped fence is refused by tests/test_docs.py, so every block says which it is.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str  # the fence's language, "" when untyped
+    body: str
+    line: int  # 1-based line of the opening fence
+
+    def where(self, page: str) -> str:
+        return f"{page}:{self.line} ({self.lang or 'untyped'})"
+
+
+def blocks(text: str) -> list[Block]:
+    """Every fenced block of ``text``, in order."""
+    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in _FENCE.finditer(text)]
+
+
+def fenced(text: str, lang: str) -> list[str]:
+    return [b.body for b in blocks(text) if b.lang == lang]
+
+
+def shell_commands(block: str) -> list[str]:
+    """The block's command lines, trailing comments (after two spaces) cut off."""
+    lines = [re.sub(r"\s{2,}#.*$", "", line).strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def shell_env(tmp_path: Path, **extra: str) -> dict:
+    """``modelyard`` and ``python3`` on PATH as a user's venv has them: this interpreter's."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "modelyard").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m modelyard "$@"\n')
+    (bin_dir / "modelyard").chmod(0o755)
+    for name in ("python3", "python"):
+        if not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("MODELYARD_LOG_LEVEL", None)
+    env.update(extra)
+    return env
+
+
+def sh(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``command`` with bash (-e, pipefail); a failure shows the command and its output."""
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
