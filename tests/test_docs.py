@@ -3,7 +3,9 @@
 A fence's language says what a block is (tests/doc_blocks.py): shell blocks run with bash in a
 temporary directory, a page's Python blocks run in one Python process, YAML and JSON blocks are
 parsed (training configs through modelyard's own config loader), ``text`` and ``nginx`` blocks are
-samples to read. Ports, and paths under the user's home, are the test's own; the rest is verbatim.
+samples to read (docs/security.md's token-file and SSLConfig samples are still read by the parsers the
+server uses). Ports, and paths under the user's home, are the test's own; the rest is verbatim.
+A page's shell blocks run before its Python blocks, which is the pages' own order today.
 Blocks too expensive for CI are listed in NOT_RUN with the reason; they are still checked: bash
 parses them (``bash -n``) and every ``--flag`` they give a ``modelyard`` command is one its parser
 has. Blocks another test runs are listed in RUN_ELSEWHERE.
@@ -139,6 +141,10 @@ def modelyard_calls(block: str) -> list[tuple[str, list[str]]]:
 
 def test_blocks_not_run_parse_and_use_real_flags():
     assert all(reason.strip() for reason in NOT_RUN.values())
+    # The flag lookup can fail: a flag no parser has is caught, and `launch -- CMD` is split in two.
+    assert modelyard_calls("modelyard launch --workers 2 -- modelyard train x.yaml --fresh  # c") == [
+        ("launch", ["--workers"]), ("train", ["--fresh"])]
+    assert not re.search(r"--no-such-flag\b", _help("train"))
     for page in PAGES:
         for b in page_blocks(page):
             if (page, first_line(b)) not in NOT_RUN:
@@ -244,6 +250,17 @@ def test_security_page_token_file_sample_parses():
     parsed = parse_token_file(tokens, "docs/security.md")
     assert sorted(sorted(s) for s in parsed.values()) == [["admin", "metrics", "predict", "read"], ["metrics", "read"],
                                                           ["predict"]]
+
+
+def test_security_page_ssl_config_sample_is_an_ssl_config():
+    """The SSLConfig sample (PEMs elided) parses with the reader --ssl_config_file uses, fields and all."""
+    from modelyard.serving.security.tls import SSLConfigProto
+    from modelyard.serving.textproto import parse_text_proto
+
+    (sample,) = [b.body for b in page_blocks("docs/security.md") if b.body.startswith("server_key:")]
+    proto = parse_text_proto(sample, SSLConfigProto(), "docs/security.md")
+    assert proto.server_key.startswith("-----BEGIN PRIVATE KEY-----\n") and proto.client_verify
+    assert proto.server_cert.endswith("-----END CERTIFICATE-----\n") and proto.custom_ca
 
 
 # ---- docs/training.md: configs through the real loader, my_model.py built, the CLI's help ----
