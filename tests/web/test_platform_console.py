@@ -30,7 +30,9 @@ INK = """(c) => {
   for (let i = 0; i < d.length; i += 4) if (d[i] !== 0xf6 || d[i + 1] !== 0xf7 || d[i + 2] !== 0xfa) n++;
   return n;
 }"""
-EVIL_LABEL = "<i>yard</i>"
+# Labels follow Vertex's rule (lowercase letters, digits, _ and -), so no markup can reach the page
+# through them; the page's escaping is shown with the display name (EVIL).
+EVIL_LABEL = "yard_team-1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -262,6 +262,9 @@ class GcsMount:
         if not refs:
             return
         fs = objstore.filesystem("gs")
+        # The filesystem object is shared and caches listings: objects written since by other clients
+        # (the SDK, another job) must be seen at a job's start.
+        fs.invalidate_cache()
         for bucket, key in refs:
             local = self.root / bucket / key
             (self.root / bucket).mkdir(parents=True, exist_ok=True)
