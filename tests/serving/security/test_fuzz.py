@@ -322,9 +322,10 @@ def test_body_reader_under_coverage_guided_fuzzing(tmp_path):
         (corpus / f"seed-{i}").write_bytes(seed)
     repo = Path(__file__).resolve().parents[3]
     env = {**__import__("os").environ, "PYTHONPATH": f"{repo / 'src'}:{repo}", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # cwd: libFuzzer writes its crash files there, never into the checkout.
     result = subprocess.run([sys.executable, str(Path(__file__).with_name("atheris_body_reader.py")),
                              "-max_total_time=20", "-seed=1", "-rss_limit_mb=4096", "-timeout=10", str(corpus)],
-                            capture_output=True, text=True, timeout=180, env=env)
+                            capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     tail = (result.stdout + result.stderr)[-3000:]
     assert result.returncode == 0, tail
     runs = int(__import__("re").search(r"Done (\d+) runs", tail).group(1))
