@@ -36,6 +36,13 @@ class Replica:
     def id(self) -> str:
         return self.row["id"]
 
+    @property
+    def state(self) -> str:
+        """What an operator is shown: DEAD, DRAINING, UNREADY (missing its readiness deadline: it gets
+        no new request) or SERVING."""
+        return ("DEAD" if self.dead else "DRAINING" if self.draining
+                else "UNREADY" if self.unready_since is not None else "SERVING")
+
     def connections(self) -> Upstream:
         if self.upstream is None:
             self.upstream = Upstream(self.row["host"], self.row["port"])
@@ -126,6 +133,20 @@ class Routing:
         if not ep.shadows:
             return d, []
         return d, [s for s in ep.shadows if s is not d and ep.chooser.coin(s.shadow_percent)]
+
+    def v2_deployed(self, name: str, endpoint_id: str | None, parent: str | None) -> Deployed:
+        """The deployed model a V2 call's ``/v2/models/{name}`` names. At the platform's root, ``name`` is
+        an endpoint id (its split chooses) or a deployed model id; under an endpoint, that endpoint's id
+        (its split) or one of its deployed model ids (pinned, as the pinning header does)."""
+        if endpoint_id is not None:
+            return self.choose_deployed(endpoint_id, parent, None if name == endpoint_id else name)[0]
+        ep = self.endpoints.get(name)
+        if ep is not None:
+            return self.choose_deployed(name, ep.parent, None)[0]
+        d = self.deployed.get(name)
+        if d is None:
+            raise ApiError("NOT_FOUND", f"model '{name}' is neither an endpoint id nor a deployed model id")
+        return d
 
     @staticmethod
     def choose_replica(d: Deployed, exclude: set[int] | None = None) -> Replica | None:

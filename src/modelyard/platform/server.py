@@ -96,8 +96,7 @@ def build_app(p: Platform) -> web.Application:
         out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
                 "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
                 "shadowTrafficPercentage": d.shadow_percent,
-                "state": "DEAD" if r.dead else "DRAINING" if r.draining else
-                "UNREADY" if r.unready_since is not None else "SERVING"}
+                "state": r.state}
                for d in p.routing.deployed.values() for r in d.replicas]
         return _json({"replicas": out})
 

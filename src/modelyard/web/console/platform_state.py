@@ -45,7 +45,7 @@ def _versions(store, model_id: str) -> list[dict]:
 def _replicas(deployed) -> list[dict]:
     if deployed is None:
         return []
-    return [{"id": r.id, "state": "DEAD" if r.dead else "DRAINING" if r.draining else "SERVING",
+    return [{"id": r.id, "state": r.state,
              "inFlight": r.outstanding, "served": r.served} for r in deployed.replicas]
 
 
