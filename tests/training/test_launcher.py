@@ -53,6 +53,24 @@ def test_max_restarts_restarts_the_cluster(tmp_path):
     assert "worker:1 | attempt 1" in result.stdout
 
 
+def test_a_port_taken_before_tf_listens_starts_the_job_again_on_fresh_ports(tmp_path):
+    """TensorFlow's gRPC server could not listen (the port picked free was taken meanwhile): the job starts
+    again on other ports without using one of --max-restarts; any other failure still ends it."""
+    marker = tmp_path / "taken-once"
+    code = ("import json,os,sys,pathlib\n"
+            f"m=pathlib.Path({str(marker)!r})\n"
+            "print('port', json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][0])\n"
+            "if os.environ['MODELYARD_TASK']=='worker:0' and not m.exists():\n"
+            "    m.touch(); print('UnknownError: Could not start gRPC server'); sys.exit(1)\n"
+            "print('attempt', os.environ['MODELYARD_ATTEMPT'])")
+    result = run(["launch", "--workers", "2", "--", PY, "-c", code])
+    assert result.returncode == 0, result.stderr
+    assert "starting the job again on fresh ports" in result.stdout
+    assert "worker:1 | attempt 0" in result.stdout  # not counted as a restart
+    ports = [line.split()[-1] for line in result.stdout.splitlines() if line.startswith("worker:0 | port ")]
+    assert len(ports) == 2 and ports[0] != ports[1], result.stdout
+
+
 def test_ps_and_workers_stop_when_the_chief_is_done():
     code = ("import os,time\n"
             "t=os.environ['MODELYARD_TASK']\n"

@@ -190,6 +190,10 @@ class Supervisor:
 
 # How often one worker of a parameter-server job is restarted in place before the job gives up.
 WORKER_RESTARTS = 3
+# How often a job on this machine is started again on fresh ports when a task could not listen on
+# its port (TensorFlow's gRPC server says _PORT_TAKEN): the port was picked free, then taken.
+PORT_RETRIES = 3
+_PORT_TAKEN = "Could not start gRPC server"
 
 # Set by SIGINT/SIGTERM. The handler only sets it: an exception raised from a signal handler can
 # land inside Popen.poll() and leave its waitpid lock held, after which every wait() on that
@@ -271,7 +275,7 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
         raise LaunchError("no command: put it after --, e.g. modelyard launch --workers 2 -- modelyard train job.yaml")
     _preflight(command, spec)
 
-    attempt = 0
+    attempt = port_retries = 0
     while True:
         supervisor = Supervisor(spec, all_tasks, command, grace=grace, out=out, attempt=attempt)
         interrupted = False
@@ -292,6 +296,14 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
             print(f"modelyard launch: job finished ({len(all_tasks)} task(s))", file=out, flush=True)
             return 0
         print(f"modelyard launch: {why}", file=sys.stderr, flush=True)
+        if not fixed_spec and _PORT_TAKEN in why and port_retries < PORT_RETRIES:
+            # Another process took a port between our pick and TF's bind (tens of seconds on a busy
+            # machine): not the job's fault, so it starts again on fresh ports without using a restart.
+            port_retries += 1
+            print("modelyard launch: a task's port was taken before it could listen; starting the job again on "
+                  "fresh ports", file=out, flush=True)
+            spec = cluster_mod.local_spec(workers, ps, chief)
+            continue
         if attempt >= max_restarts:
             hint = "" if max_restarts else "; rerun with --max-restarts K to restart from the last checkpoint"
             print(f"modelyard launch: job failed{hint}", file=sys.stderr, flush=True)
