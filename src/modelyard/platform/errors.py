@@ -2,7 +2,8 @@
 
 Every failure a client can cause is raised as ``ApiError(status, message)``; the server turns it
 into ``{"error": {"code": <http>, "message": ..., "status": "NOT_FOUND"}}`` in one place
-(``to_body``), so the REST API, the gateway and the CLI all agree.
+(``to_body``), so the REST API, the gateway and the CLI all agree; the gateway's Open Inference
+Protocol routes answer the same error as V2's ``{"error": "..."}`` (``to_v2_body``), same HTTP status.
 """
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class ApiError(Exception):
     def to_body(self) -> dict:
         """Google's REST error body: ``code`` is the HTTP status, as Google's JSON APIs send it."""
         return {"error": {"code": self.http_status, "message": self.message, "status": self.status}}
+
+    def to_v2_body(self) -> dict:
+        """The Open Inference Protocol's (KServe V2) error body, for the gateway's /v2 routes: same status."""
+        return {"error": self.message}
 
     def to_rpc_status(self) -> dict:
         """A ``google.rpc.Status`` (numeric code) for an Operation's ``error`` field."""

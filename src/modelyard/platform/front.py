@@ -1,6 +1,7 @@
 """The platform's public HTTP server: a lean httptools/asyncio front that answers endpoint
-``:predict`` / ``:rawPredict`` itself (through the gateway) and passes every other request, as
-received, to the API app (aiohttp) listening on a private local port.
+``:predict`` / ``:rawPredict`` and the Open Inference Protocol's ``/v2`` calls (at the root and under
+an endpoint) itself, through the gateway, and passes every other request, as received, to the API
+app (aiohttp) listening on a private local port.
 
 Predicts are the hot path, so they skip the web framework entirely; the API app keeps the
 framework's conveniences for the rest, where a request's cost does not matter.
@@ -15,7 +16,7 @@ import re
 import httptools
 import orjson
 
-from modelyard.platform import fields
+from modelyard.platform import fields, v2_paths
 from modelyard.platform.errors import ApiError
 from modelyard.platform.upstream import Upstream
 
@@ -152,29 +153,29 @@ class Front:
         self.api = Upstream(api_host, api_port)
 
     def body_limit(self, url: bytes) -> int:
-        """Predict bodies keep the serving limit; every other request is a control-plane one."""
-        return fields.PREDICT_MAX_BYTES if _PREDICT.match(url) else self.p.config.max_request_bytes
+        """Predict bodies (V2 infers too) keep the serving limit; every other request is a control-plane one."""
+        if _PREDICT.match(url) or (b"/v2" in url and v2_paths.parse(url, b"POST") is not None):
+            return fields.PREDICT_MAX_BYTES
+        return self.p.config.max_request_bytes
 
     async def handle(self, r: _Request):
+        v2 = v2_paths.parse(r.url, r.method) if b"/v2" in r.url else None
         if r.refused is not None:
-            return r.refused.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(r.refused.to_body())
+            body = r.refused.to_v2_body() if v2 is not None else r.refused.to_body()
+            return r.refused.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(body)
+        if v2 is not None:
+            return await self._v2(r, v2)
         m = _PREDICT.match(r.url) if r.method == b"POST" else None
         if m is None:
             return await self._pass(r)
         try:
             project, location, endpoint_id, verb = (g.decode() for g in m.groups()[:4])
-            pinned = token = None
-            for name, value in r.headers:
-                lname = name.lower()
-                if lname == b"x-modelyard-deployed-model-id":
-                    pinned = value.decode()
-                elif lname == b"authorization":
-                    token = value
+            pinned, token, header_length = self._predict_headers(r)
             if self.p.config.auth_predict:
                 self._check_token(token)
             status, body, extra = await self.p.gateway.predict(
                 endpoint_id, f"projects/{project}/locations/{location}", b"".join(r.body), pinned,
-                verb == "rawPredict")
+                verb == "rawPredict", header_length)
             headers = [(b"Content-Type", b"application/json")] + [(k.encode(), v.encode()) for k, v in extra.items()]
             return status, headers, body
         except ApiError as exc:
@@ -183,6 +184,35 @@ class Front:
             log.exception("predict %s failed", r.url)
             err = ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
             return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_body())
+
+    @staticmethod
+    def _predict_headers(r: _Request) -> tuple[str | None, bytes | None, bytes | None]:
+        """(pinned deployed model id, Authorization, V2's Inference-Header-Content-Length) of a predict."""
+        pinned = token = header_length = None
+        for name, value in r.headers:
+            lname = name.lower()
+            if lname == b"x-modelyard-deployed-model-id":
+                pinned = value.decode()
+            elif lname == b"authorization":
+                token = value
+            elif lname == b"inference-header-content-length":
+                header_length = value
+        return pinned, token, header_length
+
+    async def _v2(self, r: _Request, call: v2_paths.V2Call):
+        """An Open Inference Protocol call: the gateway's answer, or its error in V2's ``{"error": ...}``."""
+        try:
+            _, token, header_length = self._predict_headers(r)
+            if self.p.config.auth_predict and call.kind not in (v2_paths.LIVE, v2_paths.READY):
+                self._check_token(token)
+            status, headers, body = await self.p.gateway.v2(call, b"".join(r.body), header_length)
+            return status, headers, body
+        except ApiError as exc:
+            return exc.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(exc.to_v2_body())
+        except Exception as exc:  # a bug: answered in V2's format; the platform keeps serving
+            log.exception("V2 %s failed", r.url)
+            err = ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+            return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_v2_body())
 
     def _check_token(self, given: bytes | None) -> None:
         token = self.p.config.auth_token
