@@ -90,6 +90,28 @@ def sites(demo_base, tmp_path_factory) -> dict[str, Path]:
     }
 
 
+RGB_LABELS = ["red", "green", "blue", "dark", "light"]
+
+
+@pytest.fixture(scope="session")
+def rgb_site(tmp_path_factory) -> Path:
+    """A small RGB classifier (32x32x3 in 0..1, five named classes) as a site: --scale and --labels."""
+    import keras
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("rgb")
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((32, 32, 3), name="photo")
+    x = keras.layers.Conv2D(4, 3, strides=2, activation="relu")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(5, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+    model.predict(np.zeros((1, 32, 32, 3), np.float32), verbose=0)
+    model.save(root / "colours.keras")
+    (root / "labels.txt").write_text("\n".join(RGB_LABELS) + "\n")
+    return _convert(root / "colours.keras", root / "site", "--scale", "1", "--labels", str(root / "labels.txt"))
+
+
 class WebProcess:
     """``modelyard web SITE --port 0`` as a real process; the URL is read from its first line."""
 
@@ -194,10 +216,12 @@ def screenshot_dir(tmp_path_factory) -> Path:
 
 
 def shoot(page, tmp_path_factory, name: str) -> Path:
-    path = screenshot_dir(tmp_path_factory) / f"{name}.png"
+    """A full-page screenshot in CSS pixels (a phone's 3x device pixels would triple each side), as
+    a JPEG: looked at by eye once, kept small."""
+    path = screenshot_dir(tmp_path_factory) / f"{name}.jpg"
     path.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 1000
+    page.screenshot(path=str(path), full_page=True, type="jpeg", quality=70, scale="css")
+    assert 1000 < path.stat().st_size < 300_000
     return path
 
 

@@ -1,5 +1,5 @@
 """`modelyard convert --to web` says how big the site it wrote is (issue 27, point 9: it printed the
-model's size, 339172 bytes, for a folder of about 25 MB)."""
+model's size, 339172 bytes, for a folder of about 25 MB) and what is in it (issue 32)."""
 from __future__ import annotations
 
 import re
@@ -20,3 +20,10 @@ def test_the_site_size_printed_is_the_folders(demo_base, tmp_path, capsys):
     assert int(match.group(3)) == len(files)
     assert int(match.group(4).replace(",", "")) == (site / "model.tflite").stat().st_size
     assert sum(p.stat().st_size for p in files) > 10 * (site / "model.tflite").stat().st_size  # the runtime dominates
+    # what is in it: each part's bytes add up to the folder, and a first visit's transfer (gzip)
+    parts = re.findall(r"^  (.+?)\s{2,}([\d,]+) bytes\s+(\d+) files$", err, re.M)
+    assert {name for name, _, _ in parts} >= {"model", "LiteRT.js JS", "app: manifest, icons, service worker"}, err
+    assert sum(int(size.replace(",", "")) for _, size, _ in parts) == sum(p.stat().st_size for p in files)
+    assert sum(int(n) for _, _, n in parts) == len(files)
+    visit = re.search(r"a first visit transfers about ([\d,]+) bytes \(gzip\)", err)
+    assert visit and 1_000_000 < int(visit.group(1).replace(",", "")) <= 4_000_000, err

@@ -10,11 +10,12 @@ from modelyard.cli import main
 from modelyard.model.tflite import ConvertError
 
 
-def test_to_web_needs_an_output_folder(demo_base, capsys):
-    assert main(["convert", str(demo_base), "--to", "web"]) == 2
+def test_to_web_needs_an_output_folder(tmp_path, capsys):
+    assert main(["convert", str(tmp_path), "--to", "web"]) == 2  # refused before the model is read
     assert "--to web writes a folder: give -o SITE_DIR" in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # loads TensorFlow, which asks `uname -p` for the processor on first import
 def test_missing_npm_says_how_to_get_it(demo_base, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "empty-cache"))  # no runtime cached
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # and no npm
@@ -26,6 +27,7 @@ def test_missing_npm_says_how_to_get_it(demo_base, tmp_path, monkeypatch, capsys
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".site")]
 
 
+@pytest.mark.e2e  # loads TensorFlow, which asks `uname -p` for the processor on first import
 def test_a_model_the_page_cannot_feed_is_refused():
     import tensorflow as tf
 
@@ -36,8 +38,43 @@ def test_a_model_the_page_cannot_feed_is_refused():
         return x * 2.0
 
     content = tf.lite.TFLiteConverter.from_concrete_functions([double.get_concrete_function()], double).convert()
-    with pytest.raises(ConvertError, match=r"one \[1, 28, 28\] or \[1, 28, 28, 1\] input"):
+    with pytest.raises(ConvertError, match=r"one \[1, H, W\] \(grey\), \[1, H, W, 1\] or \[1, H, W, 3\] input, not \[1, 4\]"):
         describe(content)
+
+
+GREY = {"name": "x", "shape": [1, 28, 28], "dtype": "float32", "scale": 0.0, "zero_point": 0}
+TEN = [{"name": "y", "shape": [1, 10], "dtype": "float32", "scale": 0.0, "zero_point": 0}]
+
+
+def test_preprocessing_flags_are_checked(tmp_path):
+    """--channels, --scale, --resize and --labels that cannot fit the model are refused with the reason."""
+    from modelyard.web.preprocess import PreprocessFlags, preprocessing
+
+    with pytest.raises(ConvertError, match="--channels 3: the model takes a grey image"):
+        preprocessing(GREY, TEN, PreprocessFlags(channels=3))
+    for bad in ("white", "1,1", "0,1,2"):
+        with pytest.raises(ConvertError, match=f"--scale '{bad}'"):
+            preprocessing(GREY, TEN, PreprocessFlags(scale=bad))
+    with pytest.raises(ConvertError, match="--resize 'zoom'"):
+        preprocessing(GREY, TEN, PreprocessFlags(resize="zoom"))
+    (tmp_path / "three.txt").write_text("a\nb\n\nc\n")
+    with pytest.raises(ConvertError, match="has 3 names; the model's output has 10 classes"):
+        preprocessing(GREY, TEN, PreprocessFlags(labels=tmp_path / "three.txt"))
+    with pytest.raises(ConvertError, match="--labels .*missing.txt: No such file"):
+        preprocessing(GREY, TEN, PreprocessFlags(labels=tmp_path / "missing.txt"))
+    rgb = {**GREY, "shape": [1, 224, 224, 3], "dtype": "uint8", "scale": 0.5, "zero_point": 3}
+    got = preprocessing(rgb, TEN, PreprocessFlags(channels=1, scale="-1,1", invert=True, resize="pad"))
+    assert got["draw"] is False and got["labels"] is None
+    assert got["preprocess"] == {"height": 224, "width": 224, "channels": 3, "channel_axis": True, "grey": True,
+                                 "fit": "pad", "range": [-1.0, 1.0], "invert": True, "dtype": "uint8",
+                                 "quant_scale": 0.5, "quant_zero_point": 3}
+    assert preprocessing(GREY, TEN, PreprocessFlags(scale="1"))["preprocess"]["range"] == [0.0, 1.0]
+    assert preprocessing(GREY, TEN, PreprocessFlags())["draw"] is True
+
+
+def test_web_flags_need_to_web(tmp_path, capsys):
+    assert main(["convert", str(tmp_path), "-o", "x.tflite", "--labels", "labels.txt"]) == 2
+    assert "--labels are for --to web" in capsys.readouterr().err
 
 
 def test_web_on_a_folder_without_a_site(tmp_path):

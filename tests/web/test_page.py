@@ -125,8 +125,7 @@ def test_a_blank_pad_shows_no_class(drawing_page):
         wait_idle(page)
         assert page.locator("#top").get_attribute("data-cls") is None
         assert page.text_content("#top").startswith("–")
-        assert page.locator(".bar.top").count() == 0
-        assert set(page.locator(".bar .value").all_text_contents()) == {"–"}
+        assert page.locator(".bar").count() == 0  # no bars either
         draw(page, SHAPES[1])
         assert page.locator("#top").get_attribute("data-cls") == "1"
 
@@ -143,7 +142,7 @@ def test_toggle_compares_with_modelyard_serve(browser, site_urls, demo_server, t
     np.testing.assert_allclose(last["server"]["values"], direct.json()["predictions"][0], atol=1e-6)
     np.testing.assert_allclose(last["page"]["values"], last["server"]["values"], atol=1e-5)
     assert page.text_content("#server-ms").endswith(" ms") and page.text_content("#page-ms").endswith(" ms")
-    assert page.locator(".fill.server").count() == 10
+    assert page.locator(".fill.server").count() == 5  # the top five, both sides
     shoot(page, tmp_path_factory, "digits-desktop")
     page.context.close()
 

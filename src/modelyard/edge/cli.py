@@ -50,6 +50,15 @@ def register(subparsers) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="the report as JSON: alone, printed instead of the table; with FILE, written there too")
     p.add_argument("--no-report", action="store_true", help="skip measuring (faster)")
+    web = p.add_argument_group("the web page's preprocessing (--to web; read from the model's input when not given)")
+    web.add_argument("--resize", choices=("crop", "pad", "stretch"), default=None,
+                     help="how a picture of another aspect becomes the input's HxW (default crop: the centre)")
+    web.add_argument("--channels", type=int, choices=(1, 3), default=None,
+                     help="1: feed grey (also to an RGB model); default: the input's channels")
+    web.add_argument("--scale", metavar="HI|LO,HI", default=None,
+                     help="the model's value for a black and a white pixel (default 0,255: raw pixels; 1 for 0..1, -1,1)")
+    web.add_argument("--invert", action="store_true", help="dark-on-light pictures (a digit on paper) fed light-on-dark")
+    web.add_argument("--labels", metavar="labels.txt", default=None, help="class names, one a line, shown instead of indexes")
     p.set_defaults(func=run)
 
 
@@ -77,12 +86,16 @@ def _write(content: bytes, args) -> Path:
 
     if args.to == "web":
         from modelyard.edge.fixed_shape import fix_batch_size
+        from modelyard.web.preprocess import PreprocessFlags
         from modelyard.web.site import write_site
+
+        flags = PreprocessFlags(args.resize, args.channels, args.scale, args.invert,
+                                Path(args.labels) if args.labels else None)
 
         name = Path(args.src.rpartition(":")[0] if args.src.rpartition(":")[2].isdigit() else args.src)
         name = name.parent if name.name.isdigit() else name  # a version dir: its model's name
         return write_site(fix_batch_size(content), Path(args.output), quantize="qat-int8" if args.qat else args.quantize,
-                          source=args.src, model_name=name.stem, log=lambda m: print(m, file=sys.stderr))
+                          source=args.src, model_name=name.stem, flags=flags, log=lambda m: print(m, file=sys.stderr))
     if args.into:
         return write_tflite_version(content, Path(args.into))
     return write_tflite_file(content, Path(args.output))
@@ -98,6 +111,8 @@ def run(args) -> int:
         usage = "--compare only measures: it takes no -o, --into or --qat"
     elif args.qat and args.quantize not in ("none", "int8"):
         usage = "--qat always ends in int8; drop --quantize"
+    elif args.to != "web" and (args.resize or args.channels or args.scale or args.invert or args.labels):
+        usage = "--resize, --channels, --scale, --invert and --labels are for --to web"
     if usage:
         print(f"modelyard convert: error: {usage}", file=sys.stderr)
         return 2
@@ -142,6 +157,10 @@ def run(args) -> int:
     if report is not None:
         _print_reports([report], args.json)
     print(f"wrote {target} ({_written_size(target)})", file=sys.stderr)
+    if args.to == "web":
+        from modelyard.web.site import summary
+
+        print(summary(target), file=sys.stderr)
     return 0
 
 

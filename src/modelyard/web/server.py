@@ -4,7 +4,9 @@
 - cross-origin isolation (COOP/COEP), which threaded wasm builds require;
 - gzip for every text and wasm file when the client accepts it (a 9.4 MB wasm build
   travels as ~2.8 MB): a ``FILE.gz`` written beside it at convert time when there is
-  one, else compressed once per file version and kept in memory.
+  one, else compressed once per file version and kept in memory;
+- an ETag per file version, so a revalidation (``Cache-Control: no-cache``) of an unchanged
+  file is a bodiless 304; the manifest as ``application/manifest+json``.
 
 Only files inside the site folder are served; the browser asks for the one wasm build
 it runs, so that is the only one transferred.
@@ -26,8 +28,9 @@ CONTENT_TYPES = {
     ".wasm": "application/wasm",
     ".tflite": "application/octet-stream",
     ".png": "image/png",
+    ".webmanifest": "application/manifest+json",
 }
-COMPRESSIBLE = {".html", ".js", ".css", ".json", ".wasm", ".tflite"}
+COMPRESSIBLE = {".html", ".js", ".css", ".json", ".wasm", ".tflite", ".webmanifest"}
 ISOLATION_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Embedder-Policy": "require-corp",
@@ -111,21 +114,31 @@ class _Handler(BaseHTTPRequestHandler):
             return
         stat = target.stat()
         gzipped = target.suffix in COMPRESSIBLE and "gzip" in self.headers.get("Accept-Encoding", "")
+        etag = f'W/"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+        if etag in [t.strip() for t in self.headers.get("If-None-Match", "").split(",")]:
+            self.send_response(HTTPStatus.NOT_MODIFIED)
+            self._common_headers(etag)
+            self.end_headers()
+            return
         body = self.server.gzip_cache.get(target, stat) if gzipped else target.read_bytes()
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", CONTENT_TYPES.get(target.suffix, "application/octet-stream"))
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Vary", "Accept-Encoding")
         if gzipped:
             self.send_header("Content-Encoding", "gzip")
-        for name, value in ISOLATION_HEADERS.items():
-            self.send_header(name, value)
+        self._common_headers(etag)
         self.end_headers()
         if not head_only:
             self.wfile.write(body)
             with self.server.count_lock:
                 self.server.bytes_sent += len(body)
+
+    def _common_headers(self, etag: str) -> None:
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Vary", "Accept-Encoding")
+        self.send_header("ETag", etag)
+        for name, value in ISOLATION_HEADERS.items():
+            self.send_header(name, value)
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         self._send(head_only=False)
