@@ -6,6 +6,7 @@ replicas side by side got one port for both, and the second replica died with EA
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -37,3 +38,28 @@ def test_a_port_handed_out_is_free_for_the_child():
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
             s.listen(1)
+
+
+def test_a_port_slice_hands_out_only_ports_of_its_residue(monkeypatch):
+    # MODELYARD_PORT_SLICE=K/N (set per pytest-xdist worker): two workers never pick the same port.
+    monkeypatch.setenv("MODELYARD_PORT_SLICE", "1/2")
+    odd = free_ports(50)
+    monkeypatch.setenv("MODELYARD_PORT_SLICE", "0/2")
+    even = free_ports(50)
+    assert all(p % 2 == 1 for p in odd) and all(p % 2 == 0 for p in even)
+    assert len(set(odd) | set(even)) == 100
+
+
+def test_a_slice_of_odd_ports_is_handed_out_at_once_and_holds_no_socket(monkeypatch):
+    # bind(0) gives even ports first on Linux: a slice must not wait for them to run out (it once held
+    # 6000 sockets for minutes, and no process of the machine could bind a port another had picked).
+    import time
+
+    monkeypatch.setenv("MODELYARD_PORT_SLICE", "1/2")
+    before = len(os.listdir("/proc/self/fd"))
+    start = time.monotonic()
+    ports = free_ports(200)
+    assert time.monotonic() - start < 10 and len(set(ports)) == 200 and all(p % 2 == 1 for p in ports)
+    assert len(os.listdir("/proc/self/fd")) == before
+    with socket.socket() as s:  # and another process's bind gets it: nothing holds it
+        s.bind(("127.0.0.1", ports[-1]))

@@ -10,10 +10,17 @@ So this process remembers every port it handed out for ``HOLD_S`` seconds and ne
 twice in that window. Other processes (their own bind-to-0 picks, any outgoing connection) can
 still take a port before the child binds it; the child then exits with ``PORT_TAKEN_EXIT``, and
 whoever started it starts it again on new ports.
+
+Processes that pick ports side by side without knowing of each other (the test suite's parallel
+workers and everything each of them starts) can each be given a slice of the port numbers:
+``MODELYARD_PORT_SLICE=K/N`` makes this module hand out only ports whose number is K modulo N,
+so two such processes (and their children, which inherit the variable) never pick the same one.
 """
 from __future__ import annotations
 
 import errno
+import os
+import random
 import socket
 import threading
 import time
@@ -25,29 +32,74 @@ _lock = threading.Lock()
 _given: dict[tuple[str, int], float] = {}  # (host, port) -> when it was handed out
 
 
+def _slice() -> tuple[int, int]:
+    """(K, N) from ``MODELYARD_PORT_SLICE=K/N``: only ports equal to K modulo N are ours; (0, 1) without it."""
+    value = os.environ.get("MODELYARD_PORT_SLICE", "")
+    try:
+        k, n = (int(part) for part in value.split("/"))
+    except ValueError:
+        return 0, 1
+    return (k % n, n) if n > 0 else (0, 1)
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports free on ``host`` now and not handed out by this process lately."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    held: list[socket.socket] = []  # all stay bound until every port is chosen
+    k, n = _slice()
+    with _lock:
+        now = time.monotonic()
+        for key in [key for key, t in _given.items() if now - t > HOLD_S]:
+            del _given[key]
+        ports = _kernel_picks(family, host, count) if n == 1 else _slice_picks(family, host, count, k, n)
+        for port in ports:
+            _given[(host, port)] = now
+        return ports
+
+
+def _kernel_picks(family: int, host: str, count: int) -> list[int]:
+    """Ports the kernel picks (bind to port 0); those this process handed out lately are skipped."""
+    held: list[socket.socket] = []  # all stay bound until every port is chosen, so none is offered twice
     try:
-        with _lock:
-            now = time.monotonic()
-            for key in [k for k, t in _given.items() if now - t > HOLD_S]:
-                del _given[key]
-            ports: list[int] = []
-            while len(ports) < count:
-                sock = socket.socket(family, socket.SOCK_STREAM)
-                held.append(sock)
-                sock.bind((host, 0))
-                port = sock.getsockname()[1]
-                if (host, port) not in _given:  # else keep it bound (so it is not offered again) and go on
-                    ports.append(port)
-            for port in ports:
-                _given[(host, port)] = now
-            return ports
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if (host, port) not in _given:
+                ports.append(port)
+        return ports
     finally:
         for sock in held:
             sock.close()
+
+
+# A slice's ports are drawn from below the kernel's ephemeral range (32768-60999 by default), so no
+# outgoing connection of any process takes one meanwhile, and above Ray's worker ports (10002-19999).
+SLICE_RANGE = (20000, 32767)
+_SLICE_TRIES = 2000
+
+
+def _slice_picks(family: int, host: str, count: int, k: int, n: int) -> list[int]:
+    """Free ports equal to ``k`` modulo ``n``, drawn at random from ``SLICE_RANGE`` and checked by a bind.
+    Never bind(0) here: Linux hands bind(0) even ports first, so a slice of odd ones would wait (and hold
+    sockets) until every even port of the machine was taken."""
+    lo, hi = SLICE_RANGE
+    candidates = range(lo + (k - lo) % n, hi + 1, n)
+    ports: list[int] = []
+    for port in random.sample(candidates, min(len(candidates), _SLICE_TRIES)):
+        if (host, port) in _given or port in ports:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise OSError(errno.EADDRINUSE, f"no {count} free ports equal to {k} modulo {n} in {lo}-{hi} "
+                                    f"(MODELYARD_PORT_SLICE={k}/{n})")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
