@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.ports import free_port
+from modelyard.ports import PORT_TAKEN_EXIT, free_port
 
 REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 PARENT = "projects/local/locations/us-central1"
@@ -112,14 +112,26 @@ class PlatformProcess:
         self.starts = 0
 
     def start(self) -> None:
-        self.starts += 1
-        log = self.workdir / f"platform-{self.starts}.log"
-        store = [] if "--store" in self.extra_args else ["--store", str(self.workdir / "platform.db")]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), *store,
-             "--state-dir", str(self.workdir / "state"), "--storage-port", str(self.storage_port), *self.extra_args],
-            env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
-        wait_http(self.url + "/healthz", 60, self.proc, log)
+        for attempt in range(3):
+            self.starts += 1
+            log = self.workdir / f"platform-{self.starts}.log"
+            store = [] if "--store" in self.extra_args else ["--store", str(self.workdir / "platform.db")]
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "modelyard.platform", "--port", str(self.port), *store,
+                 "--state-dir", str(self.workdir / "state"), "--storage-port", str(self.storage_port),
+                 *self.extra_args],
+                env=self.env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir)
+            try:
+                wait_http(self.url + "/healthz", 60, self.proc, log)
+                return
+            except RuntimeError:
+                # Its port or its storage's was taken between our pick and its bind (an outgoing connection
+                # of any process on the machine can take it): it exits PORT_TAKEN_EXIT; pick again.
+                if self.proc.poll() != PORT_TAKEN_EXIT or attempt == 2:
+                    raise
+                self.port, self.storage_port = free_port(), free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+                self.storage_url = f"http://127.0.0.1:{self.storage_port}"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -41,6 +41,18 @@ def test_names_descriptions_labels_and_unknown_fields_are_refused_as_vertex_does
     refused("POST", "hyperparameterTuningJobs", {"displayName": "t", "x": 1}, 'Unknown name "x"')
     refused("POST", "trainingPipelines", {"displayName": "t", "modelToUpload": {"displayName": "m", "bogus": 1}},
             'Unknown name "bogus" at \'model_to_upload\'')
+    # Deep inside, lists of messages included: a misspelt field never runs silently as a default.
+    pool = {"replicaCount": "1", "containerSpec": {"imageUri": "x", "command": ["true"], "comand": ["x"]}}
+    refused("POST", "customJobs", {"displayName": "j", "jobSpec": {"workerPoolSpecs": [pool]}},
+            'Unknown name "comand" at \'job_spec.worker_pool_specs[0].container_spec\'')
+    refused("POST", "customJobs", {"displayName": "j", "jobSpec": {"workerPoolSpecs": [
+        {"replicaCount": "1", "machineSpec": {"machineType": "n1", "gpus": 1}}]}},
+        'Unknown name "gpus" at \'job_spec.worker_pool_specs[0].machine_spec\'')
+    refused("POST", "batchPredictionJobs", {"displayName": "b", "outputConfig": {"gcsDestination": {
+        "outputUriPrefix": "gs://b/o", "prefix": "x"}}}, 'Unknown name "prefix" at \'output_config.gcs_destination\'')
+    refused("POST", "hyperparameterTuningJobs", {"displayName": "t", "studySpec": {"parameters": [
+        {"parameterId": "lr", "doubleValueSpec": {"minValue": 0.1, "maxValue": 1, "step": 1}}]}},
+        'Unknown name "step" at \'study_spec.parameters[0].double_value_spec\'')
     # Descriptions and labels within their limits.
     refused("POST", "endpoints", {"displayName": "e", "description": "d" * 8193}, "description")
     refused("POST", "endpoints", {"displayName": "e", "labels": {"k": "v" * 65}}, "label")
@@ -68,6 +80,24 @@ def test_names_descriptions_labels_and_unknown_fields_are_refused_as_vertex_does
     finally:
         api.wait(api.ok("DELETE", f"models/{model}"))
     assert (api.ok("GET", "models"), api.ok("GET", "endpoints")) == (before_models, before_endpoints)
+
+
+def test_the_known_fields_are_the_sdks_own():
+    """The table every check reads (``vertex_messages``) holds exactly the fields of the installed
+    google-cloud-aiplatform's v1 protos: a field Vertex added is noticed here, not refused there."""
+    from google.cloud.aiplatform_v1 import types
+
+    from modelyard.platform.vertex_messages import MESSAGES
+
+    for name, (known, nested) in MESSAGES.items():
+        message = types
+        for part in name.split("."):
+            message = getattr(message, part)
+        descriptor = message.pb().DESCRIPTOR
+        assert known == {f.json_name for f in descriptor.fields}, name
+        for field, inner in nested.items():
+            held = descriptor.fields_by_camelcase_name[field].message_type.full_name
+            assert held == f"google.cloud.aiplatform.v1.{inner}", (name, field)
 
 
 def _raw_request(port: int, head: bytes, timeout: float = 5) -> bytes:

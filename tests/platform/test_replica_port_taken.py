@@ -85,3 +85,23 @@ def test_serve_on_a_taken_port_exits_with_the_status_that_asks_for_new_ports(tin
             env=replicas.serve_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == PORT_TAKEN_EXIT, result.stderr[-2000:]
     assert f"cannot bind gRPC port 127.0.0.1:{port} (Address already in use)" in result.stderr
+
+
+def test_a_platform_whose_api_or_storage_port_is_taken_exits_port_taken(tmp_path):
+    """The platform itself says the same (so a supervisor or a test fixture picks other ports), for
+    its API port and for its Cloud Storage's."""
+    import sys
+
+    from modelyard.ports import free_port
+
+    for which in ("--storage-port", "--port"):
+        with taken_port() as port:
+            other = free_port()
+            ports = {"--port": other, "--storage-port": other}
+            ports[which] = port
+            done = subprocess.run(
+                [sys.executable, "-m", "modelyard.platform", "--port", str(ports["--port"]),
+                 "--storage-port", str(ports["--storage-port"]), "--state-dir", str(tmp_path / which)],
+                capture_output=True, text=True, timeout=120)
+        assert done.returncode == PORT_TAKEN_EXIT, (which, done.stderr[-2000:])
+        assert "modelyard platform: error" in done.stderr and "in use" in done.stderr, done.stderr[-2000:]

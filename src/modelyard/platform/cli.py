@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from modelyard.cli_parser import examples
+from modelyard.ports import bind_error, exit_status
 
 
 def register(subparsers) -> None:
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         storage = _start_storage(config, args, "https" if tls else "http")
     except OSError as exc:
         print(f"modelyard platform: error: cannot serve Cloud Storage: {exc}", file=sys.stderr)
-        return 1
+        return exit_status(bind_error(exc, str(exc)))  # PORT_TAKEN_EXIT: whoever started us picks other ports
     if args.engine == "ray":
         from modelyard.platform.replicas_ray import EngineUnavailable, connect
 
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage))
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_status(bind_error(exc, str(exc)))
     finally:
         _stop(storage)
     return 0

@@ -1,9 +1,10 @@
 """What a control-plane request body may hold, as Vertex AI has it: the one place every resource's
 request is checked before any of it is used or stored.
 
-- The fields each message knows (Vertex AI v1's protos, in their JSON names). Google's JSON parser
-  refuses any other field with ``INVALID_ARGUMENT`` "Invalid JSON payload received. Unknown name
-  "x" at 'model': Cannot find field."; so does ``check_body``, at every nested message listed here.
+- The fields each message knows (Vertex AI v1's protos, in their JSON names: ``vertex_messages``).
+  Google's JSON parser refuses any other field with ``INVALID_ARGUMENT`` "Invalid JSON payload
+  received. Unknown name "x" at 'model': Cannot find field."; so does ``check_body``, at every nested
+  message listed there, in lists too (``job_spec.worker_pool_specs[0].container_spec``).
   Output-only fields (``name``, ``createTime`` ...) are known fields: sent back, they are ignored.
 - Display names of at most 128 characters (Vertex's documented limit for every resource);
   labels as Vertex documents them (keys and values at most 64 characters of lowercase letters,
@@ -17,6 +18,7 @@ request is checked before any of it is used or stored.
 from __future__ import annotations
 
 from modelyard.platform.errors import ApiError, invalid
+from modelyard.platform.vertex_messages import EXTENSIONS, MESSAGES
 
 MAX_DISPLAY_NAME = 128
 MAX_DESCRIPTION = 8192
@@ -24,53 +26,6 @@ MAX_LABELS = 64
 MAX_LABEL_CHARS = 64
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 PREDICT_MAX_BYTES = 256 * 1024 * 1024  # modelyard serve's --rest_api_max_body_bytes default
-
-_COMMON_JOB = ("name", "displayName", "labels", "state", "error", "createTime", "startTime", "endTime",
-               "updateTime", "encryptionSpec", "satisfiesPzs", "satisfiesPzi")
-
-# message -> (its fields, {field: the message that field holds}); fields as google-cloud-aiplatform v1 has them.
-# A modelyard extension is listed with its message and named in the comment beside it.
-MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
-    "Model": (frozenset((
-        "name", "versionId", "versionAliases", "versionCreateTime", "versionUpdateTime", "displayName",
-        "description", "versionDescription", "defaultCheckpointId", "predictSchemata", "metadataSchemaUri",
-        "metadata", "supportedExportFormats", "trainingPipeline", "pipelineJob", "containerSpec", "artifactUri",
-        "supportedDeploymentResourcesTypes", "supportedInputStorageFormats", "supportedOutputStorageFormats",
-        "createTime", "updateTime", "deployedModels", "explanationSpec", "etag", "labels", "dataStats",
-        "encryptionSpec", "modelSourceInfo", "originalModelInfo", "metadataArtifact", "baseModelSource",
-        "satisfiesPzs", "satisfiesPzi", "checkpoints")), {}),
-    "UploadModelRequest": (frozenset(("parent", "parentModel", "modelId", "model", "serviceAccount")),
-                           {"model": "Model"}),
-    "MergeVersionAliasesRequest": (frozenset(("name", "versionAliases")), {}),
-    "Endpoint": (frozenset((
-        "name", "displayName", "description", "deployedModels", "trafficSplit", "etag", "labels", "createTime",
-        "updateTime", "encryptionSpec", "network", "enablePrivateServiceConnect", "privateServiceConnectConfig",
-        "modelDeploymentMonitoringJob", "predictRequestResponseLoggingConfig", "dedicatedEndpointEnabled",
-        "dedicatedEndpointDns", "clientConnectionConfig", "satisfiesPzs", "satisfiesPzi",
-        "genAiAdvancedFeaturesConfig", "privateModelServerEnabled")), {}),
-    "DeployedModel": (frozenset((
-        "dedicatedResources", "automaticResources", "sharedResources", "id", "model", "modelVersionId",
-        "displayName", "createTime", "explanationSpec", "disableExplanations", "serviceAccount",
-        "disableContainerLogging", "enableAccessLogging", "privateEndpoints", "fasterDeploymentConfig", "status",
-        "systemLabels", "checkpointId", "speculativeDecodingSpec")), {}),
-    # shadowTrafficPercentage: modelyard's shadow deployments (README, Endpoints).
-    "DeployModelRequest": (frozenset(("endpoint", "deployedModel", "trafficSplit", "shadowTrafficPercentage")),
-                           {"deployedModel": "DeployedModel"}),
-    "UndeployModelRequest": (frozenset(("endpoint", "deployedModelId", "trafficSplit")), {}),
-    "BatchPredictionJob": (frozenset(_COMMON_JOB + (
-        "model", "modelVersionId", "unmanagedContainerModel", "inputConfig", "instanceConfig", "modelParameters",
-        "outputConfig", "dedicatedResources", "serviceAccount", "manualBatchTuningParameters",
-        "generateExplanation", "explanationSpec", "outputInfo", "partialFailures", "resourcesConsumed",
-        "completionStats", "disableContainerLogging")), {}),
-    "CustomJob": (frozenset(_COMMON_JOB + ("jobSpec", "webAccessUris")), {}),
-    # modelyardTrialFiles: the files `modelyard jobs submit` ships with a study's trial command.
-    "HyperparameterTuningJob": (frozenset(_COMMON_JOB + (
-        "studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount", "trialJobSpec", "trials",
-        "modelyardTrialFiles")), {}),
-    "TrainingPipeline": (frozenset(_COMMON_JOB + (
-        "inputDataConfig", "trainingTaskDefinition", "trainingTaskInputs", "trainingTaskMetadata",
-        "modelToUpload", "modelId", "parentModel")), {"modelToUpload": "Model"}),
-}
 
 # The message a job collection's create request body is.
 JOB_MESSAGES = {"batchPredictionJobs": "BatchPredictionJob", "customJobs": "CustomJob",
@@ -90,8 +45,9 @@ def check_body(doc: dict, message: str, at: str = "") -> None:
     display name, description or labels beyond Vertex's limits; ``at`` is the path Google's message
     names ('' for the request itself, else e.g. ``model``)."""
     known, nested = MESSAGES[message]
+    extra = EXTENSIONS.get(message, frozenset())
     for key in doc:
-        if key not in known:
+        if key not in known and key not in extra:
             where = f" at '{at}'" if at else ""
             raise invalid(f'Invalid JSON payload received. Unknown name "{key}"{where}: Cannot find field.')
     if message in _NAMED:
@@ -105,8 +61,13 @@ def check_body(doc: dict, message: str, at: str = "") -> None:
             labels(doc["labels"], f"{message}.labels")
     for key, inner in nested.items():
         value = doc.get(key)
+        path = f"{at}.{_snake(key)}" if at else _snake(key)
         if isinstance(value, dict):
-            check_body(value, inner, f"{at}.{_snake(key)}" if at else _snake(key))
+            check_body(value, inner, path)
+        elif isinstance(value, list):  # a repeated message: each element, named by its index as Google does
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    check_body(item, inner, f"{path}[{i}]")
 
 
 def display_name(value: object, what: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -108,7 +109,9 @@ def start_process(root: Path, host: str, port: int, token: str | None, tls_args:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise OSError(f"the storage server exited with {proc.returncode}: {tail.strip()}")
+            # Exit 98: its port was taken; said with EADDRINUSE so the caller can pick another port.
+            code = errno.EADDRINUSE if proc.returncode == 98 else errno.EIO
+            raise OSError(code, f"the storage server exited with {proc.returncode}: {tail.strip()}")
         try:
             with socket.create_connection((probe_host, port), timeout=0.5):
                 return proc
