@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.classify import GUARD, classify, quick_guard
+from tests.parallel import assign_groups, build_once, make_scheduler, worker_port_slice
 from tests.tfserving_models import (
     MONITORING_CONFIG,
     configured_shared_path,
@@ -21,6 +22,7 @@ from tests.tfserving_models import (
 
 SHARED = shared_testdata()
 SOURCES = ["generated"] + (["tfserving"] if SHARED else [])
+worker_port_slice()  # under pytest-xdist: this worker and what it starts pick ports no other worker picks
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +30,8 @@ def generated_tfserving(tmp_path_factory) -> Path:
     """The generated stand-ins for TF Serving's test models, written once per session."""
     import modelyard  # noqa: F401  (sets the TF environment before TensorFlow is imported)
 
-    return write_tfserving_models(tmp_path_factory.mktemp("tfserving_generated"))
+    # Once per run, for every xdist worker (tests/parallel.py).
+    return build_once(tmp_path_factory, "tfserving_generated", lambda d: str(write_tfserving_models(d)))[0]
 
 
 @pytest.fixture(scope="session", params=SOURCES)
@@ -47,9 +50,12 @@ def demo_cache(tmp_path_factory) -> Path:
 
     from modelyard.demo import ensure_demo_model
 
-    cache = Path(os.environ.get("MODELYARD_CACHE") or tmp_path_factory.mktemp("demo_cache"))
-    ensure_demo_model(cache_dir=cache, log=lambda _m: None)
-    return cache
+    if os.environ.get("MODELYARD_CACHE"):
+        cache = Path(os.environ["MODELYARD_CACHE"])
+        ensure_demo_model(cache_dir=cache, log=lambda _m: None)
+        return cache
+    # Trained once per run, for every xdist worker (tests/parallel.py).
+    return build_once(tmp_path_factory, "demo_cache", lambda d: str(ensure_demo_model(cache_dir=d, log=lambda _m: None)))[0]
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +63,7 @@ def tiny_models(tmp_path_factory) -> dict:
     """The platform's tiny test models, built once per session for the platform and console tests."""
     from tests.platform.conftest import build_tiny_models
 
-    return build_tiny_models(tmp_path_factory.mktemp("models"))
+    return build_once(tmp_path_factory, "models", build_tiny_models)[1]  # once per run, for every xdist worker
 
 
 @pytest.fixture(scope="session")
@@ -79,9 +85,25 @@ def monitoring_config(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items) -> None:
     config._tfserving_models_used = any("tfserving_testdata" in item.fixturenames for item in items)
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary line
+        config.workeroutput["tfserving_models_used"] = config._tfserving_models_used
     classify(items)  # tests that start a process are e2e; ./scripts/test --quick runs the others
+    assign_groups(items)  # for -n 2 --dist loadgroup: each expensive session fixture starts in one worker only
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: plain pytest runs without it
+def pytest_xdist_make_scheduler(config, log):
+    return make_scheduler(config, log)  # loadgroup, the group expected to take longest first
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """The xdist controller learns from its workers whether TF Serving's test models were used."""
+    if getattr(node, "workeroutput", {}).get("tfserving_models_used"):
+        node.config._tfserving_models_used = True
 
 
 @pytest.hookimpl(wrapper=True)

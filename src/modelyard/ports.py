@@ -87,7 +87,8 @@ def _slice_picks(family: int, host: str, count: int, k: int, n: int) -> list[int
     lo, hi = SLICE_RANGE
     candidates = range(lo + (k - lo) % n, hi + 1, n)
     ports: list[int] = []
-    for port in random.sample(candidates, min(len(candidates), _SLICE_TRIES)):
+    for _ in range(_SLICE_TRIES):  # one draw at a time: random.sample drew all 2000 on every call (15 ms)
+        port = candidates[random.randrange(len(candidates))]
         if (host, port) in _given or port in ports:
             continue
         with socket.socket(family, socket.SOCK_STREAM) as sock:

@@ -1,0 +1,220 @@
+"""Running the suite on two pytest-xdist workers (``./scripts/test`` passes ``-n 2 --dist loadgroup``)
+without starting anything expensive twice.
+
+Groups, decided while collecting (every worker collects the same way, so they agree):
+
+- A session fixture that keeps a process running while tests use it (a generator fixture that
+  starts one, as tests/classify.py reads it: the platform, the Ray cluster, PostgreSQL, the
+  browser, the storage server, the serving tests' shared servers) is *pinned*: every test that
+  uses it, directly or through other fixtures, runs in one worker, so it starts once per run.
+- A test module is never split: its module-scoped fixtures (often a server too) start once, and
+  its tests keep the order they are written in.
+- So modules are joined with the pinned fixtures their tests use (union-find); each joined set
+  is one ``xdist_group``. Modules that use no pinned fixture are a group each, and xdist hands
+  groups to whichever worker is free, the largest first.
+
+Session fixtures that only *write files* (the demo model, the platform's tiny models, TF
+Serving's generated test models) are built once per run for both workers with ``build_once``:
+the first worker builds under a lock in the run's shared temp dir, the other waits and reuses.
+
+Other state two workers could share: ports (``modelyard.ports`` hands out, in each worker and
+in every process it starts, only ports of its own residue class: ``MODELYARD_PORT_SLICE``),
+temp dirs (xdist gives each worker its own ``--basetemp``), and environment variables (each
+worker is its own process).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import inspect
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.classify import _fixturedefs, _requested_fixtures, _starts_process
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1"... or "" without xdist
+
+
+def worker_port_slice() -> None:
+    """In an xdist worker, set ``MODELYARD_PORT_SLICE`` (modelyard.ports) to this worker's residue class,
+    so neither this worker nor anything it starts (they inherit it) picks a port another worker picks."""
+    if WORKER and "MODELYARD_PORT_SLICE" not in os.environ:
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        os.environ["MODELYARD_PORT_SLICE"] = f"{int(WORKER.removeprefix('gw'))}/{count}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> tuple[Path, object]:
+    """``build(directory)`` once per test run, whichever worker asks first; returns the directory and
+    what ``build`` returned (JSON-able), the same in every worker. Without xdist it simply builds."""
+    if not WORKER:
+        directory = tmp_path_factory.mktemp(name)
+        return directory, build(directory)
+    shared = tmp_path_factory.getbasetemp().parent / "shared"  # the run's base temp, above every worker's
+    directory, done = shared / name, shared / f"{name}.json"
+    with _locked(shared / f"{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a build that failed half-way
+            directory.mkdir(parents=True)
+            value = build(directory)
+            done.write_text(json.dumps({"value": value}))
+        return directory, json.loads(done.read_text())["value"]
+
+
+# ----------------------------------------------------------------------------- groups
+def _session_defs(item: pytest.Item):
+    """Every session-scoped fixture definition ``item`` may use (its closure and what its fixtures
+    may ask for by ``request.getfixturevalue``)."""
+    seen, found = set(), []
+    infos = getattr(item, "_fixtureinfo", None)
+    todo = [d for name in item.fixturenames for d in (infos.name2fixturedefs.get(name, ()) if infos else ())]
+    while todo:
+        fixturedef = todo.pop()
+        if fixturedef in seen:
+            continue
+        seen.add(fixturedef)
+        if fixturedef.scope == "session":
+            found.append(fixturedef)
+        for name in _requested_fixtures(fixturedef.func):
+            todo.extend(_fixturedefs(item, name))
+    return found
+
+
+def _pinned(fixturedef) -> bool:
+    """A session fixture that keeps a process running while the tests use it."""
+    func = inspect.unwrap(fixturedef.func)
+    return inspect.isgeneratorfunction(func) and _starts_process(func) is not None
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def pinned_fixtures(item: pytest.Item) -> list[str]:
+    """The names of the pinned session fixtures ``item`` uses."""
+    return sorted({d.argname for d in _session_defs(item) if _pinned(d)})
+
+
+def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
+    """Mark each item ``xdist_group``; returns {group: its modules} (for ``--collect-only`` views)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        parent[find(a)] = find(b)
+
+    for item in items:
+        module = "module:" + _module(item)
+        find(module)
+        for name in pinned_fixtures(item):
+            union(module, "fixture:" + name)
+    members: dict[str, list[str]] = {}
+    for node in parent:
+        members.setdefault(find(node), []).append(node)
+    names = {}
+    for root, nodes in members.items():
+        fixtures = sorted(n.split(":", 1)[1] for n in nodes if n.startswith("fixture:"))
+        modules = sorted(n.split(":", 1)[1] for n in nodes if n.startswith("module:"))
+        names[root] = ("+".join(fixtures[:3]) + ("+more" if len(fixtures) > 3 else "")) if fixtures else modules[0]
+    groups: dict[str, list[str]] = {}
+    for item in items:
+        group = names[find("module:" + _module(item))]
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, [])
+        if _module(item) not in groups[group]:
+            groups[group].append(_module(item))
+    return groups
+
+
+# ----------------------------------------------------------------------------- balance
+DURATIONS = Path(__file__).with_name("durations.json")  # {test id: seconds} of a whole run, see main()
+UNKNOWN_S = 2.0  # a test not in DURATIONS yet (most take well under that; a new e2e one takes more)
+
+
+def load_durations(path: Path = DURATIONS) -> dict[str, float]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def make_scheduler(config, log):
+    """``--dist loadgroup`` that hands a free worker the group expected to take longest (from
+    ``tests/durations.json``) rather than the one with most tests: longest first is what keeps two
+    workers ending together. None for any other ``--dist``."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    durations = load_durations()
+
+    def cost(work_unit: dict) -> float:
+        return sum(durations.get(nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid,
+                                 UNKNOWN_S) for nodeid in work_unit)
+
+    class LongestFirst(LoadGroupScheduling):
+        def _assign_work_unit(self, node) -> None:
+            if self.workqueue:
+                longest = max(self.workqueue, key=lambda scope: cost(self.workqueue[scope]))
+                self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
+def durations_from_log(text: str) -> dict[str, float]:
+    """{test id: setup + call + teardown seconds} from a log of ``pytest --durations=0``."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[0].endswith("s") and parts[1] in ("setup", "call", "teardown"):
+            try:
+                seconds = float(parts[0][:-1])
+            except ValueError:
+                continue
+            nodeid = parts[2].strip()
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's "@group" suffix (loadgroup)
+                nodeid = nodeid.rsplit("@", 1)[0]
+            found[nodeid] = round(found.get(nodeid, 0.0) + seconds, 2)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m tests.parallel LOG``: write tests/durations.json from the log of a whole run with
+    ``--durations=0`` (./scripts/test --durations=0 > LOG), so the workers stay balanced as tests change."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("log", type=Path)
+    args = parser.parse_args(argv)
+    found = durations_from_log(args.log.read_text(errors="replace"))
+    if not found:
+        parser.error(f"{args.log}: no --durations=0 lines")
+    DURATIONS.write_text(json.dumps(dict(sorted(found.items())), indent=0) + "\n")
+    print(f"{DURATIONS}: {len(found)} tests, {sum(found.values()):.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

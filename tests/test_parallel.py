@@ -1,0 +1,82 @@
+"""tests/parallel.py: the groups that keep each expensive session fixture in one xdist worker, the
+builds shared by the workers, and the durations that balance them."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import parallel
+
+
+def _group(item: pytest.Item) -> str:
+    marks = [m.args[0] for m in item.iter_markers("xdist_group")]
+    assert len(marks) == 1, f"{item.nodeid}: xdist_group marks {marks}"
+    return marks[0]
+
+
+def test_every_test_of_a_pinned_fixture_and_of_a_module_is_in_one_group(request):
+    # Over whatever this run collected (the whole suite in ./scripts/test).
+    by_fixture: dict[str, set[str]] = {}
+    by_module: dict[str, set[str]] = {}
+    for item in request.session.items:
+        group = _group(item)
+        by_module.setdefault(item.nodeid.split("::")[0], set()).add(group)
+        for name in parallel.pinned_fixtures(item):
+            by_fixture.setdefault(name, set()).add(group)
+    assert {m: g for m, g in by_module.items() if len(g) > 1} == {}
+    assert {f: g for f, g in by_fixture.items() if len(g) > 1} == {}
+
+
+def test_the_suites_process_fixtures_are_pinned_and_file_builders_are_not(request):
+    from tests.classify import _fixturedefs
+
+    def pinned(name: str) -> bool:
+        return any(parallel._pinned(d) for d in _fixturedefs(request.node, name) if d.argname == name)
+
+    for name in ("gcs_emulator", "monitoring_config", "tiny_models", "demo_cache", "generated_tfserving"):
+        assert _fixturedefs(request.node, name), name
+    assert pinned("gcs_emulator")  # a storage process the tests talk to
+    assert not pinned("tiny_models") and not pinned("demo_cache") and not pinned("monitoring_config")
+
+
+def _build_in(args) -> str:
+    base, worker, log = args
+    os.environ["PYTEST_XDIST_WORKER"] = worker
+    import importlib
+
+    module = importlib.reload(parallel)
+
+    class Factory:
+        def getbasetemp(self):
+            return Path(base) / f"popen-{worker}"
+
+    def build(directory: Path) -> str:
+        with open(log, "a") as f:
+            f.write(worker + "\n")
+        (directory / "model.txt").write_text("built")
+        return str(directory / "model.txt")
+
+    directory, value = module.build_once(Factory(), "thing", build)
+    assert Path(value).read_text() == "built" and Path(value).parent == directory
+    return value
+
+
+def test_build_once_builds_once_for_every_worker(tmp_path):
+    log = tmp_path / "builds.log"
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        values = pool.map(_build_in, [(str(tmp_path), "gw0", str(log)), (str(tmp_path), "gw1", str(log))])
+    assert values[0] == values[1]
+    assert len(log.read_text().split()) == 1  # the second worker waited and reused the first's
+
+
+def test_durations_from_a_log_sum_each_tests_phases_and_drop_xdists_group_suffix():
+    log = """============================= slowest durations ==============================
+12.50s call     tests/platform/test_cli.py::test_a@gcs_emulator+guarded+platform+more
+1.25s setup    tests/platform/test_cli.py::test_a@gcs_emulator+guarded+platform+more
+0.01s teardown tests/x.py::test_b[a b@c]
+3 passed in 1.00s"""
+    assert parallel.durations_from_log(log) == {"tests/platform/test_cli.py::test_a": 13.75, "tests/x.py::test_b[a b@c]": 0.01}
+
