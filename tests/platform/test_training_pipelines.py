@@ -8,6 +8,7 @@ pipeline's resource.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -108,7 +109,7 @@ def test_container_training_job_with_two_workers(sdk, platform, tiny_models, gcs
     model.delete()
 
 
-def test_a_failing_script_fails_the_pipeline_with_its_last_lines(sdk, platform):
+def test_a_failing_script_fails_the_pipeline_with_its_last_lines(sdk, platform, capsys):
     job = sdk.CustomContainerTrainingJob(display_name="fails", container_uri="example.com/trainer:1",
                                          command=[sys.executable, SCRIPT])
     with pytest.raises(RuntimeError, match="failing on purpose"):
@@ -117,6 +118,18 @@ def test_a_failing_script_fails_the_pipeline_with_its_last_lines(sdk, platform):
     assert "exited with code 3" in job.gca_resource.error.message
     log = requests.get(f"{platform.url}/modelyard/v1/jobs/{job.name}/logs", timeout=10).text  # its job's log
     assert "workerpool0-0: failing on purpose" in log
+    # The jobs CLI lists, describes and shows the logs of pipelines as of every other job.
+    from modelyard.platform import client_cli
+    from tests.platform.test_cli import run
+
+    listed = run(capsys, "jobs", "list", "--platform", platform.url)[1]
+    assert job.resource_name in [j["name"] for j in listed]
+    described = run(capsys, "jobs", "describe", "--platform", platform.url, job.name)[1]
+    assert described["state"] == "PIPELINE_STATE_FAILED"
+    parser = argparse.ArgumentParser(prog="modelyard")
+    client_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["jobs", "logs", "--platform", platform.url, job.name])
+    assert args.func(args) == 0 and "workerpool0-0: failing on purpose" in capsys.readouterr().out
 
     # A job that succeeds without writing a model: the pipeline fails at the upload, saying why.
     body = _pipeline_body([], f"gs://{STAGING_BUCKET}/no-model-{time.time_ns()}")

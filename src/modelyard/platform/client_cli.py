@@ -151,7 +151,7 @@ def endpoints_cmd(args: argparse.Namespace, c: Client):
     raise CliError(f"unknown action {a}")
 
 
-JOB_COLLECTIONS = ("customJobs", "hyperparameterTuningJobs", "batchPredictionJobs")
+JOB_COLLECTIONS = ("customJobs", "hyperparameterTuningJobs", "batchPredictionJobs", "trainingPipelines")
 _FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 
 
@@ -202,7 +202,7 @@ def job_request(config_path: str, display_name: str | None) -> tuple[str, dict]:
 
 
 def _find_job(c: Client, job: str) -> dict:
-    """A job by full name or id (any of the three job collections)."""
+    """A job by full name or id (any of the job collections, training pipelines included)."""
     if "/" in job:
         return c.call("GET", job, absolute=True)
     last = None
