@@ -461,6 +461,82 @@ def test_rest_client_gone_in_the_queue_leaves_it_at_once(server, stub):
     assert ok.status_code == 200 and ok.json() == {"outputs": [[5.0]]}
 
 
+def _v2_json(x: np.ndarray) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+
+
+def test_v2_rest_and_grpc_infers_wait_in_the_queue_and_share_one_batch(server):
+    """The Open Inference Protocol's infers on a batching model take TF Serving's queued path: REST JSON,
+    REST binary and gRPC ModelInfer rows run in one batch of ``merge`` (it runs only when full)."""
+    try:
+        import tritonclient.grpc as grpcclient
+    except ImportError as exc:
+        pytest.fail(f"tritonclient.grpc is needed ({exc}): pip install -e '.[test]'", pytrace=False)
+    a = np.arange(2, dtype=np.float32).reshape(2, 1) + 10
+    b = np.array([[-3.0]], np.float32)
+    c = np.arange(5, dtype=np.float32).reshape(5, 1) - 20
+
+    def rest_json():
+        r = requests.post(f"{server.base}/v2/models/merge/infer", data=_v2_json(a), timeout=60)
+        assert r.status_code == 200, r.text
+        return {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in r.json()["outputs"]}
+
+    def rest_binary():
+        head = json.dumps({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 4}}],
+                           "parameters": {"binary_data_output": True}}).encode()
+        r = requests.post(f"{server.base}/v2/models/merge/infer", data=head + b.tobytes(), timeout=60,
+                          headers={"Inference-Header-Content-Length": str(len(head))})
+        assert r.status_code == 200, r.text
+        length = int(r.headers["Inference-Header-Content-Length"])
+        out, offset = {}, length
+        for o in json.loads(r.content[:length])["outputs"]:
+            size = o["parameters"]["binary_data_size"]
+            dtype = {"FP32": np.float32, "INT32": np.int32}[o["datatype"]]
+            out[o["name"]] = np.frombuffer(r.content[offset:offset + size], dtype).reshape(o["shape"])
+            offset += size
+        return out
+
+    def grpc_infer():
+        client = grpcclient.InferenceServerClient(server.grpc_target)
+        tensor = grpcclient.InferInput("x", [5, 1], "FP32")
+        tensor.set_data_from_numpy(c)
+        result = client.infer("merge", [tensor], client_timeout=60)
+        return {name: result.as_numpy(name) for name in ("y", "n", "i")}
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(f) for f in (rest_json, rest_binary, grpc_infer)]
+        outs = [f.result() for f in futures]
+    for out, x in zip(outs, (a, b, c)):
+        assert np.array_equal(np.asarray(out["y"], np.float32), x)
+        assert np.asarray(out["n"]).ravel().tolist() == [8] * len(x)  # one batch of all three
+    assert sorted(np.concatenate([np.asarray(o["i"]).ravel() for o in outs]).tolist()) == list(range(8))
+
+
+def test_v2_rest_client_gone_in_the_queue_leaves_it_at_once(server, stub):
+    """A V2 infer waits in the queue holding no thread, as a predict does: its client closing the
+    connection frees its rows now (the blocking path could not know until the batch ran)."""
+    a = threading.Thread(target=lambda: grpc_predict(stub, "sleepy", sleepy_input(2, 4.0)))
+    a.start()
+    wait_until_running(server, stub, 0.2)  # A runs; the queue is empty again
+    body = _v2_json(sleepy_input(2, 0.0, 7.0))
+    host, port = server.base.removeprefix("http://").rsplit(":", 1)
+    cancelled_before = request_count(server, "sleepy", "CANCELLED")
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(b"POST /v2/models/sleepy/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.5)  # as above: the probe must not overtake the infer
+        wait_for(lambda: _refused(stub), 10, interval=0.05, what="the V2 infer to sit in the queue")
+    wait_for(lambda: request_count(server, "sleepy", "CANCELLED") > cancelled_before, 30,
+             interval=0.02, what="the server to drop the abandoned infer")
+    assert a.is_alive(), "the drop must not wait for A's batch"
+    assert not _refused(stub), "the abandoned infer's rows must have left the queue"
+    a.join()
+    ok = requests.post(f"{server.base}/v2/models/sleepy/infer", data=_v2_json(sleepy_input(1, 0.0, 2.0)), timeout=60)
+    assert ok.status_code == 200 and ok.json()["outputs"][0]["data"] == [5.0], ok.text
+
+
 def _refused(stub) -> bool:
     """Whether a 2-row sleepy call is refused at once (queue full); a call that is let in runs to the end."""
     try:

@@ -99,3 +99,33 @@ def test_repository_changes_reach_workers_as_the_config_they_came_from(tmp_path)
                ModelConfig("d", Path("/m/d"), VersionPolicy("latest", num_versions=2))]
     assert model_configs(config_proto(configs)) == configs
     assert model_configs(config_proto([])) == []
+
+
+def test_numeric_data_read_from_the_body_text_equals_the_parsed_lists():
+    """JSON ``data`` of numbers is read again from the body's text in C (v2_tensors.read_numbers): the
+    same arrays as from the parsed lists, and the same errors (worded by the general path)."""
+    from modelyard.serving.protocol import v2_rest
+
+    def both(body: bytes):
+        request, binary = v2_rest.split_body(body, None)
+        return v2_rest.decode_inputs(request, binary), v2_rest.decode_inputs(request, binary, body)
+
+    cases = [
+        b'{"inputs":[{"name":"a","shape":[2,3],"datatype":"UINT8","data":[[0,1,2],[253,254,255]]}]}',
+        b'{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1, 2.5, -3e2]},'
+        b' {"name":"b","shape":[2],"datatype":"INT64","data":[-9007199254740993, 7], "parameters":{}}]}',
+        b'{"inputs":[{"data":[1,2],"name":"a","shape":[2],"datatype":"INT32"},'
+        b'{"name":"s","shape":[1],"datatype":"BYTES","data":["x"]}]}',  # a BYTES input: lists for all
+        b'{"inputs":[{"name":"a","shape":[1],"datatype":"FP64","data":[0.1],"parameters":{"data":[5]}}]}',
+    ]
+    for body in cases:
+        plain, fast = both(body)
+        for x, y in zip(plain, fast):
+            assert x.array.dtype == y.array.dtype and x.array.shape == y.array.shape, body
+            assert x.array.tolist() == y.array.tolist(), body
+    for bad, words in ((b'{"inputs":[{"name":"a","shape":[2],"datatype":"UINT8","data":[1,300]}]}', "out of range"),
+                       (b'{"inputs":[{"name":"a","shape":[2],"datatype":"INT8","data":[1,2.5]}]}', "not of type int8"),
+                       (b'{"inputs":[{"name":"a","shape":[2],"datatype":"BOOL","data":[1,0]}]}', "true/false")):
+        request, binary = v2_rest.split_body(bad, None)
+        with pytest.raises(ServingError, match=words):
+            v2_rest.decode_inputs(request, binary, bad)

@@ -135,8 +135,9 @@ class ServingCore:
         None when ``spec``'s model does not batch (or cannot be found): the caller runs the
         blocking path, which answers every error in its usual order. ``read_request(handle)``
         returns ``(signature_name, inputs, encode)``, ``encode(queued, outputs)`` making the
-        protocol's answer. Its errors, and ``predict``'s checks, are counted under
-        ``api``/``entrypoint`` and raised here, at once.
+        protocol's answer, or ``(signature_name, inputs, encode, output_filter)`` when the body
+        it reads names the outputs (V2's ``outputs``), replacing ``output_filter``. Its errors,
+        and ``predict``'s checks, are counted under ``api``/``entrypoint`` and raised here, at once.
         """
         try:
             handle = self.acquire(spec)
@@ -148,7 +149,10 @@ class ServingCore:
         timed = self.request(spec.name, api, entrypoint)
         try:
             started = time.perf_counter()
-            signature_name, inputs, encode = read_request(handle)
+            read = read_request(handle)
+            signature_name, inputs, encode = read[:3]
+            if len(read) == 4:
+                output_filter = read[3]
             sig, inputs, aliases = inference.prepare_predict(handle.servable, signature_name, inputs, output_filter)
             future = handle.servable.submit(sig, inputs, aliases, deadline, executor)
         except BaseException as exc:

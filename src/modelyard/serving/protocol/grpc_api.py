@@ -128,7 +128,8 @@ class Services:
             for name, request_class in names.items():
                 self.methods[f"/{service}/{name}"] = Method(name, request_class, getattr(self, name))
         # The Open Inference Protocol's GRPCInferenceService on the same server (v2_grpc.py).
-        for path, (name, request_class, call) in v2_grpc.methods(V2Service(core), repository).items():
+        self.v2 = V2Service(core)
+        for path, (name, request_class, call) in v2_grpc.methods(self.v2, repository).items():
             self.methods[path] = Method(name, request_class, call)
 
     @_guard("Predict")
@@ -164,6 +165,11 @@ class Services:
                                            deadline, executor)
         except Exception as exc:
             return (None, *status_of(exc, "Predict"))
+
+    def start_infer(self, request, deadline: float | None, executor) -> "QueuedPredict | tuple | None":
+        """V2's ModelInfer on a batching model, as ``start_predict`` (``v2_grpc.start_infer``);
+        answered with ``finish_queued`` too."""
+        return v2_grpc.start_infer(self.v2, request, deadline, executor)
 
     @staticmethod
     def finish_queued(queued: QueuedPredict) -> tuple[bytes | None, Code, str]:

@@ -19,7 +19,7 @@ import orjson
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.model import dtypes
 from modelyard.serving.protocol import rest_json
-from modelyard.serving.protocol.v2_rest import V2RestApp
+from modelyard.serving.protocol.v2_rest import LOOP_PARSE_MAX_BYTES, V2RestApp
 from modelyard.serving.protocol.v2_service import V2Service
 from modelyard.serving.batching.scheduler import set_request_timeout
 from modelyard.serving.core import ModelSpec, ServingCore
@@ -39,7 +39,7 @@ _CORS = [
 
 
 # Batched predicts are parsed on the event loop; a larger body is parsed on the pool (then waits there).
-_LOOP_PARSE_MAX_BYTES = 64 * 1024
+_LOOP_PARSE_MAX_BYTES = LOOP_PARSE_MAX_BYTES
 
 
 class RestApp:
@@ -70,7 +70,7 @@ class RestApp:
         # Clients send the same few paths, so each is parsed once, not per request.
         self._post_routes: dict[str, tuple] = {}
         # The Open Inference Protocol's /v2 paths (v2_rest.py), on the same port and models.
-        self.v2 = V2RestApp(V2Service(core), self.extra_headers, self.timeout_s)
+        self.v2 = V2RestApp(V2Service(core), self.extra_headers, self.timeout_s, executor=self.pool)
 
     # ---- answered on the event loop, before or without the body ------------------------------
     def immediate(self, method: str, path: str) -> tuple[int, list, bytes] | None:

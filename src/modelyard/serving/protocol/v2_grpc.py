@@ -81,12 +81,7 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
     def ModelInfer(request):
         result = service.infer(request.model_name, request.model_version, _inputs(request),
                                [o.name for o in request.outputs] or None, "GRPC")
-        response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.model_version),
-                                         id=request.id)
-        for alias, array in result.outputs.items():
-            response.outputs.add(name=alias, datatype=v2_tensors.output_datatype(array), shape=array.shape)
-            response.raw_output_contents.append(v2_tensors.to_raw(array))
-        return response
+        return _infer_response(pb, request, result)
 
     calls: list[tuple[Callable, str]] = [
         (ServerLive, "ServerLiveRequest"), (ServerReady, "ServerReadyRequest"), (ModelReady, "ModelReadyRequest"),
@@ -97,6 +92,36 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
         calls += _repository_calls(pb, repository)
     return {f"/{SERVICE}/{call.__name__}": (call.__name__, getattr(pb, request), _guarded(call))
             for call, request in calls}
+
+
+def _infer_response(pb, request, result):
+    response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.model_version),
+                                     id=request.id)
+    for alias, array in result.outputs.items():
+        response.outputs.add(name=alias, datatype=v2_tensors.output_datatype(array), shape=array.shape)
+        response.raw_output_contents.append(v2_tensors.to_raw(array))
+    return response
+
+
+def start_infer(service: V2Service, request, deadline: float | None, executor):
+    """ModelInfer on a batching model without blocking a thread while it is queued (as
+    ``grpc_api.Services.start_predict`` for Predict, through the same ``queue_predict``).
+
+    None when the model does not batch (call ModelInfer as usual); ``(None, code, message)`` when it
+    fails before the queue; else a ``QueuedPredict`` whose ``finish()`` gives the serialized response."""
+    pb = _pb2()
+
+    def read():
+        return (_inputs(request), [o.name for o in request.outputs] or None,
+                lambda result: _infer_response(pb, request, result).SerializeToString())
+
+    try:
+        return service.queue_infer(request.model_name, request.model_version, read, "GRPC", deadline, executor)
+    except ServingError as exc:
+        return None, exc.code, exc.message
+    except Exception as exc:  # a bug: INTERNAL, logged, and the server keeps serving
+        log.error("gRPC ModelInfer failed", exc_info=exc)
+        return None, Code.INTERNAL, f"{type(exc).__name__}: {exc}"
 
 
 def _inputs(request) -> list[v2_tensors.V2Tensor]:

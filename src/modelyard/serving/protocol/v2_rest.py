@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from urllib.parse import unquote
 
 import orjson
@@ -26,6 +27,7 @@ _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?")
 _REPOSITORY = re.compile(r"/v2/repository/(?:index|models/([^/]+)/(load|unload))")
 
 HEADER_LENGTH = "inference-header-content-length"
+LOOP_PARSE_MAX_BYTES = 64 * 1024  # JSON bodies up to this size are parsed on the event loop (rest.py's limit)
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", b"application/octet-stream")]
 
@@ -38,8 +40,9 @@ class V2RestApp:
     """``handle(method, path, body, header_length)`` -> ``(status, headers, body)`` for every ``/v2`` path."""
 
     def __init__(self, service: V2Service, extra_headers: list | None = None, timeout_s: float | None = None,
-                 repository=None):
+                 repository=None, executor=None):
         self.service = service
+        self.executor = executor  # where the batching queue runs what it cannot on its own thread (RestApp.pool)
         self.extra_headers = extra_headers or []  # CORS, when the REST API sends it
         self.timeout_s = timeout_s
         self.repository = repository  # v2_repository.Repository, or None: the extension answers UNIMPLEMENTED
@@ -105,10 +108,51 @@ class V2RestApp:
     # ---- infer ------------------------------------------------------------------------------
     def _infer(self, name: str, version: str | None, body: bytes, header_length) -> tuple[int, list, bytes]:
         request, binary = split_body(body, header_length)
-        inputs = decode_inputs(request, binary)
+        inputs = decode_inputs(request, binary, body if header_length is None else None)
         requested, binary_outputs = requested_outputs(request)
         result = self.service.infer(name, version, inputs, requested, "REST")
         return self._infer_answer(request, result, binary_outputs)
+
+    # ---- infer on a batching model: decoded on the event loop, answered from the queue ----------
+    def submit(self, method: str, path: str, body: bytes, header_length: bytes | None):
+        """Start an infer whose model batches, holding no thread while it waits in the queue (as
+        ``RestApp.submit`` does for TF Serving's predicts, through the same ``queue_predict``).
+
+        None when the request is not one, or is a JSON body too large to parse on the event loop
+        (a binary body is sliced, not parsed: any size); ``(status, headers, body)`` when it is
+        answered already; else a ``QueuedPredict`` to answer with ``finish_queued``."""
+        if method != "POST" or (header_length is None and len(body) > LOOP_PARSE_MAX_BYTES):
+            return None
+        match = _MODEL.fullmatch(path)
+        if match is None or match.group(3) != "/infer":
+            return None
+        name, version = unquote(match.group(1)), match.group(2)
+
+        def read():
+            request, binary = split_body(body, header_length)
+            inputs = decode_inputs(request, binary, body if header_length is None else None)
+            requested, binary_outputs = requested_outputs(request)
+            return inputs, requested, lambda result: self._infer_answer(request, result, binary_outputs)
+
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        try:
+            return self.service.queue_infer(name, unquote(version) if version else None, read, "REST", deadline,
+                                            self.executor)
+        except ServingError as exc:
+            return error_answer(exc, self.extra_headers)
+        except Exception as exc:  # a bug answers 500 and the server keeps serving
+            log.error("V2 REST request failed: %s %s", method, path, exc_info=exc)
+            return error_answer(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"), self.extra_headers)
+
+    def finish_queued(self, queued) -> tuple[int, list, bytes]:
+        """The answer to a ``submit``-ed infer once its future completed (call exactly once)."""
+        try:
+            return queued.finish()
+        except ServingError as exc:
+            return error_answer(exc, self.extra_headers)
+        except Exception as exc:
+            log.error("V2 REST infer failed", exc_info=exc)
+            return error_answer(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"), self.extra_headers)
 
     def _infer_answer(self, request: dict, result: InferResult, binary_outputs) -> tuple[int, list, bytes]:
         outputs, chunks = [], []
@@ -169,11 +213,26 @@ def split_body(body: bytes, header_length: bytes | None) -> tuple[dict, memoryvi
     return _json_object(body[:length]), memoryview(body)[length:]
 
 
-def decode_inputs(request: dict, binary: memoryview) -> list[v2_tensors.V2Tensor]:
-    """Every input tensor of a request, binary ones taking their bytes in order from ``binary``."""
+# An input's "data" holding only numbers: its JSON text, read in C (v2_tensors.read_numbers).
+_DATA_TEXT = re.compile(rb'"data"\s*:\s*(\[[-0-9eE.+,\s\[\]]*\])')
+
+
+def _data_texts(body: bytes, inputs: list) -> list | None:
+    """Each JSON input's ``data`` text, in order, when every one is found once and nothing else
+    looks like one; else None (the inputs' parsed lists are read as they are)."""
+    spans = [m.span(1) for m in _DATA_TEXT.finditer(body)]
+    if not spans or len(spans) != sum(1 for t in inputs if isinstance(t, dict) and "data" in t):
+        return None
+    return [body[a:b] for a, b in spans]
+
+
+def decode_inputs(request: dict, binary: memoryview, body: bytes | None = None) -> list[v2_tensors.V2Tensor]:
+    """Every input tensor of a request, binary ones taking their bytes in order from ``binary``;
+    ``body``, the request's JSON text, lets numeric ``data`` be read straight from it."""
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise invalid_argument("the request has no 'inputs' (a list of tensors)")
+    texts = _data_texts(body, inputs) if body is not None else None
     tensors, offset = [], 0
     for tensor in inputs:
         if not isinstance(tensor, dict):
@@ -197,7 +256,8 @@ def decode_inputs(request: dict, binary: memoryview) -> list[v2_tensors.V2Tensor
         else:
             if "data" not in tensor:
                 raise invalid_argument(f"input '{name}' has neither 'data' nor binary_data_size")
-            tensors.append(v2_tensors.from_json(name, datatype, shape, tensor["data"]))
+            tensors.append(v2_tensors.from_json(name, datatype, shape, tensor["data"],
+                                                texts.pop(0) if texts else None))
     if offset != len(binary):
         raise invalid_argument(
             f"the request carries {len(binary)} bytes of binary data but its inputs declare {offset}")

@@ -9,6 +9,7 @@ signature names and types the tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from modelyard.model.runtime import inference
 from modelyard.model.signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from modelyard.serving.core import ModelSpec, ServingCore
 from modelyard.serving.protocol.v2_tensors import V2Tensor
+
+if TYPE_CHECKING:
+    from modelyard.serving.core import QueuedPredict
 
 SERVER_NAME = "modelyard"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -113,6 +117,28 @@ class V2Service:
                 arrays = check_inputs(name, sig, inputs)
                 _, results = core.predict(handle, sig.name, arrays, outputs)
                 return InferResult(name, handle.version, results)
+
+
+    def queue_infer(self, name: str, version: str | None, read: Callable[[], tuple], entrypoint: str,
+                    deadline: float | None, executor) -> "QueuedPredict | None":
+        """``infer`` on a batching model without blocking (``ServingCore.queue_predict``, as TF Serving's
+        predicts): None when the model does not batch (call ``infer``), else a ``QueuedPredict``.
+
+        ``read()`` decodes the request: ``(inputs, output names or None, encode)``; ``encode(InferResult)``
+        makes the protocol's answer once the batch has run. Errors raise here, counted as ``infer``'s."""
+        try:
+            spec = model_spec(name, version)
+        except ServingError:
+            return None  # infer answers it
+
+        def read_request(handle):
+            inputs, outputs, encode = read()
+            sig = self._signature(handle.servable)
+            arrays = check_inputs(name, sig, inputs)
+            return sig.name, arrays, lambda queued, results: encode(InferResult(name, queued.version, results)), \
+                outputs
+
+        return self.core.queue_predict(spec, "Predict", entrypoint, read_request, None, deadline, executor)
 
 
 def check_inputs(model: str, sig: Signature, inputs: list[V2Tensor]) -> dict[str, np.ndarray]:

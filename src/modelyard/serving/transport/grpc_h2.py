@@ -447,8 +447,11 @@ class _Connection(asyncio.Protocol):
             response, code, message = method.call(request)
             self._answer(stream, None if response is None else method.response_serializer(response), code, message)
             return
-        if spec is not None and method.name == "Predict":
-            started = self.services.start_predict(request, stream.deadline, self.server.pool)
+        # A Predict or V2 ModelInfer on a batching model waits in its queue holding no thread.
+        start = self.services.start_predict if spec is not None and method.name == "Predict" else \
+            self.services.start_infer if method.name == "ModelInfer" else None
+        if start is not None:
+            started = start(request, stream.deadline, self.server.pool)
             if type(started) is tuple:  # refused before the queue
                 self._answer(stream, *started)
                 return

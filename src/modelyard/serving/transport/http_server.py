@@ -236,7 +236,14 @@ class HttpProtocol(asyncio.Protocol):
         if v2.cheap(request.path):
             self._write(request, v2.handle(request.method, request.path, request.body, request.header_length))
             return
+        started = v2.submit(request.method, request.path, request.body, request.header_length)
+        if type(started) is tuple:  # refused before the queue
+            self._write(request, started)
+            return
         self.busy = True
+        if started is not None:  # a batching model: waits in its queue holding no thread, as predicts do
+            self._await_batch(request, started, functools.partial(v2.finish_queued, started))
+            return
         future = app.pool.submit(v2.handle, request.method, request.path, request.body, request.header_length)
         if app.timeout_s:
             request.timer = self.loop.call_later(app.timeout_s, self._timed_out, request)
@@ -244,23 +251,25 @@ class HttpProtocol(asyncio.Protocol):
 
     # A predict on a batching model: parsed and checked here, then it waits in the queue holding
     # no thread; the batch thread hands the answer back into the loop (a batch at once) to encode and write.
-    def _await_batch(self, request: _Request, pending) -> None:
+    # ``finish`` answers it: TF Serving's (status, payload) by default, V2's (status, headers, payload).
+    def _await_batch(self, request: _Request, pending, finish=None) -> None:
         loop = self.loop
         request.pending = pending
         self.waiting = request
         if self.app.timeout_s:
             request.timer = loop.call_later(self.app.timeout_s, self._timed_out, request)
         # Even when the loop has closed, finishing releases the version.
-        finish = functools.partial(self.app.finish_queued, pending, request.method, request.path)
+        if finish is None:
+            finish = functools.partial(self.app.finish_queued, pending, request.method, request.path)
         pending.future.call_on_loop(loop, self._answer_batch, request, finish, if_closed=finish)
 
     def _answer_batch(self, request: _Request, finish, _future) -> None:
-        status, payload = finish()  # always: it releases the version and counts the request
+        result = finish()  # always: it releases the version and counts the request
         if request.answered:  # timed out already
             return
         if request.timer is not None:
             request.timer.cancel()
-        self._finish(request, (status, self.app.json_headers, payload))
+        self._finish(request, result if len(result) == 3 else (result[0], self.app.json_headers, result[1]))
 
     def _answer(self, request: _Request, future) -> None:
         if request.answered:  # timed out already
