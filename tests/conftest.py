@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.classify import GUARD, classify, quick_guard
-from tests.parallel import assign_groups, build_once, make_scheduler, worker_port_slice
+from tests.parallel import TIMES, assign_groups, build_once, make_scheduler, worker_port_slice
 from tests.tfserving_models import (
     MONITORING_CONFIG,
     configured_shared_path,
@@ -115,7 +115,13 @@ def pytest_runtest_protocol(item, nextitem):
 GUARD.install()
 
 
+def pytest_runtest_logreport(report) -> None:
+    TIMES.add(report)  # in the xdist controller: which worker ran it, for the balance line below
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    for line in TIMES.lines():
+        terminalreporter.write_line(f"xdist worker {line}")
     if config.option.collectonly or not getattr(config, "_tfserving_models_used", False):
         return
     if SHARED:

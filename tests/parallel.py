@@ -218,3 +218,36 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------- the controller's view
+class WorkerTimes:
+    """In the xdist controller: per worker, its tests, the seconds they took (setup + call + teardown)
+    and when its last test ended; printed at the end so CI's log shows how balanced the run was."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.start = time.monotonic()
+        self.seconds: dict[str, float] = {}
+        self.tests: dict[str, int] = {}
+        self.last: dict[str, float] = {}
+
+    def add(self, report) -> None:
+        import time
+
+        node = getattr(report, "node", None)  # set by xdist on reports it relays
+        worker = getattr(getattr(node, "gateway", None), "id", None)
+        if worker is None:
+            return
+        self.seconds[worker] = self.seconds.get(worker, 0.0) + report.duration
+        if report.when == "call":
+            self.tests[worker] = self.tests.get(worker, 0) + 1
+        self.last[worker] = time.monotonic() - self.start
+
+    def lines(self) -> list[str]:
+        return [f"{w}: {self.tests.get(w, 0)} tests, {self.seconds[w]:.0f} s in tests, last one ended at "
+                f"{int(self.last[w]) // 60}m{int(self.last[w]) % 60:02d}s" for w in sorted(self.seconds)]
+
+
+TIMES = WorkerTimes()
