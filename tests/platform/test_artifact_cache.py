@@ -1,0 +1,95 @@
+"""artifact_cache (issue 31), one layer below the Ray engine: a model directory published to the
+session's Cloud Storage by content hash and fetched into a node's cache, checked against its hash,
+bounded, never evicted from under a replica that holds it. (The engine's end-to-end case, on the
+namespaced Ray cluster, is tests/platform/test_ray_engine.py.)"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from modelyard import objstore
+from modelyard.platform import artifact_cache
+
+
+@pytest.fixture
+def node_cache(tmp_path, monkeypatch, gcs_emulator):
+    """This process as a node: its own cache dir; a store prefix of this test's own."""
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "node-cache"))
+    monkeypatch.setenv(artifact_cache.STORE_ENV, f"gs://artifact-cache-test/{tmp_path.name}")
+    return tmp_path / "node-cache" / "artifacts"
+
+
+def _model(root: Path, content: bytes = b"weights") -> Path:
+    (root / "variables").mkdir(parents=True)
+    (root / "saved_model.pb").write_bytes(b"graph")
+    (root / "variables" / "variables.data-00000-of-00001").write_bytes(content)
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_published_once_fetched_into_the_node_cache(tmp_path, node_cache):
+    model = _model(tmp_path / "m")
+    source = artifact_cache.publish(model)
+    assert source.digest == artifact_cache.digest_of(model) and source.uri.endswith(source.digest)
+    assert objstore.read_text(f"{source.uri}/{artifact_cache.MANIFEST}") is not None
+    assert artifact_cache.publish(model) == source  # already there: the same place, not uploaded again
+
+    # A node without the platform's path: the files come from storage into <cache>/artifacts/<digest>.
+    elsewhere = {**source.as_dict(), "path": str(tmp_path / "not-on-this-node")}
+    lease = artifact_cache.fetch(elsewhere)
+    assert lease.cached and lease.path == node_cache / source.digest
+    assert _tree(lease.path) == _tree(model)
+    again = artifact_cache.fetch(elsewhere)  # a second replica on the node: the same entry
+    assert again.path == lease.path
+    lease.release()
+    again.release()
+
+    # The platform's own host (the path exists with the same content): used in place, nothing cached.
+    here = artifact_cache.fetch(source.as_dict())
+    assert here.path == model and not here.cached
+
+    # The same path with other content is a new digest, never the stale entry.
+    (model / "variables" / "variables.data-00000-of-00001").write_bytes(b"retrained")
+    assert artifact_cache.publish(model).digest != source.digest
+
+
+def test_a_download_that_does_not_match_its_digest_is_refused(tmp_path, node_cache):
+    model = _model(tmp_path / "m")
+    source = artifact_cache.publish(model)
+    fs = objstore.filesystem("gs")
+    with fs.open(f"{source.uri}/files/saved_model.pb", "wb") as f:  # altered in storage
+        f.write(b"tampered")
+    fs.invalidate_cache()
+    with pytest.raises(artifact_cache.ArtifactError, match="does not match its digest"):
+        artifact_cache.fetch({**source.as_dict(), "path": "/nowhere"})
+    assert not (node_cache / source.digest).exists()
+
+
+def test_the_cache_is_bounded_but_keeps_what_a_replica_holds(tmp_path, node_cache, monkeypatch):
+    monkeypatch.setenv(artifact_cache.MAX_MB_ENV, "0")  # every entry is over the bound
+    a = artifact_cache.publish(_model(tmp_path / "a", b"a" * 1000))
+    b = artifact_cache.publish(_model(tmp_path / "b", b"b" * 1000))
+    held = artifact_cache.fetch({**a.as_dict(), "path": "/nowhere"})
+    lease_b = artifact_cache.fetch({**b.as_dict(), "path": "/nowhere"})
+    assert (node_cache / a.digest).is_dir(), "a replica holds a: not evicted"
+    lease_b.release()
+    held.release()
+    c = artifact_cache.publish(_model(tmp_path / "c", b"c" * 1000))
+    artifact_cache.fetch({**c.as_dict(), "path": "/nowhere"}).release()
+    assert sorted(p.name for p in node_cache.iterdir() if p.is_dir()) == [c.digest]
+
+
+def test_a_store_that_is_not_object_storage_is_refused(tmp_path, node_cache, monkeypatch):
+    monkeypatch.setenv(artifact_cache.STORE_ENV, str(tmp_path / "shared"))
+    with pytest.raises(artifact_cache.ArtifactError, match="name a gs:// or s3:// bucket every node can reach"):
+        artifact_cache.publish(_model(tmp_path / "m"))
+    monkeypatch.setenv(artifact_cache.STORE_ENV, "gs://no-such-bucket-here/x")
+    source = artifact_cache.Source("0" * 40, "gs://no-such-bucket-here/x/" + "0" * 40, "/nowhere")
+    with pytest.raises(artifact_cache.ArtifactError, match="cannot fetch the model /nowhere"):
+        artifact_cache.fetch(source.as_dict())
+    assert not os.path.exists(node_cache / ("0" * 40))
