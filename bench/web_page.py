@@ -1,4 +1,4 @@
-"""The digits page in headless Chromium: time to the first prediction, per-prediction time, bytes.
+"""The web app in headless Chromium: first prediction cold and offline, per prediction, bytes.
 
     python3 bench/web_page.py            # prints the table, writes bench/results/web_page.md
 
@@ -7,10 +7,14 @@ For each quantization mode the demo model (version 2) is converted with
 Debian's Chromium opens the page ``--loads`` times, each in a fresh browser context (an
 empty cache, as a first visit). Per load: when LiteRT.js's wasm was ready, when the model
 was compiled and when the first prediction was drawn (ms after navigation start, the
-page's own ``performance.now()``), and the bytes the browser received (encoded bodies
-plus headers, so gzip counts). Then ``--predictions`` predictions of held-out digits run
-in the page: median and p95 of ``model.run`` + reading the output. The issue's targets:
-first prediction <= 2 s, <= 5 ms per prediction, <= 4 MB transferred (float model).
+page's own ``performance.now()``), and the bytes the browser received until the app
+works offline (encoded bodies plus headers of every request, the service worker's
+included, so gzip counts). Then the same context goes offline and reloads: the first
+prediction of an offline start, everything from the service worker's cache. Back online
+a repeat visit's bytes (the page's revalidation). Then ``--predictions`` predictions of
+held-out digits run in the page: median and p95 of ``model.run`` + reading the output.
+Targets (issue 32): first prediction <= 1.5 s cold, <= 0.5 s offline, <= 5 ms per
+prediction, <= 4 MB first-visit transfer (float model).
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ MODES = {
 }
 FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]
-TARGETS = {"first_ms": 2000, "per_ms": 5.0, "bytes": 4_000_000}
+TARGETS = {"first_ms": 1500, "offline_ms": 500, "per_ms": 5.0, "bytes": 4_000_000}
+READY = "window.modelyard && (window.modelyard.ready || window.modelyard.error)"
 
 
 def convert(base: Path, out: Path, extra: list[str]) -> None:
@@ -51,24 +56,41 @@ def serve(site: Path) -> tuple[Service, str]:
     return service, line.rsplit(" at ", 1)[1].strip()
 
 
+def _timings(page) -> dict:
+    page.wait_for_function(READY, timeout=60000)
+    timings = page.evaluate("window.modelyard.error || window.modelyard.timings")
+    if isinstance(timings, str):
+        raise RuntimeError(f"the page failed: {timings}")
+    return timings
+
+
 def one_load(browser, url: str) -> dict:
+    """A first visit, then an offline start and an online repeat visit in the same context."""
     context = browser.new_context()
     page = context.new_page()
     received = []
 
-    def finished(request):
+    def finished(request):  # the context's requests: the page's and its service worker's
         sizes = request.sizes()
         received.append((request.url, sizes["responseBodySize"] + sizes["responseHeadersSize"]))
 
-    page.on("requestfinished", finished)
+    context.on("requestfinished", finished)
     page.goto(url)
-    page.wait_for_function("window.modelyard && (window.modelyard.ready || window.modelyard.error)", timeout=60000)
-    timings = page.evaluate("window.modelyard.error || window.modelyard.timings")
-    if isinstance(timings, str):
-        raise RuntimeError(f"the page failed: {timings}")
+    cold = _timings(page)
+    page.wait_for_function("document.body.dataset.offline === 'ready'", timeout=60000)
     page.wait_for_load_state("networkidle")
-    return {"page": page, "context": context, **timings, "bytes": sum(size for _, size in received),
-            "wasm_files": sum(1 for u, _ in received if u.endswith(".wasm"))}
+    first_visit = list(received)
+    context.set_offline(True)
+    page.reload()
+    offline = _timings(page)
+    context.set_offline(False)
+    received.clear()
+    page.reload()
+    _timings(page)
+    page.wait_for_load_state("networkidle")
+    return {"page": page, "context": context, **cold, "offline_ms": offline["first_prediction_ms"],
+            "bytes": sum(size for _, size in first_visit), "repeat_bytes": sum(size for _, size in received),
+            "wasm_files": len({u for u, size in first_visit if u.endswith(".wasm") and size > 1000})}
 
 
 def predictions(page, images, n: int) -> list[float]:
@@ -136,44 +158,51 @@ def main() -> None:
                 "model_ms": median(l["model_ms"] for l in loads),
                 "first_ms": median(l["first_prediction_ms"] for l in loads),
                 "first_max_ms": max(l["first_prediction_ms"] for l in loads),
+                "offline_ms": median(l["offline_ms"] for l in loads),
+                "offline_max_ms": max(l["offline_ms"] for l in loads),
+                "repeat_bytes": median(l["repeat_bytes"] for l in loads),
                 "per_ms": median(per),
                 "p95_ms": percentile(per, 95),
                 "bytes": median(l["bytes"] for l in loads),
                 "wasm_files": max(l["wasm_files"] for l in loads),
             }
             rows.append(row)
-            log(f"{mode}: first prediction {row['first_ms']:.0f} ms, {row['per_ms']:.3f} ms/prediction, "
-                f"{row['bytes'] / 1e6:.2f} MB")
+            log(f"{mode}: first prediction {row['first_ms']:.0f} ms, offline {row['offline_ms']:.0f} ms, "
+                f"{row['per_ms']:.3f} ms/prediction, {row['bytes'] / 1e6:.2f} MB")
         browser.close()
     write(rows, args)
 
 
 def write(rows: list[dict], args) -> None:
     version = subprocess.run(["chromium", "--version"], capture_output=True, text=True).stdout.strip()
-    head = ("| mode | model KiB | wasm ready ms | model compiled ms | first prediction ms (median / max) "
-            "| per prediction ms (median / p95) | bytes transferred | wasm files fetched | targets |")
+    head = ("| mode | model KiB | wasm ready ms | model compiled ms | first prediction ms, cold (median / max) "
+            "| first prediction ms, offline start (median / max) | per prediction ms (median / p95) "
+            "| first visit transferred | repeat visit transferred | wasm files fetched | targets |")
     lines = [
-        "# The digits page in headless Chromium",
+        "# The web app in headless Chromium",
         "",
         f"`python3 bench/web_page.py --loads {args.loads} --predictions {args.predictions}`, {version}, "
         f"LiteRT.js wasm CPU path, demo model version 2 (MLP 100-50), served by `modelyard web` on loopback; "
-        f"times in ms after navigation start, each load in a fresh browser context. Machine: "
-        f"{args.machine}.",
+        f"times in ms after navigation start, each first visit in a fresh browser context, the offline start "
+        f"a reload of it with the context offline (all from the service worker's cache). Machine: {args.machine}.",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
     ]
     for r in rows:
-        ok = (r["first_max_ms"] <= TARGETS["first_ms"] and r["per_ms"] <= TARGETS["per_ms"]
-              and (r["mode"] != "none" or r["bytes"] <= TARGETS["bytes"]))
+        ok = (r["first_max_ms"] <= TARGETS["first_ms"] and r["offline_max_ms"] <= TARGETS["offline_ms"]
+              and r["per_ms"] <= TARGETS["per_ms"] and (r["mode"] != "none" or r["bytes"] <= TARGETS["bytes"]))
         lines.append(
             f"| {r['mode']} | {r['model_kib']:.1f} | {r['runtime_ms']:.0f} | {r['model_ms']:.0f} "
-            f"| {r['first_ms']:.0f} / {r['first_max_ms']:.0f} | {r['per_ms']:.3f} / {r['p95_ms']:.3f} "
-            f"| {r['bytes'] / 1e6:.2f} MB | {r['wasm_files']} | {'pass' if ok else 'FAIL'} |"
+            f"| {r['first_ms']:.0f} / {r['first_max_ms']:.0f} | {r['offline_ms']:.0f} / {r['offline_max_ms']:.0f} "
+            f"| {r['per_ms']:.3f} / {r['p95_ms']:.3f} "
+            f"| {r['bytes'] / 1e6:.2f} MB | {r['repeat_bytes'] / 1e3:.1f} kB | {r['wasm_files']} | {'pass' if ok else 'FAIL'} |"
         )
-    lines += ["", f"Targets (issue 20): first prediction <= {TARGETS['first_ms']} ms after load, "
-              f"<= {TARGETS['per_ms']} ms per prediction, <= {TARGETS['bytes'] / 1e6:.0f} MB transferred with the "
-              "float model; one wasm build fetched."]
+    lines += ["", f"Targets (issue 32): first prediction <= {TARGETS['first_ms']} ms after a cold load and "
+              f"<= {TARGETS['offline_ms']} ms after an offline start (every load, so the max), "
+              f"<= {TARGETS['per_ms']} ms per prediction, <= {TARGETS['bytes'] / 1e6:.0f} MB transferred on a first "
+              "visit with the float model (until the app works offline: the service worker's revalidations "
+              "included); one wasm build fetched."]
     write_results("web_page", "\n".join(lines), args.out)
 
 

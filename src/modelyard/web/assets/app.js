@@ -378,6 +378,9 @@ async function registerWorker() {
   });
   follow(registration.installing || registration.waiting);  // found by the navigation's update check
   registration.addEventListener('updatefound', () => follow(registration.installing));
+  // register() of the same script checks nothing, and the browser's own check after a navigation
+  // may come late: ask now whether sw.js changed (a new convert).
+  if (navigator.serviceWorker.controller) registration.update().catch(() => {});
   await navigator.serviceWorker.ready;
   keepOffline();
 }
