@@ -17,6 +17,7 @@ EPILOG = """examples:
       --representative-data digits --io-dtype uint8
   modelyard convert models/my_mnist_model --compare --representative-data digits
   modelyard convert models/my_mnist_model --to web -o site/ && modelyard web site/
+  modelyard convert classifier.keras --to web -o site/ --scale 1 --labels labels.txt   # an RGB model, 0..1 inputs
   modelyard convert model.keras --qat --epochs 1 --representative-data train.npz -o model.tflite
 """
 
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
     where.add_argument("-o", "--output", metavar="OUT.tflite", help="write the flatbuffer here (with --to web: the site folder)")
     where.add_argument("--into", metavar="BASE", help="write BASE/<next version>/model.tflite (servable by modelyard serve)")
     p.add_argument("--to", choices=("tflite", "web"), default="tflite",
-                   help="web: write a folder with the model (batch fixed to 1), LiteRT.js from npm and a digits page")
+                   help="web: write an installable, offline web app: the model (batch fixed to 1), LiteRT.js from npm "
+                   "and a page that classifies a picture (or a drawing, for a small grey input)")
     p.add_argument("--quantize", choices=MODES, default="none")
     p.add_argument("--representative-data", metavar="FILE", help=".npz of typical inputs (int8 calibration, QAT training data), or 'digits'")
     p.add_argument("--eval-data", metavar="FILE", help=".npz of held-out inputs (+ 'labels') for the report (default: digits test split with 'digits', else random inputs)")
@@ -56,7 +58,8 @@ def register(subparsers) -> None:
     web.add_argument("--channels", type=int, choices=(1, 3), default=None,
                      help="1: feed grey (also to an RGB model); default: the input's channels")
     web.add_argument("--scale", metavar="HI|LO,HI", default=None,
-                     help="the model's value for a black and a white pixel (default 0,255: raw pixels; 1 for 0..1, -1,1)")
+                     help="the model's value for a black and a white pixel (default 0,255: raw pixels; 1 for 0..1; "
+                     "--scale=-1,1 with '=' for a negative LO)")
     web.add_argument("--invert", action="store_true", help="dark-on-light pictures (a digit on paper) fed light-on-dark")
     web.add_argument("--labels", metavar="labels.txt", default=None, help="class names, one a line, shown instead of indexes")
     p.set_defaults(func=run)

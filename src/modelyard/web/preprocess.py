@@ -7,7 +7,8 @@ quantization) and lets flags override what a signature cannot say:
   (centre crop, pad with black, or stretch); the size itself is the model's, fixed for the web;
 - ``--channels 1|3``: 1 feeds grey (on a 3-channel model, grey copied into R, G and B);
 - ``--scale HI`` or ``LO,HI``: the model's value for a black and a white pixel (default 0,255:
-  raw pixels, as models made for serving take them);
+  raw pixels, as models made for serving take them; ``--scale=-1,1``: argparse needs the ``=``
+  before a negative value);
 - ``--invert``: dark-on-light pictures (a digit written on paper) become light-on-dark;
 - ``--labels FILE``: one class name a line, as many as the model's first output has classes.
 
@@ -55,7 +56,7 @@ def parse_scale(text: str) -> tuple[float, float]:
     if len(parts) == 1:
         parts = [0.0, parts[0]]
     if len(parts) != 2 or parts[0] == parts[1]:
-        raise ConvertError(f"--scale {text!r}: give the value of a white pixel (255, 1) or LO,HI (-1,1)")
+        raise ConvertError(f"--scale {text!r}: give the value of a white pixel (255, 1) or LO,HI (--scale=-1,1)")
     return parts[0], parts[1]
 
 
