@@ -18,6 +18,7 @@ runs it with modelyard tune, a plain Optuna script and KerasTuner's Hyperband (s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import statistics
@@ -108,9 +109,11 @@ EARLY_TRIALS = 30
 EARLY_EPOCHS = 20
 
 
-def write_early_study(directory: Path, name: str, stopping: dict | None, algorithm: str = "RANDOM_SEARCH") -> Path:
+def write_early_study(directory: Path, name: str, stopping: dict | None, algorithm: str = "RANDOM_SEARCH",
+                      trial: dict | None = None) -> Path:
     """The early-stopping study: 30 random points (same seed on every side) of the digits MLP
-    (``algorithm`` ALGORITHM_UNSPECIFIED: TPE, for the peers part)."""
+    (``algorithm`` ALGORITHM_UNSPECIFIED: TPE, for the peers part). ``trial`` overrides the trial
+    section: ``{"warm_start": False}`` for cold command trials, or a function trial."""
     job = directory / "job.yaml"
     job.write_text(yaml.safe_dump({
         "model": str(ROOT / "tuning_trial" / "digits_mlp.py"), "data": "digits", "epochs": EARLY_EPOCHS,
@@ -132,9 +135,14 @@ def write_early_study(directory: Path, name: str, stopping: dict | None, algorit
     study = directory / f"{name}.yaml"
     study.write_text(yaml.safe_dump({
         "display_name": name, "study_spec": spec, "max_trial_count": EARLY_TRIALS, "parallel_trial_count": 2,
-        "seed": 0, "trial": {"command": [sys.executable, "-m", "modelyard", "train", str(job)]},
+        "seed": 0, "trial": trial if trial and "function" in trial else
+        {"command": [sys.executable, "-m", "modelyard", "train", str(job)], **(trial or {})},
     }))
     return study
+
+
+FUNCTION_TRIAL = {"function": str(ROOT / "tuning_trial" / "digits_function.py") + ":objective",
+                  "env": {"DIGITS_EPOCHS": str(EARLY_EPOCHS)}}
 
 
 def counted_trials(study: Path) -> list:
@@ -194,6 +202,7 @@ class Side:
     trials: int
     pruned: int
     load: float
+    overhead: float | None = None  # per trial (median): its start to its first measurement, less one epoch
 
     def reached(self, target: float) -> tuple[float, int] | None:
         """Seconds until the first epoch at or above ``target`` and the epochs run until then."""
@@ -203,19 +212,33 @@ class Side:
         return None
 
 
-def modelyard_side(tmp: Path, name: str, stopping: dict | None, algorithm: str) -> Side:
+def _overhead(starts: list[float], stamps: list[list[float]]) -> float | None:
+    """Median over trials of (first measurement - trial start) less one epoch (the median gap
+    between a trial's consecutive measurements): what a trial costs before it trains."""
+    gaps = [b - a for times in stamps for a, b in zip(times, times[1:])]
+    if not gaps:
+        return None
+    epoch = statistics.median(gaps)
+    return statistics.median(times[0] - start - epoch for start, times in zip(starts, stamps) if times)
+
+
+def modelyard_side(tmp: Path, name: str, stopping: dict | None, algorithm: str, trial: dict | None = None) -> Side:
     directory = tmp / f"peers-{name}"
     directory.mkdir()
-    study = write_early_study(directory, name, stopping, algorithm)
+    study = write_early_study(directory, name, stopping, algorithm, trial)
     run = run_tune(study, "cpu:0,1")
     points = []
     trials = counted_trials(study)
-    for trial in trials:
-        for step, value in trial.intermediate_values.items():
+    starts, stamps = [], []
+    for t in trials:
+        for step, value in t.intermediate_values.items():
             # Every measurement the tuner records is printed as it records it ("trial N step S").
-            points.append((run.stamps[(trial.number + 1, step)], value))
+            points.append((run.stamps[(t.number + 1, step)], value))
+        if t.intermediate_values:
+            starts.append(t.user_attrs["started"] - run.launched)
+            stamps.append([run.stamps[(t.number + 1, step)] for step in sorted(t.intermediate_values)])
     return Side(name, sorted(points), run.wall, run.cpu, len(trials),
-                sum(t.state.name == "PRUNED" for t in trials), os.getloadavg()[0])
+                sum(t.state.name == "PRUNED" for t in trials), os.getloadavg()[0], _overhead(starts, stamps))
 
 
 def peer_side(tmp: Path, name: str, tool: str) -> Side:
@@ -237,20 +260,33 @@ def peer_side(tmp: Path, name: str, tool: str) -> Side:
     points = [(e["t"] - wall_start, e["val_accuracy"]) for e in events if e["event"] == "epoch"]
     done = events[-1]
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0])
+    starts = {e["trial"]: e["t"] for e in events if e["event"] == "trial_start"}
+    overhead = _overhead([starts[n] for n in sorted(starts)],
+                         [[e["t"] for e in events if e["event"] == "epoch" and e["trial"] == n] for n in sorted(starts)]
+                         ) if starts else None
+    return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0], overhead)
 
 
 def peers(tmp: Path) -> str:
     """The unpruned study sets the target (its best - 0.5 points); every side's time to reach it."""
     median = {"median_automated_stopping_spec": {}}
     hyperband = {"hyperband_stopping_spec": {"min_resource": 1, "max_resource": EARLY_EPOCHS, "reduction_factor": 3}}
+    tpe = "ALGORITHM_UNSPECIFIED"
     plan = [
-        ("modelyard tune, random, no stopping (reference)", lambda: modelyard_side(tmp, "unpruned", None, "RANDOM_SEARCH")),
-        ("modelyard tune, TPE + median stopping", lambda: modelyard_side(tmp, "median", median, "ALGORITHM_UNSPECIFIED")),
-        ("modelyard tune, TPE + Hyperband", lambda: modelyard_side(tmp, "hyperband", hyperband, "ALGORITHM_UNSPECIFIED")),
-        ("Optuna script, TPE + MedianPruner (in-process)", lambda: peer_side(tmp, "optuna", "optuna")),
+        ("modelyard tune, random, no stopping (reference; warm command trials)",
+         lambda: modelyard_side(tmp, "unpruned", None, "RANDOM_SEARCH")),
+        (COLD, lambda: modelyard_side(tmp, "median-cold", median, tpe, {"warm_start": False})),
+        (WARM, lambda: modelyard_side(tmp, "median", median, tpe)),
+        (FUNCTION, lambda: modelyard_side(tmp, "median-function", median, tpe, FUNCTION_TRIAL)),
+        ("modelyard tune, TPE + Hyperband, warm command trials",
+         lambda: modelyard_side(tmp, "hyperband", hyperband, tpe)),
+        (OPTUNA, lambda: peer_side(tmp, "optuna", "optuna")),
         ("KerasTuner Hyperband (in-process)", lambda: peer_side(tmp, "kerastuner", "kerastuner")),
     ]
+    if importlib.util.find_spec("keras_tuner") is None:
+        # Not a modelyard dependency; installing it may change the shared environment's Keras.
+        print("keras_tuner is not installed (pip install keras-tuner): its row is left out", flush=True)
+        plan = [step for step in plan if not step[0].startswith("KerasTuner")]
     sides = []
     for label, run in plan:
         side = run()
@@ -261,15 +297,49 @@ def peers(tmp: Path) -> str:
     target = max(v for _, v in sides[0].points) - 0.005
     lines = [f"target: val_accuracy >= {target:.4f} (the reference's best {target + 0.005:.4f} - 0.5 points)", "",
              "| study | points tried | pruned | epochs run | best val_accuracy | time to target s | "
-             "epochs run by then | wall s (whole study) | CPU s | load avg at end |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "epochs run by then | wall s (whole study) | CPU s | per-trial overhead s (median) | load avg at end |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for side in sides:
         hit = side.reached(target)
         reach = f"{hit[0]:.1f}" if hit else "not reached"
+        overhead = f"{side.overhead:.2f}" if side.overhead is not None else "-"
         lines.append(f"| {side.name} | {side.trials} | {side.pruned if side.pruned >= 0 else '-'} | "
                      f"{len(side.points)} | {max(v for _, v in side.points):.4f} | {reach} | "
-                     f"{hit[1] if hit else '-'} | {side.wall:.1f} | {side.cpu:.1f} | {side.load:.1f} |")
+                     f"{hit[1] if hit else '-'} | {side.wall:.1f} | {side.cpu:.1f} | {overhead} | {side.load:.1f} |")
+    lines += ["", *targets(sides, target)]
     return "\n".join(lines)
+
+
+COLD = "modelyard tune, TPE + median stopping, cold command trials (warm_start: false)"
+WARM = "modelyard tune, TPE + median stopping, warm command trials"
+FUNCTION = "modelyard tune, TPE + median stopping, function trials"
+OPTUNA = "Optuna script, TPE + MedianPruner (in-process)"
+
+
+def targets(sides: list[Side], target: float) -> list[str]:
+    """The issue's targets against the Optuna script (issue 29)."""
+    by = {s.name: s for s in sides}
+    optuna, function, warm = by[OPTUNA], by[FUNCTION], by[WARM]
+    best = {name: max(v for _, v in s.points) for name, s in by.items()}
+    hit = {name: s.reached(target) for name, s in by.items()}
+    out = []
+    if hit[FUNCTION] and hit[OPTUNA]:
+        ratio = hit[FUNCTION][0] / hit[OPTUNA][0]
+        out.append(f"- function trials, time to target / Optuna's: **{ratio:.2f}x** (target <= 0.6: "
+                   f"{'PASS' if ratio <= 0.6 else 'FAIL'})")
+    else:
+        out.append(f"- function trials, time to target: not comparable (function reached: {bool(hit[FUNCTION])}, "
+                   f"Optuna reached: {bool(hit[OPTUNA])})")
+    ratio = function.wall / optuna.wall
+    out.append(f"- function trials, whole-study wall / Optuna's: **{ratio:.2f}x** (target <= 0.7: "
+               f"{'PASS' if ratio <= 0.7 else 'FAIL'})")
+    gap = (best[FUNCTION] - best[OPTUNA]) * 100
+    out.append(f"- function trials, best val_accuracy vs Optuna's: {gap:+.2f} points (target within 0.5: "
+               f"{'PASS' if gap >= -0.5 else 'FAIL'})")
+    ratio = warm.wall / optuna.wall
+    out.append(f"- warm command trials, whole-study wall / Optuna's: **{ratio:.2f}x** (target <= 1.5: "
+               f"{'PASS' if ratio <= 1.5 else 'FAIL'}); cold command trials: {by[COLD].wall / optuna.wall:.2f}x")
+    return out
 
 
 def parallelism(tmp: Path, repeats: int) -> str:

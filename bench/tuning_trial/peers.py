@@ -104,6 +104,7 @@ def run_optuna(trials: int, epochs: int) -> dict[str, Any]:
     train, validation = _datasets()
 
     def objective(trial: optuna.Trial) -> float:
+        _emit("trial_start", trial=trial.number)
         keras.utils.set_random_seed(0)
         model = build(keras, trial.suggest_float("learning_rate", 1e-4, 0.3, log=True),
                       trial.suggest_int("width", 8, 256, log=True), trial.suggest_float("dropout", 0.0, 0.6))

@@ -3,6 +3,7 @@
 Public API:
     modelyard.export(model, base_path) -> Path of the new version directory
     modelyard.batch_predict(model, input, output, ...) -> BatchPredictionJob
+    modelyard.tune(study, objective, ...) -> TuneResult (function trials in warm workers)
 
 May import: its packages, lazily (``import modelyard`` must not load TensorFlow). Layers and
 who may import whom: docs/architecture.md, checked by tests/test_layers.py.
@@ -26,4 +27,11 @@ def batch_predict(*args, **kwargs):
     return _batch_predict(*args, **kwargs)
 
 
-__all__ = ["export", "batch_predict", "__version__"]
+def tune(study, objective, **kwargs):
+    """Run a study with ``objective(params, report)`` as its trials (see modelyard.tuning.api.tune)."""
+    from modelyard.tuning.api import tune as _tune
+
+    return _tune(study, objective, **kwargs)
+
+
+__all__ = ["export", "batch_predict", "tune", "__version__"]

@@ -2,8 +2,11 @@
 processes on disjoint devices, reads their per-epoch metrics, stops the hopeless ones early, and
 keeps the study in a database so it resumes after a crash.
 
-This package's top level stays light: a training script calls ``trial_params()`` without
-pulling in Optuna.
+Function trials (``trial: {function: FILE:NAME}``, or ``modelyard.tune(study, objective)``) run
+the objective ``NAME(params, report)`` in warm worker processes instead (tuning.workers).
+
+This package's top level stays light: a training script calls ``trial_params()`` and an
+objective catches ``TrialPruned`` without pulling in Optuna.
 
 May import: ``modelyard.model`` (export of the best trial), ``modelyard.errors``; training only as
 processes (a trial is a command), never its modules.
@@ -13,6 +16,12 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+
+
+class TrialPruned(Exception):
+    """Raised by a function trial's ``report(step, value)`` when the study's stopping rule stops
+    the trial. Let it propagate: a trial that keeps running after it is stopped by replacing its
+    worker process."""
 
 
 def trial_params(default: dict[str, Any] | None = None) -> dict[str, Any]:

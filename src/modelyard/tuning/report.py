@@ -119,6 +119,8 @@ class LiveView:
             text = f"{head} FAILED  {info['error']}"
             if info.get("log_tail"):
                 text += "\n    " + info["log_tail"].replace("\n", "\n    ")
+        elif event == "pruned" and info.get("note"):
+            text = f"{head} PRUNED  ({info['note']})"
         elif event == "resumed":
             text = f"study resumed: interrupted trial(s) {', '.join(str(n + 1) for n in info['rerun'])} will re-run"
         else:

@@ -90,30 +90,42 @@ class TrialProcess:
     job_dir: Path
     slot: Slot
     metrics: TrialMetrics
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or a warm.WarmChild (same pid/poll/returncode)
     started: float = field(default_factory=time.time)
     stop_reason: str | None = None  # "pruned", "timeout", "interrupted" once we decided to stop it
     stop_requested: float | None = None
+    final: dict[str, float] | None = None  # a process reports no final measurement apart from its series
+    note: str | None = None
     _term_sent: float | None = None
 
     @classmethod
     def start(cls, study: Study, number: int, params: dict[str, Any], job_dir: Path, slot: Slot,
-              export_model: bool = False) -> "TrialProcess":
+              export_model: bool = False, forkserver: Any = None) -> "TrialProcess":
         trial_id = str(number + 1)  # Vertex numbers trials from 1
         job_dir.mkdir(parents=True, exist_ok=True)
         hypertune = job_dir / HYPERTUNE_FILE
         hypertune.parent.mkdir(parents=True, exist_ok=True)
         argv = trial_argv(study, params, job_dir, export_model)
+        env = trial_env(study, trial_id, params, job_dir, slot)
         with open(job_dir / LOG_NAME, "ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
-            proc = subprocess.Popen(
-                argv, cwd=study.workdir, env=trial_env(study, trial_id, params, job_dir, slot),
+        proc = None
+        if forkserver is not None:  # a warm start (tuning.warm); None: it could not, start cold
+            proc = forkserver.spawn(trial_id, argv, env, study.workdir, job_dir / LOG_NAME, slot.cpus)
+        if proc is None:
+            proc = cls._popen(study, argv, env, job_dir, slot)
+        metrics = TrialMetrics(job_dir, hypertune, study.metric_source)
+        return cls(number, trial_id, params, job_dir, slot, metrics, proc)
+
+    @staticmethod
+    def _popen(study: Study, argv: list[str], env: dict[str, str], job_dir: Path, slot: Slot) -> subprocess.Popen:
+        with open(job_dir / LOG_NAME, "ab") as log:
+            return subprocess.Popen(
+                argv, cwd=study.workdir, env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_child_setup(slot.cpus, os.getpid()),
             )
-        metrics = TrialMetrics(job_dir, hypertune, study.metric_source)
-        return cls(number, trial_id, params, job_dir, slot, metrics, proc)
 
     @property
     def pid(self) -> int:
@@ -144,12 +156,33 @@ class TrialProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    @property
+    def exit_code(self) -> int | None:
+        return self.proc.returncode
+
+    def answer(self) -> None:
+        """Nothing to answer: a process trial never waits for the pruner."""
+
+    def failure(self, timeout: float | None) -> str | None:
+        """Why the finished trial failed, or None."""
+        if self.stop_reason == "timeout":
+            return f"stopped after timeout_seconds {timeout:g}"
+        code = self.proc.returncode
+        if code != 0:
+            return f"exit code {code}" if code > 0 else f"killed by signal {-code}"
+        return None
+
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.job_dir / LOG_NAME, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 16384))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return read_tail(self.job_dir / LOG_NAME, lines)
+
+
+def read_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a trial's log (its last 16 KiB read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

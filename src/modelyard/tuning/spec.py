@@ -18,6 +18,8 @@ works. The rest says how to run one trial::
     parallel_trial_count: 2
     trial:
       command: python3 train.py         # gets --learning_rate=0.003 (AI Platform's convention)
+      # or, run in warm worker processes: objective(params, report) in train.py
+      # function: train.py:objective
 
 Every check is plain Python, so a wrong file fails in well under a second.
 """
@@ -67,7 +69,9 @@ _PARAM_KEYS = {
     "parameter_id", "double_value_spec", "integer_value_spec", "discrete_value_spec", "categorical_value_spec",
     "scale_type", "conditional_parameter_specs",
 }
-_TRIAL_KEYS = {"command", "params_as", "metric_source", "hyperparameter_metric_tag", "env", "timeout_seconds", "workdir"}
+_TRIAL_KEYS = {"command", "function", "params_as", "metric_source", "hyperparameter_metric_tag", "env",
+               "timeout_seconds", "workdir", "memory_limit_mb", "warm_start"}
+_COMMAND_ONLY = ("params_as", "metric_source")
 _PARENT_KEYS = {
     "parent_discrete_values": "DISCRETE", "parent_int_values": "INTEGER", "parent_categorical_values": "CATEGORICAL",
 }
@@ -132,6 +136,9 @@ class Study:
     seed: int | None
     fingerprint: dict[str, Any] = field(default_factory=dict)
     image_uri: str | None = None  # a Vertex job's container image: recorded, not used
+    function: str | None = None  # FILE.py:NAME or module:NAME: a function trial (command is empty)
+    memory_limit_mb: float | None = None  # a function trial's worker above this RSS is replaced
+    warm_start: bool = True  # a Python command trial is forked from a server that imported TensorFlow
 
     @property
     def is_modelyard_train(self) -> bool:
@@ -357,10 +364,30 @@ def _check_command(command: list[str], workdir: Path, env: dict[str, str]) -> No
             raise SpecError(f"trial.command: script {command[1]} not found (looked at {script})")
 
 
+def _check_function(target: Any, workdir: Path) -> str:
+    """``FILE.py:NAME`` (the file must exist) or ``module.path:NAME``; imported by the workers only."""
+    if not isinstance(target, str) or ":" not in target:
+        raise SpecError(f"trial.function: give FILE.py:NAME or module:NAME (e.g. train.py:objective), got {target!r}")
+    where, _, name = target.rpartition(":")
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise SpecError(f"trial.function: {name!r} is not a Python name (in {target!r})")
+    if where.endswith(".py"):
+        path = Path(where) if Path(where).is_absolute() else workdir / where
+        if not path.is_file():
+            raise SpecError(f"trial.function: {where} not found (looked at {path})")
+    elif not all(part.isidentifier() for part in where.split(".")):
+        raise SpecError(f"trial.function: {where!r} is neither a .py file nor a module name")
+    return target
+
+
 def _parse_trial(raw: Any, base: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise SpecError("trial: must be a mapping with at least `command:`")
+        raise SpecError("trial: must be a mapping with `command:` or `function:`")
     _unknown("trial", raw, _TRIAL_KEYS)
+    if "function" in raw:
+        return _parse_function_trial(raw, base)
+    if raw.get("memory_limit_mb") is not None:
+        raise SpecError("trial.memory_limit_mb: applies to function trials (trial.function) only")
     command = raw.get("command")
     if isinstance(command, str):
         command = shlex.split(command)
@@ -392,8 +419,38 @@ def _parse_trial(raw: Any, base: Path) -> dict[str, Any]:
         timeout = _number("trial.timeout_seconds", timeout)
         if timeout <= 0:
             raise SpecError("trial.timeout_seconds: must be > 0")
+    warm = raw.get("warm_start", True)
+    if not isinstance(warm, bool):
+        raise SpecError(f"trial.warm_start: true or false, got {warm!r}")
     return {"command": command, "params_as": params_as, "metric_source": source, "env": env,
-            "timeout": timeout, "workdir": workdir}
+            "timeout": timeout, "workdir": workdir, "warm_start": warm}
+
+
+def _parse_function_trial(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    if raw.get("command") is not None:
+        raise SpecError("trial: give command or function, not both")
+    extra = [k for k in (*_COMMAND_ONLY, "warm_start") if k in raw]
+    if extra:
+        raise SpecError(f"trial.{extra[0]}: applies to command trials; a function trial gets its parameters as a "
+                        f"dict and reports with report(step, value)")
+    workdir = Path(raw.get("workdir") or base)
+    workdir = (workdir if workdir.is_absolute() else base / workdir).resolve()
+    env = raw.get("env") or {}
+    if not isinstance(env, dict):
+        raise SpecError("trial.env: must be a mapping of NAME: value")
+    timeout = raw.get("timeout_seconds")
+    if timeout is not None:
+        timeout = _number("trial.timeout_seconds", timeout)
+        if timeout <= 0:
+            raise SpecError("trial.timeout_seconds: must be > 0")
+    limit = raw.get("memory_limit_mb")
+    if limit is not None:
+        limit = _number("trial.memory_limit_mb", limit)
+        if limit <= 0:
+            raise SpecError("trial.memory_limit_mb: must be > 0")
+    return {"command": [], "function": _check_function(raw["function"], workdir), "params_as": "env",
+            "metric_source": "auto", "env": {str(k): str(v) for k, v in env.items()}, "timeout": timeout,
+            "workdir": workdir, "memory_limit_mb": limit}
 
 
 def with_budget(study: Study, max_trials: int | None = None, parallel: int | None = None) -> Study:

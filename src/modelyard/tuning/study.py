@@ -59,6 +59,22 @@ def _with_driver(url: str) -> str:
     return url
 
 
+def _fast_commits(storage: RDBStorage) -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for fsync (20 ms and
+    more on a busy disk, several per trial step), and a process killed with -9 still loses
+    nothing committed; only a power cut may lose the last commits. Readers (``tune status``)
+    keep reading while the tuner writes."""
+    from sqlalchemy import event, text
+
+    def on_connect(connection, _record) -> None:
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections made before the listener reconnect with it
+    with storage.engine.connect() as connection:
+        connection.execute(text("PRAGMA journal_mode=WAL"))  # kept in the file
+
+
 def open_storage(url: str) -> RDBStorage:
     """The study's database (SQLite file or PostgreSQL URL), with trial heartbeats on."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -73,8 +89,11 @@ def open_storage(url: str) -> RDBStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
-                                  heartbeat_stale_trial_callback=_RETRY, **kwargs)
+                storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=STALE_AFTER_SECONDS,
+                                     heartbeat_stale_trial_callback=_RETRY, **kwargs)
+            if url.startswith("sqlite"):
+                _fast_commits(storage)
+            return storage
         except (IntegrityError, ProgrammingError, OperationalError) as exc:
             # Processes opening a new database at once (hosts joining one study; `tune status`
             # or a reader while the tuner starts) race to create Optuna's tables; the loser
@@ -222,6 +241,20 @@ class Tuner:
         self._stop_signal: int | None = None
         self._last_beat = 0.0
         self._single_host = study.storage.startswith("sqlite")
+        self.workers = None
+        if study.function:
+            from modelyard.tuning.workers import WorkerPool
+
+            # Started now, so they import while the study opens and the first trials are drawn.
+            self.workers = WorkerPool(study, self.pool.free)
+        self.forkserver = None
+        if study.warm_start and not study.function:
+            from modelyard.tuning.forkserver import imports_tensorflow, is_warm_command
+
+            if is_warm_command(study.command) and imports_tensorflow(study.command, study.workdir):
+                from modelyard.tuning.warm import ForkServer
+
+                self.forkserver = ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log")
 
     # -- resume -------------------------------------------------------------------------------
     def recover(self) -> list[int]:
@@ -267,10 +300,19 @@ class Tuner:
                     time.sleep(self.poll_interval)  # joined: other hosts' trials still running
                     continue
                 self._poll()
-                time.sleep(self.poll_interval)
+                self._wait()
+                # Every slot busy: nothing to launch until a trial ends, so the study is not read
+                # again meanwhile (function trials wake this loop at every step they report).
+                while self.running and not self.pool.free and self._stop_signal is None:
+                    self._poll()
+                    self._wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.workers is not None:
+                self.workers.shutdown()
+            if self.forkserver is not None:
+                self.forkserver.shutdown()
         tally = counts(self.ostudy.get_trials(deepcopy=False))
         if self._stop_signal is not None:
             raise StudyFailed(f"interrupted by signal {self._stop_signal}; run the same command to resume")
@@ -279,6 +321,13 @@ class Tuner:
 
             raise StudyFailed(stopped_study(self.study, self.ostudy.get_trials(deepcopy=False), tally["failed"]))
         return tally
+
+    def _wait(self) -> None:
+        if self.workers is not None:
+            # A function trial waits in report() for the pruner's word: wake as soon as it reports.
+            self.workers.wait(self.poll_interval)
+        else:
+            time.sleep(self.poll_interval)
 
     def _on_signal(self, signum: int, frame) -> None:
         self._stop_signal = signum
@@ -297,14 +346,23 @@ class Tuner:
                            ("trial_id", trial_id), ("device", slot.describe()), ("started", time.time())):
             trial.set_user_attr(key, value)
         try:
-            proc = TrialProcess.start(self.study, trial.number, params, job_dir, slot, self.export_model)
+            if self.workers is not None:
+                from modelyard.tuning.workers import FunctionTrial
+
+                proc = FunctionTrial.start(self.study, trial.number, params, job_dir, slot, self.workers)
+            else:
+                proc = TrialProcess.start(self.study, trial.number, params, job_dir, slot, self.export_model,
+                                          self.forkserver)
         except OSError as exc:
             self.pool.give_back(slot)
-            trial.set_user_attr("error", f"could not start {self.study.command[0]}: {exc}")
+            what = self.study.function or self.study.command[0]
+            trial.set_user_attr("error", f"could not start {what}: {exc}")
             self.ostudy.tell(trial, state=TrialState.FAIL)
             self.on_event("failed", {"number": trial.number, "error": str(exc)})
             return
         trial.set_user_attr("pgid", proc.pid)
+        if self.workers is not None:
+            trial.set_user_attr("worker_pid", proc.pid)
         self.storage.record_heartbeat(trial._trial_id)
         self.running[trial.number] = (trial, proc, -1)
         self.on_event("started", {"number": trial.number, "params": params, "device": slot.describe(),
@@ -336,6 +394,8 @@ class Tuner:
             proc.metrics.poll()
             last_step = self._report(trial, proc, last_step, exited)
             self.running[number] = (trial, proc, last_step)
+            if not exited:
+                proc.answer()
             if exited:
                 self._finish(trial, proc)
                 continue
@@ -373,11 +433,14 @@ class Tuner:
         proc.kill_group()
         del self.running[trial.number]
         self.pool.give_back(proc.slot)
-        code = proc.proc.returncode
+        code = proc.exit_code
         trial.set_user_attr("exited_at", time.time())
         trial.set_user_attr("seconds", round(time.time() - proc.started, 3))
         trial.set_user_attr("exit_code", code)
         info: dict[str, Any] = {"number": trial.number, "exit_code": code}
+        if proc.note:
+            trial.set_user_attr("note", proc.note)
+            info["note"] = proc.note
         if proc.stop_reason == "pruned":
             self.ostudy.tell(trial, state=TrialState.PRUNED)
             self.on_event("pruned", info)
@@ -387,14 +450,13 @@ class Tuner:
             _RETRY(self.ostudy, self.storage.get_trial(trial._trial_id))
             self.on_event("interrupted", info)
             return
-        error = None
-        if proc.stop_reason == "timeout":
-            error = f"stopped after timeout_seconds {self.study.timeout:g}"
-        elif code != 0:
-            error = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
+        error = proc.failure(self.study.timeout)
         values = []
         if error is None:
             for metric in self.study.metrics:
+                if proc.final and metric.tag in proc.final:  # a function trial's return value
+                    values.append(proc.final[metric.tag])
+                    continue
                 series = proc.metrics.series(metric.tag)
                 if not series:
                     error = (f"metric {metric.tag!r} was never reported; the trial reported "

@@ -1,0 +1,137 @@
+"""The tuner's side of warm command trials: the fork server process (tuning.forkserver) and a
+trial it forked, with the part of ``subprocess.Popen`` a TrialProcess uses (pid, poll, returncode).
+
+If the server cannot fork a trial (it died, or did not answer in time), the caller starts the
+trial cold, as before: a warm start is an optimisation, never a requirement.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from modelyard.tuning.runner import _child_setup
+
+FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
+
+
+class WarmChild:
+    """A trial process forked by the server; its exit status arrives from the server."""
+
+    def __init__(self, server: "ForkServer", pid: int):
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.pump()
+            if self.returncode is None and not self.server.alive():
+                # The server died before it reaped us: the child died with it (parent-death signal).
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+class ForkServer:
+    """One server per study; started at once, so it imports while the study opens."""
+
+    def __init__(self, env: dict[str, str], log: Path):
+        to_server_r, self._to_server = os.pipe()
+        self._from_server, from_server_w = os.pipe()
+        os.set_blocking(self._from_server, False)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w)],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                pass_fds=(to_server_r, from_server_w), start_new_session=True,
+                preexec_fn=_child_setup(None, os.getpid()))
+        os.close(to_server_r)
+        os.close(from_server_w)
+        self._buffer = b""
+        self._children: dict[int, WarmChild] = {}
+        self._forked: dict[str, int] = {}
+        self._exits: dict[int, int] = {}
+        self.broken = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def pump(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._from_server, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.broken = True
+                break
+            self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get("event") == "forked":
+                self._forked[message["trial"]] = message["pid"]
+            elif message.get("event") == "exited":
+                child = self._children.get(message["pid"])
+                if child is not None:
+                    child.returncode = message["returncode"]
+                else:
+                    self._exits[message["pid"]] = message["returncode"]
+
+    def spawn(self, trial: str, argv: list[str], env: dict[str, str], cwd: Path, log: Path,
+              cpus: set[int] | None) -> WarmChild | None:
+        """Fork a trial; None if the server cannot (the caller starts it cold)."""
+        if self.broken or not self.alive():
+            return None
+        job = {"trial": trial, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log),
+               "cpus": sorted(cpus) if cpus else None}
+        data = (json.dumps(job) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self._to_server, data):]
+        except OSError:
+            self.broken = True
+            return None
+        deadline = time.time() + FORK_TIMEOUT
+        while trial not in self._forked:
+            if self.broken or not self.alive() or time.time() > deadline:
+                self.broken = True  # a server that will not fork is not asked again
+                return None
+            select.select([self._from_server], [], [], 0.1)
+            self.pump()
+        pid = self._forked.pop(trial)
+        child = WarmChild(self, pid)
+        child.returncode = self._exits.pop(pid, None)
+        self._children[pid] = child
+        return child
+
+    def shutdown(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for fd in (self._to_server, self._from_server):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
