@@ -61,6 +61,7 @@ VENVS = {
     "kserve": ["kserve", TF_PIN, "ai-edge-litert"],
     "fastapi": ["fastapi", "uvicorn[standard]", TF_PIN, "ai-edge-litert"],
     "plot": ["matplotlib"],
+    "kserve_v2": ["kserve==0.21.*", "ai-edge-litert"],  # bench/serving_v2.py's peer: a .tflite, no TensorFlow
 }
 # One batch thread: on two cores the REST event loop (parsing every request) needs the other
 # one. Measured on the CNN at c=64: one thread filled batches to ~31 rows and served 10-30%
@@ -612,7 +613,20 @@ def main(argv=None) -> int:
                    help="extra `modelyard serve` flags for both CNN runs, batched and not (default: --runtime "
                    "tensorflow, TF Serving's runtime, whose per-call cost batching amortizes)")
     p.add_argument("--out", default=str(RESULTS), help="directory for serving.md and serving.png")
+    p.add_argument("--v2", action="store_true",
+                   help="only the Open Inference Protocol run (bench/serving_v2.py): V2 vs TF Serving's API on one "
+                        "modelyard serve and vs KServe's V2 server; writes serving_v2.md")
+    p.add_argument("--v2-rounds", type=int, default=3, help="with --v2: rounds taking turns (default 3)")
+    p.add_argument("--v2-workdir", default=str(CACHE / "v2"), help="with --v2: models, bodies and logs")
+    p.add_argument("--kserve-python", help="with --v2: the Python of a venv with kserve 0.21 and ai-edge-litert "
+                                           "(default: one made under the cache dir)")
     args = p.parse_args(argv)
+    if args.v2:
+        import serving_v2
+
+        if not args.kserve_python and "kserve" not in args.skip:
+            args.kserve_python = str(ensure_venv("kserve_v2"))
+        return serving_v2.run(args, Path(args.out))
 
     duration = args.duration or (2.0 if args.quick else 10.0)
     half_duration = max(2.0, duration / 2)
