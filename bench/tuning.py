@@ -267,14 +267,15 @@ def peer_side(tmp: Path, name: str, tool: str) -> Side:
     return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0], overhead)
 
 
-def peers(tmp: Path) -> str:
+def peers(tmp: Path, skip: tuple[str, ...] = ()) -> str:
     """The unpruned study sets the target (its best - 0.5 points); every side's time to reach it."""
     median = {"median_automated_stopping_spec": {}}
     hyperband = {"hyperband_stopping_spec": {"min_resource": 1, "max_resource": EARLY_EPOCHS, "reduction_factor": 3}}
     tpe = "ALGORITHM_UNSPECIFIED"
     plan = [
-        ("modelyard tune, random, no stopping (reference; warm command trials)",
-         lambda: modelyard_side(tmp, "unpruned", None, "RANDOM_SEARCH")),
+        # The reference only sets the target (its best - 0.5 points): its 600 epochs run as function trials.
+        ("modelyard tune, random, no stopping (reference; function trials)",
+         lambda: modelyard_side(tmp, "unpruned", None, "RANDOM_SEARCH", FUNCTION_TRIAL)),
         (COLD, lambda: modelyard_side(tmp, "median-cold", median, tpe, {"warm_start": False})),
         (WARM, lambda: modelyard_side(tmp, "median", median, tpe)),
         (FUNCTION, lambda: modelyard_side(tmp, "median-function", median, tpe, FUNCTION_TRIAL)),
@@ -287,6 +288,7 @@ def peers(tmp: Path) -> str:
         # Not a modelyard dependency; installing it may change the shared environment's Keras.
         print("keras_tuner is not installed (pip install keras-tuner): its row is left out", flush=True)
         plan = [step for step in plan if not step[0].startswith("KerasTuner")]
+    plan = [step for step in plan if not any(word.lower() in step[0].lower() for word in skip)]
     sides = []
     for label, run in plan:
         side = run()
@@ -398,6 +400,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="parallelism: alternating runs per side")
     parser.add_argument("--part", choices=("all", "parallel", "early", "peers"), default="all")
     parser.add_argument("--out-dir", default=str(ROOT / "results"))
+    parser.add_argument("--skip", nargs="*", default=[], metavar="WORD",
+                        help="peers: leave out the rows whose name has one of these words (e.g. Hyperband)")
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("this benchmark needs 2 cores")
@@ -424,15 +428,17 @@ def main() -> int:
                 f"epochs up to its stop). Best = best validation accuracy of any epoch of any trial "
                 f"(BEST_MEASUREMENT).\n\n{table}\n", out)
         if args.part in ("all", "peers"):
-            table = peers(Path(tmp))
+            table = peers(Path(tmp), tuple(args.skip))
             write_results("tuning_peers",
                 f"# Tuning benchmark: modelyard tune against KerasTuner and Optuna\n\n"
                 f"`python3 bench/tuning.py --part peers` ({stamp}; `pip install keras-tuner`)\n\n"
                 f"The study of the early-stopping part (digits MLP, learning rate 1e-4..0.3 log, width 8..256 log, "
-                f"dropout 0..0.6; {EARLY_EPOCHS} epochs at most; {EARLY_TRIALS} points) run five ways, one after "
-                f"another. modelyard: `modelyard tune`, 2 trials at a time, one core each, each trial a fresh "
-                f"`modelyard train` process. Optuna: a plain script, one process, trials one after another in it "
-                f"(TPE seed 0, MedianPruner defaults). KerasTuner: Hyperband (max_epochs {EARLY_EPOCHS}, factor 3, "
+                f"dropout 0..0.6; {EARLY_EPOCHS} epochs at most; {EARLY_TRIALS} points) run several ways, one after "
+                f"another. modelyard: `modelyard tune`, 2 trials at a time, one core each; its trials as cold "
+                f"command trials (`warm_start: false`: a fresh `modelyard train` process each), warm command "
+                f"trials (`modelyard train` forked from a server that imported TensorFlow) or function trials "
+                f"(bench/tuning_trial/digits_function.py in warm workers). Optuna: a plain script, one process, trials one after another in it "
+                f"(TPE seed 0, MedianPruner defaults). Per-trial overhead: a trial's start to its first measurement, less one epoch (the median gap between a trial's measurements); median over the trials. KerasTuner (when installed): Hyperband (max_epochs {EARLY_EPOCHS}, factor 3, "
                 f"hyperband_iterations set so it starts about {EARLY_TRIALS} points), one process. The peers train "
                 f"the same network on the same tf.data input as `modelyard train` (bench/tuning_trial/peers.py). "
                 f"Time to target: seconds from the study's launch (Python and TensorFlow start-up included) to the "
