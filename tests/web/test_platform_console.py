@@ -159,7 +159,14 @@ def test_console_shows_what_the_rest_api_says(yard, browser, tmp_path_factory):
     width = PHONE["viewport"]["width"]
     assert phone.evaluate("document.documentElement.scrollWidth") <= width
     for cell in ("tr.dm .share", "tr.dm .requests", "tr.dm .latency", "tr.replica .served", "tr.version .uri"):
-        box = phone.locator(cell).first.bounding_box()
+        # The live fragment is swapped in on each poll: a cell measured while it is replaced has no box
+        # (detached), so measure again on the next fragment rather than call that a layout failure.
+        box = None
+        for _ in range(20):
+            box = phone.locator(cell).first.bounding_box()
+            if box is not None:
+                break
+            phone.wait_for_timeout(100)
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (cell, box)
     print("screenshot:", shoot(phone, tmp_path_factory, "platform-console-phone"))
     assert dialogs == []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from modelyard.platform.autoscale import Autoscaler, Policy
 from modelyard.platform.deadlines import DeadlinePolicy
+from modelyard.platform.errors import ApiError, check_bearer
 from modelyard.platform.fields import DEFAULT_MAX_REQUEST_BYTES
 from modelyard.platform.gateway import Gateway
 from modelyard.platform.job_runner import JobRunner
@@ -75,6 +76,15 @@ class Platform:
         self.jobs.platform = self  # training pipelines upload their model through the API's code
         self._jobs_task: asyncio.Task | None = None
         self._ops_task: asyncio.Task | None = None  # operations' outcomes the store refused, written later
+
+    def token_refusal(self, header: bytes | str | None) -> ApiError | None:
+        """The API's UNAUTHENTICATED error for this ``Authorization`` header, or None when it may pass
+        (the console asks this: web/ does not import the platform)."""
+        try:
+            check_bearer(self.config.auth_token, header)
+        except ApiError as exc:
+            return exc
+        return None
 
     def refresh(self) -> None:
         self.routing.load(self.store)

@@ -7,6 +7,8 @@ Protocol routes answer the same error as V2's ``{"error": "..."}`` (``to_v2_body
 """
 from __future__ import annotations
 
+from modelyard.platform import bearer
+
 # google.rpc.Code name -> (numeric code, HTTP status), as in googleapis' code.proto mapping.
 STATUS = {
     "OK": (0, 200),
@@ -53,6 +55,16 @@ class ApiError(Exception):
     def to_rpc_status(self) -> dict:
         """A ``google.rpc.Status`` (numeric code) for an Operation's ``error`` field."""
         return {"code": STATUS[self.status][0], "message": self.message}
+
+
+def check_bearer(expected: str | None, header: bytes | str | None) -> None:
+    """Raises the API's ``UNAUTHENTICATED`` unless ``bearer.refusal`` lets the request pass."""
+    why = bearer.refusal(expected, header)
+    if why == bearer.MISSING:
+        raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "
+                       "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
+    if why == bearer.INVALID:
+        raise ApiError("UNAUTHENTICATED", "Request had invalid authentication credentials.")
 
 
 def not_found(kind: str, name: str) -> ApiError:

@@ -9,7 +9,6 @@ framework's conveniences for the rest, where a request's cost does not matter.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import re
 
@@ -17,7 +16,7 @@ import httptools
 import orjson
 
 from modelyard.platform import fields, v2_paths
-from modelyard.platform.errors import ApiError
+from modelyard.platform.errors import ApiError, check_bearer
 from modelyard.platform.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -215,14 +214,7 @@ class Front:
             return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_v2_body())
 
     def _check_token(self, given: bytes | None) -> None:
-        token = self.p.config.auth_token
-        if not token:
-            return
-        if not given:
-            raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "
-                           "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
-        if not hmac.compare_digest(given, f"Bearer {token}".encode()):
-            raise ApiError("UNAUTHENTICATED", "Request had invalid authentication credentials.")
+        check_bearer(self.p.config.auth_token, given)
 
     async def _pass(self, r: _Request):
         headers = [(k, v) for k, v in r.headers if k.lower() not in _HOP]

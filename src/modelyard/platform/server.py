@@ -2,7 +2,6 @@
 the gateway's predict routes, the token check, and the one mapping of errors to HTTP responses."""
 from __future__ import annotations
 
-import hmac
 import logging
 
 import orjson
@@ -11,7 +10,7 @@ from aiohttp import web
 from modelyard.objstore import StorageError
 from modelyard.platform import endpoints, fields, jobs, models, names
 from modelyard.platform.app import Platform
-from modelyard.platform.errors import ApiError
+from modelyard.platform.errors import ApiError, check_bearer
 from modelyard.platform.gateway import PIN_HEADER
 
 log = logging.getLogger(__name__)
@@ -55,14 +54,7 @@ def build_app(p: Platform) -> web.Application:
     token = p.config.auth_token
 
     def check_token(request: web.Request) -> None:
-        if not token:
-            return
-        given = request.headers.get("Authorization", "")
-        if not given:
-            raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "
-                           "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise ApiError("UNAUTHENTICATED", "Request had invalid authentication credentials.")
+        check_bearer(token, request.headers.get("Authorization"))
 
     async def handle(request: web.Request) -> web.Response:
         try:

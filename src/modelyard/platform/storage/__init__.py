@@ -6,8 +6,9 @@ Modules: ``names`` (the name rules and the one mapping to files), ``errors`` (Go
 ``uploads`` (resumable sessions), ``multipart``, ``routes`` (HTTP), ``server`` (the process). ``local_file``
 is how the rest of the platform turns a ``gs://`` URI or a ``/gcs/`` path into the file it names.
 
-May import: the standard library, aiohttp and google-crc32c; nothing else of modelyard (a leaf the
-platform's CLI starts as a process and the job code asks for paths).
+May import: the standard library, aiohttp and google-crc32c; of modelyard only ``platform.bearer`` (the
+platform's one token rule, itself a leaf): this is a leaf the platform's CLI starts as a process and
+the job code asks for paths.
 """
 from __future__ import annotations
 

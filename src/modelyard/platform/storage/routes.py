@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import email.parser
 import email.policy
-import hmac
 import json
 import logging
 import re
@@ -29,6 +28,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiohttp import web
 
+from modelyard.platform import bearer
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
 from modelyard.platform.storage.multipart import read_multipart
@@ -88,13 +88,11 @@ class StorageRoutes:
         return app
 
     def _check_token(self, request: web.Request) -> None:
-        if not self.token:
-            return
-        given = request.headers.get("Authorization", "")
-        if not given:
+        why = bearer.refusal(self.token, request.headers.get("Authorization"))
+        if why == bearer.MISSING:
             raise StorageApiError(401, "required", "Anonymous caller does not have access: send "
                                   "'Authorization: Bearer <token>' (the platform's --auth-token).")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+        if why == bearer.INVALID:
             raise StorageApiError(401, "authError", "Invalid Credentials")
 
     def _base_url(self, request: web.Request) -> str:

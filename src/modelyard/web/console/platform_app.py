@@ -13,7 +13,6 @@ configured, everything is readable and nothing can be changed here.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 from importlib import resources
 
@@ -63,16 +62,8 @@ class PlatformConsole:
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """None when this request may read the platform's state, else the API's UNAUTHENTICATED answer."""
-        token = self.p.config.auth_token
-        if not token:
-            return None
-        given = request.headers.get("Authorization", "")
-        if not given:
-            return _error(401, "UNAUTHENTICATED", "Request is missing required authentication credential: "
-                          "send 'Authorization: Bearer <token>' (the platform's --auth-token).")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return _error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
-        return None
+        refused = self.p.token_refusal(request.headers.get("Authorization"))  # the platform's one rule
+        return None if refused is None else _error(refused.http_status, refused.status, refused.message)
 
     async def _answer(self, request: web.Request, render, content_type: str) -> web.Response:
         refused = self._refusal(request)
