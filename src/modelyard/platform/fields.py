@@ -72,21 +72,21 @@ def check_body(doc: dict, message: str, at: str = "") -> None:
 
 def display_name(value: object, what: str) -> None:
     """A display name, if given, is a string of at most 128 characters (its presence is the resource's rule)."""
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise invalid(f"{what} must be a string.")
-    if len(value) > MAX_DISPLAY_NAME:
-        raise invalid(f"{what} is {len(value)} characters long: it can be at most {MAX_DISPLAY_NAME} characters.")
+    _bounded_text(value, what, MAX_DISPLAY_NAME, f"it can be at most {MAX_DISPLAY_NAME} characters")
 
 
 def description(value: object, what: str) -> None:
+    """A description, if given, is a string of at most ``MAX_DESCRIPTION`` characters (modelyard's bound)."""
+    _bounded_text(value, what, MAX_DESCRIPTION, f"modelyard takes at most {MAX_DESCRIPTION}")
+
+
+def _bounded_text(value: object, what: str, limit: int, why: str) -> None:
     if value is None:
         return
     if not isinstance(value, str):
         raise invalid(f"{what} must be a string.")
-    if len(value) > MAX_DESCRIPTION:
-        raise invalid(f"{what} is {len(value)} characters long: modelyard takes at most {MAX_DESCRIPTION}.")
+    if len(value) > limit:
+        raise invalid(f"{what} is {len(value)} characters long: {why}.")
 
 
 def labels(value: object, what: str = "labels") -> dict:
