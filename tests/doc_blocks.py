@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.M | re.S)
+# A fence may be indented (a block inside a list item): its body loses that indentation, as Markdown reads it.
+_FENCE = re.compile(r"^([ \t]*)```([\w+-]*)[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,15 @@ class Block:
         return f"{page}:{self.line} ({self.lang or 'untyped'})"
 
 
+def _dedent(body: str, indent: str) -> str:
+    return "".join(line[len(indent):] if line.startswith(indent) else line.lstrip(" \t")
+                   for line in body.splitlines(keepends=True))
+
+
 def blocks(text: str) -> list[Block]:
-    """Every fenced block of ``text``, in order."""
-    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in _FENCE.finditer(text)]
+    """Every fenced block of ``text``, in order, indented ones (inside list items) included."""
+    return [Block(m.group(2), _dedent(m.group(3), m.group(1)), text.count("\n", 0, m.start()) + 1)
+            for m in _FENCE.finditer(text)]
 
 
 def fenced(text: str, lang: str) -> list[str]:
@@ -63,3 +70,28 @@ def sh(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.C
                           text=True, timeout=timeout)
     assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+def indented_blocks(text: str) -> list[Block]:
+    """Markdown's indented code blocks (four spaces, after a blank line, outside fences and list items), in
+    order, as blocks of language ``indented``: the one-line commands the pages show without a fence."""
+    found: list[Block] = []
+    lines = text.splitlines()
+    in_fence, paragraph_indent, i = False, 0, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("    ") and i and not lines[i - 1].strip() and paragraph_indent == 0:
+            start = i
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+            body = "\n".join(s[4:] for s in lines[start:i]).strip("\n") + "\n"
+            found.append(Block("indented", body, start + 1))
+            continue
+        elif not in_fence and line.strip():
+            # A list item's text (and its continuation lines) is indented: four spaces there are not code.
+            stripped = line.lstrip()
+            paragraph_indent = len(line) - len(stripped) + (2 if re.match(r"[-*+] |\d+\. ", stripped) else 0)
+        i += 1
+    return found

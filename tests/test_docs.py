@@ -6,9 +6,12 @@ parsed (training configs through modelyard's own config loader), ``text`` and ``
 samples to read (docs/security.md's token-file and SSLConfig samples are still read by the parsers the
 server uses). Ports, and paths under the user's home, are the test's own; the rest is verbatim.
 A page's shell blocks run before its Python blocks, which is the pages' own order today.
-Blocks too expensive for CI are listed in NOT_RUN with the reason; they are still checked: bash
-parses them (``bash -n``) and every ``--flag`` they give a ``modelyard`` command is one its parser
-has. Blocks another test runs are listed in RUN_ELSEWHERE.
+The examples are small (two epochs, a study of 4 trials) so the pages run in CI as written: training's
+several hosts are two tasks of this machine (the page's cluster.json is on localhost), tuning's hosts join
+the session's PostgreSQL server (the page's `export TUNING_DB=` line names it). A block that cannot run on
+one machine would go in NOT_RUN with the reason (empty today); it is still checked: bash parses it
+(``bash -n``) and every ``--flag`` it gives a ``modelyard`` command is one its parser has. Blocks another
+test runs are listed in RUN_ELSEWHERE.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,36 +29,21 @@ import requests
 import yaml
 
 from modelyard.ports import free_port
-from tests.doc_blocks import Block, blocks, sh, shell_env
+from tests.doc_blocks import Block, blocks, indented_blocks, sh, shell_commands, shell_env
 from tests.serving.server_process import wait_for
+from tests.tuning.conftest import postgres_url  # noqa: F401  (the session's PostgreSQL server)
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))
 SHELL, PYTHON, DATA, SAMPLE = {"bash", "sh"}, {"python"}, {"yaml", "json"}, {"text", "nginx"}
 
-# (page, the block's first line) -> why CI does not run it.
-NOT_RUN: dict[tuple[str, str], str] = {
-    ("docs/training.md", "modelyard train mnist.yaml"):
-        "a TensorFlow training (5 epochs under mirrored); tests/training trains the same config",
-    ("docs/training.md", "modelyard launch --workers 2 -- modelyard train mwms.yaml      # strategy: multi_worker_mirrored"):
-        "a two-worker MultiWorkerMirrored launch (two TF processes); tests/training/ runs launches",
-    ("docs/training.md", "modelyard launch --cluster-spec cluster.json --task worker:1 -- modelyard train job.yaml"):
-        "one task of a job spread over several hosts: it waits for the other hosts' tasks",
-    ("docs/training.md", "modelyard serve --model_name my_mnist_model --model_base_path models/my_mnist_model &"):
-        "a server plus a second training; its curl's instance is elided (`...`), a 784-number image",
-    ("docs/tuning.md", "modelyard tune hpt_job.json"):
-        "needs a Vertex HyperparameterTuningJob JSON the page describes but does not show in full",
-    ("docs/tuning.md", "modelyard tune study.yaml --join --storage postgresql://user@db-host/tuning   # on each host"):
-        "needs a PostgreSQL server on db-host shared by several hosts",
-}
-FIRST_LOOK = "modelyard tune study.yaml --max-trials 2  # a first look: 2 trials (side by side) of the file's 20"
+# (page, the block's first line) -> why CI cannot run it. Empty: every shell and Python block runs (training's
+# several hosts as tasks of this machine, tuning's PostgreSQL as the session's server). A block put here must
+# be impossible on one machine; it is still parsed by bash and its flags checked against the parsers.
+NOT_RUN: dict[tuple[str, str], str] = {}
+FIRST_LOOK = "modelyard tune study.yaml --max-trials 2  # a first look: 2 trials (side by side) of the file's 4"
 # Blocks another test runs as written: (page, first line) -> the test.
-RUN_ELSEWHERE: dict[tuple[str, str], str] = {
-    ("docs/tuning.md", "# train.py"): "tests/test_readme.py::test_tuning_quick_start_runs_as_written",
-    ("docs/tuning.md", "# study.yaml"): "tests/test_readme.py::test_tuning_quick_start_runs_as_written",
-    ("docs/tuning.md", FIRST_LOOK):  # its middle line (20 trainings, minutes) is not run anywhere
-        "tests/test_readme.py::test_tuning_quick_start_runs_as_written: the first-look and status lines",
-}
+RUN_ELSEWHERE: dict[tuple[str, str], str] = {}
 
 
 def page_blocks(page: str) -> list[Block]:
@@ -100,6 +89,43 @@ def test_every_block_says_what_it_is():
     firsts = {(page, first_line(b)) for page in PAGES for b in page_blocks(page)}
     assert set(NOT_RUN) <= firsts, set(NOT_RUN) - firsts
     assert set(RUN_ELSEWHERE) <= firsts, set(RUN_ELSEWHERE) - firsts
+
+
+# Indented (unfenced) commands of docs/: (page, the command) -> the test that runs it as written.
+INDENTED_RUN: dict[tuple[str, str], str] = {
+    ("docs/storage.md", "python -m modelyard.platform.storage --root /tmp/gcs --port 8601"):
+        "test_storage_page_runs_against_the_standalone_storage",
+}
+_INSTALL = re.compile(r"python3 -m pip install -e '\.\[(\w+)\]'")
+
+
+def test_indented_commands_are_run_installed_or_samples():
+    """Markdown's indented code blocks are commands too: each is a `$ `-prompted sample of a command with its
+    output, an install of an extra that pyproject.toml has and this (installed) environment holds, or a
+    command a named test of this file runs."""
+    import importlib.metadata
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert indented_blocks("text\n\n    cmd --x\n\n- item\n\n    continued item text\n") == [
+        Block("indented", "cmd --x\n", 3)]  # a list item's continuation is not code
+    seen = set()
+    for page in PAGES:
+        for b in indented_blocks((REPO / page).read_text()):
+            line = b.body.strip()
+            if line.startswith("$ "):
+                continue
+            install = _INSTALL.fullmatch(line)
+            if install:
+                assert install.group(1) in extras, f"{b.where(page)}: pyproject.toml has no extra {install.group(1)}"
+                for requirement in extras[install.group(1)]:
+                    name = re.split(r"[<>=!~\[; ]", requirement)[0]
+                    importlib.metadata.version(name)  # installed, as the page's line would have it
+                continue
+            assert (page, line) in INDENTED_RUN, f"{b.where(page)}: no test runs `{line}`; fence it as bash and run it"
+            assert INDENTED_RUN[page, line] in globals()
+            seen.add((page, line))
+    assert seen == set(INDENTED_RUN)
 
 
 def test_data_blocks_parse():
@@ -263,29 +289,162 @@ def test_security_page_ssl_config_sample_is_an_ssl_config():
     assert proto.server_cert.endswith("-----END CERTIFICATE-----\n") and proto.custom_ca
 
 
-# ---- docs/training.md: configs through the real loader, my_model.py built, the CLI's help ----
-def test_training_page_configs_load_and_my_model_builds(tmp_path):
+# ---- docs/training.md: the page in order, in one folder: its files written, its commands run ----
+def _bash_in_background(body: str, cwd: Path, env: dict, log: Path) -> subprocess.Popen:
+    """A block that leaves a process running (`cmd &`): its own session, so the test stops everything it
+    started; output to a file, since a background child keeps a pipe open after bash exits."""
+    return subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", body], cwd=cwd, env=env, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def test_training_page_runs_as_written(tmp_path):
+    """docs/training.md from the top: mnist.yaml trained and exported, mwms.yaml launched as two workers, then
+    as the two hosts of cluster.json (both here), my_model.py built, every config section through the
+    loader, and the export-to-serving block against its own server. Ports are the test's own."""
     from modelyard.training import config
 
     page = "docs/training.md"
-    yamls = to_run(page, {"yaml"})
-    assert first_line(yamls[0]) == "# mnist.yaml"
-    (tmp_path / "mnist.yaml").write_text(yamls[0].body)
-    base, base_raw = config.load(tmp_path / "mnist.yaml"), yaml.safe_load(yamls[0].body)
-    assert base.global_batch_size == 64 and base.epochs == 5
-    (my_model,) = to_run(page, PYTHON)
-    assert first_line(my_model) == "# my_model.py"
-    (tmp_path / "my_model.py").write_text(my_model.body)
-    (tmp_path / "data").mkdir()
-    for b in yamls[1:]:
+    every = page_blocks(page)
+    named = {first_line(b)[2:]: b for b in every if b.lang in ("yaml", "python") and first_line(b).startswith("# ")}
+    assert set(named) == {"mnist.yaml", "mwms.yaml", "my_model.py"}, set(named)
+    for name, b in named.items():
+        (tmp_path / name).write_text(b.body)
+    shells = to_run(page, SHELL)
+    assert [first_line(b).split(" --")[0] for b in shells] == [
+        "modelyard train mnist.yaml", "modelyard launch", "modelyard launch", "modelyard serve"], shells
+    env = shell_env(tmp_path)
+    train, launch, hosts, serve = shells
+
+    # Quick start: two epochs on two logical CPUs, exported as version 1.
+    out = sh(train.body, tmp_path, env).stdout
+    assert re.search(r"^epoch 2/2 ", out, re.M) and "exported" in out, out
+    assert (tmp_path / "models" / "my_mnist_model" / "0001" / "saved_model.pb").is_file()
+    metrics = json.loads((tmp_path / "runs" / "mnist" / "metrics.json").read_text())
+    (sample,) = [json.loads(b.body) for b in every if b.lang == "json" and '"epochs_planned"' in b.body]
+    assert set(sample) <= set(metrics) and set(sample["epochs"][0]) <= set(metrics["epochs"][0]), (sample, metrics)
+    assert metrics["replicas"] == 2 and metrics["epochs_completed"] == 2 and metrics["completed"]
+
+    # Two workers on this machine.
+    out = sh(launch.body, tmp_path, env).stdout
+    assert "worker:1 | epoch 2/2" in out and "job finished (2 task(s))" in out, out
+
+    # Several hosts: cluster.json (the JSON block before the commands) on free ports, both hosts' tasks here.
+    (spec,) = [b for b in every if b.lang == "json" and b.line < hosts.line and "localhost:2222" in b.body]
+    ports = [free_port(), free_port()]
+    (tmp_path / "cluster.json").write_text(
+        spec.body.replace("localhost:2222", f"localhost:{ports[0]}").replace("localhost:2223", f"localhost:{ports[1]}"))
+    assert json.loads((tmp_path / "cluster.json").read_text()) == {"worker": [f"localhost:{p}" for p in ports]}
+    out = sh(hosts.body, tmp_path, env).stdout
+    assert out.count("job finished") == 2 and "epoch 2/2" in out, out
+
+    # Configs: the whole ones load as they are, a section is added to mnist.yaml's model and data.
+    base_raw = yaml.safe_load(named["mnist.yaml"].body)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    for b in to_run(page, {"yaml"}):
         raw = yaml.safe_load(b.body)
-        # A whole config (it names its model) loads as it is; a section is added to mnist.yaml's model and data.
         mapping = raw if "model" in raw else {"model": base_raw["model"], "data": base_raw["data"], **raw}
         try:
             config.from_mapping(mapping, tmp_path / "job.yaml")
         except config.ConfigError as exc:
             pytest.fail(f"{b.where(page)}: {exc}")
-    # my_model.py as written, then the build_model() the trainer calls.
+    # my_model.py as written, then the build_model() the trainer calls (in this process: TensorFlow is
+    # loaded once for the whole suite, where a process of its own would load it again).
+    import modelyard  # noqa: F401  (TF_USE_LEGACY_KERAS before tf_keras loads)
+
+    namespace: dict = {"__name__": "my_model"}
+    exec(compile(named["my_model.py"].body, f"{page} (my_model.py)", "exec"), namespace)
+    assert namespace["build_model"]().output_shape == (None, 10)
+
+    # Export to serving: the server in the background, a second training exports 0002, the curl answers.
+    rest, grpc_port = free_port(), free_port()
+    assert serve.body.count(" models/my_mnist_model &") == 1 and serve.body.count("localhost:8501") == 1
+    body = serve.body.replace(" models/my_mnist_model &", f" models/my_mnist_model --port {grpc_port} "
+                              f"--rest_api_port {rest} &").replace("localhost:8501", f"127.0.0.1:{rest}")
+    log = tmp_path / "serve-block.log"
+    proc = _bash_in_background(body, tmp_path, env, log)
+    try:
+        assert proc.wait(600) == 0, log.read_text()[-4000:]
+        answer = json.loads(log.read_text().strip().splitlines()[-1])  # the curl's line
+        (probabilities,) = answer["predictions"]
+        assert len(probabilities) == 10 and probabilities.index(max(probabilities)) == 0, answer  # a 0
+
+        def on_version_2() -> bool:
+            status = requests.get(f"http://127.0.0.1:{rest}/v1/models/my_mnist_model", timeout=5).json()
+            return any(v["version"] == "2" and v["state"] == "AVAILABLE" for v in status["model_version_status"])
+
+        wait_for(on_version_2, 60, what="the server moving to version 2")
+    finally:
+        _stop_session(proc)
+
+
+# ---- docs/tuning.md: the quick start's three lines, the Vertex job file, two hosts joining on PostgreSQL ----
+_DB_LINE = "export TUNING_DB=postgresql://user@db-host/tuning"
+
+
+def test_tuning_page_runs_as_written(tmp_path, postgres_url):
+    """docs/tuning.md's commands in page order, in the folder holding its train.py and study.yaml: the first
+    look (2 trials), the study on to the file's 4, its status; hpt_job.json beside them; then two "hosts"
+    (two folders with the same files, both here) joining one study on the test's PostgreSQL server: the one
+    substitution is the database URL in the page's `export TUNING_DB=` line, the session's server."""
+    page = "docs/tuning.md"
+    every = page_blocks(page)
+    (train,) = [b for b in every if b.lang == "python" and first_line(b) == "# train.py"]
+    (study,) = [b for b in every if b.lang == "yaml" and first_line(b) == "# study.yaml"]
+    (quick,) = [b for b in every if b.lang in SHELL and first_line(b) == FIRST_LOOK]
+    (job,) = [b for b in every if b.lang == "json" and '"trialJobSpec"' in b.body]
+    (tune_job,) = [b for b in every if b.lang in SHELL and b.body.strip() == "modelyard tune hpt_job.json"]
+    (db,) = [b for b in every if b.lang in SHELL and b.body.strip() == _DB_LINE]
+    (join,) = [b for b in every if b.lang in SHELL and "--join" in b.body]
+    assert train.line < study.line < quick.line < job.line < tune_job.line < db.line < join.line
+    folder = tmp_path / "quick"
+    folder.mkdir()
+    for f in (folder, tmp_path / "host-1", tmp_path / "host-2"):
+        f.mkdir(exist_ok=True)
+        (f / "train.py").write_text(train.body)
+        (f / "study.yaml").write_text(study.body)
     env = shell_env(tmp_path)
-    out = run_python(page, [my_model.body, "print(build_model().output_shape)"], tmp_path, env)
-    assert out.strip() == "(None, 10)", out
+
+    first, rest_of_study, status = shell_commands(quick.body)
+    out = sh(first, folder, env, timeout=900).stdout
+    assert "2 trial(s), 2 at a time" in out, out
+    out = sh(rest_of_study, folder, env, timeout=900).stdout
+    assert "4 trial(s), 2 at a time" in out, out
+    best = re.search(r"^best: trial \d+  accuracy = ([\d.]+)", out, re.M)
+    assert best and float(best.group(1)) > 0.5, out  # a real model learnt the digits
+    shown = sh(status, folder, env).stdout
+    tally = re.search(r"study mnist-mlp: (\d+) complete, (\d+) pruned, 0 failed, 0 running of max_trial_count 4",
+                      shown)
+    assert tally and int(tally.group(1)) + int(tally.group(2)) == 4, shown
+    assert (folder / "mnist-mlp.tuning.db").is_file() and (folder / "runs" / "mnist-mlp" / "trial-0004").is_dir()
+
+    # The Vertex HyperparameterTuningJob JSON, saved beside train.py.
+    (folder / "hpt_job.json").write_text(job.body)
+    out = sh(tune_job.body, folder, env, timeout=900).stdout
+    assert "study mnist-mlp-vertex" in out and "2 trial(s), 2 at a time" in out, out
+    assert re.search(r"^best: trial \d+  accuracy = ", out, re.M), out
+    assert {p.name for p in (folder / "runs" / "mnist-mlp-vertex").iterdir()} >= {"trial-0001", "trial-0002"}
+
+    # Several hosts: the export line (URL swapped for the test's server), then the join line, in each folder.
+    script = db.body.replace("postgresql://user@db-host/tuning", postgres_url) + join.body
+    assert postgres_url in script
+    logs = [tmp_path / f"host-{i}.log" for i in (1, 2)]
+    hosts = [_bash_in_background(script, tmp_path / f"host-{i}", env, log) for i, log in zip((1, 2), logs)]
+    try:
+        codes = [h.wait(900) for h in hosts]
+    finally:
+        for h in hosts:
+            _stop_session(h)
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], outputs
+    shown = sh(f"modelyard tune status study.yaml --storage {shlex.quote(postgres_url)}", tmp_path / "host-1", env).stdout
+    tally = re.search(r"study mnist-mlp: (\d+) complete, (\d+) pruned, 0 failed", shown)
+    assert tally and int(tally.group(1)) + int(tally.group(2)) == 4, shown
+    assert not (tmp_path / "host-1" / "mnist-mlp.tuning.db").exists()  # nothing went to the default SQLite

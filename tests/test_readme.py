@@ -134,7 +134,8 @@ def _run_client_snippets(rest_port: int, grpc_port: int) -> None:
         assert list(y_proba.argmax(axis=1)) == [0, 1, 2], (marker, y_proba.round(3))
 
 
-# ---- The tuning quick start (docs/tuning.md) and the README's batch and endpoints command blocks ----
+# ---- The vertex extra and the README's batch and endpoints command blocks (docs/tuning.md's quick start:
+# tests/test_docs.py::test_tuning_page_runs_as_written) ----
 def test_the_vertex_extra_brings_the_sdk_storage_and_hypertune():
     import tomllib
 
@@ -148,30 +149,6 @@ def test_the_vertex_extra_brings_the_sdk_storage_and_hypertune():
     assert "python3 -m pip install -e '.[vertex]'" in indented
     assert "pip install gcsfs" not in readme  # a dependency already
     assert "Two commands do everything" not in readme
-
-
-def test_tuning_quick_start_runs_as_written(tmp_path):
-    """docs/tuning.md's quick start: its train.py and study.yaml saved side by side, then its first look
-    (`modelyard tune study.yaml --max-trials 2`) and `modelyard tune status study.yaml`, as written."""
-    doc = (REPO / "docs" / "tuning.md").read_text()
-    quick = doc[doc.index("## Quick start"):doc.index("## The study file")]
-    assert "    python3 -m pip install -e '.[vertex]'\n" in quick  # the install line (this test run has it)
-    (train,) = [b for b in fenced(quick, "python") if b.startswith("# train.py")]
-    (study,) = [b for b in fenced(quick, "yaml") if b.startswith("# study.yaml")]
-    (tmp_path / "train.py").write_text(train)
-    (tmp_path / "study.yaml").write_text(study)
-    assert "accuracy = ..." not in train and "hpt.report_hyperparameter_tuning_metric" in train
-    (commands,) = [shell_commands(b) for b in fenced(quick, "bash") if "modelyard tune" in b]
-    first, status = commands[0], next(c for c in commands if c.startswith("modelyard tune status"))
-    assert first == "modelyard tune study.yaml --max-trials 2"
-    env = _shell_env(tmp_path)
-    ran = _sh(first, tmp_path, env, timeout=900)
-    assert "2 trial(s), 2 at a time" in ran.stdout, ran.stdout
-    best = re.search(r"^best: trial \d+  accuracy = ([\d.]+)", ran.stdout, re.M)
-    assert best and float(best.group(1)) > 0.5, ran.stdout  # a real model learnt the digits
-    shown = _sh(status, tmp_path, env)
-    assert re.search(r"study mnist-mlp: \d+ complete, \d+ pruned, 0 failed", shown.stdout), shown.stdout
-    assert (tmp_path / "mnist-mlp.tuning.db").is_file() and (tmp_path / "runs" / "mnist-mlp" / "trial-0002").is_dir()
 
 
 def test_batch_and_endpoints_commands_run_as_written(tmp_path):
