@@ -96,29 +96,14 @@ def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):
 
     from modelyard.platform.store import Store
     from tests.platform.conftest import PARENT
+    from tests.platform.v3_registry import write_v3_registry
 
     admin = create_engine(postgres, isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         c.execute(text("CREATE DATABASE registry_v3"))
     admin.dispose()
     url = postgres.rsplit("/", 1)[0] + "/registry_v3"
-    engine = create_engine(url)
-    with engine.begin() as c:  # the v3 tables a registry needs, as v3 wrote them
-        c.execute(text("CREATE TABLE modelyard_schema (version INTEGER PRIMARY KEY)"))
-        c.execute(text("INSERT INTO modelyard_schema VALUES (3)"))
-        c.execute(text("CREATE TABLE models (id VARCHAR(32) PRIMARY KEY, parent VARCHAR(256) NOT NULL, "
-                       "display_name VARCHAR(256) NOT NULL, description TEXT NOT NULL, labels JSON NOT NULL, "
-                       "created FLOAT NOT NULL, updated FLOAT NOT NULL)"))
-        c.execute(text("CREATE TABLE model_versions (model_id VARCHAR(32), version_id VARCHAR(16), "
-                       "artifact_uri TEXT NOT NULL, local_path TEXT NOT NULL, container JSON NOT NULL, "
-                       "aliases JSON NOT NULL, created FLOAT NOT NULL, PRIMARY KEY (model_id, version_id))"))
-        c.execute(text("CREATE TABLE deployed_models (id VARCHAR(32) PRIMARY KEY, endpoint_id VARCHAR(32) NOT NULL, "
-                       "model_id VARCHAR(32) NOT NULL, version_id VARCHAR(16) NOT NULL)"))
-        c.execute(text(f"INSERT INTO models VALUES ('123', '{PARENT}', 'old', '', '{{}}', 1, 1)"))
-        for v, aliases in (("1", '["stable"]'), ("2", "[]")):
-            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', "
-                           f"'{aliases}', 1)"))
-    engine.dispose()
+    write_v3_registry(url)
     store = Store(url)
     try:
         assert store.migrated_from == 3

@@ -284,26 +284,11 @@ def test_cli_model_ids_and_aliases(platform, uris, capsys):
 def test_a_schema_v3_database_is_upgraded_in_place(tmp_path):
     """A platform.db written before the registry (schema v3: "default" implied, 32-wide ids) opens: the
     highest version of each model gets the stored "default" alias and the new columns exist."""
-    from sqlalchemy import create_engine, text
-
     from modelyard.platform.store import Store
+    from tests.platform.v3_registry import write_v3_registry
 
     url = f"sqlite:///{tmp_path / 'platform.db'}"
-    engine = create_engine(url)
-    with engine.begin() as c:  # the v3 tables a registry needs, as v3 wrote them
-        c.execute(text("CREATE TABLE modelyard_schema (version INTEGER PRIMARY KEY)"))
-        c.execute(text("INSERT INTO modelyard_schema VALUES (3)"))
-        c.execute(text("CREATE TABLE models (id VARCHAR(32) PRIMARY KEY, parent VARCHAR(256) NOT NULL, "
-                       "display_name VARCHAR(256) NOT NULL, description TEXT NOT NULL, labels JSON NOT NULL, "
-                       "created FLOAT NOT NULL, updated FLOAT NOT NULL)"))
-        c.execute(text("CREATE TABLE model_versions (model_id VARCHAR(32), version_id VARCHAR(16), "
-                       "artifact_uri TEXT NOT NULL, local_path TEXT NOT NULL, container JSON NOT NULL, "
-                       "aliases JSON NOT NULL, created FLOAT NOT NULL, PRIMARY KEY (model_id, version_id))"))
-        c.execute(text(f"INSERT INTO models VALUES ('123', '{PARENT}', 'old', '', '{{}}', 1, 1)"))
-        for v, aliases in (("1", '["stable"]'), ("2", "[]")):
-            c.execute(text(f"INSERT INTO model_versions VALUES ('123', '{v}', 'gs://b/m', '/m', '{{}}', "
-                           f"'{aliases}', 1)"))
-    engine.dispose()
+    write_v3_registry(url)
     store = Store(url)
     try:
         assert store.migrated_from == 3
