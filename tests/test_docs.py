@@ -43,7 +43,20 @@ SHELL, PYTHON, DATA, SAMPLE = {"bash", "sh"}, {"python"}, {"yaml", "json"}, {"te
 NOT_RUN: dict[tuple[str, str], str] = {}
 FIRST_LOOK = "modelyard tune study.yaml --max-trials 2  # a first look: 2 trials (side by side) of the file's 4"
 # Blocks another test runs as written: (page, first line) -> the test.
-RUN_ELSEWHERE: dict[tuple[str, str], str] = {}
+_FUNCTION_TRIALS = "tests/tuning/test_function_trials.py::test_tuning_page_function_trials_run_as_written"
+RUN_ELSEWHERE: dict[tuple[str, str], str] = {
+    ("docs/tuning.md", "# objective.py"): _FUNCTION_TRIALS,
+    ("docs/tuning.md", "modelyard tune function_study.yaml"): _FUNCTION_TRIALS,
+    ("docs/tuning.md", "# tune_digits.py"): _FUNCTION_TRIALS,
+    ("docs/tuning.md", "python3 tune_digits.py"): _FUNCTION_TRIALS,
+}
+# Pages whose test runs every shell and Python block not listed above -> that test. docs/tuning.md's test
+# runs the blocks named in TUNING_RUN_HERE (the function-trial section is another test's).
+PAGE_TESTS = {
+    "docs/storage.md": "test_storage_page_runs_against_the_standalone_storage",
+    "docs/open-inference-protocol.md": "test_open_inference_protocol_page_runs_against_modelyard_serve",
+    "docs/training.md": "test_training_page_runs_as_written",
+}
 
 
 def page_blocks(page: str) -> list[Block]:
@@ -126,6 +139,27 @@ def test_indented_commands_are_run_installed_or_samples():
             assert INDENTED_RUN[page, line] in globals()
             seen.add((page, line))
     assert seen == set(INDENTED_RUN)
+
+
+def test_every_command_and_code_block_is_run():
+    """Each shell and Python block of docs/ is run by a named test (or listed in NOT_RUN with the reason):
+    a block added to a page without a test that runs it fails here."""
+    unclaimed = []
+    for page in PAGES:
+        for b in page_blocks(page):
+            if b.lang not in SHELL | PYTHON:
+                continue
+            key = (page, first_line(b))
+            if key in NOT_RUN or key in RUN_ELSEWHERE or page in PAGE_TESTS:
+                continue
+            if page == "docs/tuning.md" and first_line(b) in TUNING_RUN_HERE:
+                continue
+            unclaimed.append(b.where(page))
+    assert not unclaimed, f"no test runs these blocks: run them (tests/test_docs.py) or list them: {unclaimed}"
+    assert all(name in globals() for name in PAGE_TESTS.values())
+    for test in set(RUN_ELSEWHERE.values()):
+        path, name = test.split("::")
+        assert f"def {name}(" in (REPO / path).read_text(), test
 
 
 def test_data_blocks_parse():
@@ -387,6 +421,8 @@ def test_training_page_runs_as_written(tmp_path):
 
 # ---- docs/tuning.md: the quick start's three lines, the Vertex job file, two hosts joining on PostgreSQL ----
 _DB_LINE = "export TUNING_DB=postgresql://user@db-host/tuning"
+_JOIN_LINE = 'modelyard tune study.yaml --join --storage "$TUNING_DB"'
+TUNING_RUN_HERE = {"# train.py", FIRST_LOOK, "modelyard tune hpt_job.json", _DB_LINE, _JOIN_LINE}
 
 
 def test_tuning_page_runs_as_written(tmp_path, postgres_url):
@@ -402,7 +438,7 @@ def test_tuning_page_runs_as_written(tmp_path, postgres_url):
     (job,) = [b for b in every if b.lang == "json" and '"trialJobSpec"' in b.body]
     (tune_job,) = [b for b in every if b.lang in SHELL and b.body.strip() == "modelyard tune hpt_job.json"]
     (db,) = [b for b in every if b.lang in SHELL and b.body.strip() == _DB_LINE]
-    (join,) = [b for b in every if b.lang in SHELL and "--join" in b.body]
+    (join,) = [b for b in every if b.lang in SHELL and b.body.strip() == _JOIN_LINE]
     assert train.line < study.line < quick.line < job.line < tune_job.line < db.line < join.line
     folder = tmp_path / "quick"
     folder.mkdir()
