@@ -167,10 +167,16 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     # Local workers start now: their TensorFlow import and model load overlap staging and planning.
     pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
-        local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
+        scan = None
+        if engine == "ray":  # remote inputs are read by the nodes (planned by one, each chunk by its actor)
+            from modelyard.batch.engine_ray import scan_on_cluster
+
+            local_inputs, scan = [f.path for f in spec.inputs], scan_on_cluster(ray_address)
+        else:
+            local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         # A new job is planned while the workers predict its first chunks.
         source, total, rows_done = _chunks(job.job_dir, local_inputs, spec,
-                                           estimate=lambda rows: setattr(bar, "total", rows), say=say)
+                                           estimate=lambda rows: setattr(bar, "total", rows), say=say, scan=scan)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
         def ready(runtime: str) -> None:
@@ -247,16 +253,16 @@ def _nothing_succeeded(job_dir: Path, spec: JobSpec, stats: dict[str, int]) -> s
             + f". The input was read as {spec.format} (--format); every error is in {job_dir / ERRORS_FILE}")
 
 
-def _planned(files: list[str], spec: JobSpec) -> Iterator[tuple[Chunk, Any]]:
+def _planned(files: list[str], spec: JobSpec, scan: Any = None) -> Iterator[tuple[Chunk, Any]]:
     """``iter_plan`` for the job, an input it cannot plan failing the job (BatchError)."""
     try:
-        yield from iter_plan(files, spec.format, spec.chunk_rows)
+        yield from iter_plan(files, spec.format, spec.chunk_rows, scan)
     except (ValueError, OSError) as exc:
         raise BatchError(str(exc)) from None
 
 
 def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[int], None],
-            say: Callable[[str], None]) -> tuple[Iterable, int, int]:
+            say: Callable[[str], None], scan: Any = None) -> tuple[Iterable, int, int]:
     """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs not
     committed yet.
 
@@ -265,10 +271,10 @@ def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[
     the plan grows."""
     planned = job_plan.load_plan(job_dir)
     if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
-        planned = collect(_planned(files, spec))
+        planned = collect(_planned(files, spec, scan))
         job_plan.finish_partial_plan(job_dir, planned)
     if planned is None:  # a new job: nothing is committed yet
-        return _counted(job_plan.recorded(job_dir, _planned(files, spec)), files, estimate), 0, 0
+        return _counted(job_plan.recorded(job_dir, _planned(files, spec, scan)), spec, estimate), 0, 0
     chunks, contexts = planned
     done = committed(job_dir)
     rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
@@ -278,10 +284,10 @@ def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[
     return pending, sum(c.rows for c in chunks), rows_done
 
 
-def _counted(source: Iterable[tuple[Chunk, Any]], files: list[str], estimate: Callable[[int], None]):
+def _counted(source: Iterable[tuple[Chunk, Any]], spec: JobSpec, estimate: Callable[[int], None]):
     """``source`` passed through, the job's row count estimated as it goes (rows per byte so far)
     for the progress bar, exact once the plan is whole."""
-    size = sum(os.path.getsize(f) for f in files)
+    size = sum(f.size for f in spec.inputs)  # as recorded: remote inputs are not on this disk
     rows = spanned = 0
     for chunk, context in source:
         rows += chunk.rows

@@ -90,7 +90,7 @@ def _objects(data: memoryview) -> bool:
 
 def _map(chunk: Chunk) -> memoryview:
     """The chunk's bytes, mapped from the page cache (no copy: reading them costs no more than parsing)."""
-    with open(chunk.file, "rb") as f:
+    with open(chunk.read_path, "rb") as f:
         stop = min(chunk.end, os.fstat(f.fileno()).st_size)  # a file cut short since the plan: check_rows words it
         if stop <= chunk.start:
             return memoryview(b"")

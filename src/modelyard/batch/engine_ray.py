@@ -1,36 +1,62 @@
-"""The Ray engine: the local engine's chunks, run by Ray actors spread over a Ray cluster.
+"""The Ray engine: the local engine's chunks, run by Ray actors spread over a Ray cluster of
+machines that share no disk.
 
 Only *where* a chunk runs differs from ``engine_local``: the job, its plan of chunks, the
-per-chunk work (``work.process_chunk``) and the atomic part commits (``shards.commit_part``)
-are the same, so both engines write byte-identical parts and resume each other's jobs. Each
-actor (``num_cpus=1``, placed with Ray's SPREAD strategy) loads the model once, reads its chunks
-straight from the input files and commits its own parts; only chunk numbers and counts travel
-back. So every node must see the model, the inputs and the output directory at the same paths
-(on a one-machine cluster they do; on several machines, a shared mount).
+per-chunk work (``work.process_chunk``) and the part commits are the same, so both engines write
+byte-identical parts and resume each other's jobs. No actor is given a path of the driver's
+machine:
+
+- the model directory travels once through Ray's object store as a tar named by its SHA-256;
+  each node unpacks it into its own bounded cache (``node_cache``) and a later job with the same
+  model on that node fetches nothing;
+- a chunk of a local input is read by the driver and handed to its actor as bytes (Ray's object
+  store); a chunk of a ``gs://``/``s3://`` input is read by its actor straight from storage (a
+  ranged read), and a remote input is planned by a Ray task on a node (``scan_on_cluster``), so
+  it is never staged on the driver's disk. The actor keeps the range in a scratch file at the
+  same offsets (``Chunk.local_copy``): messages still name the input's own URI;
+- the actor predicts the chunk into a scratch job directory and answers with the part's bytes and
+  counts; the driver commits them into the job with the same record as the local engine
+  (``shards.commit_part_data``: errors part, then the results part's rename). So only the
+  driver writes the job, and a remote ``--output`` is published from there as before;
+- actors get the driver's storage settings (``STORAGE_EMULATOR_HOST``, ``AWS_ENDPOINT_URL`` ...,
+  ``STORAGE_ENV``) through Ray's runtime environment, so a node needs only ``pip install``.
+
+A node that dies (its raylet and processes killed, its machine gone) takes its actors with it:
+the chunks they held were not committed (only the driver commits), so they are handed to the
+live actors again, and a replacement actor is started wherever Ray finds a CPU. Every row still
+lands exactly once. If no actor is left and none can start, the job fails naming the dead nodes.
 
 The coordinator is a Ray driver: if it is killed, Ray ends its actors with it (they are not
-detached). A part an actor was renaming at that instant is whole or absent, and a part written
-twice (by a dying actor and by the next run) holds the same rows under the same name, so the
-next run still ends with every row exactly once.
+detached) and nothing more is committed; the same command resumes from the committed parts.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
+import shutil
 import socket
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from modelyard import node_cache, objstore
 from modelyard.batch.readers import Chunk
 from modelyard.batch.spec import BatchError, JobSpec
 
-# Chunks queued per actor beyond the one it runs: the next chunk is waiting when one commits.
+# Chunks held by each actor: the one it runs and the next, waiting when the first is answered.
 IN_FLIGHT_PER_ACTOR = 2
 CONNECT_TIMEOUT_S = 5.0
 # No actor with its model loaded after this long: the cluster has no CPU for one (or cannot load it).
 START_TIMEOUT_S = 600.0
+# Every actor dead (their nodes gone) and no replacement ready after this long: the job fails.
+REPLACE_TIMEOUT_S = 120.0
 WAIT_STEP_S = 1.0
+# The driver's settings a node needs to reach the same storage (only those set are passed on).
+STORAGE_ENV = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "MODELYARD_STORAGE_TOKEN",
+               "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+               "AWS_DEFAULT_REGION")
 
 
 def require_ray():
@@ -62,6 +88,8 @@ def connect(address: str | None):
     ray = require_ray()
     # "local", not None: None would join whichever Ray this machine ran last (Ray's address file).
     address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if ray.is_initialized() and _JOINED.get("address") == address:
+        return ray  # joined already (Ray spells the address its own way: 127.0.0.1 becomes the host's IP)
     check_reachable(address)
     if ray.is_initialized() and address not in ("auto", "local") \
             and ray.get_runtime_context().gcs_address != address:
@@ -74,7 +102,11 @@ def connect(address: str | None):
         except Exception as exc:  # ConnectionError, RuntimeError: Ray's message names the cause
             raise BatchError(f"--ray-address {address}: cannot join the Ray cluster: "
                              f"{type(exc).__name__}: {exc}") from None
+    _JOINED["address"] = address
     return ray
+
+
+_JOINED: dict[str, str] = {}  # the address this process joined, as it was asked for
 
 
 def cluster_cpus(ray) -> int:
@@ -82,48 +114,128 @@ def cluster_cpus(ray) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-class ChunkWorker:
-    """One Ray actor: the job's model loaded once, then chunks on request (``run``)."""
+def storage_runtime_env() -> dict:
+    """Ray ``runtime_env`` passing this process's storage settings on to actors and tasks."""
+    found = {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+    return {"env_vars": found} if found else {}
 
-    def __init__(self, job_dir: str, identity: dict, batch_size: int):
+
+def _scan_remote(fmt: str, uri: str, chunk_rows: int) -> tuple[list, Any]:
+    """On a node: the remote input's ranges and context, from a copy in the node's scratch space
+    (removed before returning). A message naming the copy names ``uri`` instead."""
+    from modelyard.batch.readers import reader
+
+    scratch = Path(tempfile.mkdtemp(prefix="modelyard-scan-"))
+    copy = scratch / "input"
+    try:
+        objstore.filesystem(objstore.scheme_of(uri)).get(uri, str(copy))
+        try:
+            ranges, context = reader(fmt).scan(str(copy), chunk_rows)
+            return list(ranges), context
+        except (ValueError, OSError) as exc:
+            raise ValueError(str(exc).replace(str(copy), uri)) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def scan_on_cluster(address: str | None) -> Callable[[str, str, int], tuple[Any, Any]]:
+    """A ``scan`` for ``readers.iter_plan``: local files scanned here, remote ones by a Ray task on a
+    node (read from storage there: the driver's disk never holds them)."""
+    def scan(fmt: str, path: str, chunk_rows: int):
+        from modelyard.batch.readers import reader
+
+        if not objstore.is_remote(path):
+            return reader(fmt).scan(path, chunk_rows)
+        ray = connect(address)
+        task = ray.remote(num_cpus=0, max_retries=3)(_scan_remote).options(runtime_env=storage_runtime_env())
+        try:
+            return ray.get(task.remote(fmt, path, chunk_rows))
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            raise ValueError(str(cause).strip().splitlines()[-1]) from None
+    return scan
+
+
+def _read_range(path: str, start: int, end: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+class ChunkWorker:
+    """One Ray actor: the job's model from the node's cache, loaded once, then chunks on request (``run``)."""
+
+    def __init__(self, identity: dict, batch_size: int, model: tuple[str, list]):
         from modelyard.batch.engine_local import predictor_for, settle_heap, shaping_of
 
-        self.job_dir, self.batch_size = Path(job_dir), batch_size
-        self.spec = JobSpec.from_identity(identity)
-        self.shaping = shaping_of(self.spec)
+        import ray
+
+        self.batch_size = batch_size
+        spec = JobSpec.from_identity(identity)
+        self.shaping = shaping_of(spec)
+        self.scratch = Path(tempfile.mkdtemp(prefix="modelyard-batch-"))
         self.predictor: Any = None
         self.load_error: str | None = None
+        self.model_dir, self.fetched = "", False
+        digest, holder = model  # the ObjectRef in a list: fetched only when this node has no copy
         try:
+            local, self.fetched = node_cache.materialize(digest, lambda: ray.get(holder[0]))
+            self.model_dir = str(local)
+            self.spec = dataclasses.replace(spec, version_dir=self.model_dir)
             self.predictor = predictor_for(self.spec)
         except Exception as exc:  # reported by ready(): the job fails with the loader's message
-            self.load_error = f"loading {self.spec.version_dir}: {type(exc).__name__}: {exc}"
+            self.spec = spec
+            self.load_error = f"loading {spec.version_dir}: {type(exc).__name__}: {exc}"
         else:
             settle_heap()
 
-    def ready(self) -> tuple[str, str, str]:
-        """``("ok", runtime, node id)`` or ``("failed", why, node id)`` once the model is loaded."""
+    def ready(self) -> tuple:
+        """``("ok", runtime, node id, node ip, model dir here, fetched now)`` or ``("failed", why, node id, ip)``."""
         import ray
 
-        node = ray.get_runtime_context().get_node_id()
-        return ("failed", self.load_error, node) if self.load_error else ("ok", self.predictor.runtime, node)
+        node, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        if self.load_error:
+            return ("failed", self.load_error, node, ip)
+        return ("ok", self.predictor.runtime, node, ip, self.model_dir, self.fetched)
 
-    def run(self, chunk: Chunk, context: Any) -> tuple[str, int, int, int] | tuple[str, int, str]:
+    def _local(self, chunk: Chunk, data: bytes | None) -> Chunk:
+        """The chunk, its bytes in a scratch file at the same offsets (sparse below them)."""
+        if data is None:  # a remote input: read here, one ranged read
+            data = objstore.filesystem(objstore.scheme_of(chunk.file)).cat_file(chunk.file, chunk.start, chunk.end)
+        copy = self.scratch / f"c{chunk.index:06d}.input"
+        with open(copy, "wb") as f:
+            f.seek(chunk.start)
+            f.write(data)
+        return dataclasses.replace(chunk, local_copy=str(copy))
+
+    def run(self, chunk: Chunk, context: Any, data: bytes | None) -> tuple:
+        """``("done", index, ok, err, results bytes, errors bytes)`` or ``("failed", index, why)``."""
+        from modelyard.batch.shards import PARTS_DIR
         from modelyard.batch.work import process_chunk
 
         if self.load_error:
             return ("failed", chunk.index, self.load_error)
+        job = self.scratch / f"c{chunk.index:06d}"
         try:
-            ok, err = process_chunk(self.job_dir, chunk, self.spec.format, context, self.shaping, self.predictor,
-                                    self.batch_size)
+            job.mkdir()
+            ok, err = process_chunk(job, self._local(chunk, data), self.spec.format, context, self.shaping,
+                                    self.predictor, self.batch_size)
+            parts = job / PARTS_DIR
+            results = (parts / f"c{chunk.index:06d}-ok{ok}-err{err}.results").read_bytes()
+            errors = (parts / f"c{chunk.index:06d}.errors").read_bytes()
         except Exception as exc:
             return ("failed", chunk.index, f"chunk {chunk.index} ({chunk.file}): {type(exc).__name__}: {exc}\n"
                                            + traceback.format_exc(limit=3))
-        return ("done", chunk.index, ok, err)
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+            (self.scratch / f"c{chunk.index:06d}.input").unlink(missing_ok=True)
+        return ("done", chunk.index, ok, err, results, errors)
 
 
 class _Todo:
     """The chunks of ``source``, pulled as they are wanted: a plan being made advances only as far
-    as the actors need (or while they load their models, ``prefetch``)."""
+    as the actors need (or while they load their models, ``prefetch``). Chunks a dead actor held
+    come back first (``again``)."""
 
     def __init__(self, source: Iterable[tuple[Chunk, Any]]):
         self._source = iter(source)
@@ -139,6 +251,9 @@ class _Todo:
         self._ahead.append(item)
         return True
 
+    def again(self, item: tuple[Chunk, Any]) -> None:
+        self._ahead.appendleft(item)
+
     def next(self) -> tuple[Chunk, Any] | None:
         if not self._ahead and not self.exhausted:
             self.prefetch()
@@ -153,88 +268,171 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
             on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
             log: Callable[[str], None] = lambda message: None) -> None:
     """Run every chunk of ``source`` (``(chunk, context)`` pairs, maybe a plan still being made) on
-    Ray actors; ``on_done(index, ok, err)`` after each commit.
+    Ray actors, committing each answer into ``job_dir``; ``on_done(index, ok, err)`` after each commit.
 
-    ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets one line at the end: how
-    many actors ran chunks, on how many nodes. Raises BatchError on failure.
+    ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets a line per dead worker and
+    one at the end: how many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
     todo = _Todo(source)
     ray = connect(address)
     if todo.empty():
         return
-    # Actors start before the plan goes further: they load their models while it is made (a job
-    # with fewer chunks than actors leaves some idle).
     count = workers or cluster_cpus(ray)
-    actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
-    # Absolute: actors run in their own working directories.
-    where = str(Path(job_dir).resolve())
-    actors = [actor_class.remote(where, spec.identity(), batch_size) for _ in range(count)]
+    # The model once into the object store: every node fetches it from there (or finds it cached).
     try:
-        nodes = _drive(ray, actors, todo, on_done, on_ready)
-        log(f"ray: {len(nodes)} workers of {count} ran on {len(set(nodes.values()))} nodes")
+        digest, packed = node_cache.pack(Path(spec.version_dir))
+    except OSError as exc:
+        raise BatchError(f"reading the model {spec.version_dir}: {exc}") from None
+    model = (digest, [ray.put(packed)])
+    del packed
+    actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
+    actor_class = actor_class.options(runtime_env=storage_runtime_env())
+    pool = _Pool(ray, lambda: actor_class.remote(spec.identity(), batch_size, model), count, log)
+    try:
+        _drive(ray, pool, todo, job_dir, on_done, on_ready)
+        nodes = set(pool.nodes.values())
+        log(f"ray: {len(pool.nodes)} workers of {count} ran on {len(nodes)} nodes"
+            + (f"; {pool.died} died with their nodes" if pool.died else ""))
     finally:
-        # Every chunk is committed (or the job failed): nothing is left for an actor to write.
-        for actor in actors:
-            ray.kill(actor)
+        # Every chunk is committed (or the job failed): nothing is left for an actor to do.
+        for actor in pool.all():
+            try:
+                ray.kill(actor)
+            except Exception:  # its node is gone, and the actor with it
+                pass
 
 
-def _drive(ray, actors: list, todo: _Todo, on_done: Callable[[int, int, int], None],
-           on_ready: Callable[[str], None]) -> dict[Any, str]:
-    """Hand out chunks until all are committed; returns {actor that loaded its model: node id}."""
-    running: dict[Any, Any] = {}  # ObjectRef -> actor
+@dataclasses.dataclass
+class _Pool:
+    """The job's actors: starting (model loading), live, and how to start a replacement."""
 
-    def submit(actor) -> None:
-        item = todo.next()
-        if item is not None:
-            running[actor.run.remote(*item)] = actor
+    ray: Any
+    start: Callable[[], Any]
+    count: int
+    log: Callable[[str], None]
+    starting: dict = dataclasses.field(default_factory=dict)  # ready() ref -> actor
+    live: dict = dataclasses.field(default_factory=dict)  # actor -> chunks it holds
+    nodes: dict = dataclasses.field(default_factory=dict)  # actor -> "node id (ip)", once ready
+    dead_nodes: list = dataclasses.field(default_factory=list)
+    died: int = 0
+    started: list = dataclasses.field(default_factory=list)
 
-    # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
-    # CPU for ever, and chunks queued on it would wait with it while the others sit idle.
-    readiness = {actor.ready.remote(): actor for actor in actors}
+    def __post_init__(self) -> None:
+        for _ in range(self.count):
+            self.add()
+
+    def add(self) -> None:
+        actor = self.start()
+        self.started.append(actor)
+        self.starting[actor.ready.remote()] = actor
+
+    def all(self) -> list:
+        return list(self.started)
+
+    def lost(self, actor: Any, why: str, chunks: int) -> None:
+        """``actor`` died (its node did): a replacement is started while the budget lasts (as many
+        replacements as workers; a model that kills every actor fails the job instead)."""
+        self.live.pop(actor, None)
+        try:
+            self.ray.kill(actor)  # gone already, unless only its answer was lost: then it goes now
+        except Exception:
+            pass
+        for ref, other in list(self.starting.items()):
+            if other is actor:
+                del self.starting[ref]
+        where = self.nodes.get(actor, "a node")
+        self.dead_nodes.append(where)
+        self.died += 1
+        self.log(f"ray: a worker on {where} died ({why}); its {chunks} chunks run again on live workers")
+        if self.died <= self.count:
+            self.add()
+
+
+def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int, int, int], None],
+           on_ready: Callable[[str], None]) -> None:
+    """Hand out chunks until all are committed."""
+    from modelyard.batch.shards import commit_part_data
+
+    running: dict[Any, tuple[Any, tuple[Chunk, Any]]] = {}  # ObjectRef -> (actor, item)
+
+    def fill() -> None:
+        # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
+        # CPU for ever, and chunks queued on it would wait with it while the others sit idle.
+        for actor in list(pool.live):
+            while pool.live[actor] < IN_FLIGHT_PER_ACTOR:
+                item = todo.next()
+                if item is None:
+                    return
+                chunk, context = item
+                # A local input's bytes go to the actor through the object store; a remote one it reads.
+                data = None if objstore.is_remote(chunk.file) else _read_range(chunk.file, chunk.start, chunk.end)
+                running[actor.run.remote(chunk, context, data)] = (actor, item)
+                pool.live[actor] += 1
+
     announced = False
-    nodes: dict[Any, str] = {}
     waited = 0.0
-    while running or (readiness and not announced) or not todo.empty():
+    while running or (pool.starting and not announced) or not todo.empty():
         # While no actor can take work yet, the driver plans ahead instead of only waiting.
         planning = not running and not todo.exhausted
-        waiting_for = list(readiness) + list(running)
-        if not waiting_for:  # every actor answered ready, none holds work, and work is left
-            raise BatchError("no Ray worker left to hand the remaining chunks to")
+        waiting_for = list(pool.starting) + list(running)
+        if not waiting_for:  # every actor dead and no replacement left to start
+            raise BatchError(f"no Ray worker left to hand the remaining chunks to (dead: "
+                             f"{', '.join(pool.dead_nodes) or 'none'})")
         done_refs, _ = ray.wait(waiting_for, num_returns=1, timeout=0 if planning else WAIT_STEP_S)
         if not done_refs:
             if planning:
                 todo.prefetch()
                 continue
             waited += WAIT_STEP_S
-            if not announced and waited >= START_TIMEOUT_S:
+            if not pool.live and not announced and waited >= START_TIMEOUT_S:
                 raise BatchError(f"no Ray worker started in {START_TIMEOUT_S:.0f} s: each needs 1 free CPU "
                                  f"(the cluster has {ray.available_resources().get('CPU', 0):g} free of "
                                  f"{ray.cluster_resources().get('CPU', 0):g})")
+            if not pool.live and announced and waited >= REPLACE_TIMEOUT_S:
+                raise BatchError(f"every Ray worker died with its node ({', '.join(pool.dead_nodes)}) and no "
+                                 f"replacement started in {REPLACE_TIMEOUT_S:.0f} s; run the same command "
+                                 "again to resume")
             continue
         ref = done_refs[0]
+        actor, item = pool.starting.pop(ref, None), None
+        if actor is None:
+            actor, item = running.pop(ref)
+            pool.live[actor] -= 1
         try:
             answer = ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise BatchError(f"a Ray worker died with {len(running)} chunks in flight ({type(exc).__name__}: "
-                             f"{first}); run the same command again to resume") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError,
+                ray.exceptions.WorkerCrashedError) as exc:
+            # Its node died (or the actor process did; or the answer was kept on the dead node): what
+            # it held was not committed, run it again.
+            again = [item] if item is not None else []
+            for other_ref, (other, other_item) in list(running.items()):
+                if other is actor:
+                    del running[other_ref]
+                    again.append(other_item)
+            for lost in sorted(again, key=lambda it: -it[0].index):
+                todo.again(lost)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            pool.lost(actor, f"{type(exc).__name__}: {first[:200]}", len(again))
+            waited = 0.0
+            fill()
+            continue
         except ray.exceptions.RayError as exc:
             raise BatchError(f"Ray worker failed: {type(exc).__name__}: {exc}") from None
-        if ref in readiness:
-            actor = readiness.pop(ref)
+        if item is None:  # a ready() answer
             if answer[0] == "failed":
                 raise BatchError(f"worker failed: {answer[1]}")
-            nodes[actor] = answer[2]
+            pool.nodes[actor] = f"node {answer[2][:12]} ({answer[3]})"
+            pool.live[actor] = 0
+            pool.log(f"ray: a worker is ready on {pool.nodes[actor]}, its model "
+                     + ("fetched into" if answer[5] else "found in") + " the node's cache")
             if not announced:
                 on_ready(answer[1])
                 announced = True
-            for _ in range(IN_FLIGHT_PER_ACTOR):
-                submit(actor)
+            fill()
             continue
-        actor = running.pop(ref)
         if answer[0] == "failed":
             raise BatchError(f"worker failed: {answer[2]}")
-        _, index, ok, err = answer
+        _, index, ok, err, results, errors = answer
+        commit_part_data(job_dir, index, results, ok, errors, err)
         on_done(index, ok, err)
-        submit(actor)
-    return nodes
+        fill()

@@ -55,6 +55,16 @@ def commit_part(job_dir: Path, index: int, results: list[bytes], errors: list[by
     _atomic_write(parts / f"c{index:06d}-ok{len(results)}-err{len(errors)}.results", results)
 
 
+def commit_part_data(job_dir: Path, index: int, results: bytes, successes: int, errors: bytes,
+                     failures: int) -> None:
+    """``commit_part`` for a part made elsewhere (a Ray actor on another machine): its files' bytes
+    and counts, written here in the same order (errors part, then the results part's rename)."""
+    parts = job_dir / PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    _atomic_write(_errors_part(job_dir, index), errors)
+    _atomic_write(parts / f"c{index:06d}-ok{successes}-err{failures}.results", results)
+
+
 def results_tmp(job_dir: Path, index: int) -> Path:
     """Where a chunk's results stream before ``commit_streamed`` (finalize clears leftovers)."""
     parts = job_dir / PARTS_DIR

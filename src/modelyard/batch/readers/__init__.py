@@ -26,6 +26,14 @@ class Chunk:
     end: int
     rows: int
     first_row: int  # 0-based row number of the first row within its file (for messages)
+    # Where the bytes are read from when not ``file`` itself: a node-local copy holding the range at
+    # the same offsets (the Ray engine's actors, on machines that cannot see ``file``). Messages
+    # still name ``file``.
+    local_copy: str = ""
+
+    @property
+    def read_path(self) -> str:
+        return self.local_copy or self.file
 
 
 def reader(fmt: str):
@@ -44,14 +52,15 @@ def reader(fmt: str):
     return module
 
 
-def iter_plan(files: list[str], fmt: str, chunk_rows: int) -> Iterator[tuple[Chunk, Any]]:
+def iter_plan(files: list[str], fmt: str, chunk_rows: int, scan: Any = None) -> Iterator[tuple[Chunk, Any]]:
     """Every chunk of every file, in order, with its file's decode context (e.g. a CSV header),
     each as soon as it is found. The same files give the same chunks, so a plan cut short can be
-    made again and checked against what it had handed out."""
+    made again and checked against what it had handed out. ``scan(fmt, path, chunk_rows)``, when
+    given, stands for the format's own ``scan`` (the Ray engine scans remote files on a node)."""
     module = reader(fmt)
     index = 0
     for path in files:
-        ranges, context = module.scan(path, chunk_rows)
+        ranges, context = scan(fmt, path, chunk_rows) if scan else module.scan(path, chunk_rows)
         first = 0
         for start, end, rows in ranges:
             yield Chunk(index, path, start, end, rows, first), context
@@ -75,7 +84,7 @@ def plan(files: list[str], fmt: str, chunk_rows: int) -> tuple[list[Chunk], dict
 
 
 def read_chunk(chunk: Chunk, fmt: str, context: Any) -> list[Row | BadRow]:
-    with open(chunk.file, "rb") as f:
+    with open(chunk.read_path, "rb") as f:
         f.seek(chunk.start)
         data = f.read(chunk.end - chunk.start)
     rows = reader(fmt).decode(data, context, chunk.file, chunk.first_row)
