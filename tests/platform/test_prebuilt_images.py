@@ -125,3 +125,41 @@ def test_a_missing_library_is_a_clear_error_at_upload(framework, file, install, 
     if framework == "xgboost":  # model.bst needs XGBoost whatever image is named
         with pytest.raises(ApiError, match="modelyard\\[xgboost\\]"):
             prebuilt_images.check_upload({"imageUri": "modelyard/serve"}, tmp_path, "gs://b/m")
+
+
+def test_scikit_learn_and_xgboost_behind_one_traffic_split(aiplatform, gcs_emulator, digits, tmp_path):
+    """Two kinds of model on one endpoint, 50/50: each answer is the library's own prediction of the
+    deployed model that served it (the response names it), and both serve."""
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    xgb = require("xgboost", "pip install -e '.[test]' (installs xgboost-cpu), or pip install 'modelyard[xgboost]'")
+    X, y = digits
+    joblib.dump(LogisticRegression(max_iter=200).fit(X, y), tmp_path / "split.joblib")
+    xgb.XGBClassifier(n_estimators=4, max_depth=3, objective="multi:softprob").fit(X, y).get_booster() \
+        .save_model(str(tmp_path / "split.bst"))
+    sk = aiplatform.Model.upload_scikit_learn_model_file(model_file_path=str(tmp_path / "split.joblib"),
+                                                         display_name="split-sklearn")
+    xg = aiplatform.Model.upload_xgboost_model_file(model_file_path=str(tmp_path / "split.bst"),
+                                                    display_name="split-xgboost")
+    expected = {sk.resource_name: joblib.load(tmp_path / "split.joblib").predict(X[:4]),
+                xg.resource_name: xgb.Booster(model_file=str(tmp_path / "split.bst")).predict(xgb.DMatrix(X[:4]))}
+    endpoint = aiplatform.Endpoint.create(display_name="split-kinds")
+    try:
+        endpoint.deploy(sk, machine_type="n1-standard-2", traffic_percentage=100)
+        endpoint.deploy(xg, machine_type="n1-standard-2", traffic_percentage=50)
+        assert sorted(endpoint.traffic_split.values()) == [50, 50]
+        served = set()
+        for _ in range(40):
+            answer = endpoint.predict(instances=X[:4].tolist())
+            served.add(answer.model_resource_name)
+            np.testing.assert_allclose(np.asarray(answer.predictions, np.float64), expected[answer.model_resource_name],
+                                       rtol=1e-5, atol=1e-6)
+            if len(served) == 2:
+                break
+        assert served == set(expected)  # 40 tries at 50/50: both answered (a miss is 2**-39)
+    finally:
+        endpoint.undeploy_all()
+        endpoint.delete()
+        sk.delete()
+        xg.delete()
