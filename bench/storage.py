@@ -2,7 +2,8 @@
 gcp-storage-emulator, through the stock `google-cloud-storage` client.
 
     python3 bench/storage.py            # 3 turns, a 200 MB model directory, the 1 GB memory check
-    python3 bench/storage.py --quick    # 1 turn
+    python3 bench/storage.py --quick    # 1 turn (writes bench/results/storage-quick.md)
+    python3 bench/storage.py --small --out /tmp/storage.md   # 1 turn, 10 MB directory, 64 MB object: checks it runs
 
 One `modelyard platform` (temporary store, no warm spare: nothing but the control plane and its
 storage child) and one `gcp-storage-emulator` (its default on-disk mode) run side by side. A model
@@ -11,7 +12,7 @@ uploaded (`Blob.upload_from_filename`, one call per file as `aiplatform`'s `uplo
 downloaded (`Blob.download_to_filename`), both with the client's default CRC32C check, against each
 server; `cp -r` copies the same directory to and back from another directory on the same disk; and,
 to tell the server's cost from the Python client's, curl uploads and downloads the same files from
-the platform's storage. All take turns each round, so drift on the shared machine hits all alike;
+the platform's storage. All take turns each round (harness.take_turns), so drift on the shared machine hits all alike;
 medians are reported.
 
 Memory: a 1 GB file is uploaded (the client's default resumable upload, 100 MB chunks) to each server,
@@ -23,21 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform as host
+import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-REPO = ROOT.parent
-RESULTS = ROOT / "results"
-sys.path.insert(0, str(REPO / "src"))
-from modelyard.ports import free_port  # noqa: E402
+from harness import (Service, children_cpu_seconds, env, free_port, http_ok, log, machine, markdown_table, median,
+                     modelyard_platform, take_turns, tree_cpu_seconds, write_results)
 
 MB = 1 << 20
 # The model directory: sizes in MB (200 in all), shaped like a SavedModel with sharded variables.
@@ -54,19 +50,6 @@ def write_random(path: Path, size: int) -> None:
             n = min(16 * MB, left)
             f.write(os.urandom(n))
             left -= n
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer: see {log}")
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -90,29 +73,31 @@ def child_pid(parent: int, marker: str) -> int:
 
 
 class Servers:
+    """The platform (its storage child measured) and the emulator, each a harness Service."""
+
     def __init__(self, work: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "TF_CPP_MIN_LOG_LEVEL": "2"}
-        env.pop("STORAGE_EMULATOR_HOST", None)
-        port, self.storage_port, emu_port = free_port(), free_port(), free_port()
-        self.platform = subprocess.Popen(
-            [sys.executable, "-m", "modelyard.platform", "--port", str(port), "--storage-port", str(self.storage_port),
-             "--store", str(work / "db.sqlite"), "--state-dir", str(work / "state"), "--no-warm-spare"],
-            env=env, stdout=open(work / "platform.log", "wb"), stderr=subprocess.STDOUT)
+        child_env = env()
+        child_env.pop("STORAGE_EMULATOR_HOST", None)
+        self.storage_port, emu_port = free_port(), free_port()
+        self.platform = modelyard_platform(work, "--storage-port", str(self.storage_port), "--no-warm-spare",
+                                           child_env=child_env, timeout=60)
         (work / "emulator").mkdir()
-        self.emulator = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={emu_port}", "-q"],
-            env=env, cwd=work / "emulator", stdout=open(work / "emulator.log", "wb"), stderr=subprocess.STDOUT)
         self.urls = {"modelyard": f"http://127.0.0.1:{self.storage_port}", "emulator": f"http://127.0.0.1:{emu_port}"}
-        wait_http(f"http://127.0.0.1:{port}/healthz", self.platform, work / "platform.log")
-        wait_http(self.urls["emulator"] + "/storage/v1/b", self.emulator, work / "emulator.log")
+        self.emulator = Service("gcp-storage-emulator", [sys.executable, "-m", "gcp_storage_emulator", "start",
+                                                         "--host=127.0.0.1", f"--port={emu_port}", "-q"],
+                                work / "emulator.log", ready=http_ok(self.urls["emulator"] + "/storage/v1/b"),
+                                env=child_env, cwd=work / "emulator", timeout=60)
+        try:
+            self.platform.start()
+            self.emulator.start()
+        except BaseException:
+            self.stop()
+            raise
         self.storage_pid = child_pid(self.platform.pid, "modelyard.platform.storage")
 
     def stop(self) -> None:
-        for p in (self.platform, self.emulator):
-            if p.poll() is None:
-                p.terminate()
-                p.wait(30)
+        self.platform.stop(30)
+        self.emulator.stop(30)
 
 
 def client(url: str):
@@ -163,18 +148,11 @@ def curl_download_dir(url: str, bucket: str, src: Path, prefix: str, dest: Path)
                            check=True)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def snap(server_pid: int | None) -> tuple[float, float, float]:
     """(wall clock, CPU seconds of this process and its finished children (cp, curl), of the server)."""
-    import resource
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (time.perf_counter(), me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-            cpu_seconds(server_pid) if server_pid else 0.0)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return (time.perf_counter(), me.ru_utime + me.ru_stime + children_cpu_seconds(),
+            tree_cpu_seconds(server_pid) if server_pid else 0.0)
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -198,63 +176,76 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mb", type=int, default=1024, help="size of the memory check's object (default 1024)")
+    ap.add_argument("--small", action="store_true",
+                    help="1 turn, the directory 1/20 the size, a 64 MB object: checks it runs, not a measurement")
+    ap.add_argument("--out", help="results file or folder (default bench/results/storage.md, or storage-quick.md)")
     args = ap.parse_args()
-    if args.quick:
+    scale = 1.0
+    if args.quick or args.small:
         args.rounds = 1
+    if args.small:
+        scale, args.big_mb = 1 / 20, min(args.big_mb, 64)
     load_before = " / ".join(Path("/proc/loadavg").read_text().split()[:3])
+    started_on = machine()
     work = Path(tempfile.mkdtemp(prefix="storage-bench-", dir=os.environ.get("BENCH_TMP")))
     src = work / "model"
     for rel, mb in LAYOUT.items():
-        write_random(src / rel, int(mb * MB))
+        write_random(src / rel, int(mb * scale * MB))
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-    servers = Servers(work)
     names = ("cp", "modelyard", "emulator", "modelyard-curl")
     runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in names}
     cpu: dict[str, dict[str, list[tuple[float, float]]]] = {k: {"up": [], "down": []} for k in names}
+    servers = None
     try:
+        servers = Servers(work)
         buckets = {}
         for name in ("modelyard", "emulator"):
             c = client(servers.urls[name])
             buckets[name] = c.create_bucket(f"bench-{name}")
-        for r in range(args.rounds):
-            for name in names:
-                back = work / f"back-{name}-{r}"
-                spid = {"modelyard": servers.storage_pid, "modelyard-curl": servers.storage_pid,
-                        "emulator": servers.emulator.pid}.get(name)
-                if name == "cp":
-                    dst = work / f"cp-{r}"
-                    t0 = snap(spid)
-                    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
-                    t1 = snap(spid)
-                    subprocess.run(["cp", "-r", str(dst), str(back)], check=True)
-                    t2 = snap(spid)
-                    shutil.rmtree(dst)
-                elif name == "modelyard-curl":
-                    t0 = snap(spid)
-                    curl_upload_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}")
-                    t1 = snap(spid)
-                    curl_download_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}", back)
-                    t2 = snap(spid)
-                    for blob in buckets["modelyard"].list_blobs(prefix=f"c{r}/"):
-                        blob.delete()
-                else:
-                    bucket = buckets[name]
-                    t0 = snap(spid)
-                    upload_dir(bucket, src, f"r{r}")
-                    t1 = snap(spid)
-                    download_dir(bucket, f"r{r}", back)
-                    t2 = snap(spid)
-                    for blob in bucket.list_blobs(prefix=f"r{r}/"):
-                        blob.delete()
-                if not same_tree(src, back):
-                    raise RuntimeError(f"{name}: the copy back differs from the source")
-                shutil.rmtree(back)
-                runs[name]["up"].append(total / MB / (t1[0] - t0[0]))
-                runs[name]["down"].append(total / MB / (t2[0] - t1[0]))
-                cpu[name]["up"].append((t1[1] - t0[1], t1[2] - t0[2]))
-                cpu[name]["down"].append((t2[1] - t1[1], t2[2] - t1[2]))
-                print(f"round {r} {name:9s} up {runs[name]['up'][-1]:7.0f} MB/s  down {runs[name]['down'][-1]:7.0f} MB/s",
-                      file=sys.stderr)
+
+        def one_turn(name: str, r: int) -> dict:
+            back = work / f"back-{name}-{r}"
+            spid = {"modelyard": servers.storage_pid, "modelyard-curl": servers.storage_pid,
+                    "emulator": servers.emulator.pid}.get(name)
+            if name == "cp":
+                dst = work / f"cp-{r}"
+                t0 = snap(spid)
+                subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+                t1 = snap(spid)
+                subprocess.run(["cp", "-r", str(dst), str(back)], check=True)
+                t2 = snap(spid)
+                shutil.rmtree(dst)
+            elif name == "modelyard-curl":
+                t0 = snap(spid)
+                curl_upload_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}")
+                t1 = snap(spid)
+                curl_download_dir(servers.urls["modelyard"], "bench-modelyard", src, f"c{r}", back)
+                t2 = snap(spid)
+                for blob in buckets["modelyard"].list_blobs(prefix=f"c{r}/"):
+                    blob.delete()
+            else:
+                bucket = buckets[name]
+                t0 = snap(spid)
+                upload_dir(bucket, src, f"r{r}")
+                t1 = snap(spid)
+                download_dir(bucket, f"r{r}", back)
+                t2 = snap(spid)
+                for blob in bucket.list_blobs(prefix=f"r{r}/"):
+                    blob.delete()
+            if not same_tree(src, back):
+                raise RuntimeError(f"{name}: the copy back differs from the source")
+            shutil.rmtree(back)
+            return {"up": total / MB / (t1[0] - t0[0]), "down": total / MB / (t2[0] - t1[0]),
+                    "cpu_up": (t1[1] - t0[1], t1[2] - t0[2]), "cpu_down": (t2[1] - t1[1], t2[2] - t1[2])}
+
+        def show(name: str, r: int, result: dict) -> None:
+            log(f"round {r} {name:9s} up {result['up']:7.0f} MB/s  down {result['down']:7.0f} MB/s")
+
+        for name, results in take_turns(names, args.rounds, one_turn, show).items():
+            for result in results:
+                for way in ("up", "down"):
+                    runs[name][way].append(result[way])
+                    cpu[name][way].append(result["cpu_" + way])
         # memory: one large object into each server
         big = work / "big.bin"
         write_random(big, args.big_mb * MB)
@@ -270,8 +261,8 @@ def main() -> int:
             secs = time.perf_counter() - t0
             memory[name] = {"before_mb": before / 1024, "peak_mb": status_kb(pid, "VmHWM") / 1024, "seconds": secs,
                             "error": error}
-            print(f"{name}: 1 object of {args.big_mb} MB in {secs:.1f} s, peak RSS {memory[name]['peak_mb']:.0f} MB "
-                  f"{error}", file=sys.stderr)
+            log(f"{name}: 1 object of {args.big_mb} MB in {secs:.1f} s, peak RSS {memory[name]['peak_mb']:.0f} MB "
+                f"{error}")
         if memory["modelyard"]["error"]:
             raise RuntimeError(f"the platform's storage failed the large object: {memory['modelyard']['error']}")
         memory["platform"] = {"peak_mb": status_kb(servers.platform.pid, "VmHWM") / 1024}
@@ -279,11 +270,12 @@ def main() -> int:
         if on_disk.stat().st_size != args.big_mb * MB:
             raise RuntimeError("the large object is not on disk whole")
     finally:
-        servers.stop()
+        if servers is not None:
+            servers.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     def med(name: str, way: str) -> float:
-        return statistics.median(runs[name][way])
+        return median(runs[name][way])
 
     import google.cloud.storage as gcs_mod
 
@@ -294,42 +286,39 @@ def main() -> int:
             (f"gcp-storage-emulator {emu_version}", med("emulator", "up"), med("emulator", "down")),
             ("modelyard platform storage, driven by curl instead (the server alone)", med("modelyard-curl", "up"),
              med("modelyard-curl", "down"))]
+
     def cpu_cell(name: str, way: str) -> str:
-        client_s = statistics.median(c for c, _ in cpu[name][way])
-        server_s = statistics.median(s for _, s in cpu[name][way])
+        client_s = median(c for c, _ in cpu[name][way])
+        server_s = median(s for _, s in cpu[name][way])
         return f"{client_s:.2f} + {server_s:.2f}"
 
-    table = [f"| {total / MB:.0f} MB model directory, {len(LAYOUT)} files | upload MB/s | download MB/s | "
-             "upload / cp | download / cp | CPU s up (client + server) | CPU s down (client + server) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for (label, up, down), name in zip(rows, ("cp", "modelyard", "emulator", "modelyard-curl")):
-        table.append(f"| {label} | {up:,.0f} | {down:,.0f} | {up / med('cp', 'up'):.2f}x | {down / med('cp', 'down'):.2f}x "
-                     f"| {cpu_cell(name, 'up')} | {cpu_cell(name, 'down')} |")
+    table = markdown_table(
+        [f"{total / MB:.0f} MB model directory, {len(LAYOUT)} files", "upload MB/s", "download MB/s", "upload / cp",
+         "download / cp", "CPU s up (client + server)", "CPU s down (client + server)"],
+        [(label, f"{up:,.0f}", f"{down:,.0f}", f"{up / med('cp', 'up'):.2f}x", f"{down / med('cp', 'down'):.2f}x",
+          cpu_cell(name, "up"), cpu_cell(name, "down")) for (label, up, down), name in zip(rows, names)])
     up_ratio, down_ratio = med("modelyard", "up") / med("cp", "up"), med("modelyard", "down") / med("cp", "down")
     peak = memory["modelyard"]["peak_mb"]
-    mem_table = [f"| storing one {args.big_mb} MB object | seconds | peak RSS (VmHWM) |", "| --- | ---: | ---: |",
-                 f"| modelyard storage process | {memory['modelyard']['seconds']:.1f} | {peak:.0f} MB |",
-                 f"| modelyard platform process (control plane) | | {memory['platform']['peak_mb']:.0f} MB |",
-                 f"| gcp-storage-emulator | {memory['emulator']['seconds']:.1f} | {memory['emulator']['peak_mb']:.0f} MB"
-                 + (f" (the upload failed: `{memory['emulator']['error']}`)" if memory["emulator"]["error"] else "")
-                 + " |"]
-    checks = [f"| modelyard upload / cp | {up_ratio:.2f}x | >= 0.5x | {'PASS' if up_ratio >= 0.5 else 'FAIL'} |",
-              f"| modelyard download / cp | {down_ratio:.2f}x | >= 0.5x | {'PASS' if down_ratio >= 0.5 else 'FAIL'} |",
-              f"| storage peak RSS storing {args.big_mb} MB | {peak:.0f} MB | < 200 MB | {'PASS' if peak < 200 else 'FAIL'} |"]
+    emulator_failed = f" (the upload failed: `{memory['emulator']['error']}`)" if memory["emulator"]["error"] else ""
+    mem_table = markdown_table(
+        [f"storing one {args.big_mb} MB object", "seconds", "peak RSS (VmHWM)"],
+        [("modelyard storage process", f"{memory['modelyard']['seconds']:.1f}", f"{peak:.0f} MB"),
+         ("modelyard platform process (control plane)", "", f"{memory['platform']['peak_mb']:.0f} MB"),
+         ("gcp-storage-emulator", f"{memory['emulator']['seconds']:.1f}",
+          f"{memory['emulator']['peak_mb']:.0f} MB{emulator_failed}")])
+    checks = markdown_table(["check", "measured", "target", ""], [
+        ("modelyard upload / cp", f"{up_ratio:.2f}x", ">= 0.5x", "PASS" if up_ratio >= 0.5 else "FAIL"),
+        ("modelyard download / cp", f"{down_ratio:.2f}x", ">= 0.5x", "PASS" if down_ratio >= 0.5 else "FAIL"),
+        (f"storage peak RSS storing {args.big_mb} MB", f"{peak:.0f} MB", "< 200 MB", "PASS" if peak < 200 else "FAIL")],
+        align="lrll")
     text = "\n".join([
         "# Cloud Storage benchmark (bench/storage.py)", "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {host.node()}, {os.cpu_count()} cores; "
-        f"google-cloud-storage {gcs_mod.__version__}; {args.rounds} turn(s), medians; load average before the run "
-        f"{load_before}. CPU seconds: the client side (this process, or cp/curl) + the server process.", "",
-        *table, "", *mem_table, "", "| check | measured | target | |", "| --- | ---: | --- | --- |", *checks, "",
+        f"{started_on}; google-cloud-storage {gcs_mod.__version__}; {args.rounds} turn(s), medians; load average "
+        f"before the run {load_before}. CPU seconds: the client side (this process, or cp/curl) + the server process.",
+        "", table, "", mem_table, "", checks, "",
         NOTES, "",
-        "Per run (MB/s): " + json.dumps({k: {w: [round(x) for x in v] for w, v in d.items()} for k, d in runs.items()}),
-        ""])
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("storage-quick.md" if args.quick else "storage.md")
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}", file=sys.stderr)
+        "Per run (MB/s): " + json.dumps({k: {w: [round(x) for x in v] for w, v in d.items()} for k, d in runs.items()})])
+    write_results("storage-quick" if args.quick else "storage", text, args.out)
     return 0
 
 
