@@ -7,24 +7,39 @@ task types and indexes, and the job's log holding both replicas' lines. A failin
 job with its last lines; cancelling a sleeping job stops every replica, and no actor or process is left;
 nor when the job's own process is killed.
 No TensorFlow runs here: the replicas are a tiny script (job_scripts/node_probe.py).
+
+The second node sees none of this host's temp dirs (tests/ray_cluster.py): a local base output
+directory is written on each node and copied back when its replica ends, so the probes' records are
+read once the job is over, and the pids of running replicas come from the job's log. Issue 31,
+must-show 3: a CustomTrainingJob (the stock SDK, its script as a package in storage) with a chief and
+a worker on the two nodes writes its model to AIP_MODEL_DIR (gs://), and the Model it uploads
+deploys; a job whose node is killed fails naming that node.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import _env, start_platform
-from tests.platform.jobs_helpers import alive, job_processes, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+from tests.platform.conftest import STAGING_BUCKET, _env, start_platform
+from tests.platform.jobs_helpers import (aiplatform, alive, job_processes, no_stray_jobs, wait_gone,  # noqa: F401
+                                         wait_state)
+from tests.ray_cluster import ensure_nodes, session_cluster
 
 PROBE = str(Path(__file__).with_name("job_scripts") / "node_probe.py")
+TRAIN = str(Path(__file__).with_name("job_scripts") / "train_gcs.py")
+TRAIN_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12.py310:latest"
+SERVE_IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-12:latest"
+STARTED = re.compile(r"(\w+:\d+) \| \[modelyard\] started pid (\d+) on Ray node (\w+) \(([^)]+)\)")
 FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 TIMEOUT_S = 240  # a job joins Ray and starts two actors on a busy 2-core machine
 
@@ -40,9 +55,12 @@ print(json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.starts
 
 
 @pytest.fixture(scope="module")
-def platform(ray_cluster, tmp_path_factory):
-    """This module's platform (it overrides the session one: jobs_helpers' no_stray_jobs watches it)."""
-    p = start_platform(tmp_path_factory, "rayjobs", _env(), ["--engine", "ray", "--ray-address", ray_cluster])
+def platform(ray_cluster, tmp_path_factory, gcs_emulator):
+    """This module's platform (it overrides the session one: jobs_helpers' no_stray_jobs watches it),
+    serving its Cloud Storage over the session storage's root."""
+    p = start_platform(tmp_path_factory, "rayjobs", _env(), ["--engine", "ray", "--ray-address", ray_cluster,
+                                                             "--storage-root", str(gcs_emulator["root"]),
+                                                             "--artifact-root", f"gs://{STAGING_BUCKET}"])
     try:
         yield p
     finally:
@@ -74,6 +92,18 @@ def _seen(out: Path, timeout: float = TIMEOUT_S) -> dict:
                 pass
         time.sleep(0.2)
     raise AssertionError(f"the replicas did not both start: {list((out / 'model').glob('*'))}")
+
+
+def _started(platform, name: str, count: int = 2, timeout: float = TIMEOUT_S) -> dict[str, dict]:
+    """``{task: {"pid", "node", "host"}}`` of the job's running replicas, from its log (their records
+    are on their nodes until they end)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {m[0]: {"pid": int(m[1]), "node": m[2], "host": m[3]} for m in STARTED.findall(_log(platform, name))}
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"the replicas did not both start: {_log(platform, name)[-3000:]}")
 
 
 def _ask_ray(address: str, name: str) -> dict:
@@ -118,6 +148,8 @@ def test_chief_and_worker_run_on_two_nodes_with_one_cluster(platform, ray_cluste
     for task, who in (("chief:0", chief), ("worker:0", worker)):
         assert f"{task} | [modelyard] started pid {who['pid']} on Ray node {who['node_id'][:12]}" in log, log
         assert f"{task} | {task.replace(':', '-')} on node {who['node_id']}" in log, log
+        # Written on its node (under the node's own scratch dir), copied back into the local output.
+        assert f"{task} | [modelyard] copied 1 output file(s) from the node to {tmp_path}" in log, log
     assert ray_now["actors"] == []
 
 
@@ -127,14 +159,14 @@ def test_a_failing_worker_fails_the_job_with_its_last_lines(platform, ray_cluste
     assert job["state"] == "JOB_STATE_FAILED", job
     message = job["error"]["message"]
     assert "task worker:0 exited with code 3" in message and "worker-0: failing on purpose" in message, message
-    chief = _seen(tmp_path, 5)["chief-0"]
+    chief = _started(platform, name, 2, 5)["chief:0"]
     assert not alive(chief["pid"])  # the chief was stopped when the worker failed
     assert wait_gone(platform) == [] and _actors(ray_cluster, name) == []
 
 
 def test_cancel_stops_every_replica_and_actor(platform, ray_cluster, tmp_path):
     name = _submit(platform, "cancel-on-ray", tmp_path, ["--sleep=300"], ["--sleep=300"])
-    pids = [v["pid"] for v in _seen(tmp_path).values()]
+    pids = [v["pid"] for v in _started(platform, name).values()]
     assert all(alive(pid) for pid in pids)
     assert len(_actors(ray_cluster, name)) == 2
     r = requests.post(f"{platform.url}/v1/{name}:cancel", timeout=30)
@@ -149,7 +181,7 @@ def test_cancel_stops_every_replica_and_actor(platform, ray_cluster, tmp_path):
 def test_replicas_do_not_outlive_a_killed_job_process(platform, ray_cluster, tmp_path):
     # The job's own process (the actors' owner) dies: Ray ends its actors, and each replica dies with its actor.
     name = _submit(platform, "crash-on-ray", tmp_path, ["--sleep=300"], ["--sleep=300"])
-    pids = [v["pid"] for v in _seen(tmp_path).values()]
+    pids = [v["pid"] for v in _started(platform, name).values()]
     child = [p for p in job_processes(platform) if b"job_child" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(child) == 1
     os.kill(child[0], signal.SIGKILL)
@@ -172,3 +204,71 @@ def test_a_replica_no_node_can_take_fails_the_job_at_once(platform, ray_cluster,
     assert not (tmp_path / "model").exists() or not list((tmp_path / "model").glob("*.json"))  # nothing ran
     assert _actors(ray_cluster, name) == []
     assert requests.get(f"{platform.url}/healthz", timeout=5).text == "ok"
+
+
+def test_custom_training_job_on_two_nodes_writes_a_model_that_deploys(platform, aiplatform, gcs_emulator,
+                                                                       ray_cluster, tiny_models):
+    """Must-show 3: the SDK's script package reaches each node through storage, the chief and the
+    worker run on different nodes, the chief writes AIP_MODEL_DIR (gs://) and the Model deploys."""
+    from google.cloud import storage
+
+    bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
+    tiny = tiny_models["models"]["tiny1"]
+    source = Path(tiny["path"])
+    for f in sorted(p for p in source.rglob("*") if p.is_file()):  # the "training data": only in storage
+        bucket.blob(f"ray-train/source/{f.relative_to(source).as_posix()}").upload_from_filename(str(f))
+    job = aiplatform.CustomTrainingJob(display_name="ray-train", script_path=TRAIN, container_uri=TRAIN_IMAGE,
+                                       model_serving_container_image_uri=SERVE_IMAGE)
+    model = job.run(args=["--epochs=1"], replica_count=2, sync=True,
+                    environment_variables={"SOURCE_MODEL": f"gs://{STAGING_BUCKET}/ray-train/source"})
+    pipeline = job.gca_resource
+    assert pipeline.state.name == "PIPELINE_STATE_SUCCEEDED"
+    backing = pipeline.training_task_metadata["backingCustomJob"]
+    base = pipeline.training_task_inputs["base_output_directory"]["output_uri_prefix"].rstrip("/")
+    assert model.uri.rstrip("/") == f"{base}/model"
+
+    def record(task: str) -> dict:
+        blob = storage.Blob.from_uri(f"{base}/checkpoints/{task}.json", client=gcs_emulator["client"])
+        return json.loads(blob.download_as_text())
+
+    chief, worker = record("workerpool0-0"), record("workerpool1-0")
+    assert chief["node_id"] != worker["node_id"], "one replica per node"
+    for seen in (chief, worker):
+        assert seen["env"]["AIP_MODEL_DIR"] == f"{base}/model/"
+        assert "/modelyard-jobs/" in seen["python"] and "/venv/" in seen["python"], seen  # the node's own venv
+        assert seen["cwd"].startswith(str(Path(seen["python"]).parents[2])), seen
+    written = sorted(b.name for b in bucket.client.list_blobs(STAGING_BUCKET, prefix=base.split("/", 3)[3] + "/model/"))
+    assert any(n.endswith("saved_model.pb") for n in written), written
+    log = _log(platform, backing)
+    nodes = {m[0]: m[2] for m in STARTED.findall(log)}
+    assert set(nodes) == {"chief:0", "worker:0"} and nodes["chief:0"] != nodes["worker:0"], log
+
+    endpoint = model.deploy(machine_type="n1-standard-4", min_replica_count=1, max_replica_count=1)
+    try:
+        got = endpoint.predict(instances=np.array(tiny_models["instances"], np.float32).tolist())
+        np.testing.assert_allclose(got.predictions, tiny["predictions"], rtol=1e-5, atol=1e-6)
+    finally:
+        endpoint.undeploy_all()
+        endpoint.delete()
+    model.delete()
+
+
+def test_a_job_whose_node_dies_fails_naming_it(platform, ray_cluster, tmp_path):
+    cluster = session_cluster()
+    ensure_nodes(cluster, 2)
+    name = _submit(platform, "node-dies", tmp_path, ["--sleep=300"], ["--sleep=300"])
+    started = _started(platform, name)
+    (worker_node,) = cluster.workers()
+    dying = cluster.node_id(worker_node)
+    (task,) = [t for t, who in started.items() if dying.startswith(who["node"])]
+    cluster.kill_node(worker_node)
+    try:
+        job = wait_state(platform, name, FINAL, TIMEOUT_S)
+        assert job["state"] == "JOB_STATE_FAILED", job
+        message = job["error"]["message"]
+        assert f"task {task} exited with code -9 (killed by SIGKILL)" in message, message
+        assert f"[modelyard] Ray node {dying[:12]} (127.0.0.1) is gone" in message, message
+        assert not [who["pid"] for who in started.values() if alive(who["pid"])]
+        assert _actors(ray_cluster, name) == []
+    finally:
+        ensure_nodes(cluster, 2)

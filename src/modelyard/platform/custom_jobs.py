@@ -152,25 +152,34 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
         for d in dirs.values():
             Path(d).mkdir(parents=True, exist_ok=True)
     env = job_env.vertex_env(project, job_id, dirs)
-    python = job_env.PythonEnv(work_dir)
-    python.create()
-    env.update(python.env())
     mount = job_env.GcsMount(work_dir, storage_root)
-    mount.stage_in(job_env.pool_strings(job_spec))
-    python.install(objstore.stage_in(list(dict.fromkeys(mount.rewrite(u) for pool in pools for u in pool["packages"])),
-                                     work_dir / "packages"))
-    for pool in pools:
-        pool["command"] = [mount.rewrite(a) for a in pool["command"]]
-        if pool["packages"]:  # python -m module: the job's own interpreter, where its packages are
-            pool["command"][0] = python.python
-        pool["env"] = {k: mount.rewrite(v) for k, v in pool["env"].items()}
+    on_ray = (engine or {}).get("name") == "ray"
+    node_setup = None
+    if on_ray:  # each node makes the job's Python, /gcs/ mirror and output for itself (jobs_ray.NodeSetup)
+        from modelyard.platform import jobs_ray
+
+        node_setup = jobs_ray.NodeSetup.of([u for pool in pools for u in pool["packages"]],
+                                           None if scheme == "gs" else local_base)
+        for pool in pools:
+            if pool["packages"]:
+                pool["command"][0] = jobs_ray.PACKAGE_PYTHON
+    else:
+        python = job_env.PythonEnv(work_dir)
+        python.create()
+        env.update(python.env())
+        mount.stage_in(job_env.pool_strings(job_spec))
+        python.install(objstore.stage_in(list(dict.fromkeys(mount.rewrite(u) for pool in pools
+                                                            for u in pool["packages"])), work_dir / "packages"))
+        for pool in pools:
+            pool["command"] = [mount.rewrite(a) for a in pool["command"]]
+            if pool["packages"]:  # python -m module: the job's own interpreter, where its packages are
+                pool["command"][0] = python.python
+            pool["env"] = {k: mount.rewrite(v) for k, v in pool["env"].items()}
 
     by_role = {pool["role"]: pool for pool in pools}
     count = {role: by_role[role]["replicas"] if role in by_role else 0 for role in ROLES}
     placement = None
-    if (engine or {}).get("name") == "ray":
-        from modelyard.platform import jobs_ray
-
+    if on_ray:
         placement = jobs_ray.Placement(engine.get("address", ""), job_id)
         placement.connect()  # before our SIGTERM handler: ray.init installs its own
     launcher._STOP_REQUESTED.clear()
@@ -209,6 +218,7 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
 
     sup = Pools(spec, tasks, by_role["chief"]["command"], out=sys.stdout)
     sup.placement = placement
+    sup.node_setup = node_setup
     cancelled = False
     try:
         sup.start()

@@ -14,19 +14,48 @@ started by its actor: the actor's ``RemoteProcess`` stands in for ``subprocess.P
 local ones. The actors belong to the job's process (not detached): if it dies, Ray ends them, and
 each replica process dies with its actor (PR_SET_PDEATHSIG), so no replica outlives its job.
 
-The job's directories (``AIP_*``, the work dir) must be at the same path on every node (one host or
-a shared file system), as for the replica engine.
+No node shares a disk with the platform (``NodeSetup``: what each replica's node makes for itself, in
+a scratch directory of its own):
+
+- the job's Python packages (``python_package_spec``) reach the node through storage (``gs://``,
+  ``s3://`` URIs are fetched there) or, for a file of the platform's host, as bytes through Ray's
+  object store; the node makes the job's virtual environment (``job_env.PythonEnv``) and installs them;
+- ``/gcs/<bucket>/...`` paths in the command, args and env are the node's own mirror
+  (``job_env.GcsMount`` without a served root): staged in from storage before the process starts,
+  every file it created or changed written back to its bucket when it ends;
+- a ``gs://`` ``baseOutputDirectory``: ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` ... are ``gs://``
+  URIs the trainer writes itself, as on Vertex (``STORAGE_EMULATOR_HOST`` and
+  ``MODELYARD_STORAGE_TOKEN`` reach the node). TensorFlow's own ``gs://`` file system talks to
+  Google only: a trainer that must reach the platform's storage writes with google-cloud-storage or
+  gcsfs, or saves to a local directory and uploads it (docs/ray-jobs.md says how);
+- a local base output directory (a path of the platform's host): the node writes the same tree
+  under its scratch directory, and it is copied back into the host's directory (Ray's object
+  store) when the replica's process ends;
+- the replica's working directory is its scratch directory; the scratch directory is removed
+  once its output is back.
+
+The replicas' output lines travel back to the platform's job log as they are printed (``read``).
+A replica whose node dies ends as killed by SIGKILL; the launcher's supervision then fails the job
+naming that node (``[modelyard] started pid ... on Ray node ...`` is in its log).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
+import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tarfile
+import tempfile
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
+from modelyard import node_cache, objstore
 from modelyard.platform.replicas_ray import NAMESPACE, _die_with_parent, connect
 from modelyard.training import launcher
 from modelyard.training.cluster import EVALUATOR, Task
@@ -36,6 +65,39 @@ ACTOR_PREFIX = "modelyard-job-"
 PLACE_TIMEOUT_S = 300.0  # a busy cluster may free CPUs later; longer than that, the job cannot be placed
 CALL_TIMEOUT_S = 60.0
 READ_WAIT_S = 1.0  # how long one log read waits on the node for new lines
+
+
+# The command's interpreter for a python_package_spec pool: the node's job venv replaces it.
+PACKAGE_PYTHON = "<job-python>"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSetup:
+    """What a node makes for a replica: the packages to install (each ``(file name, URI in storage |
+    bytes)``) and the platform's local base output directory, if the job has one."""
+
+    packages: tuple[tuple[str, Any], ...] = ()
+    host_output: str | None = None
+
+    @classmethod
+    def of(cls, package_uris: list[str], host_output: str | None) -> "NodeSetup":
+        """Packages in storage go as URIs; a file of the platform's host as its bytes."""
+        packages = []
+        for uri in dict.fromkeys(package_uris):
+            if objstore.is_remote(uri):
+                packages.append((uri.rstrip("/").rsplit("/", 1)[-1], uri))
+            else:
+                path = Path(objstore.local_path(uri))
+                packages.append((path.name, path.read_bytes()))
+        return cls(tuple(packages), host_output)
+
+
+def unpack_output(data: bytes, into: str) -> int:
+    """A node's output tree (``node_cache.pack`` bytes) merged into ``into``; how many files."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        members = tar.getmembers()
+        tar.extractall(into, filter="data")
+    return len(members)
 
 
 def _node() -> tuple[str, str]:
@@ -72,11 +134,78 @@ class JobReplicaActor:
             port = self._port_socket.getsockname()[1]
         return {"node_id": self.node_id, "host": self.host, "port": port}
 
-    def start(self, command: list[str], env: dict[str, str], unset: list[str], cwd: str) -> dict:
+    def _localize(self, command: list[str], env: dict[str, str], setup: NodeSetup
+                  ) -> tuple[list[str], dict[str, str], str]:
+        """The command, env and working directory as this node runs them (see ``NodeSetup``)."""
+        from modelyard.platform import job_env
+
+        # Storage settings first: the mirror and the packages are fetched with them.
+        for key in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN"):
+            if key in env:
+                os.environ[key] = env[key]
+        root = Path(tempfile.gettempdir()) / "modelyard-jobs"
+        root.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="job-", dir=root))
+        self.mount = job_env.GcsMount(self.scratch, None)
+        self.mount.stage_in(command + list(env.values()))
+        command = [self.mount.rewrite(a) for a in command]
+        env = {k: self.mount.rewrite(v) for k, v in env.items()}
+        if setup.packages:
+            python = job_env.PythonEnv(self.scratch)
+            python.create()
+            files = []
+            for name, source in setup.packages:
+                target = self.scratch / "packages" / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(source, bytes):
+                    target.write_bytes(source)
+                else:
+                    objstore.filesystem(objstore.scheme_of(source)).get_file(source, str(target))
+                files.append(str(target))
+            python.install(files)
+            env = {**env, **python.env()}
+            command = [python.python if a == PACKAGE_PYTHON else a for a in command]
+        if setup.host_output:
+            here = str(self.scratch / "output")
+            host = setup.host_output.rstrip("/")
+            env = {k: v.replace(host, here) for k, v in env.items()}
+            command = [a.replace(host, here) for a in command]
+            for key in ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
+                if env.get(key, "").startswith(here):
+                    Path(env[key]).mkdir(parents=True, exist_ok=True)
+        return command, env, str(self.scratch)
+
+    def finish(self, generation: int, setup: NodeSetup) -> dict:
+        """Once the process of ``generation`` ended: its /gcs/ writes back to storage, its local output
+        as bytes for the platform (``{"published", "output"}``), and the scratch directory removed."""
+        self._exited.wait()
+        out: dict = {"published": 0, "output": None}
+        scratch = getattr(self, "scratch", None)
+        if scratch is None or generation != self.generation:
+            return out
+        try:
+            out["published"] = self.mount.publish()
+            if setup.host_output and (scratch / "output").is_dir():
+                out["output"] = node_cache.pack(scratch / "output")[1]
+        except Exception as exc:  # the job fails saying so: its output did not come back whole
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            self.scratch = None
+        return out
+
+    def start(self, command: list[str], env: dict[str, str], unset: list[str], cwd: str,
+              setup: NodeSetup | None = None) -> dict:
         """Start the replica's process with this node's environment plus ``env``; ``{"pid"}`` or ``{"error"}``."""
         if self._port_socket is not None:  # the replica binds it now
             self._port_socket.close()
             self._port_socket = None
+        if setup is not None:
+            try:
+                command, env, cwd = self._localize(command, env, setup)
+            except Exception as exc:  # JobFailed from pip, StorageError, OSError: the job fails with it
+                message = getattr(exc, "message", None) or str(exc)
+                return {"error": f"preparing the replica on Ray node {self.node_id[:12]} ({self.host}): {message}"}
         full = {k: v for k, v in os.environ.items() if k not in unset}
         full.update(env)
         full[NODE_ID_ENV] = self.node_id
@@ -184,12 +313,16 @@ class _RemoteLines:
 class RemoteProcess:
     """A replica process on a Ray node, with the parts of ``subprocess.Popen`` the launcher uses."""
 
-    def __init__(self, actor, pid: int, generation: int) -> None:
+    def __init__(self, actor, pid: int, generation: int, setup: NodeSetup | None = None,
+                 emit=lambda line: None, lost=lambda exc: None) -> None:
         self.actor = actor
         self.pid = pid
         self.returncode: int | None = None
         self.stdout = _RemoteLines(actor, generation)
         self._done = threading.Event()
+        self._setup = setup
+        self._emit = emit
+        self._lost = lost
         threading.Thread(target=self._watch, args=(generation,), daemon=True).start()
 
     def _watch(self, generation: int) -> None:
@@ -197,10 +330,33 @@ class RemoteProcess:
 
         try:
             code = ray.get(self.actor.wait.remote(generation))
-        except Exception:  # the actor (or its node) died: so did the process
+        except Exception as exc:  # the actor (or its node) died: so did the process
             code = -signal.SIGKILL
+            self._lost(exc)
+        else:
+            # Exited: its output comes back before the exit is seen (the job's success means it is there).
+            code = self._collect(generation, code)
         self.returncode = -signal.SIGKILL if code is None else code
         self._done.set()
+
+    def _collect(self, generation: int, code: int | None) -> int | None:
+        import ray
+
+        if self._setup is None:
+            return code
+        try:
+            got = ray.get(self.actor.finish.remote(generation, self._setup), timeout=PLACE_TIMEOUT_S)
+            if got.get("error"):
+                raise RuntimeError(got["error"])
+            if got["published"]:
+                self._emit(f"[modelyard] wrote {got['published']} file(s) under /gcs/ back to their buckets")
+            if got["output"] is not None:
+                n = unpack_output(got["output"], self._setup.host_output)
+                self._emit(f"[modelyard] copied {n} output file(s) from the node to {self._setup.host_output}")
+        except Exception as exc:
+            self._emit(f"[modelyard] the replica's output could not be brought back: {type(exc).__name__}: {exc}")
+            return code or 1
+        return code
 
     def poll(self) -> int | None:
         return self.returncode if self._done.is_set() else None
@@ -304,11 +460,26 @@ class RaySupervisor(launcher.Supervisor):
         unset = [k for k in os.environ if k not in env]
         actor = self.placement.actors[task]
         where = self.placement.where[task]
-        got = ray.get(actor.start.remote(self.command, delta, unset, os.getcwd()), timeout=CALL_TIMEOUT_S)
+        setup = getattr(self, "node_setup", None)
+        # A node installing the job's packages takes as long as pip does.
+        got = ray.get(actor.start.remote(self.command, delta, unset, os.getcwd(), setup),
+                      timeout=CALL_TIMEOUT_S if setup is None or not setup.packages else PLACE_TIMEOUT_S)
         if "error" in got:
             self.stop()
             raise launcher.LaunchError(got["error"])
-        run = launcher.Running(task, RemoteProcess(actor, got["pid"], got["generation"]))
+        node = f"Ray node {where['node_id'][:12]} ({where['host']})"
+        runs: list[launcher.Running] = []
+
+        def lost(exc: Exception) -> None:
+            # In the replica's last lines too: the job's error names the node that died.
+            line = f"[modelyard] {node} is gone ({type(exc).__name__}): the replica died with it"
+            if runs:
+                runs[0].tail.append(line)
+            self._emit(task, line)
+
+        run = launcher.Running(task, RemoteProcess(actor, got["pid"], got["generation"], setup,
+                                                   emit=lambda line: self._emit(task, line), lost=lost))
+        runs.append(run)
         run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
         run.reader.start()
         self._emit(task, f"[modelyard] started pid {got['pid']} on Ray node {where['node_id'][:12]} ({where['host']})")
