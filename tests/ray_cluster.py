@@ -8,10 +8,26 @@ test folder sees it); its value is the cluster's address, ``"127.0.0.1:PORT"``::
         # or, in this process: ray.init(address=ray_cluster) ... ray.shutdown()
 
 The cluster is a head node and a second node (``ray start``), one CPU each, a 150 MB object
-store each, no dashboard, no usage stats, every port chosen free, and its own ``--temp-dir``
+store each, no dashboard, no usage stats, every port chosen among those no socket uses (``unbound_ports``), and its own ``--temp-dir``
 (sessions, logs, sockets) under a fresh short directory. The nodes' processes inherit this
 process's environment, with ``src/`` on ``PYTHONPATH``, so Ray workers import this checkout's
-``modelyard``.
+``modelyard`` (as a machine with ``pip install modelyard`` would).
+
+The cluster is honest about disks: the head runs on this host as the platform does, but every
+other node runs in its own mount namespace (``unshare --mount --propagation private``; the tests
+run as root) where ``/tmp``, ``/dev/shm``, the pytest base temp dir (every test's models, platform
+state dirs, storage roots), the modelyard cache and the directories of ``HIDDEN_ENV`` are empty
+tmpfs mounts. What the head wrote there, the other node cannot see: code that assumes a shared
+disk fails on it, as it would on a second machine. The checkout and the Python installation stay
+visible (they are what ``pip install`` gives every machine). A node's own files can be read from
+outside through ``/proc/<pid>/root`` (``RayCluster.node_root``).
+
+No network namespace: every node listens on 127.0.0.1. A node dies by SIGKILL of every process in
+its mount namespace (``RayCluster.kill_node``: its raylet, workers and their children), which is
+what the tests need; cutting a node's network while its processes live is not simulated here.
+
+The head is started with Ray's node health check tightened (``HEALTH_CHECK_ENV``: a node missing
+5 checks 1 s apart is dead) so a killed node is declared dead in seconds, not Ray's default ~30 s.
 
 Teardown stops only this cluster: each ``ray start --block`` runs in its own process group
 (Ray's own processes and workers stay in it), so the group is sent SIGTERM, then SIGKILL;
@@ -38,7 +54,6 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.ports import free_ports
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HOST = "127.0.0.1"
@@ -59,13 +74,33 @@ def ray_command() -> str:
     return found
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
+def _ports_in_use() -> set[int]:
+    """Local ports of every TCP socket of this machine (any state, any address), from /proc/net."""
+    used = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            s.bind((HOST, port))
+            lines = Path(table).read_text().splitlines()[1:]
         except OSError:
-            return False
-    return True
+            continue
+        used.update(int(line.split()[1].rsplit(":", 1)[1], 16) for line in lines if line.strip())
+    return used
+
+
+_handed: set[int] = set()
+
+
+def unbound_ports(count: int) -> list[int]:
+    """``count`` ports no socket uses now, below the kernel's ephemeral range, chosen without binding
+    them: on this sandboxed machine a port a process bound and released stays taken for other processes
+    for seconds (a bind-to-0 pick, as modelyard.ports makes, made Ray's GCS fail with EADDRINUSE)."""
+    used = _ports_in_use() | _handed
+    picked: list[int] = []
+    while len(picked) < count:
+        port = random.randrange(20_000, 32_000)
+        if port not in used and port not in picked:
+            picked.append(port)
+    _handed.update(picked)
+    return picked
 
 
 def worker_port_range(size: int = 40) -> tuple[int, int]:
@@ -73,9 +108,21 @@ def worker_port_range(size: int = 40) -> tuple[int, int]:
     default 10002-19999 (another cluster on this machine uses that by default)."""
     for _ in range(200):
         low = random.randrange(20_000, 32_000 - size)
-        if all(_port_free(p) for p in range(low, low + size)):
+        run = set(range(low, low + size))
+        if not run & (_ports_in_use() | _handed):
+            _handed.update(run)
             return low, low + size - 1
     raise RuntimeError("no free run of ports for Ray workers")
+
+
+# Ray's own settings for the head (read from RAY_<name> at start): how soon a silent node is declared dead.
+# Not tighter: on the busy machine a live node's check can take seconds, and a node declared dead by
+# mistake loses its raylet (with a 1 s timeout and 3 misses the head failed to start 3 times in a row at load 20).
+HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+                    "RAY_health_check_failure_threshold": "5"}
+# Extra directories (os.pathsep-separated) the non-head nodes must not see, e.g. a --basetemp elsewhere.
+HIDDEN_ENV = "MODELYARD_TEST_RAY_HIDE"
+NODE_TMPFS_SIZE = "1g"
 
 
 def node_env() -> dict[str, str]:
@@ -85,6 +132,8 @@ def node_env() -> dict[str, str]:
     # writes one), and drivers joining by address then fail with InvalidAuthToken: this cluster has none.
     return {**os.environ, "PYTHONPATH": os.pathsep.join(parts), "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
+            # The busy shared machine: a node's agents can take more than Ray's default to start.
+            "RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000",
             "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
@@ -97,12 +146,13 @@ while True:
     if len(alive) >= want or time.monotonic() > deadline:
         break
     time.sleep(0.5)
-print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0)} for n in alive]))
+print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0), "port": n["NodeManagerPort"]}
+                  for n in alive]))
 """
 
 
 def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict]:
-    """The cluster's alive nodes (``id``, ``cpus``), asked by a short-lived driver process (so this
+    """The cluster's alive nodes (``id``, ``cpus``, ``port``: its node manager's), asked by a short-lived driver process (so this
     process never becomes a Ray driver); waits up to ``timeout`` for ``want`` of them. A driver that
     cannot start (a node still starting on the busy machine) is retried until ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -124,6 +174,84 @@ class RayCluster:
     address: str
     temp_dir: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)  # what the non-head nodes see as empty
+    ports: dict[int, int] = field(default_factory=dict)  # ray start pid -> its node manager port
+
+    @property
+    def head(self) -> subprocess.Popen:
+        return self.procs[0]
+
+    def workers(self) -> list[subprocess.Popen]:
+        """The non-head nodes still running."""
+        return [p for p in self.procs[1:] if p.poll() is None]
+
+    def add_node(self, timeout: float = START_TIMEOUT_S, attempts: int = 3) -> subprocess.Popen:
+        """Start one more node in its own mount namespace and wait until the cluster counts it alive
+        (a node that exits while starting, its free ports taken meanwhile, is tried again)."""
+        want = len(alive_nodes(self.address)) + 1
+        for attempt in range(attempts):
+            k = len(self.procs)
+            args = node_args(self.temp_dir, head=False) + [f"--address={self.address}"]
+            proc = _start_isolated_node(ray_command(), args, self.temp_dir, self.hidden,
+                                        self.temp_dir / f"node{k}.log")
+            self.procs.append(proc)
+            self.ports[proc.pid] = int(_flag(args, "--node-manager-port"))
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                if self.ports[proc.pid] in {n["port"] for n in alive_nodes(self.address, want, 20)}:
+                    return proc
+            if proc.poll() is None or attempt == attempts - 1:
+                raise RuntimeError(f"node {k} did not join {self.address}:\n"
+                                   f"{(self.temp_dir / f'node{k}.log').read_text()[-2000:]}")
+        raise AssertionError("unreachable")
+
+    def node_id(self, proc: subprocess.Popen) -> str:
+        """The Ray node id of the node ``proc`` started (found by its node manager port)."""
+        port = self.ports[proc.pid]
+        return next(n["id"] for n in alive_nodes(self.address) if n["port"] == port)
+
+    def node_of(self, node_id: str) -> subprocess.Popen | None:
+        """The running node process with Ray node id ``node_id``."""
+        by_port = {n["port"]: n["id"] for n in alive_nodes(self.address)}
+        return next((p for p in self.procs if p.poll() is None and by_port.get(self.ports.get(p.pid)) == node_id),
+                    None)
+
+    def node_root(self, proc: subprocess.Popen) -> Path:
+        """The node's file system as its processes see it (its own tmpfs mounts included)."""
+        return Path(f"/proc/{proc.pid}/root")
+
+    def node_pids(self, proc: subprocess.Popen) -> list[int]:
+        """Every process of a non-head node: those in its mount namespace."""
+        try:
+            ns = os.readlink(f"/proc/{proc.pid}/ns/mnt")
+        except OSError:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                        found.append(int(entry))
+                except OSError:
+                    continue
+        return found
+
+    def kill_node(self, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+        """The node dies at once: SIGKILL to its raylet, workers and their children (no clean shutdown)."""
+        if proc is self.head:
+            raise ValueError("killing the head ends the cluster; kill a worker node")
+        pids = self.node_pids(proc)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while any(_pid_alive(pid) for pid in pids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes of the killed node still run: {[p for p in pids if _pid_alive(p)]}")
+            time.sleep(0.1)
 
     def stray_pids(self) -> list[int]:
         """Processes still running whose command line names this cluster's temp dir."""
@@ -187,11 +315,60 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _start_node(ray: str, args: list[str], log: Path) -> subprocess.Popen:
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _flag(args: list[str], name: str) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith(name + "="))
+
+
+def _start_node(ray: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     # Its own session (and so process group): teardown signals the group, nothing else.
     with open(log, "ab") as out:
-        return subprocess.Popen([ray, "start", "--block", *args], env=node_env(), stdout=out,
+        return subprocess.Popen([ray, "start", "--block", *args], env=env or node_env(), stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+# Run as the node's first process, inside its new mount namespace: empty tmpfs over every hidden
+# directory (deepest first, so a nested one is hidden too), the node's own temp dir, then Ray.
+_ISOLATE = """set -e
+size="$1"; temp="$2"; shift 2
+while [ "$1" != "--" ]; do
+  mkdir -p "$1"  # a directory the head has not made yet (the cache) must still be the node's own
+  mount -t tmpfs -o "size=$size" modelyard-node "$1"
+  shift
+done
+shift
+mkdir -p "$temp"
+exec "$@"
+"""
+
+
+def hidden_dirs(extra: list[str]) -> list[str]:
+    """What a non-head node sees as empty: temp dirs, shared memory, the modelyard cache, ``extra``."""
+    from modelyard.demo import default_cache_dir
+
+    found = ["/tmp", "/dev/shm", tempfile.gettempdir(), str(default_cache_dir())]
+    found += [p for p in os.environ.get(HIDDEN_ENV, "").split(os.pathsep) if p] + extra
+    unique = {str(Path(p).resolve()) for p in found}
+    return sorted(unique, key=lambda p: -p.count("/"))
+
+
+def _start_isolated_node(ray: str, args: list[str], temp_dir: Path, hidden: list[str], log: Path) -> subprocess.Popen:
+    """A node as a second machine sees things: own mount namespace, the head's files out of sight."""
+    unshare = shutil.which("unshare")
+    if not unshare:
+        pytest.fail("the Ray test cluster needs `unshare` (util-linux) and root, to give each node its own disk")
+    cmd = [unshare, "--mount", "--propagation", "private", "sh", "-c", _ISOLATE, "isolate", NODE_TMPFS_SIZE,
+           str(temp_dir), *hidden, "--", ray, "start", "--block", *args]
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, env=node_env(), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def node_args(temp_dir: Path, head: bool) -> list[str]:
@@ -200,7 +377,7 @@ def node_args(temp_dir: Path, head: bool) -> list[str]:
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
     if head:
         names += ["--port", "--ray-client-server-port"]
-    ports = free_ports(len(names), HOST)
+    ports = unbound_ports(len(names))
     low, high = worker_port_range()
     args = [f"{name}={port}" for name, port in zip(names, ports)]
     args += [f"--min-worker-port={low}", f"--max-worker-port={high}", "--num-cpus=1",
@@ -211,37 +388,103 @@ def node_args(temp_dir: Path, head: bool) -> list[str]:
     return args
 
 
-def start_cluster(nodes: int = 2) -> RayCluster:
-    """Start a head node and ``nodes - 1`` more, wait until all are alive; stop them on failure."""
+def _wait_alive(cluster: RayCluster, want: int, timeout: float) -> list[dict]:
+    """Wait for ``want`` alive nodes, failing at once (not after ``timeout``) when a node process exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dead = [p.args for p in cluster.procs if p.poll() is not None]
+        if dead:
+            raise _NodeExited(f"a node of {cluster.address} exited while starting: {dead}")
+        alive = []
+        if _accepts(cluster.address):  # before that, a driver would wait a minute for the GCS inside ray.init
+            try:
+                alive = alive_nodes(cluster.address, want, min(20.0, max(deadline - time.monotonic(), 1.0)))
+            except RuntimeError:  # the head not answering yet
+                pass
+        else:
+            time.sleep(0.5)
+        if len(alive) >= want or time.monotonic() > deadline:
+            return alive
+
+
+def _accepts(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+class _NodeExited(RuntimeError):
+    """A node's `ray start` exited (e.g. a port picked free was taken before Ray bound it)."""
+
+
+def start_cluster(nodes: int = 2, hide: list[str] | None = None, attempts: int = 3) -> RayCluster:
+    """Start a head node and ``nodes - 1`` more (each in its own mount namespace, ``hide`` and the
+    ``hidden_dirs`` empty there), wait until all are alive; stop them on failure. A node that exits
+    while starting (the busy machine gave one of its free ports away meanwhile) means a new try
+    with new ports, up to ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            return _start_cluster(nodes, hide)
+        except _NodeExited:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_cluster(nodes: int, hide: list[str] | None) -> RayCluster:
     ray = ray_command()
     # Short: Ray's Unix socket paths live under it and must stay under 108 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="myray-", dir="/tmp"))
     head = node_args(temp_dir, head=True)
-    port = next(a.split("=")[1] for a in head if a.startswith("--port="))
-    cluster = RayCluster(f"{HOST}:{port}", temp_dir)
+    port = _flag(head, "--port")
+    cluster = RayCluster(f"{HOST}:{port}", temp_dir, hidden=hidden_dirs(list(hide or [])))
     try:
-        cluster.procs.append(_start_node(ray, head, temp_dir / "head.log"))
-        alive_nodes(cluster.address, 1, START_TIMEOUT_S)  # the head must answer before others join
+        cluster.procs.append(_start_node(ray, head, temp_dir / "head.log", {**node_env(), **HEALTH_CHECK_ENV}))
+        cluster.ports[cluster.head.pid] = int(_flag(head, "--node-manager-port"))
+        _wait_alive(cluster, 1, START_TIMEOUT_S)  # the head must answer before others join
         for k in range(1, nodes):
             worker = node_args(temp_dir, head=False) + [f"--address={cluster.address}"]
-            cluster.procs.append(_start_node(ray, worker, temp_dir / f"node{k}.log"))
-        alive = alive_nodes(cluster.address, nodes, START_TIMEOUT_S)
-        dead = [p.args for p in cluster.procs if p.poll() is not None]
-        if len(alive) < nodes or dead:
+            proc = _start_isolated_node(ray, worker, temp_dir, cluster.hidden, temp_dir / f"node{k}.log")
+            cluster.procs.append(proc)
+            cluster.ports[proc.pid] = int(_flag(worker, "--node-manager-port"))
+        alive = _wait_alive(cluster, nodes, START_TIMEOUT_S)
+        if len(alive) < nodes:
             logs = "\n".join(p.read_text()[-1500:] for p in sorted(temp_dir.glob("*.log")))
-            raise RuntimeError(f"Ray cluster at {cluster.address}: {len(alive)} of {nodes} nodes alive; "
-                               f"exited: {dead}\n{logs}")
+            raise RuntimeError(f"Ray cluster at {cluster.address}: {len(alive)} of {nodes} nodes alive\n{logs}")
     except BaseException:
         cluster.stop()
         raise
     return cluster
 
 
+_SESSION: list[RayCluster] = []
+
+
+def session_cluster() -> RayCluster:
+    """The session's cluster (started by the ``ray_cluster`` fixture: ask for it first), to add,
+    kill or look into nodes. A test that kills a node leaves two alive ones (``ensure_nodes``)."""
+    if not _SESSION:
+        raise RuntimeError("no session Ray cluster: ask for the ray_cluster fixture first")
+    return _SESSION[0]
+
+
+def ensure_nodes(cluster: RayCluster, count: int = 2) -> None:
+    """Start nodes until ``count`` are alive (after a test killed one)."""
+    while len(alive_nodes(cluster.address)) < count:
+        cluster.add_node()
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """The address (``HOST:PORT``) of a real local two-node Ray cluster, one CPU per node."""
-    cluster = start_cluster(2)
+def ray_cluster(tmp_path_factory):
+    """The address (``HOST:PORT``) of a real local two-node Ray cluster, one CPU per node; the
+    second node sees none of the head's temp, test and cache directories."""
+    cluster = start_cluster(2, hide=[str(tmp_path_factory.getbasetemp())])
+    _SESSION.append(cluster)
     try:
         yield cluster.address
     finally:
+        _SESSION.remove(cluster)
         cluster.stop()

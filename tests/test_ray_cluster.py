@@ -1,11 +1,18 @@
-"""The shared ``ray_cluster`` fixture: two alive nodes that both run work, and a scoped stop."""
+"""The shared ``ray_cluster`` fixture: two alive nodes that both run work, a scoped stop, and a second node
+that sees none of the head's files (its own mount namespace)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-from tests.ray_cluster import alive_nodes, node_env, start_cluster
+import pytest
+
+from tests.ray_cluster import alive_nodes, node_env, session_cluster, start_cluster
+
+# The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared 2-core
+# machine (a node whose agents start too slowly is started again), beyond the suite's 600 s per test.
+pytestmark = pytest.mark.timeout(1800)
 
 _SPREAD = """
 import json, sys, ray
@@ -44,3 +51,37 @@ def test_stop_ends_only_its_own_cluster(ray_cluster):
         other.stop()
     assert other.group_pids() == [] and other.stray_pids() == []
     assert len(alive_nodes(ray_cluster, want=2)) == 2
+
+
+_LOOK = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+def look(path):
+    import os, time
+    time.sleep(3)  # both at once: one per node
+    return ray.get_runtime_context().get_node_id(), os.path.exists(path)
+
+print(json.dumps(dict(ray.get([look.remote(sys.argv[2]) for _ in range(2)]))))
+"""
+
+
+def test_the_second_node_sees_none_of_the_heads_files(ray_cluster, tmp_path):
+    """The head's test files (the pytest base temp dir, /tmp) do not exist on the other node: code that
+    assumes a shared disk fails here as on a second machine; the node's own files are its alone."""
+    cluster = session_cluster()
+    marker = tmp_path / "written-by-the-head"
+    marker.write_text("x")
+    proc = subprocess.run([sys.executable, "-c", _LOOK, ray_cluster, str(marker)], env=node_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    head_id = cluster.node_id(cluster.head)
+    assert seen == {head_id: True, next(k for k in seen if k != head_id): False}, seen
+    other = cluster.workers()[0]
+    root = cluster.node_root(other)
+    assert not (root / str(marker).lstrip("/")).exists()
+    # Its own temp dir, on its own tmpfs: Ray's session there is not the head's.
+    assert {p.name for p in (root / str(cluster.temp_dir).lstrip("/")).glob("session_*")} \
+        != {p.name for p in cluster.temp_dir.glob("session_*")}
