@@ -10,13 +10,24 @@ node, as the local engine's replicas are replaced. The serve child dies with its
 (PR_SET_PDEATHSIG), so killing an actor never leaves a process behind on a node.
 
 Detached actors outlive the platform; the next platform finds each stored replica's actor by name
-(``modelyard-replica-<replica id>``) and adopts it if it still serves. The model directory must be
-readable at the same path on every node (one host, or a shared file system).
+(``modelyard-replica-<replica id>``) and adopts it if it still serves.
 
-Not yet here: the local engine's new ports for a replica whose port another process took before
-it could bind (``modelyard.ports``). Such a replica dies with exit status 98: a deploy fails saying
-"Address already in use", a replacement is started again by the supervisor. (Asking the port from outside cannot tell the actor's own child
-listening from the other process that took it; the engine would have to retry on the exit status.)
+No disk is shared with the nodes: before starting a replica the platform publishes the model
+version's directory to object storage by content hash (``artifact_cache.publish``: the platform's
+own Cloud Storage unless ``$MODELYARD_ARTIFACT_STORE`` names another), and the actor fetches it into
+its node's bounded cache (``artifact_cache.fetch``), or uses the platform's path in place on a node
+that has it with the same content. The replica's working files (its model link, its log) are on
+its node too. The nodes reach the platform's storage at ``STORAGE_EMULATOR_HOST``; a loopback
+address there is replaced by this host's address on the cluster's network (``_storage_env``).
+
+A node that dies takes its replicas' actors with it: their pending ``wait`` fails once Ray
+declares the node dead, and the replicas are replaced on live nodes (the readiness probe takes
+them out of routing first, within about a second, since their serve processes no longer answer).
+
+A serve child whose port another process took before it could bind exits with PORT_TAKEN_EXIT; the
+actor starts it again on new ports (``PORT_RETRIES`` times) before it reports where it listens, so
+``start`` returns once the child listens on its REST port (or exited for another reason, which the
+platform reports with the log's tail).
 
 ``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
 """
@@ -25,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,9 +44,11 @@ import threading
 import time
 from pathlib import Path
 
+from modelyard.platform import artifact_cache
 from modelyard.platform.errors import ApiError
-from modelyard.platform.replicas import MODEL, START_TIMEOUT_S, Probe, serve_command, serve_env, tail
-from modelyard.ports import free_ports
+from modelyard.platform.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, serve_command, serve_env,
+                                         tail)
+from modelyard.ports import PORT_TAKEN_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +57,54 @@ ACTOR_PREFIX = "modelyard-replica-"
 CONNECT_TIMEOUT_S = 5.0
 
 
+def unused_ports(count: int, low: int = 20_000, high: int = 32_767) -> list[int]:
+    """``count`` ports for a serve child, below the kernel's ephemeral range (and above Ray's default worker
+    ports), that no socket of this node uses, chosen without binding them: a port a process bound and
+    released can stay unavailable to other processes for seconds (seen on gVisor sandboxes), so picking
+    by bind-and-release made children fail with "Address already in use". The sockets in use are read
+    from /proc/net; a port another process takes meanwhile is still possible: the child then exits
+    with PORT_TAKEN_EXIT and is started again on new ports."""
+    used: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        used.update(int(row.split()[1].rsplit(":", 1)[1], 16) for row in rows if row.strip())
+    picked: list[int] = []
+    while len(picked) < count:
+        port = random.randrange(low, high + 1)
+        if port not in used and port not in picked:
+            picked.append(port)
+    return picked
+
+
 class EngineUnavailable(Exception):
     """The Ray engine cannot start: ray is not installed, or the cluster cannot be reached."""
 
 
-def _storage_env() -> dict[str, str]:
-    """The platform's Cloud Storage settings (set by ``modelyard platform`` at start), for every node's replicas."""
-    return {k: os.environ[k] for k in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN") if k in os.environ}
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+_STORAGE_KEYS = ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN", artifact_cache.STORE_ENV, "AWS_ENDPOINT_URL")
+
+
+def _storage_env(address: str = "") -> dict[str, str]:
+    """The platform's storage settings (``STORAGE_EMULATOR_HOST`` is set by ``modelyard platform`` at
+    start), for every node's replicas. A loopback storage host means this host to the platform but the
+    node itself to a node: it is replaced by the address this host reaches the cluster's head from
+    (a platform whose storage listens on loopback only cannot be reached by other machines at all:
+    start it with ``--host 0.0.0.0`` or its own address)."""
+    env = {k: os.environ[k] for k in _STORAGE_KEYS if os.environ.get(k)}
+    url = env.get("STORAGE_EMULATOR_HOST", "")
+    head = address.rpartition(":")[0]
+    scheme, sep, rest = url.partition("://")
+    host, colon, port = rest.rpartition(":")
+    if sep and host in _LOOPBACK and head and head not in _LOOPBACK:
+        try:
+            with socket.create_connection((head, int(address.rpartition(":")[2])), timeout=CONNECT_TIMEOUT_S) as s:
+                env["STORAGE_EMULATOR_HOST"] = f"{scheme}://{s.getsockname()[0]}:{port}"
+        except (OSError, ValueError):
+            pass  # unreachable: connect() says so
+    return env
 
 
 def connect(address: str, namespace: str = NAMESPACE) -> None:
@@ -79,7 +134,7 @@ def connect(address: str, namespace: str = NAMESPACE) -> None:
     pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **_storage_env()}})
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **_storage_env(address)}})
     except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on what failed
         raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {exc}") from None
 
@@ -94,11 +149,13 @@ def _die_with_parent() -> None:
 class ReplicaActor:
     """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
 
-    def __init__(self, replica_id: str, model_path: str, state_dir: str, serve_args: list[str]) -> None:
+    def __init__(self, replica_id: str, source: dict, serve_args: list[str]) -> None:
         self.replica_id = replica_id
-        self.model_path = model_path
-        self.rdir = Path(state_dir) / "replicas" / replica_id
+        self.source = source  # artifact_cache.Source.as_dict(): the model's digest, storage prefix, platform path
+        # This node's own disk (the platform's state dir may not exist here).
+        self.rdir = artifact_cache.cache_root().parent / "ray-replicas" / replica_id
         self.serve_args = serve_args
+        self.lease: artifact_cache.Lease | None = None
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
         self._started = threading.Event()
@@ -112,22 +169,44 @@ class ReplicaActor:
         # The address the node was started with (`ray start --node-ip-address`), as the cluster knows it.
         host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
                     None) or ray.util.get_node_ip_address()
+        self.lease = artifact_cache.fetch(self.source)  # ArtifactError: the start fails saying why
         base = self.rdir / MODEL
         base.mkdir(parents=True, exist_ok=True)
         link = base / "1"
         if not link.exists():
-            link.symlink_to(self.model_path, target_is_directory=True)
-        ports = free_ports(2, host)
+            link.symlink_to(self.lease.path, target_is_directory=True)
         log_path = self.rdir / "serve.log"
-        cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
-        # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
-        # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
-        threading.Thread(target=self._run, args=(cmd, log_path), daemon=True).start()
-        self._started.wait()
-        if self.error:
-            raise RuntimeError(self.error)
+        for attempt in range(PORT_RETRIES + 1):
+            ports = unused_ports(2)
+            cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
+            self._started, self._exited, self.error = threading.Event(), threading.Event(), None
+            # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
+            # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
+            threading.Thread(target=self._run, args=(cmd, log_path), daemon=True).start()
+            self._started.wait()
+            if self.error:
+                raise RuntimeError(self.error)
+            if not self._port_taken(host, ports[0]):
+                break
+            log.warning("replica %s: port %d or %d was taken before it could listen; starting it again on new "
+                        "ports", self.replica_id, ports[0], ports[1])
         return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
-                "log_path": str(log_path), "node_id": node_id}
+                "log_path": str(log_path), "node_id": node_id, "model_dir": str(self.lease.path),
+                "cached": self.lease.cached}
+
+    def _port_taken(self, host: str, port: int) -> bool:
+        """Wait until the child listens on its REST port (False) or exits: True when it exited because a
+        port it was told to use was taken (its exit status says so); any other exit is the platform's to report."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._exited.wait(0.2):
+                return self.proc.returncode == PORT_TAKEN_EXIT
+            try:
+                with socket.create_connection((host, port), timeout=0.5):
+                    return False
+            except OSError:
+                continue
+        return False
 
     def _run(self, cmd: list[str], log_path: Path) -> None:
         try:
@@ -141,6 +220,8 @@ class ReplicaActor:
             return
         self._started.set()
         self.proc.wait()
+        if self.lease is not None:
+            self.lease.release()  # its cache entry may be evicted now
         self._exited.set()
 
     def wait(self) -> int | None:
@@ -152,7 +233,9 @@ class ReplicaActor:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": self.proc.pid if self.proc else None,
-                "running": self.proc is not None and self.proc.poll() is None}
+                "running": self.proc is not None and self.proc.poll() is None,
+                "model_dir": str(self.lease.path) if self.lease else None,
+                "cached": bool(self.lease and self.lease.cached)}
 
     def log_tail(self) -> str:
         return tail(self.rdir / "serve.log")
@@ -261,12 +344,16 @@ class RayEngine:
 
     # ---- the engine's calls ---------------------------------------------------------------------
     async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
-        """Start a replica actor (placed by Ray) serving ``model_path``; returns its row once AVAILABLE.
-        (``use_spare``: ignored, there is no spare on Ray.)"""
+        """Start a replica actor (placed by Ray) serving ``model_path``, published to object storage for
+        its node; returns its row once AVAILABLE. (``use_spare``: ignored, there is no spare on Ray.)"""
+        try:
+            source = await asyncio.to_thread(artifact_cache.publish, model_path)
+        except artifact_cache.ArtifactError as exc:
+            raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id}: {exc}") from None
         handle = self._actor_class.options(
             name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
             scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
-        ).remote(replica_id, str(model_path), str(self.state_dir), self.serve_args)
+        ).remote(replica_id, source.as_dict(), self.serve_args)
         self._handles[replica_id] = handle
         row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
         try:
@@ -281,8 +368,9 @@ class RayEngine:
                            f"Ray: {exc}") from None
         row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
                    log_path=info["log_path"], created=time.time())
-        log.info("replica %s of deployed model %s on Ray node %s (%s:%d)", replica_id, dm_id, info["node_id"][:12],
-                 info["host"], info["port"])
+        log.info("replica %s of deployed model %s on Ray node %s (%s:%d), model %s%s", replica_id, dm_id,
+                 info["node_id"][:12], info["host"], info["port"], info["model_dir"],
+                 " (fetched into the node's cache)" if info["cached"] else "")
         self._watch(replica_id, handle)
 
         async def exited() -> str | None:
