@@ -427,8 +427,17 @@ async function start() {
   clearPad();
   // The runtime loads while the config is fetched: neither needs the other.
   const runtime = import('./runtime/litertjs/core.js').then(async (module) => {
-    // The directory, not a file: LiteRT.js picks the wasm build this browser supports.
-    await module.loadLiteRt(new URL('runtime/litertjs/wasm/', location.href).href);
+    // loadLiteRt() also opens a WebGPU device for its default environment (tens of ms here, more
+    // where a GPU must wake up) that this page, on the wasm CPU path, never uses: it is hidden
+    // from the runtime while it loads, and LiteRT.js goes on without it.
+    const gpu = 'gpu' in navigator;
+    if (gpu) Object.defineProperty(navigator, 'gpu', {value: undefined, configurable: true});
+    try {
+      // The directory, not a file: LiteRT.js picks the wasm build this browser supports.
+      await module.loadLiteRt(new URL('runtime/litertjs/wasm/', location.href).href);
+    } finally {
+      if (gpu) delete navigator.gpu;
+    }
     timings.runtime_ms = performance.now();
     return module;
   });
