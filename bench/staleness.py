@@ -9,13 +9,15 @@ cores, so gradients queue up and arrive many updates late) and a high learning r
 update for every run: synchronous (``backup_workers: 0``, waits for all 5 and averages, so
 it sees 5x the examples per update: given the same examples instead, ``global_batch_size``
 is 5x smaller for it), plain asynchronous, asynchronous with ``scale: inverse`` (1/tau), and
-with ``drop_older_than: 2`` and ``0``. Final validation accuracy, median over rounds taking turns.
+with ``drop_older_than: 2`` and ``0``. Final validation accuracy, median over rounds taking turns
+(harness.take_turns).
+
+    python3 bench/staleness.py --small --rounds 1 --out /tmp/staleness.md   # a check that it runs
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,9 +27,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent
-ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-           PYTHONPATH=str(ROOT.parent / "src"))
+from harness import command_line, env, machine, markdown_table, median, take_turns, write_results
+
+ENV = env(TF_USE_LEGACY_KERAS="1")
 WORKERS, EPOCHS, STEPS, LEARNING_RATE = 5, 4, 60, 0.05
 MODEL = f'''
 from modelyard.training.demo import build_model as _demo
@@ -45,17 +47,20 @@ RUNS = {
 }
 
 
-def one_run(work: Path, label: str, options: dict) -> dict:
+def one_run(work: Path, label: str, options: dict, size: dict) -> dict:
     job = work / f"job-{time.monotonic_ns()}"
-    config = work / "job.yaml"
+    config = work / f"{job.name}.yaml"
     synchronous = "backup_workers" in options
+    workers = size["workers"]
     config.write_text(yaml.safe_dump({
         "model": str(work / "model.py"), "data": "digits",
         "strategy": {"name": "parameter_server", **options},
-        # Each update sees 32 examples: one worker's batch when asynchronous, 5 x 32/5... as close as divides.
-        "global_batch_size": 30 if synchronous else 32, "epochs": EPOCHS, "steps_per_epoch": STEPS,
-        "validation_steps": 10, "tensorboard": False, "input_report": False, "job_dir": str(job), "seed": 0}))
-    result = subprocess.run([sys.executable, "-m", "modelyard", "launch", "--workers", str(WORKERS), "--ps", "1", "--",
+        # Each update sees ~32 examples: one worker's batch when asynchronous; synchronous averages
+        # all workers' batches, so its global batch is the multiple of the workers closest below 32.
+        "global_batch_size": 32 // workers * workers if synchronous else 32, "epochs": size["epochs"],
+        "steps_per_epoch": size["steps"], "validation_steps": 10, "tensorboard": False, "input_report": False,
+        "job_dir": str(job), "seed": 0}))
+    result = subprocess.run([sys.executable, "-m", "modelyard", "launch", "--workers", str(workers), "--ps", "1", "--",
                              sys.executable, "-m", "modelyard", "train", str(config)],
                             env=ENV, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
@@ -71,45 +76,43 @@ def one_run(work: Path, label: str, options: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "results"))
+    parser.add_argument("--small", action="store_true",
+                        help="2 workers, 1 epoch x 10 updates: checks the benchmark runs, not a measurement")
+    parser.add_argument("--out", help="results file or folder (default bench/results/staleness.md)")
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {label: [] for label in RUNS}
+    size = {"workers": 2, "epochs": 1, "steps": 10} if args.small else \
+        {"workers": WORKERS, "epochs": EPOCHS, "steps": STEPS}
+    started_on = machine()
     with tempfile.TemporaryDirectory(prefix="modelyard-staleness-") as tmp:
         work = Path(tmp)
         (work / "model.py").write_text(MODEL)
-        for round_index in range(args.rounds):
-            for label, options in RUNS.items():
-                runs[label].append(one_run(work, label, options))
-                print(f"round {round_index + 1}: {label}: {runs[label][-1]}", file=sys.stderr, flush=True)
-    acc = {label: statistics.median(r["val_accuracy"] for r in rs) for label, rs in runs.items()}
+        runs = take_turns(list(RUNS), args.rounds, lambda label, _round: one_run(work, label, RUNS[label], size))
+    acc = {label: median(r["val_accuracy"] for r in rs) for label, rs in runs.items()}
     sync, plain = acc["synchronous (backup_workers: 0)"], acc["asynchronous, no control"]
     gap = sync - plain
+    rows = []
+    for label, rs in runs.items():
+        mean_tau = median(r["staleness_mean"] for r in rs)
+        max_tau = max(r["staleness_max"] for r in rs)
+        dropped = median(r["dropped"] for r in rs)
+        recovered = "" if label.startswith(("synchronous", "asynchronous, no")) or gap <= 0 else \
+            f"{(acc[label] - plain) / gap:.0%}"
+        rows.append((label, f"{acc[label]:.4f}", f"{mean_tau:.2f} / {max_tau}", f"{dropped:.0f}", recovered))
+    best = max(((acc[label] - plain) / gap if gap > 0 else 0.0) for label in list(RUNS)[2:])
     lines = [
         "# Staleness control in asynchronous parameter-server training",
         "",
-        f"`python3 bench/staleness.py --rounds {args.rounds}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"2 cores. Digits MLP, SGD lr {LEARNING_RATE} momentum 0.9, {WORKERS} workers + 1 ps + the coordinator, "
-        f"{EPOCHS} epochs x {STEPS} updates of ~32 examples; final val_accuracy, median over {args.rounds} rounds "
-        "taking turns.",
+        f"`{command_line()}`, {started_on}. Digits MLP, SGD lr {LEARNING_RATE} momentum 0.9, {size['workers']} workers "
+        f"+ 1 ps + the coordinator, {size['epochs']} epochs x {size['steps']} updates of ~32 examples; final "
+        f"val_accuracy, median over {args.rounds} rounds taking turns.",
         "",
-        "| run | val_accuracy | staleness mean / max | gradients dropped | share of the sync-async gap recovered |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for label, rs in runs.items():
-        mean_tau = statistics.median(r["staleness_mean"] for r in rs)
-        max_tau = max(r["staleness_max"] for r in rs)
-        dropped = statistics.median(r["dropped"] for r in rs)
-        recovered = "" if label.startswith(("synchronous", "asynchronous, no")) or gap <= 0 else \
-            f"{(acc[label] - plain) / gap:.0%}"
-        lines.append(f"| {label} | {acc[label]:.4f} | {mean_tau:.2f} / {max_tau} | {dropped:.0f} | {recovered} |")
-    best = max(((acc[label] - plain) / gap if gap > 0 else 0.0) for label in list(RUNS)[2:])
-    lines += ["", f"Gap synchronous - plain asynchronous: {100 * gap:+.1f} points. Best recovery: {best:.0%} "
-              f"(target >= 50%: {'PASS' if gap > 0 and best >= 0.5 else 'FAIL' if gap > 0 else 'no gap to recover'}).",
-              "", "Per run: " + json.dumps(runs)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "staleness.md").write_text(text)
+        markdown_table(["run", "val_accuracy", "staleness mean / max", "gradients dropped",
+                        "share of the sync-async gap recovered"], rows),
+        "",
+        f"Gap synchronous - plain asynchronous: {100 * gap:+.1f} points. Best recovery: {best:.0%} "
+        f"(target >= 50%: {'PASS' if gap > 0 and best >= 0.5 else 'FAIL' if gap > 0 else 'no gap to recover'}).",
+        "", "Per run: " + json.dumps(runs)]
+    write_results("staleness", "\n".join(lines), args.out)
 
 
 if __name__ == "__main__":
