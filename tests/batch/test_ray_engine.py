@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +115,8 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     cluster = session_cluster()
     ensure_nodes(cluster, 2)
     (worker,) = cluster.workers()
-    per_file, chunk = 12_000, 300
+    # Large enough that the job outlasts the second node's first model load (LiteRT conversion) on a busy machine.
+    per_file, chunk = 100_000, 500
     local_lines = [{"id": f"l{i}", "x": v.tolist()} for i, v in enumerate(rows(per_file, seed=21))]
     remote_lines = [{"id": f"g{i}", "x": v.tolist()} for i, v in enumerate(rows(per_file, seed=22))]
     remote_lines[5] = {"id": "g5", "x": "nope"}  # refused by the model: an error line, once
@@ -130,23 +132,39 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     total = 2 * per_file // chunk
     digest, _ = node_cache.pack(next(tiny_model.base.iterdir()))
     cached = cluster.node_root(worker) / str(default_cache_dir()).lstrip("/") / "node" / digest
+    dying = cluster.node_id(worker)
     run = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_lines: list[str] = []
+
+    def read_stderr() -> None:
+        for line in iter(run.stderr.readline, ""):
+            err_lines.append(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
+        # Half-way, once the second node's worker runs too (a fresh node loads the model slowly).
         deadline = time.monotonic() + 600
-        while _committed(out) < total // 2 and run.poll() is None and time.monotonic() < deadline:
+        while run.poll() is None and time.monotonic() < deadline:
+            ready = [line for line in err_lines if "ray: a worker is ready on" in line]
+            if len(ready) >= 2 and _committed(out) >= total // 2:
+                break
             time.sleep(0.01)
-        # The node got the model through Ray's object store: its own copy in its own cache.
-        node_had_model = (cached / "saved_model.pb").is_file()
+        node_had_model = (cached / "saved_model.pb").is_file()  # its own copy, in its own cache
         at_kill = _committed(out)
         cluster.kill_node(worker)
-        stdout, stderr = run.communicate(timeout=600)
+        stdout = run.stdout.read()
+        run.wait(timeout=600)
+        reader.join(timeout=30)
     finally:
         run.kill()
+    stderr = "".join(err_lines)
     assert 0 < at_kill < total, f"the kill should land mid-job: {at_kill} of {total}; {stderr[-2000:]}"
+    assert f"ray: a worker is ready on node {dying[:12]}" in stderr, stderr[-3000:]
     assert node_had_model, f"no model copy in the second node's cache ({cached})"
     assert run.returncode == 0, stderr[-3000:]
-    assert re.search(r"ray: a worker on node \w+ \(127\.0\.0\.1\) died \(\w+Error", stderr), stderr[-3000:]
-    assert "JOB_STATE_SUCCEEDED: 23,999 results, 1 errors, 24,000 rows" in stdout, (stdout, stderr[-3000:])
+    assert re.search(rf"ray: a worker on node {dying[:12]} \([\d.]+\) died \(\w+Error", stderr), stderr[-3000:]
+    assert "JOB_STATE_SUCCEEDED: 199,999 results, 1 errors, 200,000 rows" in stdout, (stdout, stderr[-3000:])
     (job_dir,) = out.iterdir()
     keys = [o["key"] for s in sorted(job_dir.glob("prediction.results-*")) for o in read_lines(s)]
     errors = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
