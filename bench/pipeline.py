@@ -198,15 +198,16 @@ def main() -> None:
     if args.schedules:
         schedules_main(args.rounds, args.out)
         return
-    configs = (0,) + MICRO_BATCHES
-    runs: dict[int, list[dict]] = {m: [] for m in configs}
-    for round_index in range(args.rounds):
-        for m in configs:  # taking turns, so a slow minute of the shared machine hits every configuration
-            out = subprocess.run([sys.executable, __file__, "--one", str(m)], capture_output=True, text=True,
-                                 check=True, env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src")))
-            runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"round {round_index + 1}/{args.rounds}  M={m or 'one device'}: {runs[m][-1]}", file=sys.stderr,
-                  flush=True)
+    sys.path.insert(0, str(ROOT))
+    from harness import take_turns, write_results
+
+    def run(m: int, _round: int) -> dict:
+        out = subprocess.run([sys.executable, __file__, "--one", str(m)], capture_output=True, text=True,
+                             check=True, env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src")))
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    # Taking turns, so a slow minute of the shared machine hits every configuration.
+    runs: dict[int, list[dict]] = take_turns((0,) + MICRO_BATCHES, args.rounds, run)
     base = statistics.median(r["samples_per_sec"] for r in runs[0])
     lines = [
         f"# Pipeline parallelism: measured bubble vs GPipe's (K-1)/(M+K-1), K = {STAGES}",
@@ -230,10 +231,7 @@ def main() -> None:
               "last one's end), measured on every step around each stage's calls (the weight update after it is "
               "not part of it); the backward pass recomputes the forward pass "
               "(GPipe's re-materialisation), so a pipelined step does more work than one on one device; and two single-threaded matmuls at once on this VM's two cores each run ~1.5x slower than one alone (memory bandwidth), so here the stages' overlap does not make up for the recompute: samples/s is below one device's. The bubble, the schedule's idle share, follows GPipe's bound."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "pipeline.md").write_text(text)
+    write_results("pipeline", "\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -2,37 +2,39 @@
 input-pipeline helper against a naive pipeline on an input-bound workload.
 
     python3 bench/training.py            # prints the table, writes bench/results/training.md
+    python3 bench/training.py --small --out /tmp/training.md   # a check that it runs (not a measurement)
 
 Every configuration runs in fresh processes (TensorFlow's devices are fixed per process).
 Samples/s is the median over epochs 2..N of (steps x global batch) / training time of the
-epoch, measured the same way on both sides (validation excluded).
+epoch, measured the same way on both sides (validation excluded). The sides take turns
+(harness.take_turns).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from harness import command_line, env, machine, markdown_table, median, take_turns, write_results
+
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-ROOT = Path(__file__).resolve().parent
 GLOBAL_BATCH = 256
-STEPS = 300
-REPEATS = 5  # plain and modelyard runs alternate; each side's best run is reported (the machine is shared)
-EPOCHS = 5
-PIPELINE_ROUNDS = 3
-ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+# Steps per epoch, epochs, turns of plain and modelyard (each side's best run is reported: the machine
+# is shared), rounds of the input pipelines; --small only checks that the benchmark runs.
+SIZES = {"full": {"steps": 300, "epochs": 5, "repeats": 5, "pipeline_rounds": 3},
+         "small": {"steps": 20, "epochs": 2, "repeats": 1, "pipeline_rounds": 1}}
+ENV = env(TF_USE_LEGACY_KERAS="1")
 
 
 # ---------------------------------------------------------------- plain tf.distribute baseline
-def plain(strategy_name: str, out: str) -> None:
+def plain(strategy_name: str, out: str, size: dict) -> None:
     """The same model and data written as a user would without modelyard."""
     import tensorflow as tf
     import tf_keras as keras
@@ -48,6 +50,7 @@ def plain(strategy_name: str, out: str) -> None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    steps, epochs = size["steps"], size["epochs"]
     keras.utils.set_random_seed(0)
     x, y = load_digits_28("train")
 
@@ -72,27 +75,28 @@ def plain(strategy_name: str, out: str) -> None:
 
         def on_epoch_end(self, epoch, logs=None):
             seconds, cpu = time.perf_counter() - self.start, time.process_time() - self.cpu
-            self.rates.append((STEPS * GLOBAL_BATCH / seconds, STEPS * GLOBAL_BATCH / cpu))
+            self.rates.append((steps * GLOBAL_BATCH / seconds, steps * GLOBAL_BATCH / cpu))
 
     timer = Timer()
-    model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[timer], verbose=0)
-    Path(out).write_text(json.dumps({"samples_per_sec": statistics.median(r[0] for r in timer.rates[1:]),
-                                     "samples_per_cpu_sec": statistics.median(r[1] for r in timer.rates[1:])}))
+    model.fit(data, epochs=epochs, steps_per_epoch=steps, callbacks=[timer], verbose=0)
+    Path(out).write_text(json.dumps({"samples_per_sec": median(r[0] for r in timer.rates[1:]),
+                                     "samples_per_cpu_sec": median(r[1] for r in timer.rates[1:])}))
 
 
-def _run_plain(strategy_name: str, workdir: Path) -> tuple[float, float]:
+def _run_plain(strategy_name: str, workdir: Path, size: dict) -> tuple[float, float]:
     me = [sys.executable, str(Path(__file__).resolve()), "_plain", strategy_name]
+    sized = [json.dumps(size)]
     if strategy_name != "multi_worker_mirrored":
         out = workdir / f"plain-{strategy_name}.json"
-        subprocess.run(me + [str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(me + [str(out)] + sized, env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return _rates(out)
     from modelyard.training import cluster
 
     spec = cluster.local_spec(workers=2)
     procs = []
     for index in range(2):
-        env = dict(ENV, TF_CONFIG=cluster.tf_config(spec, cluster.Task("worker", index)))
-        procs.append(subprocess.Popen(me + [str(workdir / f"plain-mwms-{index}.json")], env=env,
+        child_env = dict(ENV, TF_CONFIG=cluster.tf_config(spec, cluster.Task("worker", index)))
+        procs.append(subprocess.Popen(me + [str(workdir / f"plain-mwms-{index}.json")] + sized, env=child_env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait() != 0:
@@ -106,11 +110,11 @@ def _rates(path: Path) -> tuple[float, float]:
     return result["samples_per_sec"], result["samples_per_cpu_sec"]
 
 
-def _run_modelyard(strategy_name: str, workdir: Path) -> tuple[float, float]:
+def _run_modelyard(strategy_name: str, workdir: Path, size: dict) -> tuple[float, float]:
     import yaml
 
     config = {
-        "model": "demo", "global_batch_size": GLOBAL_BATCH, "epochs": EPOCHS, "steps_per_epoch": STEPS,
+        "model": "demo", "global_batch_size": GLOBAL_BATCH, "epochs": size["epochs"], "steps_per_epoch": size["steps"],
         "seed": 0, "job_dir": str(workdir / f"job-{strategy_name}"), "verbose": False,
         "strategy": {"name": strategy_name},
     }
@@ -127,7 +131,7 @@ def _run_modelyard(strategy_name: str, workdir: Path) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- input pipeline
-def input_bound(out: str) -> None:
+def input_bound(out: str, rounds: int) -> None:
     """Train on examples that need a Python-side decode: helper pipeline vs naive pipeline."""
     import numpy as np
     import tensorflow as tf
@@ -150,8 +154,8 @@ def input_bound(out: str) -> None:
 
     batch, epochs = 64, 3
     steps = len(y) // batch
-    results: dict[str, list[float]] = {}
-    for name in ("naive", "helper_nocache", "helper") * PIPELINE_ROUNDS:  # alternate: load varies over time
+
+    def run(name: str, _round: int) -> float:
         examples = tf.data.Dataset.from_tensor_slices((encoded, y))
         if name == "naive":
             data = examples.map(decode).batch(batch, drop_remainder=True).repeat()
@@ -164,42 +168,51 @@ def input_bound(out: str) -> None:
         model.predict(np.zeros((batch, 28, 28), np.uint8), verbose=0)  # build outside the timing
         start = time.perf_counter()
         model.fit(data, epochs=epochs, steps_per_epoch=steps, verbose=0)
-        results.setdefault(name, []).append(epochs * steps * batch / (time.perf_counter() - start))
+        return epochs * steps * batch / (time.perf_counter() - start)
+
+    # Taking turns: load on the shared machine varies over time.
+    results = take_turns(["naive", "helper_nocache", "helper"], rounds, run, report=lambda *_: None)
     Path(out).write_text(json.dumps(results))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "results" / "training.md"))
+    parser.add_argument("--small", action="store_true", help="20 steps x 2 epochs, one turn: checks it runs")
+    parser.add_argument("--out", help="results file or folder (default bench/results/training.md)")
     args = parser.parse_args()
+    size = SIZES["small" if args.small else "full"]
+    started_on = machine()
     rows, runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for name, label in (("one_device", "one_device"), ("mirrored", "mirrored (2 logical CPUs)"),
                             ("multi_worker_mirrored", "multi_worker_mirrored (2 processes)")):
-            bases, ourses = [], []
-            for _ in range(REPEATS):
-                bases.append(_run_plain(name, workdir))
-                ourses.append(_run_modelyard(name, workdir))
+            sides = {"plain": _run_plain, "modelyard": _run_modelyard}
+            turns = take_turns(list(sides), size["repeats"],
+                               lambda side, _round: sides[side](name, workdir, size))  # noqa: B023 (called here)
+            bases, ourses = turns["plain"], turns["modelyard"]
             # Other jobs on the machine only ever slow a run down, so the best run of each side is
             # the least disturbed measurement of it; both sides get the same treatment.
             base, ours = max(b for b, _ in bases), max(o for o, _ in ourses)
-            pairs = statistics.median(o / b for (b, _), (o, _) in zip(bases, ourses))
-            cpu = statistics.median(c for _, c in ourses) / statistics.median(c for _, c in bases)
+            pairs = median(o / b for (b, _), (o, _) in zip(bases, ourses))
+            cpu = median(c for _, c in ourses) / median(c for _, c in bases)
             rows.append((label, base, ours, ours / base, pairs, cpu))
             print(f"{label}: plain {base:.0f}  modelyard {ours:.0f}  ratio {ours / base:.3f}  pairs {pairs:.3f}  "
                   f"cpu {cpu:.3f}  (runs: plain {[round(b) for b, _ in bases]}, modelyard {[round(o) for o, _ in ourses]})",
                   flush=True)
             runs.append((label, bases, ourses))
         out = workdir / "input.json"
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "_input", str(out)], env=ENV, check=True)
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "_input", str(out), str(size["pipeline_rounds"])],
+                       env=ENV, check=True)
         pipe_runs = json.loads(out.read_text())
-        pipe = {name: statistics.median(values) for name, values in pipe_runs.items()}
+        pipe = {name: median(values) for name, values in pipe_runs.items()}
     lines = [
         "# Training benchmark",
         "",
-        f"Digits MLP (784-100-10, `modelyard.training.demo`), global batch {GLOBAL_BATCH}, {STEPS} steps x "
-        f"{EPOCHS} epochs, same seed, same cached in-memory input (`from_tensor_slices`, per-worker `shard`, "
+        f"`{command_line()}`, {started_on}.",
+        "",
+        f"Digits MLP (784-100-10, `modelyard.training.demo`), global batch {GLOBAL_BATCH}, {size['steps']} steps x "
+        f"{size['epochs']} epochs, same seed, same cached in-memory input (`from_tensor_slices`, per-worker `shard`, "
         "`cache`, `repeat`, per-replica `batch`, `prefetch(AUTOTUNE)`) fed through "
         "`distribute_datasets_from_function`, same cross-device ops (reduce-to-one on CPU), default "
         "`steps_per_execution` on both sides. Samples/s = steps x global batch / seconds of the epoch's training "
@@ -208,19 +221,19 @@ def main() -> int:
         "metrics.json, collective watchdog for multi-worker, validation after each epoch) and its timer covers "
         "the same window: from the last epoch-begin hook to the start of validation, so per-epoch checkpoint "
         "writes and validation are outside it on the modelyard side just as they are absent on the plain side. "
-        f"Each side is run {REPEATS} times alternately in fresh processes (plain, modelyard, plain, ...). Other jobs "
+        f"Each side is run {size['repeats']} times in fresh processes, taking turns (plain, modelyard, modelyard, "
+        "plain, ...: the order reversed every round). Other jobs "
         "share this 2-core CPU and single runs swing by up to 2x, so three views are given: each side's best run "
         "(load only ever slows a run down), the median ratio of back-to-back pairs (neighbours see similar load), "
         "and samples per CPU-second of the worker-0 process over the same window (what the steps cost, largely "
-        "independent of other load). Every run is listed below the table. No GPU. "
-        f"Command: `python3 bench/training.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+        "independent of other load). Every run is listed below the table. No GPU.",
         "",
-        "| strategy | plain tf.distribute, best run (samples/s) | modelyard train, best run (samples/s) | ratio of best runs "
-        "| ratio, median of back-to-back pairs | ratio of samples per CPU-second (medians) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        markdown_table(["strategy", "plain tf.distribute, best run (samples/s)", "modelyard train, best run (samples/s)",
+                        "ratio of best runs", "ratio, median of back-to-back pairs",
+                        "ratio of samples per CPU-second (medians)"],
+                       [(label, f"{base:,.0f}", f"{ours:,.0f}", f"{ratio:.2f}", f"{pairs:.2f}", f"{cpu:.2f}")
+                        for label, base, ours, ratio, pairs, cpu in rows]),
     ]
-    lines += [f"| {label} | {base:,.0f} | {ours:,.0f} | {ratio:.2f} | {pairs:.2f} | {cpu:.2f} |"
-              for label, base, ours, ratio, pairs, cpu in rows]
     lines += ["", "All runs (samples/s, in run order):", ""]
     lines += [f"- {label}: plain {', '.join(f'{b:,.0f}' for b, _ in bases)}; modelyard {', '.join(f'{o:,.0f}' for o, _ in ourses)}"
               for label, bases, ourses in runs]
@@ -244,28 +257,25 @@ def main() -> int:
         "default caches decoded examples, so epochs 2 and 3 skip the decode; the middle row turns the cache "
         "off to show what parallel decode plus prefetch alone give (the GIL-held part of each call bounds it).",
         "",
-        "| pipeline | samples/s | speed-up |",
-        "| --- | ---: | ---: |",
-        f"| naive (`map(decode)` then `batch`, no parallelism, no prefetch) | {pipe['naive']:,.0f} | 1.00 |",
-        f"| `pipeline(decode=..., cache=False)` (parallel decode, prefetch) | {pipe['helper_nocache']:,.0f} | {pipe['helper_nocache'] / pipe['naive']:.2f} |",
-        f"| `pipeline(decode=...)` (parallel decode, cache, prefetch; the default) | {pipe['helper']:,.0f} | {pipe['helper'] / pipe['naive']:.2f} |",
+        markdown_table(["pipeline", "samples/s", "speed-up"], [
+            ("naive (`map(decode)` then `batch`, no parallelism, no prefetch)", f"{pipe['naive']:,.0f}", "1.00"),
+            ("`pipeline(decode=..., cache=False)` (parallel decode, prefetch)", f"{pipe['helper_nocache']:,.0f}",
+             f"{pipe['helper_nocache'] / pipe['naive']:.2f}"),
+            ("`pipeline(decode=...)` (parallel decode, cache, prefetch; the default)", f"{pipe['helper']:,.0f}",
+             f"{pipe['helper'] / pipe['naive']:.2f}")]),
         "",
-        f"Each pipeline is run {PIPELINE_ROUNDS} times, alternating, in one process; medians shown. All runs (samples/s): "
+        f"Each pipeline is run {size['pipeline_rounds']} times, taking turns, in one process; medians shown. All runs (samples/s): "
         + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}" for name, values in pipe_runs.items()) + ".",
         "",
     ]
-    table = "\n".join(lines)
-    print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(table)
+    write_results("training", "\n".join(lines), args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT.parent / "src"))
     if len(sys.argv) > 1 and sys.argv[1] == "_plain":
-        plain(sys.argv[2], sys.argv[3])
+        plain(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_input":
-        input_bound(sys.argv[2])
+        input_bound(sys.argv[2], int(sys.argv[3]))
     else:
         sys.exit(main())
