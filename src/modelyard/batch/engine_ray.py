@@ -292,7 +292,7 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
         _drive(ray, pool, todo, job_dir, on_done, on_ready)
         nodes = set(pool.nodes.values())
         log(f"ray: {len(pool.nodes)} workers of {count} ran on {len(nodes)} nodes"
-            + (f"; {pool.died} died with their nodes" if pool.died else ""))
+            + (f"; {pool.died} died" if pool.died else ""))
     finally:
         # Every chunk is committed (or the job failed): nothing is left for an actor to do.
         for actor in pool.all():
