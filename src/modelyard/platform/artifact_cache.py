@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,16 +90,33 @@ def store_prefix() -> str:
     return prefix
 
 
+_publishing = threading.Lock()  # the replicas of one deploy start side by side: one upload, one bucket creation
+
+
 def publish(path: Path) -> Source:
     """Publish the model directory ``path`` (on this host) once; returns where nodes fetch it."""
+    with _publishing:
+        return _publish(Path(path))
+
+
+def _ensure_bucket(fs, bucket: str) -> None:
+    if fs.exists(bucket):
+        return
     try:
-        digest = _memo_digest(Path(path))
+        fs.mkdir(bucket)
+    except Exception:  # made meanwhile by another platform (409): fine if it exists now
+        fs.invalidate_cache()
+        if not fs.exists(bucket):
+            raise
+
+
+def _publish(path: Path) -> Source:
+    try:
+        digest = _memo_digest(path)
         prefix = f"{store_prefix()}/{digest}"
         if objstore.read_text(f"{prefix}/{MANIFEST}") is None:
             fs = objstore.filesystem(objstore.scheme_of(prefix))
-            bucket = prefix.split("://", 1)[1].split("/", 1)[0]
-            if not fs.exists(bucket):
-                fs.mkdir(bucket)
+            _ensure_bucket(fs, prefix.split("://", 1)[1].split("/", 1)[0])
             files = objstore.publish_tree(Path(path), f"{prefix}/files")
             manifest = json.dumps({"digest": digest, "files": files, "from": str(path)})
             with fs.open(f"{prefix}/{MANIFEST}", "wb") as f:  # last: its presence means the rest is there
@@ -106,7 +124,7 @@ def publish(path: Path) -> Source:
             log.info("published %s (%d file(s)) to %s", path, files, prefix)
     except objstore.StorageError as exc:
         raise ArtifactError(f"cannot publish the model {path} for the cluster's nodes: {exc.message}") from None
-    except OSError as exc:
+    except Exception as exc:  # gcsfs/s3fs raise their own errors (HttpError ...), OSError for local reads
         raise ArtifactError(f"cannot publish the model {path} for the cluster's nodes: {exc}") from None
     return Source(digest, prefix, str(path))
 
