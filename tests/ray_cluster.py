@@ -203,6 +203,7 @@ class RayCluster:
             if proc.poll() is None or attempt == attempts - 1:
                 raise RuntimeError(f"node {k} did not join {self.address}:\n"
                                    f"{(self.temp_dir / f'node{k}.log').read_text()[-2000:]}")
+            self.procs.remove(proc)  # exited: its pid is no node of ours any more
         raise AssertionError("unreachable")
 
     def node_id(self, proc: subprocess.Popen) -> str:
@@ -392,9 +393,10 @@ def _wait_alive(cluster: RayCluster, want: int, timeout: float) -> list[dict]:
     """Wait for ``want`` alive nodes, failing at once (not after ``timeout``) when a node process exits."""
     deadline = time.monotonic() + timeout
     while True:
-        dead = [p.args for p in cluster.procs if p.poll() is not None]
+        dead = [p for p in cluster.procs if p.poll() is not None]
         if dead:
-            raise _NodeExited(f"a node of {cluster.address} exited while starting: {dead}")
+            logs = "\n".join(p.read_text()[-1500:] for p in sorted(cluster.temp_dir.glob("*.log")))
+            raise _NodeExited(f"a node of {cluster.address} exited while starting ({len(dead)}):\n{logs}")
         alive = []
         if _accepts(cluster.address):  # before that, a driver would wait a minute for the GCS inside ray.init
             try:
@@ -445,11 +447,8 @@ def _start_cluster(nodes: int, hide: list[str] | None) -> RayCluster:
         cluster.procs.append(_start_node(ray, head, temp_dir / "head.log", {**node_env(), **HEALTH_CHECK_ENV}))
         cluster.ports[cluster.head.pid] = int(_flag(head, "--node-manager-port"))
         _wait_alive(cluster, 1, START_TIMEOUT_S)  # the head must answer before others join
-        for k in range(1, nodes):
-            worker = node_args(temp_dir, head=False) + [f"--address={cluster.address}"]
-            proc = _start_isolated_node(ray, worker, temp_dir, cluster.hidden, temp_dir / f"node{k}.log")
-            cluster.procs.append(proc)
-            cluster.ports[proc.pid] = int(_flag(worker, "--node-manager-port"))
+        for _ in range(1, nodes):
+            cluster.add_node()  # started again if it exits while starting
         alive = _wait_alive(cluster, nodes, START_TIMEOUT_S)
         if len(alive) < nodes:
             logs = "\n".join(p.read_text()[-1500:] for p in sorted(temp_dir.glob("*.log")))
