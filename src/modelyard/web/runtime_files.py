@@ -6,6 +6,7 @@ once (``<cache>/npm/litertjs-core-<version>``) and every site copies from there.
 """
 from __future__ import annotations
 
+import fcntl
 import gzip
 import os
 import secrets
@@ -74,6 +75,17 @@ def ensure_runtime(log=print) -> RuntimeFiles:
     if npm is None:
         raise RuntimeUnavailable(f"npm was not found on PATH. {_how_to_get()}")
     target.mkdir(parents=True, exist_ok=True)
+    # Two converts at once (two test workers, two terminals) must not run npm into one folder together:
+    # the second waits for the first and then finds the files.
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _files_in(target / "node_modules")
+        if found is not None:
+            return _with_gzip(found)
+        return _npm_install(npm, target, log)
+
+
+def _npm_install(npm: str, target: Path, log) -> RuntimeFiles:
     log(f"fetching {PACKAGE}@{LITERTJS_VERSION} with npm into {target}")
     command = [npm, "install", "--prefix", str(target), "--no-audit", "--no-fund", "--ignore-scripts",
                "--no-save", "--loglevel=error", f"{PACKAGE}@{LITERTJS_VERSION}"]
