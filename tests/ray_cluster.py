@@ -146,8 +146,8 @@ while True:
     if len(alive) >= want or time.monotonic() > deadline:
         break
     time.sleep(0.5)
-print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0), "port": n["NodeManagerPort"]}
-                  for n in alive]))
+print("NODES " + json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0), "port": n["NodeManagerPort"]}
+                             for n in alive]))
 """
 
 
@@ -160,8 +160,9 @@ def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict
         left = max(deadline - time.monotonic(), 1.0)
         proc = subprocess.run([sys.executable, "-c", _ALIVE_SCRIPT, address, str(want), str(left)],
                               env=node_env(), capture_output=True, text=True, timeout=left + 120)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1])
+        if proc.returncode == 0:  # Ray may print its own warnings (a node declared dead ...) to stdout too
+            return json.loads(next(line for line in reversed(proc.stdout.splitlines())
+                                   if line.startswith("NODES "))[len("NODES "):])
         if time.monotonic() >= deadline:
             raise RuntimeError(f"asking {address} for its nodes failed: {proc.stderr[-2000:]}")
         time.sleep(2.0)
@@ -188,7 +189,7 @@ class RayCluster:
     def add_node(self, timeout: float = START_TIMEOUT_S, attempts: int = 3) -> subprocess.Popen:
         """Start one more node in its own mount namespace and wait until the cluster counts it alive
         (a node that exits while starting, its free ports taken meanwhile, is tried again)."""
-        want = len(alive_nodes(self.address)) + 1
+        want = len(self.running_nodes()) + 1
         for attempt in range(attempts):
             k = len(self.procs)
             args = node_args(self.temp_dir, head=False) + [f"--address={self.address}"]
@@ -205,6 +206,11 @@ class RayCluster:
                                    f"{(self.temp_dir / f'node{k}.log').read_text()[-2000:]}")
             self.procs.remove(proc)  # exited: its pid is no node of ours any more
         raise AssertionError("unreachable")
+
+    def running_nodes(self) -> list[dict]:
+        """Alive nodes whose processes run: a killed node stays alive to Ray until its health checks fail."""
+        running = {self.ports.get(p.pid) for p in self.procs if p.poll() is None}
+        return [n for n in alive_nodes(self.address) if n["port"] in running]
 
     def node_id(self, proc: subprocess.Popen) -> str:
         """The Ray node id of the node ``proc`` started (found by its node manager port)."""
@@ -472,7 +478,7 @@ def session_cluster() -> RayCluster:
 
 def ensure_nodes(cluster: RayCluster, count: int = 2) -> None:
     """Start nodes until ``count`` are alive (after a test killed one)."""
-    while len(alive_nodes(cluster.address)) < count:
+    while len(cluster.running_nodes()) < count:
         cluster.add_node()
 
 
