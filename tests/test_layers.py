@@ -210,3 +210,36 @@ def test_circle_checker_reports_a_longer_circle_and_passes_a_clean_package(tmp_p
         "a.py": "import fakepkg.b\n", "b.py": "from fakepkg import c\n", "c.py": "import os\n",
     })
     assert module_cycles(_graph(clean)) == []
+
+
+# The platform's parts, lowest first: each may import only the parts before it (and itself).
+# ``storage`` is a leaf the job code asks for paths; the top-level modules (app, server, the CLIs)
+# wire the parts together and may import any of them.
+PLATFORM_PARTS = {
+    "api": set(),
+    "storage": {"api"},  # the one token rule (api.bearer, a leaf)
+    "state": {"api"},
+    "dataplane": {"api", "state"},
+    "resources": {"api", "state", "dataplane"},
+    "jobs": {"api", "state", "dataplane", "resources", "storage"},
+}
+
+
+def _platform_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "platform" and parts[2] in PLATFORM_PARTS else None
+
+
+def test_platform_parts_import_only_the_parts_below_them():
+    offenders = set()
+    for module, targets in _graph().items():
+        part = _platform_part(module)
+        if part is None:
+            continue
+        for target in targets:
+            other = _platform_part(target)
+            if target.startswith("modelyard.platform") and other is None:
+                offenders.add(f"{module} -> {target} (a top-level platform module)")
+            elif other is not None and other != part and other not in PLATFORM_PARTS[part]:
+                offenders.add(f"{module} -> {target}")
+    assert sorted(offenders) == []

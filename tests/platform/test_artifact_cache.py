@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelyard import objstore
-from modelyard.platform import artifact_cache
+from modelyard.platform.dataplane import artifact_cache
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelyard.platform.autoscale import Autoscaler, Policy
+from modelyard.platform.dataplane.autoscale import Autoscaler, Policy
 
 TICK = 0.25
 

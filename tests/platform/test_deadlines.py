@@ -1,8 +1,8 @@
-"""The gateway's per-request upstream deadline (platform/deadlines.py), one layer below the SIGSTOP
+"""The gateway's per-request upstream deadline (platform/dataplane/deadlines.py), one layer below the SIGSTOP
 test of test_faults.py: derived from recent answer times, bounded both ways."""
 from __future__ import annotations
 
-from modelyard.platform.deadlines import WINDOW, DeadlinePolicy, LatencyWindow
+from modelyard.platform.dataplane.deadlines import WINDOW, DeadlinePolicy, LatencyWindow
 
 
 def test_the_deadline_follows_the_slowest_recent_answer_within_its_bounds():

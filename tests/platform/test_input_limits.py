@@ -82,12 +82,28 @@ def test_names_descriptions_labels_and_unknown_fields_are_refused_as_vertex_does
     assert (api.ok("GET", "models"), api.ok("GET", "endpoints")) == (before_models, before_endpoints)
 
 
+def test_fields_are_taken_by_json_or_proto_name_as_googles_parser_does():
+    """metricId or metric_id: both name the field (gcloud's YAML and the SDK's dicts use the proto names);
+    a misspelling is refused by either, and the limits hold by either name."""
+    import pytest
+
+    from modelyard.platform.api import fields
+    from modelyard.platform.api.errors import ApiError
+
+    fields.check_body({"display_name": "t", "study_spec": {"metrics": [{"metric_id": "a", "goal": "MAXIMIZE"}]}},
+                      "HyperparameterTuningJob")
+    with pytest.raises(ApiError, match="Unknown name \"metric_idd\" at 'study_spec.metrics\\[0\\]'"):
+        fields.check_body({"study_spec": {"metrics": [{"metric_idd": "a"}]}}, "HyperparameterTuningJob")
+    with pytest.raises(ApiError, match="128"):
+        fields.check_body({"display_name": "n" * 129}, "Endpoint")
+
+
 def test_the_known_fields_are_the_sdks_own():
     """The table every check reads (``vertex_messages``) holds exactly the fields of the installed
     google-cloud-aiplatform's v1 protos: a field Vertex added is noticed here, not refused there."""
     from google.cloud.aiplatform_v1 import types
 
-    from modelyard.platform.vertex_messages import MESSAGES
+    from modelyard.platform.api.vertex_messages import MESSAGES
 
     for name, (known, nested) in MESSAGES.items():
         message = types

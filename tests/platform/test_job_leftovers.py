@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from modelyard.platform.job_runner import FAILED, JOB_ID_ENV, RUNNING, JobRunner
-from modelyard.platform.store import Store
+from modelyard.platform.jobs.job_runner import FAILED, JOB_ID_ENV, RUNNING, JobRunner
+from modelyard.platform.state.store import Store
 
 
 def test_a_job_process_started_before_its_pid_was_written_is_killed_and_the_job_fails(tmp_path):

@@ -94,7 +94,7 @@ def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):
     stored "default" alias and the version columns; then the registry's writes work on it."""
     from sqlalchemy import create_engine, text
 
-    from modelyard.platform.store import Store
+    from modelyard.platform.state.store import Store
     from tests.platform.conftest import PARENT
     from tests.platform.v3_registry import write_v3_registry
 

@@ -99,7 +99,7 @@ def test_an_image_whose_files_are_missing_is_refused_at_upload(platform, gcs_emu
 
 # ---- one layer down: the image names and the missing-library answer ----------------------------------
 def test_which_images_are_prebuilt_scikit_learn_or_xgboost():
-    from modelyard.platform.prebuilt_images import image_framework
+    from modelyard.platform.resources.prebuilt_images import image_framework
 
     assert image_framework("us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-3:latest") == "sklearn"
     assert image_framework("europe-docker.pkg.dev/vertex-ai/prediction/xgboost-cpu.2-1:latest") == "xgboost"
@@ -112,8 +112,8 @@ def test_which_images_are_prebuilt_scikit_learn_or_xgboost():
 @pytest.mark.parametrize("framework,file,install", [("sklearn", "model.joblib", "pip install 'modelyard[sklearn]'"),
                                                     ("xgboost", "model.bst", "pip install 'modelyard[xgboost]'")])
 def test_a_missing_library_is_a_clear_error_at_upload(framework, file, install, tmp_path, monkeypatch):
-    from modelyard.platform import prebuilt_images
-    from modelyard.platform.errors import ApiError
+    from modelyard.platform.resources import prebuilt_images
+    from modelyard.platform.api.errors import ApiError
 
     (tmp_path / file).write_bytes(b"x")
     image = f"us-docker.pkg.dev/vertex-ai/prediction/{framework}-cpu.1-0:latest"

@@ -42,7 +42,7 @@ def uris(tiny_models, gcs_emulator) -> dict[str, str]:
 
 def _google_error(r: requests.Response, status: str) -> str:
     """The message of a Google-format error body with this status (and its HTTP code)."""
-    from modelyard.platform.errors import STATUS
+    from modelyard.platform.api.errors import STATUS
 
     body = r.json()
     assert r.status_code == STATUS[status][1], body
@@ -284,7 +284,7 @@ def test_cli_model_ids_and_aliases(platform, uris, capsys):
 def test_a_schema_v3_database_is_upgraded_in_place(tmp_path):
     """A platform.db written before the registry (schema v3: "default" implied, 32-wide ids) opens: the
     highest version of each model gets the stored "default" alias and the new columns exist."""
-    from modelyard.platform.store import Store
+    from modelyard.platform.state.store import Store
     from tests.platform.v3_registry import write_v3_registry
 
     url = f"sqlite:///{tmp_path / 'platform.db'}"
@@ -301,9 +301,9 @@ def test_a_schema_v3_database_is_upgraded_in_place(tmp_path):
 
 
 def test_alias_rules_one_layer_down():
-    """The placement rules the store applies (modelyard.platform.aliases), case by case."""
-    from modelyard.platform import aliases
-    from modelyard.platform.errors import ApiError
+    """The placement rules the store applies (modelyard.platform.api.aliases), case by case."""
+    from modelyard.platform.api import aliases
+    from modelyard.platform.api.errors import ApiError
 
     now = {"1": ["default", "prod"], "2": ["beta"]}
     assert aliases.place(now, "2", ["prod"], []) == {"1": ["default"], "2": ["beta", "prod"]}  # prod moves

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from modelyard.platform import replicas
-from modelyard.platform.errors import ApiError
+from modelyard.platform.dataplane import replicas
+from modelyard.platform.api.errors import ApiError
 
 
 @pytest.mark.e2e  # LocalEngine starts a real `modelyard serve` (inside the package, where tests/classify.py does not read)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from modelyard.platform import replicas
+from modelyard.platform.dataplane import replicas
 from modelyard.ports import PORT_TAKEN_EXIT
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from modelyard.platform.routing import Replica
+from modelyard.platform.dataplane.routing import Replica
 from modelyard.web.console import platform_page, platform_state
 
 

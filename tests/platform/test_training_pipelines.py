@@ -218,7 +218,7 @@ def test_an_output_bucket_that_does_not_exist_is_refused_at_create(platform):
 
 def test_gcs_paths_of_a_storage_the_platform_does_not_serve_are_mirrored(gcs_emulator, tmp_path):
     # One layer down: an outside STORAGE_EMULATOR_HOST (here the session's storage, as this process sees it).
-    from modelyard.platform.job_env import GcsMount
+    from modelyard.platform.jobs.job_env import GcsMount
 
     bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
     bucket.blob("mirror/in/a.txt").upload_from_string("a")
@@ -252,7 +252,7 @@ def test_the_requirements_a_package_declares(tmp_path, files, expected):
     import io
     import tarfile
 
-    from modelyard.platform.job_env import declared_requirements
+    from modelyard.platform.jobs.job_env import declared_requirements
 
     path = tmp_path / "p-0.1.tar.gz"
     with tarfile.open(path, "w:gz") as tar:

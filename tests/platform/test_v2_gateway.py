@@ -121,7 +121,7 @@ def test_bad_v2_input_gets_v2_errors_and_the_model_stays_ready(platform, deploye
 
 # ---- one layer down: which V2 call a URL is, a V2 body told from TF Serving's, the answer renamed ----------
 def test_unit_v2_paths_and_bodies():
-    from modelyard.platform import v2_paths
+    from modelyard.platform.dataplane import v2_paths
 
     call = v2_paths.parse(b"/v2/models/123/versions/2/infer", b"POST")
     assert (call.kind, call.name, call.version, call.endpoint_id) == (v2_paths.INFER, "123", "2", None)
@@ -138,7 +138,7 @@ def test_unit_v2_paths_and_bodies():
 
 
 def test_unit_v2_answer_renamed_keeps_the_binary_header_length():
-    from modelyard.platform.gateway import _v2_renamed
+    from modelyard.platform.dataplane.gateway import _v2_renamed
 
     head = b'{"model_name":"model","model_version":"1","outputs":[]}'
     headers, data = _v2_renamed([(b"Content-Type", b"application/octet-stream"),

@@ -6,19 +6,19 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelyard.platform.autoscale import Autoscaler, Policy
-from modelyard.platform.deadlines import DeadlinePolicy
-from modelyard.platform.errors import ApiError, check_bearer
-from modelyard.platform.fields import DEFAULT_MAX_REQUEST_BYTES
-from modelyard.platform.gateway import Gateway
-from modelyard.platform.job_runner import JobRunner
-from modelyard.platform.metrics import Metrics
-from modelyard.platform.operations import Operations
-from modelyard.platform.replicas import LocalEngine
-from modelyard.platform.replicas_ray import RayEngine
-from modelyard.platform.routing import Routing
-from modelyard.platform.store import Store
-from modelyard.platform.supervisor import Readiness, Supervisor
+from modelyard.platform.dataplane.autoscale import Autoscaler, Policy
+from modelyard.platform.dataplane.deadlines import DeadlinePolicy
+from modelyard.platform.api.errors import ApiError, check_bearer
+from modelyard.platform.api.fields import DEFAULT_MAX_REQUEST_BYTES
+from modelyard.platform.dataplane.gateway import Gateway
+from modelyard.platform.jobs.job_runner import JobRunner
+from modelyard.platform.dataplane.metrics import Metrics
+from modelyard.platform.resources.operations import Operations
+from modelyard.platform.dataplane.replicas import LocalEngine
+from modelyard.platform.dataplane.replicas_ray import RayEngine
+from modelyard.platform.dataplane.routing import Routing
+from modelyard.platform.state.store import Store
+from modelyard.platform.dataplane.supervisor import Readiness, Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -96,14 +96,14 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from modelyard.platform.app import Config, Platform
-    from modelyard.platform.autoscale import Policy
-    from modelyard.platform.deadlines import DeadlinePolicy
-    from modelyard.platform.supervisor import Readiness
-    from modelyard.platform.store import database_url, default_store_path
+    from modelyard.platform.dataplane.autoscale import Policy
+    from modelyard.platform.dataplane.deadlines import DeadlinePolicy
+    from modelyard.platform.dataplane.supervisor import Readiness
+    from modelyard.platform.state.store import database_url, default_store_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    from modelyard.platform.artifacts import allowed_roots
+    from modelyard.platform.resources.artifacts import allowed_roots
 
     try:  # before anything is made: a root that does not exist stops the start
         roots = allowed_roots(args.artifact_root)
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"modelyard platform: error: cannot serve Cloud Storage: {exc}", file=sys.stderr)
         return exit_status(bind_error(exc, str(exc)))  # PORT_TAKEN_EXIT: whoever started us picks other ports
     if args.engine == "ray":
-        from modelyard.platform.replicas_ray import EngineUnavailable, connect
+        from modelyard.platform.dataplane.replicas_ray import EngineUnavailable, connect
 
         try:
             connect(args.ray_address)  # before serving: a wrong address stops the start, it does not hang
@@ -267,7 +267,7 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None) -> None
     Stopping leaves the replicas running: the next start adopts them."""
     from aiohttp import web
 
-    from modelyard.platform.front import Front, FrontProtocol
+    from modelyard.platform.dataplane.front import Front, FrontProtocol
     from modelyard.platform.server import build_app
 
     runner = web.AppRunner(build_app(platform), access_log=None)

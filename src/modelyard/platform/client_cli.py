@@ -180,7 +180,7 @@ def job_request(config_path: str, display_name: str | None) -> tuple[str, dict]:
         raise CliError(f"--config {config_path} is not YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise CliError(f"--config {config_path}: expected a mapping at the top")
-    from modelyard.platform import study_submit
+    from modelyard.platform.jobs import study_submit
 
     if study_submit.is_study_file(doc):  # a `modelyard tune` study file, as it is
         try:

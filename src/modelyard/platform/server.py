@@ -8,10 +8,12 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform import endpoints, fields, jobs, models, names
+from modelyard.platform.resources import endpoints, models
+from modelyard.platform.api import fields, names
+from modelyard.platform.jobs import jobs
 from modelyard.platform.app import Platform
-from modelyard.platform.errors import ApiError, check_bearer
-from modelyard.platform.gateway import PIN_HEADER
+from modelyard.platform.api.errors import ApiError, check_bearer
+from modelyard.platform.dataplane.gateway import PIN_HEADER
 
 log = logging.getLogger(__name__)
 

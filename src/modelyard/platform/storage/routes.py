@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiohttp import web
 
-from modelyard.platform import bearer
+from modelyard.platform.api import bearer
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
 from modelyard.platform.storage.multipart import read_multipart

@@ -69,13 +69,16 @@ async def _serve(routes, host: str, port: int, tls, url: str, root: Path) -> Non
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_address=True, backlog=512)
     await site.start()
-    print(f"modelyard storage: Cloud Storage JSON API on {url}, objects under {root}", flush=True)
+    print(f"{READY_LINE.decode()} {url}, objects under {root}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+READY_LINE = b"modelyard storage: Cloud Storage JSON API on"  # printed once it listens
 
 
 def _die_with_parent() -> None:
@@ -99,24 +102,23 @@ def start_process(root: Path, host: str, port: int, token: str | None, tls_args:
     src = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     log = open(log_path, "ab")
+    offset = log.tell()  # the log is appended to across restarts: only this start's lines count
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             preexec_fn=_die_with_parent)
     log.close()
     deadline = time.monotonic() + timeout
-    import socket
-
-    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    # Ready when the process itself says it listens (a connect could reach another socket on that port).
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
             # Exit 98: its port was taken; said with EADDRINUSE so the caller can pick another port.
             code = errno.EADDRINUSE if proc.returncode == 98 else errno.EIO
             raise OSError(code, f"the storage server exited with {proc.returncode}: {tail.strip()}")
-        try:
-            with socket.create_connection((probe_host, port), timeout=0.5):
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            if READY_LINE in f.read():
                 return proc
-        except OSError:
-            time.sleep(0.05)
+        time.sleep(0.05)
     proc.kill()
     raise OSError(f"the storage server did not listen on {host}:{port} within {timeout:.0f} s (log: {log_path})")
 

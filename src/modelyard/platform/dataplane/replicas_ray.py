@@ -1,0 +1,426 @@
+"""The Ray engine: replicas are ``modelyard serve`` processes on the nodes of a Ray cluster.
+
+Each replica is a named, detached Ray actor (``ReplicaActor``) in the ``modelyard`` namespace that
+starts ``modelyard serve`` as a child process on its node and reports the node's address and the
+ports; the gateway then talks HTTP to it exactly as to a local replica. Ray places the actors (one
+CPU each by default, SPREAD over the nodes) and keeps them off nodes that died. When a replica's
+process exits, the actor's pending ``wait`` call returns (or fails, if the actor or its node is
+gone): the replica is dead, and the supervisor starts a replacement, which Ray places on a live
+node, as the local engine's replicas are replaced. The serve child dies with its actor
+(PR_SET_PDEATHSIG), so killing an actor never leaves a process behind on a node.
+
+Detached actors outlive the platform; the next platform finds each stored replica's actor by name
+(``modelyard-replica-<replica id>``) and adopts it if it still serves.
+
+No disk is shared with the nodes: before starting a replica the platform publishes the model
+version's directory to object storage by content hash (``artifact_cache.publish``: the platform's
+own Cloud Storage unless ``$MODELYARD_ARTIFACT_STORE`` names another), and the actor fetches it into
+its node's bounded cache (``artifact_cache.fetch``), or uses the platform's path in place on a node
+that has it with the same content. The replica's working files (its model link, its log) are on
+its node too. The nodes reach the platform's storage at ``STORAGE_EMULATOR_HOST``; a loopback
+address there is replaced by this host's address on the cluster's network (``_storage_env``).
+
+A node that dies takes its replicas' actors with it: their pending ``wait`` fails once Ray
+declares the node dead, and the replicas are replaced on live nodes (the readiness probe takes
+them out of routing first, within about a second, since their serve processes no longer answer).
+
+A serve child whose port another process took before it could bind exits with PORT_TAKEN_EXIT; the
+actor starts it again on new ports (``PORT_RETRIES`` times) before it reports where it listens, so
+``start`` returns once the child listens on its REST port (or exited for another reason, which the
+platform reports with the log's tail).
+
+``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from modelyard.platform.dataplane import artifact_cache
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, serve_command, serve_env,
+                                         tail)
+from modelyard.ports import PORT_TAKEN_EXIT
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "modelyard"
+ACTOR_PREFIX = "modelyard-replica-"
+CONNECT_TIMEOUT_S = 5.0
+
+
+def unused_ports(count: int, low: int = 20_000, high: int = 32_767) -> list[int]:
+    """``count`` ports for a serve child, below the kernel's ephemeral range (and above Ray's default worker
+    ports), that no socket of this node uses, chosen without binding them: a port a process bound and
+    released can stay unavailable to other processes for seconds (seen on gVisor sandboxes), so picking
+    by bind-and-release made children fail with "Address already in use". The sockets in use are read
+    from /proc/net; a port another process takes meanwhile is still possible: the child then exits
+    with PORT_TAKEN_EXIT and is started again on new ports."""
+    used: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        used.update(int(row.split()[1].rsplit(":", 1)[1], 16) for row in rows if row.strip())
+    picked: list[int] = []
+    while len(picked) < count:
+        port = random.randrange(low, high + 1)
+        if port not in used and port not in picked:
+            picked.append(port)
+    return picked
+
+
+class EngineUnavailable(Exception):
+    """The Ray engine cannot start: ray is not installed, or the cluster cannot be reached."""
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+_STORAGE_KEYS = ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN", artifact_cache.STORE_ENV, "AWS_ENDPOINT_URL")
+
+
+def _storage_env(address: str = "") -> dict[str, str]:
+    """The platform's storage settings (``STORAGE_EMULATOR_HOST`` is set by ``modelyard platform`` at
+    start), for every node's replicas. A loopback storage host means this host to the platform but the
+    node itself to a node: it is replaced by the address this host reaches the cluster's head from
+    (a platform whose storage listens on loopback only cannot be reached by other machines at all:
+    start it with ``--host 0.0.0.0`` or its own address)."""
+    env = {k: os.environ[k] for k in _STORAGE_KEYS if os.environ.get(k)}
+    url = env.get("STORAGE_EMULATOR_HOST", "")
+    head = address.rpartition(":")[0]
+    scheme, sep, rest = url.partition("://")
+    host, colon, port = rest.rpartition(":")
+    if sep and host in _LOOPBACK and head and head not in _LOOPBACK:
+        try:
+            with socket.create_connection((head, int(address.rpartition(":")[2])), timeout=CONNECT_TIMEOUT_S) as s:
+                env["STORAGE_EMULATOR_HOST"] = f"{scheme}://{s.getsockname()[0]}:{port}"
+        except (OSError, ValueError):
+            pass  # unreachable: connect() says so
+    return env
+
+
+def connect(address: str, namespace: str = NAMESPACE) -> None:
+    """Join the Ray cluster at ``address`` (host:port of its GCS) as a driver, or raise EngineUnavailable.
+    The address is checked with a plain TCP connect first: ``ray.init`` retries an unreachable one for minutes."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise EngineUnavailable(f"--engine ray needs the ray package ({exc}): pip install 'ray[serve]'") from None
+    if ray.is_initialized():
+        return
+    if not address:
+        raise EngineUnavailable("--engine ray needs --ray-address HOST:PORT (the head node's GCS address, "
+                                "as `ray start --head` prints it) or $RAY_ADDRESS")
+    if address != "auto":  # "auto": the cluster `ray start` recorded on this host, found by Ray itself
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except (OSError, ValueError) as exc:
+            raise EngineUnavailable(f"cannot reach the Ray cluster at {address!r} ({exc}): start it with "
+                                    "`ray start --head` and pass the address it prints") from None
+    import modelyard
+
+    # Ray's workers must import this module (the actor class) from the same source tree as the platform.
+    src = str(Path(modelyard.__file__).resolve().parents[1])
+    pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **_storage_env(address)}})
+    except Exception as exc:  # ray raises ConnectionError, RuntimeError, ... depending on what failed
+        raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {exc}") from None
+
+
+def _die_with_parent() -> None:
+    """In the serve child, before exec: SIGKILL when the actor's thread that started it ends."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+class ReplicaActor:
+    """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
+
+    def __init__(self, replica_id: str, source: dict, serve_args: list[str]) -> None:
+        self.replica_id = replica_id
+        self.source = source  # artifact_cache.Source.as_dict(): the model's digest, storage prefix, platform path
+        # This node's own disk (the platform's state dir may not exist here).
+        self.rdir = artifact_cache.cache_root().parent / "ray-replicas" / replica_id
+        self.serve_args = serve_args
+        self.lease: artifact_cache.Lease | None = None
+        self.proc: subprocess.Popen | None = None
+        self.error: str | None = None
+        self._started = threading.Event()
+        self._exited = threading.Event()
+
+    def start(self) -> dict:
+        """Start the serve child on a free port of this node; returns where it listens."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        # The address the node was started with (`ray start --node-ip-address`), as the cluster knows it.
+        host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                    None) or ray.util.get_node_ip_address()
+        self.lease = artifact_cache.fetch(self.source)  # ArtifactError: the start fails saying why
+        base = self.rdir / MODEL
+        base.mkdir(parents=True, exist_ok=True)
+        link = base / "1"
+        if not link.exists():
+            link.symlink_to(self.lease.path, target_is_directory=True)
+        log_path = self.rdir / "serve.log"
+        for attempt in range(PORT_RETRIES + 1):
+            ports = unused_ports(2)
+            cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
+            self._started, self._exited, self.error = threading.Event(), threading.Event(), None
+            # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
+            # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
+            threading.Thread(target=self._run, args=(cmd, log_path), daemon=True).start()
+            self._started.wait()
+            if self.error:
+                raise RuntimeError(self.error)
+            if not self._port_taken(host, ports[0]):
+                break
+            log.warning("replica %s: port %d or %d was taken before it could listen; starting it again on new "
+                        "ports", self.replica_id, ports[0], ports[1])
+        return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
+                "log_path": str(log_path), "node_id": node_id, "model_dir": str(self.lease.path),
+                "cached": self.lease.cached}
+
+    def _port_taken(self, host: str, port: int) -> bool:
+        """Wait until the child listens on its REST port (False) or exits: True when it exited because a
+        port it was told to use was taken (its exit status says so); any other exit is the platform's to report."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._exited.wait(0.2):
+                return self.proc.returncode == PORT_TAKEN_EXIT
+            try:
+                with socket.create_connection((host, port), timeout=0.5):
+                    return False
+            except OSError:
+                continue
+        return False
+
+    def _run(self, cmd: list[str], log_path: Path) -> None:
+        try:
+            with open(log_path, "ab") as out:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             env=serve_env(), preexec_fn=_die_with_parent)
+        except OSError as exc:
+            self.error = f"cannot start modelyard serve on this node: {exc}"
+            self._started.set()
+            self._exited.set()
+            return
+        self._started.set()
+        self.proc.wait()
+        if self.lease is not None:
+            self.lease.release()  # its cache entry may be evicted now
+        self._exited.set()
+
+    def wait(self) -> int | None:
+        """Returns (the exit code) when the serve child has exited."""
+        self._exited.wait()
+        return self.proc.returncode if self.proc is not None else None
+
+    def info(self) -> dict:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": self.proc.pid if self.proc else None,
+                "running": self.proc is not None and self.proc.poll() is None,
+                "model_dir": str(self.lease.path) if self.lease else None,
+                "cached": bool(self.lease and self.lease.cached)}
+
+    def log_tail(self) -> str:
+        return tail(self.rdir / "serve.log")
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM (serve drains), SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        if not self._exited.wait(grace_s):
+            self.proc.kill()
+            self._exited.wait()
+
+
+async def _result(ref, timeout_s: float | None = None):
+    """Await a Ray ObjectRef from asyncio (through its concurrent future: works under uvloop too)."""
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+def _kill_actor(handle) -> None:
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone
+        pass
+
+
+class RayEngine:
+    """Starts, checks and stops replica actors on a Ray cluster (same calls as ``LocalEngine``)."""
+
+    def __init__(self, state_dir: Path, address: str, serve_args: list[str] | None = None, num_cpus: float = 1.0,
+                 namespace: str = NAMESPACE) -> None:
+        self.state_dir = state_dir
+        self.address = address
+        self.serve_args = list(serve_args or [])
+        self.num_cpus = num_cpus
+        self.namespace = namespace
+        self.probe = Probe()
+        self._actor_class = None
+        self._handles: dict[str, object] = {}  # replica id -> actor handle
+        self._watches: dict[str, asyncio.Task] = {}
+        self._dead: set[str] = set()
+        self._stopping: set[str] = set()  # being stopped by us: their exit is no failure
+
+    async def open(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            await asyncio.to_thread(connect, self.address, self.namespace)
+        self._actor_class = ray.remote(ReplicaActor)
+        await self.probe.open()
+
+    async def close(self) -> None:
+        for task in self._watches.values():
+            task.cancel()
+        await self.probe.close()
+
+    def want_spare(self, wanted: bool) -> None:
+        """No warm spare on Ray: a spare would hold a CPU of the cluster without knowing its node."""
+
+    # ---- actors ---------------------------------------------------------------------------------
+    def _name(self, replica_id: str) -> str:
+        return ACTOR_PREFIX + replica_id
+
+    async def _handle(self, replica_id: str):
+        handle = self._handles.get(replica_id)
+        if handle is None:
+            import ray
+
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, self._name(replica_id), self.namespace)
+            except ValueError:  # no such actor: it was killed, or its node died
+                return None
+            self._handles[replica_id] = handle
+        return handle
+
+    def _watch(self, replica_id: str, handle) -> None:
+        async def watch() -> None:
+            try:
+                what = f"its modelyard serve process exited with code {await _result(handle.wait.remote())}"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # RayActorError: the actor (or its node) is gone
+                what = f"its Ray actor is gone ({type(exc).__name__})"
+            if replica_id in self._stopping:  # our own stop: no failure
+                return
+            log.warning("replica %s: %s", replica_id, what)
+            self._dead.add(replica_id)
+            _kill_actor(handle)  # frees its CPU for the replacement the supervisor starts next
+
+        if replica_id not in self._watches:
+            self._watches[replica_id] = asyncio.get_running_loop().create_task(watch())
+
+    def _attach(self, row: dict) -> None:
+        """Watch a replica this platform did not start (another platform's, before it took the lead)."""
+        async def attach() -> None:
+            handle = await self._handle(row["id"])
+            self._watches.pop(row["id"], None)
+            if handle is None:
+                self._dead.add(row["id"])
+            else:
+                self._watch(row["id"], handle)
+
+        self._watches[row["id"]] = asyncio.get_running_loop().create_task(attach())
+
+    # ---- the engine's calls ---------------------------------------------------------------------
+    async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
+        """Start a replica actor (placed by Ray) serving ``model_path``, published to object storage for
+        its node; returns its row once AVAILABLE. (``use_spare``: ignored, there is no spare on Ray.)"""
+        try:
+            source = await asyncio.to_thread(artifact_cache.publish, model_path)
+        except artifact_cache.ArtifactError as exc:
+            raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id}: {exc}") from None
+        handle = self._actor_class.options(
+            name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
+            scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
+        ).remote(replica_id, source.as_dict(), self.serve_args)
+        self._handles[replica_id] = handle
+        row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
+        try:
+            info = await _result(handle.start.remote(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await self.stop(row)
+            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took the replica of deployed model {dm_id} within "
+                           f"{START_TIMEOUT_S:.0f} s: each needs {self.num_cpus:g} free CPU(s)") from None
+        except Exception as exc:
+            await self.stop(row)
+            raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not start on "
+                           f"Ray: {exc}") from None
+        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
+                   log_path=info["log_path"], created=time.time())
+        log.info("replica %s of deployed model %s on Ray node %s (%s:%d), model %s%s", replica_id, dm_id,
+                 info["node_id"][:12], info["host"], info["port"], info["model_dir"],
+                 " (fetched into the node's cache)" if info["cached"] else "")
+        self._watch(replica_id, handle)
+
+        async def exited() -> str | None:
+            if replica_id not in self._dead:
+                return None
+            try:
+                return f"exited: {await _result(handle.log_tail.remote(), 10)}"
+            except Exception as exc:
+                return f"is gone ({type(exc).__name__})"
+
+        await self.probe.wait_available(row, model_path, exited, self.stop)
+        return row
+
+    async def healthy(self, row: dict) -> bool:
+        return (await self.probe.status(row))[0]
+
+    def alive(self, row: dict) -> bool:
+        if row["id"] in self._dead:
+            return False
+        if row["id"] not in self._watches:
+            self._attach(row)
+        return True
+
+    async def adopt(self, row: dict) -> bool:
+        """A replica a previous platform started: its actor exists, its serve process runs and serves."""
+        handle = await self._handle(row["id"])
+        if handle is None:
+            return False
+        try:
+            info = await _result(handle.info.remote(), 30)
+        except Exception:
+            return False
+        if not info["running"] or info["pid"] != row["pid"] or not await self.healthy(row):
+            return False
+        self._watch(row["id"], handle)
+        return True
+
+    async def stop(self, row: dict, grace_s: float = 10.0) -> None:
+        """Drain and stop the serve process (SIGTERM, SIGKILL after ``grace_s``), then end the actor."""
+        handle = await self._handle(row["id"])
+        self._stopping.add(row["id"])
+        if handle is not None:
+            try:
+                await _result(handle.stop.remote(grace_s), grace_s + 15)
+            except Exception:  # the actor is gone or stuck: killing it below ends its child too
+                pass
+            _kill_actor(handle)
+        task = self._watches.pop(row["id"], None)
+        if task is not None:
+            task.cancel()
+        self._handles.pop(row["id"], None)
+        self._dead.discard(row["id"])
+        self._stopping.discard(row["id"])

@@ -1,0 +1,165 @@
+"""The gateway's in-memory view of where requests go: endpoints, their split, deployed models and
+their live replicas with in-flight counts.
+
+Rebuilt from the store after every mutation (``Routing.load``), keeping each replica's counters.
+All choices happen without awaiting, so a request's deployed model and replica are picked (and
+its in-flight count taken) atomically with respect to splits changing and replicas draining.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from modelyard.platform.api import names
+from modelyard.platform.api.errors import ApiError, not_found
+from modelyard.platform.dataplane.replicas import MODEL
+from modelyard.platform.dataplane.traffic import Chooser
+from modelyard.platform.dataplane.upstream import Upstream
+
+
+@dataclass(eq=False)
+class Replica:
+    row: dict
+    outstanding: int = 0
+    draining: bool = False
+    dead: bool = False
+    served: int = 0
+    upstream: Upstream | None = None
+    # Since when the replica misses its readiness deadline (None: ready). An unready replica gets no new
+    # request; the supervisor re-admits it when it answers again, or replaces it if it stays stuck.
+    unready_since: float | None = None
+    unready_served: int = 0  # ``served`` when it was found unready: an answer since then shows it is not stuck
+    probing: bool = False
+
+    PREDICT_PATH = f"/v1/models/{MODEL}:predict".encode()
+
+    @property
+    def id(self) -> str:
+        return self.row["id"]
+
+    @property
+    def state(self) -> str:
+        """What an operator is shown: DEAD, DRAINING, UNREADY (missing its readiness deadline: it gets
+        no new request) or SERVING."""
+        return ("DEAD" if self.dead else "DRAINING" if self.draining
+                else "UNREADY" if self.unready_since is not None else "SERVING")
+
+    def connections(self) -> Upstream:
+        if self.upstream is None:
+            self.upstream = Upstream(self.row["host"], self.row["port"])
+        return self.upstream
+
+
+@dataclass(eq=False)
+class Deployed:
+    id: str
+    endpoint_id: str
+    model: str  # full resource name of the model
+    version_id: str
+    display_name: str
+    min_replicas: int
+    max_replicas: int
+    shadow_percent: int = 0
+    replicas: list[Replica] = field(default_factory=list)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.draining and not r.dead]
+
+    def in_flight(self) -> int:
+        return sum(r.outstanding for r in self.replicas)
+
+
+@dataclass(eq=False)
+class EndpointRoute:
+    id: str
+    parent: str
+    chooser: Chooser
+    deployed: dict[str, Deployed]
+    shadows: list[Deployed] = field(default_factory=list)
+
+
+class Routing:
+    def __init__(self) -> None:
+        self.endpoints: dict[str, EndpointRoute] = {}
+        self.deployed: dict[str, Deployed] = {}
+
+    def load(self, store) -> None:
+        """Rebuild from the store; replica objects (and their counters) of surviving models are kept."""
+        old = self.deployed
+        deployed: dict[str, Deployed] = {}
+        endpoints: dict[str, EndpointRoute] = {}
+        for ep in store.list_endpoints():
+            members = {}
+            for dm in store.deployed_models(ep["id"]):
+                d = old.get(dm["id"]) or Deployed(
+                    dm["id"], ep["id"], names.model_name(ep["parent"], dm["model_id"]), dm["version_id"],
+                    dm["display_name"], dm["min_replicas"], dm["max_replicas"])
+                d.min_replicas, d.max_replicas = dm["min_replicas"], dm["max_replicas"]
+                d.shadow_percent = dm["shadow_percent"] or 0
+                members[dm["id"]] = deployed[dm["id"]] = d
+            endpoints[ep["id"]] = EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
+                                                [d for d in members.values() if d.shadow_percent > 0])
+        self.deployed, self.endpoints = deployed, endpoints
+
+    def add_replica(self, dm_id: str, row: dict) -> Replica | None:
+        d = self.deployed.get(dm_id)
+        if d is None:
+            return None
+        replica = Replica(row)
+        d.replicas.append(replica)
+        return replica
+
+    def remove_replica(self, replica: Replica) -> None:
+        for d in self.deployed.values():
+            if replica in d.replicas:
+                d.replicas.remove(replica)
+        if replica.upstream is not None:
+            replica.upstream.close()
+
+    def choose_deployed(self, endpoint_id: str, parent: str, pinned: str | None) -> tuple[Deployed, list[Deployed]]:
+        """The deployed model that answers, and the shadows the request is also mirrored to."""
+        ep = self.endpoints.get(endpoint_id)
+        if ep is None or ep.parent != parent:
+            raise not_found("Endpoint", endpoint_id)
+        if pinned:
+            d = ep.deployed.get(pinned)
+            if d is None:
+                raise ApiError("NOT_FOUND", f"Deployed model {pinned} is not deployed on endpoint {endpoint_id}.")
+            return d, []  # a pinned request is a test of one model: not mirrored
+        chosen = ep.chooser.choose()
+        if chosen is None:
+            raise ApiError("FAILED_PRECONDITION",
+                           f"Endpoint {endpoint_id} has no deployed model with traffic: deploy a model first.")
+        d = ep.deployed[chosen]
+        if not ep.shadows:
+            return d, []
+        return d, [s for s in ep.shadows if s is not d and ep.chooser.coin(s.shadow_percent)]
+
+    def v2_deployed(self, name: str, endpoint_id: str | None, parent: str | None) -> Deployed:
+        """The deployed model a V2 call's ``/v2/models/{name}`` names. At the platform's root, ``name`` is
+        an endpoint id (its split chooses) or a deployed model id; under an endpoint, that endpoint's id
+        (its split) or one of its deployed model ids (pinned, as the pinning header does)."""
+        if endpoint_id is not None:
+            return self.choose_deployed(endpoint_id, parent, None if name == endpoint_id else name)[0]
+        ep = self.endpoints.get(name)
+        if ep is not None:
+            return self.choose_deployed(name, ep.parent, None)[0]
+        d = self.deployed.get(name)
+        if d is None:
+            raise ApiError("NOT_FOUND", f"model '{name}' is neither an endpoint id nor a deployed model id")
+        return d
+
+    @staticmethod
+    def choose_replica(d: Deployed, exclude: set[int] | None = None) -> Replica | None:
+        """The live, ready replica with the fewest in-flight requests (ties: the first). When every live
+        replica is unready (an overloaded host can make a slow one look stuck), the least busy of them:
+        the gateway's deadline still bounds the wait, and refusing would fail every request."""
+        best = fallback = None
+        for r in d.replicas:
+            if r.draining or r.dead or (exclude and id(r) in exclude):
+                continue
+            if r.unready_since is not None:
+                if fallback is None or r.outstanding < fallback.outstanding:
+                    fallback = r
+            elif best is None or r.outstanding < best.outstanding:
+                best = r
+        return best or fallback

@@ -1,0 +1,35 @@
+"""The child process of one job: ``python -m modelyard.platform.jobs.job_child WORK_DIR``.
+
+Reads ``WORK_DIR/job.json`` (written by the runner), runs the job kind's ``execute(work_dir, job)``
+and writes ``WORK_DIR/result.json``: ``{"state": "JOB_STATE_SUCCEEDED", ...result fields}`` or
+``{"state": "JOB_STATE_FAILED", "error": google.rpc.Status}``. Its stdout/stderr are the job's log.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.jobs.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, JobFailed, kind_module, write_json
+
+def main(work_dir: str) -> int:
+    root = Path(work_dir)
+    job = json.loads((root / JOB_FILE).read_text())
+    print(f"modelyard job {job['id']} ({job['kind']}), run {job.get('run', 1)}", flush=True)
+    try:
+        result = kind_module(job["kind"]).execute(root, job) or {}
+        out = {"state": SUCCEEDED, **result}
+    except (JobFailed, ApiError) as exc:
+        print(f"job failed: {exc}", flush=True)
+        out = {"state": FAILED, "error": ApiError(exc.status, str(exc)).to_rpc_status()}
+    except Exception as exc:  # a bug or an unexpected I/O failure: the job fails and says what
+        traceback.print_exc()
+        out = {"state": FAILED, "error": ApiError("INTERNAL", f"{type(exc).__name__}: {exc}").to_rpc_status()}
+    write_json(root / RESULT_FILE, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

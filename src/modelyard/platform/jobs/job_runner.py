@@ -1,0 +1,304 @@
+"""Runs every job (batch prediction, custom training, tuning) as a supervised child process.
+
+The store is the queue: a create request writes a ``JOB_STATE_PENDING`` row, a cancel request
+moves a row to ``JOB_STATE_CANCELLING``; the runner of the leading platform (one per store) turns
+those rows into processes on each tick. A job's child is ``python -m modelyard.platform.jobs.job_child
+WORK_DIR`` in its own session, so a crash of the job never takes the platform down, cancel is
+SIGTERM to its whole process group (SIGKILL after a grace period), and a platform that stops
+leaves it running: the next platform adopts it by pid (checked against its command line), or,
+if it died meanwhile, starts it again when its kind can resume (batch prediction, tuning) and
+fails it otherwise. The child writes ``result.json`` when it ends; no result means it crashed,
+and the job fails with the tail of its log.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.state.store import Store
+
+log = logging.getLogger(__name__)
+
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLING, CANCELLED = (
+    "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+    "JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED")
+ACTIVE = (PENDING, RUNNING, CANCELLING)
+TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
+
+JOB_FILE, RESULT_FILE, LOG_FILE = "job.json", "result.json", "log.txt"
+JOB_ID_ENV = "MODELYARD_JOB_ID"
+CANCEL_GRACE_S = 10.0
+MAX_RUNS = 3  # child processes a resumable job may take (restarts after platform stops) before it fails
+PROGRESS_INTERVAL_S = 1.0
+
+# Job collection -> the module that validates it (platform side) and runs it (``execute``, child side).
+MODULES = {
+    "batchPredictionJobs": "modelyard.platform.jobs.batch_jobs",
+    "customJobs": "modelyard.platform.jobs.custom_jobs",
+    "hyperparameterTuningJobs": "modelyard.platform.jobs.tuning_jobs",
+    "trainingPipelines": "modelyard.platform.jobs.training_pipelines",
+}
+
+
+def kind_module(collection: str):
+    """The module of a job collection; UNIMPLEMENTED when this build has none for it."""
+    try:
+        return importlib.import_module(MODULES[collection])
+    except (KeyError, ModuleNotFoundError):
+        raise ApiError("UNIMPLEMENTED", f"{collection} are not supported by this modelyard platform.") from None
+
+
+class JobFailed(Exception):
+    """Raised in a job's child: the job ran and failed; ``status`` is the google.rpc code name of its error.
+    (Here rather than in job_child, which runs as ``__main__`` and so is a different module object.)"""
+
+    def __init__(self, message: str, status: str = "INTERNAL") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Replace ``path`` atomically: the runner never reads half a result."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def log_tail(work_dir: Path, limit: int = 2000) -> str:
+    try:
+        with open(work_dir / LOG_FILE, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class JobRunner:
+    """Starts, watches, cancels and adopts job processes for the rows of one store.
+
+    A kind's module may define ``RESUMABLE`` (bool) and ``progress(work_dir, row) -> dict | None``
+    (fields merged into the row's result while it runs); a kind with ``follow(runner, row)`` runs no
+    process: each tick calls it instead (a pipeline following the job it made). ``platform`` (set by
+    the Platform) is what ``call_platform`` hands such a kind for work done through the API's code.
+    ``engine`` (``{"name": "ray", "address": ...}`` under ``--engine ray``) reaches each job's child
+    in its job.json: where a custom job's replicas run.
+    """
+
+    def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
+                 interval_s: float = 0.25, engine: dict | None = None) -> None:
+        self.store = store
+        self.engine = engine
+        self.root = state_dir / "jobs"
+        self.is_leader = is_leader
+        self.interval_s = interval_s
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._signalled: dict[str, float] = {}
+        self._progress_at: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self.platform = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def work_dir(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def wake(self) -> None:
+        """Tick now (a job was created or cancelled) rather than at the next interval."""
+        self._wake.set()
+
+    def call_platform(self, work, timeout: float = 600.0):
+        """``await work(platform)`` on the platform's event loop, from the runner's thread; its result."""
+        if self.platform is None or self._loop is None:
+            raise ApiError("INTERNAL", "the job runner has no platform to call")
+        return asyncio.run_coroutine_threadsafe(work(self.platform), self._loop).result(timeout)
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if self.is_leader():
+                    await asyncio.to_thread(self.tick)
+            except Exception:  # the runner must outlive any one bad tick
+                log.exception("job runner tick failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    def tick(self) -> None:
+        for row in self.store.list_jobs(states=ACTIVE):
+            try:
+                self._step(row)
+            except Exception:
+                log.exception("job %s: supervising step failed", row["id"])
+
+    # ---- one job --------------------------------------------------------------------------------
+    def _step(self, row: dict) -> None:
+        job_id, state = row["id"], row["state"]
+        follow = getattr(kind_module(row["kind"]), "follow", None)
+        if follow is not None:
+            follow(self, row)
+            return
+        if state == PENDING:
+            if self.store.update_job(job_id, (PENDING,), state=RUNNING, started=time.time()):
+                self._spawn(row)
+            return
+        if self._alive(row):
+            if state == CANCELLING:
+                self._signal(row)
+            self._progress(row)
+            return
+        self._finished(row)
+
+    def _spawn(self, row: dict) -> None:
+        job_id = row["id"]
+        work_dir = self.work_dir(job_id)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        (work_dir / RESULT_FILE).unlink(missing_ok=True)
+        storage_root = getattr(getattr(self.platform, "config", None), "storage_root", None)
+        write_json(work_dir / JOB_FILE, {"id": job_id, "kind": row["kind"], "parent": row["parent"],
+                                         "displayName": row["display_name"], "spec": row["spec"],
+                                         "run": row["runs"] + 1, "engine": self.engine,
+                                         "storageRoot": str(storage_root) if storage_root else None})
+        try:
+            with open(work_dir / LOG_FILE, "ab") as logf:
+                # MODELYARD_JOB_ID is inherited by every process of the job: how leftovers are found.
+                proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform.jobs.job_child", str(work_dir)],
+                                        stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=work_dir, start_new_session=True,
+                                        env={**os.environ, JOB_ID_ENV: job_id})
+        except OSError as exc:
+            self._end(row, FAILED, ApiError("INTERNAL", f"could not start the job's process: {exc}"))
+            return
+        self._procs[job_id] = proc
+        self.store.update_job(job_id, pid=proc.pid, runs=row["runs"] + 1, work_dir=str(work_dir))
+        log.info("job %s (%s) started as pid %d (run %d)", job_id, row["kind"], proc.pid, row["runs"] + 1)
+
+    def _alive(self, row: dict) -> bool:
+        proc = self._procs.get(row["id"])
+        if proc is not None:
+            return proc.poll() is None
+        return row["pid"] is not None and _is_job_process(row["pid"], self.work_dir(row["id"]))
+
+    def _signal(self, row: dict) -> None:
+        proc = self._procs.get(row["id"])
+        pid = proc.pid if proc is not None else row["pid"]
+        if pid is None:
+            return
+        sent = self._signalled.get(row["id"])
+        now = time.monotonic()
+        if sent is None:
+            self._signalled[row["id"]] = now
+            _killpg(pid, signal.SIGTERM)
+        elif now - sent > CANCEL_GRACE_S:
+            _killpg(pid, signal.SIGKILL)
+
+    def _progress(self, row: dict) -> None:
+        hook = getattr(kind_module(row["kind"]), "progress", None)
+        now = time.monotonic()
+        if hook is None or now - self._progress_at.get(row["id"], 0.0) < PROGRESS_INTERVAL_S:
+            return
+        self._progress_at[row["id"]] = now
+        fields = hook(self.work_dir(row["id"]), row)
+        if fields:
+            self.store.update_job(row["id"], (RUNNING, CANCELLING), result={**(row["result"] or {}), **fields})
+
+    def _finished(self, row: dict) -> None:
+        job_id = row["id"]
+        proc = self._procs.pop(job_id, None)
+        # Whatever the job left behind (batch workers, replicas and trials in their own sessions).
+        _kill_leftovers(job_id)
+        self._signalled.pop(job_id, None)
+        self._progress_at.pop(job_id, None)
+        work_dir = self.work_dir(job_id)
+        result = _read_result(work_dir)
+        if result is not None:
+            state = result.pop("state")
+            error = result.pop("error", None)
+            if row["state"] == CANCELLING and state != SUCCEEDED:
+                state, error = CANCELLED, _cancelled()
+            self._end(row, state, error, result)
+        elif row["state"] == CANCELLING:
+            self._end(row, CANCELLED, _cancelled())
+        elif proc is None and getattr(kind_module(row["kind"]), "RESUMABLE", False) and row["runs"] < MAX_RUNS:
+            # The platform stopped while the job ran and the job's process is gone: the same command resumes it.
+            log.warning("job %s: its process is gone; starting it again to resume (run %d)", job_id, row["runs"] + 1)
+            self._spawn(row)
+        else:
+            how = (f"exited with code {proc.returncode}" if proc is not None and proc.returncode >= 0 else
+                   f"was killed by signal {-proc.returncode}" if proc is not None else
+                   "was lost while the platform was stopped")
+            tail = log_tail(work_dir)
+            self._end(row, FAILED, ApiError("INTERNAL", f"the job's process {how}" + (f"; log tail:\n{tail}" if tail else "")))
+
+    def _end(self, row: dict, state: str, error, result: dict | None = None) -> None:
+        if isinstance(error, ApiError):
+            error = error.to_rpc_status()
+        merged = {**(row["result"] or {}), **(result or {})}
+        self.store.update_job(row["id"], (RUNNING, CANCELLING), state=state, error=error, result=merged,
+                              ended=time.time(), pid=None)
+        log.info("job %s ended: %s%s", row["id"], state, f" ({error.get('message', '')[:200]})" if error else "")
+
+
+def _cancelled() -> dict:
+    # What Vertex AI reports for a cancelled job: google.rpc.Code CANCELLED.
+    return ApiError("CANCELLED", "CANCELED").to_rpc_status()
+
+
+def _read_result(work_dir: Path) -> dict | None:
+    try:
+        return json.loads((work_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _killpg(pid: int | None, sig: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_leftovers(job_id: str) -> int:
+    """SIGKILL every process still carrying this job's id in its environment; returns how many."""
+    mark = f"{JOB_ID_ENV}={job_id}\0".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark not in f.read():
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except (OSError, ProcessLookupError):
+            continue
+    if killed:
+        log.warning("job %s: killed %d process(es) it left behind", job_id, killed)
+    return killed
+
+
+def _is_job_process(pid: int, work_dir: Path) -> bool:
+    """``pid`` is alive (not a zombie) and is this job's child, not a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return str(work_dir).encode() in f.read()
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,145 @@
+"""Long-running operations (AIP-151): every mutation answers with an Operation.
+
+Quick mutations finish before answering (``done: true``); slow ones (deploy, undeploy) answer
+``done: false`` at once and finish in a background task, which the client polls through
+``GET .../operations/{id}``. An operation's ``response`` and ``metadata`` carry ``@type`` so the
+SDK can unpack them. Operations still pending when the platform stopped are failed (ABORTED) at
+the next start, since the task that would finish them is gone.
+
+Every operation ends: an operation whose work fails ends with its error; one whose final write
+fails (the store's disk full, the database away) keeps its outcome in memory, and ``reconcile``
+(on the platform's timer, every ``RECONCILE_INTERVAL_S``) writes it as soon as the store takes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from modelyard.platform.api import names
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.state.store import Store
+from modelyard.platform.api.timefmt import rfc3339
+
+log = logging.getLogger(__name__)
+
+TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1."
+EMPTY = "type.googleapis.com/google.protobuf.Empty"
+RECONCILE_INTERVAL_S = 1.0
+
+
+def typed(type_name: str, body: dict) -> dict:
+    """``body`` with its ``@type`` (a short aiplatform.v1 name, or a full type URL)."""
+    url = type_name if "/" in type_name else TYPE_PREFIX + type_name
+    return {"@type": url, **body}
+
+
+def _generic(now: float) -> dict:
+    return {"createTime": rfc3339(now), "updateTime": rfc3339(now)}
+
+
+class Operations:
+    """Creates, finishes and renders operations over the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._tasks: set[asyncio.Task] = set()
+        # Operations whose work ended but whose outcome the store could not take yet: id -> (response, error).
+        self._unwritten: dict[str, tuple[dict | None, dict | None]] = {}
+
+    def _finish(self, op_id: str, response: dict | None, error: dict | None) -> None:
+        """Write an operation's outcome; if the store refuses, keep it for ``reconcile``."""
+        try:
+            self.store.finish_operation(op_id, response, error)
+            self._unwritten.pop(op_id, None)
+        except Exception as exc:  # disk full, database away: the outcome must not be lost with the task
+            if op_id not in self._unwritten:
+                log.error("operation %s ended, but the store could not record it (%s); retrying every %.0f s",
+                          op_id, exc, RECONCILE_INTERVAL_S)
+            self._unwritten[op_id] = (response, error)
+
+    def reconcile(self) -> int:
+        """Write the outcomes the store refused before; how many are still unwritten."""
+        for op_id, (response, error) in list(self._unwritten.items()):
+            self._finish(op_id, response, error)
+            if op_id in self._unwritten:
+                break  # the store still refuses: try again on the next timer
+            log.info("operation %s: its outcome is recorded now", op_id)
+        return len(self._unwritten)
+
+    async def run(self) -> None:
+        """The timer: outcomes the store refused are written as soon as it takes them."""
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                self.reconcile()
+            except Exception:  # the timer must outlive any one failure
+                log.exception("reconciling operations failed")
+
+    def abort_pending(self) -> int:
+        pending = self.store.pending_operations()
+        for op in pending:
+            self.store.finish_operation(op["id"], None, ApiError(
+                "ABORTED", "the platform stopped before this operation finished; retry it").to_rpc_status())
+        return len(pending)
+
+    def done(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
+             response: dict) -> dict:
+        """Record and render an operation that has already finished with ``response``."""
+        op = self._new(parent, collection, resource_id, metadata_type)
+        op.update(done=1, response=response)
+        self.store.add_operation(op)
+        return self.render(op)
+
+    def start(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
+              work: Callable[[], Awaitable[dict]]) -> dict:
+        """Record a pending operation and run ``work`` (returning the typed response) in the background."""
+        op = self._new(parent, collection, resource_id, metadata_type)
+        self.store.add_operation(op)
+
+        async def run() -> None:
+            try:
+                response = await work()
+            except ApiError as exc:
+                self._finish(op["id"], None, exc.to_rpc_status())
+            except Exception as exc:  # a bug or an I/O failure (the store's disk full): the operation reports it
+                log.exception("operation %s failed", op["name"])
+                self._finish(op["id"], None, ApiError("INTERNAL", f"{type(exc).__name__}: {exc}").to_rpc_status())
+            else:
+                self._finish(op["id"], response, None)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return self.render(op)
+
+    async def wait_all(self, timeout: float) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+
+    def get(self, op_id: str) -> dict:
+        return self.render(self.store.get_operation(op_id))
+
+    @staticmethod
+    def _new(parent: str, collection: str | None, resource_id: str | None, metadata_type: str) -> dict:
+        op_id = names.new_id()
+        now = time.time()
+        return {
+            "id": op_id,
+            "name": names.operation_name(parent, collection, resource_id, op_id),
+            "done": 0,
+            "metadata": typed(metadata_type, {"genericMetadata": _generic(now)}),
+            "response": None,
+            "error": None,
+            "created": now,
+        }
+
+    @staticmethod
+    def render(op: dict) -> dict:
+        out = {"name": op["name"], "metadata": op["metadata"], "done": bool(op["done"])}
+        if op["error"] is not None:
+            out["error"] = op["error"]
+        elif op["done"]:
+            out["response"] = op["response"]
+        return out

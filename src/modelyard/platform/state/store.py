@@ -1,0 +1,383 @@
+"""The registry's persistence: SQLAlchemy 2 Core over SQLite (default) or PostgreSQL.
+
+Rows in, plain dicts out. Each public method is one transaction, so a mutation is all or nothing
+(a deployed model and the traffic split that names it are written together).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, delete, event, insert, select, text, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from modelyard.platform.api import aliases
+from modelyard.platform.state import schema as s
+from modelyard.platform.api.errors import ApiError, not_found
+from modelyard.platform.api.names import DEFAULT_ALIAS, is_version_id
+
+
+_LEADER_LOCK_KEY = 0x6D7964  # any constant: one advisory lock per database
+
+
+def default_store_path() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "modelyard" / "platform.db"
+
+
+def database_url(store: str | None) -> str:
+    """``--store``: a PostgreSQL/SQLAlchemy URL, or a file path for SQLite (default under XDG data)."""
+    if store and "://" in store:
+        return store
+    path = Path(store).expanduser() if store else default_store_path()
+    if path.is_dir():
+        path = path / "platform.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path.resolve()}"
+
+
+def _row(r) -> dict:
+    return dict(r._mapping)
+
+
+def _pick(rows: list[dict], model_id: str, ref: str | None) -> dict:
+    """The version ``ref`` names among a model's versions: a number, an alias, or None for the default."""
+    if not rows:
+        raise not_found("Model", model_id)
+    ref = ref or DEFAULT_ALIAS
+    by_number = is_version_id(ref)
+    for r in rows:
+        if (r["version_id"] == ref) if by_number else (ref in (r["aliases"] or [])):
+            return r
+    if ref == DEFAULT_ALIAS:  # written before "default" was stored (it was implied: the highest version)
+        return rows[-1]
+    raise ApiError("NOT_FOUND", f"Model {model_id} has no version {'' if by_number else 'aliased '}{ref!r}: "
+                   f"GET models/{model_id}:listVersions lists its versions and their aliases.")
+
+
+class Store:
+    """The platform's state. Safe to share between threads (SQLAlchemy pools connections)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            @event.listens_for(self.engine, "connect")
+            def _sqlite_pragmas(dbapi_conn, _record) -> None:  # WAL: readers never wait for the writer
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA busy_timeout=5000")
+                cur.close()
+        self.migrated_from = s.migrate(self.engine)
+
+        self._lead_conn = None  # PostgreSQL: the session holding the leader lock
+        self._lead_file = None  # SQLite: the open, flock'ed lock file
+
+    def try_lead(self) -> bool:
+        """Become the one platform that supervises replicas for this store; True if this one is it.
+        PostgreSQL: a session advisory lock (released when this process's connection dies); SQLite: an
+        exclusive flock on a file beside the database (released when this process dies)."""
+        if self._lead_conn is not None or self._lead_file is not None:
+            return True
+        if self.engine.dialect.name == "postgresql":
+            conn = self.engine.connect()
+            if conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _LEADER_LOCK_KEY}).scalar():
+                conn.commit()
+                self._lead_conn = conn
+                return True
+            conn.close()
+            return False
+        if self.engine.dialect.name == "sqlite" and self.engine.url.database:
+            f = open(self.engine.url.database + ".leader", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                return False
+            self._lead_file = f
+        return True
+
+    def close(self) -> None:
+        if self._lead_conn is not None:
+            self._lead_conn.close()
+        if self._lead_file is not None:
+            self._lead_file.close()
+        self.engine.dispose()
+
+    # ---- models and their versions ------------------------------------------------------------
+    def add_model(self, model: dict, version: dict) -> None:
+        """A new model and its first version; ALREADY_EXISTS if the (chosen) id is taken."""
+        try:
+            with self.engine.begin() as c:
+                if c.execute(select(s.models.c.id).where(s.models.c.id == model["id"])).first() is not None:
+                    raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.")
+                c.execute(insert(s.models).values(**model))
+                c.execute(insert(s.model_versions).values(**version))
+        except IntegrityError:  # taken by a concurrent upload between the check and the insert
+            raise ApiError("ALREADY_EXISTS", f"Model {model['id']} already exists.") from None
+
+    def get_model(self, model_id: str) -> dict:
+        with self.engine.connect() as c:
+            row = c.execute(select(s.models).where(s.models.c.id == model_id)).first()
+        if row is None:
+            raise not_found("Model", model_id)
+        return _row(row)
+
+    def versions(self, model_id: str) -> list[dict]:
+        """Every version of a model, oldest first."""
+        with self.engine.connect() as c:
+            return self._versions(c, model_id)
+
+    @staticmethod
+    def _versions(c, model_id: str, lock: bool = False) -> list[dict]:
+        """``lock`` (in a transaction that changes them): the model's row is locked first, so changes to one
+        model's versions and aliases never interleave on PostgreSQL (SQLite has one writer anyway)."""
+        if lock:
+            c.execute(select(s.models.c.id).where(s.models.c.id == model_id).with_for_update())
+        rows = [_row(r) for r in c.execute(select(s.model_versions).where(s.model_versions.c.model_id == model_id))]
+        return sorted(rows, key=lambda r: int(r["version_id"]))
+
+    def get_version(self, model_id: str, ref: str | None) -> dict:
+        """A version by number or alias; None -> the version holding the ``default`` alias."""
+        with self.engine.connect() as c:
+            return _pick(self._versions(c, model_id), model_id, ref)
+
+    def add_version(self, version: dict) -> str:
+        """A new version of an existing model, numbered next; its aliases leave the versions that held
+        them (``default`` included: a version uploaded as the default takes it). Returns its number."""
+        model_id = version["model_id"]
+        for _ in range(5):
+            try:
+                with self.engine.begin() as c:
+                    rows = self._versions(c, model_id, lock=True)
+                    if not rows:
+                        raise not_found("Model", model_id)
+                    version_id = str(int(rows[-1]["version_id"]) + 1)
+                    placement = aliases.place({r["version_id"]: list(r["aliases"] or []) for r in rows}, version_id,
+                                              list(version["aliases"]), [])
+                    self._save_aliases(c, model_id, rows, placement, version["created"])
+                    c.execute(insert(s.model_versions).values(**{**version, "version_id": version_id}))
+                    c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=version["created"]))
+                return version_id
+            except IntegrityError:  # a concurrent upload took this number first: number it again
+                continue
+        raise ApiError("ABORTED", f"Concurrent uploads to model {model_id} kept taking the next version number: retry.")
+
+    def version_ids(self, model_id: str) -> list[str]:
+        with self.engine.connect() as c:
+            return [r[0] for r in c.execute(select(s.model_versions.c.version_id)
+                                            .where(s.model_versions.c.model_id == model_id))]
+
+    def list_models(self, parent: str) -> list[dict]:
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(
+                select(s.models).where(s.models.c.parent == parent).order_by(s.models.c.created))]
+
+    def update_model(self, model_id: str, changes: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(**changes, updated=time.time()))
+
+    def update_version(self, model_id: str, ref: str | None, changes: dict,
+                       new_aliases: list[str] | None = None, add: list[str] | None = None,
+                       remove: list[str] | None = None) -> str:
+        """Change one version's fields and aliases (``new_aliases``: exactly these; ``add``/``remove``:
+        merged), moving aliases between versions by ``aliases``' rules, in one transaction. Returns
+        the version's number."""
+        now = time.time()
+        with self.engine.begin() as c:
+            rows = self._versions(c, model_id, lock=True)
+            version_id = _pick(rows, model_id, ref)["version_id"]
+            current = {r["version_id"]: list(r["aliases"] or []) for r in rows}
+            if new_aliases is not None:
+                current = aliases.replace(current, version_id, new_aliases)
+            if add or remove:
+                current = aliases.place(current, version_id, add or [], remove or [])
+            self._save_aliases(c, model_id, rows, current, now)
+            c.execute(update(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                      .where(s.model_versions.c.version_id == version_id).values(**changes, updated=now))
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=now))
+        return version_id
+
+    @staticmethod
+    def _save_aliases(c, model_id: str, rows: list[dict], placement: dict[str, list[str]], now: float) -> None:
+        for r in rows:
+            if placement.get(r["version_id"], []) != list(r["aliases"] or []):
+                c.execute(update(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                          .where(s.model_versions.c.version_id == r["version_id"])
+                          .values(aliases=placement[r["version_id"]], updated=now))
+
+    def delete_version(self, model_id: str, ref: str) -> str:
+        """Delete one version; refused while it is deployed, for the only version (delete the model)
+        and for the default version (move ``default`` first). Returns its number."""
+        with self.engine.begin() as c:
+            rows = self._versions(c, model_id, lock=True)
+            version = _pick(rows, model_id, ref)
+            version_id = version["version_id"]
+            used = c.execute(select(s.deployed_models.c.endpoint_id)
+                             .where(s.deployed_models.c.model_id == model_id)
+                             .where(s.deployed_models.c.version_id == version_id)).first()
+            if used is not None:
+                raise ApiError("FAILED_PRECONDITION", f"Model {model_id}@{version_id} is deployed to endpoint "
+                               f"{used[0]}: undeploy it first.")
+            if len(rows) == 1:
+                raise ApiError("FAILED_PRECONDITION", f"Version {version_id} is the only version of model "
+                               f"{model_id}: delete the model instead.")
+            if DEFAULT_ALIAS in (version["aliases"] or []):
+                raise ApiError("FAILED_PRECONDITION", f"Version {version_id} of model {model_id} holds the "
+                               f"'{DEFAULT_ALIAS}' alias: give it to another version first (mergeVersionAliases).")
+            c.execute(delete(s.model_versions).where(s.model_versions.c.model_id == model_id)
+                      .where(s.model_versions.c.version_id == version_id))
+            c.execute(update(s.models).where(s.models.c.id == model_id).values(updated=time.time()))
+        return version_id
+
+    def delete_model(self, model_id: str) -> None:
+        with self.engine.begin() as c:
+            if c.execute(select(s.models.c.id).where(s.models.c.id == model_id)).first() is None:
+                raise not_found("Model", model_id)
+            used = c.execute(select(s.deployed_models.c.endpoint_id)
+                             .where(s.deployed_models.c.model_id == model_id)).first()
+            if used is not None:
+                raise ApiError("FAILED_PRECONDITION",
+                               f"Model {model_id} is deployed to endpoint {used[0]}: undeploy it first.")
+            c.execute(delete(s.model_versions).where(s.model_versions.c.model_id == model_id))
+            c.execute(delete(s.models).where(s.models.c.id == model_id))
+
+    # ---- endpoints ----------------------------------------------------------------------------
+    def add_endpoint(self, endpoint: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.endpoints).values(**endpoint))
+
+    def get_endpoint(self, endpoint_id: str) -> dict:
+        with self.engine.connect() as c:
+            row = c.execute(select(s.endpoints).where(s.endpoints.c.id == endpoint_id)).first()
+        if row is None:
+            raise not_found("Endpoint", endpoint_id)
+        return _row(row)
+
+    def list_endpoints(self, parent: str | None = None) -> list[dict]:
+        q = select(s.endpoints).order_by(s.endpoints.c.created)
+        if parent is not None:
+            q = q.where(s.endpoints.c.parent == parent)
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def delete_endpoint(self, endpoint_id: str) -> None:
+        with self.engine.begin() as c:
+            if c.execute(select(s.endpoints.c.id).where(s.endpoints.c.id == endpoint_id)).first() is None:
+                raise not_found("Endpoint", endpoint_id)
+            if c.execute(select(s.deployed_models.c.id)
+                         .where(s.deployed_models.c.endpoint_id == endpoint_id)).first() is not None:
+                raise ApiError("FAILED_PRECONDITION",
+                               f"Endpoint {endpoint_id} has deployed models: undeploy them first.")
+            c.execute(delete(s.endpoints).where(s.endpoints.c.id == endpoint_id))
+
+    def update_endpoint(self, endpoint_id: str, changes: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.endpoints).where(s.endpoints.c.id == endpoint_id)
+                      .values(**changes, updated=time.time()))
+
+    def set_traffic(self, endpoint_id: str, split: dict[str, int]) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.endpoints).where(s.endpoints.c.id == endpoint_id)
+                      .values(traffic_split=split, updated=time.time()))
+
+    # ---- deployed models ----------------------------------------------------------------------
+    def deployed_models(self, endpoint_id: str | None = None) -> list[dict]:
+        q = select(s.deployed_models).order_by(s.deployed_models.c.created)
+        if endpoint_id is not None:
+            q = q.where(s.deployed_models.c.endpoint_id == endpoint_id)
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def add_deployed_model(self, dm: dict, split: dict[str, int]) -> None:
+        """The deployed model and the endpoint's new split, together."""
+        with self.engine.begin() as c:
+            if c.execute(select(s.endpoints.c.id).where(s.endpoints.c.id == dm["endpoint_id"])).first() is None:
+                raise not_found("Endpoint", dm["endpoint_id"])
+            c.execute(insert(s.deployed_models).values(**dm))
+            c.execute(update(s.endpoints).where(s.endpoints.c.id == dm["endpoint_id"])
+                      .values(traffic_split=split, updated=time.time()))
+
+    def remove_deployed_model(self, endpoint_id: str, dm_id: str, split: dict[str, int]) -> None:
+        with self.engine.begin() as c:
+            c.execute(delete(s.deployed_models).where(s.deployed_models.c.id == dm_id))
+            c.execute(update(s.endpoints).where(s.endpoints.c.id == endpoint_id)
+                      .values(traffic_split=split, updated=time.time()))
+
+    # ---- replicas -----------------------------------------------------------------------------
+    def add_replica(self, replica: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.replicas).values(**replica))
+
+    def remove_replica(self, replica_id: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(delete(s.replicas).where(s.replicas.c.id == replica_id))
+
+    def replicas(self, dm_id: str | None = None) -> list[dict]:
+        q = select(s.replicas).order_by(s.replicas.c.created)
+        if dm_id is not None:
+            q = q.where(s.replicas.c.deployed_model_id == dm_id)
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    # ---- operations ---------------------------------------------------------------------------
+    def add_operation(self, op: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.operations).values(**op))
+
+    def finish_operation(self, op_id: str, response: dict | None, error: dict | None) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(s.operations).where(s.operations.c.id == op_id)
+                      .values(done=1, response=response, error=error))
+
+    def get_operation(self, op_id: str) -> dict:
+        with self.engine.connect() as c:
+            row = c.execute(select(s.operations).where(s.operations.c.id == op_id)).first()
+        if row is None:
+            raise not_found("Operation", op_id)
+        return _row(row)
+
+    def pending_operations(self) -> list[dict]:
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(select(s.operations).where(s.operations.c.done == 0))]
+
+    # ---- jobs (batch prediction, custom, tuning) ----------------------------------------------
+    def add_job(self, job: dict) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(s.jobs).values(**job))
+
+    def get_job(self, job_id: str, kind: str | None = None) -> dict:
+        with self.engine.connect() as c:
+            row = c.execute(select(s.jobs).where(s.jobs.c.id == job_id)).first()
+        if row is None or (kind is not None and row.kind != kind):
+            raise not_found("Job", job_id)
+        return _row(row)
+
+    def list_jobs(self, parent: str | None = None, kind: str | None = None,
+                  states: tuple[str, ...] | None = None) -> list[dict]:
+        q = select(s.jobs).order_by(s.jobs.c.created)
+        if parent is not None:
+            q = q.where(s.jobs.c.parent == parent)
+        if kind is not None:
+            q = q.where(s.jobs.c.kind == kind)
+        if states is not None:
+            q = q.where(s.jobs.c.state.in_(states))
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(q)]
+
+    def update_job(self, job_id: str, from_states: tuple[str, ...] | None = None, **values) -> bool:
+        """Change a job; with ``from_states``, only if it is in one of them (a compare-and-set, so the
+        runner and a cancel request never overwrite each other). True if the row changed."""
+        q = update(s.jobs).where(s.jobs.c.id == job_id)
+        if from_states is not None:
+            q = q.where(s.jobs.c.state.in_(from_states))
+        with self.engine.begin() as c:
+            return c.execute(q.values(**values, updated=time.time())).rowcount > 0
+
+    def delete_job(self, job_id: str, from_states: tuple[str, ...]) -> bool:
+        with self.engine.begin() as c:
+            return c.execute(delete(s.jobs).where(s.jobs.c.id == job_id)
+                             .where(s.jobs.c.state.in_(from_states))).rowcount > 0
