@@ -363,6 +363,12 @@ def hidden_dirs(extra: list[str]) -> list[str]:
     found = ["/tmp", "/dev/shm", tempfile.gettempdir(), str(default_cache_dir())]
     found += [p for p in os.environ.get(HIDDEN_ENV, "").split(os.pathsep) if p] + extra
     unique = {str(Path(p).resolve()) for p in found}
+    # What a second machine has installed too: the Python (a CI venv may live under /tmp) and this
+    # checkout. A folder holding one of them stays visible; the test dirs inside it are hidden one by
+    # one (the base temp, the cache, ``extra``), so what the head's tests write stays out of sight.
+    keep = [Path(p).resolve() for p in (sys.prefix, sys.base_prefix, Path(sys.executable).parent,
+                                        Path(__file__).resolve().parents[1])]
+    unique = {p for p in unique if not any(Path(p) == k or Path(p) in k.parents for k in keep)}
     return sorted(unique, key=lambda p: -p.count("/"))
 
 
@@ -448,7 +454,8 @@ def _start_cluster(nodes: int, hide: list[str] | None) -> RayCluster:
     temp_dir = Path(tempfile.mkdtemp(prefix="myray-", dir="/tmp"))
     head = node_args(temp_dir, head=True)
     port = _flag(head, "--port")
-    cluster = RayCluster(f"{HOST}:{port}", temp_dir, hidden=hidden_dirs(list(hide or [])))
+    # The head's Ray temp dir is hidden by name too: /tmp itself stays visible when it holds the Python.
+    cluster = RayCluster(f"{HOST}:{port}", temp_dir, hidden=hidden_dirs([*(hide or []), str(temp_dir)]))
     try:
         cluster.procs.append(_start_node(ray, head, temp_dir / "head.log", {**node_env(), **HEALTH_CHECK_ENV}))
         cluster.ports[cluster.head.pid] = int(_flag(head, "--node-manager-port"))
