@@ -93,6 +93,7 @@ def test_a_platform_whose_api_or_storage_port_is_taken_exits_port_taken(tmp_path
     import sys
 
     from modelyard.ports import free_port
+    from tests.platform.conftest import _env
 
     for which in ("--storage-port", "--port"):
         with taken_port() as port:
@@ -102,6 +103,6 @@ def test_a_platform_whose_api_or_storage_port_is_taken_exits_port_taken(tmp_path
             done = subprocess.run(
                 [sys.executable, "-m", "modelyard.platform", "--port", str(ports["--port"]),
                  "--storage-port", str(ports["--storage-port"]), "--state-dir", str(tmp_path / which)],
-                capture_output=True, text=True, timeout=120)
+                capture_output=True, text=True, timeout=120, env=_env())  # its own storage: no STORAGE_EMULATOR_HOST
         assert done.returncode == PORT_TAKEN_EXIT, (which, done.stderr[-2000:])
         assert "modelyard platform: error" in done.stderr and "in use" in done.stderr, done.stderr[-2000:]
