@@ -160,30 +160,38 @@ class Front:
 
     async def handle(self, r: _Request):
         v2 = v2_paths.parse(r.url, r.method) if b"/v2" in r.url else None
+        body_of = ApiError.to_v2_body if v2 is not None else ApiError.to_body  # the protocol's error body
         if r.refused is not None:
-            body = r.refused.to_v2_body() if v2 is not None else r.refused.to_body()
-            return r.refused.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(body)
+            return r.refused.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(body_of(r.refused))
         if v2 is not None:
-            return await self._v2(r, v2)
+            return await self._answered(r, self._v2(r, v2), body_of)
         m = _PREDICT.match(r.url) if r.method == b"POST" else None
         if m is None:
             return await self._pass(r)
+        return await self._answered(r, self._predict(r, m), body_of)
+
+    async def _answered(self, r: _Request, work, body_of):
+        """``work``'s answer, or its error in the protocol's body (``body_of``: Google's or V2's); a bug
+        too is answered so, logged, and the platform keeps serving."""
         try:
-            project, location, endpoint_id, verb = (g.decode() for g in m.groups()[:4])
-            pinned, token, header_length = self._predict_headers(r)
-            if self.p.config.auth_predict:
-                self._check_token(token)
-            status, body, extra = await self.p.gateway.predict(
-                endpoint_id, f"projects/{project}/locations/{location}", b"".join(r.body), pinned,
-                verb == "rawPredict", header_length)
-            headers = [(b"Content-Type", b"application/json")] + [(k.encode(), v.encode()) for k, v in extra.items()]
-            return status, headers, body
+            return await work
         except ApiError as exc:
-            return exc.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(exc.to_body())
-        except Exception as exc:  # a bug: answered in Google's format; the platform keeps serving
-            log.exception("predict %s failed", r.url)
+            return exc.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(body_of(exc))
+        except Exception as exc:
+            log.exception("%s %s failed", r.method.decode(), r.url)
             err = ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
-            return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_body())
+            return 500, [(b"Content-Type", b"application/json")], orjson.dumps(body_of(err))
+
+    async def _predict(self, r: _Request, m):
+        project, location, endpoint_id, verb = (g.decode() for g in m.groups()[:4])
+        pinned, token, header_length = self._predict_headers(r)
+        if self.p.config.auth_predict:
+            self._check_token(token)
+        status, body, extra = await self.p.gateway.predict(
+            endpoint_id, f"projects/{project}/locations/{location}", b"".join(r.body), pinned,
+            verb == "rawPredict", header_length)
+        headers = [(b"Content-Type", b"application/json")] + [(k.encode(), v.encode()) for k, v in extra.items()]
+        return status, headers, body
 
     @staticmethod
     def _predict_headers(r: _Request) -> tuple[str | None, bytes | None, bytes | None]:
@@ -200,19 +208,11 @@ class Front:
         return pinned, token, header_length
 
     async def _v2(self, r: _Request, call: v2_paths.V2Call):
-        """An Open Inference Protocol call: the gateway's answer, or its error in V2's ``{"error": ...}``."""
-        try:
-            _, token, header_length = self._predict_headers(r)
-            if self.p.config.auth_predict and call.kind not in (v2_paths.LIVE, v2_paths.READY):
-                self._check_token(token)
-            status, headers, body = await self.p.gateway.v2(call, b"".join(r.body), header_length)
-            return status, headers, body
-        except ApiError as exc:
-            return exc.http_status, [(b"Content-Type", b"application/json")], orjson.dumps(exc.to_v2_body())
-        except Exception as exc:  # a bug: answered in V2's format; the platform keeps serving
-            log.exception("V2 %s failed", r.url)
-            err = ApiError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
-            return 500, [(b"Content-Type", b"application/json")], orjson.dumps(err.to_v2_body())
+        """An Open Inference Protocol call: the gateway's answer (errors: ``_answered``, in V2's body)."""
+        _, token, header_length = self._predict_headers(r)
+        if self.p.config.auth_predict and call.kind not in (v2_paths.LIVE, v2_paths.READY):
+            self._check_token(token)
+        return await self.p.gateway.v2(call, b"".join(r.body), header_length)
 
     def _check_token(self, given: bytes | None) -> None:
         check_bearer(self.p.config.auth_token, given)
