@@ -106,6 +106,12 @@ def pytest_testnodedown(node, error) -> None:
         node.config._tfserving_models_used = True
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item) -> None:
+    if "ray_cluster" in item.fixturenames:  # its fixtures are set up: the cluster runs
+        ray_before_test(session_cluster())  # two nodes (a failed test may have killed one), idle
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with quick_guard(item):  # a test classified quick that starts a process fails, saying how to mark it
@@ -131,4 +137,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.write_sep("-", line)
 
 # The shared local two-node Ray cluster (a session fixture): see tests/ray_cluster.py.
-from tests.ray_cluster import ray_cluster  # noqa: E402,F401
+from tests.ray_cluster import before_test as ray_before_test, ray_cluster, session_cluster  # noqa: E402,F401

@@ -489,6 +489,32 @@ def ensure_nodes(cluster: RayCluster, count: int = 2) -> None:
         cluster.add_node()
 
 
+_IDLE_SCRIPT = """
+import json, sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + float(sys.argv[2])
+while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+    if time.monotonic() > deadline:
+        from ray.util.state import list_actors
+        held = [(a.class_name, a.name, a.node_id[:12]) for a in list_actors(filters=[("state", "=", "ALIVE")])]
+        print("HELD " + json.dumps(held))
+        break
+    time.sleep(0.2)
+"""
+
+
+def before_test(cluster: RayCluster, nodes: int = 2, idle_timeout: float = 60.0) -> None:
+    """Before each test that uses the cluster: ``nodes`` alive (a failed test may have left one killed),
+    and every CPU free once what earlier tests started has ended. A CPU still held after
+    ``idle_timeout`` is reported (which actors hold it) rather than failed on: the test says the rest."""
+    ensure_nodes(cluster, nodes)
+    proc = subprocess.run([sys.executable, "-c", _IDLE_SCRIPT, cluster.address, str(idle_timeout)],
+                          env=node_env(), capture_output=True, text=True, timeout=idle_timeout + 120)
+    held = [line for line in proc.stdout.splitlines() if line.startswith("HELD ")]
+    if held or proc.returncode:
+        print(f"ray test cluster not idle before the test: {held or proc.stderr[-1500:]}", file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """The address (``HOST:PORT``) of a real local two-node Ray cluster, one CPU per node; the

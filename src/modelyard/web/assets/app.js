@@ -405,7 +405,7 @@ function keepOffline() {
 async function cacheWhatWasUsed() {
   const registration = await navigator.serviceWorker.getRegistration();
   const worker = registration && registration.active;
-  if (!worker || !info) return;
+  if (!worker || !info) return retryOffline();  // the worker is still on its way
   if (document.body.dataset.offline === 'ready' && worker === cachedBy) return;
   const here = new URL('./', location.href);
   const urls = [here.href, ...performance.getEntriesByType('resource').map((e) => e.name)
@@ -416,10 +416,15 @@ async function cacheWhatWasUsed() {
     cachedBy = own ? worker : null;
     $('offline').textContent = own ? 'ready: works with no network' : (reply.error || 'updating…');
     document.body.dataset.offline = own ? 'ready' : 'stale';
-    if (!own && ++staleTries < 60) setTimeout(keepOffline, 1000);  // the new worker is on its way
+    if (!own) retryOffline();  // the new worker is on its way
   } catch (error) {
     $('offline').textContent = error.message;
+    retryOffline();  // a busy worker may answer late: ask again rather than stay unready
   }
+}
+
+function retryOffline() {
+  if (++staleTries < 60) setTimeout(keepOffline, 1000);
 }
 
 // ---- start --------------------------------------------------------------------------------
