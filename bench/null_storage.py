@@ -1,6 +1,6 @@
 """A Cloud Storage JSON API server that does no storage work: the ceiling a client can reach on this host.
 
-    python3 bench/null_storage.py --port 8700 --objects DIR
+    python3 bench/null_storage.py --port 8700 --objects DIR [--store DIR2]
 
 It knows its answers in advance. At start it reads every file under ``DIR`` into memory with its
 CRC32C; an object named ``PREFIX/REL`` (any first path segment) is the file ``DIR/REL``. Then:
@@ -13,6 +13,10 @@ CRC32C; an object named ``PREFIX/REL`` (any first path segment) is the file ``DI
   checks the CRC32C exactly as it does against a real server.
 - listing a prefix lists every file under it; deletes and bucket creation answer and do nothing.
 
+With ``--store DIR2`` it does the least a real store must: each upload body is written to a file in
+``DIR2`` (one ``write`` per ``recv_into``) and CRC32C-hashed on the way; a delete removes the file.
+That is the floor for any server that keeps the bytes and knows their checksum.
+
 Plain sockets and one thread per connection, HTTP/1.1 keep-alive, ``Content-Length`` bodies only
 (what google-cloud-storage and curl send): no framework, so the server's own cost is a few large
 ``recv_into``/``sendall`` calls. What remains of a transfer's time is the client, the loopback TCP
@@ -23,10 +27,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import signal
 import socket
 import socketserver
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -63,6 +69,7 @@ class Objects:
 
 class Handler(socketserver.BaseRequestHandler):
     objects: Objects
+    store: Path | None = None  # --store: upload bodies go to files here, hashed
 
     def setup(self) -> None:
         self.sock: socket.socket = self.request
@@ -101,20 +108,37 @@ class Handler(socketserver.BaseRequestHandler):
         head, _, self.buf = self.buf.partition(b"\r\n\r\n")
         return head
 
-    def _read_body(self, length: int, keep: int = 0) -> bytes:
-        """Consume ``length`` body bytes; return the first ``keep`` of them, drop the rest unseen."""
+    def _read_body(self, length: int, keep: int = 0, into=None) -> bytes:
+        """Consume ``length`` body bytes; return the first ``keep`` of them; the rest is dropped, or
+        written to the file ``into`` and CRC32C-hashed."""
         kept = bytearray(self.buf[:length])
         taken = len(kept)
         self.buf = self.buf[length:]
+        crc = 0
+        if into is not None and kept:
+            into.write(kept)
+            crc = google_crc32c.extend(crc, bytes(kept))
         view = memoryview(self.sink)
         while taken < length:
-            n = self.sock.recv_into(view, min(RECV, length - taken))
-            if n == 0:
+            if into is not None:  # google_crc32c takes bytes only: a new bytes object per read, as asyncio's
+                piece = self.sock.recv(min(RECV, length - taken))
+                into.write(piece)
+                crc = google_crc32c.extend(crc, piece)
+            else:
+                piece = view[:self.sock.recv_into(view, min(RECV, length - taken))]
+            if not piece:
                 raise ConnectionError("body cut off")
             if len(kept) < keep:
-                kept += view[:min(n, keep - len(kept))]
-            taken += n
+                kept += piece[:keep - len(kept)]
+            taken += len(piece)
         return bytes(kept[:keep])
+
+    def _take_upload(self, length: int, name: str, append: bool = False, keep: int = 0) -> bytes:
+        """An upload's body: dropped, or (``--store``) written to the object's file and hashed."""
+        if self.store is None:
+            return self._read_body(length, keep)
+        with open(self.store / quote(name, safe=""), "ab" if append else "wb", buffering=0) as f:
+            return self._read_body(length, keep, into=f)
 
     def _reply(self, status: int, body: dict | None = None, headers: dict | None = None) -> None:
         payload = json.dumps(body).encode() if body is not None else b""
@@ -154,6 +178,8 @@ class Handler(socketserver.BaseRequestHandler):
                                      "items": [i for i in items if i["name"].startswith(prefix)]})
         name = unquote("/".join(parts[6:]))
         if method == "DELETE":
+            if self.store is not None:
+                (self.store / quote(name, safe="")).unlink(missing_ok=True)
             return self._reply(204)
         if method == "GET" and query.get("alt") == "media":
             return self.download(bucket, name, headers)
@@ -170,10 +196,10 @@ class Handler(socketserver.BaseRequestHandler):
     def upload(self, method: str, bucket: str, query: dict, headers: dict, length: int, host: str) -> None:
         kind = query.get("uploadType")
         if "upload_id" in query:  # a resumable chunk: the id is the object name
-            self._read_body(length)
             name = unquote(query["upload_id"])
             rng = headers.get("content-range", "")  # bytes FIRST-LAST/TOTAL or bytes FIRST-LAST/*
             span, _, total = rng.removeprefix("bytes ").partition("/")
+            self._take_upload(length, name, append=not span.startswith("0-"))
             last = int(span.split("-")[1]) if "-" in span else -1
             if total != "*" and total and last + 1 >= int(total):
                 return self._resource(bucket, name)
@@ -184,13 +210,17 @@ class Handler(socketserver.BaseRequestHandler):
                         f"&upload_id={quote(name, safe='')}")
             return self._reply(200, None, {"Location": location})
         if kind == "media":
-            self._read_body(length)
+            self._take_upload(length, query.get("name", ""))
             return self._resource(bucket, query.get("name", ""))
         if kind == "multipart":  # the metadata part (with the name) leads the body
-            head = self._read_body(length, keep=min(length, 65536))
+            spool = f".multipart-{threading.get_ident()}"
+            head = self._take_upload(length, spool, keep=min(length, 65536))
             start = head.find(b"{")
             meta = json.JSONDecoder().raw_decode(head[start:].decode("latin-1"))[0] if start >= 0 else {}
-            return self._resource(bucket, query.get("name") or meta.get("name", ""))
+            name = query.get("name") or meta.get("name", "")
+            if self.store is not None:  # the whole body kept (headers too: the same work as the media alone)
+                os.replace(self.store / spool, self.store / quote(name, safe=""))
+            return self._resource(bucket, name)
         self._read_body(length)
         return self._reply(400, _error(400, f"Invalid uploadType: {kind!r}"))
 
@@ -227,8 +257,12 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--objects", required=True, type=Path, help="the directory whose files are served")
+    ap.add_argument("--store", type=Path, help="write each upload to a file here, CRC32C-hashed (a minimal store)")
     args = ap.parse_args()
     Handler.objects = Objects(args.objects)
+    if args.store is not None:
+        args.store.mkdir(parents=True, exist_ok=True)
+        Handler.store = args.store
     server = Server((args.host, args.port), Handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"null storage on http://{args.host}:{args.port}: {len(Handler.objects.data)} files in memory", flush=True)

@@ -14,7 +14,9 @@ server; `cp -r` copies the same directory to and back from another directory on 
 to tell the server's cost from the Python client's, curl uploads and downloads the same files from
 the platform's storage. The client ceiling: the same client and curl against `null_storage.py`, a
 server that does no storage work (bodies read and dropped, downloads sent from memory with the
-precomputed CRC32C the client checks): the most any server can give this client on this host.
+precomputed CRC32C the client checks): the most any server can give this client on this host; and
+the same server with `--store`, which writes each upload to a file and CRC32C-hashes it, the least
+any store does.
 All take turns each round (harness.take_turns), so drift on the shared machine hits all alike;
 medians are reported.
 
@@ -82,12 +84,12 @@ class Servers:
     def __init__(self, work: Path, src: Path) -> None:
         child_env = env()
         child_env.pop("STORAGE_EMULATOR_HOST", None)
-        self.storage_port, emu_port, null_port = free_port(), free_port(), free_port()
+        self.storage_port, emu_port, null_port, store_port = free_port(), free_port(), free_port(), free_port()
         self.platform = modelyard_platform(work, "--storage-port", str(self.storage_port), "--no-warm-spare",
                                            child_env=child_env, timeout=60)
         (work / "emulator").mkdir()
         self.urls = {"modelyard": f"http://127.0.0.1:{self.storage_port}", "emulator": f"http://127.0.0.1:{emu_port}",
-                     "null": f"http://127.0.0.1:{null_port}"}
+                     "null": f"http://127.0.0.1:{null_port}", "null-store": f"http://127.0.0.1:{store_port}"}
         self.emulator = Service("gcp-storage-emulator", [sys.executable, "-m", "gcp_storage_emulator", "start",
                                                          "--host=127.0.0.1", f"--port={emu_port}", "-q"],
                                 work / "emulator.log", ready=http_ok(self.urls["emulator"] + "/storage/v1/b"),
@@ -96,10 +98,16 @@ class Servers:
                             [sys.executable, str(Path(__file__).with_name("null_storage.py")), f"--port={null_port}",
                              f"--objects={src}"], work / "null.log", ready=http_ok(self.urls["null"] + "/storage/v1/b"),
                             env=child_env, timeout=60)
+        self.null_store = Service("null storage --store (a minimal store)",
+                                  [sys.executable, str(Path(__file__).with_name("null_storage.py")),
+                                   f"--port={store_port}", f"--objects={src}", f"--store={work / 'null-store'}"],
+                                  work / "null-store.log", ready=http_ok(self.urls["null-store"] + "/storage/v1/b"),
+                                  env=child_env, timeout=60)
         try:
             self.platform.start()
             self.emulator.start()
             self.null.start()
+            self.null_store.start()
         except BaseException:
             self.stop()
             raise
@@ -109,6 +117,7 @@ class Servers:
         self.platform.stop(30)
         self.emulator.stop(30)
         self.null.stop(30)
+        self.null_store.stop(30)
 
 
 def client(url: str):
@@ -187,11 +196,13 @@ reads upload bodies into one reused buffer and drops them, and sends downloads f
 same checksum headers): no server, however fast, can give this client more on this host. cp is no
 such bound: it moves page cache to page cache in the kernel, while every client here also pays a
 loopback TCP connection, HTTP framing and its own Python per-chunk work. A storage server is judged
-by the share of that ceiling it keeps (the last two checks). Downloads are sent with sendfile and cost
+by the share of that ceiling it keeps (the two "client ceiling" checks). Downloads are sent with sendfile and cost
 the server almost nothing, so they sit near the ceiling; an upload is received through aiohttp (a
 copy out of the socket, one more in its HTTP parser), written to the page cache and CRC32C-hashed,
 which the null server skips: compare the server CPU seconds, and the two curl rows, where a client
-that costs little leaves the server's own receive rate exposed."""
+that costs little leaves the server's own receive rate exposed. The `--store` row is the null server
+doing just that much (each upload written to a file and CRC32C-hashed, in plain Python with one reused
+connection thread): how far from the ceiling storing the bytes alone puts any server on this host."""
 
 
 def with_earlier_runs(text: str, path: Path) -> str:
@@ -226,21 +237,22 @@ def main() -> int:
     for rel, mb in LAYOUT.items():
         write_random(src / rel, int(mb * scale * MB))
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-    names = ("cp", "modelyard", "emulator", "modelyard-curl", "null", "null-curl")
+    names = ("cp", "modelyard", "emulator", "modelyard-curl", "null", "null-curl", "null-store")
     runs: dict[str, dict[str, list[float]]] = {k: {"up": [], "down": []} for k in names}
     cpu: dict[str, dict[str, list[tuple[float, float]]]] = {k: {"up": [], "down": []} for k in names}
     servers = None
     try:
         servers = Servers(work, src)
         buckets = {}
-        for name in ("modelyard", "emulator", "null"):
+        for name in ("modelyard", "emulator", "null", "null-store"):
             c = client(servers.urls[name])
             buckets[name] = c.create_bucket(f"bench-{name}")
 
         def one_turn(name: str, r: int) -> dict:
             back = work / f"back-{name}-{r}"
             spid = {"modelyard": servers.storage_pid, "modelyard-curl": servers.storage_pid,
-                    "emulator": servers.emulator.pid, "null": servers.null.pid, "null-curl": servers.null.pid}.get(name)
+                    "emulator": servers.emulator.pid, "null": servers.null.pid, "null-curl": servers.null.pid,
+                    "null-store": servers.null_store.pid}.get(name)
             if name == "cp":
                 dst = work / f"cp-{r}"
                 t0 = snap(spid)
@@ -324,7 +336,9 @@ def main() -> int:
             ("**client ceiling**: google-cloud-storage against a server doing no work (null_storage.py)",
              med("null", "up"), med("null", "down")),
             ("curl against the same null server (loopback HTTP with a C client)", med("null-curl", "up"),
-             med("null-curl", "down"))]
+             med("null-curl", "down")),
+            ("google-cloud-storage against the null server with `--store` (writes each upload to a file, CRC32C)",
+             med("null-store", "up"), med("null-store", "down"))]
 
     def cpu_cell(name: str, way: str) -> str:
         client_s = median(c for c, _ in cpu[name][way])
@@ -353,6 +367,8 @@ def main() -> int:
          "PASS" if up_ceil >= 0.8 else "FAIL"),
         ("modelyard download / client ceiling (proposed target)", f"{down_ceil:.2f}x", ">= 0.8x",
          "PASS" if down_ceil >= 0.8 else "FAIL"),
+        ("(for reference) modelyard upload / null server with `--store`",
+         f"{med('modelyard', 'up') / med('null-store', 'up'):.2f}x", "", ""),
         (f"storage peak RSS storing {args.big_mb} MB", f"{peak:.0f} MB", "< 200 MB", "PASS" if peak < 200 else "FAIL")],
         align="lrll")
     text = "\n".join([
