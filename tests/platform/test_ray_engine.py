@@ -9,7 +9,6 @@ node; undeploying ends the actors and their processes. A missing or unreachable 
 platform at start with exit code 2."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,8 @@ import pytest
 
 from modelyard.ports import free_port
 from tests.platform.client import Api
-from tests.platform.conftest import _env, require, start_platform
+from tests.platform.conftest import _env, require
+from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
 from tests.ray_cluster import alive_nodes, session_cluster
 
 GS_BUCKET = "ray-models"
@@ -31,44 +31,8 @@ GS_BUCKET = "ray-models"
 # machine (a node whose agents start too slowly is started again), beyond the suite's 600 s per test.
 pytestmark = pytest.mark.timeout(1800)
 
-# Asks Ray (from a short-lived driver, so pytest never becomes one) where each replica's actor runs.
-_NODES_SCRIPT = """
-import json, sys, ray
-ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
-out = {}
-for rid in sys.argv[2:]:
-    try:
-        out[rid] = ray.get(ray.get_actor("modelyard-replica-" + rid).info.remote(), timeout=60)
-    except ValueError:
-        out[rid] = None  # no such actor
-print(json.dumps(out))
-"""
-
-
-# Ends every replica actor left in the namespace (a failed test must not hold the cluster's CPUs).
-_CLEANUP_SCRIPT = """
-import sys, ray
-ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
-for name in ray.util.list_named_actors():
-    if name.startswith("modelyard-replica-"):
-        ray.kill(ray.get_actor(name), no_restart=True)
-"""
-
-
-def actor_infos(address: str, replica_ids: list[str]) -> dict:
-    """Replica id -> its actor's info (``node_id``, ``model_dir``, ``cached``...), None when it has no actor."""
-    proc = subprocess.run([sys.executable, "-c", _NODES_SCRIPT, address, *replica_ids], env=_env(),
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def actor_nodes(address: str, replica_ids: list[str]) -> dict:
-    return {rid: info and info["node_id"] for rid, info in actor_infos(address, replica_ids).items()}
-
-
-def _cleanup_actors(address: str) -> None:
-    subprocess.run([sys.executable, "-c", _CLEANUP_SCRIPT, address], env=_env(), capture_output=True, timeout=180)
+    return {rid: info and info.get("node_id") for rid, info in actor_infos(address, replica_ids).items()}
 
 
 def _serving(api: Api, dm: str) -> list[dict]:
@@ -95,14 +59,13 @@ def _assert_predictions(api: Api, ep: str, tiny_models: dict, model: str = "tiny
 @pytest.fixture(scope="module")
 def ray_platform(ray_cluster, tiny_models, tmp_path_factory):
     """One platform on the Ray cluster for this module, models from the test models' folder or gs://."""
-    p = start_platform(tmp_path_factory, "rayplatform", _env(),
-                       ["--engine", "ray", "--ray-address", ray_cluster, "--artifact-root", tiny_models["root"],
-                        "--artifact-root", f"gs://{GS_BUCKET}"])
+    p = start_ray_platform(tmp_path_factory, "rayplatform", ray_cluster,
+                           ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{GS_BUCKET}"])
     try:
         yield p
     finally:
         p.cleanup()
-        _cleanup_actors(ray_cluster)
+        cleanup_actors(ray_cluster)
 
 
 def _assert_spread_and_cached(ray_cluster: str, replicas: list[dict], local_path: str | None) -> None:

@@ -18,7 +18,8 @@ holds its directory under that state directory. So a platform that restarts afte
 every process a dead platform started on this host, listed in the store or not (``reap_orphans``).
 
 Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
-``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop`` and ``want_spare``.
+``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop``, ``want_spare`` and
+``reap_orphans``.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def pid_alive(pid: int, port: int | None = None) -> bool:
         return False
 
 
-def _is_platform(pid: int) -> bool:
+def is_platform(pid: int) -> bool:
     """``pid`` is a live ``modelyard platform`` process (not a recycled pid)."""
     if pid == os.getpid():
         return True
@@ -233,15 +234,17 @@ class LocalEngine:
                 if b"serve" in cmdline and any(d + b"/" in cmdline for d in dirs):
                     self._kill(int(entry))
 
-    def reap_orphans(self, keep: set[int]) -> int:
+    async def reap_orphans(self, keep: list[dict]) -> int:
         """Kill every process a platform on this state directory started whose platform is gone, except
-        ``keep`` (the replicas adopted from the store) and this engine's spare: replicas whose row was
-        never written (a kill -9 between start and store), spares, anything. Returns how many."""
+        the replicas of ``keep`` (rows: those adopted or listed in the store) and this engine's spare:
+        replicas whose row was never written (a kill -9 between start and store), spares, anything.
+        Returns how many."""
+        keep_pids = {row["pid"] for row in keep}
         mine = str(self.state_dir).encode()
         spare = self._spare["pid"] if self._spare else None
         killed = 0
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in keep or int(entry) in (spare, os.getpid()):
+            if not entry.isdigit() or int(entry) in keep_pids or int(entry) in (spare, os.getpid()):
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
@@ -251,7 +254,7 @@ class LocalEngine:
             if env.get(STATE_ENV.encode()) != mine or int(entry) in self._children:
                 continue
             starter = int(env.get(PLATFORM_PID_ENV.encode(), b"0") or 0)
-            if starter and _is_platform(starter):
+            if starter and is_platform(starter):
                 continue  # its platform runs (another one on this state directory): not an orphan
             log.warning("stopping process %s: started by platform pid %d, which is gone, and listed nowhere",
                         entry, starter)

@@ -10,7 +10,15 @@ node, as the local engine's replicas are replaced. The serve child dies with its
 (PR_SET_PDEATHSIG), so killing an actor never leaves a process behind on a node.
 
 Detached actors outlive the platform; the next platform finds each stored replica's actor by name
-(``modelyard-replica-<replica id>``) and adopts it if it still serves.
+(``modelyard-replica-<replica id>``) and adopts it if it still serves. Each actor is created with its
+platform's identity (``owner``: host, state directory, pid), before it starts anything, so a platform
+killed between starting an actor and writing its row leaves no untracked replica: the next platform
+on that state directory lists the namespace's replica actors and ends those its dead predecessor
+started that no row lists (``RayEngine.reap_orphans``; their serve children die with them).
+
+Readiness is the supervisor's, the same for both engines: it probes the serve child's model status
+over HTTP, so a stopped (SIGSTOP) or stuck child is taken out of routing within seconds and, if it
+stays so, stopped through its actor (SIGKILL after a short grace) and replaced by a new actor.
 
 No disk is shared with the nodes: before starting a replica the platform publishes the model
 version's directory to object storage by content hash (``artifact_cache.publish``: the platform's
@@ -46,8 +54,8 @@ from pathlib import Path
 
 from modelyard.platform.dataplane import artifact_cache
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, serve_command, serve_env,
-                                         tail)
+from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, is_platform,
+                                                   serve_command, serve_env, tail)
 from modelyard.ports import PORT_TAKEN_EXIT
 
 log = logging.getLogger(__name__)
@@ -55,6 +63,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "modelyard"
 ACTOR_PREFIX = "modelyard-replica-"
 CONNECT_TIMEOUT_S = 5.0
+OWNER_TIMEOUT_S = 10.0  # an actor asked for its owner: one not placed yet (no free CPU) cannot say
 
 
 def unused_ports(count: int, low: int = 20_000, high: int = 32_767) -> list[int]:
@@ -149,8 +158,9 @@ def _die_with_parent() -> None:
 class ReplicaActor:
     """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
 
-    def __init__(self, replica_id: str, source: dict, serve_args: list[str]) -> None:
+    def __init__(self, replica_id: str, source: dict, serve_args: list[str], owner: dict | None = None) -> None:
         self.replica_id = replica_id
+        self.owner = owner or {}  # the platform that created it: {"host", "state_dir", "pid"}
         self.source = source  # artifact_cache.Source.as_dict(): the model's digest, storage prefix, platform path
         # This node's own disk (the platform's state dir may not exist here).
         self.rdir = artifact_cache.cache_root().parent / "ray-replicas" / replica_id
@@ -235,7 +245,7 @@ class ReplicaActor:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": self.proc.pid if self.proc else None,
                 "running": self.proc is not None and self.proc.poll() is None,
                 "model_dir": str(self.lease.path) if self.lease else None,
-                "cached": bool(self.lease and self.lease.cached)}
+                "cached": bool(self.lease and self.lease.cached), "owner": self.owner}
 
     def log_tail(self) -> str:
         return tail(self.rdir / "serve.log")
@@ -280,6 +290,8 @@ class RayEngine:
         self._watches: dict[str, asyncio.Task] = {}
         self._dead: set[str] = set()
         self._stopping: set[str] = set()  # being stopped by us: their exit is no failure
+        # Who creates the actors, given to each before it starts (``reap_orphans`` of a later platform reads it).
+        self.owner = {"host": socket.gethostname(), "state_dir": str(state_dir), "pid": os.getpid()}
 
     async def open(self) -> None:
         import ray
@@ -353,7 +365,7 @@ class RayEngine:
         handle = self._actor_class.options(
             name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
             scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
-        ).remote(replica_id, source.as_dict(), self.serve_args)
+        ).remote(replica_id, source.as_dict(), self.serve_args, self.owner)
         self._handles[replica_id] = handle
         row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
         try:
@@ -424,3 +436,36 @@ class RayEngine:
         self._handles.pop(row["id"], None)
         self._dead.discard(row["id"])
         self._stopping.discard(row["id"])
+
+    async def reap_orphans(self, keep: list[dict]) -> int:
+        """End every replica actor a platform on this host and state directory created whose platform is
+        gone, except those of ``keep`` (rows: adopted or listed in the store) and this engine's own:
+        actors whose row was never written (a kill -9 between start and store). Their serve children
+        die with them. An actor that cannot say its owner in time (not placed yet) is left alone.
+        Returns how many were ended."""
+        import ray
+
+        kept = {row["id"] for row in keep} | set(self._handles)
+        names = [n for n in await asyncio.to_thread(ray.util.list_named_actors)
+                 if n.startswith(ACTOR_PREFIX) and n[len(ACTOR_PREFIX):] not in kept]
+
+        async def orphan(name: str):
+            """The actor's handle if a dead platform of this state directory created it, else None."""
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, name, self.namespace)
+                owner = (await _result(handle.info.remote(), OWNER_TIMEOUT_S)).get("owner") or {}
+            except Exception as exc:  # gone meanwhile, or not answering: not known to be ours
+                log.info("replica actor %s: owner unknown (%s); left alone", name, type(exc).__name__)
+                return None
+            if (owner.get("host"), owner.get("state_dir")) != (self.owner["host"], self.owner["state_dir"]):
+                return None  # another platform's (another state directory, or another host)
+            if is_platform(int(owner.get("pid") or 0)):
+                return None  # its platform runs (another one on this state directory): a deploy in progress
+            log.warning("ending replica actor %s: created by platform pid %s, which is gone, and listed nowhere",
+                        name, owner.get("pid"))
+            return handle
+
+        found = [h for h in await asyncio.gather(*(orphan(n) for n in names)) if h is not None]
+        for handle in found:
+            _kill_actor(handle)
+        return len(found)

@@ -8,9 +8,14 @@ a replica that misses it, and answered no predict meanwhile, is taken out of rou
 is one the gateway saw time out); it is re-admitted when it answers again, and a replica unready
 for ``Readiness.replace_after_s`` is killed and replaced (the warm spare takes its place).
 
-A replica's row is written to the store as soon as its process is up, so a platform that dies
-leaves no untracked process: the next one adopts replicas of deployed models that still answer,
-and stops the rest (replicas of a deploy that never committed).
+A replica's row is written to the store as soon as its process is up, and each replica carries its
+platform's identity from before it starts (the local engine's environment marker, the Ray actor's
+owner), so a platform that dies leaves no untracked process: the next one adopts replicas of
+deployed models that still answer, and stops the rest (replicas of a deploy that never committed,
+and replicas started before their row was written: ``reap_orphans``). The same rules hold for both
+engines: the readiness probe and the replacement of stuck replicas only ask the engine's
+``healthy``/``stop``, so a stopped serve process of a Ray actor is taken out of routing and replaced
+as a local one is.
 """
 from __future__ import annotations
 
@@ -91,17 +96,17 @@ class Supervisor:
                 await self.engine.stop(row, grace_s=5)
                 self.store.remove_replica(row["id"])
                 dropped += 1
-        self.reap_orphans()
+        await self.reap_orphans()
         return adopted, dropped
 
-    def reap_orphans(self) -> None:
-        """Processes a dead platform started that no row lists (its replicas' rows come first): stopped."""
-        reap = getattr(self.engine, "reap_orphans", None)  # the local engine; Ray actors end with their driver
-        if reap is not None:
-            keep = {r.row["pid"] for d in self.routing.deployed.values() for r in d.replicas}
-            killed = reap(keep | {row["pid"] for row in self.store.replicas()})
-            if killed:
-                log.warning("stopped %d process(es) a previous platform started and no store row lists", killed)
+    async def reap_orphans(self) -> None:
+        """Replicas a dead platform started that no row lists (its replicas' rows come first): stopped.
+        One rule for both engines; each finds what a platform of this state directory started (local
+        processes by their environment, Ray actors by the owner they were created with)."""
+        keep = [r.row for d in self.routing.deployed.values() for r in d.replicas] + self.store.replicas()
+        killed = await self.engine.reap_orphans(keep)
+        if killed:
+            log.warning("stopped %d replica(s) a previous platform started and no store row lists", killed)
 
     # ---- replicas ---------------------------------------------------------------------------
     async def start_replicas(self, dm_id: str, model_path: Path, count: int, use_spare: bool = False) -> list[dict]:
@@ -249,7 +254,7 @@ class Supervisor:
             if not self.leader and self.store.try_lead():
                 log.info("this platform now supervises the replicas of this store")
                 self.leader = True
-                self.reap_orphans()
+                await self.reap_orphans()
             await self.sync_from_store()
         if now - self._probed_at >= self.readiness.interval_s:
             self._probed_at = now

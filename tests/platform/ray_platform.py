@@ -1,0 +1,73 @@
+"""Shared parts of the tests of ``modelyard platform --engine ray`` on the session's Ray cluster
+(tests/ray_cluster.py): starting a platform on it, asking Ray about the replica actors (from a
+short-lived driver process, so pytest never becomes a Ray driver), finding their ``modelyard serve``
+processes (the nodes share this host's pid namespace), and ending every replica actor a test left."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.platform.conftest import PlatformProcess, _env, live_processes, start_platform
+
+NAMESPACE = "modelyard"
+ACTOR_PREFIX = "modelyard-replica-"
+REPLICA_DIRS = b"/ray-replicas/"  # a Ray replica's serve command names <node cache>/ray-replicas/<id>/model
+
+# Replica id -> its actor's info() (None: no such actor); no ids: every replica actor of the namespace.
+_INFOS_SCRIPT = """
+import json, sys, ray
+ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+ids = sys.argv[2:] or [n[len("modelyard-replica-"):] for n in ray.util.list_named_actors()
+                       if n.startswith("modelyard-replica-")]
+out = {}
+for rid in ids:
+    try:
+        out[rid] = ray.get(ray.get_actor("modelyard-replica-" + rid).info.remote(), timeout=60)
+    except ValueError:
+        out[rid] = None  # no such actor
+    except Exception as exc:  # ended meanwhile, or not placed yet
+        out[rid] = {"error": type(exc).__name__}
+print(json.dumps(out))
+"""
+
+# Ends every replica actor left in the namespace (a failed test must not hold the cluster's CPUs).
+_CLEANUP_SCRIPT = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+for name in ray.util.list_named_actors():
+    if name.startswith("modelyard-replica-"):
+        ray.kill(ray.get_actor(name), no_restart=True)
+"""
+
+
+def actor_infos(address: str, replica_ids: list[str] | None = None) -> dict:
+    """Replica id -> its actor's info (``node_id``, ``pid``, ``model_dir``, ``cached``, ``owner``...), None
+    when it has no actor; without ``replica_ids``, every replica actor the namespace holds."""
+    proc = subprocess.run([sys.executable, "-c", _INFOS_SCRIPT, address, *(replica_ids or [])], env=_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cleanup_actors(address: str) -> None:
+    subprocess.run([sys.executable, "-c", _CLEANUP_SCRIPT, address], env=_env(), capture_output=True, timeout=180)
+
+
+def serve_processes() -> dict[int, str]:
+    """pid -> replica id of every running ``modelyard serve`` a Ray replica actor started, on any node."""
+    found = {}
+    for pid, cmdline, _cwd in live_processes():
+        args = cmdline.split(b"\0")
+        if REPLICA_DIRS not in cmdline or b"serve" not in args or b"--model_base_path" not in args:
+            continue
+        base = os.fsdecode(args[args.index(b"--model_base_path") + 1])  # .../ray-replicas/<id>/model
+        found[pid] = base.rstrip("/").rsplit("/", 2)[-2]
+    return found
+
+
+def start_ray_platform(tmp_path_factory, name: str, ray_cluster: str, args: list[str]) -> PlatformProcess:
+    """A platform whose replicas are actors on the session's Ray cluster; ``cleanup()`` it, then
+    ``cleanup_actors`` (its detached actors outlive it)."""
+    return start_platform(tmp_path_factory, name, _env(), ["--engine", "ray", "--ray-address", ray_cluster, *args])

@@ -1,0 +1,142 @@
+"""Issue 35 on the Ray engine (``modelyard platform --engine ray``, replicas are Ray actors on the
+session's two-node cluster, tests/ray_cluster.py): the faults tests/platform/test_faults.py injects
+into local replicas, injected into Ray replicas.
+
+1. A replica's ``modelyard serve`` process (the child its actor started on its node; the nodes share
+   this host's pid namespace) is stopped with SIGSTOP under steady load: the other replica answers
+   every request, the stopped one is out of routing within seconds and replaced by a new actor;
+   SIGCONT'ed, it is stopped or re-admitted, never counted twice (the replica list, the namespace's
+   actors and the serve processes all say 2).
+2. The platform is killed (SIGKILL) right after a deploy started its replica actors, before the
+   operation finished (no row for them yet): the restarted platform on the same state directory
+   leaves no actor or serve process of that deploy untracked (it ends them), the operation is
+   ended ABORTED with a retry hint, and retrying the deploy succeeds.
+
+Its own platform (this module's), since these tests stop replicas and kill the platform."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.platform.client import Api, Load
+from tests.platform.conftest import PARENT
+from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
+from tests.platform.test_faults import _pending_operations, _wait
+
+# The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def platform(ray_cluster, tiny_models, tmp_path_factory):
+    p = start_ray_platform(tmp_path_factory, "rayfaults", ray_cluster, ["--artifact-root", tiny_models["root"]])
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        cleanup_actors(ray_cluster)
+
+
+def _of(api: Api, dm: str) -> list[dict]:
+    return [r for r in api.replicas() if r["deployedModelId"] == dm]
+
+
+def _assert_counted_once(ray_cluster: str, api: Api, dm: str, want: int) -> None:
+    """``want`` replicas listed, all SERVING, and exactly their actors and serve processes run."""
+    listed = _of(api, dm)
+    assert len(listed) == want and all(r["state"] == "SERVING" for r in listed), listed
+    ids = {r["id"] for r in listed}
+    # The namespace holds no other replica actor (one just ended may keep its name a moment).
+    _wait(lambda: set(actor_infos(ray_cluster)) == ids, 30, f"the replica actors exactly {sorted(ids)}")
+    procs = serve_processes()
+    assert set(procs.values()) == ids and {r["pid"] for r in listed} <= set(procs), (procs, listed)
+
+
+def test_a_stopped_ray_replica_is_routed_around_and_replaced(ray_cluster, platform, tiny_models):
+    api = Api(platform.url)
+    model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-sigstop")
+    ep = api.create_endpoint("ray-sigstop")
+    started = time.monotonic()
+    dm = api.deploy(ep, model, min_r=2, max_r=2)
+    deployed = time.monotonic() - started
+    stopped = None
+    try:
+        victim = _of(api, dm)[0]
+        assert serve_processes().get(victim["pid"]) == victim["id"]  # its row's pid is its serve process
+        with Load(platform.url, ep, tiny_models["instances"], threads=8) as load:
+            load.wait_for(50)
+            stopped = victim["pid"]
+            os.kill(stopped, signal.SIGSTOP)
+            out = _wait(lambda: {r["id"]: r["state"] for r in _of(api, dm)}.get(victim["id"]) != "SERVING", 15,
+                        "the stopped replica out of routing")
+            replaced = _wait(lambda: sum(r["state"] == "SERVING" and r["id"] != victim["id"]
+                                         for r in _of(api, dm)) == 2, 60, "a replacement serving")
+            load.wait_for(50)
+            try:
+                os.kill(stopped, signal.SIGCONT)  # it may be gone already: stopped through its actor
+            except ProcessLookupError:
+                pass
+            load.wait_for(50)
+        print(f"deploy of 2 Ray replicas {deployed:.1f} s; stopped replica out of routing after {out:.1f} s, "
+              f"replaced {replaced:.1f} s later; slowest request {load.slowest:.2f} s, {load.ok} ok")
+        assert not load.failures, load.failures[:5]
+        assert out <= 3.0, f"out of routing only after {out:.1f} s"
+        assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
+        # SIGCONT'ed: stopped (its actor ended) or re-admitted; two replicas, their two actors and processes.
+        _wait(lambda: stopped not in serve_processes() or stopped in {r["pid"] for r in _of(api, dm)}, 15,
+              "the resumed replica stopped or re-admitted")
+        _assert_counted_once(ray_cluster, api, dm, 2)
+        assert api.predict(ep, tiny_models["instances"]).status_code == 200
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        api.undeploy(ep, dm)
+        api.ok("DELETE", f"endpoints/{ep}")
+
+
+def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(ray_cluster, platform,
+                                                                               tiny_models):
+    api = Api(platform.url)
+    model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-kill9")
+    ep = api.create_endpoint("ray-kill9")
+    deploy = {"deployedModel": {"model": f"{PARENT}/models/{model}",
+                                "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
+    before = set(serve_processes().values())
+    op = api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
+    _wait(lambda: set(serve_processes().values()) - before, 60, "a serve process of the deploy's actors")
+    killed = platform.proc.pid
+    platform.stop(signal.SIGKILL)
+    assert _pending_operations(platform) == 1  # killed before its deploy finished
+    # What the dead platform left: its actors, created with its identity, and no row lists them.
+    left = {rid: info for rid, info in actor_infos(ray_cluster).items() if info and "owner" in info}
+    assert left and all(info["owner"]["pid"] == killed for info in left.values()), left
+
+    started = time.monotonic()
+    platform.start()
+    restarted = time.monotonic() - started
+    listed = {r["id"] for r in api.replicas()}
+    assert not listed & set(left)  # the deploy never committed: nothing of it is adopted
+    gone = _wait(lambda: not set(left) & set(serve_processes().values()), 30,
+                 "the serve processes of the dead platform's deploy stopped")
+    _wait(lambda: actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}, 60,
+          "the dead platform's actors ended")
+    op = api.s.get(f"{platform.url}/v1/{op['name']}", timeout=10).json()
+    assert op.get("done") and op["error"]["code"] == 10 and "retry" in op["error"]["message"], op
+    assert _pending_operations(platform) == 0
+    assert "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
+    print(f"kill -9 with {len(left)} untracked actor(s); restart {restarted:.1f} s; their serve processes "
+          f"gone {gone:.1f} s after it")
+
+    dm = api.deploy(ep, model, min_r=2, max_r=2)  # retrying succeeds
+    try:
+        assert api.predict(ep, tiny_models["instances"]).status_code == 200
+        _assert_counted_once(ray_cluster, api, dm, 2)
+    finally:
+        api.undeploy(ep, dm)
+        api.ok("DELETE", f"endpoints/{ep}")
