@@ -174,6 +174,17 @@ def make_scheduler(config, log):
                                  UNKNOWN_S) for nodeid in work_unit)
 
     class LongestFirst(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            # Every test is in a group (tests/conftest.py marks them all), so a test id without its
+            # "@group" means this pytest ignored xdist's renaming: every group would be split over the
+            # workers silently (two Ray clusters, one module's tests on both workers).
+            if nodeid.rfind("@") <= nodeid.rfind("]"):
+                raise pytest.UsageError(
+                    f"--dist loadgroup: {nodeid} has no group. This pytest ({pytest.__version__}) does not "
+                    "take pytest-xdist's renaming of grouped tests; install the versions that pyproject.toml's "
+                    "test extra names: pip install -e '.[test]'")
+            return super()._split_scope(nodeid)
+
         def _assign_work_unit(self, node) -> None:
             if self.workqueue:
                 longest = max(self.workqueue, key=lambda scope: cost(self.workqueue[scope]))

@@ -87,16 +87,22 @@ def _ports_in_use() -> set[int]:
 
 
 _handed: set[int] = set()
+# The test cluster's ports come from 5000-9999: below Ray's default worker ports (10002-19999, any other
+# Ray on this machine) and apart from modelyard.ports' slices (20000-32767, which the suite's xdist
+# workers and everything they start pick from), so neither can take a port the other was told to use.
+# Known defaults in that range stay out (PostgreSQL, TF Serving, the platform, Ray's own).
+RAY_TEST_PORTS = (5000, 10_000)
+_DEFAULTS = {5432, 6379, 8000, 8080, 8265, 8500, 8501, 8600, 8601, 8888}
 
 
 def unbound_ports(count: int) -> list[int]:
-    """``count`` ports no socket uses now, below the kernel's ephemeral range, chosen without binding
+    """``count`` ports no socket uses now, from ``RAY_TEST_PORTS``, chosen without binding
     them: on this sandboxed machine a port a process bound and released stays taken for other processes
     for seconds (a bind-to-0 pick, as modelyard.ports makes, made Ray's GCS fail with EADDRINUSE)."""
-    used = _ports_in_use() | _handed
+    used = _ports_in_use() | _handed | _DEFAULTS
     picked: list[int] = []
     while len(picked) < count:
-        port = random.randrange(20_000, 32_000)
+        port = random.randrange(*RAY_TEST_PORTS)
         if port not in used and port not in picked:
             picked.append(port)
     _handed.update(picked)
@@ -104,12 +110,11 @@ def unbound_ports(count: int) -> list[int]:
 
 
 def worker_port_range(size: int = 40) -> tuple[int, int]:
-    """A run of free ports for Ray workers, below the kernel's ephemeral range and above Ray's
-    default 10002-19999 (another cluster on this machine uses that by default)."""
+    """A run of free ports for Ray workers, from ``RAY_TEST_PORTS``."""
     for _ in range(200):
-        low = random.randrange(20_000, 32_000 - size)
+        low = random.randrange(RAY_TEST_PORTS[0], RAY_TEST_PORTS[1] - size)
         run = set(range(low, low + size))
-        if not run & (_ports_in_use() | _handed):
+        if not run & (_ports_in_use() | _handed | _DEFAULTS):
             _handed.update(run)
             return low, low + size - 1
     raise RuntimeError("no free run of ports for Ray workers")

@@ -406,6 +406,9 @@ async function cacheWhatWasUsed() {
   const registration = await navigator.serviceWorker.getRegistration();
   const worker = registration && registration.active;
   if (!worker || !info) return retryOffline();  // the worker is still on its way
+  // A new worker waits to take over: asking the old one now would keep it busy (each message
+  // extends its life) and hold the new one back. follow() asks again once the new one is active.
+  if (registration.waiting || registration.installing) return retryOffline();
   if (document.body.dataset.offline === 'ready' && worker === cachedBy) return;
   const here = new URL('./', location.href);
   const urls = [here.href, ...performance.getEntriesByType('resource').map((e) => e.name)
