@@ -215,7 +215,8 @@ class RayCluster:
     def running_nodes(self) -> list[dict]:
         """Alive nodes whose processes run: a killed node stays alive to Ray until its health checks fail."""
         running = {self.ports.get(p.pid) for p in self.procs if p.poll() is None}
-        return [n for n in alive_nodes(self.address) if n["port"] in running]
+        # Wait (briefly) for every running node to be listed: counting too few would start one more.
+        return [n for n in alive_nodes(self.address, len(running), 30.0) if n["port"] in running]
 
     def node_id(self, proc: subprocess.Popen) -> str:
         """The Ray node id of the node ``proc`` started (found by its node manager port)."""
@@ -524,7 +525,10 @@ def before_test(cluster: RayCluster, nodes: int = 2, idle_timeout: float = 60.0)
 def ray_cluster(tmp_path_factory):
     """The address (``HOST:PORT``) of a real local two-node Ray cluster, one CPU per node; the
     second node sees none of the head's temp, test and cache directories."""
-    cluster = start_cluster(2, hide=[str(tmp_path_factory.getbasetemp())])
+    base = tmp_path_factory.getbasetemp()
+    # Under pytest-xdist each worker's base temp sits in the run's, beside what build_once shares
+    # (the tiny models): hide the run's whole temp dir, or a node sees those as this host's files.
+    cluster = start_cluster(2, hide=[str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)])
     _SESSION.append(cluster)
     try:
         yield cluster.address
