@@ -62,8 +62,9 @@ def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_
         assert not load.failures, load.failures[:5]
         assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
         # SIGCONT'ed: stopped (or re-admitted); two replicas counted, both live processes, no third.
-        _wait(lambda: not _running(stopped) or stopped in {r["pid"] for r in api.replicas()}, 15,
-              "the resumed replica stopped or re-admitted")
+        # Settled, not the first glance: the resumed one's row may still be listed while it is being stopped.
+        _wait(lambda: (not _running(stopped) or stopped in {r["pid"] for r in api.replicas()})
+              and len(api.replicas()) == 2, 15, "the resumed replica stopped or re-admitted, two replicas listed")
         replicas = api.replicas()
         assert len(replicas) == 2 and all(r["deployedModelId"] == dm and r["state"] == "SERVING" for r in replicas)
         assert set(p.replica_pids()) == {r["pid"] for r in replicas}, (p.replica_pids(), replicas)
