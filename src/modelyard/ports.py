@@ -87,20 +87,34 @@ def _slice_picks(family: int, host: str, count: int, k: int, n: int) -> list[int
     lo, hi = SLICE_RANGE
     candidates = range(lo + (k - lo) % n, hi + 1, n)
     ports: list[int] = []
-    for _ in range(_SLICE_TRIES):  # one draw at a time: random.sample drew all 2000 on every call (15 ms)
-        port = candidates[random.randrange(len(candidates))]
+    refused: dict[str, int] = {}  # why binds failed, for the error: which errno, how often
+
+    def take(port: int) -> bool:
         if (host, port) in _given or port in ports:
-            continue
+            return False
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
-            except OSError:
-                continue
+            except OSError as exc:
+                name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+                refused[name] = refused.get(name, 0) + 1
+                return False
         ports.append(port)
-        if len(ports) == count:
+        return len(ports) == count
+
+    for _ in range(_SLICE_TRIES):  # one draw at a time: random.sample drew all 2000 on every call (15 ms)
+        if take(candidates[random.randrange(len(candidates))]):
             return ports
+    # Random draws are fast while most of the slice is free; when they keep missing, walk the whole
+    # slice once (a few thousand binds, tens of ms) so "none free" is a fact, not bad luck.
+    start = random.randrange(len(candidates))
+    for i in range(len(candidates)):
+        if take(candidates[(start + i) % len(candidates)]):
+            return ports
+    held = sum(1 for h, p in _given if h == host and p % n == k)
     raise OSError(errno.EADDRINUSE, f"no {count} free ports equal to {k} modulo {n} in {lo}-{hi} "
-                                    f"(MODELYARD_PORT_SLICE={k}/{n})")
+                                    f"(MODELYARD_PORT_SLICE={k}/{n}): {held} handed out by this process in "
+                                    f"the last {HOLD_S:.0f} s, binds refused {refused or 'never'}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
