@@ -173,6 +173,20 @@ def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict
         time.sleep(2.0)
 
 
+RESULT = "RESULT "  # a driver script's answer line: Ray may print its own warnings to stdout too
+
+
+def ask_driver(script: str, *args: str, timeout: float = 180.0) -> object:
+    """Runs ``script`` as a short-lived Ray driver (this process never becomes one) and returns the JSON
+    on its ``RESULT`` line (``print(RESULT + json.dumps(...))``; the script sees ``RESULT`` defined)."""
+    proc = subprocess.run([sys.executable, "-c", f"RESULT = {RESULT!r}\n" + script, *args], env=node_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    assert lines, f"the driver printed no {RESULT.strip()} line: {proc.stdout[-1500:]} {proc.stderr[-1500:]}"
+    return json.loads(lines[-1][len(RESULT):])
+
+
 @dataclass
 class RayCluster:
     """A running local cluster: its address, temp dir and the ``ray start --block`` processes."""

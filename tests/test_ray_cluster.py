@@ -2,13 +2,10 @@
 that sees none of the head's files (its own mount namespace)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.ray_cluster import alive_nodes, node_env, session_cluster, start_cluster
+from tests.ray_cluster import alive_nodes, ask_driver, session_cluster, start_cluster
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared 2-core
 # machine (a node whose agents start too slowly is started again), beyond the suite's 600 s per test.
@@ -25,7 +22,7 @@ def where():
     time.sleep(3)  # both run at once: one CPU per node puts them on different nodes
     return ray.get_runtime_context().get_node_id()
 
-print(json.dumps(sorted(set(ray.get([where.remote() for _ in range(2)])))))
+print(RESULT + json.dumps(sorted(set(ray.get([where.remote() for _ in range(2)])))))
 """
 
 
@@ -33,10 +30,7 @@ def test_two_alive_nodes_run_tasks(ray_cluster):
     nodes = alive_nodes(ray_cluster, want=2)
     assert len(nodes) == 2, nodes
     assert [n["cpus"] for n in nodes] == [1.0, 1.0]
-    proc = subprocess.run([sys.executable, "-c", _SPREAD, ray_cluster], env=node_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ran_on = json.loads(proc.stdout.strip().splitlines()[-1])
+    ran_on = ask_driver(_SPREAD, ray_cluster, timeout=300)
     assert sorted(ran_on) == sorted(n["id"] for n in nodes), "tasks spread over both nodes"
 
 
@@ -63,7 +57,7 @@ def look(path):
     time.sleep(3)  # both at once: one per node
     return ray.get_runtime_context().get_node_id(), os.path.exists(path)
 
-print(json.dumps(dict(ray.get([look.remote(sys.argv[2]) for _ in range(2)]))))
+print(RESULT + json.dumps(dict(ray.get([look.remote(sys.argv[2]) for _ in range(2)]))))
 """
 
 
@@ -73,10 +67,7 @@ def test_the_second_node_sees_none_of_the_heads_files(ray_cluster, tmp_path):
     cluster = session_cluster()
     marker = tmp_path / "written-by-the-head"
     marker.write_text("x")
-    proc = subprocess.run([sys.executable, "-c", _LOOK, ray_cluster, str(marker)], env=node_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = ask_driver(_LOOK, ray_cluster, str(marker), timeout=300)
     head_id = cluster.node_id(cluster.head)
     assert seen == {head_id: True, next(k for k in seen if k != head_id): False}, seen
     other = cluster.workers()[0]

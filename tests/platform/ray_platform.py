@@ -4,12 +4,12 @@ short-lived driver process, so pytest never becomes a Ray driver), finding their
 processes (the nodes share this host's pid namespace), and ending every replica actor a test left."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 from tests.platform.conftest import PlatformProcess, _env, live_processes, start_platform
+from tests.ray_cluster import ask_driver
 
 NAMESPACE = "modelyard"
 ACTOR_PREFIX = "modelyard-replica-"
@@ -29,7 +29,7 @@ for rid in ids:
         out[rid] = None  # no such actor
     except Exception as exc:  # ended meanwhile, or not placed yet
         out[rid] = {"error": type(exc).__name__}
-print(json.dumps(out))
+print(RESULT + json.dumps(out))
 """
 
 # Ends every replica actor left in the namespace (a failed test must not hold the cluster's CPUs).
@@ -45,10 +45,7 @@ for name in ray.util.list_named_actors():
 def actor_infos(address: str, replica_ids: list[str] | None = None) -> dict:
     """Replica id -> its actor's info (``node_id``, ``pid``, ``model_dir``, ``cached``, ``owner``...), None
     when it has no actor; without ``replica_ids``, every replica actor the namespace holds."""
-    proc = subprocess.run([sys.executable, "-c", _INFOS_SCRIPT, address, *(replica_ids or [])], env=_env(),
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return ask_driver(_INFOS_SCRIPT, address, *(replica_ids or []))
 
 
 def cleanup_actors(address: str) -> None:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import requests
 from tests.platform.conftest import STAGING_BUCKET, _env, start_platform
 from tests.platform.jobs_helpers import (aiplatform, alive, job_processes, no_stray_jobs, wait_gone,  # noqa: F401
                                          wait_state)
-from tests.ray_cluster import ensure_nodes, session_cluster
+from tests.ray_cluster import ask_driver, ensure_nodes, session_cluster
 
 PROBE = str(Path(__file__).with_name("job_scripts") / "node_probe.py")
 TRAIN = str(Path(__file__).with_name("job_scripts") / "train_gcs.py")
@@ -49,7 +48,7 @@ _RAY_SCRIPT = """
 import json, sys, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
 prefix = "modelyard-job-" + sys.argv[2] + "-"
-print(json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.startswith(prefix)],
+print(RESULT + json.dumps({"actors": [n for n in ray.util.list_named_actors() if n.startswith(prefix)],
                   "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}))
 """
 
@@ -107,10 +106,7 @@ def _started(platform, name: str, count: int = 2, timeout: float = TIMEOUT_S) ->
 
 
 def _ask_ray(address: str, name: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _RAY_SCRIPT, address, name.rsplit("/", 1)[-1]], env=_env(),
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return ask_driver(_RAY_SCRIPT, address, name.rsplit("/", 1)[-1])
 
 
 def _actors(address: str, name: str) -> list[str]:
