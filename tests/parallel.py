@@ -110,6 +110,17 @@ def pinned_fixtures(item: pytest.Item) -> list[str]:
     return sorted({d.argname for d in _session_defs(item) if _pinned(d)})
 
 
+# Session fixtures that leave something in the worker's process for every later test: Playwright's sync
+# API keeps its asyncio loop marked running in the main thread, so a later test's asyncio.run() fails
+# ("cannot be called from a running event loop"). Their group is handed out after every other group.
+RUN_LAST = ("browser",)
+
+
+def runs_last(group: str) -> bool:
+    """Whether the group (as ``assign_groups`` names it) must be the last one its worker runs."""
+    return group.split("+", 1)[0] in RUN_LAST
+
+
 def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
     """Mark each item ``xdist_group``; returns {group: its modules} (for ``--collect-only`` views)."""
     parent: dict[str, str] = {}
@@ -136,6 +147,7 @@ def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
     for root, nodes in members.items():
         fixtures = sorted(n.split(":", 1)[1] for n in nodes if n.startswith("fixture:"))
         modules = sorted(n.split(":", 1)[1] for n in nodes if n.startswith("module:"))
+        fixtures.sort(key=lambda name: name not in RUN_LAST)  # a group's name starts with what makes it last
         names[root] = ("+".join(fixtures[:3]) + ("+more" if len(fixtures) > 3 else "")) if fixtures else modules[0]
     groups: dict[str, list[str]] = {}
     for item in items:
@@ -157,6 +169,13 @@ def load_durations(path: Path = DURATIONS) -> dict[str, float]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def next_group(queue: dict[str, dict], cost: Callable[[dict], float]) -> str:
+    """The group a free worker gets next: the costliest one, except that a ``runs_last`` group waits
+    until it is all that is left (so nothing runs after it on its worker)."""
+    ready = [group for group in queue if not runs_last(group)] or list(queue)
+    return max(ready, key=lambda group: cost(queue[group]))
 
 
 def make_scheduler(config, log):
@@ -187,8 +206,7 @@ def make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             if self.workqueue:
-                longest = max(self.workqueue, key=lambda scope: cost(self.workqueue[scope]))
-                self.workqueue.move_to_end(longest, last=False)
+                self.workqueue.move_to_end(next_group(self.workqueue, cost), last=False)
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)

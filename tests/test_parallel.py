@@ -42,6 +42,21 @@ def test_the_suites_process_fixtures_are_pinned_and_file_builders_are_not(reques
     assert not pinned("tiny_models") and not pinned("demo_cache") and not pinned("monitoring_config")
 
 
+def test_the_browsers_group_is_handed_out_last(request):
+    # Playwright's sync API leaves its loop marked running in the worker: nothing may run after it there.
+    # Over whatever this run collected (the whole suite in ./scripts/test: the web tests' one group).
+    groups = {_group(item) for item in request.session.items if "browser" in item.fixturenames}
+    assert all(parallel.runs_last(g) for g in groups), groups
+    assert not any(parallel.runs_last(_group(item)) for item in request.session.items
+                   if "browser" not in item.fixturenames and _group(item) not in groups)
+    browser = min(groups, default="browser+demo_server")
+    queue = {browser: {"a": False} | {str(i): False for i in range(50)}, "small": {"b": False}, "tiny": {}}
+    cost = len
+    assert parallel.next_group(queue, cost) == "small"
+    assert parallel.next_group({browser: queue[browser], "tiny": {}}, cost) == "tiny"
+    assert parallel.next_group({browser: queue[browser]}, cost) == browser
+
+
 def _build_in(args) -> str:
     base, worker, log = args
     os.environ["PYTEST_XDIST_WORKER"] = worker
