@@ -1,33 +1,24 @@
-"""Issue 35, must-show 1: a replica that is up but stuck (SIGSTOP) under steady load is taken out of
-routing within 3 s and replaced within 15 s; no request waits more than 5 s and none fails; once
-SIGCONT'ed it is stopped (or re-admitted), never counted twice. Its own platform: this one stops
-and kills replicas."""
+"""Issue 35 on the local engine. Must-show 1: a replica that is up but stuck (SIGSTOP) under steady
+load is taken out of routing within 3 s and replaced within 15 s; no request waits more than 5 s and
+none fails; once SIGCONT'ed it is stopped (or re-admitted), never counted twice. Must-show 3: kill -9
+of the platform before a deploy's rows, after a replica's row and mid-undeploy, then a restart: no
+orphan, no pending operation, retrying works (the last two points and the SIGSTOP steps are shared
+with the Ray engine's tests: tests/platform/fault_scenarios.py). Must-show 2: the state disk full
+during a deploy. Its own platforms: these stop and kill replicas and platforms."""
 from __future__ import annotations
 
 import errno
 import os
 import signal
-import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.platform.client import Api, Load
+from tests.platform.client import Api
 from tests.platform.conftest import _env, live_processes, start_platform
-
-
-def _wait(pred, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        assert time.monotonic() - start < timeout, f"{what} not within {timeout} s"
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
-def _running(pid: int) -> bool:
-    return any(p == pid for p, _cmd, _cwd in live_processes())
+from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, pending_operations,
+                                            resume, running, stop_one_under_load, stored_replicas, wait)
 
 
 def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_models):
@@ -39,22 +30,12 @@ def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_
         ep = api.create_endpoint("faults")
         dm = api.deploy(ep, model, min_r=2, max_r=2)
         # The warm spare is up (the replacement takes it), beside the two replicas.
-        _wait(lambda: len(p.replica_pids(spares=True)) == 3, 120, "the warm spare")
-        with Load(p.url, ep, tiny_models["instances"], threads=8) as load:
-            load.wait_for(100)
-            victim = api.replicas()[0]
-            stopped = victim["pid"]
-            os.kill(stopped, signal.SIGSTOP)
-            out = _wait(lambda: {r["id"]: r["state"] for r in api.replicas()}.get(victim["id"]) != "SERVING",
-                        10, "the stopped replica out of routing")
-            replaced = _wait(lambda: sum(r["state"] == "SERVING" and r["id"] != victim["id"]
-                                         for r in api.replicas()) == 2, 30, "a replacement serving")
-            load.wait_for(100)
-            try:
-                os.kill(stopped, signal.SIGCONT)  # it may be gone already: stopped by the supervisor
-            except ProcessLookupError:
-                pass
-            load.wait_for(100)
+        wait(lambda: len(p.replica_pids(spares=True)) == 3, 120, "the warm spare")
+        victim = api.replicas()[0]
+        stopped = victim["pid"]
+        run = stop_one_under_load(p.url, ep, tiny_models["instances"], api.replicas, victim,
+                                  out_within=10, replaced_within=30, batch=100)
+        out, replaced, load = run.out_s, run.replaced_s, run.load
         print(f"out of routing after {out:.1f} s, replaced {replaced:.1f} s later; slowest request "
               f"{load.slowest:.2f} s, {load.ok} ok")
         assert out <= 3.0, f"out of routing only after {out:.1f} s"
@@ -63,17 +44,13 @@ def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_
         assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
         # SIGCONT'ed: stopped (or re-admitted); two replicas counted, both live processes, no third.
         # Settled, not the first glance: the resumed one's row may still be listed while it is being stopped.
-        _wait(lambda: (not _running(stopped) or stopped in {r["pid"] for r in api.replicas()})
-              and len(api.replicas()) == 2, 15, "the resumed replica stopped or re-admitted, two replicas listed")
+        wait(lambda: (not running(stopped) or stopped in {r["pid"] for r in api.replicas()})
+             and len(api.replicas()) == 2, 15, "the resumed replica stopped or re-admitted, two replicas listed")
         replicas = api.replicas()
         assert len(replicas) == 2 and all(r["deployedModelId"] == dm and r["state"] == "SERVING" for r in replicas)
         assert set(p.replica_pids()) == {r["pid"] for r in replicas}, (p.replica_pids(), replicas)
     finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        resume(stopped)
         p.cleanup()
 
 
@@ -96,50 +73,27 @@ def _orphans(p, api: Api) -> list[int]:
     return out
 
 
-def _pending_operations(p, db_path: Path | None = None) -> int:
-    with sqlite3.connect(db_path or p.workdir / "platform.db") as db:
-        return db.execute("select count(*) from operations where done = 0").fetchone()[0]
-
-
-def _stored_replicas(p, db_path: Path | None = None) -> int:
-    with sqlite3.connect(db_path or p.workdir / "platform.db") as db:
-        return db.execute("select count(*) from replicas").fetchone()[0]
-
-
 def test_kill_9_of_the_platform_during_deploy_and_undeploy_leaves_no_orphan(tmp_path_factory, tiny_models):
     p = start_platform(tmp_path_factory, "kill9", _env(), ["--artifact-root", tiny_models["root"], "--no-warm-spare"])
     try:
         api = Api(p.url)
         model = api.upload(tiny_models["models"]["tiny1"]["path"], "kill9")
         ep = api.create_endpoint("kill9")
+        seen = Leftovers(serve_pids=lambda: set(p.replica_pids(spares=True)), untracked=lambda: _orphans(p, api))
         deploy = {"deployedModel": {"model": f"projects/local/locations/us-central1/models/{model}",
                                     "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
-
-        def restart_and_check(what: str) -> None:
-            p.stop(signal.SIGKILL)
-            p.start()
-            _wait(lambda: not _orphans(p, api), 10, f"no orphan after a kill -9 {what}")
-            assert _pending_operations(p) == 0, f"an operation still pending after a kill -9 {what}"
-
         # 1. After the deploy's replica processes start, before their rows are written.
         api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-        _wait(lambda: len(p.replica_pids(spares=True)) >= 1, 60, "a replica process")
-        assert _stored_replicas(p) == 0  # their rows come once they serve
-        restart_and_check("before the replicas' rows")
+        wait(lambda: len(p.replica_pids(spares=True)) >= 1, 60, "a replica process")
+        assert stored_replicas(p) == 0  # their rows come once they serve
+        p.stop(signal.SIGKILL)
+        p.start()
+        wait(lambda: not _orphans(p, api), 10, "no orphan after a kill -9 before the replicas' rows")
+        assert pending_operations(p) == 0, "an operation still pending after a kill -9 before the replicas' rows"
         assert api.replicas() == [] and "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
-        # 2. After the first row is written (the deploy commits once both serve).
-        api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-        _wait(lambda: _stored_replicas(p) >= 1, 120, "a replica's row")
-        restart_and_check("after a replica's row")
-        # Retrying succeeds (if the killed deploy had committed meanwhile, undeploy it first).
-        for dm in api.ok("GET", f"endpoints/{ep}").get("deployedModels", []):
-            api.undeploy(ep, dm["id"])
-        dm = api.wait(api.ok("POST", f"endpoints/{ep}:deployModel", deploy))["deployedModel"]["id"]
-        assert len(api.replicas()) == 2 and api.predict(ep, tiny_models["instances"]).status_code == 200
-        # 3. Mid-undeploy (its replicas draining).
-        api.ok("POST", f"endpoints/{ep}:undeployModel", {"deployedModelId": dm})
-        restart_and_check("mid-undeploy")
-        assert api.replicas() == [] and p.replica_pids(spares=True) == []
+        # 2. After a replica's row, before the deploy commits; 3. mid-undeploy (as on Ray: fault_scenarios).
+        figures = kill9_after_a_row_and_mid_undeploy(p, ep, model, tiny_models["instances"], seen, settle_s=10)
+        print(f"local engine, kill -9 after a row and mid-undeploy: {figures}")
     finally:
         p.cleanup()
 
@@ -170,18 +124,18 @@ def test_the_state_disk_full_during_a_deploy_ends_its_operation(tmp_path_factory
         ep = api.create_endpoint("diskfull")
         deploy = {"deployedModel": {"model": f"projects/local/locations/us-central1/models/{model}"}}
         op = api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-        _wait(lambda: len(p.replica_pids()) == 1, 60, "the deploy's replica process")
+        wait(lambda: len(p.replica_pids()) == 1, 60, "the deploy's replica process")
         _fill(disk / "filler")
         # The replica's row cannot be written: the deploy stops its replica; its outcome waits for space.
-        _wait(lambda: p.replica_pids() == [], 200, "the replica of the failed deploy stopped")
+        wait(lambda: p.replica_pids() == [], 200, "the replica of the failed deploy stopped")
         (disk / "filler").unlink()
-        _wait(lambda: api.s.get(f"{p.url}/v1/{op['name']}", timeout=10).json().get("done"), 10,
+        wait(lambda: api.s.get(f"{p.url}/v1/{op['name']}", timeout=10).json().get("done"), 10,
               "the operation done once space returned")
         op = api.s.get(f"{p.url}/v1/{op['name']}", timeout=10).json()
         assert "error" in op and "full" in op["error"]["message"], op
         # Consistent: nothing deployed, no replica row, no replica process; the platform serves, a retry works.
         assert "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
-        assert _stored_replicas(p, db) == 0 and _pending_operations(p, db) == 0 and p.replica_pids() == []
+        assert stored_replicas(p, db) == 0 and pending_operations(p, db) == 0 and p.replica_pids() == []
         api.deploy(ep, model)
         assert api.predict(ep, tiny_models["instances"]).status_code == 200
     finally:

@@ -11,20 +11,26 @@ into local replicas, injected into Ray replicas.
    operation finished (no row for them yet): the restarted platform on the same state directory
    leaves no actor or serve process of that deploy untracked (it ends them), the operation is
    ended ABORTED with a retry hint, and retrying the deploy succeeds.
+3. The platform is killed after a deploy wrote one replica's row but before it committed (its other
+   replica's serve process is held with SIGSTOP so the kill lands there every time), and again right
+   after an undeploy was accepted, while its replicas stop: each restart ends every actor and serve
+   process nothing lists, ends the operation (the deploy ABORTED with a retry hint, the undeploy done,
+   since it had committed), and deploying again succeeds. The scenario is the local engine's too
+   (tests/platform/fault_scenarios.py, as is the SIGSTOP scenario of 1).
 
 Its own platform (this module's), since these tests stop replicas and kill the platform."""
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import pytest
 
-from tests.platform.client import Api, Load
+from tests.platform.client import Api
 from tests.platform.conftest import PARENT
+from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, pending_operations,
+                                            resume, stop_one_under_load, wait)
 from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
-from tests.platform.test_faults import _pending_operations, _wait
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
 pytestmark = pytest.mark.timeout(1800)
@@ -50,7 +56,7 @@ def _assert_counted_once(ray_cluster: str, api: Api, dm: str, want: int) -> None
     assert len(listed) == want and all(r["state"] == "SERVING" for r in listed), listed
     ids = {r["id"] for r in listed}
     # The namespace holds no other replica actor (one just ended may keep its name a moment).
-    _wait(lambda: set(actor_infos(ray_cluster)) == ids, 30, f"the replica actors exactly {sorted(ids)}")
+    wait(lambda: set(actor_infos(ray_cluster)) == ids, 30, f"the replica actors exactly {sorted(ids)}")
     procs = serve_processes()
     assert set(procs.values()) == ids and {r["pid"] for r in listed} <= set(procs), (procs, listed)
 
@@ -66,36 +72,22 @@ def test_a_stopped_ray_replica_is_routed_around_and_replaced(ray_cluster, platfo
     try:
         victim = _of(api, dm)[0]
         assert serve_processes().get(victim["pid"]) == victim["id"]  # its row's pid is its serve process
-        with Load(platform.url, ep, tiny_models["instances"], threads=8) as load:
-            load.wait_for(50)
-            stopped = victim["pid"]
-            os.kill(stopped, signal.SIGSTOP)
-            out = _wait(lambda: {r["id"]: r["state"] for r in _of(api, dm)}.get(victim["id"]) != "SERVING", 15,
-                        "the stopped replica out of routing")
-            replaced = _wait(lambda: sum(r["state"] == "SERVING" and r["id"] != victim["id"]
-                                         for r in _of(api, dm)) == 2, 60, "a replacement serving")
-            load.wait_for(50)
-            try:
-                os.kill(stopped, signal.SIGCONT)  # it may be gone already: stopped through its actor
-            except ProcessLookupError:
-                pass
-            load.wait_for(50)
+        stopped = victim["pid"]
+        run = stop_one_under_load(platform.url, ep, tiny_models["instances"], lambda: _of(api, dm), victim,
+                                  out_within=15, replaced_within=60, batch=50)
+        out, replaced, load = run.out_s, run.replaced_s, run.load
         print(f"deploy of 2 Ray replicas {deployed:.1f} s; stopped replica out of routing after {out:.1f} s, "
               f"replaced {replaced:.1f} s later; slowest request {load.slowest:.2f} s, {load.ok} ok")
         assert not load.failures, load.failures[:5]
         assert out <= 3.0, f"out of routing only after {out:.1f} s"
         assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
         # SIGCONT'ed: stopped (its actor ended) or re-admitted; two replicas, their two actors and processes.
-        _wait(lambda: stopped not in serve_processes() or stopped in {r["pid"] for r in _of(api, dm)}, 15,
+        wait(lambda: stopped not in serve_processes() or stopped in {r["pid"] for r in _of(api, dm)}, 15,
               "the resumed replica stopped or re-admitted")
         _assert_counted_once(ray_cluster, api, dm, 2)
         assert api.predict(ep, tiny_models["instances"]).status_code == 200
     finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        resume(stopped)
         api.undeploy(ep, dm)
         api.ok("DELETE", f"endpoints/{ep}")
 
@@ -109,10 +101,10 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
                                 "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
     before = set(serve_processes().values())
     op = api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-    _wait(lambda: set(serve_processes().values()) - before, 60, "a serve process of the deploy's actors")
+    wait(lambda: set(serve_processes().values()) - before, 60, "a serve process of the deploy's actors")
     killed = platform.proc.pid
     platform.stop(signal.SIGKILL)
-    assert _pending_operations(platform) == 1  # killed before its deploy finished
+    assert pending_operations(platform) == 1  # killed before its deploy finished
     # What the dead platform left: its actors, created with its identity, and no row lists them.
     left = {rid: info for rid, info in actor_infos(ray_cluster).items() if info and "owner" in info}
     assert left and all(info["owner"]["pid"] == killed for info in left.values()), left
@@ -122,13 +114,13 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
     restarted = time.monotonic() - started
     listed = {r["id"] for r in api.replicas()}
     assert not listed & set(left)  # the deploy never committed: nothing of it is adopted
-    gone = _wait(lambda: not set(left) & set(serve_processes().values()), 30,
+    gone = wait(lambda: not set(left) & set(serve_processes().values()), 30,
                  "the serve processes of the dead platform's deploy stopped")
-    _wait(lambda: actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}, 60,
+    wait(lambda: actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}, 60,
           "the dead platform's actors ended")
     op = api.s.get(f"{platform.url}/v1/{op['name']}", timeout=10).json()
     assert op.get("done") and op["error"]["code"] == 10 and "retry" in op["error"]["message"], op
-    assert _pending_operations(platform) == 0
+    assert pending_operations(platform) == 0
     assert "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
     print(f"kill -9 with {len(left)} untracked actor(s); restart {restarted:.1f} s; their serve processes "
           f"gone {gone:.1f} s after it")
@@ -140,3 +132,29 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
     finally:
         api.undeploy(ep, dm)
         api.ok("DELETE", f"endpoints/{ep}")
+
+
+def _untracked(ray_cluster: str, api: Api) -> list[str]:
+    """Replica ids with a serve process (on any node) or an actor in the namespace that the platform's
+    replica list does not have."""
+    listed = {r["id"] for r in api.replicas()}
+    return sorted((set(serve_processes().values()) | set(actor_infos(ray_cluster))) - listed)
+
+
+def test_kill_9_of_the_ray_platform_after_a_row_and_mid_undeploy_leaves_nothing_behind(ray_cluster, platform,
+                                                                                      tiny_models):
+    """The local engine's kill points after a replica's row and mid-undeploy (fault_scenarios), on Ray:
+    the restarted platform ends the actor whose row it has and the stopped, unlisted one of the killed
+    deploy (its serve child dies with it), and the actors left by a cut-short undeploy."""
+    api = Api(platform.url)
+    model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-kill9-row")
+    ep = api.create_endpoint("ray-kill9-row")
+    seen = Leftovers(serve_pids=lambda: set(serve_processes()), untracked=lambda: _untracked(ray_cluster, api))
+    assert not seen.untracked(), "replica actors or processes left by an earlier test"
+    started = time.monotonic()
+    try:
+        figures = kill9_after_a_row_and_mid_undeploy(platform, ep, model, tiny_models["instances"], seen,
+                                                     settle_s=60)
+    finally:
+        api.call("DELETE", f"endpoints/{ep}")  # not asserted: a failure above may have left a model deployed
+    print(f"Ray engine, kill -9 after a row and mid-undeploy ({time.monotonic() - started:.1f} s): {figures}")

@@ -95,11 +95,12 @@ class Platform:
         if self.store.try_lead():
             # The one platform supervising this store: it owns replicas and unfinished operations.
             self.supervisor.leader = True
-            aborted = self.ops.abort_pending()
             adopted, dropped = await self.supervisor.adopt()
+            # After adopt(): it stops the replicas a cut-short undeploy left, so those undeploys end done.
+            finished, aborted = self.ops.end_pending()
             log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
-                     "%d unfinished operation(s) aborted", len(self.routing.endpoints), len(self.routing.deployed),
-                     adopted, dropped, aborted)
+                     "unfinished operations: %d undeploy(s) completed, %d aborted", len(self.routing.endpoints),
+                     len(self.routing.deployed), adopted, dropped, finished, aborted)
         else:
             await self.supervisor.sync_from_store()
             log.info("another platform supervises this store's replicas; this one serves the API and routes "

@@ -3,8 +3,9 @@
 Quick mutations finish before answering (``done: true``); slow ones (deploy, undeploy) answer
 ``done: false`` at once and finish in a background task, which the client polls through
 ``GET .../operations/{id}``. An operation's ``response`` and ``metadata`` carry ``@type`` so the
-SDK can unpack them. Operations still pending when the platform stopped are failed (ABORTED) at
-the next start, since the task that would finish them is gone.
+SDK can unpack them. Operations still pending when the platform stopped are ended at the next
+start, since the task that would finish them is gone: failed (ABORTED, retry it), except an undeploy,
+which had committed and whose leftover replicas that start stops (``end_pending``).
 
 Every operation ends: an operation whose work fails ends with its error; one whose final write
 fails (the store's disk full, the database away) keeps its outcome in memory, and ``reconcile``
@@ -77,12 +78,25 @@ class Operations:
             except Exception:  # the timer must outlive any one failure
                 log.exception("reconciling operations failed")
 
-    def abort_pending(self) -> int:
-        pending = self.store.pending_operations()
-        for op in pending:
-            self.store.finish_operation(op["id"], None, ApiError(
-                "ABORTED", "the platform stopped before this operation finished; retry it").to_rpc_status())
-        return len(pending)
+    def end_pending(self) -> tuple[int, int]:
+        """At the leader's start, once replicas were adopted or stopped (``Supervisor.adopt``): end every
+        operation a stopped platform left running. Returns (finished, aborted).
+
+        An undeploy commits when it is accepted (the deployed model leaves the store and the split at
+        once); its operation only had the replicas left to stop, and ``adopt`` has just stopped every
+        replica whose model is not deployed. So it ends done, as it would have: ABORTED with "retry
+        it" would send the client to a retry that can only be NOT_FOUND (the model is undeployed).
+        Every other operation (a deploy commits only at its end: nothing of it is left) ends ABORTED."""
+        finished = aborted = 0
+        for op in self.store.pending_operations():
+            if str((op["metadata"] or {}).get("@type", "")).endswith(".UndeployModelOperationMetadata"):
+                self.store.finish_operation(op["id"], typed("UndeployModelResponse", {}), None)
+                finished += 1
+            else:
+                self.store.finish_operation(op["id"], None, ApiError(
+                    "ABORTED", "the platform stopped before this operation finished; retry it").to_rpc_status())
+                aborted += 1
+        return finished, aborted
 
     def done(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
              response: dict) -> dict:
