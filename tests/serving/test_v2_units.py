@@ -102,13 +102,15 @@ def test_repository_changes_reach_workers_as_the_config_they_came_from(tmp_path)
 
 
 def test_numeric_data_read_from_the_body_text_equals_the_parsed_lists():
-    """JSON ``data`` of numbers is read again from the body's text in C (v2_tensors.read_numbers): the
+    """JSON ``data`` of numbers is cut from the body's text and read in C (v2_tensors.read_numbers): the
     same arrays as from the parsed lists, and the same errors (worded by the general path)."""
+    import orjson
+
     from modelyard.serving.protocol import v2_rest
 
     def both(body: bytes):
-        request, binary = v2_rest.split_body(body, None)
-        return v2_rest.decode_inputs(request, binary), v2_rest.decode_inputs(request, binary, body)
+        plain = v2_rest.decode_inputs(orjson.loads(body), memoryview(b""))
+        return plain, v2_rest.decode_inputs(*v2_rest.split_body(body, None))
 
     cases = [
         b'{"inputs":[{"name":"a","shape":[2,3],"datatype":"UINT8","data":[[0,1,2],[253,254,255]]}]}',
@@ -117,6 +119,13 @@ def test_numeric_data_read_from_the_body_text_equals_the_parsed_lists():
         b'{"inputs":[{"data":[1,2],"name":"a","shape":[2],"datatype":"INT32"},'
         b'{"name":"s","shape":[1],"datatype":"BYTES","data":["x"]}]}',  # a BYTES input: lists for all
         b'{"inputs":[{"name":"a","shape":[1],"datatype":"FP64","data":[0.1],"parameters":{"data":[5]}}]}',
+        b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","data":[1,2]}],"outputs":[{"name":"y",'
+        b'"parameters":{"data":[1]}}]}',  # a "data" array outside the inputs: the body is parsed whole
+        b'{"inputs":[{"name":"a","shape":[2,2],"datatype":"INT16","data":[[1,2],[3,4]]},'
+        b'{"name":"b","shape":[2],"datatype":"BOOL","data":[true,false]},'
+        b'{"name":"c","shape":[0],"datatype":"FP32","data":[]}]}',
+        b'{"inputs":[{"name":"data","shape":[2],"datatype":"FP32","data" :\n [ 1 , 2e0 ] },'
+        b'{"name":"s","shape":[2],"datatype":"BYTES","data":["]","[1]"]}], "id":"\\"data\\":[9]"}',
     ]
     for body in cases:
         plain, fast = both(body)
@@ -125,7 +134,11 @@ def test_numeric_data_read_from_the_body_text_equals_the_parsed_lists():
             assert x.array.tolist() == y.array.tolist(), body
     for bad, words in ((b'{"inputs":[{"name":"a","shape":[2],"datatype":"UINT8","data":[1,300]}]}', "out of range"),
                        (b'{"inputs":[{"name":"a","shape":[2],"datatype":"INT8","data":[1,2.5]}]}', "not of type int8"),
-                       (b'{"inputs":[{"name":"a","shape":[2],"datatype":"BOOL","data":[1,0]}]}', "true/false")):
-        request, binary = v2_rest.split_body(bad, None)
+                       (b'{"inputs":[{"name":"a","shape":[2],"datatype":"BOOL","data":[1,0]}]}', "true/false"),
+                       (b'{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1,,2]}]}', "malformed JSON"),
+                       (b'{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[[1,2],[3]]}]}',
+                        "not a regular nested list"),
+                       (b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","data":[1,2]},'
+                        b'{"name":"b","shape":[2],"datatype":"FP32","data":{"\\u0000data":0}}]}', "list of numbers")):
         with pytest.raises(ServingError, match=words):
-            v2_rest.decode_inputs(request, binary, bad)
+            v2_rest.decode_inputs(*v2_rest.split_body(bad, None))

@@ -108,7 +108,7 @@ class V2RestApp:
     # ---- infer ------------------------------------------------------------------------------
     def _infer(self, name: str, version: str | None, body: bytes, header_length) -> tuple[int, list, bytes]:
         request, binary = split_body(body, header_length)
-        inputs = decode_inputs(request, binary, body if header_length is None else None)
+        inputs = decode_inputs(request, binary)
         requested, binary_outputs = requested_outputs(request)
         result = self.service.infer(name, version, inputs, requested, "REST")
         return self._infer_answer(request, result, binary_outputs)
@@ -130,7 +130,7 @@ class V2RestApp:
 
         def read():
             request, binary = split_body(body, header_length)
-            inputs = decode_inputs(request, binary, body if header_length is None else None)
+            inputs = decode_inputs(request, binary)
             requested, binary_outputs = requested_outputs(request)
             return inputs, requested, lambda result: self._infer_answer(request, result, binary_outputs)
 
@@ -200,9 +200,10 @@ def _json_object(body: bytes) -> dict:
 
 
 def split_body(body: bytes, header_length: bytes | None) -> tuple[dict, memoryview]:
-    """The JSON request and the binary data after it (``Inference-Header-Content-Length`` bytes of JSON)."""
+    """The JSON request and the binary data after it (``Inference-Header-Content-Length`` bytes of JSON).
+    Each input's ``data`` of numbers stays its JSON text (``v2_tensors.DataText``) where it can."""
     if header_length is None:
-        return _json_object(body), memoryview(b"")
+        return _request(body), memoryview(b"")
     text = header_length.decode("latin-1").strip()
     if not text.isdigit():
         raise invalid_argument(f"Inference-Header-Content-Length must be a byte count, got {text!r}")
@@ -210,29 +211,78 @@ def split_body(body: bytes, header_length: bytes | None) -> tuple[dict, memoryvi
     if length > len(body):
         raise invalid_argument(
             f"Inference-Header-Content-Length is {length} but the request body has only {len(body)} bytes")
-    return _json_object(body[:length]), memoryview(body)[length:]
+    return _request(body[:length]), memoryview(body)[length:]
 
 
-# An input's "data" holding only numbers: its JSON text, read in C (v2_tensors.read_numbers).
-_DATA_TEXT = re.compile(rb'"data"\s*:\s*(\[[-0-9eE.+,\s\[\]]*\])')
+_MARK = "\x00data"  # stands for a cut-out array: {"\u0000data": its index}; no client key holds a NUL
+_WHITESPACE = b" \t\r\n"
 
 
-def _data_texts(body: bytes, inputs: list) -> list | None:
-    """Each JSON input's ``data`` text, in order, when every one is found once and nothing else
-    looks like one; else None (the inputs' parsed lists are read as they are)."""
-    spans = [m.span(1) for m in _DATA_TEXT.finditer(body)]
-    if not spans or len(spans) != sum(1 for t in inputs if isinstance(t, dict) and "data" in t):
-        return None
-    return [body[a:b] for a, b in spans]
+def _data_arrays(body: bytes) -> list[tuple[int, int]]:
+    """Where each ``"data": [...]`` array that holds no string or object lies in ``body``. Such an
+    array ends at the last "]" before the next quote or brace; a wrong guess cannot parse (``_request``).
+    Found with bytes.find, not a regular expression: that read every digit in Python's engine (24 µs)."""
+    spans, at = [], 0
+    while (at := body.find(b'"data"', at)) >= 0:
+        at += 6
+        colon = at
+        while colon < len(body) and body[colon] in _WHITESPACE:
+            colon += 1
+        if colon >= len(body) or body[colon] != 58:  # ":": a key, not a string value "data"
+            continue
+        start = colon + 1
+        while start < len(body) and body[start] in _WHITESPACE:
+            start += 1
+        if start >= len(body) or body[start] != 91:  # "["
+            continue
+        stop = min((i for i in (body.find(b'"', start), body.find(b"{", start), body.find(b"}", start)) if i >= 0),
+                   default=len(body))
+        close = body.rfind(b"]", start, stop)
+        if close > start:
+            spans.append((start, close + 1))
+            at = close + 1
+    return spans
 
 
-def decode_inputs(request: dict, binary: memoryview, body: bytes | None = None) -> list[v2_tensors.V2Tensor]:
-    """Every input tensor of a request, binary ones taking their bytes in order from ``binary``;
-    ``body``, the request's JSON text, lets numeric ``data`` be read straight from it."""
+def _request(body: bytes) -> dict:
+    """The request object with each input's ``data`` array left as its text (``DataText``). The
+    arrays are cut out and marked, the rest parsed; only when every mark is an input's ``data`` is
+    that parse kept, else (a ``data`` key elsewhere, bad JSON) the body is parsed whole as sent."""
+    spans = _data_arrays(body)
+    if spans:
+        pieces, texts, end = [], [], 0
+        for i, (start, stop) in enumerate(spans):
+            pieces += [body[end:start], b'{"\\u0000data":%d}' % i]
+            texts.append(v2_tensors.DataText(body[start:stop]))
+            end = stop
+        pieces.append(body[end:])
+        try:
+            request = orjson.loads(b"".join(pieces))
+        except orjson.JSONDecodeError:
+            request = None
+        if isinstance(request, dict) and _put_back(request, texts):
+            return request
+    return _json_object(body)
+
+
+def _put_back(request: dict, texts: list) -> bool:
+    """Replace each input's mark by its text; whether every mark was one (and only once)."""
+    inputs = request.get("inputs")
+    placed = set()
+    for tensor in inputs if isinstance(inputs, list) else ():
+        data = tensor.get("data") if isinstance(tensor, dict) else None
+        if isinstance(data, dict) and len(data) == 1 and isinstance(data.get(_MARK), int) \
+                and 0 <= data[_MARK] < len(texts) and data[_MARK] not in placed:
+            placed.add(data[_MARK])
+            tensor["data"] = texts[data[_MARK]]
+    return len(placed) == len(texts)
+
+
+def decode_inputs(request: dict, binary: memoryview) -> list[v2_tensors.V2Tensor]:
+    """Every input tensor of a request, binary ones taking their bytes in order from ``binary``."""
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise invalid_argument("the request has no 'inputs' (a list of tensors)")
-    texts = _data_texts(body, inputs) if body is not None else None
     tensors, offset = [], 0
     for tensor in inputs:
         if not isinstance(tensor, dict):
@@ -256,8 +306,7 @@ def decode_inputs(request: dict, binary: memoryview, body: bytes | None = None) 
         else:
             if "data" not in tensor:
                 raise invalid_argument(f"input '{name}' has neither 'data' nor binary_data_size")
-            tensors.append(v2_tensors.from_json(name, datatype, shape, tensor["data"],
-                                                texts.pop(0) if texts else None))
+            tensors.append(v2_tensors.from_json(name, datatype, shape, tensor["data"]))
     if offset != len(binary):
         raise invalid_argument(
             f"the request carries {len(binary)} bytes of binary data but its inputs declare {offset}")
