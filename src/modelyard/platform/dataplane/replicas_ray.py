@@ -172,14 +172,19 @@ class ReplicaActor:
         self._exited = threading.Event()
 
     def start(self) -> dict:
-        """Start the serve child on a free port of this node; returns where it listens."""
+        """Start the serve child on a free port of this node; returns where it listens, and how long
+        the node took to fetch the model and the child to listen (``fetch_s``, ``listen_s``: measured
+        here, so the platform can tell them from Ray's placement without comparing two machines' clocks)."""
         import ray
 
+        began = time.monotonic()
         node_id = ray.get_runtime_context().get_node_id()
         # The address the node was started with (`ray start --node-ip-address`), as the cluster knows it.
         host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
                     None) or ray.util.get_node_ip_address()
+        located = time.monotonic()  # ray.nodes() asks the cluster's GCS: timed apart from the fetch
         self.lease = artifact_cache.fetch(self.source)  # ArtifactError: the start fails saying why
+        fetched = time.monotonic()
         base = self.rdir / MODEL
         base.mkdir(parents=True, exist_ok=True)
         link = base / "1"
@@ -202,7 +207,8 @@ class ReplicaActor:
                         "ports", self.replica_id, ports[0], ports[1])
         return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
                 "log_path": str(log_path), "node_id": node_id, "model_dir": str(self.lease.path),
-                "cached": self.lease.cached}
+                "cached": self.lease.cached, "address_s": located - began, "fetch_s": fetched - located,
+                "listen_s": time.monotonic() - fetched}
 
     def _port_taken(self, host: str, port: int) -> bool:
         """Wait until the child listens on its REST port (False) or exits: True when it exited because a
@@ -358,10 +364,12 @@ class RayEngine:
     async def start(self, replica_id: str, dm_id: str, model_path: Path, use_spare: bool = False) -> dict:
         """Start a replica actor (placed by Ray) serving ``model_path``, published to object storage for
         its node; returns its row once AVAILABLE. (``use_spare``: ignored, there is no spare on Ray.)"""
+        began = time.monotonic()
         try:
             source = await asyncio.to_thread(artifact_cache.publish, model_path)
         except artifact_cache.ArtifactError as exc:
             raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id}: {exc}") from None
+        published = time.monotonic()
         handle = self._actor_class.options(
             name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
             scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
@@ -393,7 +401,17 @@ class RayEngine:
             except Exception as exc:
                 return f"is gone ({type(exc).__name__})"
 
+        listening = time.monotonic()
         await self.probe.wait_available(row, model_path, exited, self.stop)
+        # Where a replica's start time goes (a replacement's included), for the operator: the actor's own
+        # figures are durations on its node; the rest of its start call is Ray placing the actor (waiting
+        # for a free CPU: a stuck replica's actor must end first) and starting its worker process.
+        address_s, fetch_s, listen_s = (info.get(k, 0.0) for k in ("address_s", "fetch_s", "listen_s"))
+        log.info("replica %s available %.1f s after its start: published %.1f s, Ray placed its actor and "
+                 "started its worker %.1f s, node address %.1f s, model on the node %.1f s, serve listening "
+                 "%.1f s, model AVAILABLE %.1f s later", replica_id, time.monotonic() - began, published - began,
+                 max(0.0, listening - published - address_s - fetch_s - listen_s), address_s, fetch_s, listen_s,
+                 time.monotonic() - listening)
         return row
 
     async def healthy(self, row: dict) -> bool:
@@ -422,6 +440,7 @@ class RayEngine:
 
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """Drain and stop the serve process (SIGTERM, SIGKILL after ``grace_s``), then end the actor."""
+        began = time.monotonic()
         handle = await self._handle(row["id"])
         self._stopping.add(row["id"])
         if handle is not None:
@@ -430,6 +449,8 @@ class RayEngine:
             except Exception:  # the actor is gone or stuck: killing it below ends its child too
                 pass
             _kill_actor(handle)
+            log.info("replica %s: serve process stopped and actor killed in %.1f s", row["id"],
+                     time.monotonic() - began)
         task = self._watches.pop(row["id"], None)
         if task is not None:
             task.cancel()
