@@ -84,7 +84,11 @@ def start_ray(head_cpus: int, isolated: int = 0, shared: int = 0):
         for _ in range(isolated):
             cluster.add_node()
         for k in range(shared):
-            args = rc.node_args(temp_dir, head=False) + [f"--address={cluster.address}"]
+            # Its own temp dir (an isolated node has one in its namespace): two nodes of one host in one
+            # temp dir share its socket paths, and the second never starts.
+            own = temp_dir / f"s{k}"
+            args = [f"--temp-dir={own}" if a.startswith("--temp-dir=") else a
+                    for a in rc.node_args(temp_dir, head=False)] + [f"--address={cluster.address}"]
             proc = rc._start_node(ray, args, temp_dir / f"shared{k}.log")
             cluster.procs.append(proc)
             cluster.ports[proc.pid] = int(rc._flag(args, "--node-manager-port"))
