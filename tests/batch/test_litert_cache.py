@@ -187,3 +187,28 @@ def test_the_cache_keeps_to_its_cap_dropping_the_models_used_least_recently(tmp_
 
     monkeypatch.setenv(litert_cache.MAX_MB_ENV, "lots")
     assert litert_cache.max_bytes() == litert_cache.DEFAULT_MAX_MB << 20
+
+
+# A batch-predict job in this process, which notes whether *it* (the coordinator) imported TensorFlow.
+_COORDINATOR = r"""
+import json, sys
+from modelyard.cli import main
+code = main(["batch-predict", "--model", sys.argv[1], "--input", sys.argv[2], "--output", sys.argv[3],
+             "--workers", "1"])
+print(json.dumps({"exit": code, "coordinator_imported_tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_a_batch_jobs_coordinator_never_imports_tensorflow(tiny_model, tmp_path: Path):
+    """Issue 29: reading the model's dtypes and planning must not cost the coordinator TensorFlow's
+    import (3-8 s a job). Its workers import it only to convert on a cache miss."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in np.random.default_rng(5).normal(size=(9, 4)).tolist()))
+    env = dict(os.environ, MODELYARD_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(SRC), TF_CPP_MIN_LOG_LEVEL="2")
+    for turn in ("cache miss", "cache hit"):
+        done = subprocess.run([sys.executable, "-c", _COORDINATOR, str(tiny_model.base), str(rows),
+                               str(tmp_path / turn.replace(" ", "-"))], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        assert said == {"exit": 0, "coordinator_imported_tensorflow": False}, (turn, said, done.stderr[-2000:])
