@@ -17,19 +17,25 @@ into local replicas, injected into Ray replicas.
    process nothing lists, ends the operation (the deploy ABORTED with a retry hint, the undeploy done,
    since it had committed), and deploying again succeeds. The scenario is the local engine's too
    (tests/platform/fault_scenarios.py, as is the SIGSTOP scenario of 1).
+4. The platform is killed while its deploy's actor waits for a CPU (another driver holds both of the
+   cluster's): the restarted platform cannot ask that actor its owner yet, but once the CPUs free and
+   Ray places it, the supervisor's timer ends it; the deploy, retried, succeeds.
 
 Its own platform (this module's), since these tests stop replicas and kill the platform."""
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.platform.client import Api
-from tests.platform.conftest import PARENT
-from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, pending_operations,
-                                            resume, stop_one_under_load, wait)
+from tests.platform.conftest import PARENT, _env, live_processes
+from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, operation,
+                                            pending_operations, resume, stop_one_under_load, wait)
 from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
@@ -46,6 +52,33 @@ def platform(ray_cluster, tiny_models, tmp_path_factory):
         cleanup_actors(ray_cluster)
 
 
+def _serve(address: str) -> dict[int, str]:
+    """``serve_processes()`` less those of another Ray cluster on this host (a benchmark's has replicas
+    of its own): a ``modelyard serve`` that descends from a raylet of another cluster is left out; one
+    under a raylet of the cluster at ``address``, or under none (an orphan, reparented), is counted."""
+    parents, raylets = {}, {}
+    for pid, cmdline, _cwd in live_processes():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parents[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except OSError:
+            continue
+        gcs = [a for a in cmdline.split(b"\0") if a.startswith(b"--gcs-address=")]
+        if b"raylet" in cmdline and gcs:  # its GCS's port says which cluster (the host may be named apart)
+            raylets[pid] = gcs[0].rpartition(b":")[2] == address.rpartition(":")[2].encode()
+
+    def ours(pid: int) -> bool:
+        for _ in range(32):  # serve <- its actor's worker <- the raylet, or up to init for an orphan
+            pid = parents.get(pid, 0)
+            if pid in raylets:
+                return raylets[pid]
+            if pid <= 1:
+                return True
+        return True
+
+    return {pid: rid for pid, rid in serve_processes().items() if ours(pid)}
+
+
 def _of(api: Api, dm: str) -> list[dict]:
     return [r for r in api.replicas() if r["deployedModelId"] == dm]
 
@@ -57,7 +90,7 @@ def _assert_counted_once(ray_cluster: str, api: Api, dm: str, want: int) -> None
     ids = {r["id"] for r in listed}
     # The namespace holds no other replica actor (one just ended may keep its name a moment).
     wait(lambda: set(actor_infos(ray_cluster)) == ids, 30, f"the replica actors exactly {sorted(ids)}")
-    procs = serve_processes()
+    procs = _serve(ray_cluster)
     assert set(procs.values()) == ids and {r["pid"] for r in listed} <= set(procs), (procs, listed)
 
 
@@ -71,7 +104,7 @@ def test_a_stopped_ray_replica_is_routed_around_and_replaced(ray_cluster, platfo
     stopped = None
     try:
         victim = _of(api, dm)[0]
-        assert serve_processes().get(victim["pid"]) == victim["id"]  # its row's pid is its serve process
+        assert _serve(ray_cluster).get(victim["pid"]) == victim["id"]  # its row's pid is its serve process
         stopped = victim["pid"]
         run = stop_one_under_load(platform.url, ep, tiny_models["instances"], lambda: _of(api, dm), victim,
                                   out_within=15, replaced_within=60, batch=50)
@@ -82,7 +115,7 @@ def test_a_stopped_ray_replica_is_routed_around_and_replaced(ray_cluster, platfo
         assert out <= 3.0, f"out of routing only after {out:.1f} s"
         assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
         # SIGCONT'ed: stopped (its actor ended) or re-admitted; two replicas, their two actors and processes.
-        wait(lambda: stopped not in serve_processes() or stopped in {r["pid"] for r in _of(api, dm)}, 15,
+        wait(lambda: stopped not in _serve(ray_cluster) or stopped in {r["pid"] for r in _of(api, dm)}, 15,
               "the resumed replica stopped or re-admitted")
         _assert_counted_once(ray_cluster, api, dm, 2)
         assert api.predict(ep, tiny_models["instances"]).status_code == 200
@@ -99,9 +132,9 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
     ep = api.create_endpoint("ray-kill9")
     deploy = {"deployedModel": {"model": f"{PARENT}/models/{model}",
                                 "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
-    before = set(serve_processes().values())
+    before = set(_serve(ray_cluster).values())
     op = api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-    wait(lambda: set(serve_processes().values()) - before, 60, "a serve process of the deploy's actors")
+    wait(lambda: set(_serve(ray_cluster).values()) - before, 60, "a serve process of the deploy's actors")
     killed = platform.proc.pid
     platform.stop(signal.SIGKILL)
     assert pending_operations(platform) == 1  # killed before its deploy finished
@@ -114,7 +147,7 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
     restarted = time.monotonic() - started
     listed = {r["id"] for r in api.replicas()}
     assert not listed & set(left)  # the deploy never committed: nothing of it is adopted
-    gone = wait(lambda: not set(left) & set(serve_processes().values()), 30,
+    gone = wait(lambda: not set(left) & set(_serve(ray_cluster).values()), 30,
                  "the serve processes of the dead platform's deploy stopped")
     wait(lambda: actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}, 60,
           "the dead platform's actors ended")
@@ -138,7 +171,7 @@ def _untracked(ray_cluster: str, api: Api) -> list[str]:
     """Replica ids with a serve process (on any node) or an actor in the namespace that the platform's
     replica list does not have."""
     listed = {r["id"] for r in api.replicas()}
-    return sorted((set(serve_processes().values()) | set(actor_infos(ray_cluster))) - listed)
+    return sorted((set(_serve(ray_cluster).values()) | set(actor_infos(ray_cluster))) - listed)
 
 
 def test_kill_9_of_the_ray_platform_after_a_row_and_mid_undeploy_leaves_nothing_behind(ray_cluster, platform,
@@ -149,7 +182,7 @@ def test_kill_9_of_the_ray_platform_after_a_row_and_mid_undeploy_leaves_nothing_
     api = Api(platform.url)
     model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-kill9-row")
     ep = api.create_endpoint("ray-kill9-row")
-    seen = Leftovers(serve_pids=lambda: set(serve_processes()), untracked=lambda: _untracked(ray_cluster, api))
+    seen = Leftovers(serve_pids=lambda: set(_serve(ray_cluster)), untracked=lambda: _untracked(ray_cluster, api))
     assert not seen.untracked(), "replica actors or processes left by an earlier test"
     started = time.monotonic()
     try:
@@ -158,3 +191,78 @@ def test_kill_9_of_the_ray_platform_after_a_row_and_mid_undeploy_leaves_nothing_
     finally:
         api.call("DELETE", f"endpoints/{ep}")  # not asserted: a failure above may have left a model deployed
     print(f"Ray engine, kill -9 after a row and mid-undeploy ({time.monotonic() - started:.1f} s): {figures}")
+
+
+_NAMES_SCRIPT = """
+import json, sys, ray
+ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+print("NAMES " + json.dumps([n for n in ray.util.list_named_actors() if n.startswith("modelyard-replica-")]))
+"""
+
+# A driver holding both CPUs of the cluster (one actor on each node) for as long as its stdin is open.
+_HOLD_SCRIPT = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="modelyard-test-hold", logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=1)
+class Hold:
+    def ready(self):
+        return True
+
+held = [Hold.options(scheduling_strategy="SPREAD").remote() for _ in range(2)]
+ray.get([h.ready.remote() for h in held], timeout=120)
+print("HELD", flush=True)
+sys.stdin.read()
+"""
+
+
+def _replica_actor_ids(address: str) -> set[str]:
+    """Every replica actor's id in the namespace, placed or not (a name is registered at creation;
+    asking an unplaced actor anything would wait for its placement)."""
+    proc = subprocess.run([sys.executable, "-c", _NAMES_SCRIPT, address], env=_env(), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("NAMES ")][-1][len("NAMES "):])
+    return {n[len("modelyard-replica-"):] for n in names}
+
+
+def test_kill_9_while_a_deploys_actor_waits_for_a_cpu_ends_that_actor_once_placed(ray_cluster, platform, tiny_models):
+    api = Api(platform.url)
+    model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-unplaced")
+    ep = api.create_endpoint("ray-unplaced")
+    hold = subprocess.Popen([sys.executable, "-c", _HOLD_SCRIPT, ray_cluster], env=_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert hold.stdout.readline().strip() == "HELD", "the driver could not hold the cluster's CPUs"
+        before = _replica_actor_ids(ray_cluster)
+        op = api.ok("POST", f"endpoints/{ep}:deployModel",
+                    {"deployedModel": {"model": f"{PARENT}/models/{model}"}})
+        wait(lambda: _replica_actor_ids(ray_cluster) - before, 60, "the deploy's actor created")
+        unplaced = _replica_actor_ids(ray_cluster) - before
+        platform.stop(signal.SIGKILL)
+        started = time.monotonic()
+        platform.start()
+        restarted = time.monotonic() - started
+        # The restart could not ask it its owner (no CPU, not placed): it is still there.
+        assert unplaced <= _replica_actor_ids(ray_cluster), "the kill point was missed: the actor is gone already"
+        hold.stdin.close()  # the holding driver ends: its actors and the CPUs are free, Ray places ours
+        hold.wait(60)
+        ended = wait(lambda: not unplaced & _replica_actor_ids(ray_cluster), 60,
+                     "the killed deploy's actor ended once placed")
+        assert not _serve(ray_cluster), _serve(ray_cluster)
+        assert pending_operations(platform) == 0
+        done = operation(platform, op)
+        assert done["done"] and done["error"]["code"] == 10 and "retry" in done["error"]["message"], done
+        dm = api.deploy(ep, model)  # retrying succeeds
+        try:
+            assert api.predict(ep, tiny_models["instances"]).status_code == 200
+            _assert_counted_once(ray_cluster, api, dm, 1)
+        finally:
+            api.undeploy(ep, dm)
+        print(f"kill -9 with an unplaced actor; restart {restarted:.1f} s; that actor ended {ended:.1f} s after "
+              f"the CPUs were freed")
+    finally:
+        if hold.poll() is None:
+            hold.kill()
+            hold.wait(30)
+        api.call("DELETE", f"endpoints/{ep}")

@@ -14,7 +14,9 @@ Detached actors outlive the platform; the next platform finds each stored replic
 platform's identity (``owner``: host, state directory, pid), before it starts anything, so a platform
 killed between starting an actor and writing its row leaves no untracked replica: the next platform
 on that state directory lists the namespace's replica actors and ends those its dead predecessor
-started that no row lists (``RayEngine.reap_orphans``; their serve children die with them).
+started that no row lists (``RayEngine.reap_orphans``; their serve children die with them). An actor
+Ray had not placed when the next platform started (no free CPU) cannot say its owner then; it is asked
+again on the supervisor's timer and ended once placed.
 
 Readiness is the supervisor's, the same for both engines: it probes the serve child's model status
 over HTTP, so a stopped (SIGSTOP) or stuck child is taken out of routing within seconds and, if it
@@ -298,6 +300,11 @@ class RayEngine:
         self._stopping: set[str] = set()  # being stopped by us: their exit is no failure
         # Who creates the actors, given to each before it starts (``reap_orphans`` of a later platform reads it).
         self.owner = {"host": socket.gethostname(), "state_dir": str(state_dir), "pid": os.getpid()}
+        # Actor names ``reap_orphans`` need not ask again (it runs on the supervisor's timer): those of other
+        # platforms (another host or state directory: an owner never changes). And those it could not ask
+        # (not placed yet), logged once.
+        self._foreign: set[str] = set()
+        self._unanswered: set[str] = set()
 
     async def open(self) -> None:
         import ray
@@ -462,23 +469,31 @@ class RayEngine:
         """End every replica actor a platform on this host and state directory created whose platform is
         gone, except those of ``keep`` (rows: adopted or listed in the store) and this engine's own:
         actors whose row was never written (a kill -9 between start and store). Their serve children
-        die with them. An actor that cannot say its owner in time (not placed yet) is left alone.
+        die with them. An actor that cannot say its owner in time (not placed yet: no free CPU) is left
+        alone this time; the supervisor calls this on its timer too, so it is ended once Ray places it.
         Returns how many were ended."""
         import ray
 
         kept = {row["id"] for row in keep} | set(self._handles)
-        names = [n for n in await asyncio.to_thread(ray.util.list_named_actors)
-                 if n.startswith(ACTOR_PREFIX) and n[len(ACTOR_PREFIX):] not in kept]
+        listed = [n for n in await asyncio.to_thread(ray.util.list_named_actors) if n.startswith(ACTOR_PREFIX)]
+        self._foreign &= set(listed)
+        self._unanswered &= set(listed)
+        names = [n for n in listed if n[len(ACTOR_PREFIX):] not in kept and n not in self._foreign]
 
         async def orphan(name: str):
             """The actor's handle if a dead platform of this state directory created it, else None."""
             try:
                 handle = await asyncio.to_thread(ray.get_actor, name, self.namespace)
                 owner = (await _result(handle.info.remote(), OWNER_TIMEOUT_S)).get("owner") or {}
-            except Exception as exc:  # gone meanwhile, or not answering: not known to be ours
-                log.info("replica actor %s: owner unknown (%s); left alone", name, type(exc).__name__)
+            except Exception as exc:  # gone meanwhile, or not answering (not placed yet): asked again later
+                if name not in self._unanswered:
+                    self._unanswered.add(name)
+                    log.info("replica actor %s: owner unknown (%s); asked again on the supervisor's timer", name,
+                             type(exc).__name__)
                 return None
+            self._unanswered.discard(name)
             if (owner.get("host"), owner.get("state_dir")) != (self.owner["host"], self.owner["state_dir"]):
+                self._foreign.add(name)
                 return None  # another platform's (another state directory, or another host)
             if is_platform(int(owner.get("pid") or 0)):
                 return None  # its platform runs (another one on this state directory): a deploy in progress

@@ -12,7 +12,8 @@ A replica's row is written to the store as soon as its process is up, and each r
 platform's identity from before it starts (the local engine's environment marker, the Ray actor's
 owner), so a platform that dies leaves no untracked process: the next one adopts replicas of
 deployed models that still answer, and stops the rest (replicas of a deploy that never committed,
-and replicas started before their row was written: ``reap_orphans``). The same rules hold for both
+and replicas started before their row was written: ``reap_orphans``, at start and on the leader's
+timer, since a Ray actor not yet placed at the start can say its owner only later). The same rules hold for both
 engines: the readiness probe and the replacement of stuck replicas only ask the engine's
 ``healthy``/``stop``, so a stopped serve process of a Ray actor is taken out of routing and replaced
 as a local one is.
@@ -65,6 +66,7 @@ class Supervisor:
         self._starting_ids: set[str] = set()  # stored but not yet routed (a deploy in progress)
         self._retiring: set[str] = set()  # being drained and stopped (an undeploy, a scale-down)
         self._synced_at = 0.0
+        self._reaping: asyncio.Task | None = None  # the timer's reap_orphans, one at a time
         self.leader = False
 
     # ---- several platforms on one store -----------------------------------------------------------
@@ -107,6 +109,12 @@ class Supervisor:
         killed = await self.engine.reap_orphans(keep)
         if killed:
             log.warning("stopped %d replica(s) a previous platform started and no store row lists", killed)
+
+    async def _reap_on_timer(self) -> None:
+        try:
+            await self.reap_orphans()
+        except Exception:  # the next timer tries again
+            log.exception("looking for orphan replicas failed")
 
     # ---- replicas ---------------------------------------------------------------------------
     async def start_replicas(self, dm_id: str, model_path: Path, count: int, use_spare: bool = False) -> list[dict]:
@@ -264,6 +272,12 @@ class Supervisor:
         if now - self._reconciled_at >= RECONCILE_INTERVAL_S:
             self._reconciled_at = now
             await self.reconcile_replicas()
+            # Orphans are looked for on the timer too, not only at start: a Ray actor a killed platform had
+            # created but Ray had not placed yet (no free CPU) cannot say its owner at our start, and gets
+            # placed later (when a CPU frees), holding that CPU for ever unless something ends it then.
+            # In the background: asking such an actor waits OWNER_TIMEOUT_S.
+            if self._reaping is None or self._reaping.done():
+                self._reaping = asyncio.get_running_loop().create_task(self._reap_on_timer())
         # A warm spare replica while anything is deployed: the next replica (scale-up, replacement) is up in ~1 s.
         self.engine.want_spare(bool(self.routing.deployed or self._starting_ids))
         for d in list(self.routing.deployed.values()):
