@@ -212,6 +212,31 @@ def batch_job(address: str, model_base: Path, source: str, out: Path, rows: int,
             "predict_s": job["predict_seconds"]}
 
 
+_SCAN = """
+import json, sys, time
+from modelyard.batch.engine_ray import connect, scan_on_cluster
+from modelyard.batch.spec import DEFAULT_CHUNK_ROWS
+connect(sys.argv[1])
+took = []
+for _ in range(2):
+    t = time.monotonic()
+    ranges, _context = scan_on_cluster(sys.argv[1])("jsonl", sys.argv[2], DEFAULT_CHUNK_ROWS)
+    took.append(time.monotonic() - t)
+print(json.dumps(took))
+"""
+
+
+def cluster_scan(address: str, remote: str, storage_url: str) -> list[float]:
+    """Seconds of the Ray task that plans a remote input (``engine_ray.scan_on_cluster``, what a job
+    runs before its first chunk), twice: the first in a new worker, the second maybe in the same."""
+    from tests.ray_cluster import node_env
+
+    child = {**node_env(), "STORAGE_EMULATOR_HOST": storage_url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    found = subprocess.run([sys.executable, "-c", _SCAN, address, remote], env=child, capture_output=True,
+                           text=True, timeout=600, check=True)
+    return json.loads(found.stdout.strip().splitlines()[-1])
+
+
 def storage_reads(remote: str, workdir: Path) -> dict:
     """What the gs:// side reads from storage, timed from this host: the whole object copied to a local
     file and scanned into chunks (what the plan's Ray task does on a node), then every chunk's range
@@ -331,6 +356,9 @@ def main() -> int:
                     f"({r['seconds']:.1f} s = {r['start_s']:.1f} start + {r['load_s']:.1f} to a loaded model + "
                     f"{r['predict_s']:.1f} predicting), {r['predict_rows_s']:,.0f} predicting, on {r['nodes']} nodes")
 
+            scans = cluster_scan(spread_cluster.address, remote, store.url)
+            log("the plan's scan task of the gs:// input on the spread cluster: "
+                + ", ".join(f"{t:.1f} s" for t in scans))
             first = {}
             for name in ("no shared disk, gs:// input", "shared disk, local input"):
                 first[name] = job(name, -1)
@@ -391,7 +419,9 @@ def main() -> int:
         f"{reads['copy_s']:.1f} s and scanned into {reads['chunks']} chunks by {reads['scan_s']:.1f} s (what the "
         f"plan's Ray task does on a node before the first chunk of a remote input can be handed out); its "
         f"{reads['chunks']} chunk ranges read one after the other in {reads['ranges_s']:.1f} s (what the actors "
-        "do, two at a time). The local-input sides read the file from the page cache on the driver.", "",
+        "do, two at a time). The local-input sides read the file from the page cache on the driver. The "
+        "same scan as a Ray task on the spread cluster (`engine_ray.scan_on_cluster`, from a driver already "
+        "joined), twice: " + ", ".join(f"{t:.1f} s" for t in scans) + ".", "",
         f"No shared disk (gs:// input) / shared disk, end to end: **{b_ratio:.2f}x** (target >= 0.8: "
         f"{verdict(b_ratio)}); no shared disk with a local input / shared disk: {b_local_ratio:.2f}x.", "",
         f"1-minute load {load_end:.1f} at the end of the batch turns.",
