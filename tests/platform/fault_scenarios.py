@@ -1,7 +1,8 @@
 """Issue 35's fault scenarios, written once for both engines (tests/platform/test_faults.py runs them
 on local replicas, tests/platform/test_ray_faults.py on Ray replica actors): a replica stopped with
-SIGSTOP under load, and kill -9 of the platform after a deploy wrote a replica's row and in the
-middle of an undeploy, each followed by a restart on the same store and state directory.
+SIGSTOP under load, and kill -9 of the platform before a deploy's rows, after it wrote a replica's
+row and in the middle of an undeploy, each followed by a restart on the same store and state
+directory.
 
 What differs between the engines is only how a test sees what the platform started
 (``Leftovers``): local replicas are ``modelyard serve`` processes of this host carrying their
@@ -109,6 +110,30 @@ def _restart(p, what: str, seen: Leftovers, timeout: float) -> dict:
     settled = wait(lambda: not seen.untracked(), timeout, f"no untracked replica after a kill -9 {what}")
     assert pending_operations(p) == 0, f"an operation still pending after a kill -9 {what}"
     return {"restart_s": restart, "settled_s": settled}
+
+
+def kill9_before_the_rows(p, ep: str, model: str, seen: Leftovers, settle_s: float = 30,
+                          at_kill: Callable[[int], None] | None = None) -> dict:
+    """The first kill point of issue 35, must-show 3 (figures returned): after a deploy of 2 replicas
+    started a serve process, before any replica's row is written (rows come once a replica serves,
+    seconds later). The restart stops everything of it, ends the operation ABORTED (code 10) with a
+    retry hint, and nothing is deployed. ``at_kill(pid of the killed platform)``: the engine's own
+    checks of what the dead platform left, before the restart."""
+    api = Api(p.url)
+    before = seen.serve_pids()
+    op = api.ok("POST", f"endpoints/{ep}:deployModel", _deploy_body(model))
+    wait(lambda: seen.serve_pids() - before, 120, "a serve process of the deploy")
+    killed = p.proc.pid
+    p.stop(signal.SIGKILL)
+    assert stored_replicas(p) == 0 and pending_operations(p) == 1, "no kill point before the replicas' rows"
+    if at_kill is not None:
+        at_kill(killed)
+    figures = _restart(p, "before the replicas' rows", seen, settle_s)
+    done = operation(p, op)
+    assert done["done"] and done["error"]["code"] == 10 and "retry" in done["error"]["message"], done
+    assert api.replicas() == [] and stored_replicas(p) == 0
+    assert "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
+    return figures
 
 
 def kill9_after_a_row_and_mid_undeploy(p, ep: str, model: str, instances, seen: Leftovers,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -17,8 +16,9 @@ import pytest
 
 from tests.platform.client import Api
 from tests.platform.conftest import _env, live_processes, start_platform
-from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, pending_operations,
-                                            resume, running, stop_one_under_load, stored_replicas, wait)
+from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, kill9_before_the_rows,
+                                            pending_operations, resume, running, stop_one_under_load,
+                                            stored_replicas, wait)
 
 
 def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_models):
@@ -80,20 +80,12 @@ def test_kill_9_of_the_platform_during_deploy_and_undeploy_leaves_no_orphan(tmp_
         model = api.upload(tiny_models["models"]["tiny1"]["path"], "kill9")
         ep = api.create_endpoint("kill9")
         seen = Leftovers(serve_pids=lambda: set(p.replica_pids(spares=True)), untracked=lambda: _orphans(p, api))
-        deploy = {"deployedModel": {"model": f"projects/local/locations/us-central1/models/{model}",
-                                    "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
-        # 1. After the deploy's replica processes start, before their rows are written.
-        api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-        wait(lambda: len(p.replica_pids(spares=True)) >= 1, 60, "a replica process")
-        assert stored_replicas(p) == 0  # their rows come once they serve
-        p.stop(signal.SIGKILL)
-        p.start()
-        wait(lambda: not _orphans(p, api), 10, "no orphan after a kill -9 before the replicas' rows")
-        assert pending_operations(p) == 0, "an operation still pending after a kill -9 before the replicas' rows"
-        assert api.replicas() == [] and "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
-        # 2. After a replica's row, before the deploy commits; 3. mid-undeploy (as on Ray: fault_scenarios).
-        figures = kill9_after_a_row_and_mid_undeploy(p, ep, model, tiny_models["instances"], seen, settle_s=10)
-        print(f"local engine, kill -9 after a row and mid-undeploy: {figures}")
+        # The kill points as on Ray (fault_scenarios): 1. after the deploy's replica processes start,
+        # before their rows are written; 2. after a replica's row, before the deploy commits (its retry
+        # succeeds); 3. mid-undeploy.
+        figures = {"before_rows": kill9_before_the_rows(p, ep, model, seen, settle_s=10)}
+        figures.update(kill9_after_a_row_and_mid_undeploy(p, ep, model, tiny_models["instances"], seen, settle_s=10))
+        print(f"local engine, kill -9 at three points: {figures}")
     finally:
         p.cleanup()
 

@@ -34,8 +34,8 @@ import pytest
 
 from tests.platform.client import Api
 from tests.platform.conftest import PARENT, _env, live_processes
-from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, operation,
-                                            pending_operations, resume, stop_one_under_load, wait)
+from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, kill9_before_the_rows,
+                                            operation, pending_operations, resume, stop_one_under_load, wait)
 from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
@@ -130,33 +130,18 @@ def test_kill_9_of_the_ray_platform_during_a_deploy_leaves_no_untracked_replica(
     api = Api(platform.url)
     model = api.upload(tiny_models["models"]["tiny1"]["path"], "ray-kill9")
     ep = api.create_endpoint("ray-kill9")
-    deploy = {"deployedModel": {"model": f"{PARENT}/models/{model}",
-                                "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
-    before = set(_serve(ray_cluster).values())
-    op = api.ok("POST", f"endpoints/{ep}:deployModel", deploy)
-    wait(lambda: set(_serve(ray_cluster).values()) - before, 60, "a serve process of the deploy's actors")
-    killed = platform.proc.pid
-    platform.stop(signal.SIGKILL)
-    assert pending_operations(platform) == 1  # killed before its deploy finished
-    # What the dead platform left: its actors, created with its identity, and no row lists them.
-    left = {rid: info for rid, info in actor_infos(ray_cluster).items() if info and "owner" in info}
-    assert left and all(info["owner"]["pid"] == killed for info in left.values()), left
+    left = {}
 
-    started = time.monotonic()
-    platform.start()
-    restarted = time.monotonic() - started
-    listed = {r["id"] for r in api.replicas()}
-    assert not listed & set(left)  # the deploy never committed: nothing of it is adopted
-    gone = wait(lambda: not set(left) & set(_serve(ray_cluster).values()), 30,
-                 "the serve processes of the dead platform's deploy stopped")
-    wait(lambda: actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}, 60,
-          "the dead platform's actors ended")
-    op = api.s.get(f"{platform.url}/v1/{op['name']}", timeout=10).json()
-    assert op.get("done") and op["error"]["code"] == 10 and "retry" in op["error"]["message"], op
-    assert pending_operations(platform) == 0
-    assert "deployedModels" not in api.ok("GET", f"endpoints/{ep}")
-    print(f"kill -9 with {len(left)} untracked actor(s); restart {restarted:.1f} s; their serve processes "
-          f"gone {gone:.1f} s after it")
+    def at_kill(killed: int) -> None:
+        # What the dead platform left: its actors, created with its identity, and no row lists them.
+        left.update({rid: info for rid, info in actor_infos(ray_cluster).items() if info and "owner" in info})
+        assert left and all(info["owner"]["pid"] == killed for info in left.values()), left
+
+    seen = Leftovers(serve_pids=lambda: set(_serve(ray_cluster)), untracked=lambda: _untracked(ray_cluster, api))
+    figures = kill9_before_the_rows(platform, ep, model, seen, settle_s=60, at_kill=at_kill)
+    assert actor_infos(ray_cluster, list(left)) == {rid: None for rid in left}  # those actors ended
+    print(f"kill -9 with {len(left)} untracked actor(s); restart {figures['restart_s']:.1f} s; they and their "
+          f"serve processes gone {figures['settled_s']:.1f} s after it")
 
     dm = api.deploy(ep, model, min_r=2, max_r=2)  # retrying succeeds
     try:
