@@ -59,10 +59,10 @@ def specs_from_signature_def(tensor_map) -> dict[str, TensorSpec]:
 
 def from_signature_def(name: str, signature_def) -> Signature:
     defaults = {}
-    if hasattr(signature_def, "defaults"):
-        from tensorflow.python.framework import tensor_util
+    if getattr(signature_def, "defaults", None):  # only when there are some: it loads TensorFlow
+        import tensorflow as tf  # through the package (tf.make_ndarray), so a deferred one loads first
 
-        defaults = {k: tensor_util.MakeNdarray(v) for k, v in signature_def.defaults.items()}
+        defaults = {k: tf.make_ndarray(v) for k, v in signature_def.defaults.items()}
     return Signature(
         name=name,
         method_name=signature_def.method_name,

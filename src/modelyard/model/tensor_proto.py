@@ -49,9 +49,9 @@ def to_ndarray(proto, alias: str = "") -> np.ndarray:
         if content and dtype.kind != "O":
             return np.frombuffer(content, dtype=dtype).reshape(shape)
         _check_decoded_size(shape, dtype, alias)
-        from tensorflow.python.framework import tensor_util
+        import tensorflow as tf  # through the package, so a deferred one (modelyard._deferred_tf) loads first
 
-        return tensor_util.MakeNdarray(proto)
+        return tf.make_ndarray(proto)
     except (TypeError, ValueError) as exc:
         raise invalid_argument(f"tensor parsing error: {alias} ({exc})") from None
 

@@ -9,6 +9,11 @@ from modelyard.serving.options import ServeOptions
 
 def serve(options: ServeOptions) -> int:
     """Serve until stopped; the exit status (1 when the server cannot start)."""
+    from modelyard import _deferred_tf
+
+    # TF Serving's API needs TensorFlow's messages, not TensorFlow: a model whose LiteRT conversion
+    # is cached then starts in about a second, and TensorFlow loads only if something needs it.
+    _deferred_tf.defer()
     if options.use_demo:
         from modelyard import demo
 

@@ -61,10 +61,10 @@ class ModelServer:
         self.repository = Repository(self.core, self.apply_everywhere)
 
     def _session_config(self):
-        import tensorflow as tf
+        from tensorflow.core.protobuf import config_pb2  # tf.compat.v1.ConfigProto, without TensorFlow's import
 
         o = self.options
-        return tf.compat.v1.ConfigProto(
+        return config_pb2.ConfigProto(
             intra_op_parallelism_threads=o.tensorflow_intra_op_parallelism,
             inter_op_parallelism_threads=o.tensorflow_inter_op_parallelism,
         )

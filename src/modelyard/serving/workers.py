@@ -106,6 +106,9 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
 
     _logging.basicConfig(level=_logging.INFO, format=f"%(asctime)s %(levelname)s worker:{index} %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
+    from modelyard import _deferred_tf
+
+    _deferred_tf.defer()  # as launch.serve does: TensorFlow only if a model needs it
     from modelyard.serving.server import ModelServer
 
     from modelyard.errors import ServingError

@@ -13,6 +13,7 @@ runtime, so TF Serving's models still load, and the log says so.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -157,3 +158,40 @@ def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> S
         else:
             log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
     return MixedServable(session, fast) if fast else session
+
+
+def cached_servable(path: Path, runtime: str, session_config=None) -> Servable | None:
+    """The version at ``path`` on its cached, verified LiteRT conversions, without loading TensorFlow
+    (``litert_cache.CachedLiteRTServable``), when every signature LiteRT can take has one for these
+    bytes; None otherwise (a miss, a signature LiteRT failed to match, an unreadable SavedModel):
+    then ``choose_runtime`` decides over a loaded session, as on a first load."""
+    if runtime == "tensorflow":
+        return None
+    from modelyard.model.savedmodel import SavedModelError, meta_graph, read_saved_model
+    from modelyard.model.signatures import INIT_OP_SIGNATURE, from_signature_def
+
+    key = litert_cache.key_of(path)
+    if key is None:
+        return None
+    try:
+        graph = meta_graph(read_saved_model(path))
+        signatures = {name: from_signature_def(name, sig) for name, sig in graph.signature_def.items()
+                      if name != INIT_OP_SIGNATURE}
+    except (SavedModelError, ValueError, TypeError):  # the session's load words what is wrong
+        return None
+    fast = {}
+    for name, sig in signatures.items():
+        if any(sample_inputs(sig, b, seed=b) is None for b in SAMPLE_BATCHES):
+            continue  # LiteRT cannot take it under any runtime: the session answers it when asked
+        cached = litert_cache.load(path, name, key)
+        if cached is None or cached[0] != sig:
+            return None
+        _, content, in_keys, out_keys = cached
+        fast[name] = AliasedRunner(LiteRTRunner(content, name), in_keys, out_keys)
+    if not fast:
+        return None  # nothing for LiteRT: a session servable, as choose_runtime would give
+    for name in signatures:
+        log.info("Signature %s of %s %s", name, path, "runs on LiteRT (outputs match TensorFlow), as checked at "
+                 "its first conversion (cached); TensorFlow is loaded only for what LiteRT refuses"
+                 if name in fast else "stays on TensorFlow (LiteRT cannot take its inputs), loaded when first asked")
+    return litert_cache.CachedLiteRTServable(path, signatures, fast, graph.signature_def, session_config)

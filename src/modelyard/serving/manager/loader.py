@@ -89,6 +89,11 @@ class VersionLoader:
             if estimators.model_file(path) is not None:  # scikit-learn / XGBoost (Vertex's prebuilt images)
                 return estimators.load_estimator(path)
             raise ServingError(Code.NOT_FOUND, str(exc)) from None
+        from modelyard.model.runtime.choose_runtime import cached_servable
+
+        cached = cached_servable(path, self.runtime, self.session_config)
+        if cached is not None:  # no TensorFlow needed to start (its import costs more than the rest)
+            return cached
         from modelyard.model.runtime.tf_session import load_saved_model
 
         import tensorflow as tf
