@@ -1,6 +1,6 @@
 """Ray without a shared disk against Ray on one disk: gateway throughput and batch prediction (issue 31).
 
-    python3 bench/ray_spread.py                              # 20 s per load run, 300,000 batch rows, 3 rounds
+    python3 bench/ray_spread.py        # 20 s per load run, 300,000 batch rows, 3 rounds (~9 min on 2 cores)
     python3 bench/ray_spread.py --seconds 10 --rows 100000 --rounds 2   # quicker
 
 Issue 31's two "must reach" figures, each measured as a comparison in one run, the sides taking
