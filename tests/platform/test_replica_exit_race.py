@@ -8,12 +8,12 @@ whole start timeout (180 s) for a process that was gone. Seen in a full suite ru
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from modelyard.platform.dataplane import replicas
 from modelyard.platform.api.errors import ApiError
+
+from tests import aio
 
 
 @pytest.mark.e2e  # LocalEngine starts a real `modelyard serve` (inside the package, where tests/classify.py does not read)
@@ -43,6 +43,6 @@ def test_a_replica_reaped_by_another_call_still_fails_its_start_at_once(tmp_path
             await engine.close()
 
     with pytest.raises(ApiError) as raised:
-        asyncio.run(start())
+        aio.run(start())
     assert raised.value.status == "FAILED_PRECONDITION", raised.value  # not DEADLINE_EXCEEDED
     assert "exited with code 1" in raised.value.message and "could not load" in raised.value.message

@@ -21,6 +21,8 @@ import requests
 from modelyard.platform.dataplane import replicas
 from modelyard.ports import PORT_TAKEN_EXIT
 
+from tests import aio
+
 
 @contextmanager
 def taken_port():
@@ -71,7 +73,7 @@ def test_a_local_replica_whose_port_was_taken_starts_again_on_new_ports(tmp_path
             await engine.close()
 
     with first_rest_port_taken(monkeypatch) as (port, picks):
-        row = asyncio.run(start_and_stop())
+        row = aio.run(start_and_stop())
     assert len(picks) == 2 and row["port"] == picks[1][0] != port
     # The first process said why it stopped, naming the port.
     assert f"cannot bind REST port 127.0.0.1:{port} (Address already in use)" in Path(row["log_path"]).read_text()
