@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from harness import command_line, log, machine, markdown_table, write_results  # noqa: E402
+from harness import command_line, log, machine, markdown_table, take_turns, write_results  # noqa: E402
 
 
 def _handlers() -> dict[str, callable]:
@@ -90,16 +90,16 @@ def main() -> int:
     args = parser.parse_args()
     started = machine()
     handlers = _handlers()
-    per_call: dict[str, list[float]] = {name: [] for name in handlers}
-    for round_no in range(args.rounds):
-        order = list(handlers) if round_no % 2 == 0 else list(reversed(handlers))
-        for name in order:
-            call = handlers[name]
-            t0 = time.process_time()
-            for _ in range(args.calls):
-                call()
-            per_call[name].append((time.process_time() - t0) / args.calls * 1e6)
-        log(f"round {round_no + 1}/{args.rounds}: " + ", ".join(f"{n} {per_call[n][-1]:.0f} µs" for n in handlers))
+    def run(name: str, _round: int) -> dict:
+        call = handlers[name]
+        t0 = time.process_time()
+        for _ in range(args.calls):
+            call()
+        return {"us": (time.process_time() - t0) / args.calls * 1e6}
+
+    results = take_turns(list(handlers), args.rounds, run,
+                         report=lambda name, r, res: log(f"round {r + 1}/{args.rounds} {name}: {res['us']:.0f} µs"))
+    per_call = {name: [r["us"] for r in runs] for name, runs in results.items()}
     med = {name: statistics.median(values) for name, values in per_call.items()}
     pairs = {"V2 REST JSON /infer": "TF Serving REST :predict", "V2 gRPC ModelInfer": "TF Serving gRPC Predict"}
     rows = [[name, f"{med[name]:.1f}", f"{min(per_call[name]):.1f}",
