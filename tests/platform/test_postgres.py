@@ -1,6 +1,8 @@
 """Test 4 (PostgreSQL part) of issue 15: two platform processes on one real PostgreSQL server (started
 here with initdb/pg_ctl in a temporary directory) see the same models and endpoints, and the schema is
-migrated once. Needs Debian's ``postgresql`` package (initdb, pg_ctl) and ``psycopg`` (test extra)."""
+migrated once. Issue 35: a follower that takes the lead from a leader killed mid-deploy reconciles as
+a restart does (the deploy ends ABORTED, no process of the dead leader is left, a retry serves).
+Needs Debian's ``postgresql`` package (initdb, pg_ctl) and ``psycopg`` (test extra)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,8 @@ import pytest
 
 from modelyard.ports import free_port
 from tests.platform.client import Api
-from tests.platform.conftest import _env, require, start_platform
+from tests.platform.conftest import PARENT, _env, live_processes, require, start_platform
+from tests.platform.fault_scenarios import operation, resume, running, wait
 
 
 def _pg_bin(name: str) -> str:
@@ -87,6 +90,76 @@ def test_two_platforms_share_one_postgres_store(tmp_path_factory, postgres, tiny
     finally:
         first.cleanup()
         second.cleanup()
+
+
+def _started_by(pid: int) -> list[int]:
+    """Live processes whose environment says platform ``pid`` started them (any state directory)."""
+    out = []
+    for p, _cmdline, _cwd in live_processes():
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if f"MODELYARD_PLATFORM_PID={pid}\0".encode() in f.read():
+                    out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def test_a_follower_taking_the_lead_ends_the_dead_leaders_deploy(tmp_path_factory, postgres, tiny_models):
+    """kill -9 of the leader while its deploy of 2 replicas waits for the second (SIGSTOP'ed, as in
+    fault_scenarios), one row written: the follower (another state directory) takes the lead and
+    reconciles as a restart does. The deploy ends ABORTED (code 10, retry it); the dead leader's
+    listed replica, its unlisted stopped one and its warm spare are stopped; a retry serves."""
+    from sqlalchemy import create_engine, text
+
+    db = create_engine(postgres)
+
+    def count(query: str) -> int:
+        with db.connect() as c:
+            return c.execute(text(query)).scalar_one()
+
+    leader = start_platform(tmp_path_factory, "pg-lead", _env(), ["--store", postgres])
+    follower = start_platform(tmp_path_factory, "pg-follow", _env(), ["--store", postgres])
+    held = None
+    try:
+        a, b = Api(leader.url), Api(follower.url)
+        model = a.upload(tiny_models["models"]["tiny1"]["path"], "takeover")
+        ep = a.create_endpoint("takeover-ep")
+        body = {"deployedModel": {"model": f"{PARENT}/models/{model}",
+                                  "automaticResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}}
+        pending_before = count("select count(*) from operations where done = 0")
+        op = a.ok("POST", f"endpoints/{ep}:deployModel", body)
+        wait(lambda: leader.replica_pids(), 120, "a serve process of the leader's deploy")
+        held = min(leader.replica_pids())
+        os.kill(held, signal.SIGSTOP)  # it cannot become ready: the deploy waits for it
+        wait(lambda: count("select count(*) from replicas") >= 1, 120, "the other replica's row")
+        assert count("select count(*) from operations where done = 0") == pending_before + 1
+        assert "deployedModels" not in b.ok("GET", f"endpoints/{ep}")
+        dead = leader.proc.pid
+        assert _started_by(dead), "the leader started no process to leave behind"
+        leader.stop(signal.SIGKILL)
+
+        took = wait(lambda: operation(follower, op)["done"], 60, "the follower ending the dead leader's deploy")
+        done = operation(follower, op)
+        assert done["error"]["code"] == 10 and "retry" in done["error"]["message"], done
+        gone = wait(lambda: not _started_by(dead), 30, "no process of the dead leader")
+        print(f"the follower ended the dead leader's deploy {took:.1f} s after the kill; its processes gone "
+              f"{gone:.1f} s later")
+        assert not running(held) and leader.replica_pids(spares=True) == []
+        assert count("select count(*) from replicas") == 0 and b.replicas() == []
+        assert count("select count(*) from operations where done = 0") == 0
+
+        # The retry, through the new leader: its own replicas serve.
+        dm = b.wait(b.ok("POST", f"endpoints/{ep}:deployModel", body))["deployedModel"]["id"]
+        assert b.predict(ep, tiny_models["instances"]).status_code == 200
+        listed = b.replicas()
+        assert len(listed) == 2 and {r["pid"] for r in listed} == set(follower.replica_pids()), listed
+        b.undeploy(ep, dm)
+    finally:
+        resume(held)
+        leader.cleanup()
+        follower.cleanup()
+        db.dispose()
 
 
 def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):

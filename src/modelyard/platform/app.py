@@ -49,12 +49,14 @@ class Config:
     storage_url: str = ""
 
 
-def make_engine(config: Config) -> LocalEngine | RayEngine:
-    """The replica engine ``config.engine`` names (``ray`` must already be importable and reachable)."""
+def make_engine(config: Config, store_id: str = "") -> LocalEngine | RayEngine:
+    """The replica engine ``config.engine`` names (``ray`` must already be importable and reachable);
+    ``store_id`` (``Store.identity``) marks every replica it starts, for the store's next leader."""
     if config.engine == "ray":
         return RayEngine(config.state_dir, config.ray_address, serve_args=config.replica_args,
-                         num_cpus=config.ray_replica_cpus)
-    return LocalEngine(config.state_dir, serve_args=config.replica_args, warm_spare=config.warm_spare)
+                         num_cpus=config.ray_replica_cpus, store_id=store_id)
+    return LocalEngine(config.state_dir, serve_args=config.replica_args, warm_spare=config.warm_spare,
+                       store_id=store_id)
 
 
 class Platform:
@@ -63,11 +65,12 @@ class Platform:
         self.store = Store(config.store_url)
         self.ops = Operations(self.store)
         self.routing = Routing()
-        self.engine = make_engine(config)
+        self.engine = make_engine(config, self.store.identity)
         self.metrics = Metrics()
         self.gateway = Gateway(self.routing, self.metrics, config.upstream_deadline)
         self.supervisor = Supervisor(self.store, self.engine, self.routing, readiness=config.readiness)
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
+        self.supervisor.on_lead = self.take_lead  # a follower taking over reconciles as a start does
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None
         # Jobs (batch prediction, custom, tuning) run as children of the leading platform only.
@@ -93,14 +96,7 @@ class Platform:
         await self.engine.open()
         self.refresh()
         if self.store.try_lead():
-            # The one platform supervising this store: it owns replicas and unfinished operations.
-            self.supervisor.leader = True
-            adopted, dropped = await self.supervisor.adopt()
-            # After adopt(): it stops the replicas a cut-short undeploy left, so those undeploys end done.
-            finished, aborted = self.ops.end_pending()
-            log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
-                     "unfinished operations: %d undeploy(s) completed, %d aborted", len(self.routing.endpoints),
-                     len(self.routing.deployed), adopted, dropped, finished, aborted)
+            await self.take_lead()
         else:
             await self.supervisor.sync_from_store()
             log.info("another platform supervises this store's replicas; this one serves the API and routes "
@@ -108,6 +104,21 @@ class Platform:
         self._loop_task = asyncio.get_running_loop().create_task(self.supervisor.run())
         self._jobs_task = asyncio.get_running_loop().create_task(self.jobs.run())
         self._ops_task = asyncio.get_running_loop().create_task(self.ops.run())
+
+    async def take_lead(self) -> None:
+        """Become the one platform supervising this store, which owns its replicas and unfinished
+        operations: at a start that gets the lead, and when a follower takes over from a leader that
+        stopped (kill -9 included; ``Supervisor.tick``). The same reconcile either way: adopt the
+        replicas that serve, stop the rest and those a dead platform of this store started unlisted,
+        then end the operations the dead platforms left pending."""
+        self.supervisor.leader = True
+        self.refresh()
+        adopted, dropped = await self.supervisor.adopt()
+        # After adopt(): it stops the replicas a cut-short undeploy left, so those undeploys end done.
+        finished, aborted = self.ops.end_pending()
+        log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
+                 "unfinished operations: %d undeploy(s) completed, %d aborted", len(self.routing.endpoints),
+                 len(self.routing.deployed), adopted, dropped, finished, aborted)
 
     async def stop(self) -> None:
         """Stop the control plane; replicas keep running, to be adopted by the next start."""

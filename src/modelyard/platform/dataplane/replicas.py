@@ -13,9 +13,11 @@ into that directory (1-2 s until AVAILABLE), and a new spare starts at once. Dep
 processes and leave the spare warm: a deploy is often followed at once by the load it scales for.
 
 Each replica carries the platform's identity from before it starts: its environment names the
-state directory (``STATE_ENV``) and the platform's pid (``PLATFORM_PID_ENV``), and its command line
-holds its directory under that state directory. So a platform that restarts after any crash finds
-every process a dead platform started on this host, listed in the store or not (``reap_orphans``).
+state directory (``STATE_ENV``), the store (``STORE_ENV``: its identity, shared by every platform on
+it) and the platform's pid (``PLATFORM_PID_ENV``), and its command line holds its directory under
+that state directory. So a platform that restarts after any crash, or a follower that takes the lead
+from a dead leader of its store (another state directory), finds every process a dead platform
+started on this host, listed in the store or not (``reap_orphans``).
 
 Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
 ``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop``, ``want_spare`` and
@@ -50,6 +52,7 @@ PORT_RETRIES = 2  # new ports for a replica whose port was taken meanwhile (see 
 CLAIMED = "claimed"  # marker file: this spare became a replica (the next platform must not reap it)
 STATE_ENV = "MODELYARD_PLATFORM_STATE"  # in a replica's environment: the state directory of its platform
 PLATFORM_PID_ENV = "MODELYARD_PLATFORM_PID"  # ... and the pid of the platform process that started it
+STORE_ENV = "MODELYARD_PLATFORM_STORE"  # ... and the identity of its platform's store (Store.identity)
 
 
 def pid_alive(pid: int, port: int | None = None) -> bool:
@@ -162,8 +165,9 @@ class LocalEngine:
     """Starts, checks and stops replica processes on this host."""
 
     def __init__(self, state_dir: Path, host: str = "127.0.0.1", serve_args: list[str] | None = None,
-                 warm_spare: bool = True) -> None:
+                 warm_spare: bool = True, store_id: str = "") -> None:
         self.state_dir = state_dir
+        self.store_id = store_id  # Store.identity: platforms sharing the store find each other's orphans
         self.warm_spare = warm_spare
         self.host = host
         self.serve_args = list(serve_args or [])
@@ -235,12 +239,12 @@ class LocalEngine:
                     self._kill(int(entry))
 
     async def reap_orphans(self, keep: list[dict]) -> int:
-        """Kill every process a platform on this state directory started whose platform is gone, except
+        """Kill every process a platform on this state directory or store started whose platform is gone, except
         the replicas of ``keep`` (rows: those adopted or listed in the store) and this engine's spare:
         replicas whose row was never written (a kill -9 between start and store), spares, anything.
         Returns how many."""
         keep_pids = {row["pid"] for row in keep}
-        mine = str(self.state_dir).encode()
+        mine, my_store = str(self.state_dir).encode(), self.store_id.encode()
         spare = self._spare["pid"] if self._spare else None
         killed = 0
         for entry in os.listdir("/proc"):
@@ -251,7 +255,8 @@ class LocalEngine:
                     env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except OSError:
                 continue
-            if env.get(STATE_ENV.encode()) != mine or int(entry) in self._children:
+            ours = env.get(STATE_ENV.encode()) == mine or (my_store and env.get(STORE_ENV.encode()) == my_store)
+            if not ours or int(entry) in self._children:
                 continue
             starter = int(env.get(PLATFORM_PID_ENV.encode(), b"0") or 0)
             if starter and is_platform(starter):
@@ -292,7 +297,7 @@ class LocalEngine:
         port, grpc_port = free_ports(2, self.host)
         log_path = rdir / "serve.log"
         cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args)
-        identity = {STATE_ENV: str(self.state_dir), PLATFORM_PID_ENV: str(os.getpid())}
+        identity = {STATE_ENV: str(self.state_dir), STORE_ENV: self.store_id, PLATFORM_PID_ENV: str(os.getpid())}
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env={**serve_env(), **identity}, start_new_session=True)

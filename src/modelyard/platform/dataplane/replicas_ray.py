@@ -11,10 +11,10 @@ node, as the local engine's replicas are replaced. The serve child dies with its
 
 Detached actors outlive the platform; the next platform finds each stored replica's actor by name
 (``modelyard-replica-<replica id>``) and adopts it if it still serves. Each actor is created with its
-platform's identity (``owner``: host, state directory, pid), before it starts anything, so a platform
-killed between starting an actor and writing its row leaves no untracked replica: the next platform
-on that state directory lists the namespace's replica actors and ends those its dead predecessor
-started that no row lists (``RayEngine.reap_orphans``; their serve children die with them). An actor
+platform's identity (``owner``: host, state directory, store, pid), before it starts anything, so a
+platform killed between starting an actor and writing its row leaves no untracked replica: the next
+platform on that state directory, or a follower of its store on its host taking the lead, lists the
+namespace's replica actors and ends those its dead predecessor started that no row lists (``RayEngine.reap_orphans``; their serve children die with them). An actor
 Ray had not placed when the next platform started (no free CPU) cannot say its owner then; it is asked
 again on the supervisor's timer and ended once placed.
 
@@ -162,7 +162,7 @@ class ReplicaActor:
 
     def __init__(self, replica_id: str, source: dict, serve_args: list[str], owner: dict | None = None) -> None:
         self.replica_id = replica_id
-        self.owner = owner or {}  # the platform that created it: {"host", "state_dir", "pid"}
+        self.owner = owner or {}  # the platform that created it: {"host", "state_dir", "store", "pid"}
         self.source = source  # artifact_cache.Source.as_dict(): the model's digest, storage prefix, platform path
         # This node's own disk (the platform's state dir may not exist here).
         self.rdir = artifact_cache.cache_root().parent / "ray-replicas" / replica_id
@@ -286,7 +286,7 @@ class RayEngine:
     """Starts, checks and stops replica actors on a Ray cluster (same calls as ``LocalEngine``)."""
 
     def __init__(self, state_dir: Path, address: str, serve_args: list[str] | None = None, num_cpus: float = 1.0,
-                 namespace: str = NAMESPACE) -> None:
+                 namespace: str = NAMESPACE, store_id: str = "") -> None:
         self.state_dir = state_dir
         self.address = address
         self.serve_args = list(serve_args or [])
@@ -299,7 +299,8 @@ class RayEngine:
         self._dead: set[str] = set()
         self._stopping: set[str] = set()  # being stopped by us: their exit is no failure
         # Who creates the actors, given to each before it starts (``reap_orphans`` of a later platform reads it).
-        self.owner = {"host": socket.gethostname(), "state_dir": str(state_dir), "pid": os.getpid()}
+        self.owner = {"host": socket.gethostname(), "state_dir": str(state_dir), "store": store_id,
+                      "pid": os.getpid()}
         # Actor names ``reap_orphans`` need not ask again (it runs on the supervisor's timer): those of other
         # platforms (another host or state directory: an owner never changes). And those it could not ask
         # (not placed yet), logged once.
@@ -466,8 +467,8 @@ class RayEngine:
         self._stopping.discard(row["id"])
 
     async def reap_orphans(self, keep: list[dict]) -> int:
-        """End every replica actor a platform on this host and state directory created whose platform is
-        gone, except those of ``keep`` (rows: adopted or listed in the store) and this engine's own:
+        """End every replica actor a platform on this host and state directory (or store) created whose
+        platform is gone, except those of ``keep`` (rows: adopted or listed in the store) and this engine's own:
         actors whose row was never written (a kill -9 between start and store). Their serve children
         die with them. An actor that cannot say its owner in time (not placed yet: no free CPU) is left
         alone this time; the supervisor calls this on its timer too, so it is ended once Ray places it.
@@ -492,9 +493,11 @@ class RayEngine:
                              type(exc).__name__)
                 return None
             self._unanswered.discard(name)
-            if (owner.get("host"), owner.get("state_dir")) != (self.owner["host"], self.owner["state_dir"]):
+            ours = owner.get("state_dir") == self.owner["state_dir"] or (
+                self.owner["store"] and owner.get("store") == self.owner["store"])
+            if owner.get("host") != self.owner["host"] or not ours:
                 self._foreign.add(name)
-                return None  # another platform's (another state directory, or another host)
+                return None  # another platform's (another state directory and store, or another host)
             if is_platform(int(owner.get("pid") or 0)):
                 return None  # its platform runs (another one on this state directory): a deploy in progress
             log.warning("ending replica actor %s: created by platform pid %s, which is gone, and listed nowhere",

@@ -25,6 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from modelyard.platform.api import names
 from modelyard.platform.dataplane.replicas import START_TIMEOUT_S, LocalEngine
@@ -68,6 +69,9 @@ class Supervisor:
         self._synced_at = 0.0
         self._reaping: asyncio.Task | None = None  # the timer's reap_orphans, one at a time
         self.leader = False
+        # What becoming the leader runs (the platform's ``take_lead``: adopt, then end what dead platforms
+        # left pending), at its start and when a follower takes over from a leader that stopped.
+        self.on_lead: Callable[[], Awaitable[None]] | None = None
 
     # ---- several platforms on one store -----------------------------------------------------------
     async def sync_from_store(self) -> None:
@@ -87,14 +91,22 @@ class Supervisor:
 
     # ---- start-up -------------------------------------------------------------------------------
     async def adopt(self) -> tuple[int, int]:
-        """Re-attach replicas that still serve; stop and forget the others. Returns (adopted, dropped)."""
+        """Re-attach replicas that still serve; stop and forget the others. Returns (adopted, dropped).
+        At a start nothing is routed yet; a follower taking the lead already routes the replicas the
+        store listed (``sync_from_store``): those are re-attached in place, or taken out of routing."""
         adopted = dropped = 0
+        routed = {r.id: r for d in self.routing.deployed.values() for r in d.replicas}
         for row in self.store.replicas():
+            if row["id"] in self._starting_ids:  # this platform's own deploy in progress: not a leftover
+                continue
             keep = row["deployed_model_id"] in self.routing.deployed and await self.engine.adopt(row)
             if keep:
-                self.routing.add_replica(row["deployed_model_id"], row)
+                if row["id"] not in routed:
+                    self.routing.add_replica(row["deployed_model_id"], row)
                 adopted += 1
             else:
+                if row["id"] in routed:
+                    self.routing.remove_replica(routed[row["id"]])
                 await self.engine.stop(row, grace_s=5)
                 self.store.remove_replica(row["id"])
                 dropped += 1
@@ -260,9 +272,12 @@ class Supervisor:
         if now - self._synced_at >= SYNC_INTERVAL_S:
             self._synced_at = now
             if not self.leader and self.store.try_lead():
-                log.info("this platform now supervises the replicas of this store")
+                log.info("this platform now supervises the replicas of this store (the leader before it stopped)")
                 self.leader = True
-                await self.reap_orphans()
+                if self.on_lead is not None:
+                    await self.on_lead()
+                else:
+                    await self.adopt()
             await self.sync_from_store()
         if now - self._probed_at >= self.readiness.interval_s:
             self._probed_at = now

@@ -48,6 +48,7 @@ class Operations:
         self._tasks: set[asyncio.Task] = set()
         # Operations whose work ended but whose outcome the store could not take yet: id -> (response, error).
         self._unwritten: dict[str, tuple[dict | None, dict | None]] = {}
+        self._running: set[str] = set()  # operations whose work runs in this process
 
     def _finish(self, op_id: str, response: dict | None, error: dict | None) -> None:
         """Write an operation's outcome; if the store refuses, keep it for ``reconcile``."""
@@ -79,8 +80,9 @@ class Operations:
                 log.exception("reconciling operations failed")
 
     def end_pending(self) -> tuple[int, int]:
-        """At the leader's start, once replicas were adopted or stopped (``Supervisor.adopt``): end every
-        operation a stopped platform left running. Returns (finished, aborted).
+        """When a platform takes the lead (its start, or a follower taking over), once replicas were
+        adopted or stopped (``Supervisor.adopt``): end every operation a stopped platform left running
+        (not those this process runs itself: a follower's deploy in progress). Returns (finished, aborted).
 
         An undeploy commits when it is accepted (the deployed model leaves the store and the split at
         once); its operation only had the replicas left to stop, and ``adopt`` has just stopped every
@@ -89,6 +91,8 @@ class Operations:
         Every other operation (a deploy commits only at its end: nothing of it is left) ends ABORTED."""
         finished = aborted = 0
         for op in self.store.pending_operations():
+            if op["id"] in self._running or op["id"] in self._unwritten:  # ours: it ends, or has ended
+                continue
             if str((op["metadata"] or {}).get("@type", "")).endswith(".UndeployModelOperationMetadata"):
                 self.store.finish_operation(op["id"], typed("UndeployModelResponse", {}), None)
                 finished += 1
@@ -111,6 +115,7 @@ class Operations:
         """Record a pending operation and run ``work`` (returning the typed response) in the background."""
         op = self._new(parent, collection, resource_id, metadata_type)
         self.store.add_operation(op)
+        self._running.add(op["id"])
 
         async def run() -> None:
             try:
@@ -122,6 +127,8 @@ class Operations:
                 self._finish(op["id"], None, ApiError("INTERNAL", f"{type(exc).__name__}: {exc}").to_rpc_status())
             else:
                 self._finish(op["id"], response, None)
+            finally:
+                self._running.discard(op["id"])
 
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)

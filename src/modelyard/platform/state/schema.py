@@ -8,6 +8,7 @@ SQLite and PostgreSQL. A database newer than this code is refused rather than mi
 """
 from __future__ import annotations
 
+import uuid
 from typing import Callable
 
 from sqlalchemy import (JSON, Column, Float, Integer, MetaData, String, Table, Text, inspect, select,
@@ -19,6 +20,11 @@ from modelyard.platform.api.names import DEFAULT_ALIAS
 metadata = MetaData()
 
 schema_version = Table("modelyard_schema", metadata, Column("version", Integer, primary_key=True))
+
+# Schema v5: the store's identity, one row written once. Every replica carries it from before it starts,
+# so any platform on this store (a restart, or a follower taking the lead from a dead leader with
+# another state directory) finds what a dead platform of the store started.
+store_identity = Table("modelyard_store", metadata, Column("id", String(32), primary_key=True))
 
 # Model ids are 128 wide since schema v4: a chosen id (UploadModelRequest.model_id) has up to 63 characters.
 models = Table(
@@ -159,8 +165,14 @@ def _v4(conn: Connection) -> None:
                          .values(aliases=[DEFAULT_ALIAS, *aliases]))
 
 
+def _v5(conn: Connection) -> None:
+    store_identity.create(conn, checkfirst=True)
+    if conn.execute(select(store_identity.c.id)).first() is None:
+        conn.execute(store_identity.insert().values(id=uuid.uuid4().hex))
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 LATEST = len(MIGRATIONS)
 
 

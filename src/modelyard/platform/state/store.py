@@ -72,6 +72,8 @@ class Store:
                 cur.execute("PRAGMA busy_timeout=5000")
                 cur.close()
         self.migrated_from = s.migrate(self.engine)
+        with self.engine.connect() as c:  # written once by the migration to v5: the same for every platform on it
+            self.identity: str = c.execute(select(s.store_identity.c.id)).scalar_one()
 
         self._lead_conn = None  # PostgreSQL: the session holding the leader lock
         self._lead_file = None  # SQLite: the open, flock'ed lock file
