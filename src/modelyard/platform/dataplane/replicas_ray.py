@@ -14,9 +14,10 @@ Detached actors outlive the platform; the next platform finds each stored replic
 platform's identity (``owner``: host, state directory, store, pid), before it starts anything, so a
 platform killed between starting an actor and writing its row leaves no untracked replica: the next
 platform on that state directory, or a follower of its store on its host taking the lead, lists the
-namespace's replica actors and ends those its dead predecessor started that no row lists (``RayEngine.reap_orphans``; their serve children die with them). An actor
-Ray had not placed when the next platform started (no free CPU) cannot say its owner then; it is asked
-again on the supervisor's timer and ended once placed.
+namespace's replica actors and ends those its dead predecessor started that no row lists
+(``RayEngine.reap_orphans``; their serve children die with them). An actor Ray had not placed when
+the next platform started (no free CPU) cannot say its owner then; it is asked again on the
+supervisor's timer and ended once placed.
 
 Readiness is the supervisor's, the same for both engines: it probes the serve child's model status
 over HTTP, so a stopped (SIGSTOP) or stuck child is taken out of routing within seconds and, if it

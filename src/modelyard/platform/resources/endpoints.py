@@ -10,7 +10,7 @@ from modelyard.platform.api import names
 from modelyard.platform.dataplane import traffic
 from modelyard.platform.api.errors import ApiError, invalid, not_found
 from modelyard.platform.api.names import Route
-from modelyard.platform.resources.operations import EMPTY, typed
+from modelyard.platform.resources.operations import EMPTY, current_operation, typed
 from modelyard.platform.api.timefmt import rfc3339
 
 
@@ -113,11 +113,15 @@ def deploy(p, route: Route, body: dict) -> dict:
 
     async def work() -> dict:
         rows = await p.supervisor.start_replicas(dm_id, Path(version["local_path"]), min_r)
+        response = typed("DeployModelResponse", {"deployedModel": _render_dm(p, endpoint["parent"], dm)})
+        op = current_operation()
         try:
             current = p.store.get_endpoint(endpoint["id"])  # the split may have changed meanwhile
             ids = {d["id"] for d in p.store.deployed_models(endpoint["id"])}
             split = new_split(current["traffic_split"] or {}, ids)
-            p.store.add_deployed_model(dm, split)
+            # The operation ends done in the deploy's own commit: a kill after it finds both written.
+            p.store.add_deployed_model(dm, split, operation=(op.id, response))
+            op.committed = True
         except Exception:  # refused, or the store failed (disk full): no replica runs for it
             for row in rows:
                 await p.supervisor.discard(row)
@@ -126,7 +130,7 @@ def deploy(p, route: Route, body: dict) -> dict:
         for row in rows:
             p.routing.add_replica(dm_id, row)
             p.supervisor.started(row)
-        return typed("DeployModelResponse", {"deployedModel": _render_dm(p, endpoint["parent"], dm)})
+        return response
 
     return p.ops.start(route.parent, "endpoints", endpoint["id"], "DeployModelOperationMetadata", work)
 

@@ -10,12 +10,18 @@ which had committed and whose leftover replicas that start stops (``end_pending`
 Every operation ends: an operation whose work fails ends with its error; one whose final write
 fails (the store's disk full, the database away) keeps its outcome in memory, and ``reconcile``
 (on the platform's timer, every ``RECONCILE_INTERVAL_S``) writes it as soon as the store takes it.
+
+Work that commits at its end (a deploy) writes its operation's outcome in that same transaction
+(``current_operation``; ``Store.add_deployed_model(..., operation=...)``): no kill can land between
+the commit and the operation's "done", so a restart never aborts a deploy that committed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from modelyard.platform.api import names
@@ -28,6 +34,25 @@ log = logging.getLogger(__name__)
 TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1."
 EMPTY = "type.googleapis.com/google.protobuf.Empty"
 RECONCILE_INTERVAL_S = 1.0
+
+
+@dataclass
+class Running:
+    """The operation whose work runs in this task. ``committed``: the work's own transaction wrote
+    the operation's outcome (done, with the work's response), so it is not written again."""
+    id: str
+    committed: bool = False
+
+
+_running: ContextVar[Running | None] = ContextVar("modelyard_operation", default=None)
+
+
+def current_operation() -> Running:
+    """The operation whose ``work`` (``Operations.start``) calls this; a RuntimeError outside one."""
+    running = _running.get()
+    if running is None:
+        raise RuntimeError("current_operation() is for an operation's work (Operations.start)")
+    return running
 
 
 def typed(type_name: str, body: dict) -> dict:
@@ -118,6 +143,8 @@ class Operations:
         self._running.add(op["id"])
 
         async def run() -> None:
+            running = Running(op["id"])
+            _running.set(running)  # this task's own context: work() and what it awaits see it
             try:
                 response = await work()
             except ApiError as exc:
@@ -126,7 +153,8 @@ class Operations:
                 log.exception("operation %s failed", op["name"])
                 self._finish(op["id"], None, ApiError("INTERNAL", f"{type(exc).__name__}: {exc}").to_rpc_status())
             else:
-                self._finish(op["id"], response, None)
+                if not running.committed:
+                    self._finish(op["id"], response, None)
             finally:
                 self._running.discard(op["id"])
 

@@ -294,14 +294,23 @@ class Store:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(q)]
 
-    def add_deployed_model(self, dm: dict, split: dict[str, int]) -> None:
-        """The deployed model and the endpoint's new split, together."""
+    def add_deployed_model(self, dm: dict, split: dict[str, int], operation: tuple[str, dict] | None = None) -> None:
+        """The deployed model and the endpoint's new split, together; with ``operation`` (its id and
+        response), the deploy's operation ends done in the same transaction. An operation that is not
+        pending any more (a new leader ended it) commits nothing: ABORTED."""
         with self.engine.begin() as c:
             if c.execute(select(s.endpoints.c.id).where(s.endpoints.c.id == dm["endpoint_id"])).first() is None:
                 raise not_found("Endpoint", dm["endpoint_id"])
             c.execute(insert(s.deployed_models).values(**dm))
             c.execute(update(s.endpoints).where(s.endpoints.c.id == dm["endpoint_id"])
                       .values(traffic_split=split, updated=time.time()))
+            if operation is not None:
+                op_id, response = operation
+                ended = c.execute(update(s.operations).where(s.operations.c.id == op_id)
+                                  .where(s.operations.c.done == 0).values(done=1, response=response, error=None))
+                if ended.rowcount != 1:  # raised inside the transaction: nothing of the deploy is written
+                    raise ApiError("ABORTED", f"operation {op_id} was ended before this deploy could commit "
+                                   "(the platform running it lost the lead); retry it")
 
     def remove_deployed_model(self, endpoint_id: str, dm_id: str, split: dict[str, int]) -> None:
         with self.engine.begin() as c:
