@@ -64,6 +64,25 @@ def test_function_trials_find_the_optimum_in_warm_workers(tmp_path: Path):
     assert {t.user_attrs["device"] for t in done} == {"cpu 0", "cpu 1"}
 
 
+def test_each_worker_imports_inside_its_slot(tmp_path: Path):
+    """Two workers on two cores: each one's module import (where TensorFlow would make its thread
+    pools) already sees its own core and one-core thread counts, not the whole machine."""
+    log = tmp_path / "objective.jsonl"
+    study = _function_study(tmp_path, "placed", "placement", XY[:1], log, max_trial_count=6, parallel_trial_count=2,
+                            study_spec={"algorithm": "RANDOM_SEARCH"})
+    result = run(["tune", str(study), "--devices", "cpu:0,1"], timeout=300)
+    assert result.returncode == 0, result.stdout
+    events = [e for e in _log(log) if e["event"] == "placement"]
+    assert len(events) == 6 and len({e["pid"] for e in events}) == 2, events  # no spare was needed
+    device = {t.user_attrs["trial_id"]: t.user_attrs["device"] for t in trials(study)}
+    for e in events:
+        core = int(device[e["trial"]].split()[1])
+        assert e["at_import"] == {"affinity": [core], "intra": "1", "inter": "1", "omp": "1", "cuda": ""}, e
+        assert e["affinity"] == [core] and e["intra"] == "1" and e["trial_cpus"] == str(core), e
+        # What the import left is frozen: a full collection between trials skips it.
+        assert e["frozen"] > 1000, e
+
+
 def test_misbehaving_trials_cost_only_their_worker(tmp_path: Path):
     modes = ["fine", "raise", "exit", "hang", "ignore", "memory", "again"]
     log = tmp_path / "objective.jsonl"

@@ -2,12 +2,20 @@
 spare, and a trial running on one of them.
 
 A worker imports the objective's module (and so TensorFlow) once and runs trial after trial.
+It is started inside its slot: pinned to the slot's cores, with its thread-count variables and
+``CUDA_VISIBLE_DEVICES``, before it imports anything, so TensorFlow sizes its thread pools and
+picks its devices for the slot, not for the whole machine (set after the import, they came too
+late: TensorFlow had already made its pools when the module built its data).
+
 A trial that raises, exits the worker, hangs past ``timeout_seconds``, grows the worker past
 ``memory_limit_mb`` or keeps running after it was pruned costs only its worker: the worker is
 killed and the next trial on that slot takes the warm spare (a new spare starts importing at
-once). The first spare starts when the first trial ends, so a failure in the very first trials
-waits for a cold worker. Workers are started like trial processes (own session, parent-death signal), so a tuner
-killed with -9 takes them along.
+once). The first spare starts when the first worker is replaced, so the first failure waits for
+a cold worker: a spare started in every study would cost every study one more import, taken
+from the running trials when the slots use every core. A spare fits any slot when the slots
+differ only in their cores (it is pinned to the slot when it takes it), else it is started for
+the slot whose worker was replaced. Workers are started like trial processes (own session,
+parent-death signal), so a tuner killed with -9 takes them along.
 """
 from __future__ import annotations
 
@@ -32,11 +40,12 @@ SPARES = 1
 class Worker:
     """One warm worker process and its two pipes."""
 
-    def __init__(self, study: Study, log: Path):
+    def __init__(self, study: Study, log: Path, slot: Slot | None, slot_env: dict[str, str], cpus: set[int] | None):
         to_worker_r, self._to_worker = os.pipe()
         self._from_worker, from_worker_w = os.pipe()
         os.set_blocking(self._from_worker, False)
         env = dict(os.environ, **study.env, MODELYARD_STUDY=study.name)
+        env.update(slot_env)  # before the import: TensorFlow reads them when it makes its pools
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -44,10 +53,10 @@ class Worker:
                  str(from_worker_w), str(log)],
                 cwd=study.workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(to_worker_r, from_worker_w), start_new_session=True,
-                preexec_fn=_child_setup(None, os.getpid()))
+                preexec_fn=_child_setup(cpus, os.getpid()))
         os.close(to_worker_r)
         os.close(from_worker_w)
-        self.slot: Slot | None = None  # bound by its first trial
+        self.slot = slot  # None: a spare any slot may take
         self.log = log
         self._buffer = b""
         self.eof = False
@@ -119,40 +128,58 @@ class WorkerPool:
 
     def __init__(self, study: Study, slots: list[Slot], spares: int = SPARES):
         self.study = study
+        self.slots = list(slots)
         self.idle: list[Worker] = []
         self.busy: list[Worker] = []
         self.started = 0
         self.replaced = 0
         self.spares = spares
-        # The spare starts when the first trial ends, not now: at the start its import would
-        # compete for the cores with the workers the first trials wait for.
-        self._spare_started = False
-        for _ in range(len(slots)):
-            self._start()
+        self.spare: Worker | None = None
+        self._last_replaced: Slot | None = None  # no spare until a worker has been replaced
+        for slot in self.slots:
+            self._start(slot)
 
-    def _start(self) -> Worker:
+    def _start(self, slot: Slot | None) -> Worker:
+        """A worker inside ``slot``; None: a spare inside the share every slot has alike."""
+        if slot is not None:
+            slot_env, cpus = slot.env(), slot.cpus
+        else:
+            slot_env = {k: v for k, v in self.slots[0].env().items() if k != "MODELYARD_TRIAL_CPUS"}
+            cpus = {c for s in self.slots for c in (s.cpus or ())} or None
         self.started += 1
-        worker = Worker(self.study, self.study.job_dir / "workers" / f"worker-{self.started}.log")
+        worker = Worker(self.study, self.study.job_dir / "workers" / f"worker-{self.started}.log", slot, slot_env,
+                        cpus)
         self.idle.append(worker)
         return worker
 
+    def _alike(self) -> bool:
+        """Slots that differ only in their cores: a worker imported for one fits the others."""
+        shares = {tuple(sorted((k, v) for k, v in s.env().items() if k != "MODELYARD_TRIAL_CPUS"))
+                  for s in self.slots}
+        return len(shares) == 1 and all(s.kind in ("cpu", "none") for s in self.slots)
+
     def acquire(self, slot: Slot) -> Worker:
-        """The idle worker bound to ``slot``, else a spare (then a new spare starts warming up)."""
+        """The idle worker of ``slot``, else the spare (then a new spare starts warming up), else
+        a cold worker started now for ``slot``."""
         for dead in [w for w in self.idle if not w.alive()]:  # e.g. a spare whose import failed
             dead.kill()
             self.idle.remove(dead)
-        worker = next((w for w in self.idle if w.slot == slot), None)
+            if dead is self.spare:
+                self.spare = None
+        worker = next((w for w in self.idle if w.slot == slot and w is not self.spare), None)
+        if worker is None and self.spare is not None and self.spare.slot in (None, slot):
+            worker, self.spare = self.spare, None
+            worker.slot = slot  # its cores follow with the trial (worker.apply_slot)
         if worker is None:
-            worker = next((w for w in self.idle if w.slot is None), None) or self._start()
-            worker.slot = slot
+            worker = self._start(slot)
         self.idle.remove(worker)
         self.busy.append(worker)
         self._keep_spare()
         return worker
 
     def _keep_spare(self) -> None:
-        if self.spares and self._spare_started and not any(w.slot is None for w in self.idle):
-            self._start()
+        if self.spares and self._last_replaced is not None and self.spare is None:
+            self.spare = self._start(None if self._alike() else self._last_replaced)
 
     def release(self, worker: Worker, healthy: bool) -> None:
         """Back to idle after a clean trial; otherwise killed (the spare takes its slot next)."""
@@ -163,7 +190,7 @@ class WorkerPool:
         else:
             worker.kill()
             self.replaced += 1
-        self._spare_started = True
+            self._last_replaced = worker.slot
         self._keep_spare()
 
     def wait(self, timeout: float) -> None:

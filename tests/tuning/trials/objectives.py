@@ -10,6 +10,11 @@ import time
 from modelyard.tuning import TrialPruned
 
 LOADED = time.time()  # module state a warm worker keeps from one trial to the next
+# The worker's share of the machine as this module's import saw it: what TensorFlow, imported
+# at this point, would size its thread pools and choose its devices by.
+AT_IMPORT = {"affinity": sorted(os.sched_getaffinity(0)), "intra": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+             "inter": os.environ.get("TF_NUM_INTEROP_THREADS"), "omp": os.environ.get("OMP_NUM_THREADS"),
+             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def _log(**fields):
@@ -54,3 +59,14 @@ def misbehave(params, report):
             time.sleep(3600)  # goes on "training" after it was told to stop
     _log(event="end")
     return value
+
+
+def placement(params, report):
+    """Logs the share the module's import saw, the trial's cores and the frozen object count."""
+    import gc
+
+    _log(event="placement", at_import=AT_IMPORT, affinity=sorted(os.sched_getaffinity(0)),
+         intra=os.environ.get("TF_NUM_INTRAOP_THREADS"), trial_cpus=os.environ.get("MODELYARD_TRIAL_CPUS"),
+         frozen=gc.get_freeze_count())
+    report(1, params["x"])
+    return params["x"]
