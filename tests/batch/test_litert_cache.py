@@ -32,7 +32,7 @@ try:
     error = None
 except ServingError as exc:
     error = [exc.code.name, str(exc)]
-print(json.dumps({"servable": type(servable).__name__, "runtime": servable.runtime, "out": out.tolist(),
+print(json.dumps({"from_cache": servable.from_cache, "runtime": servable.runtime, "out": out.tolist(),
                   "tensorflow_before_bad_batch": before_bad, "error": error}))
 """
 
@@ -49,11 +49,11 @@ def test_a_verified_conversion_loads_again_without_tensorflow(tiny_model, tmp_pa
     version = tiny_model.base / "0001"
     rows = np.random.default_rng(3).normal(size=(7, 4)).astype(np.float32)
     first = _load(version, tmp_path / "cache", rows.tolist())
-    assert first["servable"] == "MixedServable" and first["runtime"] == "litert"
+    assert first["from_cache"] is False and first["runtime"] == "litert"
     assert list((tmp_path / "cache" / "litert").glob("*/serving_default/model.tflite"))
 
     again = _load(version, tmp_path / "cache", rows.tolist())
-    assert again["servable"] == "CachedLiteRTServable" and again["runtime"] == "litert"
+    assert again["from_cache"] is True and again["runtime"] == "litert"
     assert again["tensorflow_before_bad_batch"] is False
     assert again["out"] == first["out"]  # the same flatbuffer on the same interpreter: the same bits
     np.testing.assert_allclose(again["out"], tiny_model.reference(rows), rtol=1e-5, atol=1e-6)
@@ -84,7 +84,7 @@ def test_a_cache_that_cannot_be_written_only_means_converting_again(tiny_model, 
     blocked.write_text("a file where the cache directory would go")
     for _ in range(2):
         loaded = _load(tiny_model.base / "0001", blocked, [[1.0, 2.0, 3.0, 4.0]])
-        assert loaded["servable"] == "MixedServable"
+        assert loaded["from_cache"] is False
         np.testing.assert_allclose(loaded["out"], tiny_model.reference([[1.0, 2.0, 3.0, 4.0]]), rtol=1e-5, atol=1e-6)
 
 
@@ -97,8 +97,8 @@ def test_a_torn_entry_is_a_miss(tiny_model, tmp_path: Path, monkeypatch):
     (entry,) = (tmp_path / "cache" / "litert").glob("*/serving_default")
     (entry / "signature.json").write_text('{"name": "serving_default", "inp')
     assert litert_cache.load(version, "serving_default") is None
-    assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "MixedServable"
-    assert _load(version, tmp_path / "cache", [[0.0] * 4])["servable"] == "CachedLiteRTServable"  # rewritten
+    assert _load(version, tmp_path / "cache", [[0.0] * 4])["from_cache"] is False
+    assert _load(version, tmp_path / "cache", [[0.0] * 4])["from_cache"] is True  # rewritten
 
 
 def test_a_flipped_byte_in_a_cached_flatbuffer_is_a_miss_not_a_crash(tiny_model, tmp_path: Path, monkeypatch):
@@ -114,10 +114,10 @@ def test_a_flipped_byte_in_a_cached_flatbuffer_is_a_miss_not_a_crash(tiny_model,
     assert litert_cache.load(version, "serving_default") is None
     rows = [[1.0, 2.0, 3.0, 4.0]]
     loaded = _load(version, tmp_path / "cache", rows)
-    assert loaded["servable"] == "MixedServable"  # converted and verified again
+    assert loaded["from_cache"] is False  # converted and verified again
     np.testing.assert_allclose(loaded["out"], tiny_model.reference(rows), rtol=1e-5, atol=1e-6)
     assert flatbuffer.read_bytes() == good  # and the entry rewritten
-    assert _load(version, tmp_path / "cache", rows)["servable"] == "CachedLiteRTServable"
+    assert _load(version, tmp_path / "cache", rows)["from_cache"] is True
 
 
 def test_the_server_takes_a_cached_conversion_instead_of_converting_again(tiny_model, tmp_path: Path, monkeypatch):

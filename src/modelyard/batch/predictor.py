@@ -50,11 +50,12 @@ def load_servable(version_dir: Path, runtime: str = "auto", signature_name: str 
     key = None
     if runtime != "tensorflow":
         from modelyard.model.runtime import litert_cache
+        from modelyard.model.runtime.litert_first import LiteRTFirstServable
 
         key = litert_cache.key_of(version_dir)  # hashed once: a miss hands it to choose_runtime
         cached = litert_cache.load(version_dir, signature_name, key) if key else None
         if cached is not None:
-            return litert_cache.CachedLiteRTServable.of_entry(version_dir, *cached)
+            return LiteRTFirstServable.of_entry(version_dir, *cached)
     from modelyard.model.runtime.choose_runtime import choose_runtime
     from modelyard.model.runtime.tf_session import load_saved_model
 

@@ -20,6 +20,7 @@ import numpy as np
 from modelyard.errors import Code, ServingError
 from modelyard.model.runtime import litert_cache
 from modelyard.model.runtime.litert import AliasedRunner, LiteRTRunner
+from modelyard.model.runtime.litert_first import LiteRTFirstServable, litert_can_take
 from modelyard.model.runtime.servable import Servable
 from modelyard.model.tflite import convert_saved_model
 from modelyard.model.signatures import Signature
@@ -29,42 +30,14 @@ log = logging.getLogger("modelyard.serving")
 RUNTIMES = ("auto", "tensorflow", "litert")
 TOLERANCE = 1e-5
 SAMPLE_BATCHES = (1, 3)
-class MixedServable(Servable):
-    """A session servable whose listed signatures run on LiteRT instead (inputs LiteRT refuses: the session)."""
-
-    def __init__(self, session: Servable, fast: dict[str, AliasedRunner]):
-        super().__init__(session.path, session.signatures, session.signature_def_map)
-        self._session = session
-        self._fast = fast
-        self.runtime = "litert" if fast else session.runtime
-        self.inline_ok = set(fast) >= {n for n, s in session.signatures.items() if sample_inputs(s, 1) is not None}
-
-    def runtime_of(self, signature_name: str) -> str:
-        return "litert" if signature_name in self._fast else self._session.runtime
-
-    def run(self, signature, inputs, output_aliases):
-        fast = self._fast.get(signature.name)
-        if fast is None:
-            return self._session.run(signature, inputs, output_aliases)
-        try:
-            return fast.run(inputs, output_aliases)
-        except ServingError:
-            # LiteRT refused these inputs (say, a shape its kernels cannot take). TensorFlow answers
-            # them, with its own result or error (TF Serving's), so the runtime never changes either.
-            return self._session.run(signature, inputs, output_aliases)
-
-    def close(self) -> None:
-        self._fast.clear()
-        self._session.close()
-
 
 def sample_inputs(sig: Signature, batch: int, seed: int = 0) -> dict[str, np.ndarray] | None:
     """Plausible inputs for ``sig`` at ``batch`` rows, or None when shapes or dtypes can't be guessed."""
+    if not litert_can_take(sig):
+        return None
     rng = np.random.default_rng(seed)
     out = {}
     for alias, spec in sig.inputs.items():
-        if spec.shape is None or not spec.shape or any(d < 0 for d in spec.shape[1:]):
-            return None
         shape = (batch,) + tuple(spec.shape[1:])
         dtype = spec.numpy_dtype
         if dtype.kind == "f":
@@ -73,10 +46,8 @@ def sample_inputs(sig: Signature, batch: int, seed: int = 0) -> dict[str, np.nda
             out[alias] = rng.integers(0, 256, size=shape, dtype=np.uint8)
         elif dtype.kind in "iu":
             out[alias] = rng.integers(0, 10, size=shape).astype(dtype)
-        elif dtype.kind == "b":
+        else:  # bool, the one kind left that LiteRT can take
             out[alias] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            return None
     return out
 
 
@@ -116,16 +87,15 @@ def _convert(session: Servable, sig: Signature) -> tuple[bytes, AliasedRunner]:
 
 
 def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> Servable:
-    """Return ``session`` itself (tensorflow) or a MixedServable with verified LiteRT signatures.
+    """Return ``session`` itself (tensorflow) or a LiteRTFirstServable over it, with verified LiteRT signatures.
     ``key``: ``litert_cache.key_of(session.path)`` when the caller has hashed the model already."""
     if runtime == "tensorflow":
         return session
     fast = {}
     key = key or litert_cache.key_of(session.path)
     for name, sig in session.signatures.items():
-        samples = [sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES]
         reason = None
-        if any(s is None for s in samples):
+        if not litert_can_take(sig):
             # No runtime choice to make: LiteRT takes no serialized Examples or strings.
             log.info("Signature %s of %s stays on TensorFlow: LiteRT cannot take inputs of unknown shape or "
                  "non-numeric dtype", name, session.path)
@@ -140,8 +110,8 @@ def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> S
             continue
         try:
             content, candidate = _convert(session, sig)
-            trial = MixedServable(session, {name: candidate})
-            for sample in samples:
+            trial = LiteRTFirstServable.over_session(session, {name: candidate})
+            for sample in (sample_inputs(sig, b, seed=b) for b in SAMPLE_BATCHES):
                 expected = session.run(sig, sample, tuple(sig.outputs))
                 reason = _matches(expected, trial.run(sig, sample, tuple(sig.outputs)))
                 if reason:
@@ -157,12 +127,12 @@ def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> S
             log.info("Signature %s of %s stays on TensorFlow: %s", name, session.path, reason)
         else:
             log.info("Signature %s of %s runs on LiteRT (outputs match TensorFlow)", name, session.path)
-    return MixedServable(session, fast) if fast else session
+    return LiteRTFirstServable.over_session(session, fast) if fast else session
 
 
 def cached_servable(path: Path, runtime: str, session_config=None) -> Servable | None:
     """The version at ``path`` on its cached, verified LiteRT conversions, without loading TensorFlow
-    (``litert_cache.CachedLiteRTServable``), when every signature LiteRT can take has one for these
+    (a ``LiteRTFirstServable`` that loads a session on first need), when every signature LiteRT can take has one for these
     bytes; None otherwise (a miss, a signature LiteRT failed to match, an unreadable SavedModel):
     then ``choose_runtime`` decides over a loaded session, as on a first load."""
     if runtime == "tensorflow":
@@ -181,7 +151,7 @@ def cached_servable(path: Path, runtime: str, session_config=None) -> Servable |
         return None
     fast = {}
     for name, sig in signatures.items():
-        if any(sample_inputs(sig, b, seed=b) is None for b in SAMPLE_BATCHES):
+        if not litert_can_take(sig):
             continue  # LiteRT cannot take it under any runtime: the session answers it when asked
         cached = litert_cache.load(path, name, key)
         if cached is None or cached[0] != sig:
@@ -194,4 +164,5 @@ def cached_servable(path: Path, runtime: str, session_config=None) -> Servable |
         log.info("Signature %s of %s %s", name, path, "runs on LiteRT (outputs match TensorFlow), as checked at "
                  "its first conversion (cached); TensorFlow is loaded only for what LiteRT refuses"
                  if name in fast else "stays on TensorFlow (LiteRT cannot take its inputs), loaded when first asked")
-    return litert_cache.CachedLiteRTServable(path, signatures, fast, graph.signature_def, session_config)
+    return LiteRTFirstServable(path, signatures, fast, graph.signature_def, session_config=session_config,
+                               from_cache=True)

@@ -17,7 +17,7 @@ entry removed under a reader only costs that reader a fresh conversion.
 
 ``choose_runtime`` takes an entry instead of converting and checking again. When every signature
 LiteRT can take has one, the server and batch workers load the entries alone
-(``CachedLiteRTServable``, ``choose_runtime.cached_servable``): what LiteRT refuses, and the
+(``litert_first.LiteRTFirstServable``, ``choose_runtime.cached_servable``): what LiteRT refuses, and the
 signatures it cannot take (classify/regress on Examples), still get TensorFlow's answer, from a
 session loaded on first need.
 """
@@ -29,15 +29,11 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import quote
 
-import numpy as np
 
-from modelyard.errors import ServingError
-from modelyard.model.runtime.servable import Servable
 from modelyard.model.signatures import Signature, TensorSpec
 
 log = logging.getLogger("modelyard.serving")
@@ -202,57 +198,3 @@ def load(version_dir: Path, signature_name: str, key: str | None = None) -> tupl
         except OSError:
             pass
     return found
-
-
-class CachedLiteRTServable(Servable):
-    """A SavedModel's signatures on their verified LiteRT conversions (``fast``), with the TensorFlow
-    session loaded only when needed: for a signature LiteRT cannot take (``fast`` lacks it), or a
-    request LiteRT refuses (as ``MixedServable`` answers those, so answers and errors are the same).
-    Until then the process need not import TensorFlow at all."""
-
-    runtime = "litert"
-    inline_ok = True  # every signature LiteRT can take runs on it (the loaders ensure it)
-
-    def __init__(self, path: Path, signatures: dict[str, Signature], fast: dict, signature_def_map=None,
-                 session_config=None):
-        super().__init__(path, signatures, signature_def_map)
-        self._fast = fast  # signature name -> litert.AliasedRunner
-        self._session_config = session_config
-        self._session: Servable | None = None
-        self._session_lock = threading.Lock()
-
-    @classmethod
-    def of_entry(cls, path: Path, signature: Signature, content: bytes, in_keys: dict, out_keys: dict,
-                 **kwargs) -> "CachedLiteRTServable":
-        """One signature, from its cache entry (``load``'s answer)."""
-        from modelyard.model.runtime.litert import AliasedRunner, LiteRTRunner
-
-        runner = AliasedRunner(LiteRTRunner(content, signature.name), in_keys, out_keys)
-        return cls(path, {signature.name: signature}, {signature.name: runner}, **kwargs)
-
-    def runtime_of(self, signature_name: str) -> str:
-        return "litert" if signature_name in self._fast else "tensorflow"
-
-    def session(self) -> Servable:
-        with self._session_lock:
-            if self._session is None:
-                from modelyard.model.runtime.tf_session import load_saved_model
-
-                log.info("Loading %s into TensorFlow too, for what LiteRT does not answer", self.path)
-                self._session = load_saved_model(self.path, self._session_config)
-            return self._session
-
-    def run(self, signature, inputs: dict[str, np.ndarray], output_aliases) -> dict[str, np.ndarray]:
-        fast = self._fast.get(signature.name)
-        if fast is not None:
-            try:
-                return fast.run(inputs, output_aliases)
-            except ServingError:
-                pass  # LiteRT refused these inputs: TensorFlow answers them, with its own result or error
-        session = self.session()
-        return session.run(session.signatures[signature.name], inputs, output_aliases)
-
-    def close(self) -> None:
-        self._fast.clear()
-        if self._session is not None:
-            self._session.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 
 from modelyard.errors import Code, ServingError
 from modelyard.model.savedmodel import SERVE_TAG
