@@ -21,8 +21,8 @@ quieter meanwhile favours neither side):
    generated JSONL of demo digits (version 0002, batch 256), output on the driver's disk:
    * no shared disk, gs:// input: the namespaced cluster above (its replicas undeployed), the
      input only in a Cloud Storage (``python -m modelyard.platform.storage``, the code the platform
-     serves; reached at STORAGE_EMULATOR_HOST): planned by a Ray task on a node, range-read by the
-     actor that runs each chunk;
+     serves; reached at STORAGE_EMULATOR_HOST): planned by the driver through ranged reads as far
+     as the plan has got (never copied whole), each chunk range-read by the actor that runs it;
    * no shared disk, local input: the same cluster, a local file (its chunks read by the driver and
      shipped to the actors through Ray's object store); for the breakdown, not a target;
    * shared disk: a cluster of a 0-CPU head and 2 nodes with 1 CPU each started without mount
@@ -212,38 +212,22 @@ def batch_job(address: str, model_base: Path, source: str, out: Path, rows: int,
             "predict_s": job["predict_seconds"]}
 
 
-_SCAN = """
-import json, sys, time
-from modelyard.batch.engine_ray import connect, scan_on_cluster
-from modelyard.batch.spec import DEFAULT_CHUNK_ROWS
-connect(sys.argv[1])
-took = []
-for _ in range(2):
-    t = time.monotonic()
-    ranges, _context = scan_on_cluster(sys.argv[1])("jsonl", sys.argv[2], DEFAULT_CHUNK_ROWS)
-    took.append(time.monotonic() - t)
-print(json.dumps(took))
-"""
-
-
-def cluster_scan(address: str, remote: str, storage_url: str) -> list[float]:
-    """Seconds of the Ray task that plans a remote input (``engine_ray.scan_on_cluster``, what a job
-    runs before its first chunk), twice: the first in a new worker, the second maybe in the same."""
-    from tests.ray_cluster import node_env
-
-    child = {**node_env(), "STORAGE_EMULATOR_HOST": storage_url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-    found = subprocess.run([sys.executable, "-c", _SCAN, address, remote], env=child, capture_output=True,
-                           text=True, timeout=600, check=True)
-    return json.loads(found.stdout.strip().splitlines()[-1])
-
-
 def storage_reads(remote: str, workdir: Path) -> dict:
-    """What the gs:// side reads from storage, timed from this host: the whole object copied to a local
-    file and scanned into chunks (what the plan's Ray task does on a node), then every chunk's range
-    read back (what the actors do, here one after the other)."""
+    """What the gs:// side reads from storage, timed from this host: the plan made by ranged reads (what
+    the driver does: its first chunk, then the whole plan), for comparison the whole object copied to a
+    local file and scanned (how a remote input was planned before), then every chunk's range read back
+    (what the actors do, here one after the other)."""
     from modelyard import objstore
-    from modelyard.batch.readers import reader
+    from modelyard.batch import remote as batch_remote
+    from modelyard.batch.readers import iter_plan, reader
     from modelyard.batch.spec import DEFAULT_CHUNK_ROWS
+
+    t = time.monotonic()
+    planned = iter_plan([remote], "jsonl", DEFAULT_CHUNK_ROWS, batch_remote.ranged_source)
+    next(planned)
+    first_chunk = time.monotonic() - t
+    chunks = 1 + sum(1 for _ in planned)
+    whole_plan = time.monotonic() - t
 
     fs = objstore.filesystem("gs")
     copy = workdir / "scan-copy.jsonl"
@@ -257,7 +241,9 @@ def storage_reads(remote: str, workdir: Path) -> dict:
     t = time.monotonic()
     for start, end, _rows in ranges:
         fs.cat_file(remote, start, end)
-    return {"copy_s": copied, "scan_s": scanned, "ranges_s": time.monotonic() - t, "chunks": len(ranges)}
+    assert len(ranges) == chunks, (len(ranges), chunks)
+    return {"copy_s": copied, "scan_s": scanned, "ranges_s": time.monotonic() - t, "chunks": len(ranges),
+            "first_chunk_s": first_chunk, "plan_s": whole_plan}
 
 
 # ------------------------------------------------------------------ main
@@ -336,8 +322,9 @@ def main() -> int:
             upload_s = time.monotonic() - t
             log(f"uploaded {size_mib:,.0f} MiB to {remote} in {upload_s:.1f} s")
             reads = storage_reads(remote, tmp)
-            log(f"from this host: the object copied in {reads['copy_s']:.1f} s (+ scanned: {reads['scan_s']:.1f} s), "
-                f"its {reads['chunks']} chunk ranges read in {reads['ranges_s']:.1f} s")
+            log(f"from this host: planned by ranged reads, first chunk in {reads['first_chunk_s']:.2f} s, the "
+                f"whole plan in {reads['plan_s']:.1f} s; the object copied in {reads['copy_s']:.1f} s (+ scanned: "
+                f"{reads['scan_s']:.1f} s), its {reads['chunks']} chunk ranges read in {reads['ranges_s']:.1f} s")
             log("starting the shared-disk cluster: a 0-CPU head and 2 nodes without mount namespaces")
             scratch = Path(tempfile.mkdtemp(prefix="bench-ray-spread-", dir="/dev/shm"))
             scratches.append(scratch)
@@ -356,9 +343,6 @@ def main() -> int:
                     f"({r['seconds']:.1f} s = {r['start_s']:.1f} start + {r['load_s']:.1f} to a loaded model + "
                     f"{r['predict_s']:.1f} predicting), {r['predict_rows_s']:,.0f} predicting, on {r['nodes']} nodes")
 
-            scans = cluster_scan(spread_cluster.address, remote, store.url)
-            log("the plan's scan task of the gs:// input on the spread cluster: "
-                + ", ".join(f"{t:.1f} s" for t in scans))
             first = {}
             for name in ("no shared disk, gs:// input", "shared disk, local input"):
                 first[name] = job(name, -1)
@@ -415,13 +399,13 @@ def main() -> int:
         "Start: the command before the job's clock (imports, joining the cluster); to a loaded model: the job's "
         "clock until its first actor has its model (the plan starts meanwhile); predicting: from there to the "
         "last commit (the job's `predict_seconds`).", "",
-        f"Reading the gs:// input from this host, for comparison: the whole object copied to a local file in "
-        f"{reads['copy_s']:.1f} s and scanned into {reads['chunks']} chunks by {reads['scan_s']:.1f} s (what the "
-        f"plan's Ray task does on a node before the first chunk of a remote input can be handed out); its "
-        f"{reads['chunks']} chunk ranges read one after the other in {reads['ranges_s']:.1f} s (what the actors "
-        "do, two at a time). The local-input sides read the file from the page cache on the driver. The "
-        "same scan as a Ray task on the spread cluster (`engine_ray.scan_on_cluster`, from a driver already "
-        "joined), twice: " + ", ".join(f"{t:.1f} s" for t in scans) + ".", "",
+        f"Reading the gs:// input from this host, for comparison: the plan made by ranged reads (what the "
+        f"driver does: `batch.remote.ranged_source`) has its first chunk in {reads['first_chunk_s']:.2f} s and "
+        f"all {reads['chunks']} in {reads['plan_s']:.1f} s, while the actors load their models; the whole object "
+        f"copied to a local file takes {reads['copy_s']:.1f} s, {reads['scan_s']:.1f} s with its scan (how a "
+        f"remote input was planned before, in a Ray task, ahead of the first chunk); its {reads['chunks']} chunk "
+        f"ranges read one after the other take {reads['ranges_s']:.1f} s (what the actors do, two at a time). "
+        "The local-input sides read the file from the page cache on the driver.", "",
         f"No shared disk (gs:// input) / shared disk, end to end: **{b_ratio:.2f}x** (target >= 0.8: "
         f"{verdict(b_ratio)}); no shared disk with a local input / shared disk: {b_local_ratio:.2f}x.", "",
         f"1-minute load {load_end:.1f} at the end of the batch turns.",

@@ -130,6 +130,17 @@ def stat(uri: str) -> tuple[int, int]:
     return int(info.get("size") or 0), ns
 
 
+def read_range(uri: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a remote object, in one ranged read (Cloud Storage's and S3's
+    ``Range`` header): a batch job's plan and its chunks read only the bytes they need."""
+    try:
+        return filesystem(scheme_of(uri)).cat_file(uri, start, end)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise _remote_failure(uri, exc) from None
+
+
 def stage_in(files: list[str], into: Path) -> list[str]:
     """Local paths for ``files``: local ones as they are, remote ones downloaded into ``into`` once
     (a file already there whole is kept, so a resumed job sees the very same inputs)."""

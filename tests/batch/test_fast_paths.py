@@ -387,12 +387,12 @@ def test_count_byte_agrees_with_python_at_every_length_and_alignment():
 
 
 def test_line_ranges_are_the_same_counted_in_c_or_numpy(tmp_path: Path, monkeypatch):
-    from modelyard.batch.readers import lines
+    from modelyard.batch.readers import lines, source
 
     rng = np.random.default_rng(5)
     path = tmp_path / "lines.jsonl"
     path.write_bytes(b"".join(b"x" * int(n) + b"\n" for n in rng.integers(0, 300, size=5000)) + b"tail")
-    monkeypatch.setattr(lines, "BLOCK", 4096)  # many blocks, chunks ending inside and across them
+    monkeypatch.setattr(source, "BLOCK", 4096)  # many blocks, chunks ending inside and across them
     with_c = [list(lines.line_ranges(str(path), rows)) for rows in (1, 7, 64, 1000, 10000)]
     monkeypatch.setattr(lines, "_count_byte", None)
     assert with_c == [list(lines.line_ranges(str(path), rows)) for rows in (1, 7, 64, 1000, 10000)]

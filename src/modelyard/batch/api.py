@@ -17,7 +17,7 @@ from modelyard.batch import job as jobs
 from modelyard.batch import remote
 from modelyard.batch.progress import Progress
 from modelyard.batch import job_plan
-from modelyard.batch.readers import Chunk, collect, iter_plan
+from modelyard.batch.readers import Chunk, FileSource, collect, iter_plan
 from modelyard.batch.shards import committed, finalize
 from modelyard.batch.spec import (DEFAULT_CHUNK_ROWS, BatchError, JobSpec, check_options, expand_inputs,
                                   guess_format, resolve_model)
@@ -167,16 +167,14 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     # Local workers start now: their TensorFlow import and model load overlap staging and planning.
     pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
-        scan = None
-        if engine == "ray":  # remote inputs are read by the nodes (planned by one, each chunk by its actor)
-            from modelyard.batch.engine_ray import scan_on_cluster
-
-            local_inputs, scan = [f.path for f in spec.inputs], scan_on_cluster(ray_address)
+        opener = None
+        if engine == "ray":  # remote inputs are not staged: planned by ranged reads, each chunk read by its actor
+            local_inputs, opener = [f.path for f in spec.inputs], remote.ranged_source
         else:
             local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         # A new job is planned while the workers predict its first chunks.
         source, total, rows_done = _chunks(job.job_dir, local_inputs, spec,
-                                           estimate=lambda rows: setattr(bar, "total", rows), say=say, scan=scan)
+                                           estimate=lambda rows: setattr(bar, "total", rows), say=say, opener=opener)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
         def ready(runtime: str) -> None:
@@ -253,16 +251,17 @@ def _nothing_succeeded(job_dir: Path, spec: JobSpec, stats: dict[str, int]) -> s
             + f". The input was read as {spec.format} (--format); every error is in {job_dir / ERRORS_FILE}")
 
 
-def _planned(files: list[str], spec: JobSpec, scan: Any = None) -> Iterator[tuple[Chunk, Any]]:
-    """``iter_plan`` for the job, an input it cannot plan failing the job (BatchError)."""
+def _planned(files: list[str], spec: JobSpec, opener: Any = None) -> Iterator[tuple[Chunk, Any]]:
+    """``iter_plan`` for the job (``opener``: how its files are read, local files by default), an
+    input it cannot plan failing the job (BatchError)."""
     try:
-        yield from iter_plan(files, spec.format, spec.chunk_rows, scan)
+        yield from iter_plan(files, spec.format, spec.chunk_rows, opener or FileSource)
     except (ValueError, OSError) as exc:
         raise BatchError(str(exc)) from None
 
 
 def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[int], None],
-            say: Callable[[str], None], scan: Any = None) -> tuple[Iterable, int, int]:
+            say: Callable[[str], None], opener: Any = None) -> tuple[Iterable, int, int]:
     """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs not
     committed yet.
 
@@ -271,10 +270,10 @@ def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[
     the plan grows."""
     planned = job_plan.load_plan(job_dir)
     if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
-        planned = collect(_planned(files, spec, scan))
+        planned = collect(_planned(files, spec, opener))
         job_plan.finish_partial_plan(job_dir, planned)
     if planned is None:  # a new job: nothing is committed yet
-        return _counted(job_plan.recorded(job_dir, _planned(files, spec, scan)), spec, estimate), 0, 0
+        return _counted(job_plan.recorded(job_dir, _planned(files, spec, opener)), spec, estimate), 0, 0
     chunks, contexts = planned
     done = committed(job_dir)
     rows_done = sum(chunks[i].rows for i in done if i < len(chunks))

@@ -11,9 +11,11 @@ machine:
   model on that node fetches nothing;
 - a chunk of a local input is read by the driver and handed to its actor as bytes (Ray's object
   store); a chunk of a ``gs://``/``s3://`` input is read by its actor straight from storage (a
-  ranged read), and a remote input is planned by a Ray task on a node (``scan_on_cluster``), so
-  it is never staged on the driver's disk. The actor keeps the range in a scratch file at the
-  same offsets (``Chunk.local_copy``): messages still name the input's own URI;
+  ranged read), and a remote input is planned by the driver through ranged reads as far as the
+  plan has got (``remote.ranged_source``): the first chunk is handed out once its own bytes are
+  read, and the input is never copied whole, to the driver's disk or a node's. The actor keeps the
+  range in a scratch file at the same offsets (``Chunk.local_copy``): messages still name the
+  input's own URI;
 - the actor predicts the chunk into a scratch job directory and answers with the part's bytes and
   counts; the driver commits them into the job with the same record as the local engine
   (``shards.commit_part_data``: errors part, then the results part's rename). So only the
@@ -43,6 +45,7 @@ from typing import Any, Callable, Iterable
 
 from modelyard import node_cache, objstore
 from modelyard.batch.readers import Chunk
+from modelyard.batch.remote import read_range
 from modelyard.batch.spec import BatchError, JobSpec
 
 # Chunks held by each actor: the one it runs and the next, waiting when the first is answered.
@@ -120,42 +123,6 @@ def storage_runtime_env() -> dict:
     return {"env_vars": found} if found else {}
 
 
-def _scan_remote(fmt: str, uri: str, chunk_rows: int) -> tuple[list, Any]:
-    """On a node: the remote input's ranges and context, from a copy in the node's scratch space
-    (removed before returning). A message naming the copy names ``uri`` instead."""
-    from modelyard.batch.readers import reader
-
-    scratch = Path(tempfile.mkdtemp(prefix="modelyard-scan-"))
-    copy = scratch / "input"
-    try:
-        objstore.filesystem(objstore.scheme_of(uri)).get(uri, str(copy))
-        try:
-            ranges, context = reader(fmt).scan(str(copy), chunk_rows)
-            return list(ranges), context
-        except (ValueError, OSError) as exc:
-            raise ValueError(str(exc).replace(str(copy), uri)) from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def scan_on_cluster(address: str | None) -> Callable[[str, str, int], tuple[Any, Any]]:
-    """A ``scan`` for ``readers.iter_plan``: local files scanned here, remote ones by a Ray task on a
-    node (read from storage there: the driver's disk never holds them)."""
-    def scan(fmt: str, path: str, chunk_rows: int):
-        from modelyard.batch.readers import reader
-
-        if not objstore.is_remote(path):
-            return reader(fmt).scan(path, chunk_rows)
-        ray = connect(address)
-        task = ray.remote(num_cpus=0, max_retries=3)(_scan_remote).options(runtime_env=storage_runtime_env())
-        try:
-            return ray.get(task.remote(fmt, path, chunk_rows))
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.as_instanceof_cause()
-            raise ValueError(str(cause).strip().splitlines()[-1]) from None
-    return scan
-
-
 def _read_range(path: str, start: int, end: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(start)
@@ -201,7 +168,7 @@ class ChunkWorker:
     def _local(self, chunk: Chunk, data: bytes | None) -> Chunk:
         """The chunk, its bytes in a scratch file at the same offsets (sparse below them)."""
         if data is None:  # a remote input: read here, one ranged read
-            data = objstore.filesystem(objstore.scheme_of(chunk.file)).cat_file(chunk.file, chunk.start, chunk.end)
+            data = read_range(chunk.file, chunk.start, chunk.end)
         copy = self.scratch / f"c{chunk.index:06d}.input"
         with open(copy, "wb") as f:
             f.seek(chunk.start)

@@ -1,8 +1,12 @@
-"""gs:// and s3:// for batch jobs: remote inputs staged into the job, remote outputs published at the end.
+"""gs:// and s3:// for batch jobs: remote inputs staged or read by ranges, remote outputs published at the end.
 
-The readers plan chunks as byte ranges and seek into them, so remote inputs are downloaded whole
-into ``<job dir>/.inputs/`` before planning (staging is the simple honest choice; a resumed job
-finds them there and downloads nothing again) and removed once the job has succeeded.
+The readers plan chunks as byte ranges and seek into them. The local engine's workers read local
+files, so its remote inputs are downloaded whole into ``<job dir>/.inputs/`` before planning (a
+resumed job finds them there and downloads nothing again) and removed once the job has succeeded.
+The Ray engine stages nothing: a remote input is planned through ranged reads (``ranged_source``:
+read block by block as far as the plan has got, so the first chunk is planned from its own bytes
+alone) and each chunk is read by the actor that runs it (``read_range``). The same planning code
+reads both, so both engines plan the same input into the same chunks.
 
 A remote ``--output`` gets a local staging directory keyed by the URI (``staging_dir``), under which
 the job runs exactly as a local one does (atomic part commits, exactly-once resume). When it
@@ -19,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from modelyard import objstore
+from modelyard.batch.readers import FileSource, RangedSource, Source
 from modelyard.batch.job import JOB_FILE, JOB_PREFIX, SUCCEEDED, BatchPredictionJob, is_same_job
 from modelyard.batch.shards import ERRORS_FILE, result_shards
 from modelyard.batch.spec import BatchError, JobSpec
@@ -45,6 +50,26 @@ def stage_inputs(job_dir: Path, spec: JobSpec) -> list[str]:
         return objstore.stage_in(paths, (job_dir / INPUTS_DIR).resolve())
     except objstore.StorageError as exc:
         raise BatchError(f"staging the inputs: {exc.message}") from None
+
+
+def read_range(uri: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a remote object, in one ranged read; ValueError naming the URI if it fails."""
+    try:
+        return objstore.read_range(uri, start, end)
+    except objstore.StorageError as exc:
+        raise ValueError(f"reading bytes {start}-{end}: {exc.message}") from None
+
+
+def ranged_source(path: str) -> Source:
+    """The bytes the plan reads of ``path``: a local file as it is; a remote object by ranged reads
+    (its size looked up now), never copied whole. ValueError naming the URI if it cannot be read."""
+    if not objstore.is_remote(path):
+        return FileSource(path)
+    try:
+        size, _modified = objstore.stat(path)
+    except objstore.StorageError as exc:
+        raise ValueError(exc.message) from None
+    return RangedSource(path, size, lambda start, end: read_range(path, start, end))
 
 
 def drop_staged_inputs(job_dir: Path) -> None:

@@ -11,11 +11,13 @@ May import: ``modelyard.errors`` and the standard library; nothing of the job or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from modelyard.batch.readers.rows import BadRow, RawJson, Row
+from modelyard.batch.readers.source import FileSource, RangedSource, Source
 
-__all__ = ["BadRow", "Chunk", "RawJson", "Row", "check_rows", "collect", "iter_plan", "plan", "read_chunk", "reader"]
+__all__ = ["BadRow", "Chunk", "FileSource", "RawJson", "RangedSource", "Row", "Source", "check_rows", "collect",
+           "iter_plan", "plan", "read_chunk", "reader"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Chunk:
 
 
 def reader(fmt: str):
-    """The module implementing ``fmt``: ``scan(path, chunk_rows) -> (ranges, context)`` and
+    """The module implementing ``fmt``: ``scan(path or Source, chunk_rows) -> (ranges, context)`` and
     ``decode(data, context, path, first_row) -> list[Row | BadRow]``."""
     if fmt == "jsonl":
         from modelyard.batch.readers import jsonl as module
@@ -52,15 +54,17 @@ def reader(fmt: str):
     return module
 
 
-def iter_plan(files: list[str], fmt: str, chunk_rows: int, scan: Any = None) -> Iterator[tuple[Chunk, Any]]:
+def iter_plan(files: list[str], fmt: str, chunk_rows: int,
+              open_source: Callable[[str], Source] = FileSource) -> Iterator[tuple[Chunk, Any]]:
     """Every chunk of every file, in order, with its file's decode context (e.g. a CSV header),
     each as soon as it is found. The same files give the same chunks, so a plan cut short can be
-    made again and checked against what it had handed out. ``scan(fmt, path, chunk_rows)``, when
-    given, stands for the format's own ``scan`` (the Ray engine scans remote files on a node)."""
+    made again and checked against what it had handed out. ``open_source(path)`` gives a file's
+    bytes: a local file by default; the Ray engine gives ranged reads of a remote one, read only as
+    far as the plan has got (one planning rule for every file, wherever its bytes are)."""
     module = reader(fmt)
     index = 0
     for path in files:
-        ranges, context = scan(fmt, path, chunk_rows) if scan else module.scan(path, chunk_rows)
+        ranges, context = module.scan(open_source(path), chunk_rows)
         first = 0
         for start, end, rows in ranges:
             yield Chunk(index, path, start, end, rows, first), context

@@ -12,20 +12,22 @@ import orjson
 
 from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.lines import line_ranges, show
+from modelyard.batch.readers.source import Source, opened
 
 
-def scan(path: str, chunk_rows: int):
-    header_range = next(line_ranges(path, 1, quoted=True), None)  # the first row only
+def scan(file: str | Source, chunk_rows: int):
+    source = opened(file)
+    path = source.name
+    header_range = next(line_ranges(source, 1, quoted=True), None)  # the first row only
     if header_range is None:
         return [], []  # an empty file: no header, no rows
     end = header_range[1]
-    with open(path, "rb") as f:
-        head = f.read(end)
+    head = source.read(0, end)
     try:
         header = next(csv.reader(io.StringIO(head.decode("utf-8-sig"))))
     except (UnicodeDecodeError, StopIteration) as exc:
         raise ValueError(f"{path}: the CSV header row cannot be read ({exc})") from None
-    return line_ranges(path, chunk_rows, start=end, quoted=True), header
+    return line_ranges(source, chunk_rows, start=end, quoted=True), header
 
 
 def _cell(text: str):

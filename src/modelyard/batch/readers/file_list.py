@@ -12,10 +12,12 @@ import orjson
 
 from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.lines import line_ranges, show, split_lines
+from modelyard.batch.readers.source import Source, opened
 
 
-def scan(path: str, chunk_rows: int):
-    return line_ranges(path, chunk_rows), os.path.dirname(os.path.abspath(path))
+def scan(file: str | Source, chunk_rows: int):
+    source = opened(file)
+    return line_ranges(source, chunk_rows), os.path.dirname(os.path.abspath(source.name))
 
 
 def decode(data: bytes, base_dir: str, path: str, first_row: int) -> list:

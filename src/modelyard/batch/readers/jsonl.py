@@ -8,10 +8,11 @@ import orjson
 
 from modelyard.batch.readers.rows import BadRow, RawJson, Row
 from modelyard.batch.readers.lines import line_ranges, show, split_lines
+from modelyard.batch.readers.source import Source
 
 
-def scan(path: str, chunk_rows: int):
-    return line_ranges(path, chunk_rows), None
+def scan(file: str | Source, chunk_rows: int):
+    return line_ranges(file, chunk_rows), None
 
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:

@@ -7,7 +7,6 @@ truncated or corrupt file fails the plan with its offset instead of yielding gar
 from __future__ import annotations
 
 import base64
-import os
 import struct
 from collections.abc import Iterator
 
@@ -15,37 +14,37 @@ import orjson
 
 from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.crc32c import masked_crc
+from modelyard.batch.readers.source import Source, opened
 
 _HEADER = struct.Struct("<QI")
 
 
-def scan(path: str, chunk_rows: int):
-    return _ranges(path, chunk_rows), None
+def scan(file: str | Source, chunk_rows: int):
+    return _ranges(opened(file), chunk_rows), None
 
 
-def _ranges(path: str, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
-    """Each range of ``chunk_rows`` records as soon as its last record's header is checked."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        chunk_start = pos = rows = 0
-        while True:
-            head = f.read(_HEADER.size)
-            if not head:
-                break
-            if len(head) < _HEADER.size:
-                raise ValueError(f"{path}: truncated TFRecord header at byte {pos}")
-            length, length_crc = _HEADER.unpack(head)
-            if masked_crc(head[:8]) != length_crc:
-                raise ValueError(f"{path}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
-            end = pos + _HEADER.size + length + 4
-            if end > size:
-                raise ValueError(f"{path}: truncated TFRecord data: the record at byte {pos} ends past the end of the file")
-            pos = end
-            f.seek(pos)
-            rows += 1
-            if rows == chunk_rows:
-                yield chunk_start, pos, rows
-                chunk_start, rows = pos, 0
+def _ranges(source: Source, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
+    """Each range of ``chunk_rows`` records as soon as its last record's header is checked (headers
+    are read through the source's read-ahead: one fetch per block, not per record)."""
+    path, size = source.name, source.size
+    chunk_start = pos = rows = 0
+    while True:
+        head = source.read(pos, _HEADER.size)
+        if not head:
+            break
+        if len(head) < _HEADER.size:
+            raise ValueError(f"{path}: truncated TFRecord header at byte {pos}")
+        length, length_crc = _HEADER.unpack(head)
+        if masked_crc(head[:8]) != length_crc:
+            raise ValueError(f"{path}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
+        end = pos + _HEADER.size + length + 4
+        if end > size:
+            raise ValueError(f"{path}: truncated TFRecord data: the record at byte {pos} ends past the end of the file")
+        pos = end
+        rows += 1
+        if rows == chunk_rows:
+            yield chunk_start, pos, rows
+            chunk_start, rows = pos, 0
     if rows:
         yield chunk_start, pos, rows
 

@@ -1,0 +1,111 @@
+"""Where a reader's bytes come from while a file is planned: a local file, or ranged reads of an object.
+
+Planning needs a file's size and its bytes in order, only as far as the plan has got: the line
+formats count newlines block by block, TFRecord hops from one record header to the next. A local
+file is mapped (``FileSource``); a file in object storage (``RangedSource``) is read by ranged
+reads, one block at a time as the plan advances, so a job's first chunk is planned once its own
+bytes are read and the object is never copied whole first. Both hand the readers the same bytes
+in the same blocks, so the one planning rule gives the same chunks wherever the file is.
+
+May import: the standard library and NumPy only (the storage client is the caller's ``fetch``).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+BLOCK = 4 << 20
+# A mapping's touched pages count in the process's RSS: each WINDOW counted is dropped from it.
+WINDOW = 64 << 20
+
+
+class Source:
+    """A file's ``name`` (what messages and the plan say), ``size``, and its bytes by position."""
+
+    name: str
+    size: int
+    read_ahead = BLOCK  # bytes fetched for a small ``read``
+
+    def __init__(self) -> None:
+        self._buffered = b""
+        self._buffered_at = 0
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        raise NotImplementedError
+
+    def read(self, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``pos`` (fewer at the end), through one block of read-ahead: the
+        small reads of a record-by-record scan cost one fetch per block, not one each."""
+        end = min(pos + n, self.size)
+        if pos >= end:
+            return b""
+        at = self._buffered_at
+        if not (at <= pos and end <= at + len(self._buffered)):
+            if end - pos > self.read_ahead:
+                return self._fetch(pos, end)
+            self._buffered, self._buffered_at = self._fetch(pos, min(pos + self.read_ahead, self.size)), pos
+            at = pos
+        return self._buffered[pos - at:end - at]
+
+    def blocks(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(offset, bytes)`` of the BLOCK-sized pieces of the file from ``start`` to its end."""
+        for pos in range(start, self.size, BLOCK):
+            yield pos, np.frombuffer(self._fetch(pos, min(pos + BLOCK, self.size)), np.uint8)
+
+
+class FileSource(Source):
+    """A local file; its blocks are mapped rather than read (the page cache's bytes are counted where
+    they are: a 2 GB file in 0.37 s, against 0.49 s through a read buffer)."""
+
+    read_ahead = 64 << 10  # a local read is cheap: a TFRecord scan need not read the records' bodies
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.name = path
+        self.size = os.stat(path).st_size
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        with open(self.name, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def blocks(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        if self.size <= base:
+            return
+        with open(self.name, "rb") as f:
+            # Not closed here: the caller may still hold the last block; the map goes with its last view.
+            mapped = mmap.mmap(f.fileno(), self.size - base, access=mmap.ACCESS_READ, offset=base)
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+        whole = np.frombuffer(mapped, np.uint8)
+        dropped = 0  # the mapping's bytes below this were dropped
+        for pos in range(start, self.size, BLOCK):
+            yield pos, whole[pos - base:pos - base + BLOCK]
+            if pos + BLOCK - base - dropped >= WINDOW:
+                done = (min(pos + BLOCK, self.size) - base) // mmap.PAGESIZE * mmap.PAGESIZE
+                mapped.madvise(mmap.MADV_DONTNEED, dropped, done - dropped)
+                dropped = done
+
+
+class RangedSource(Source):
+    """A file read by ranged reads: ``fetch(start, end)`` returns bytes ``[start, end)`` of the
+    object named ``name`` (a ``gs://`` or ``s3://`` URI), whose ``size`` the caller looked up."""
+
+    def __init__(self, name: str, size: int, fetch: Callable[[int, int], bytes]) -> None:
+        super().__init__()
+        self.name, self.size, self._get = name, size, fetch
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        data = self._get(start, end)
+        if len(data) != end - start:  # the object is shorter than when it was looked up
+            raise ValueError(f"{self.name} changed while it was planned: bytes {start}-{end} gave "
+                             f"{len(data)} bytes")
+        return data
+
+
+def opened(file: str | Source) -> Source:
+    """``file`` as a Source: a local path becomes a ``FileSource``."""
+    return file if isinstance(file, Source) else FileSource(file)
