@@ -25,6 +25,7 @@ Its own platform (this module's), since these tests stop replicas and kill the p
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -110,10 +111,13 @@ def test_a_stopped_ray_replica_is_routed_around_and_replaced(ray_cluster, platfo
                                   out_within=15, replaced_within=60, batch=50)
         out, replaced, load = run.out_s, run.replaced_s, run.load
         print(f"deploy of 2 Ray replicas {deployed:.1f} s; stopped replica out of routing after {out:.1f} s, "
-              f"replaced {replaced:.1f} s later; slowest request {load.slowest:.2f} s, {load.ok} ok")
+              f"replaced {replaced:.1f} s later ({out + replaced:.1f} s from the SIGSTOP); slowest request "
+              f"{load.slowest:.2f} s, {load.ok} ok; load average {os.getloadavg()[0]:.1f}")
         assert not load.failures, load.failures[:5]
         assert out <= 3.0, f"out of routing only after {out:.1f} s"
         assert load.slowest <= 5.0, f"a request waited {load.slowest:.1f} s"
+        # The replacement's 15 s (issue 35) is not asserted on Ray: 10 s on a quiet host, but 23-34 s at
+        # load 14-17, mostly Ray placing the new actor and starting its worker (docs/operations.md).
         # SIGCONT'ed: stopped (its actor ended) or re-admitted; two replicas, their two actors and processes.
         wait(lambda: stopped not in _serve(ray_cluster) or stopped in {r["pid"] for r in _of(api, dm)}, 15,
               "the resumed replica stopped or re-admitted")
