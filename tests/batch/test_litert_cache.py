@@ -45,6 +45,22 @@ def _load(version_dir: Path, cache: Path, rows: list[list[float]]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _load_here(version_dir: Path, cache: Path, rows: list[list[float]], monkeypatch) -> dict:
+    """``_load`` in this process (TensorFlow is imported here already): what the cache does on a miss,
+    a hit or a damaged entry, without a fresh interpreter's TensorFlow import per load."""
+    from modelyard.batch.predictor import load_servable
+
+    monkeypatch.setenv("MODELYARD_CACHE", str(cache))
+    servable = load_servable(version_dir)
+    try:
+        sig = servable.signatures["serving_default"]
+        (alias,) = sig.inputs
+        (out,) = servable.run(sig, {alias: np.asarray(rows, np.float32)}, tuple(sig.outputs)).values()
+        return {"from_cache": servable.from_cache, "runtime": servable.runtime, "out": out.tolist()}
+    finally:
+        servable.close()
+
+
 def test_a_verified_conversion_loads_again_without_tensorflow(tiny_model, tmp_path: Path):
     version = tiny_model.base / "0001"
     rows = np.random.default_rng(3).normal(size=(7, 4)).astype(np.float32)
@@ -70,7 +86,7 @@ def test_changed_model_bytes_miss_the_cache(tiny_model, tmp_path: Path, monkeypa
     key = litert_cache.model_key(version)
     assert litert_cache.model_key(version) == key
     assert litert_cache.load(version, "serving_default") is None
-    _load(version, tmp_path / "cache", [[0.0] * 4])
+    _load_here(version, tmp_path / "cache", [[0.0] * 4], monkeypatch)
     assert litert_cache.load(version, "serving_default") is not None
     assert litert_cache.load(version, "no_such_signature") is None
     data = next(version.glob("variables/variables.data-*"))
@@ -79,11 +95,11 @@ def test_changed_model_bytes_miss_the_cache(tiny_model, tmp_path: Path, monkeypa
     assert litert_cache.load(version, "serving_default") is None
 
 
-def test_a_cache_that_cannot_be_written_only_means_converting_again(tiny_model, tmp_path: Path):
+def test_a_cache_that_cannot_be_written_only_means_converting_again(tiny_model, tmp_path: Path, monkeypatch):
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("a file where the cache directory would go")
     for _ in range(2):
-        loaded = _load(tiny_model.base / "0001", blocked, [[1.0, 2.0, 3.0, 4.0]])
+        loaded = _load_here(tiny_model.base / "0001", blocked, [[1.0, 2.0, 3.0, 4.0]], monkeypatch)
         assert loaded["from_cache"] is False
         np.testing.assert_allclose(loaded["out"], tiny_model.reference([[1.0, 2.0, 3.0, 4.0]]), rtol=1e-5, atol=1e-6)
 
@@ -93,12 +109,12 @@ def test_a_torn_entry_is_a_miss(tiny_model, tmp_path: Path, monkeypatch):
 
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
     version = tiny_model.base / "0001"
-    _load(version, tmp_path / "cache", [[0.0] * 4])
+    _load_here(version, tmp_path / "cache", [[0.0] * 4], monkeypatch)
     (entry,) = (tmp_path / "cache" / "litert").glob("*/serving_default")
     (entry / "signature.json").write_text('{"name": "serving_default", "inp')
     assert litert_cache.load(version, "serving_default") is None
-    assert _load(version, tmp_path / "cache", [[0.0] * 4])["from_cache"] is False
-    assert _load(version, tmp_path / "cache", [[0.0] * 4])["from_cache"] is True  # rewritten
+    assert _load_here(version, tmp_path / "cache", [[0.0] * 4], monkeypatch)["from_cache"] is False
+    assert _load_here(version, tmp_path / "cache", [[0.0] * 4], monkeypatch)["from_cache"] is True  # rewritten
 
 
 def test_a_flipped_byte_in_a_cached_flatbuffer_is_a_miss_not_a_crash(tiny_model, tmp_path: Path, monkeypatch):
@@ -106,18 +122,18 @@ def test_a_flipped_byte_in_a_cached_flatbuffer_is_a_miss_not_a_crash(tiny_model,
 
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
     version = tiny_model.base / "0001"
-    _load(version, tmp_path / "cache", [[0.0] * 4])
+    _load_here(version, tmp_path / "cache", [[0.0] * 4], monkeypatch)
     (flatbuffer,) = (tmp_path / "cache" / "litert").glob("*/serving_default/model.tflite")
     good = flatbuffer.read_bytes()
     # The signature and the file's length stay whole: only the checksum can tell.
     flatbuffer.write_bytes(good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 0x40]) + good[len(good) // 2 + 1:])
     assert litert_cache.load(version, "serving_default") is None
     rows = [[1.0, 2.0, 3.0, 4.0]]
-    loaded = _load(version, tmp_path / "cache", rows)
+    loaded = _load_here(version, tmp_path / "cache", rows, monkeypatch)
     assert loaded["from_cache"] is False  # converted and verified again
     np.testing.assert_allclose(loaded["out"], tiny_model.reference(rows), rtol=1e-5, atol=1e-6)
     assert flatbuffer.read_bytes() == good  # and the entry rewritten
-    assert _load(version, tmp_path / "cache", rows)["from_cache"] is True
+    assert _load_here(version, tmp_path / "cache", rows, monkeypatch)["from_cache"] is True
 
 
 def test_the_server_takes_a_cached_conversion_instead_of_converting_again(tiny_model, tmp_path: Path, monkeypatch):
