@@ -39,9 +39,11 @@ Without Ray installed the fixture fails saying ``pip install 'modelyard[ray]'`` 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -142,34 +144,119 @@ def node_env() -> dict[str, str]:
             "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
-_ALIVE_SCRIPT = """
+# A long-lived driver answering questions about one cluster, one JSON line each ({"op": "nodes", "want",
+# "timeout"} or {"op": "held", "timeout"}), each answer on a RESULT line.
+_ASK_SERVER = r"""
 import json, sys, time, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-want, deadline = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
-while True:
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    if len(alive) >= want or time.monotonic() > deadline:
-        break
-    time.sleep(0.5)
-print("NODES " + json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0), "port": n["NodeManagerPort"]}
-                             for n in alive]))
+print("READY", flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    deadline = time.monotonic() + ask["timeout"]
+    if ask["op"] == "nodes":  # the alive nodes, once `want` of them are (or the time is up)
+        while True:
+            alive = [n for n in ray.nodes() if n["Alive"]]
+            if len(alive) >= ask["want"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        answer = [{"id": n["NodeID"], "cpus": n["Resources"].get("CPU", 0), "port": n["NodeManagerPort"]}
+                  for n in alive]
+    else:  # "held": [] once every CPU is free; else, when the time is up, the alive actors
+        answer = []
+        while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+            if time.monotonic() > deadline:
+                from ray.util.state import list_actors
+                answer = [(a.class_name, a.name, a.node_id[:12])
+                          for a in list_actors(filters=[("state", "=", "ALIVE")])] or ["(tasks, no actor)"]
+                break
+            time.sleep(0.2)
+    print("RESULT " + json.dumps(answer), flush=True)
 """
 
 
+class _Asker:
+    """One Ray driver process per cluster, kept for the session and asked over a pipe (this process
+    never becomes a driver). A driver's start costs about a CPU-second and 1-3 s of wall time, and the
+    tests ask before every test that uses the cluster (``before_test``) and in their wait loops."""
+
+    def __init__(self, address: str, timeout: float):
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-c", _ASK_SERVER, address], env=node_env(),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._buffer = b""
+        self._line_starting(b"READY", timeout)
+
+    def ask(self, op: str, timeout: float, **kwargs) -> object:
+        self.proc.stdin.write((json.dumps({"op": op, "timeout": timeout, **kwargs}) + "\n").encode())
+        self.proc.stdin.flush()
+        return json.loads(self._line_starting(RESULT.encode(), timeout + 120)[len(RESULT):])
+
+    def _line_starting(self, prefix: bytes, within: float) -> bytes:
+        """The next stdout line starting with ``prefix`` (Ray may print its own warnings there too)."""
+        deadline = time.monotonic() + within
+        fd = self.proc.stdout.fileno()
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line, self._buffer = self._buffer[:end], self._buffer[end + 1:]
+                if line.startswith(prefix):
+                    return line
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the Ray driver gave no {prefix.decode().strip()} line in {within:.0f} s")
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    self._err.seek(0)
+                    raise EOFError(f"the Ray driver exited: {self._err.read()[-2000:].decode(errors='replace')}")
+                self._buffer += chunk
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self._err):
+            stream.close()
+
+
+_ASKERS: dict[str, _Asker] = {}
+
+
+def ask_cluster(address: str, op: str, timeout: float, **kwargs) -> object:
+    """``op`` answered by the session's driver for ``address``, started on first use; one that fails
+    (a cluster still starting, a driver that died) is dropped, and the next call starts another."""
+    asker = _ASKERS.get(address)
+    try:
+        if asker is None:
+            asker = _ASKERS[address] = _Asker(address, 120.0)
+        return asker.ask(op, timeout, **kwargs)
+    except (OSError, EOFError, TimeoutError, ValueError):
+        forget_cluster(address)
+        raise
+
+
+def forget_cluster(address: str) -> None:
+    """Stop the driver asking ``address``, if any (its cluster stops, or it failed)."""
+    asker = _ASKERS.pop(address, None)
+    if asker is not None:
+        asker.close()
+
+
+atexit.register(lambda: [forget_cluster(address) for address in list(_ASKERS)])
+
+
 def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict]:
-    """The cluster's alive nodes (``id``, ``cpus``, ``port``: its node manager's), asked by a short-lived driver process (so this
-    process never becomes a Ray driver); waits up to ``timeout`` for ``want`` of them. A driver that
-    cannot start (a node still starting on the busy machine) is retried until ``timeout``."""
+    """The cluster's alive nodes (``id``, ``cpus``, ``port``: its node manager's), asked by the session's
+    driver process for it (``ask_cluster``); waits up to ``timeout`` for ``want`` of them. A driver that
+    cannot start or answer (a node still starting on the busy machine) is retried until ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        left = max(deadline - time.monotonic(), 1.0)
-        proc = subprocess.run([sys.executable, "-c", _ALIVE_SCRIPT, address, str(want), str(left)],
-                              env=node_env(), capture_output=True, text=True, timeout=left + 120)
-        if proc.returncode == 0:  # Ray may print its own warnings (a node declared dead ...) to stdout too
-            return json.loads(next(line for line in reversed(proc.stdout.splitlines())
-                                   if line.startswith("NODES "))[len("NODES "):])
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"asking {address} for its nodes failed: {proc.stderr[-2000:]}")
+        try:
+            return ask_cluster(address, "nodes", max(deadline - time.monotonic(), 1.0), want=want)
+        except (OSError, EOFError, TimeoutError, ValueError) as exc:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"asking {address} for its nodes failed: {exc}") from None
         time.sleep(2.0)
 
 
@@ -318,6 +405,7 @@ class RayCluster:
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop this cluster's processes and only them; raises if any survives."""
+        forget_cluster(self.address)
         self._signal_groups(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and (self.group_pids() or self.stray_pids()):
@@ -509,30 +597,17 @@ def ensure_nodes(cluster: RayCluster, count: int = 2) -> None:
         cluster.add_node()
 
 
-_IDLE_SCRIPT = """
-import json, sys, time, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-deadline = time.monotonic() + float(sys.argv[2])
-while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
-    if time.monotonic() > deadline:
-        from ray.util.state import list_actors
-        held = [(a.class_name, a.name, a.node_id[:12]) for a in list_actors(filters=[("state", "=", "ALIVE")])]
-        print("HELD " + json.dumps(held))
-        break
-    time.sleep(0.2)
-"""
-
-
 def before_test(cluster: RayCluster, nodes: int = 2, idle_timeout: float = 60.0) -> None:
     """Before each test that uses the cluster: ``nodes`` alive (a failed test may have left one killed),
     and every CPU free once what earlier tests started has ended. A CPU still held after
     ``idle_timeout`` is reported (which actors hold it) rather than failed on: the test says the rest."""
     ensure_nodes(cluster, nodes)
-    proc = subprocess.run([sys.executable, "-c", _IDLE_SCRIPT, cluster.address, str(idle_timeout)],
-                          env=node_env(), capture_output=True, text=True, timeout=idle_timeout + 120)
-    held = [line for line in proc.stdout.splitlines() if line.startswith("HELD ")]
-    if held or proc.returncode:
-        print(f"ray test cluster not idle before the test: {held or proc.stderr[-1500:]}", file=sys.stderr)
+    try:
+        held = ask_cluster(cluster.address, "held", idle_timeout)
+    except (OSError, EOFError, TimeoutError, ValueError) as exc:
+        held = str(exc)
+    if held:
+        print(f"ray test cluster not idle before the test: {held}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
