@@ -142,3 +142,51 @@ def test_numeric_data_read_from_the_body_text_equals_the_parsed_lists():
                         b'{"name":"b","shape":[2],"datatype":"FP32","data":{"\\u0000data":0}}]}', "list of numbers")):
         with pytest.raises(ServingError, match=words):
             v2_rest.decode_inputs(*v2_rest.split_body(bad, None))
+
+
+def test_a_request_layout_seen_before_decodes_and_fails_as_the_general_path():
+    """``read_infer`` keeps what it learnt of a JSON request apart from its numbers (v2_rest._Plan):
+    the second request of a layout answers the same inputs, outputs, binary choice and id as the
+    first, and its numbers are still checked, with the general path's errors."""
+    import orjson
+
+    from modelyard.serving.protocol import v2_rest
+
+    def general(body: bytes):
+        request = orjson.loads(body)
+        inputs = v2_rest.decode_inputs(request, memoryview(b""))
+        names, binary = v2_rest.requested_outputs(request)
+        return inputs, names, binary("y"), request.get("id", v2_rest.NO_ID)
+
+    v2_rest._PLANS.clear()
+    cases = [
+        b'{"inputs":[{"name":"a","shape":[1,3],"datatype":"UINT8","data":[0,1,%d]}]}',
+        b'{"id":[1,{"k":"v"}],"inputs":[{"name":"a","shape":[2],"datatype":"FP32","data":[1.5,%d]},'
+        b'{"name":"b","shape":[1],"datatype":"INT64","data":[%d],"parameters":{"x":1}}],'
+        b'"outputs":[{"name":"y","parameters":{"binary_data":true}}],"parameters":{"binary_data_output":false}}',
+        b'{"inputs":[{"name":"s","shape":[1],"datatype":"BYTES","data":["%d"]}]}',  # no array cut out: not kept
+    ]
+    for case in cases:
+        for value in (7, 9, 11):
+            body = case.replace(b"%d", str(value).encode())
+            want, got = general(body), v2_rest.read_infer(body, None)
+            assert [t.name for t in got[0]] == [t.name for t in want[0]], body
+            assert [t.array.tolist() for t in got[0]] == [t.array.tolist() for t in want[0]], body
+            assert [t.array.dtype for t in got[0]] == [t.array.dtype for t in want[0]], body
+            assert (got[1], got[2]("y"), got[3] if got[3] is v2_rest.NO_ID else orjson.dumps(got[3])) == \
+                (want[1], want[2], want[3] if want[3] is v2_rest.NO_ID else orjson.dumps(want[3])), body
+    assert len(v2_rest._PLANS) == 2
+    layout = cases[0]
+    for value, words in ((b"300", "out of range"), (b"2.5", "not of type uint8"), (b"1,2", "holds 3 elements"),
+                         (b"-1", "out of range"), (b'"x"', "holds numbers"), (b"[1]", "not a regular nested list")):
+        body = layout.replace(b"%d", value)
+        with pytest.raises(ServingError) as general_error:
+            general(body)
+        with pytest.raises(ServingError) as planned_error:
+            v2_rest.read_infer(body, None)
+        assert planned_error.value.message == general_error.value.message, body
+        assert planned_error.match(words)
+    with pytest.raises(ServingError, match="shape"):  # a layout the general path refuses is never kept
+        v2_rest.read_infer(b'{"inputs":[{"name":"a","shape":[-1],"datatype":"UINT8","data":[1]}]}', None)
+    with pytest.raises(ServingError, match="shape"):
+        v2_rest.read_infer(b'{"inputs":[{"name":"a","shape":[-1],"datatype":"UINT8","data":[1]}]}', None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import Callable, NamedTuple
 from urllib.parse import unquote
 
 import orjson
@@ -46,6 +47,7 @@ class V2RestApp:
         self.extra_headers = extra_headers or []  # CORS, when the REST API sends it
         self.timeout_s = timeout_s
         self.repository = repository  # v2_repository.Repository, or None: the extension answers UNIMPLEMENTED
+        self._routes: dict[str, tuple[str, str | None, str | None]] = {}  # path -> _model_route's answer
 
     @staticmethod
     def owns(path: str) -> bool:
@@ -56,9 +58,23 @@ class V2RestApp:
         model that answers in microseconds (LiteRT, no batching), as TF Serving's REST path does."""
         if path in ("/v2", "/v2/health/live", "/v2/health/ready"):
             return True
-        match = _MODEL.fullmatch(path)
-        return match is not None and match.group(3) == "/infer" \
-            and self.service.core.manager.runs_inline(unquote(match.group(1)))
+        route = self._model_route(path)
+        return route is not None and route[2] == "/infer" and self.service.core.manager.runs_inline(route[0])
+
+    def _model_route(self, path: str) -> tuple[str, str | None, str | None] | None:
+        """``(model name, version or None, "/ready" | "/infer" | None)`` of a ``/v2/models/...`` path, or None.
+        Kept per path, as TF Serving's routes are (``RestApp._post_route``): a client sends the same few."""
+        route = self._routes.get(path)
+        if route is None:
+            match = _MODEL.fullmatch(path)
+            if match is None:
+                return None
+            version = match.group(2)
+            if len(self._routes) >= 512:  # many distinct paths: a scan, not a client; stay small
+                self._routes.clear()
+            route = self._routes[path] = (unquote(match.group(1)), unquote(version) if version else None,
+                                          match.group(3))
+        return route
 
     def handle(self, method: str, path: str, body: bytes, header_length: bytes | None = None
                ) -> tuple[int, list, bytes]:
@@ -85,10 +101,11 @@ class V2RestApp:
                 raise ServingError(Code.UNAVAILABLE, "not every configured model has a version to serve yet")
             if path in ("/v2", "/v2/"):
                 return self._json(200, service.server_metadata())
-        match = _MODEL.fullmatch(path)
-        if match is not None:
-            name, version, action = unquote(match.group(1)), match.group(2), match.group(3)
-            version = unquote(version) if version else None
+        route = self._model_route(path)
+        if route is not None:
+            name, version, action = route
+            if method == "POST" and action == "/infer":
+                return self._infer(name, version, body, header_length)
             if method == "GET" and action is None:
                 return self._json(200, service.model_metadata(name, version))
             if method == "GET" and action == "/ready":
@@ -96,8 +113,6 @@ class V2RestApp:
                     return self._json(200, {"name": name, "ready": True})
                 raise ServingError(Code.UNAVAILABLE, f"model '{name}'"
                                    + (f" version {version}" if version else "") + " is not ready")
-            if method == "POST" and action == "/infer":
-                return self._infer(name, version, body, header_length)
         match = _REPOSITORY.fullmatch(path)
         if match is not None and method == "POST":
             if self.repository is None:
@@ -107,11 +122,9 @@ class V2RestApp:
 
     # ---- infer ------------------------------------------------------------------------------
     def _infer(self, name: str, version: str | None, body: bytes, header_length) -> tuple[int, list, bytes]:
-        request, binary = split_body(body, header_length)
-        inputs = decode_inputs(request, binary)
-        requested, binary_outputs = requested_outputs(request)
+        inputs, requested, binary_outputs, request_id = read_infer(body, header_length)
         result = self.service.infer(name, version, inputs, requested, "REST")
-        return self._infer_answer(request, result, binary_outputs)
+        return self._infer_answer(request_id, result, binary_outputs)
 
     # ---- infer on a batching model: decoded on the event loop, answered from the queue ----------
     def submit(self, method: str, path: str, body: bytes, header_length: bytes | None):
@@ -123,21 +136,18 @@ class V2RestApp:
         answered already; else a ``QueuedPredict`` to answer with ``finish_queued``."""
         if method != "POST" or (header_length is None and len(body) > LOOP_PARSE_MAX_BYTES):
             return None
-        match = _MODEL.fullmatch(path)
-        if match is None or match.group(3) != "/infer":
+        route = self._model_route(path)
+        if route is None or route[2] != "/infer":
             return None
-        name, version = unquote(match.group(1)), match.group(2)
+        name, version = route[0], route[1]
 
         def read():
-            request, binary = split_body(body, header_length)
-            inputs = decode_inputs(request, binary)
-            requested, binary_outputs = requested_outputs(request)
-            return inputs, requested, lambda result: self._infer_answer(request, result, binary_outputs)
+            inputs, requested, binary_outputs, request_id = read_infer(body, header_length)
+            return inputs, requested, lambda result: self._infer_answer(request_id, result, binary_outputs)
 
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
-            return self.service.queue_infer(name, unquote(version) if version else None, read, "REST", deadline,
-                                            self.executor)
+            return self.service.queue_infer(name, version, read, "REST", deadline, self.executor)
         except ServingError as exc:
             return error_answer(exc, self.extra_headers)
         except Exception as exc:  # a bug answers 500 and the server keeps serving
@@ -154,7 +164,7 @@ class V2RestApp:
             log.error("V2 REST infer failed", exc_info=exc)
             return error_answer(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"), self.extra_headers)
 
-    def _infer_answer(self, request: dict, result: InferResult, binary_outputs) -> tuple[int, list, bytes]:
+    def _infer_answer(self, request_id, result: InferResult, binary_outputs) -> tuple[int, list, bytes]:
         outputs, chunks = [], []
         for alias, array in result.outputs.items():
             tensor = {"name": alias, "datatype": v2_tensors.output_datatype(array), "shape": list(array.shape)}
@@ -166,8 +176,8 @@ class V2RestApp:
                 tensor["data"] = v2_tensors.to_json_data(array)
             outputs.append(tensor)
         answer = {"model_name": result.model_name, "model_version": str(result.model_version), "outputs": outputs}
-        if "id" in request:
-            answer["id"] = request["id"]
+        if request_id is not NO_ID:
+            answer["id"] = request_id
         head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
         if not chunks:
             return 200, _JSON + self.extra_headers, head
@@ -199,6 +209,65 @@ def _json_object(body: bytes) -> dict:
     return value
 
 
+NO_ID = object()  # read_infer's request id when the request has none
+
+
+class _Plan(NamedTuple):
+    """What ``read_infer`` learnt from a JSON request apart from its numbers, kept by the request's
+    text with each input's ``data`` cut out: a client sends the same names, shapes and datatypes
+    every time. Only what the general path checked and accepted is kept, and the numbers are still
+    read and checked by the same function (``v2_tensors.from_checked_json``) on every request."""
+
+    inputs: tuple  # (name, datatype, DataType enum, shape, index of its data array), in the request's order
+    requested: list | None
+    binary_outputs: Callable
+    request_id: object
+
+
+_PLANS: dict[bytes, _Plan] = {}
+_PLANS_MAX = 256  # distinct request layouts (an "id" that changes every request makes each its own)
+
+
+def read_infer(body: bytes, header_length: bytes | None) -> tuple[list, list | None, Callable, object]:
+    """An infer request's ``(inputs, output names or None, whether an output answers in binary, id or NO_ID)``."""
+    if header_length is None:
+        spans = _data_arrays(body)
+        if spans:
+            marked, texts = _marked(body, spans)
+            plan = _PLANS.get(marked)
+            if plan is not None:
+                return [v2_tensors.from_checked_json(name, datatype, enum, shape, texts[index])
+                        for name, datatype, enum, shape, index in plan.inputs], \
+                    plan.requested, plan.binary_outputs, plan.request_id
+            request = _parse_marked(marked, texts)
+            if request is None:
+                request = _json_object(body)
+            inputs = decode_inputs(request, memoryview(b""))
+            requested, binary_outputs = requested_outputs(request)
+            request_id = request.get("id", NO_ID)
+            _remember(marked, request, texts, requested, binary_outputs, request_id)
+            return inputs, requested, binary_outputs, request_id
+    request, binary = split_body(body, header_length)
+    inputs = decode_inputs(request, binary)
+    requested, binary_outputs = requested_outputs(request)
+    return inputs, requested, binary_outputs, request.get("id", NO_ID)
+
+
+def _remember(marked: bytes, request: dict, texts: list, requested, binary_outputs, request_id) -> None:
+    """Keep the plan of a request ``decode_inputs`` accepted whose every input's data is a cut-out array."""
+    planned = []
+    for tensor in request["inputs"]:
+        data = tensor["data"] if "data" in tensor else None
+        if not isinstance(data, v2_tensors.DataText):
+            return
+        index = next(i for i, text in enumerate(texts) if text is data)
+        enum, shape = v2_tensors.check_header(tensor["name"], tensor["datatype"], tensor["shape"])
+        planned.append((tensor["name"], tensor["datatype"], enum, shape, index))
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[marked] = _Plan(tuple(planned), requested, binary_outputs, request_id)
+
+
 def split_body(body: bytes, header_length: bytes | None) -> tuple[dict, memoryview]:
     """The JSON request and the binary data after it (``Inference-Header-Content-Length`` bytes of JSON).
     Each input's ``data`` of numbers stays its JSON text (``v2_tensors.DataText``) where it can."""
@@ -215,32 +284,36 @@ def split_body(body: bytes, header_length: bytes | None) -> tuple[dict, memoryvi
 
 
 _MARK = "\x00data"  # stands for a cut-out array: {"\u0000data": its index}; no client key holds a NUL
-_WHITESPACE = b" \t\r\n"
+_OPEN = re.compile(rb'"data"[ \t\r\n]*:[ \t\r\n]*\[')  # matched where bytes.find put it, never searched
 
 
 def _data_arrays(body: bytes) -> list[tuple[int, int]]:
     """Where each ``"data": [...]`` array that holds no string or object lies in ``body``. Such an
     array ends at the last "]" before the next quote or brace; a wrong guess cannot parse (``_request``).
-    Found with bytes.find, not a regular expression: that read every digit in Python's engine (24 µs)."""
-    spans, at = [], 0
-    while (at := body.find(b'"data"', at)) >= 0:
-        at += 6
-        colon = at
-        while colon < len(body) and body[colon] in _WHITESPACE:
-            colon += 1
-        if colon >= len(body) or body[colon] != 58:  # ":": a key, not a string value "data"
+    Found with bytes.find, not a regular expression search: that read every digit in Python's engine
+    (24 µs); the expression only checks the few bytes after each ``"data"`` the find lands on."""
+    spans, at, find, opened = [], 0, body.find, _OPEN.match
+    while (at := find(b'"data"', at)) >= 0:
+        key = opened(body, at)
+        if key is None:  # a string value "data", or a "data" key on something but an array
+            at += 6
             continue
-        start = colon + 1
-        while start < len(body) and body[start] in _WHITESPACE:
-            start += 1
-        if start >= len(body) or body[start] != 91:  # "["
-            continue
-        stop = min((i for i in (body.find(b'"', start), body.find(b"{", start), body.find(b"}", start)) if i >= 0),
-                   default=len(body))
+        start = key.end() - 1
+        stop = find(b'"', start)
+        if stop < 0:
+            stop = len(body)
+        brace = find(b"{", start, stop)  # searched up to the quote only: each is the first so far
+        if brace >= 0:
+            stop = brace
+        brace = find(b"}", start, stop)
+        if brace >= 0:
+            stop = brace
         close = body.rfind(b"]", start, stop)
         if close > start:
             spans.append((start, close + 1))
             at = close + 1
+        else:
+            at = start
     return spans
 
 
@@ -250,19 +323,30 @@ def _request(body: bytes) -> dict:
     that parse kept, else (a ``data`` key elsewhere, bad JSON) the body is parsed whole as sent."""
     spans = _data_arrays(body)
     if spans:
-        pieces, texts, end = [], [], 0
-        for i, (start, stop) in enumerate(spans):
-            pieces += [body[end:start], b'{"\\u0000data":%d}' % i]
-            texts.append(v2_tensors.DataText(body[start:stop]))
-            end = stop
-        pieces.append(body[end:])
-        try:
-            request = orjson.loads(b"".join(pieces))
-        except orjson.JSONDecodeError:
-            request = None
-        if isinstance(request, dict) and _put_back(request, texts):
+        request = _parse_marked(*_marked(body, spans))
+        if request is not None:
             return request
     return _json_object(body)
+
+
+def _marked(body: bytes, spans: list[tuple[int, int]]) -> tuple[bytes, list]:
+    """``body`` with each span replaced by its mark, and the spans' texts."""
+    pieces, texts, end = [], [], 0
+    for i, (start, stop) in enumerate(spans):
+        pieces += [body[end:start], b'{"\\u0000data":%d}' % i]
+        texts.append(v2_tensors.DataText(body[start:stop]))
+        end = stop
+    pieces.append(body[end:])
+    return b"".join(pieces), texts
+
+
+def _parse_marked(marked: bytes, texts: list) -> dict | None:
+    """The marked request parsed with its texts put back, or None when that is not what was sent."""
+    try:
+        request = orjson.loads(marked)
+    except orjson.JSONDecodeError:
+        return None
+    return request if isinstance(request, dict) and _put_back(request, texts) else None
 
 
 def _put_back(request: dict, texts: list) -> bool:

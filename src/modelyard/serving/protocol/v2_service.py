@@ -8,8 +8,8 @@ signature names and types the tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
@@ -29,13 +29,13 @@ EXTENSIONS = ("binary_tensor_data", "model_repository")
 PLATFORM = "tensorflow_savedmodel"
 
 
-@dataclass(frozen=True)
-class InferResult:
+class InferResult(NamedTuple):
     model_name: str
     model_version: int
     outputs: dict[str, np.ndarray]  # in the order asked for (all of the signature's when none was)
 
 
+@lru_cache(maxsize=512)  # a ModelSpec is frozen: one per name and version string; errors are not cached
 def model_spec(name: str, version: str | None) -> ModelSpec:
     """V2's ``/v2/models/{name}[/versions/{version}]``: a number, a label, or the latest when empty."""
     if not name:

@@ -9,7 +9,7 @@ and cast by ``dtypes.json_array``, as for TF Serving's REST API.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,9 +22,9 @@ except ImportError:  # built without a C compiler: numbers take NumPy's path
     _numjson = None
 
 
-@dataclass(frozen=True)
-class V2Tensor:
-    """One decoded input: its name, the datatype and shape the client declared, and its values."""
+class V2Tensor(NamedTuple):
+    """One decoded input: its name, the datatype and shape the client declared, and its values
+    (a NamedTuple: a frozen dataclass's ``__init__`` cost a request about a microsecond)."""
 
     name: str
     datatype: str
@@ -40,10 +40,16 @@ def check_header(name, datatype, shape) -> tuple[int, tuple[int, ...]]:
         enum = dtypes.from_v2_datatype(datatype)
     except ValueError as exc:
         raise invalid_argument(f"input '{name}': {exc}") from None
-    if not isinstance(shape, (list, tuple)) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise invalid_argument(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+    if not isinstance(shape, (list, tuple)):
+        raise _shape_error(name, shape)
+    for d in shape:  # a loop, not all(generator): cheaper for the few dimensions of a shape
+        if not (d.__class__ is int or (isinstance(d, int) and not isinstance(d, bool))) or d < 0:
+            raise _shape_error(name, shape)
     return enum, tuple(shape)
+
+
+def _shape_error(name: str, shape):
+    return invalid_argument(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
 
 
 def _count(shape: tuple[int, ...]) -> int:
@@ -100,6 +106,12 @@ def from_json(name: str, datatype: str, shape, data) -> V2Tensor:
     """A JSON tensor (``data`` flat or nested in row-major order) as an array of ``shape``; ``data``
     may be a ``DataText``, read in C when it is all numbers."""
     enum, shape = check_header(name, datatype, shape)
+    return from_checked_json(name, datatype, enum, shape, data)
+
+
+def from_checked_json(name: str, datatype: str, enum: int, shape: tuple[int, ...], data) -> V2Tensor:
+    """``from_json`` once ``check_header`` answered ``(enum, shape)`` (``v2_rest`` keeps that answer for
+    a request whose every part but its numbers it has seen before)."""
     numbers = read_numbers(data) if isinstance(data, DataText) and enum not in (dtypes.DT_STRING, dtypes.DT_BOOL) \
         else None
     array = _checked_numbers(numbers, enum, name) if numbers is not None else None
@@ -217,9 +229,15 @@ def to_json_data(array: np.ndarray) -> list | np.ndarray:
     return flat.astype(np.float32).tolist()  # FP16 and BF16
 
 
+_OUTPUT_DATATYPES: dict[np.dtype, str] = {}  # dtypes' answer remembered per NumPy dtype (a handful)
+
+
 def output_datatype(array: np.ndarray) -> str:
     """The V2 datatype of an output array."""
-    return dtypes.v2_datatype(dtypes.from_numpy(array.dtype))
+    datatype = _OUTPUT_DATATYPES.get(array.dtype)
+    if datatype is None:
+        datatype = _OUTPUT_DATATYPES[array.dtype] = dtypes.v2_datatype(dtypes.from_numpy(array.dtype))
+    return datatype
 
 
 # gRPC's InferTensorContents: which repeated field carries each datatype (FP16/BF16 only raw).
