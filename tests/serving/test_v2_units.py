@@ -190,3 +190,28 @@ def test_a_request_layout_seen_before_decodes_and_fails_as_the_general_path():
         v2_rest.read_infer(b'{"inputs":[{"name":"a","shape":[-1],"datatype":"UINT8","data":[1]}]}', None)
     with pytest.raises(ServingError, match="shape"):
         v2_rest.read_infer(b'{"inputs":[{"name":"a","shape":[-1],"datatype":"UINT8","data":[1]}]}', None)
+
+
+def test_grpc_infer_response_bytes_are_the_generated_messages():
+    """v2_grpc writes ModelInferResponse's bytes from cached pieces: the same bytes the generated
+    message serializes, for several outputs, BYTES, an empty shape and with or without an id."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from modelyard.serving.protocol import v2_grpc
+    from modelyard.serving.protocol.v2_service import InferResult
+
+    fields = pb.ModelInferResponse.DESCRIPTOR.fields_by_name
+    assert (fields["id"].number, fields["outputs"].number, fields["raw_output_contents"].number) == (3, 5, 6)
+    outputs = {"scores": np.float32([[0.5, -1, 3e-8]]), "label": np.int64([7]), "scalar": np.float64(2.5),
+               "text": np.array([b"ab", b""], dtype=object), "empty": np.zeros((0, 3), np.int32)}
+    for request_id in ("", "req-1"):
+        for version in (1, 12345678901):
+            request = pb.ModelInferRequest(model_name="m", id=request_id)
+            result = InferResult("m", version, {k: np.asarray(v) for k, v in outputs.items()})
+            want = pb.ModelInferResponse(model_name="m", model_version=str(version), id=request_id)
+            for alias, array in result.outputs.items():
+                want.outputs.add(name=alias, datatype=v2_tensors.output_datatype(array), shape=array.shape)
+                want.raw_output_contents.append(v2_tensors.to_raw(array))
+            got = v2_grpc._infer_response(pb, request, result)
+            assert got == want.SerializeToString()
+            assert pb.ModelInferResponse.FromString(got) == want

@@ -11,11 +11,13 @@ Tensors arrive as ``raw_input_contents`` or typed ``contents``; outputs always l
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving.protocol import v2_tensors
+from modelyard.serving.protocol.predict_response import _field, _key, _varint
 from modelyard.serving.protocol.v2_service import V2Service
 
 log = logging.getLogger("modelyard.serving")
@@ -79,8 +81,9 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
         return response
 
     def ModelInfer(request):
+        outputs = request.outputs
         result = service.infer(request.model_name, request.model_version, _inputs(request),
-                               [o.name for o in request.outputs] or None, "GRPC")
+                               [o.name for o in outputs] if outputs else None, "GRPC")
         return _infer_response(pb, request, result)
 
     calls: list[tuple[Callable, str]] = [
@@ -94,13 +97,37 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
             for call, request in calls}
 
 
-def _infer_response(pb, request, result):
-    response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.model_version),
-                                     id=request.id)
+def _infer_response(pb, request, result) -> bytes:
+    """A serialized ModelInferResponse, the bytes ``SerializeToString`` gives for the same message
+    (fields in number order): its head and each output's tensor message come from the generated
+    message once per model version and per output name, datatype and shape; only the request's id
+    and the outputs' raw contents are written per request."""
+    parts = [_response_head(pb, result.model_name, result.model_version)]
+    if request.id:
+        parts.append(_field(_ID_FIELD, request.id.encode()))
+    raws = []
     for alias, array in result.outputs.items():
-        response.outputs.add(name=alias, datatype=v2_tensors.output_datatype(array), shape=array.shape)
-        response.raw_output_contents.append(v2_tensors.to_raw(array))
-    return response
+        parts.append(_output_tensor(pb, alias, v2_tensors.output_datatype(array), array.shape))
+        raw = v2_tensors.to_raw(array)
+        raws += (_RAW_KEY, _varint(len(raw)), raw)
+    return b"".join(parts + raws)
+
+
+# ModelInferResponse's field numbers, from the published grpc_service.proto (checked against the
+# generated descriptor by tests/serving/test_v2_units.py): id = 3, outputs = 5, raw_output_contents = 6.
+_ID_FIELD, _OUTPUTS_FIELD = 3, 5
+_RAW_KEY = _key(6, 2)
+
+
+@functools.lru_cache(maxsize=256)
+def _response_head(pb, model_name: str, version: int) -> bytes:
+    return pb.ModelInferResponse(model_name=model_name, model_version=str(version)).SerializeToString()
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_tensor(pb, alias: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    return _field(_OUTPUTS_FIELD, pb.ModelInferResponse.InferOutputTensor(
+        name=alias, datatype=datatype, shape=shape).SerializeToString())
 
 
 def start_infer(service: V2Service, request, deadline: float | None, executor):
@@ -113,7 +140,7 @@ def start_infer(service: V2Service, request, deadline: float | None, executor):
 
     def read():
         return (_inputs(request), [o.name for o in request.outputs] or None,
-                lambda result: _infer_response(pb, request, result).SerializeToString())
+                lambda result: _infer_response(pb, request, result))
 
     try:
         return service.queue_infer(request.model_name, request.model_version, read, "GRPC", deadline, executor)
@@ -126,12 +153,12 @@ def start_infer(service: V2Service, request, deadline: float | None, executor):
 
 def _inputs(request) -> list[v2_tensors.V2Tensor]:
     """A ModelInferRequest's tensors: all from raw_input_contents (one per input, in order) or all typed."""
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    raw, inputs = request.raw_input_contents, request.inputs
+    if raw and len(raw) != len(inputs):
         raise invalid_argument(
-            f"raw_input_contents holds {len(raw)} tensors but the request has {len(request.inputs)} inputs")
+            f"raw_input_contents holds {len(raw)} tensors but the request has {len(inputs)} inputs")
     tensors = []
-    for i, tensor in enumerate(request.inputs):
+    for i, tensor in enumerate(inputs):
         if raw:
             if tensor.HasField("contents"):
                 raise invalid_argument(f"input '{tensor.name}' has both contents and raw_input_contents")

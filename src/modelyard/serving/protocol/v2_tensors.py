@@ -173,13 +173,26 @@ def from_raw(name: str, datatype: str, shape, raw) -> V2Tensor:
     if enum == dtypes.DT_STRING:
         array = _unpack_bytes(name, memoryview(raw), count)
     else:
-        dtype = dtypes.to_numpy(enum).newbyteorder("<")
+        dtype, native = _raw_dtypes(enum)
         if len(raw) != count * dtype.itemsize:
             raise invalid_argument(
                 f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes "
                 f"but {len(raw)} were sent")
-        array = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+        array = np.frombuffer(raw, dtype=dtype).astype(native, copy=False)
     return V2Tensor(name, datatype, shape, array.reshape(shape))
+
+
+_RAW_DTYPES: dict[int, tuple[np.dtype, np.dtype]] = {}  # dtype.newbyteorder cost a gRPC infer microseconds
+_LITTLE: dict[np.dtype, np.dtype] = {}
+
+
+def _raw_dtypes(enum: int) -> tuple[np.dtype, np.dtype]:
+    """A DataType's NumPy dtype little-endian (as V2's raw bytes travel) and in this machine's order."""
+    pair = _RAW_DTYPES.get(enum)
+    if pair is None:
+        little = dtypes.to_numpy(enum).newbyteorder("<")
+        pair = _RAW_DTYPES[enum] = (little, little.newbyteorder("="))
+    return pair
 
 
 def _unpack_bytes(name: str, raw: memoryview, count: int) -> np.ndarray:
@@ -208,7 +221,9 @@ def to_raw(array: np.ndarray) -> bytes:
             parts.append(len(value).to_bytes(4, "little"))
             parts.append(value)
         return b"".join(parts)
-    little = array.dtype.newbyteorder("<")
+    little = _LITTLE.get(array.dtype)
+    if little is None:
+        little = _LITTLE[array.dtype] = array.dtype.newbyteorder("<")
     return np.ascontiguousarray(array, dtype=little).tobytes()
 
 
