@@ -65,6 +65,21 @@ def test_ray_and_local_engines_write_the_same_bytes(tiny_model, ray_cluster, tmp
     assert {e["key"] for e in map(json.loads, ray_errors)} == {7, 2_500}
 
 
+def test_an_input_without_rows_succeeds_on_ray(tiny_model, ray_cluster, tmp_path):
+    """The actors start before the plan's first chunk is known: an input with no row at all ends them
+    again and the job succeeds with nothing to predict, as with the local engine."""
+    src = tmp_path / "empty.jsonl"
+    src.write_bytes(b"")
+    done = _run_cli("--model", str(tiny_model.base), "--input", str(src), "--output", str(tmp_path / "out"),
+                    "--engine", "ray", "--ray-address", ray_cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "JOB_STATE_SUCCEEDED" in done.stdout, (done.stdout, done.stderr[-3000:])
+    (job_dir,) = (tmp_path / "out").iterdir()
+    assert json.loads((job_dir / "job.json").read_text())["completion_stats"] == {
+        "successful_count": 0, "failed_count": 0, "incomplete_count": 0}
+    assert not list(job_dir.glob("prediction.results-*"))
+
+
 def _committed(out: Path) -> int:
     return sum(1 for job in out.glob("prediction-*") for p in (job / ".parts").glob("*.results") if PART.match(p.name))
 
@@ -115,8 +130,11 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     cluster = session_cluster()
     ensure_nodes(cluster, 2)
     (worker,) = cluster.workers()
-    # Large enough that the job outlasts the second node's first model load (LiteRT conversion) on a busy machine.
-    per_file, chunk = 100_000, 500
+    # Long enough that the job outlasts the second node's model load on a busy machine. The actors start at
+    # once (the plan no longer waits for a scan of the whole gs:// object first), and one actor predicts
+    # 200,000 rows in ~3 s: with 500-row chunks it sometimes finished the job before the second was ready.
+    # Small chunks make the job last longer (a round trip and a commit each) without more rows to write.
+    per_file, chunk, batch = 100_000, 100, 32
     local_lines = [{"id": f"l{i}", "x": v.tolist()} for i, v in enumerate(rows(per_file, seed=21))]
     remote_lines = [{"id": f"g{i}", "x": v.tolist()} for i, v in enumerate(rows(per_file, seed=22))]
     remote_lines[5] = {"id": "g5", "x": "nope"}  # refused by the model: an error line, once
@@ -127,7 +145,7 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     out = tmp_path / "out"
     command = cli_command("--no-progress", "--model", str(tiny_model.base), "--input",
                           f"gs://{STAGING_BUCKET}/ray-kill/in.jsonl", "--input", str(local), "--output", str(out),
-                          "--key-field", "id", "--chunk-rows", str(chunk), "--batch-size", "32",
+                          "--key-field", "id", "--chunk-rows", str(chunk), "--batch-size", str(batch),
                           "--engine", "ray", "--ray-address", ray_cluster)
     total = 2 * per_file // chunk
     digest, _ = node_cache.pack(next(tiny_model.base.iterdir()))

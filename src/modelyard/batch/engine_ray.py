@@ -241,9 +241,9 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
     one at the end: how many actors ran chunks, on how many nodes. Raises BatchError on failure.
     """
     todo = _Todo(source)
+    if isinstance(source, list) and not source:
+        return  # a resumed job whose chunks are all committed: no actor to start
     ray = connect(address)
-    if todo.empty():
-        return
     count = workers or cluster_cpus(ray)
     # The model once into the object store: every node fetches it from there (or finds it cached).
     try:
@@ -254,8 +254,12 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
     del packed
     actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
     actor_class = actor_class.options(runtime_env=storage_runtime_env())
+    # The actors start loading the model now; the plan's first chunk (for a remote input: a size
+    # lookup and ranged reads of its first rows) is made meanwhile, not before.
     pool = _Pool(ray, lambda: actor_class.remote(spec.identity(), batch_size, model), count, log)
     try:
+        if todo.empty():  # inputs without a single row: nothing to predict
+            return
         _drive(ray, pool, todo, job_dir, on_done, on_ready)
         nodes = set(pool.nodes.values())
         log(f"ray: {len(pool.nodes)} workers of {count} ran on {len(nodes)} nodes"
