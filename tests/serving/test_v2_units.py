@@ -215,3 +215,34 @@ def test_grpc_infer_response_bytes_are_the_generated_messages():
             got = v2_grpc._infer_response(pb, request, result)
             assert got == want.SerializeToString()
             assert pb.ModelInferResponse.FromString(got) == want
+
+
+def test_rest_infer_answer_is_what_orjson_writes_for_the_whole_answer():
+    """v2_rest.infer_answer writes the answer's fixed parts once (per version, per output): the same
+    bytes as orjson.dumps of the whole answer, with JSON and binary outputs, ids of every JSON kind."""
+    import orjson
+
+    from modelyard.serving.protocol import v2_rest
+    from modelyard.serving.protocol.v2_service import InferResult
+
+    outputs = {"scores": np.float32([[0.5, -1, 3e-8]]), "label": np.int64([7]), "flag": np.bool_([True]),
+               "text": np.array([b"\xc3\xa9t\xc3\xa9", b"\""], dtype=object), "half": np.float16([1.5]),
+               "scalar": np.float64(2.5), "empty": np.zeros((0, 3), np.int32), "ü\"name": np.uint8([1, 2])}
+    result = InferResult("mödel", 3, {k: np.asarray(v) for k, v in outputs.items()})
+    for request_id in (v2_rest.NO_ID, "a\"b", 12, None, [1, {"x": 2.5}]):
+        for binary in (lambda alias: False, lambda alias: alias in ("label", "text")):
+            tensors, chunks = [], []
+            for alias, array in result.outputs.items():
+                tensor = {"name": alias, "datatype": v2_tensors.output_datatype(array), "shape": list(array.shape)}
+                if binary(alias):
+                    raw = v2_tensors.to_raw(array)
+                    tensor["parameters"] = {"binary_data_size": len(raw)}
+                    chunks.append(raw)
+                else:
+                    tensor["data"] = v2_tensors.to_json_data(array)
+                tensors.append(tensor)
+            answer = {"model_name": "mödel", "model_version": "3", "outputs": tensors}
+            if request_id is not v2_rest.NO_ID:
+                answer["id"] = request_id
+            want = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+            assert v2_rest.infer_answer(request_id, result, binary) == (want, chunks)
