@@ -33,3 +33,29 @@ def test_two_hosts_split_one_study(tmp_path: Path, postgres_url: str):
     owners = {t.user_attrs["owner"].split(":")[1] for t in counted}
     assert owners == {str(h.pid) for h in hosts}, owners  # both hosts ran trials
     assert not (tmp_path / "shared.tuning.db").exists()  # nothing went to the default SQLite
+
+
+def test_two_hosts_split_one_study_of_function_trials(tmp_path: Path, postgres_url: str):
+    """--join with function trials: each host runs its share in its own warm worker."""
+    from tests.tuning.test_function_trials import XY, _function_study, _log
+
+    log = tmp_path / "objective.jsonl"
+    study = _function_study(tmp_path, "shared-functions", "quadratic", XY, log, max_trial_count=8,
+                            parallel_trial_count=1, seed=0)
+    hosts = [start(["tune", str(study), "--join", "--storage", postgres_url, "--devices", f"cpu:{i}"]) for i in (0, 1)]
+    try:
+        outputs = [h.communicate(timeout=180)[0] for h in hosts]
+    finally:
+        for h in hosts:
+            kill_group(h)
+    assert [h.returncode for h in hosts] == [0, 0], outputs
+    trials = load_study(spec.load(study, postgres_url), create=False).get_trials(deepcopy=False)
+    skip = retried_numbers(trials)
+    counted = [t for t in trials if t.number not in skip]
+    assert len(counted) == 8 and all(t.state == TrialState.COMPLETE for t in counted)
+    owners = {t.user_attrs["owner"].split(":")[1] for t in counted}
+    assert owners == {str(h.pid) for h in hosts}, owners  # both hosts ran trials
+    # One warm worker per host ran all of that host's trials (the objective logs its process).
+    workers = {t.user_attrs["worker_pid"] for t in counted}
+    assert len(workers) == 2 and workers == {e["pid"] for e in _log(log) if e["event"] == "start"}
+    assert all(t.intermediate_values for t in counted)  # report() reached the shared database
