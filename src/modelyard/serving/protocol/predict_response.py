@@ -18,10 +18,7 @@ from tensorflow.core.framework import tensor_pb2
 
 from modelyard.model.dtypes import from_numpy
 from modelyard.model.tensor_proto import TYPED_FIELD, from_ndarray
-
-# Wire types of the fields written here.
-_LEN = 2  # length-delimited
-_VARINT = 0
+from modelyard.serving.protocol import protobuf_wire as wire
 
 
 def _packed(dtype, wire_dtype: str) -> tuple[np.dtype, tuple[int, int, str]]:
@@ -33,34 +30,14 @@ def _packed(dtype, wire_dtype: str) -> tuple[np.dtype, tuple[int, int, str]]:
 
 
 # The dtypes whose typed field takes the array's own bytes (bools: varints of 0 and 1, a byte each).
-_PACKED = dict(_packed(dtype, wire) for dtype, wire in ((np.float32, "<f4"), (np.float64, "<f8"), (np.bool_, "u1")))
-
-
-def _varint(n: int) -> bytes:
-    """An int64 as a protobuf varint (a negative one as its 64-bit two's complement, as protobuf does)."""
-    if 0 <= n < 0x80:
-        return bytes((n,))
-    n &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _key(field: int, wire_type: int) -> bytes:
-    return _varint(field << 3 | wire_type)
-
-
-def _field(field: int, payload: bytes) -> bytes:
-    """A length-delimited field: a string, bytes, a packed array or a sub-message."""
-    return _key(field, _LEN) + _varint(len(payload)) + payload
+_PACKED = dict(_packed(dtype, element)
+               for dtype, element in ((np.float32, "<f4"), (np.float64, "<f8"), (np.bool_, "u1")))
 
 
 def _shape(shape: tuple[int, ...]) -> bytes:
     # TensorShapeProto { repeated Dim dim = 2 }; Dim { int64 size = 1 } (0, the default, is not written)
-    return b"".join(_field(2, _key(1, _VARINT) + _varint(size) if size else b"") for size in shape)
+    return b"".join(wire.length_delimited(2, wire.key(1, wire.VARINT) + wire.varint(size) if size else b"")
+                    for size in shape)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -70,7 +47,8 @@ def _tensor_head(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, bytes,
     if packed is None:
         return None
     enum, field, wire_dtype = packed
-    return _key(1, _VARINT) + _varint(enum) + _field(2, _shape(shape)), _key(field, _LEN), wire_dtype
+    head = wire.key(1, wire.VARINT) + wire.varint(enum) + wire.length_delimited(2, _shape(shape))
+    return head, wire.key(field, wire.LEN), wire_dtype
 
 
 def tensor_bytes(value: np.ndarray) -> bytes:
@@ -83,13 +61,13 @@ def tensor_bytes(value: np.ndarray) -> bytes:
     if not value.size:  # an empty packed field is not written
         return fields
     data = np.ascontiguousarray(value, dtype=wire_dtype).tobytes()
-    return fields + packed_key + _varint(len(data)) + data
+    return fields + packed_key + wire.varint(len(data)) + data
 
 
 @functools.lru_cache(maxsize=1024)
 def _entry_key(alias: str) -> bytes:
     # map<string, TensorProto> outputs = 1: an entry message { string key = 1; TensorProto value = 2 }
-    return _field(1, alias.encode()) + _key(2, _LEN)
+    return wire.length_delimited(1, alias.encode()) + wire.key(2, wire.LEN)
 
 
 def fill_model_spec(target, name: str, version: int, signature_name: str | None) -> None:
@@ -107,7 +85,7 @@ def _model_spec(model_name: str, version: int, signature_name: str | None) -> by
 
     spec = model_pb2.ModelSpec()
     fill_model_spec(spec, model_name, version, signature_name)
-    return _field(2, spec.SerializeToString())
+    return wire.length_delimited(2, spec.SerializeToString())
 
 
 def encode(model_name: str, version: int, signature_name: str | None, outputs: dict[str, np.ndarray]) -> bytes:
@@ -115,7 +93,7 @@ def encode(model_name: str, version: int, signature_name: str | None, outputs: d
     parts = []
     for alias, value in outputs.items():
         tensor = tensor_bytes(value)
-        entry = _entry_key(alias) + _varint(len(tensor)) + tensor
-        parts += (b"\x0a", _varint(len(entry)), entry)  # \x0a: field 1, length-delimited
+        entry = _entry_key(alias) + wire.varint(len(tensor)) + tensor
+        parts += (b"\x0a", wire.varint(len(entry)), entry)  # \x0a: field 1, length-delimited
     parts.append(_model_spec(model_name, version, signature_name))
     return b"".join(parts)

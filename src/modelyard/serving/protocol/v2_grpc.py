@@ -17,7 +17,7 @@ from typing import Callable
 
 from modelyard.errors import Code, ServingError, invalid_argument
 from modelyard.serving.protocol import v2_tensors
-from modelyard.serving.protocol.predict_response import _field, _key, _varint
+from modelyard.serving.protocol import protobuf_wire as wire
 from modelyard.serving.protocol.v2_service import V2Service
 
 log = logging.getLogger("modelyard.serving")
@@ -104,19 +104,19 @@ def _infer_response(pb, request, result) -> bytes:
     and the outputs' raw contents are written per request."""
     parts = [_response_head(pb, result.model_name, result.model_version)]
     if request.id:
-        parts.append(_field(_ID_FIELD, request.id.encode()))
+        parts.append(wire.length_delimited(_ID_FIELD, request.id.encode()))
     raws = []
     for alias, array in result.outputs.items():
         parts.append(_output_tensor(pb, alias, v2_tensors.output_datatype(array), array.shape))
         raw = v2_tensors.to_raw(array)
-        raws += (_RAW_KEY, _varint(len(raw)), raw)
+        raws += (_RAW_KEY, wire.varint(len(raw)), raw)
     return b"".join(parts + raws)
 
 
 # ModelInferResponse's field numbers, from the published grpc_service.proto (checked against the
 # generated descriptor by tests/serving/test_v2_units.py): id = 3, outputs = 5, raw_output_contents = 6.
 _ID_FIELD, _OUTPUTS_FIELD = 3, 5
-_RAW_KEY = _key(6, 2)
+_RAW_KEY = wire.key(6, wire.LEN)
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,7 +126,7 @@ def _response_head(pb, model_name: str, version: int) -> bytes:
 
 @functools.lru_cache(maxsize=1024)
 def _output_tensor(pb, alias: str, datatype: str, shape: tuple[int, ...]) -> bytes:
-    return _field(_OUTPUTS_FIELD, pb.ModelInferResponse.InferOutputTensor(
+    return wire.length_delimited(_OUTPUTS_FIELD, pb.ModelInferResponse.InferOutputTensor(
         name=alias, datatype=datatype, shape=shape).SerializeToString())
 
 
