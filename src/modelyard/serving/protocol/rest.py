@@ -70,7 +70,8 @@ class RestApp:
         # Clients send the same few paths, so each is parsed once, not per request.
         self._post_routes: dict[str, tuple] = {}
         # The Open Inference Protocol's /v2 paths (v2_rest.py), on the same port and models.
-        self.v2 = V2RestApp(V2Service(core), self.extra_headers, self.timeout_s, executor=self.pool)
+        self.v2 = V2RestApp(V2Service(core), self.extra_headers, self.timeout_s, executor=self.pool,
+                            json_headers=self.json_headers)
 
     # ---- answered on the event loop, before or without the body ------------------------------
     def immediate(self, method: str, path: str) -> tuple[int, list, bytes] | None:

@@ -42,10 +42,12 @@ class V2RestApp:
     """``handle(method, path, body, header_length)`` -> ``(status, headers, body)`` for every ``/v2`` path."""
 
     def __init__(self, service: V2Service, extra_headers: list | None = None, timeout_s: float | None = None,
-                 repository=None, executor=None):
+                 repository=None, executor=None, json_headers: list | None = None):
         self.service = service
         self.executor = executor  # where the batching queue runs what it cannot on its own thread (RestApp.pool)
         self.extra_headers = extra_headers or []  # CORS, when the REST API sends it
+        # RestApp's own list when it has one: the HTTP server keeps a ready head for that object.
+        self.json_headers = json_headers if json_headers is not None else _JSON + self.extra_headers
         self.timeout_s = timeout_s
         self.repository = repository  # v2_repository.Repository, or None: the extension answers UNIMPLEMENTED
         self._routes: dict[str, tuple[str, str | None, str | None]] = {}  # path -> _model_route's answer
@@ -89,7 +91,7 @@ class V2RestApp:
             return error_answer(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"), self.extra_headers)
 
     def _json(self, status: int, value) -> tuple[int, list, bytes]:
-        return status, _JSON + self.extra_headers, orjson.dumps(value)
+        return status, self.json_headers, orjson.dumps(value)
 
     def _route(self, method: str, path: str, body: bytes, header_length) -> tuple[int, list, bytes]:
         service = self.service
@@ -168,7 +170,7 @@ class V2RestApp:
     def _infer_answer(self, request_id, result: InferResult, binary_outputs) -> tuple[int, list, bytes]:
         head, chunks = infer_answer(request_id, result, binary_outputs)
         if not chunks:
-            return 200, _JSON + self.extra_headers, head
+            return 200, self.json_headers, head
         headers = _BINARY + [(HEADER_LENGTH.encode(), str(len(head)).encode())] + self.extra_headers
         return 200, headers, b"".join([head, *chunks])
 
