@@ -28,6 +28,9 @@ from modelyard.training import cluster as cluster_mod
 from modelyard.training.cluster import ClusterError, Task
 
 _TAIL_LINES = 15
+# What every task gets unless the environment says otherwise (a warm interpreter a task may be
+# forked from starts with the same: platform.jobs.warm_jobs).
+TASK_ENV_DEFAULTS = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 _EVALUATOR_GRACE = 60.0  # the evaluator may still be scoring the last checkpoint
 
 
@@ -72,8 +75,8 @@ class Supervisor:
             MODELYARD_ATTEMPT=str(self.attempt),
             PYTHONUNBUFFERED="1",
         )
-        env.setdefault("TF_USE_LEGACY_KERAS", "1")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        for name, value in TASK_ENV_DEFAULTS.items():
+            env.setdefault(name, value)
         return env
 
     def _emit(self, task: Task, line: str) -> None:
@@ -92,12 +95,16 @@ class Supervisor:
         for task in self.tasks:
             self.running.append(self._start_task(task))
 
+    def _popen(self, task: Task):
+        """The task's process, its output on ``.stdout`` (a subclass may start it another way)."""
+        return subprocess.Popen(
+            self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
     def _start_task(self, task: Task) -> Running:
         try:
-            process = subprocess.Popen(
-                self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            process = self._popen(task)
         except OSError as exc:
             self.stop()
             raise LaunchError(f"cannot start {shlex.join(self.command)}: {exc.strerror}") from None

@@ -15,6 +15,17 @@ The tuner sends one JSON line per trial on ``IN_FD``; the server answers ``forke
 child's pid, and ``exited`` with its exit status once it is reaped (the child is the
 server's, not the tuner's, so the server reports its status). The server has the tuner's
 parent-death signal and each child has the server's, so a tuner killed with -9 takes both.
+
+The platform starts training jobs from the same server (platform.jobs.warm_jobs): such a child is
+``detach``-ed (no parent-death signal: a job outlives its platform, as a cold one does) and its pid
+is recorded in a ``pidfile`` before the server says ``forked``. A forked process's
+``/proc/PID/environ`` is the server's, not the job's, so the platform finds it by that file
+(``recorded_pids``), not by an environment marker. A warm process (TensorFlow imported, no op run)
+may itself fork a Python command the same way (``fork_local``): a job's process forks its replica.
+
+``warm_blocker`` is the one rule for what a warm start cannot give: variables that take effect
+when an interpreter starts or imports TensorFlow. Those read when TensorFlow runs its first op
+(``CUDA_VISIBLE_DEVICES``, thread counts, ``TF_CONFIG``) are set in the child before it runs any.
 """
 from __future__ import annotations
 
@@ -30,6 +41,29 @@ from pathlib import Path
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+
+# Read when the interpreter starts or TensorFlow/Keras is imported: a child forked from an interpreter
+# that started with other values would not have them. PYTHONUNBUFFERED is applied in the child.
+_IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "KERAS_", "TF_CPP_", "TF_ENABLE_", "TF_XLA_", "XLA_")
+_IMPORT_TIME_NAMES = {"TF_USE_LEGACY_KERAS", "GLIBC_TUNABLES", "TF2_BEHAVIOR", "TF_USE_MODULAR_FILESYSTEM"}
+_APPLIED_IN_CHILD = {"PYTHONUNBUFFERED"}
+
+
+def warm_blocker(env: dict[str, str], server_env: dict[str, str]) -> str | None:
+    """Why a process with ``env`` cannot be forked from an interpreter started with ``server_env``
+    (None: it can): the variables of ``env`` read at start-up or import that differ from the server's."""
+    def import_time(name: str) -> bool:
+        if name in _APPLIED_IN_CHILD:
+            return False
+        if name == "PYTHONUSERBASE":  # only a user site directory that exists changes sys.path
+            return os.path.isdir(os.path.join(env.get(name) or server_env.get(name) or "", "lib"))
+        return name in _IMPORT_TIME_NAMES or name.startswith(_IMPORT_TIME_PREFIXES)
+
+    differ = sorted(k for k in set(env) | set(server_env) if import_time(k) and env.get(k) != server_env.get(k))
+    if differ:
+        return (f"{', '.join(differ)} differ from the warm interpreter's and take effect when Python starts "
+                "or imports TensorFlow")
+    return None
 
 
 def is_warm_command(command: list[str]) -> bool:
@@ -72,14 +106,16 @@ def _pdeathsig() -> None:
         pass
 
 
-def _child(job: dict[str, Any], server: int) -> None:
-    """In the forked child: become the trial, then run its script as ``python`` would."""
+def _child(job: dict[str, Any], server: int, out_fd: int | None = None) -> None:
+    """In the forked child: become the trial, then run its script as ``python`` would. Its output
+    goes to ``job["log"]`` (appended), or to ``out_fd`` (a pipe its parent reads)."""
     code = 1
     try:
         os.setsid()
-        _pdeathsig()
-        if os.getppid() != server:
-            os._exit(1)
+        if not job.get("detach"):
+            _pdeathsig()
+            if os.getppid() != server:
+                os._exit(1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh python
@@ -90,11 +126,17 @@ def _child(job: dict[str, Any], server: int) -> None:
             os.sched_setaffinity(0, set(job["cpus"]))  # the one thread a fork leaves; later ones inherit it
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = out_fd if out_fd is not None else os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         for fd in (null, log):
             os.close(fd)
+        if job["env"].get("PYTHONUNBUFFERED"):  # as a fresh `python` with it set: each line written at once
+            for stream in (sys.stdout, sys.stderr):
+                stream.reconfigure(line_buffering=True, write_through=True)
+        if job.get("announce"):  # said by the job's own process: what it found already imported
+            print(f"[modelyard] warm start: pid {os.getpid()} forked from pid {server}, TensorFlow "
+                  f"{'already imported' if 'tensorflow' in sys.modules else 'not imported'}", flush=True)
         code = _run(job["argv"])
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -144,6 +186,115 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, who it is (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def record_pid(pidfile: str | Path, pid: int) -> None:
+    """Append ``pid`` (and its start time) to ``pidfile``: how a forked process is found later."""
+    with open(pidfile, "a") as f:
+        f.write(f"{pid} {_start_ticks(pid)}\n")
+
+
+def read_pids(pidfile: str | Path) -> dict[int, int]:
+    """Every ``pid -> start ticks`` ``pidfile`` records, running or not."""
+    try:
+        lines = Path(pidfile).read_text().split("\n")
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            out[int(fields[0])] = int(fields[1])
+    return out
+
+
+def recorded_pids(pidfile: str | Path) -> list[tuple[int, int]]:
+    """``(pid, start ticks)`` of the processes ``pidfile`` names that still run as themselves
+    (not exited, not a zombie, not a recycled pid)."""
+    out = []
+    for pid, start in read_pids(pidfile).items():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != b"Z" and int(stat[19]) == start:
+            out.append((pid, start))
+    return out
+
+
+def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = None) -> int:
+    """Fork ``job`` (argv, env, cwd, log or ``out_fd``, cpus, detach, pidfile, announce) from this
+    process, which must have run no TensorFlow op and must run no other thread; its pid, recorded in
+    ``job["pidfile"]`` (when given) before this returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        for fd in close:
+            os.close(fd)
+        _child(job, parent, out_fd)
+    if job.get("pidfile"):
+        record_pid(job["pidfile"], pid)
+    return pid
+
+
+class LocalChild:
+    """A process ``fork_local`` forked: the part of ``subprocess.Popen`` a supervisor uses."""
+
+    def __init__(self, pid: int, stdout: Any = None):
+        self.pid, self.stdout = pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost, it is gone
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def fork_local(argv: list[str], env: dict[str, str], cwd: str | Path, pidfile: str | Path | None = None) -> LocalChild:
+    """Fork a Python command from this warm process (see ``fork``): detached, announced, its output
+    on a pipe (``.stdout``, binary) as ``Popen(stdout=PIPE, stderr=STDOUT)`` gives."""
+    read, write = os.pipe()
+    job = {"argv": argv, "env": env, "cwd": str(cwd), "detach": True, "announce": True,
+           "pidfile": str(pidfile) if pidfile else None}
+    try:
+        pid = fork(job, close=(read,), out_fd=write)
+    finally:
+        os.close(write)
+    return LocalChild(pid, os.fdopen(read, "rb"))
+
+
 def _send(out: int, event: str, **fields: Any) -> None:
     data = (json.dumps({"event": event, **fields}) + "\n").encode()
     while data:
@@ -174,14 +325,7 @@ def serve(in_fd: int, out_fd: int) -> int:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 job = json.loads(line)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                server = os.getpid()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(in_fd)
-                    os.close(out_fd)
-                    _child(job, server)
+                pid = fork(job, close=(in_fd, out_fd))
                 children.add(pid)
                 _send(out_fd, "forked", trial=job["trial"], pid=pid)
         for pid in list(children):

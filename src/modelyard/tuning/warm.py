@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from modelyard.tuning.forkserver import warm_blocker
 from modelyard.tuning.runner import _child_setup
 
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
@@ -49,6 +50,8 @@ class ForkServer:
     """One server per study; started at once, so it imports while the study opens."""
 
     def __init__(self, env: dict[str, str], log: Path):
+        self.env = dict(env)
+        self.ready = False  # it said it imported TensorFlow and takes requests
         to_server_r, self._to_server = os.pipe()
         self._from_server, from_server_w = os.pipe()
         os.set_blocking(self._from_server, False)
@@ -88,7 +91,9 @@ class ForkServer:
                 message = json.loads(line)
             except ValueError:
                 continue
-            if message.get("event") == "forked":
+            if message.get("event") == "ready":
+                self.ready = True
+            elif message.get("event") == "forked":
                 self._forked[message["trial"]] = message["pid"]
             elif message.get("event") == "exited":
                 child = self._children.get(message["pid"])
@@ -97,13 +102,20 @@ class ForkServer:
                 else:
                     self._exits[message["pid"]] = message["returncode"]
 
-    def spawn(self, trial: str, argv: list[str], env: dict[str, str], cwd: Path, log: Path,
-              cpus: set[int] | None) -> WarmChild | None:
-        """Fork a trial; None if the server cannot (the caller starts it cold)."""
+    def refusal(self, env: dict[str, str]) -> str | None:
+        """Why a process with ``env`` cannot be forked from this server (forkserver.warm_blocker)."""
         if self.broken or not self.alive():
+            return "the warm interpreter has stopped"
+        return warm_blocker(env, self.env)
+
+    def spawn(self, trial: str, argv: list[str], env: dict[str, str], cwd: Path, log: Path,
+              cpus: set[int] | None, **options: Any) -> WarmChild | None:
+        """Fork a trial; None if the server cannot (the caller starts it cold). ``options``:
+        forkserver.fork's ``detach``, ``pidfile`` and ``announce``."""
+        if self.refusal(env) is not None:
             return None
         job = {"trial": trial, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log),
-               "cpus": sorted(cpus) if cpus else None}
+               "cpus": sorted(cpus) if cpus else None, **options}
         data = (json.dumps(job) + "\n").encode()
         try:
             while data:

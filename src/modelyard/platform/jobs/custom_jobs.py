@@ -10,6 +10,10 @@ Vertex's ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR
 ``baseOutputDirectory`` (gs:// URIs when it is one), ``CLUSTER_SPEC``, ``CLOUD_ML_PROJECT_ID``,
 ``CLOUD_ML_JOB_ID`` and its ``/gcs/`` paths (job_env). A bucket the job names that does not exist
 is refused at create.
+
+A job whose process was forked from the platform's warm interpreter (warm_jobs: one replica, a
+TensorFlow Python command) forks that replica from itself too (tuning.forkserver.fork_local)
+instead of starting a fresh Python, unless ``warm_jobs.local_blocker`` says why not (in the log).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import sys
 from pathlib import Path
 
 from modelyard import objstore
-from modelyard.platform.jobs import job_env
+from modelyard.platform.jobs import job_env, warm_jobs
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
 
@@ -216,6 +220,19 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
             self.command = by_role[task.type]["command"] + list(extra_args)
             return super()._start_task(task)
 
+        def _popen(self, task):
+            if warm:
+                task_env = self._env(task)
+                why = warm_jobs.local_blocker(self.command, task_env)
+                if why is None:
+                    return fork_local(self.command, task_env, Path.cwd(), work_dir / warm_jobs.PIDS_FILE)
+                self._emit(task, f"[modelyard] cold start (not forked from the warm interpreter): {why}")
+            return super()._popen(task)
+
+    # Forked from the warm interpreter: its one replica is forked from here (see warm_jobs).
+    warm = placement is None and len(tasks) == 1 and warm_jobs.in_warm_process()
+    if warm:
+        from modelyard.tuning.forkserver import fork_local
     sup = Pools(spec, tasks, by_role["chief"]["command"], out=sys.stdout)
     sup.placement = placement
     sup.node_setup = node_setup

@@ -9,6 +9,11 @@ leaves it running: the next platform adopts it by pid (checked against its comma
 if it died meanwhile, starts it again when its kind can resume (batch prediction, tuning) and
 fails it otherwise. The child writes ``result.json`` when it ends; no result means it crashed,
 and the job fails with the tail of its log.
+
+A custom job whose one replica is a TensorFlow Python command (a ``modelyard train`` config) is
+forked from the platform's warm interpreter instead (``warm_jobs``); its processes are found by the
+pids recorded in its work dir as well as by ``MODELYARD_JOB_ID``, since a forked process's
+environment, as /proc shows it, is its server's. A job that cannot start warm says why in its log.
 """
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from modelyard.platform.api.errors import ApiError
+from modelyard.platform.jobs import warm_jobs
 from modelyard.platform.state.store import Store
+from modelyard.tuning.forkserver import read_pids, recorded_pids
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +115,8 @@ class JobRunner:
         self._wake = asyncio.Event()
         self.platform = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.warm = warm_jobs.WarmJobs(state_dir)
+        self._cold_because: dict[str, str | None] = {}  # job id -> why it cannot start warm (None: it can)
 
     def work_dir(self, job_id: str) -> Path:
         return self.root / job_id
@@ -151,6 +160,8 @@ class JobRunner:
             follow(self, row)
             return
         if state == PENDING:
+            if self._warm_blocker(row) is None and self.warm.hold(job_id):
+                return  # the warm interpreter is importing TensorFlow: faster than a cold start's own import
             if self.store.update_job(job_id, (PENDING,), state=RUNNING, started=time.time()):
                 self._spawn(row)
             return
@@ -161,27 +172,50 @@ class JobRunner:
             return
         self._finished(row)
 
+    def _warm_blocker(self, row: dict) -> str | None:
+        """Why the job cannot start from the warm interpreter (None: it can); asked once per job."""
+        if row["kind"] != "customJobs":
+            return "not a custom job"
+        if row["id"] not in self._cold_because:
+            try:
+                why = warm_jobs.blocker(row["spec"]["jobSpec"], self.engine, self.work_dir(row["id"]))
+            except Exception as exc:  # a spec the job's own process will refuse, saying why
+                why = f"its spec: {exc}"
+            self._cold_because[row["id"]] = why
+        return self._cold_because[row["id"]]
+
     def _spawn(self, row: dict) -> None:
         job_id = row["id"]
         work_dir = self.work_dir(job_id)
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / RESULT_FILE).unlink(missing_ok=True)
+        (work_dir / warm_jobs.PIDS_FILE).unlink(missing_ok=True)
         storage_root = getattr(getattr(self.platform, "config", None), "storage_root", None)
         write_json(work_dir / JOB_FILE, {"id": job_id, "kind": row["kind"], "parent": row["parent"],
                                          "displayName": row["display_name"], "spec": row["spec"],
                                          "run": row["runs"] + 1, "engine": self.engine,
                                          "storageRoot": str(storage_root) if storage_root else None})
+        argv = [sys.executable, "-m", "modelyard.platform.jobs.job_child", str(work_dir)]
+        # MODELYARD_JOB_ID is inherited by every process the job starts: how leftovers are found.
+        env = {**os.environ, JOB_ID_ENV: job_id}
+        proc = None
         try:
-            with open(work_dir / LOG_FILE, "ab") as logf:
-                # MODELYARD_JOB_ID is inherited by every process of the job: how leftovers are found.
-                proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform.jobs.job_child", str(work_dir)],
-                                        stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=work_dir, start_new_session=True,
-                                        env={**os.environ, JOB_ID_ENV: job_id})
+            if row["kind"] == "customJobs":
+                why = self._warm_blocker(row)
+                if why is None:
+                    proc, why = self.warm.spawn(job_id, argv, env, work_dir, work_dir / LOG_FILE)
+                if proc is None:
+                    with open(work_dir / LOG_FILE, "a") as logf:
+                        logf.write(f"[modelyard] cold start (not from the platform's warm interpreter): {why}\n")
+            if proc is None:
+                with open(work_dir / LOG_FILE, "ab") as logf:
+                    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            cwd=work_dir, start_new_session=True, env=env)
         except OSError as exc:
             self._end(row, FAILED, ApiError("INTERNAL", f"could not start the job's process: {exc}"))
             return
         self._procs[job_id] = proc
+        self._cold_because.pop(job_id, None)
         self.store.update_job(job_id, pid=proc.pid, runs=row["runs"] + 1, work_dir=str(work_dir))
         log.info("job %s (%s) started as pid %d (run %d)", job_id, row["kind"], proc.pid, row["runs"] + 1)
 
@@ -218,7 +252,7 @@ class JobRunner:
         job_id = row["id"]
         proc = self._procs.pop(job_id, None)
         # Whatever the job left behind (batch workers, replicas and trials in their own sessions).
-        _kill_leftovers(job_id)
+        _kill_leftovers(job_id, self.work_dir(job_id))
         self._signalled.pop(job_id, None)
         self._progress_at.pop(job_id, None)
         work_dir = self.work_dir(job_id)
@@ -272,17 +306,21 @@ def _killpg(pid: int | None, sig: int) -> None:
         pass
 
 
-def _kill_leftovers(job_id: str) -> int:
-    """SIGKILL every process still carrying this job's id in its environment; returns how many."""
+def _kill_leftovers(job_id: str, work_dir: Path | None = None) -> int:
+    """SIGKILL every process still carrying this job's id in its environment, and those forked for it
+    from a warm interpreter (recorded in ``work_dir``) with what they forked in turn (their process
+    group, born after them); returns how many."""
     mark = f"{JOB_ID_ENV}={job_id}\0".encode()
+    warm = read_pids(work_dir / warm_jobs.PIDS_FILE) if work_dir is not None else {}
     killed = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if mark not in f.read():
-                    continue
+            if not _forked_for(int(entry), warm):
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark not in f.read():
+                        continue
             os.kill(int(entry), signal.SIGKILL)
             killed += 1
         except (OSError, ProcessLookupError):
@@ -292,8 +330,25 @@ def _kill_leftovers(job_id: str) -> int:
     return killed
 
 
+def _forked_for(pid: int, warm: dict[int, int]) -> bool:
+    """``pid`` is one of ``warm`` (recorded pid -> start ticks; not a recycled pid), or in the process
+    group of one (running or not: its group outlives it) and started after it."""
+    if not warm:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().rsplit(b")", 1)[1].split()
+        group, start = int(stat[3]), int(stat[19])
+    except (OSError, IndexError, ValueError):
+        return False
+    return warm.get(pid) == start or (group in warm and start >= warm[group])
+
+
 def _is_job_process(pid: int, work_dir: Path) -> bool:
-    """``pid`` is alive (not a zombie) and is this job's child, not a recycled pid."""
+    """``pid`` is alive (not a zombie) and is this job's child, not a recycled pid: its command line
+    names the job's work dir, or (forked from the warm interpreter) the work dir records it."""
+    if any(p == pid for p, _ in recorded_pids(work_dir / warm_jobs.PIDS_FILE)):
+        return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":

@@ -1,0 +1,147 @@
+"""Issue 29: a training config submitted with ``modelyard jobs submit`` starts from the platform's
+warm interpreter (the tuner's fork server, kept by the job runner): the job's training process says
+from inside that it found TensorFlow already imported; its result equals a cold run's of the same
+seeded config (a pool variable read when Python starts makes that one cold, saying why in its log);
+a warm job survives a kill -9 of its platform, is adopted by the next one and cancelled by it. One
+layer down: the leftover scan finds warm processes by the pids recorded in the job's directory,
+since their /proc environment is the server's and carries no job id.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+from modelyard.platform.jobs.job_runner import FAILED, JOB_ID_ENV, RUNNING, JobRunner
+from modelyard.platform.jobs.warm_jobs import PIDS_FILE
+from modelyard.platform.state.store import Store
+from modelyard.tuning.forkserver import record_pid
+from tests.platform.conftest import _env
+from tests.platform.jobs_helpers import alive, no_stray_jobs, wait_gone, wait_state  # noqa: F401
+
+SEEDED = {"model": "demo", "strategy": "one_device", "global_batch_size": 32, "epochs": 2, "steps_per_epoch": 3,
+          "seed": 7, "tensorboard": False, "input_report": False}
+
+
+def _cli(platform, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "modelyard", *args, "--platform", platform.url],
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _log(platform, name: str) -> str:
+    return requests.get(f"{platform.url}/modelyard/v1/jobs/{name.rsplit('/', 1)[-1]}/logs", timeout=10).text
+
+
+def _losses(job_dir: Path) -> list:
+    metrics = json.loads((job_dir / "metrics.json").read_text())
+    return [(e["epoch"], e["loss"]) for e in metrics["epochs"]]
+
+
+def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp_path):
+    warm_cfg = tmp_path / "warm.yaml"
+    warm_cfg.write_text(yaml.safe_dump({**SEEDED, "job_dir": str(tmp_path / "warm")}))
+    done = _cli(platform, "jobs", "submit", "--config", str(warm_cfg), "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    warm_job = json.loads(done.stdout)
+    assert warm_job["state"] == "JOB_STATE_SUCCEEDED"
+    warm_log = _log(platform, warm_job["name"])
+    # Printed by the training process itself, before `modelyard train` ran.
+    assert "[modelyard] warm start: pid" in warm_log and "TensorFlow already imported" in warm_log, warm_log
+    assert "cold start" not in warm_log, warm_log
+
+    # The same config as a CustomJob whose pool sets a variable read when Python starts: cold, and says why.
+    cold_cfg = tmp_path / "cold.yaml"
+    cold_cfg.write_text(yaml.safe_dump({**SEEDED, "job_dir": str(tmp_path / "cold")}))
+    body = {"displayName": "cold", "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
+        "imageUri": "modelyard/train", "command": [sys.executable, "-m", "modelyard", "train", str(cold_cfg)],
+        "env": [{"name": "PYTHONHASHSEED", "value": "0"}]}}]}}
+    name = requests.post(platform.api("customJobs"), json=body, timeout=10).json()["name"]
+    cold_job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=300)
+    cold_log = _log(platform, name)
+    assert cold_job["state"] == "JOB_STATE_SUCCEEDED", cold_log
+    assert "cold start (not from the platform's warm interpreter): PYTHONHASHSEED differ" in cold_log, cold_log
+    assert "warm start" not in cold_log, cold_log
+    assert _losses(tmp_path / "warm") == _losses(tmp_path / "cold")
+    assert len(_losses(tmp_path / "warm")) == 2
+
+
+def test_a_warm_job_survives_a_platform_kill_and_is_cancelled_by_the_next_one(platform, tmp_path):
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(yaml.safe_dump({**SEEDED, "epochs": 1000, "steps_per_epoch": 50, "job_dir": str(tmp_path / "long")}))
+    out = _cli(platform, "jobs", "submit", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    name = json.loads(out.stdout)["name"]
+    work_dir = platform.workdir / "state" / "jobs" / name.rsplit("/", 1)[-1]
+    deadline = time.monotonic() + 180
+    while "warm start" not in _log(platform, name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "warm start" in _log(platform, name), _log(platform, name)
+    pids = [int(line.split()[0]) for line in (work_dir / PIDS_FILE).read_text().splitlines()]
+    assert len(pids) == 2 and all(alive(p) for p in pids)  # the job's process and its replica
+    for pid in pids:  # forked: the job's id is not in the environment /proc shows
+        assert f"{JOB_ID_ENV}=".encode() not in open(f"/proc/{pid}/environ", "rb").read()
+
+    platform.stop(signal.SIGKILL)  # its warm interpreter dies with it; the job does not
+    time.sleep(0.5)
+    assert all(alive(p) for p in pids)
+    platform.start()
+    assert wait_state(platform, name, ("JOB_STATE_RUNNING", "JOB_STATE_FAILED"))["state"] == "JOB_STATE_RUNNING"
+    time.sleep(1.0)  # a few ticks of the new runner: adopted (found by its recorded pids), not failed as lost
+    assert requests.get(f"{platform.url}/v1/{name}", timeout=10).json()["state"] == "JOB_STATE_RUNNING"
+    assert "run 2" not in _log(platform, name)
+
+    cancelled = _cli(platform, "jobs", "cancel", name.rsplit("/", 1)[-1])
+    assert cancelled.returncode == 0, cancelled.stderr
+    job = wait_state(platform, name, ("JOB_STATE_CANCELLED", "JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"))
+    assert job["state"] == "JOB_STATE_CANCELLED", job
+    assert wait_gone(platform) == [] and not any(alive(p) for p in pids)
+
+
+def test_the_leftover_scan_kills_warm_processes_by_their_recorded_pids(tmp_path):
+    """A row RUNNING with no pid (the platform died before writing it) whose processes were forked:
+    no job id in their environment, their pids in the job's warm.pids; one of them forked again."""
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    now = time.time()
+    work_dir = tmp_path / "jobs" / "7"
+    work_dir.mkdir(parents=True)
+    store.add_job({"id": "7", "kind": "customJobs", "parent": "projects/p/locations/l", "display_name": "lost",
+                   "state": RUNNING, "spec": {}, "result": {}, "labels": {}, "work_dir": str(work_dir),
+                   "pid": None, "runs": 1, "created": now, "started": now, "updated": now})
+    env = {k: v for k, v in os.environ.items() if k != JOB_ID_ENV}
+    # The recorded process forks a child in its group (as a warm replica's own fork would be): no record of it.
+    script = "import os, time\nif os.fork() == 0:\n    time.sleep(120)\nelse:\n    print(os.getpid(), flush=True); time.sleep(120)"
+    leader = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True, stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True)
+    try:
+        leader.stdout.readline()
+        record_pid(work_dir / PIDS_FILE, leader.pid)
+        members = [int(p) for p in os.listdir("/proc") if p.isdigit() and _group(int(p)) == leader.pid]
+        assert len(members) == 2
+        JobRunner(store, tmp_path, is_leader=lambda: True).tick()
+        assert leader.wait(timeout=10) == -9
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in members) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in members)
+        assert other.poll() is None  # neither recorded nor of the job: left alone
+        job = store.get_job("7")
+        assert job["state"] == FAILED and "lost while the platform was stopped" in job["error"]["message"]
+    finally:
+        for p in (leader, other):
+            p.kill()
+            p.wait()
+
+
+def _group(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
