@@ -2,11 +2,13 @@
 
 Jobs (the platform's, and ``modelyard batch-predict``) name inputs and outputs by URI, as Vertex AI
 does. Local paths (and ``file://``) are used in place; ``gs://`` and ``s3://`` go through fsspec
-(``gcsfs``/``s3fs``), so a job's own code always sees local files. A GCS emulator is honoured through
-``STORAGE_EMULATOR_HOST``, an S3 endpoint (moto, MinIO) through ``AWS_ENDPOINT_URL``.
+(``gcsfs``/``s3fs``), so a job's own code always sees local files. A GCS emulator (or the platform's
+own storage) is honoured through ``STORAGE_EMULATOR_HOST``, an S3 endpoint (moto, MinIO) through
+``AWS_ENDPOINT_URL``. With ``STORAGE_EMULATOR_HOST`` set, an object's metadata and ranged reads go
+over plain HTTP (``gcs_json``), so a process that only reads objects never imports gcsfs.
 
-A leaf module: it imports nothing of modelyard. Failures carry a Google status name
-(``StorageError.status``) so each caller can map them once into its own error type.
+A leaf module: it imports nothing of modelyard but ``gcs_json`` (a leaf). Failures carry a Google
+status name (``StorageError.status``) so each caller can map them once into its own error type.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
+
+from modelyard import gcs_json
 
 REMOTE = ("gs", "s3")
 _BACKEND = {"gs": "gcsfs", "s3": "s3fs"}
@@ -90,6 +94,13 @@ def expand(uris: list[str]) -> list[str]:
     found: list[str] = []
     for uri in uris:
         scheme = scheme_of(uri)
+        if _plain_gs(scheme) and not glob.has_magic(uri):
+            try:  # one object named: its metadata, without importing gcsfs (absent: gcsfs says why below)
+                gcs_json.metadata(uri)
+                found.extend([uri] if uri not in found else [])
+                continue
+            except OSError:
+                pass
         if scheme:
             fs = filesystem(scheme)
             try:
@@ -114,8 +125,16 @@ def expand(uris: list[str]) -> list[str]:
 
 def stat(uri: str) -> tuple[int, int]:
     """``(size, modification time in ns)`` of a remote object (0 when the store gives no time)."""
+    size, ns, _version = describe(uri)
+    return size, ns
+
+
+def describe(uri: str) -> tuple[int, int, str]:
+    """``(size, modification time in ns, version)`` of a remote object: the version is what
+    ``read_range`` can pin a read to (Cloud Storage's generation, S3's ETag; "" if the store gives none)."""
     try:
-        info = filesystem(scheme_of(uri)).info(uri)
+        scheme = scheme_of(uri)
+        info = gcs_json.metadata(uri) if _plain_gs(scheme) else filesystem(scheme).info(uri)
     except StorageError:
         raise
     except Exception as exc:
@@ -127,18 +146,66 @@ def stat(uri: str) -> tuple[int, int]:
         except ValueError:
             when = None
     ns = int(when.timestamp() * 1e9) if isinstance(when, _dt.datetime) else 0
-    return int(info.get("size") or 0), ns
+    version = info.get("generation") or info.get("ETag") or info.get("etag") or ""
+    return int(info.get("size") or 0), ns, str(version)
 
 
-def read_range(uri: str, start: int, end: int) -> bytes:
+def read_range(uri: str, start: int, end: int, version: str = "") -> bytes:
     """Bytes ``[start, end)`` of a remote object, in one ranged read (Cloud Storage's and S3's
-    ``Range`` header): a batch job's plan and its chunks read only the bytes they need."""
+    ``Range`` header): a batch job's plan and its chunks read only the bytes they need.
+
+    ``version`` (from ``describe``) pins the read to that version of the object: Cloud Storage's
+    ``generation`` parameter, S3's ``If-Match``. If the object was replaced or deleted since, the read
+    fails (ABORTED, saying so) rather than return bytes of another version."""
+    scheme = scheme_of(uri)
     try:
-        return filesystem(scheme_of(uri)).cat_file(uri, start, end)
+        if _plain_gs(scheme):
+            return gcs_json.read_range(uri, start, end, version)
+        fs = filesystem(scheme)
+        if not version:
+            return fs.cat_file(uri, start, end)
+        if scheme == "gs":
+            return fs.cat_file(uri, start, end, generation=version)
+        return _s3_read_if_match(fs, uri, start, end, version)
     except StorageError:
         raise
     except Exception as exc:
+        if version:
+            now = _version_now(uri)
+            if now != repr(version):
+                raise StorageError("ABORTED", f"{uri!r} changed after it was looked up: the version read is "
+                                   f"{version!r}, the object's is now {now or 'none (deleted)'}") from None
         raise _remote_failure(uri, exc) from None
+
+
+def _plain_gs(scheme: str) -> bool:
+    """Whether a gs:// call goes over plain HTTP (``gcs_json``: the storage at STORAGE_EMULATOR_HOST,
+    no gcsfs import) rather than through gcsfs (real Cloud Storage and its credentials)."""
+    return scheme == "gs" and gcs_json.endpoint() is not None
+
+
+def _version_now(uri: str) -> str:
+    try:
+        return repr(describe(uri)[2])
+    except StorageError:
+        return ""
+
+
+def _s3_read_if_match(fs, uri: str, start: int, end: int, etag: str) -> bytes:
+    """An S3 ranged GET with ``If-Match`` (s3fs's ``cat_file`` does not pass it on)."""
+    from fsspec.asyn import sync
+
+    bucket, key = uri.split("://", 1)[1].split("/", 1)
+
+    async def get() -> bytes:
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                                   IfMatch=etag)
+        try:
+            return await answer["Body"].read()
+        finally:
+            answer["Body"].close()
+
+    return sync(fs.loop, get)
 
 
 def stage_in(files: list[str], into: Path) -> list[str]:

@@ -168,8 +168,8 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
     pool = LocalWorkers(job.job_dir, spec, batch_size, workers) if engine == "local" and workers else None
     try:
         opener = None
-        if engine == "ray":  # remote inputs are not staged: planned by ranged reads, each chunk read by its actor
-            local_inputs, opener = [f.path for f in spec.inputs], remote.ranged_source
+        if engine == "ray":  # remote inputs are not staged: planned by ranged reads, each chunk's bytes sent on
+            local_inputs, opener = [f.path for f in spec.inputs], remote.RemoteInputs(spec)
         else:
             local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         # A new job is planned while the workers predict its first chunks.
@@ -188,7 +188,7 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             from modelyard.batch.engine_ray import run_ray
 
             run_ray(job.job_dir, spec, source, batch_size, workers, on_done=advance, on_ready=ready,
-                    address=ray_address, log=say)
+                    address=ray_address, log=say, inputs=opener)
         else:
             run_local(job.job_dir, spec, source, batch_size, workers, on_done=advance, on_ready=ready,
                       started=pool)

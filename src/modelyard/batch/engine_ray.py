@@ -9,11 +9,13 @@ machine:
 - the model directory travels once through Ray's object store as a tar named by its SHA-256;
   each node unpacks it into its own bounded cache (``node_cache``) and a later job with the same
   model on that node fetches nothing;
-- a chunk of a local input is read by the driver and handed to its actor as bytes (Ray's object
-  store); a chunk of a ``gs://``/``s3://`` input is read by its actor straight from storage (a
-  ranged read), and a remote input is planned by the driver through ranged reads as far as the
-  plan has got (``remote.ranged_source``): the first chunk is handed out once its own bytes are
-  read, and the input is never copied whole, to the driver's disk or a node's. The actor keeps the
+- a chunk is handed to its actor as bytes (Ray's object store): a local input's read by the
+  driver, a ``gs://``/``s3://`` input's those the driver's plan has just read by ranged reads
+  (``remote.RemoteInputs``: as far as the plan has got, so the first chunk is handed out once its
+  own bytes are read; the object crosses storage once). A chunk planned by an earlier run (a
+  resume) is read by its actor straight from storage, a ranged read. Every read of a remote input
+  is pinned to the version the run looked up: an object replaced mid-job fails the job, never mixes
+  versions. The input is never copied whole, to the driver's disk or a node's. The actor keeps the
   range in a scratch file at the same offsets (``Chunk.local_copy``): messages still name the
   input's own URI;
 - the actor predicts the chunk into a scratch job directory and answers with the part's bytes and
@@ -45,11 +47,14 @@ from typing import Any, Callable, Iterable
 
 from modelyard import node_cache, objstore
 from modelyard.batch.readers import Chunk
-from modelyard.batch.remote import read_range
+from modelyard.batch.remote import RemoteInputs, read_range
 from modelyard.batch.spec import BatchError, JobSpec
 
 # Chunks held by each actor: the one it runs and the next, waiting when the first is answered.
 IN_FLIGHT_PER_ACTOR = 2
+# While the actors load their models the driver plans ahead, this many chunks per actor at most: a
+# planned chunk of a remote input holds its bytes until it is handed out.
+PLANNED_AHEAD_PER_ACTOR = IN_FLIGHT_PER_ACTOR
 CONNECT_TIMEOUT_S = 5.0
 # No actor with its model loaded after this long: the cluster has no CPU for one (or cannot load it).
 START_TIMEOUT_S = 600.0
@@ -165,17 +170,17 @@ class ChunkWorker:
             return ("failed", self.load_error, node, ip)
         return ("ok", self.predictor.runtime, node, ip, self.model_dir, self.fetched)
 
-    def _local(self, chunk: Chunk, data: bytes | None) -> Chunk:
+    def _local(self, chunk: Chunk, data: bytes | None, version: str) -> Chunk:
         """The chunk, its bytes in a scratch file at the same offsets (sparse below them)."""
-        if data is None:  # a remote input: read here, one ranged read
-            data = read_range(chunk.file, chunk.start, chunk.end)
+        if data is None:  # a remote input's chunk the driver has not read: one ranged read, pinned
+            data = read_range(chunk.file, chunk.start, chunk.end, version)
         copy = self.scratch / f"c{chunk.index:06d}.input"
         with open(copy, "wb") as f:
             f.seek(chunk.start)
             f.write(data)
         return dataclasses.replace(chunk, local_copy=str(copy))
 
-    def run(self, chunk: Chunk, context: Any, data: bytes | None) -> tuple:
+    def run(self, chunk: Chunk, context: Any, data: bytes | None, version: str = "") -> tuple:
         """``("done", index, ok, err, results bytes, errors bytes)`` or ``("failed", index, why)``."""
         from modelyard.batch.shards import PARTS_DIR
         from modelyard.batch.work import process_chunk
@@ -185,7 +190,7 @@ class ChunkWorker:
         job = self.scratch / f"c{chunk.index:06d}"
         try:
             job.mkdir()
-            ok, err = process_chunk(job, self._local(chunk, data), self.spec.format, context, self.shaping,
+            ok, err = process_chunk(job, self._local(chunk, data, version), self.spec.format, context, self.shaping,
                                     self.predictor, self.batch_size)
             parts = job / PARTS_DIR
             results = (parts / f"c{chunk.index:06d}-ok{ok}-err{err}.results").read_bytes()
@@ -201,11 +206,13 @@ class ChunkWorker:
 
 class _Todo:
     """The chunks of ``source``, pulled as they are wanted: a plan being made advances only as far
-    as the actors need (or while they load their models, ``prefetch``). Chunks a dead actor held
-    come back first (``again``)."""
+    as the actors need (or while they load their models, ``prefetch``). Each comes with the bytes
+    the plan read for it (``held``; None when it read none). Chunks a dead actor held come back
+    first (``again``)."""
 
-    def __init__(self, source: Iterable[tuple[Chunk, Any]]):
+    def __init__(self, source: Iterable[tuple[Chunk, Any]], held: Callable[[Chunk], bytes | None]):
         self._source = iter(source)
+        self._held = held
         self._ahead: collections.deque = collections.deque()
         self.exhausted = False
 
@@ -215,13 +222,16 @@ class _Todo:
         if item is None:
             self.exhausted = True
             return False
-        self._ahead.append(item)
+        self._ahead.append((*item, self._held(item[0])))
         return True
 
-    def again(self, item: tuple[Chunk, Any]) -> None:
+    def ahead(self) -> int:
+        return len(self._ahead)
+
+    def again(self, item: tuple[Chunk, Any, bytes | None]) -> None:
         self._ahead.appendleft(item)
 
-    def next(self) -> tuple[Chunk, Any] | None:
+    def next(self) -> tuple[Chunk, Any, bytes | None] | None:
         if not self._ahead and not self.exhausted:
             self.prefetch()
         return self._ahead.popleft() if self._ahead else None
@@ -233,14 +243,17 @@ class _Todo:
 def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], batch_size: int,
             workers: int | None, on_done: Callable[[int, int, int], None],
             on_ready: Callable[[str], None] = lambda runtime: None, address: str | None = None,
-            log: Callable[[str], None] = lambda message: None) -> None:
+            log: Callable[[str], None] = lambda message: None, inputs: RemoteInputs | None = None) -> None:
     """Run every chunk of ``source`` (``(chunk, context)`` pairs, maybe a plan still being made) on
     Ray actors, committing each answer into ``job_dir``; ``on_done(index, ok, err)`` after each commit.
 
     ``workers``: actors to start (None: the cluster's CPUs). ``log`` gets a line per dead worker and
-    one at the end: how many actors ran chunks, on how many nodes. Raises BatchError on failure.
+    one at the end: how many actors ran chunks, on how many nodes. ``inputs``: how the plan read the
+    job's files (the bytes of each chunk it just planned, the pinned version of each remote input);
+    None: the files as they are now. Raises BatchError on failure.
     """
-    todo = _Todo(source)
+    inputs = inputs or RemoteInputs()
+    todo = _Todo(source, inputs.take)
     if isinstance(source, list) and not source:
         return  # a resumed job whose chunks are all committed: no actor to start
     ray = connect(address)
@@ -260,7 +273,7 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
     try:
         if todo.empty():  # inputs without a single row: nothing to predict
             return
-        _drive(ray, pool, todo, job_dir, on_done, on_ready)
+        _drive(ray, pool, todo, job_dir, on_done, on_ready, inputs)
         nodes = set(pool.nodes.values())
         log(f"ray: {len(pool.nodes)} workers of {count} ran on {len(nodes)} nodes"
             + (f"; {pool.died} died" if pool.died else ""))
@@ -320,11 +333,11 @@ class _Pool:
 
 
 def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int, int, int], None],
-           on_ready: Callable[[str], None]) -> None:
+           on_ready: Callable[[str], None], inputs: RemoteInputs) -> None:
     """Hand out chunks until all are committed."""
     from modelyard.batch.shards import commit_part_data
 
-    running: dict[Any, tuple[Any, tuple[Chunk, Any]]] = {}  # ObjectRef -> (actor, item)
+    running: dict[Any, tuple[Any, tuple[Chunk, Any, bytes | None]]] = {}  # ObjectRef -> (actor, item)
 
     def fill() -> None:
         # Chunks go only to actors whose model is loaded: on a shared cluster an actor may wait for a
@@ -334,17 +347,25 @@ def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int,
                 item = todo.next()
                 if item is None:
                     return
-                chunk, context = item
-                # A local input's bytes go to the actor through the object store; a remote one it reads.
-                data = None if objstore.is_remote(chunk.file) else _read_range(chunk.file, chunk.start, chunk.end)
-                running[actor.run.remote(chunk, context, data)] = (actor, item)
+                chunk, context, data = item
+                # The bytes go to the actor through the object store: a local input's read here, a remote
+                # one's as the plan read them; a remote chunk planned by an earlier run its actor reads.
+                remote = objstore.is_remote(chunk.file)
+                if data is None and not remote:
+                    data = _read_range(chunk.file, chunk.start, chunk.end)
+                try:
+                    version = inputs.version(chunk.file) if remote and data is None else ""
+                except ValueError as exc:
+                    raise BatchError(str(exc)) from None
+                running[actor.run.remote(chunk, context, data, version)] = (actor, item)
                 pool.live[actor] += 1
 
     announced = False
     waited = 0.0
     while running or (pool.starting and not announced) or not todo.empty():
         # While no actor can take work yet, the driver plans ahead instead of only waiting.
-        planning = not running and not todo.exhausted
+        planning = not running and not todo.exhausted and \
+            todo.ahead() < PLANNED_AHEAD_PER_ACTOR * max(1, len(pool.live) + len(pool.starting))
         waiting_for = list(pool.starting) + list(running)
         if not waiting_for:  # every actor dead and no replacement left to start
             raise BatchError(f"no Ray worker left to hand the remaining chunks to (dead: "

@@ -3,10 +3,11 @@
 The readers plan chunks as byte ranges and seek into them. The local engine's workers read local
 files, so its remote inputs are downloaded whole into ``<job dir>/.inputs/`` before planning (a
 resumed job finds them there and downloads nothing again) and removed once the job has succeeded.
-The Ray engine stages nothing: a remote input is planned through ranged reads (``ranged_source``:
+The Ray engine stages nothing: a remote input is planned through ranged reads (``RemoteInputs``:
 read block by block as far as the plan has got, so the first chunk is planned from its own bytes
-alone) and each chunk is read by the actor that runs it (``read_range``). The same planning code
-reads both, so both engines plan the same input into the same chunks.
+alone, all of one pinned version), and the bytes the plan read go on to the chunk's actor (a chunk
+planned by an earlier run is read by its actor, ``read_range``). The same planning code reads
+both, so both engines plan the same input into the same chunks.
 
 A remote ``--output`` gets a local staging directory keyed by the URI (``staging_dir``), under which
 the job runs exactly as a local one does (atomic part commits, exactly-once resume). When it
@@ -23,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from modelyard import objstore
-from modelyard.batch.readers import FileSource, RangedSource, Source
+from modelyard.batch.readers import Chunk, FileSource, RangedSource, Source
 from modelyard.batch.job import JOB_FILE, JOB_PREFIX, SUCCEEDED, BatchPredictionJob, is_same_job
 from modelyard.batch.shards import ERRORS_FILE, result_shards
 from modelyard.batch.spec import BatchError, JobSpec
@@ -52,24 +53,72 @@ def stage_inputs(job_dir: Path, spec: JobSpec) -> list[str]:
         raise BatchError(f"staging the inputs: {exc.message}") from None
 
 
-def read_range(uri: str, start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of a remote object, in one ranged read; ValueError naming the URI if it fails."""
+def read_range(uri: str, start: int, end: int, version: str = "") -> bytes:
+    """Bytes ``[start, end)`` of a remote object, in one ranged read, of ``version`` when given (see
+    ``RemoteInputs``); ValueError naming the URI if it fails, or if that version is gone."""
     try:
-        return objstore.read_range(uri, start, end)
+        return objstore.read_range(uri, start, end, version)
     except objstore.StorageError as exc:
         raise ValueError(f"reading bytes {start}-{end}: {exc.message}") from None
 
 
+class RemoteInputs:
+    """How a Ray job reads its inputs: local files as they are, remote objects by ranged reads of
+    one pinned version.
+
+    Each remote input is looked up once per run (``version``): its size and time must still be those
+    the job was created with (else the job fails: its plan and committed parts name rows of the
+    input it saw), and its version (generation, ETag) pins every read after, the plan's and the
+    actors' alike: an object replaced mid-job fails the job instead of mixing rows of two versions.
+
+    The plan's reads are kept (``RangedSource(keep=True)``) until ``take`` hands a chunk's bytes to
+    its actor, so the object crosses storage once; a chunk planned in an earlier run (a resume) is
+    read by its actor, pinned the same way."""
+
+    def __init__(self, spec: JobSpec | None = None, keep: bool = True) -> None:
+        self._recorded = {f.path: f for f in spec.inputs} if spec is not None else {}
+        self._keep = keep
+        self._versions: dict[str, tuple[int, str]] = {}
+        self._sources: dict[str, RangedSource] = {}
+
+    def version(self, path: str) -> str:
+        """The version of ``path`` this run reads ("" for a local file); ValueError if it changed."""
+        return self._pin(path)[1] if objstore.is_remote(path) else ""
+
+    def _pin(self, path: str) -> tuple[int, str]:
+        if path not in self._versions:
+            try:
+                size, mtime_ns, version = objstore.describe(path)
+            except objstore.StorageError as exc:
+                raise ValueError(exc.message) from None
+            seen = self._recorded.get(path)
+            if seen is not None and (seen.size, seen.mtime_ns) != (size, mtime_ns):
+                raise ValueError(f"{path} changed since the job was created: {seen.size:,} bytes of "
+                                 f"{seen.mtime_ns} then, {size:,} bytes of {mtime_ns} now; start a new job "
+                                 "(a new --output) to predict it as it is")
+            self._versions[path] = (size, version)
+        return self._versions[path]
+
+    def __call__(self, path: str) -> Source:
+        """The plan's source for ``path`` (``iter_plan``'s ``open_source``)."""
+        if not objstore.is_remote(path):
+            return FileSource(path)
+        size, version = self._pin(path)
+        source = RangedSource(path, size, lambda start, end: read_range(path, start, end, version),
+                             keep=self._keep)
+        self._sources[path] = source
+        return source
+
+    def take(self, chunk: Chunk) -> bytes | None:
+        """The bytes of a remote ``chunk`` the plan has just read, None if it has not (then its actor reads them)."""
+        source = self._sources.get(chunk.file)
+        return source.take(chunk.start, chunk.end) if source is not None else None
+
+
 def ranged_source(path: str) -> Source:
-    """The bytes the plan reads of ``path``: a local file as it is; a remote object by ranged reads
-    (its size looked up now), never copied whole. ValueError naming the URI if it cannot be read."""
-    if not objstore.is_remote(path):
-        return FileSource(path)
-    try:
-        size, _modified = objstore.stat(path)
-    except objstore.StorageError as exc:
-        raise ValueError(exc.message) from None
-    return RangedSource(path, size, lambda start, end: read_range(path, start, end))
+    """The bytes a plan reads of ``path`` outside a job: a local file as it is; a remote object by
+    ranged reads of its current version, never copied whole. ValueError naming the URI if it cannot be read."""
+    return RemoteInputs(keep=False)(path)
 
 
 def drop_staged_inputs(job_dir: Path) -> None:

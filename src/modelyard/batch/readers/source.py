@@ -92,18 +92,39 @@ class FileSource(Source):
 
 class RangedSource(Source):
     """A file read by ranged reads: ``fetch(start, end)`` returns bytes ``[start, end)`` of the
-    object named ``name`` (a ``gs://`` or ``s3://`` URI), whose ``size`` the caller looked up."""
+    object named ``name`` (a ``gs://`` or ``s3://`` URI), whose ``size`` the caller looked up.
 
-    def __init__(self, name: str, size: int, fetch: Callable[[int, int], bytes]) -> None:
+    ``keep``: the bytes fetched are kept until ``take`` hands them out, so the plan's reads can be
+    the chunks' reads too (the object crosses storage once, not once to plan and once to predict)."""
+
+    def __init__(self, name: str, size: int, fetch: Callable[[int, int], bytes], keep: bool = False) -> None:
         super().__init__()
         self.name, self.size, self._get = name, size, fetch
+        self._kept: list[tuple[int, bytes]] | None = [] if keep else None
 
     def _fetch(self, start: int, end: int) -> bytes:
         data = self._get(start, end)
         if len(data) != end - start:  # the object is shorter than when it was looked up
             raise ValueError(f"{self.name} changed while it was planned: bytes {start}-{end} gave "
                              f"{len(data)} bytes")
+        if self._kept is not None and data:
+            self._kept.append((start, data))
         return data
+
+    def take(self, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` if the reads so far hold all of them (a chunk just planned), else
+        None; either way what lies wholly before ``end`` is let go (chunks are taken in order)."""
+        if self._kept is None:
+            return None
+        pieces, pos = [], start
+        for at, data in sorted(self._kept, key=lambda kept: kept[0]):
+            if at <= pos < at + len(data) and pos < end:
+                pieces.append(data[pos - at:min(end, at + len(data)) - at])
+                pos += len(pieces[-1])
+        self._kept = [(at, data) for at, data in self._kept if at + len(data) > end]
+        if pos < end:
+            return None
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def opened(file: str | Source) -> Source:
