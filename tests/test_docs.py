@@ -49,6 +49,9 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/tuning.md", "modelyard tune function_study.yaml"): _FUNCTION_TRIALS,
     ("docs/tuning.md", "# tune_digits.py"): _FUNCTION_TRIALS,
     ("docs/tuning.md", "python3 tune_digits.py"): _FUNCTION_TRIALS,
+    # Needs a platform: run against the platform tests' session platform.
+    ("docs/training.md", "cat > warm.yaml <<'YAML'"):
+        "tests/platform/test_warm_jobs.py::test_a_training_config_starts_warm_and_ends_as_a_cold_run_does",
 }
 # Pages whose test runs every shell and Python block not listed above -> that test. docs/tuning.md's test
 # runs the blocks named in TUNING_RUN_HERE (the function-trial section is another test's).

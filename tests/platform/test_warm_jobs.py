@@ -1,6 +1,6 @@
 """Issue 29: a training config submitted with ``modelyard jobs submit`` starts from the platform's
-warm interpreter (the tuner's fork server, kept by the job runner): the job's training process says
-from inside that it found TensorFlow already imported; its result equals a cold run's of the same
+warm interpreter (the tuner's fork server, kept by the job runner), as docs/training.md's block runs
+it: the job's training process says from inside that it found TensorFlow already imported; its result equals a cold run's of the same
 seeded config (a pool variable read when Python starts makes that one cold, saying why in its log);
 a warm job survives a kill -9 of its platform, is adopted by the next one and cancelled by it. One
 layer down: the leftover scan finds warm processes by the pids recorded in the job's directory,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from modelyard.platform.jobs.job_runner import FAILED, JOB_ID_ENV, RUNNING, JobR
 from modelyard.platform.jobs.warm_jobs import PIDS_FILE
 from modelyard.platform.state.store import Store
 from modelyard.tuning.forkserver import record_pid
+from tests.doc_blocks import blocks, sh, shell_env
 from tests.platform.conftest import _env
 from tests.platform.jobs_helpers import alive, no_stray_jobs, wait_gone, wait_state  # noqa: F401
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "training.md"
 SEEDED = {"model": "demo", "strategy": "one_device", "global_batch_size": 32, "epochs": 2, "steps_per_epoch": 3,
           "seed": 7, "tensorboard": False, "input_report": False}
 
@@ -45,22 +48,24 @@ def _losses(job_dir: Path) -> list:
 
 
 def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp_path):
-    warm_cfg = tmp_path / "warm.yaml"
-    warm_cfg.write_text(yaml.safe_dump({**SEEDED, "job_dir": str(tmp_path / "warm")}))
-    done = _cli(platform, "jobs", "submit", "--config", str(warm_cfg), "--wait")
-    assert done.returncode == 0, done.stdout + done.stderr
-    warm_job = json.loads(done.stdout)
-    assert warm_job["state"] == "JOB_STATE_SUCCEEDED"
-    warm_log = _log(platform, warm_job["name"])
+    """docs/training.md's block as written (its platform URL the session platform's): the config is
+    written, submitted with `jobs submit --wait`, and its log shows the training process found
+    TensorFlow imported. Then the same config, cold, gives the same losses."""
+    (block,) = [b for b in blocks(DOC.read_text()) if b.lang == "bash" and b.body.startswith("cat > warm.yaml")]
+    assert block.body.count("http://127.0.0.1:8600") == 2
+    out = sh(block.body.replace("http://127.0.0.1:8600", platform.url), tmp_path, shell_env(tmp_path)).stdout
     # Printed by the training process itself, before `modelyard train` ran.
-    assert "[modelyard] warm start: pid" in warm_log and "TensorFlow already imported" in warm_log, warm_log
-    assert "cold start" not in warm_log, warm_log
+    assert re.search(r"^chief:0 \| \[modelyard\] warm start: pid \d+ forked from pid \d+, TensorFlow already "
+                     r"imported$", out, re.M), out
+    assert "chief:0 | chief:0: training modelyard.training.demo with one_device on 1 replica(s), global batch 32" in out, out
+    assert "cold start" not in out and "epoch 2/2" in out, out
+    assert json.loads((tmp_path / "job.json").read_text())["state"] == "JOB_STATE_SUCCEEDED"
+    config = yaml.safe_load((tmp_path / "warm.yaml").read_text())
 
     # The same config as a CustomJob whose pool sets a variable read when Python starts: cold, and says why.
-    cold_cfg = tmp_path / "cold.yaml"
-    cold_cfg.write_text(yaml.safe_dump({**SEEDED, "job_dir": str(tmp_path / "cold")}))
+    (tmp_path / "cold.yaml").write_text(yaml.safe_dump({**config, "job_dir": "runs/cold"}))
     body = {"displayName": "cold", "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
-        "imageUri": "modelyard/train", "command": [sys.executable, "-m", "modelyard", "train", str(cold_cfg)],
+        "imageUri": "modelyard/train", "command": [sys.executable, "-m", "modelyard", "train", str(tmp_path / "cold.yaml")],
         "env": [{"name": "PYTHONHASHSEED", "value": "0"}]}}]}}
     name = requests.post(platform.api("customJobs"), json=body, timeout=10).json()["name"]
     cold_job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=300)
@@ -68,8 +73,8 @@ def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp
     assert cold_job["state"] == "JOB_STATE_SUCCEEDED", cold_log
     assert "cold start (not from the platform's warm interpreter): PYTHONHASHSEED differ" in cold_log, cold_log
     assert "warm start" not in cold_log, cold_log
-    assert _losses(tmp_path / "warm") == _losses(tmp_path / "cold")
-    assert len(_losses(tmp_path / "warm")) == 2
+    warm, cold = _losses(tmp_path / "runs" / "warm"), _losses(tmp_path / "runs" / "cold")
+    assert len(warm) == 2 and warm == cold
 
 
 def test_a_warm_job_survives_a_platform_kill_and_is_cancelled_by_the_next_one(platform, tmp_path):

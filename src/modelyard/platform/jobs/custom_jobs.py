@@ -119,6 +119,11 @@ def _strings(value, field: str) -> list[str]:
     return list(value)
 
 
+def warm_blocker(job_spec: dict, engine: dict | None, work_dir: Path) -> str | None:
+    """For the runner: why this job cannot start from the platform's warm interpreter (None: it can)."""
+    return warm_jobs.blocker(check_job_spec(job_spec), engine, work_dir)
+
+
 # ---- the child side -----------------------------------------------------------------------------
 def execute(work_dir: Path, job: dict) -> dict:
     run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"),

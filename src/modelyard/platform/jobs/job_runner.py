@@ -99,7 +99,8 @@ class JobRunner:
     process: each tick calls it instead (a pipeline following the job it made). ``platform`` (set by
     the Platform) is what ``call_platform`` hands such a kind for work done through the API's code.
     ``engine`` (``{"name": "ray", "address": ...}`` under ``--engine ray``) reaches each job's child
-    in its job.json: where a custom job's replicas run.
+    in its job.json: where a custom job's replicas run. A kind with ``warm_blocker(job_spec, engine,
+    work_dir) -> str | None`` may start from the warm interpreter (warm_jobs) when it returns None.
     """
 
     def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
@@ -174,11 +175,12 @@ class JobRunner:
 
     def _warm_blocker(self, row: dict) -> str | None:
         """Why the job cannot start from the warm interpreter (None: it can); asked once per job."""
-        if row["kind"] != "customJobs":
-            return "not a custom job"
+        hook = getattr(kind_module(row["kind"]), "warm_blocker", None)
+        if hook is None:
+            return "its kind does not start from the warm interpreter"
         if row["id"] not in self._cold_because:
             try:
-                why = warm_jobs.blocker(row["spec"]["jobSpec"], self.engine, self.work_dir(row["id"]))
+                why = hook(row["spec"]["jobSpec"], self.engine, self.work_dir(row["id"]))
             except Exception as exc:  # a spec the job's own process will refuse, saying why
                 why = f"its spec: {exc}"
             self._cold_because[row["id"]] = why
@@ -200,7 +202,7 @@ class JobRunner:
         env = {**os.environ, JOB_ID_ENV: job_id}
         proc = None
         try:
-            if row["kind"] == "customJobs":
+            if getattr(kind_module(row["kind"]), "warm_blocker", None) is not None:
                 why = self._warm_blocker(row)
                 if why is None:
                     proc, why = self.warm.spawn(job_id, argv, env, work_dir, work_dir / LOG_FILE)

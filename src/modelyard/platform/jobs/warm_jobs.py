@@ -36,14 +36,13 @@ PIDS_FILE = "warm.pids"  # in a job's work dir: the processes forked for it, ``p
 READY_WAIT_S = 60.0  # how long a job waits for the server's first import before it starts cold
 
 
-def blocker(job_spec: dict, engine: dict | None, work_dir: Path) -> str | None:
-    """Why a custom job cannot start from the warm interpreter (None: it can)."""
-    from modelyard.platform.jobs import custom_jobs
+def blocker(pools: list[dict], engine: dict | None, work_dir: Path) -> str | None:
+    """Why a custom job (its checked pools: custom_jobs.check_job_spec) cannot start from the warm
+    interpreter (None: it can)."""
     from modelyard.tuning.forkserver import imports_tensorflow, is_warm_command, warm_blocker
 
     if (engine or {}).get("name") == "ray":
         return "its replicas run on Ray nodes"
-    pools = custom_jobs.check_job_spec(job_spec)
     if len(pools) != 1 or pools[0]["replicas"] != 1:
         return "it has several replicas (each is started cold by the launcher)"
     pool = pools[0]
