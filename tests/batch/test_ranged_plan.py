@@ -17,6 +17,7 @@ from modelyard import objstore
 from modelyard.batch import remote
 from modelyard.batch.readers import FileSource, RangedSource, iter_plan, reader, source
 from modelyard.batch.readers.crc32c import masked_crc
+from modelyard.batch.spec import InputFile, JobSpec
 from tests.platform.conftest import STAGING_BUCKET
 
 BLOCK = 16  # tiny blocks: every case crosses several of them
@@ -155,3 +156,63 @@ def test_gs_input_planned_by_ranged_reads_as_its_local_copy(gcs_emulator, tmp_pa
     assert remote.read_range(uri, last.start, last.end) == data[last.start:last.end]
     with pytest.raises(ValueError, match=f"gs://{STAGING_BUCKET}/ranged/missing.jsonl.*no such bucket or object"):
         remote.ranged_source(f"gs://{STAGING_BUCKET}/ranged/missing.jsonl")
+
+
+@pytest.mark.parametrize("fmt, data", [
+    ("jsonl", b"".join(b"[%d]\n" % (i * 37 % 1000) for i in range(60)) + b"[7]"),
+    ("tf-record", b"".join(_record(b"p" * (i % 23)) for i in range(40))),
+], ids=["jsonl", "tf-record"])
+def test_the_plans_reads_are_the_chunks_bytes(fmt, data):
+    """What the Ray engine's driver sends each actor: the bytes the plan has just read for the chunk
+    (``keep``/``take``; a TFRecord record's body the header scan skipped is read then), exactly the
+    chunk's range, every byte of the object read once; chunks taken in order let go of what lies
+    before them."""
+    served = Recorded(data)
+    ranged = RangedSource("gs://bucket/input", len(data), served, keep=True)
+    # A TFRecord scan reads only headers: its read-ahead (16 here, 4 MiB for real) fetches on from the
+    # last one's end so the records' bodies are among the reads too.
+    ranged.read_ahead = 16
+    taken = []
+    for chunk, context in iter_plan(["gs://bucket/input"], fmt, 7, lambda name: ranged):
+        taken.append(ranged.take(chunk.start, chunk.end))
+        assert taken[-1] is None or taken[-1] == data[chunk.start:chunk.end]
+        assert all(at + len(kept) > chunk.end for at, kept in ranged._kept), "what lies before is let go"
+    assert len(taken) > 3 and b"".join(taken) == data
+    fetched = sum(end - start for start, end in served.fetched)
+    assert fetched <= len(data) + 1, "each byte fetched once (a last byte checked again)"
+    assert not ranged._kept
+    # Without keep (the plan alone: bench, tests): nothing is held.
+    plain = RangedSource("gs://bucket/input", len(data), Recorded(data))
+    list(iter_plan(["gs://bucket/input"], fmt, 7, lambda name: plain))
+    assert plain.take(0, 4) is None
+
+
+def test_a_gs_input_replaced_between_plan_and_read_fails_clearly(gcs_emulator, tmp_path, monkeypatch):
+    """Every read of a job's remote input is pinned to the generation the run looked up: replaced
+    half-way through the plan (or before an actor reads its chunk), the read fails saying so,
+    instead of mixing rows of two versions. A changed object is refused at the start of a run too."""
+    monkeypatch.setattr(source, "BLOCK", 64)
+    blob = gcs_emulator["client"].bucket(STAGING_BUCKET).blob("pinned/in.jsonl")
+    data = b"".join(b"[%d]\n" % i for i in range(200))
+    blob.upload_from_string(data)
+    uri = f"gs://{STAGING_BUCKET}/pinned/in.jsonl"
+    size, mtime_ns, version = objstore.describe(uri)
+    blob.reload()
+    assert (size, version) == (len(data), str(blob.generation))
+    spec = JobSpec("m", 1, str(tmp_path), (InputFile(uri, size, mtime_ns),))
+    inputs = remote.RemoteInputs(spec)
+    assert inputs.version(uri) == version
+    planned = iter_plan([uri], "jsonl", 10, inputs)
+    first, _ = next(planned)
+    assert inputs.take(first) == data[first.start:first.end]
+    blob.upload_from_string(data.replace(b"[1", b"[9"))  # same size, another generation
+    with pytest.raises(ValueError, match=rf"{uri}.* changed after it was looked up: the version read is "
+                                         rf"'{version}', the object's is now '\d+'"):
+        list(planned)
+    with pytest.raises(ValueError, match="changed after it was looked up"):
+        remote.read_range(uri, first.start, first.end, version)  # what a resumed chunk's actor does
+    assert remote.read_range(uri, 0, 4) == b"[0]\n"  # unpinned: the object as it is now
+    # The next run of that job (a resume) looks the object up again: no longer the one it was created with.
+    with pytest.raises(ValueError, match=rf"{uri} changed since the job was created: 1,090 bytes of {mtime_ns} "
+                                         r"then, 1,090 bytes of \d+ now; start a new job"):
+        remote.RemoteInputs(spec).version(uri)

@@ -28,6 +28,7 @@ class Source:
     name: str
     size: int
     read_ahead = BLOCK  # bytes fetched for a small ``read``
+    _gapless = False  # small reads fetch on from the last read-ahead's end when close to it
 
     def __init__(self) -> None:
         self._buffered = b""
@@ -46,8 +47,16 @@ class Source:
         if not (at <= pos and end <= at + len(self._buffered)):
             if end - pos > self.read_ahead:
                 return self._fetch(pos, end)
-            self._buffered, self._buffered_at = self._fetch(pos, min(pos + self.read_ahead, self.size)), pos
-            at = pos
+            after = at + len(self._buffered)
+            if self._gapless and self._buffered and at <= pos < after + self.read_ahead:
+                # A scan hopping over records still fetches every byte once (kept for the chunks): on
+                # from the last read-ahead's end, what is left of it (a straddling header) kept in front.
+                more = self._fetch(after, min(max(after + self.read_ahead, end), self.size))
+                self._buffered = self._buffered[pos - at:] + more if pos < after else more
+                self._buffered_at = at = min(pos, after)
+            else:
+                self._buffered = self._fetch(pos, min(pos + self.read_ahead, self.size))
+                self._buffered_at = at = pos
         return self._buffered[pos - at:end - at]
 
     def blocks(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -101,29 +110,42 @@ class RangedSource(Source):
         super().__init__()
         self.name, self.size, self._get = name, size, fetch
         self._kept: list[tuple[int, bytes]] | None = [] if keep else None
+        self._gapless = keep
 
-    def _fetch(self, start: int, end: int) -> bytes:
-        data = self._get(start, end)
+    def _checked(self, start: int, end: int, data: bytes) -> bytes:
         if len(data) != end - start:  # the object is shorter than when it was looked up
             raise ValueError(f"{self.name} changed while it was planned: bytes {start}-{end} gave "
                              f"{len(data)} bytes")
+        return data
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        data = self._checked(start, end, self._get(start, end))
         if self._kept is not None and data:
             self._kept.append((start, data))
         return data
 
     def take(self, start: int, end: int) -> bytes | None:
-        """Bytes ``[start, end)`` if the reads so far hold all of them (a chunk just planned), else
-        None; either way what lies wholly before ``end`` is let go (chunks are taken in order)."""
+        """Bytes ``[start, end)`` (a chunk just planned): those the plan's reads hold, and any they
+        skipped (a TFRecord scan reads headers, so a long record's body) fetched now; None without
+        ``keep``. What lies wholly before ``end`` is let go: chunks are taken in order."""
         if self._kept is None:
             return None
         pieces, pos = [], start
         for at, data in sorted(self._kept, key=lambda kept: kept[0]):
-            if at <= pos < at + len(data) and pos < end:
+            if pos >= end:
+                break
+            if at + len(data) <= pos:
+                continue
+            if at > pos:  # never read: read now, once
+                pieces.append(self._checked(pos, min(at, end), self._get(pos, min(at, end))))
+                pos = min(at, end)
+            if pos < end and at <= pos:
                 pieces.append(data[pos - at:min(end, at + len(data)) - at])
                 pos += len(pieces[-1])
+        if pos < end:  # past the scan's reads: the scan goes on from this read's end
+            pieces.append(self._checked(pos, end, self._get(pos, end)))
+            self._buffered, self._buffered_at = pieces[-1], pos
         self._kept = [(at, data) for at, data in self._kept if at + len(data) > end]
-        if pos < end:
-            return None
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
