@@ -22,18 +22,30 @@ from modelyard.tuning.runner import _child_setup
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
 
 
+def _running(pid: int) -> bool:
+    """``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 class WarmChild:
     """A trial process forked by the server; its exit status arrives from the server."""
 
-    def __init__(self, server: "ForkServer", pid: int):
-        self.server, self.pid = server, pid
+    def __init__(self, server: "ForkServer", pid: int, detached: bool = False):
+        self.server, self.pid, self.detached = server, pid, detached
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.server.pump()
             if self.returncode is None and not self.server.alive():
-                # The server died before it reaped us: the child died with it (parent-death signal).
+                if self.detached and _running(self.pid):
+                    return None  # a detached child outlives its server (a platform's job)
+                # The server died before it reaped us: the child died with it (parent-death signal),
+                # or, detached, ended with a status nobody can read now.
                 self.returncode = -signal.SIGKILL
         return self.returncode
 
@@ -74,6 +86,9 @@ class ForkServer:
         return self.proc.poll() is None
 
     def pump(self) -> None:
+        if self._from_server < 0:  # shut down: its descriptor numbers may be another file's now
+            self.broken = True
+            return
         while True:
             try:
                 chunk = os.read(self._from_server, 65536)
@@ -96,7 +111,7 @@ class ForkServer:
             elif message.get("event") == "forked":
                 self._forked[message["trial"]] = message["pid"]
             elif message.get("event") == "exited":
-                child = self._children.get(message["pid"])
+                child = self._children.pop(message["pid"], None)
                 if child is not None:
                     child.returncode = message["returncode"]
                 else:
@@ -131,9 +146,10 @@ class ForkServer:
             select.select([self._from_server], [], [], 0.1)
             self.pump()
         pid = self._forked.pop(trial)
-        child = WarmChild(self, pid)
+        child = WarmChild(self, pid, detached=bool(options.get("detach")))
         child.returncode = self._exits.pop(pid, None)
-        self._children[pid] = child
+        if child.returncode is None:
+            self._children[pid] = child
         return child
 
     def shutdown(self) -> None:
@@ -147,3 +163,4 @@ class ForkServer:
                 os.close(fd)
             except OSError:
                 pass
+        self._to_server = self._from_server = -1

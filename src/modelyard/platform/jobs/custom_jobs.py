@@ -119,9 +119,10 @@ def _strings(value, field: str) -> list[str]:
     return list(value)
 
 
-def warm_blocker(job_spec: dict, engine: dict | None, work_dir: Path) -> str | None:
-    """For the runner: why this job cannot start from the platform's warm interpreter (None: it can)."""
-    return warm_jobs.blocker(check_job_spec(job_spec), engine, work_dir)
+def warm_blocker(spec: dict, engine: dict | None, work_dir: Path) -> str | None:
+    """For the runner: why this job (its stored spec) cannot start from the platform's warm
+    interpreter (None: it can)."""
+    return warm_jobs.blocker(check_job_spec(spec["jobSpec"]), engine, work_dir)
 
 
 # ---- the child side -----------------------------------------------------------------------------

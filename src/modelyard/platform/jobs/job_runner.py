@@ -99,8 +99,8 @@ class JobRunner:
     process: each tick calls it instead (a pipeline following the job it made). ``platform`` (set by
     the Platform) is what ``call_platform`` hands such a kind for work done through the API's code.
     ``engine`` (``{"name": "ray", "address": ...}`` under ``--engine ray``) reaches each job's child
-    in its job.json: where a custom job's replicas run. A kind with ``warm_blocker(job_spec, engine,
-    work_dir) -> str | None`` may start from the warm interpreter (warm_jobs) when it returns None.
+    in its job.json: where a custom job's replicas run. A kind with ``warm_blocker(spec, engine,
+    work_dir) -> str | None`` (``spec``: the row's) may start from the warm interpreter (warm_jobs) when it returns None.
     """
 
     def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
@@ -180,7 +180,7 @@ class JobRunner:
             return "its kind does not start from the warm interpreter"
         if row["id"] not in self._cold_because:
             try:
-                why = hook(row["spec"]["jobSpec"], self.engine, self.work_dir(row["id"]))
+                why = hook(row["spec"], self.engine, self.work_dir(row["id"]))
             except Exception as exc:  # a spec the job's own process will refuse, saying why
                 why = f"its spec: {exc}"
             self._cold_because[row["id"]] = why

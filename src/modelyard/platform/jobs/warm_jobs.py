@@ -4,7 +4,8 @@ interpreter instead of a fresh Python that imports TensorFlow.
 
 The mechanism is the tuner's (tuning.forkserver, tuning.warm): the job runner of the leading
 platform starts one fork server, the first time such a job comes (the job waits for its import,
-at most ``READY_WAIT_S``, then starts cold), and keeps it while the platform runs. The server forks
+at most ``READY_WAIT_S``, then starts cold), and keeps it while the platform runs (one that dies
+is started again by the next job; one that dies while importing is not, and jobs start cold). The server forks
 the job's process (``job_child``), which has TensorFlow imported and has run no op, so it forks the
 replica in turn (custom_jobs) rather than starting a fresh Python. Logs, exit codes, cancel (SIGTERM
 to the process group, SIGKILL after the grace), and the job's variables are those of a cold start.
@@ -63,11 +64,29 @@ class WarmJobs:
     def __init__(self, state_dir: Path) -> None:
         self.log_path = state_dir / "warm" / "forkserver.log"
         self.server = None
+        self.failed = False  # a server died before it had imported: jobs start cold from then on
         self._asked: dict[str, float] = {}  # job id -> when it started waiting for the server
+
+    def _check(self) -> None:
+        """Drop a server that died (the next job starts a new one), unless it never got ready."""
+        server = self.server
+        if server is None:
+            return
+        server.pump()
+        if server.broken or not server.alive():
+            if not server.ready:
+                self.failed = True
+                log.warning("the warm interpreter for training jobs died while importing (log: %s): training "
+                            "jobs start cold", self.log_path)
+            else:
+                log.warning("the warm interpreter for training jobs died (log: %s): the next job starts another",
+                            self.log_path)
+            self.close()
 
     def hold(self, job_id: str) -> bool:
         """True while a warm-capable job should wait for the server's first import (started here)."""
-        if self.server is not None and (self.server.ready or self.server.broken or not self.server.alive()):
+        self._check()
+        if self.failed or (self.server is not None and self.server.ready):
             self._asked.pop(job_id, None)
             return False
         if self.server is None:
@@ -75,10 +94,6 @@ class WarmJobs:
 
             log.info("starting the warm interpreter for training jobs (log: %s)", self.log_path)
             self.server = ForkServer(server_env(), self.log_path)
-        self.server.pump()
-        if self.server.ready:
-            self._asked.pop(job_id, None)
-            return False
         first = self._asked.setdefault(job_id, time.monotonic())
         if time.monotonic() - first > READY_WAIT_S:
             self._asked.pop(job_id, None)
@@ -87,7 +102,10 @@ class WarmJobs:
 
     def spawn(self, job_id: str, argv: list[str], env: dict[str, str], work_dir: Path, log_file: Path):
         """The job's process forked from the server (a warm.WarmChild), or ``(None, why)``."""
+        self._check()
         server = self.server
+        if self.failed:
+            return None, f"the warm interpreter could not import TensorFlow (its log: {self.log_path})"
         if server is None or not server.ready:
             return None, f"the warm interpreter was not ready after {READY_WAIT_S:g} s"
         from modelyard.training.launcher import TASK_ENV_DEFAULTS
