@@ -22,7 +22,8 @@ quieter meanwhile favours neither side):
    * no shared disk, gs:// input: the namespaced cluster above (its replicas undeployed), the
      input only in a Cloud Storage (``python -m modelyard.platform.storage``, the code the platform
      serves; reached at STORAGE_EMULATOR_HOST): planned by the driver through ranged reads as far
-     as the plan has got (never copied whole), each chunk range-read by the actor that runs it;
+     as the plan has got (never copied whole), each pinned to the object's generation, and each
+     chunk's bytes the plan read handed to its actor through Ray's object store (read once);
    * no shared disk, local input: the same cluster, a local file (its chunks read by the driver and
      shipped to the actors through Ray's object store); for the breakdown, not a target;
    * shared disk: a cluster of a 0-CPU head and 2 nodes with 1 CPU each started without mount
@@ -215,8 +216,8 @@ def batch_job(address: str, model_base: Path, source: str, out: Path, rows: int,
 def storage_reads(remote: str, workdir: Path) -> dict:
     """What the gs:// side reads from storage, timed from this host: the plan made by ranged reads (what
     the driver does: its first chunk, then the whole plan), for comparison the whole object copied to a
-    local file and scanned (how a remote input was planned before), then every chunk's range read back
-    (what the actors do, here one after the other)."""
+    local file and scanned (how a remote input was planned before 9e46d79), then every chunk's range
+    read back (what the actors did again before 341b543, here one after the other)."""
     from modelyard import objstore
     from modelyard.batch import remote as batch_remote
     from modelyard.batch.readers import iter_plan, reader
@@ -404,7 +405,8 @@ def main() -> int:
         f"all {reads['chunks']} in {reads['plan_s']:.1f} s, while the actors load their models; the whole object "
         f"copied to a local file takes {reads['copy_s']:.1f} s, {reads['scan_s']:.1f} s with its scan (how a "
         f"remote input was planned before, in a Ray task, ahead of the first chunk); its {reads['chunks']} chunk "
-        f"ranges read one after the other take {reads['ranges_s']:.1f} s (what the actors do, two at a time). "
+        f"ranges read one after the other take {reads['ranges_s']:.1f} s (what the actors read again before "
+        "341b543; now each chunk's bytes are those the plan read, passed on through Ray's object store). "
         "The local-input sides read the file from the page cache on the driver.", "",
         f"No shared disk (gs:// input) / shared disk, end to end: **{b_ratio:.2f}x** (target >= 0.8: "
         f"{verdict(b_ratio)}); no shared disk with a local input / shared disk: {b_local_ratio:.2f}x.", "",

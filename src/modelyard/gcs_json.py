@@ -1,5 +1,5 @@
-"""Cloud Storage's JSON API over plain HTTP, for the two per-object calls a batch job makes many of:
-an object's metadata, and a ranged read of its bytes (of one generation).
+"""Cloud Storage's JSON API over plain HTTP, for the per-object calls a batch job makes many of: an
+object's metadata, a ranged read of its bytes (of one generation), a whole small object.
 
 Used for the storage that ``STORAGE_EMULATOR_HOST`` names (the platform's own, or an emulator), which
 needs no credential discovery: no token, or the platform's (``MODELYARD_STORAGE_TOKEN``). gcsfs does
@@ -93,12 +93,20 @@ def read_range(uri: str, start: int, end: int, generation: str = "") -> bytes:
     longer there is a FileNotFoundError, as Cloud Storage answers 404)."""
     if end <= start:
         return b""
+    status, body = _media(uri, generation, {"Range": f"bytes={start}-{end - 1}"})
+    return body[start:end] if status == 200 else body  # 200: the whole object (a server ignoring Range)
+
+
+def read(uri: str) -> bytes:
+    """The whole of ``gs://bucket/name``."""
+    return _media(uri, "", {})[1]
+
+
+def _media(uri: str, generation: str, headers: dict[str, str]) -> tuple[int, bytes]:
     bucket, name = _split(uri)
     query = "alt=media" + (f"&generation={quote(generation)}" if generation else "")
     status, _headers, body = _request(f"/download/storage/v1/b/{quote(bucket, safe='')}/o/"
-                                      f"{quote(name, safe='')}?{query}", {"Range": f"bytes={start}-{end - 1}"})
+                                      f"{quote(name, safe='')}?{query}", headers)
     if status not in (200, 206):
         raise _failed(uri, status, body)
-    if status == 200:  # the whole object: a server that ignores Range
-        body = body[start:end]
-    return body
+    return status, body

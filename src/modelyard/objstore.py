@@ -163,9 +163,9 @@ def read_range(uri: str, start: int, end: int, version: str = "") -> bytes:
             return gcs_json.read_range(uri, start, end, version)
         fs = filesystem(scheme)
         if not version:
-            return fs.cat_file(uri, start, end)
+            return fs.cat_file(uri, start=start, end=end)
         if scheme == "gs":
-            return fs.cat_file(uri, start, end, generation=version)
+            return fs.cat_file(uri, start=start, end=end, generation=version)
         return _s3_read_if_match(fs, uri, start, end, version)
     except StorageError:
         raise
@@ -178,6 +178,17 @@ def read_range(uri: str, start: int, end: int, version: str = "") -> bytes:
         raise _remote_failure(uri, exc) from None
 
 
+def read_bytes(uri: str) -> bytes:
+    """A remote object's bytes, whole (a file a file-list names)."""
+    scheme = scheme_of(uri)
+    try:
+        return gcs_json.read(uri) if _plain_gs(scheme) else filesystem(scheme).cat_file(uri)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise _remote_failure(uri, exc) from None
+
+
 def _plain_gs(scheme: str) -> bool:
     """Whether a gs:// call goes over plain HTTP (``gcs_json``: the storage at STORAGE_EMULATOR_HOST,
     no gcsfs import) rather than through gcsfs (real Cloud Storage and its credentials)."""
@@ -186,6 +197,9 @@ def _plain_gs(scheme: str) -> bool:
 
 def _version_now(uri: str) -> str:
     try:
+        scheme = scheme_of(uri)
+        if not _plain_gs(scheme):
+            filesystem(scheme).invalidate_cache(uri)  # a listing's cached entry would be the old version
         return repr(describe(uri)[2])
     except StorageError:
         return ""

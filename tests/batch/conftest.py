@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +39,42 @@ def tiny_model(tmp_path_factory) -> TinyModel:
     modelyard.export(model, base)
     kernel, bias = (w.numpy() for w in model.layers[-1].weights)
     return TinyModel(base, kernel, bias)
+
+
+S3_BUCKET = "modelyard-batch"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server (``moto[server]``, test extra) on a free port, dummy credentials, one bucket."""
+    from modelyard.ports import free_port
+    from tests.platform.conftest import require, wait_http
+
+    require("moto.server", "pip install -e '.[test]' (it installs moto[server])")
+    require("s3fs", "pip install -e '.[test]' (it installs s3fs)")
+    boto3 = require("boto3", "pip install -e '.[test]' (moto brings boto3)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        wait_http(url + "/moto-api/", 30, proc, log)
+        os.environ.update(env)  # this process and the CLI processes it starts
+        client = boto3.client("s3", endpoint_url=url)
+        client.create_bucket(Bucket=S3_BUCKET)
+        yield client
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        proc.wait(10)
 
 
 def rows(n: int, seed: int = 0) -> np.ndarray:

@@ -8,49 +8,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 import modelyard
 from modelyard.batch import BatchError
-from modelyard.ports import free_port
-from tests.batch.conftest import cli_command, cli_env, rows, write_jsonl
-from tests.platform.conftest import STAGING_BUCKET, require, wait_http
-
-S3_BUCKET = "modelyard-batch"
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """moto's S3 server (``moto[server]``, test extra) on a free port, dummy credentials, one bucket."""
-    require("moto.server", "pip install -e '.[test]' (it installs moto[server])")
-    require("s3fs", "pip install -e '.[test]' (it installs s3fs)")
-    boto3 = require("boto3", "pip install -e '.[test]' (moto brings boto3)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("s3") / "moto.log"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        wait_http(url + "/moto-api/", 30, proc, log)
-        os.environ.update(env)  # this process and the CLI processes it starts
-        client = boto3.client("s3", endpoint_url=url)
-        client.create_bucket(Bucket=S3_BUCKET)
-        yield client
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()
-        proc.wait(10)
-
+from tests.batch.conftest import S3_BUCKET, cli_command, cli_env, rows, write_jsonl
+from tests.platform.conftest import STAGING_BUCKET
 
 @pytest.fixture()
 def staging(tmp_path, monkeypatch):
@@ -228,3 +193,21 @@ def test_no_credentials_is_a_clear_error(tiny_model, s3_server, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "no usable credentials" in done.stderr and "AWS_ACCESS_KEY_ID" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_s3_reads_pinned_to_an_etag(s3_server):
+    """The Ray engine pins every read of an s3:// input to the ETag its run looked up (``If-Match``):
+    the object replaced since, the read fails saying so instead of returning the new bytes."""
+    from modelyard import objstore
+
+    s3_server.put_object(Bucket=S3_BUCKET, Key="pinned/in.jsonl", Body=b"[1]\n[2]\n")
+    uri = f"s3://{S3_BUCKET}/pinned/in.jsonl"
+    size, _mtime, etag = objstore.describe(uri)
+    assert size == 8 and etag
+    assert objstore.read_range(uri, 4, 8, etag) == b"[2]\n"
+    s3_server.put_object(Bucket=S3_BUCKET, Key="pinned/in.jsonl", Body=b"[3]\n[4]\n")
+    with pytest.raises(objstore.StorageError, match=rf"{uri}' changed after it was looked up: the version read "
+                                                    rf"is '{re.escape(etag)}', the object's is now '\S+'") as failed:
+        objstore.read_range(uri, 4, 8, etag)
+    assert failed.value.status == "ABORTED"
+    assert objstore.read_range(uri, 4, 8) == b"[4]\n"

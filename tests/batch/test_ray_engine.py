@@ -1,7 +1,8 @@
 """``--engine ray`` on the shared local two-node Ray cluster, whose second node sees none of this
 host's temp dirs (tests/ray_cluster.py): the same results as the local engine, a gs:// and a local
 input through a node killed half-way (every row once, the job SUCCEEDED), exactly-once resume
-after a kill -9 of the driver, and clear errors for a bad address or a missing Ray.
+after a kill -9 of the driver, a file list in s3:// whose files the actors read from storage, and
+clear errors for a bad address or a missing Ray.
 
 Every ray run is a real ``modelyard batch-predict`` process joining the cluster as a Ray driver
 (so this test process never becomes one); its actors get the model through Ray's object store
@@ -22,7 +23,7 @@ import modelyard
 from modelyard import node_cache
 from modelyard.demo import default_cache_dir
 from modelyard.ports import free_ports
-from tests.batch.conftest import cli_command, cli_env, read_lines, rows, write_jsonl
+from tests.batch.conftest import S3_BUCKET, cli_command, cli_env, read_lines, rows, write_jsonl
 from tests.platform.conftest import STAGING_BUCKET
 from tests.ray_cluster import ensure_nodes, session_cluster
 
@@ -192,6 +193,32 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     assert set(keys) == {f"l{i}" for i in range(per_file)} | {f"g{i}" for i in range(per_file)}
     assert not (job_dir / ".inputs").exists(), "the gs:// input was never staged on the driver's disk"
     ensure_nodes(cluster, 2)  # the next test gets two nodes again
+
+
+def test_s3_file_list_on_ray_reads_its_files_from_storage(bytes_model, ray_cluster, s3_server, gcs_emulator,
+                                                         tmp_path):
+    """A file list in s3:// on Ray: the driver plans it by ranged reads pinned to its ETag, and the
+    actors, one on a node that sees none of this host's files, read the files it names from storage
+    (relative names from the list's own prefix, a gs:// name from Cloud Storage), as Vertex AI's file
+    lists name objects; a name that is nowhere is that row's error."""
+    sizes = {f"f{i}.bin": 11 * i + 1 for i in range(24)}
+    for name, size in sizes.items():
+        s3_server.put_object(Bucket=S3_BUCKET, Key=f"ray-list/files/{name}", Body=b"b" * size)
+    gcs_emulator["client"].bucket(STAGING_BUCKET).blob("ray-list/g.bin").upload_from_string(b"g" * 5)
+    names = [f"files/{n}" for n in sizes] + [f"gs://{STAGING_BUCKET}/ray-list/g.bin", "files/missing.bin"]
+    s3_server.put_object(Bucket=S3_BUCKET, Key="ray-list/list.txt", Body="\n".join(names).encode() + b"\n")
+    done = _run_cli("--model", str(bytes_model), "--input", f"s3://{S3_BUCKET}/ray-list/list.txt", "--format",
+                    "file-list", "--signature-name", "length", "--chunk-rows", "5", "--output", str(tmp_path / "out"),
+                    "--engine", "ray", "--ray-address", ray_cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "JOB_STATE_SUCCEEDED: 25 results, 1 errors, 26 rows" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
+    (job_dir,) = (tmp_path / "out").iterdir()
+    results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
+    assert results == {**{f"files/{n}": size for n, size in sizes.items()}, f"gs://{STAGING_BUCKET}/ray-list/g.bin": 5}
+    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
+    assert error["instance"] == "files/missing.bin"
+    assert f"cannot read s3://{S3_BUCKET}/ray-list/files/missing.bin" in error["error"]["message"], error
 
 
 def test_unreachable_ray_address_is_a_clear_error(tiny_model, tmp_path):

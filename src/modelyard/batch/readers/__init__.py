@@ -6,7 +6,8 @@ commits; ``decode`` turns a chunk's bytes into rows. A row is ``Row(instance, ec
 (``echo``: the JSON bytes to write as the output's "instance", or None to write the
 shaped instance; JSON Lines give ``RawJson`` instances, parsed only when needed) or ``BadRow(echo, message)`` for a record that cannot be read at all.
 
-May import: ``modelyard.errors`` and the standard library; nothing of the job or the model.
+May import: ``modelyard.errors``, ``modelyard.objstore`` (a file list's entries in storage) and the
+standard library; nothing of the job or the model.
 """
 from __future__ import annotations
 
