@@ -18,6 +18,15 @@ holds between its forward and backward passes (the activation memory: a stage's 
 pass recomputes its forward pass from them), counted by the pipeline and times their bytes;
 then the demo model's accuracy on digits without a pipeline, with 1F1B and stashing, and
 without stashing.
+
+    python3 bench/pipeline.py --profile     # prints where each schedule's time goes
+
+GPipe and 1F1B at M = 4 and 8, one process each: the time per micro-batch of each stage's
+forward pass, backward pass (on the live weights or on a saved copy), weight update (with the
+save of the weights an in-flight micro-batch still needs), gradient sum, the batch's
+synchronous update, and the copy of a micro-batch's activations to the next stage's device.
+Timed around each call (wall time in the stage's thread), medians of nothing: sums over
+steps 3..N divided by the micro-batches, so a noisy machine shows as noise.
 """
 from __future__ import annotations
 
@@ -56,10 +65,7 @@ def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
     import numpy as np
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(4)
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * STAGES)
+    _setup_devices()
     from modelyard.training import pipeline
 
     tf.keras.utils.set_random_seed(0)
@@ -88,6 +94,105 @@ def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
             "weight_versions": [max(r.versions_peak[i] for r in results) for i in range(STAGES)],
             "staleness_max": [max((max(r.staleness[i]) if r.staleness[i] else 0) for r in results)
                               for i in range(STAGES)]}
+
+
+def _setup_devices():
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(4)
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * STAGES)
+
+
+def profile_run(micro_batches: int, schedule: str) -> dict:
+    """One schedule in this process, each stage's calls timed by wrapping them (nothing in the library)."""
+    import threading
+    from collections import defaultdict
+
+    import numpy as np
+    import tensorflow as tf
+
+    _setup_devices()
+    from modelyard.training import pipeline
+
+    tf.keras.utils.set_random_seed(0)
+    model = _model()
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((BATCH, WIDTH)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, BATCH))
+    layers = [layer.name for layer in model.layers]
+    runner = pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches, schedule=schedule)
+    for _ in range(2):  # traces, compiles and makes the saved copies
+        runner.train_step(x, y)
+    # The activations' trip to the next stage's device (in the pipeline, part of that stage's forward call).
+    out = runner.stages[0].forward(x[:BATCH // micro_batches])
+    trips = []
+    for _ in range(20):
+        start = time.perf_counter()
+        with tf.device("CPU:1"):
+            tf.identity(out).numpy()
+        trips.append(time.perf_counter() - start)
+    compiled = [getattr(stage.update, "compiled", None) for stage in runner.stages]
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    calls: dict[tuple[str, str], int] = defaultdict(int)
+
+    def timed(owner, attr: str, phase: str) -> None:
+        fn = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = (threading.current_thread().name.replace("pipeline-stage-", "stage "), phase)
+                seconds[key] += time.perf_counter() - start
+                calls[key] += 1
+        setattr(owner, attr, wrapper)
+
+    for stage in runner.stages:
+        timed(stage, "forward", "forward")
+        timed(stage, "backward", "backward, live weights")
+        timed(stage, "accumulate", "gradient sum")
+        if stage.update is not None:
+            timed(stage, "update", "update")
+        for slot in getattr(stage, "slots", []):  # none before the saved copies existed
+            timed(slot, "backward", "backward, saved weights")
+            timed(slot, "save_and_update", "save + update")
+    timed(runner.optimizer, "apply_gradients", "batch update (main thread)")
+    steps = STEPS - 2
+    walls = [runner.train_step(x, y).wall for _ in range(steps)]
+    per_mb = steps * micro_batches
+    return {"samples_per_sec": BATCH / statistics.median(walls),
+            "ms_per_micro_batch": {f"{who}|{phase}": 1000 * t / per_mb for (who, phase), t in seconds.items()},
+            "calls_per_micro_batch": {f"{who}|{phase}": n / per_mb for (who, phase), n in calls.items()},
+            "transfer_ms": 1000 * statistics.median(trips),
+            "compiled_update": compiled}
+
+
+def profile_main() -> None:
+    """GPipe and 1F1B at M = 4 and 8, each in its own process: where the time per micro-batch goes."""
+    sys.path.insert(0, str(ROOT))
+    from harness import machine, markdown_table
+
+    print(f"`python3 bench/pipeline.py --profile`; {machine()}.\n")
+    for m in (4, 8):
+        results = {}
+        for schedule in ("gpipe", "1f1b"):
+            out = subprocess.run([sys.executable, __file__, "--one-profile", f"{schedule}:{m}"], capture_output=True,
+                                 text=True, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT.parent / "src")))
+            results[schedule] = json.loads(out.stdout.strip().splitlines()[-1])
+        keys = sorted({key for r in results.values() for key in r["ms_per_micro_batch"]},
+                      key=lambda key: (key.split("|")[0] == "MainThread", key))
+        rows = [[key.split("|")[0], key.split("|")[1]]
+                + [f"{r['ms_per_micro_batch'].get(key, 0):.1f} ({r['calls_per_micro_batch'].get(key, 0):.2f})"
+                   for r in results.values()] for key in keys]
+        rows.append(["-", "activations to the next device (one copy)"]
+                    + [f"{r['transfer_ms']:.2f}" for r in results.values()])
+        rows.append(["-", "samples/s"] + [f"{r['samples_per_sec']:,.0f}" for r in results.values()])
+        print(f"M = {m}: ms per micro-batch (calls per micro-batch); 1F1B's update compiled with XLA: "
+              f"{results['1f1b']['compiled_update']}\n")
+        print(markdown_table(["thread", "phase", "gpipe", "1f1b"], rows, "llrr") + "\n", flush=True)
 
 
 def accuracy_run() -> dict:
@@ -184,7 +289,16 @@ def main() -> None:
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # run one configuration, print JSON
     parser.add_argument("--schedules", action="store_true", help="1F1B and PipeDream-Flush against GPipe")
     parser.add_argument("--one-schedule", help=argparse.SUPPRESS)  # "schedule:M" or "accuracy", print JSON
+    parser.add_argument("--profile", action="store_true", help="where GPipe's and 1F1B's time per micro-batch goes")
+    parser.add_argument("--one-profile", help=argparse.SUPPRESS)  # "schedule:M", print JSON
     args = parser.parse_args()
+    if args.profile:
+        profile_main()
+        return
+    if args.one_profile:
+        schedule, m = args.one_profile.split(":")
+        print(json.dumps(profile_run(int(m), schedule)))
+        return
     if args.one is not None:
         print(json.dumps(one_run(args.one)))
         return

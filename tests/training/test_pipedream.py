@@ -72,6 +72,27 @@ def test_1f1b_backward_passes_use_the_weights_their_forward_passes_used():
     assert steps[-1].versions_peak == [2, 1] and steps[-1].stashed_peak == [2, 1]
 
 
+def test_1f1b_saves_the_weights_only_when_a_micro_batch_in_flight_needs_them():
+    model, runner = _pipeline("1f1b", stashing=True)
+    for i in range(2):
+        runner.train_step(*_batch(i))
+    first, last = runner.stages
+    # Stage 0 (F0 F1 B0 F2 B1 F3 B2 B3): the updates after B0, B1 and B2 would overwrite the
+    # weights the next micro-batch's forward pass saw, the one after B3 would not. The last
+    # stage's backward pass follows its forward pass at once: nothing to save, ever.
+    assert first.saves == 2 * (M - 1) and last.saves == 0
+    assert len(first.slots) == 1 and last.slots == []  # one saved copy, reused step after step
+    assert first.slots[0].version is None  # and free once the pipeline drains
+    # The backward passes that ran on the saved copy (the stale ones) got their forward pass's weights.
+    stale = [(seen, used) for j, seen, used in first.checks if j > 0]
+    assert len(stale) == 2 * (M - 1) and all(seen == used for seen, used in stale)
+    live = [v.numpy() for v in first.variables]
+    saved = [v.numpy() for v in first.slots[0].variables]
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(live, saved))  # the copy is an older version
+    # Each per-micro-batch update ran compiled (XLA), the saving one too.
+    assert first.update.compiled and last.update.compiled and first.slots[0].save_and_update.compiled
+
+
 def test_without_stashing_backward_passes_meet_newer_weights():
     _, runner = _pipeline("1f1b", stashing=False)
     for i in range(2):

@@ -64,6 +64,98 @@ def split_layers(model, stages) -> list[list]:
     return [[by_name[name] for name in stage] for stage in stages]
 
 
+def _backward_fn(layers: list, variables: list, device: str, loss_fn, needs_input_gradient: bool):
+    """A traced backward pass over ``layers``: recompute their forward pass under a tape and return the
+    gradient for the previous stage, for ``variables``, the loss (last stage) and the output."""
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True)
+    def backward(x, upstream, scale):
+        # upstream: d(loss)/d(this stage's output) for inner stages, the labels for the last one.
+        with tf.device(device):
+            x = tf.cast(x, tf.float32) if x.dtype.is_integer else x
+            with tf.GradientTape() as tape:
+                if needs_input_gradient:  # the first stage's input is the data: no gradient to send
+                    tape.watch(x)
+                y = x
+                for layer in layers:
+                    y = layer(y, training=True)
+                if loss_fn is not None:
+                    loss = tf.reduce_mean(loss_fn(upstream, y))
+                    target = loss * scale
+                else:
+                    loss = tf.constant(0.0)
+                    target = tf.reduce_sum(y * upstream)
+            grads = tape.gradient(target, [x] + variables)
+            d_vars = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                      for g, v in zip(grads[1:], variables)]
+            return grads[0], d_vars, loss, y
+
+    return backward
+
+
+class _Compiled:
+    """A stage's per-micro-batch weight update (1f1b), compiled with XLA so the optimizer's
+    element-wise steps run as one pass over each weight instead of one pass and one new
+    tensor per step (Keras' SGD makes five); run on the device that holds the variables (XLA
+    does not reach a variable on another device). An update XLA cannot compile (the first
+    call fails) runs traced without it; ``compiled`` says which one ran."""
+
+    def __init__(self, fn, device: str):
+        import tensorflow as tf
+
+        self._tf, self.device = tf, device
+        self._xla = tf.function(fn, jit_compile=True, reduce_retracing=True)
+        self._plain = tf.function(fn, reduce_retracing=True)
+        self.compiled: bool | None = None  # unknown until the first call
+
+    def __call__(self, *args):
+        tf = self._tf
+        with tf.device(self.device):
+            if self.compiled is None:
+                try:
+                    out = self._xla(*args)
+                except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+                    self.compiled = False
+                    return self._plain(*args)
+                self.compiled = True
+                return out
+            return (self._xla if self.compiled else self._plain)(*args)
+
+
+class _Slot:
+    """One saved version of a stage's weights (1f1b weight stashing): a copy of the stage's
+    layers with variables of their own, so the backward pass of a micro-batch whose forward
+    pass saw an older version runs on this copy instead of swapping the weights in and out of
+    the live variables (two copies of the weights per pass saved)."""
+
+    def __init__(self, stage: "_Stage", sample):
+        import tensorflow as tf
+
+        with tf.device(stage.variables[0].device):  # next to the live weights: one XLA update writes both
+            self.layers = [layer.__class__.from_config(layer.get_config()) for layer in stage.layers]
+            x = tf.cast(sample, tf.float32) if sample.dtype.is_integer else sample
+            for layer in self.layers:  # builds each copy's weights for the stage's input
+                x = layer(x, training=False)
+        self.variables = [v for layer in self.layers for v in layer.trainable_variables]
+        if [tuple(v.shape) for v in self.variables] != [tuple(v.shape) for v in stage.variables]:
+            raise RuntimeError(f"weight stashing: a copy of the layers {', '.join(l.name for l in stage.layers)} "
+                               "does not rebuild the same trainable weights from its config; train them with "
+                               "weight_stashing: false or schedule 1f1b-flush")
+        self.backward = _backward_fn(self.layers, self.variables, stage.device, stage.loss_fn,
+                                     stage.needs_input_gradient)
+        optimizer, live, saved = stage.optimizer, stage.variables, self.variables
+
+        def save_and_update(grads):
+            # Saving before the update in the same compiled call: one read of each weight for both.
+            for copy, variable in zip(saved, live):
+                copy.assign(variable)
+            optimizer.apply_gradients(zip(grads, live))
+
+        self.save_and_update = _Compiled(save_and_update, stage.variables[0].device)
+        self.version: int | None = None  # the version it holds; None: free
+
+
 class _Stage:
     """K consecutive layers on one device: a forward pass, and a backward pass that recomputes it."""
 
@@ -71,50 +163,46 @@ class _Stage:
         import tensorflow as tf
 
         self.layers, self.device, self.loss_fn = layers, device, loss_fn
+        self.needs_input_gradient = needs_input_gradient
         self.variables = [v for layer in layers for v in layer.trainable_variables]
-
-        def run_layers(x):
-            for layer in layers:
-                x = layer(x, training=True)
-            return x
 
         @tf.function(reduce_retracing=True)
         def forward(x):
             with tf.device(device):
-                return run_layers(x)
-
-        @tf.function(reduce_retracing=True)
-        def backward(x, upstream, scale):
-            # upstream: d(loss)/d(this stage's output) for inner stages, the labels for the last one.
-            with tf.device(device):
-                x = tf.cast(x, tf.float32) if x.dtype.is_integer else x
-                with tf.GradientTape() as tape:
-                    if needs_input_gradient:  # the first stage's input is the data: no gradient to send
-                        tape.watch(x)
-                    y = run_layers(x)
-                    if loss_fn is not None:
-                        loss = tf.reduce_mean(loss_fn(upstream, y))
-                        target = loss * scale
-                    else:
-                        loss = tf.constant(0.0)
-                        target = tf.reduce_sum(y * upstream)
-                grads = tape.gradient(target, [x] + self.variables)
-                d_vars = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                          for g, v in zip(grads[1:], self.variables)]
-                return grads[0], d_vars, loss, y
+                for layer in layers:
+                    x = layer(x, training=True)
+                return x
 
         @tf.function(reduce_retracing=True)
         def accumulate(total, grads):
             with tf.device(device):
                 return [t + g for t, g in zip(total, grads)]
 
-        self.forward, self.backward, self.accumulate = forward, backward, accumulate
+        self.forward, self.accumulate = forward, accumulate
+        self.backward = _backward_fn(layers, self.variables, device, loss_fn, needs_input_gradient)
         self.optimizer = None  # 1f1b: the stage's own copy of the model's optimizer
+        self.update = None  # 1f1b: one compiled update of this stage's weights (_Compiled)
+        self.slots: list[_Slot] = []  # 1f1b with stashing: saved versions of the weights, reused
+        self.saves = 0  # 1f1b with stashing: times the weights were saved for an in-flight micro-batch
         self.version = 0  # updates applied to this stage's weights
         self.checks: list[tuple[int, float, float]] | None = None  # (micro-batch, forward's weights, backward's)
         self.busy = 0.0
         self.first, self.last = float("inf"), 0.0  # this step's first call began, last call ended
         self.output_device = ""  # where its forward output was placed (TF's own answer)
+
+    def slot_holding(self, version: int) -> "_Slot | None":
+        return next((slot for slot in self.slots if slot.version == version), None)
+
+    def update_saving(self, grads, sample) -> "_Slot":
+        """Save the current weights in a free slot (a new one if none is free), then update them."""
+        slot = next((slot for slot in self.slots if slot.version is None), None)
+        if slot is None:
+            slot = _Slot(self, sample)
+            self.slots.append(slot)
+        self.timed(slot.save_and_update, grads)
+        slot.version = self.version
+        self.saves += 1
+        return slot
 
     def timed(self, fn, *args):
         import tensorflow as tf
@@ -184,8 +272,9 @@ class Pipeline:
             for stage in self.stages:  # each stage updates its own weights, in its own thread
                 stage.optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
                 stage.optimizer.build(stage.variables)  # its slots exist before the first traced update
-                stage.update = tf.function(lambda grads, stage=stage: stage.optimizer.apply_gradients(
-                    zip(grads, stage.variables)), reduce_retracing=True)
+                if stage.variables:
+                    stage.update = _Compiled(lambda grads, stage=stage: stage.optimizer.apply_gradients(
+                        zip(grads, stage.variables)), stage.variables[0].device)
         if check_weights:
             for stage in self.stages:
                 stage.checks = []
@@ -218,14 +307,9 @@ class Pipeline:
             j, value = forward_in[i].get()
             if value is None:
                 return False
-            weights = None
-            if asynchronous and self.weight_stashing:
-                # This forward pass's weights, kept for its backward pass; micro-batches that
-                # saw the same version share one copy.
-                weights = next((entry[1] for entry in stash[i].values() if entry[2] == stage.version), None) \
-                    or [tf.identity(v) for v in stage.variables]
-            stash[i][j] = (value, weights, stage.version,
-                           _fingerprint(stage.variables) if stage.checks is not None else None)
+            # Only the version is noted: the weights are saved when an update would overwrite a
+            # version that an in-flight micro-batch still needs (see backward), not on every pass.
+            stash[i][j] = (value, stage.version, _fingerprint(stage.variables) if stage.checks is not None else None)
             stashed_peak[i] = max(stashed_peak[i], len(stash[i]))
             out = stage.timed(stage.forward, value)
             stage.output_device = out.device
@@ -240,22 +324,19 @@ class Pipeline:
             j, upstream = backward_in[i].get()
             if upstream is None:
                 return False
-            value, weights, version, seen = stash[i].pop(j)
-            current = None
-            if weights is not None and version != stage.version:  # use the forward pass's weights
-                current = [tf.identity(v) for v in stage.variables]
-                for variable, old in zip(stage.variables, weights):
-                    variable.assign(old)
+            value, version, seen = stash[i].pop(j)
+            stashing = asynchronous and self.weight_stashing
+            slot = stage.slot_holding(version) if stashing and version != stage.version else None
+            if stashing and version != stage.version and slot is None:
+                raise RuntimeError(f"weight stashing: stage {i} has no saved copy of version {version} for "
+                                   f"micro-batch {j}")  # a bug in the bookkeeping below, never expected
+            backward_fn, used = (slot.backward, slot.variables) if slot else (stage.backward, stage.variables)
             if stage.checks is not None:
-                stage.checks.append((j, seen, _fingerprint(stage.variables)))
+                stage.checks.append((j, seen, _fingerprint(used)))
             scale = tf.constant(1.0 if asynchronous else 1.0 / m)
-            d_input, d_vars, loss, y_pred = stage.timed(stage.backward, value, upstream, scale)
-            if current is not None:
-                for variable, new in zip(stage.variables, current):
-                    variable.assign(new)
-            if weights is not None:  # the versions alive: the current one and those still stashed
-                versions_peak[i] = max(versions_peak[i], len({entry[2] for entry in stash[i].values()}
-                                                             | {version, stage.version}))
+            d_input, d_vars, loss, y_pred = stage.timed(backward_fn, value, upstream, scale)
+            if slot is not None and all(entry[1] != version for entry in stash[i].values()):
+                slot.version = None  # no micro-batch in flight needs that version any more
             if last:
                 losses[j], outputs[j] = loss, y_pred
             if i > 0:
@@ -263,8 +344,15 @@ class Pipeline:
             if asynchronous:  # PipeDream: this micro-batch's update, now, on this stage alone
                 if stage.variables:
                     staleness[i].append(stage.version - version)
-                    stage.timed(stage.update, d_vars)
+                    waiting = [entry[0] for entry in stash[i].values() if entry[1] == stage.version]
+                    if stashing and waiting:  # a micro-batch in flight saw these weights: keep them
+                        stage.update_saving(d_vars, waiting[0])
+                    else:
+                        stage.timed(stage.update, d_vars)
                     stage.version += 1
+                    if stashing:  # the versions alive: the current one and those saved
+                        versions_peak[i] = max(versions_peak[i],
+                                               1 + sum(s.version is not None for s in stage.slots))
             else:
                 # Summing the micro-batches' gradients is the stage's work too: timed, on its device.
                 grads[i] = list(d_vars) if grads[i] is None else stage.timed(stage.accumulate, grads[i], d_vars)
