@@ -1,6 +1,6 @@
 """Warm command trials: a fork server that has imported TensorFlow and forks one child per trial.
 
-    python -m modelyard.tuning.forkserver IN_FD OUT_FD
+    python -m modelyard.tuning.forkserver IN_FD OUT_FD [MODULE ...]
 
 A command trial that is a Python script or module (``python3 train.py ...``, ``python3 -m
 modelyard train ...``) does not need a fresh interpreter to import TensorFlow again: this
@@ -8,7 +8,9 @@ process imports it (and Keras) once, runs no TensorFlow op, and forks. The child
 script as ``python`` would (``runpy``, ``__main__``, the same argv), in its own session and
 process group, with the trial's environment, working directory, cores and log; so flags,
 metrics and isolation are those of a cold trial, and the tuner stops it with the same
-signals. Forking is safe only before TensorFlow has started its thread pools (the first op
+signals. ``MODULE``s are imported too, after TensorFlow (the platform's server preloads what every
+training job imports next: modelyard's trainer, scikit-learn's bundled data); one that fails to
+import is skipped. Forking is safe only before TensorFlow has started its thread pools (the first op
 starts them), which is why the server never runs one; each child starts its own.
 
 The tuner sends one JSON line per trial on ``IN_FD``; the server answers ``forked`` with the
@@ -127,9 +129,11 @@ def _child(job: dict[str, Any], server: int, out_fd: int | None = None) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         log = out_fd if out_fd is not None else os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # stderr to its own file when the caller reads the two apart (as Popen(stderr=PIPE) would give)
+        err = os.open(job["err_log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if job.get("err_log") else log
         os.dup2(log, 1)
-        os.dup2(log, 2)
-        for fd in (null, log):
+        os.dup2(err, 2)
+        for fd in {null, log, err}:
             os.close(fd)
         if job["env"].get("PYTHONUNBUFFERED"):  # as a fresh `python` with it set: each line written at once
             for stream in (sys.stdout, sys.stderr):
@@ -231,7 +235,7 @@ def recorded_pids(pidfile: str | Path) -> list[tuple[int, int]]:
 
 
 def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = None) -> int:
-    """Fork ``job`` (argv, env, cwd, log or ``out_fd``, cpus, detach, pidfile, announce) from this
+    """Fork ``job`` (argv, env, cwd, log or ``out_fd``, err_log, cpus, detach, pidfile, announce) from this
     process, which must have run no TensorFlow op and must run no other thread; its pid, recorded in
     ``job["pidfile"]`` (when given) before this returns."""
     sys.stdout.flush()
@@ -301,7 +305,7 @@ def _send(out: int, event: str, **fields: Any) -> None:
         data = data[os.write(out, data):]
 
 
-def serve(in_fd: int, out_fd: int) -> int:
+def serve(in_fd: int, out_fd: int, preload: list[str] = ()) -> int:
     # The imports every TensorFlow trial pays for: done once, here, with no op run.
     import tensorflow  # noqa: F401
 
@@ -312,6 +316,13 @@ def serve(in_fd: int, out_fd: int) -> int:
             import keras  # noqa: F401
     except ImportError:
         pass
+    import importlib
+
+    for module in preload:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a convenience only: the child imports it itself
+            print(f"forkserver: preloading {module} failed: {exc!r}", file=sys.stderr, flush=True)
     _send(out_fd, "ready", pid=os.getpid(), seconds=time.process_time())
     buffer = b""
     children: set[int] = set()
@@ -336,4 +347,4 @@ def serve(in_fd: int, out_fd: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]))

@@ -61,7 +61,7 @@ class WarmChild:
 class ForkServer:
     """One server per study; started at once, so it imports while the study opens."""
 
-    def __init__(self, env: dict[str, str], log: Path):
+    def __init__(self, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()):
         self.env = dict(env)
         self.ready = False  # it said it imported TensorFlow and takes requests
         to_server_r, self._to_server = os.pipe()
@@ -70,7 +70,7 @@ class ForkServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w)],
+                [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w), *preload],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(to_server_r, from_server_w), start_new_session=True,
                 preexec_fn=_child_setup(None, os.getpid()))

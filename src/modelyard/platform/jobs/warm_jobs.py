@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 PIDS_FILE = "warm.pids"  # in a job's work dir: the processes forked for it, ``pid start_ticks`` a line
 READY_WAIT_S = 60.0  # how long a job waits for the server's first import before it starts cold
+# Imported by the server after TensorFlow, as every training job's processes import them next: the
+# job's own process, `modelyard train` and the demo's digits (scikit-learn: seconds of import).
+# (Not job_child itself: it runs as __main__, which runpy warns of when the module is imported already.)
+PRELOAD = ("modelyard.platform.jobs.job_runner", "modelyard.platform.jobs.custom_jobs", "modelyard.cli",
+           "modelyard.training.trainer", "modelyard.datasets", "sklearn.datasets")
 
 
 def blocker(pools: list[dict], engine: dict | None, work_dir: Path) -> str | None:
@@ -93,7 +98,7 @@ class WarmJobs:
             from modelyard.tuning.warm import ForkServer
 
             log.info("starting the warm interpreter for training jobs (log: %s)", self.log_path)
-            self.server = ForkServer(server_env(), self.log_path)
+            self.server = ForkServer(server_env(), self.log_path, PRELOAD)
         first = self._asked.setdefault(job_id, time.monotonic())
         if time.monotonic() - first > READY_WAIT_S:
             self._asked.pop(job_id, None)
