@@ -20,7 +20,11 @@ as soon as its backward pass ends (one update per micro-batch, on the stage's ow
 the optimizer: asynchronous between stages). A micro-batch's forward and backward passes
 then meet different weights; with ``weight_stashing`` (default on) the stage keeps the
 weights of each forward pass until that micro-batch's backward pass, which uses them, so
-the gradient is that of the weights the forward pass saw. ``1f1b-flush`` (PipeDream-Flush)
+the gradient is that of the weights the forward pass saw. A version is saved only when an
+update is about to overwrite it while a micro-batch that saw it is in flight (stage k of K
+saves at most K - 1 - k versions, the last stage none), into a reused copy of the stage's
+layers whose own backward pass runs on it; each update is one XLA-compiled call (with the
+save, when there is one). ``1f1b-flush`` (PipeDream-Flush)
 keeps 1F1B's order and memory but applies one update per batch: GPipe's updates exactly.
 Each step ends with the pipeline drained (the next batch starts on fresh weights), so the
 updates' staleness is at most K - 1 - k on stage k; it is counted per update.
