@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--task", help="with --cluster-spec: the task to run on this host, e.g. worker:1")
     launch.add_argument("--print-tf-config", action="store_true", help="print each task's TF_CONFIG and exit")
     launch.add_argument("--grace", type=float, default=5.0, help="seconds to wait after SIGTERM before SIGKILL")
+    launch.add_argument("--cold", action="store_true",
+                        help="start every task in a fresh Python (by default TensorFlow Python commands are "
+                             "forked from one interpreter that imported TensorFlow once)")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="command each task runs")
     launch.set_defaults(func=run_launch)
 
@@ -79,7 +82,7 @@ def run_launch(args: argparse.Namespace) -> int:
         return launcher.main(
             cmd, chief=args.chief, workers=args.workers, ps=args.ps, evaluator=args.evaluator,
             max_restarts=args.max_restarts, cluster_spec=args.cluster_spec, task=args.task,
-            print_tf_config=args.print_tf_config, grace=args.grace,
+            print_tf_config=args.print_tf_config, grace=args.grace, cold=args.cold,
         )
     except (ClusterError, launcher.LaunchError) as exc:
         return _error("launch", str(exc))

@@ -10,6 +10,9 @@ spawned) with its TF_CONFIG. Output lines are prefixed with the task name. The j
   task, its exit code and its last lines are named; with ``max_restarts`` the whole
   cluster is started again instead (the trainer resumes from its checkpoint);
 * stops every process on Ctrl-C (or SIGTERM).
+
+A task whose command is a TensorFlow Python command is forked from one warm interpreter per launch
+(training.warm_tasks) unless ``cold``: one TensorFlow import for every task and restart.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from modelyard.training import cluster as cluster_mod
 from modelyard.training.cluster import ClusterError, Task
+from modelyard.training.warm_tasks import WarmTasks, command_blocker
 
 _TAIL_LINES = 15
 # What every task gets unless the environment says otherwise (a warm interpreter a task may be
@@ -59,8 +63,9 @@ class Supervisor:
     """Runs one attempt of a job and reports how it ended."""
 
     def __init__(self, spec: dict[str, list[str]], tasks: list[Task], command: list[str],
-                 grace: float = 5.0, out=None, attempt: int = 0):
+                 grace: float = 5.0, out=None, attempt: int = 0, warm: WarmTasks | None = None):
         self.spec, self.tasks, self.command, self.grace = spec, tasks, command, grace
+        self.warm = warm  # forks the tasks it can (None: every task starts cold)
         self.out = out or sys.stdout
         self.attempt = attempt
         self.running: list[Running] = []
@@ -97,6 +102,12 @@ class Supervisor:
 
     def _popen(self, task: Task):
         """The task's process, its output on ``.stdout`` (a subclass may start it another way)."""
+        if self.warm is not None:
+            env = self._env(task)
+            process, why = self.warm.spawn(env)
+            if process is not None:
+                return process
+            self._emit(task, f"[modelyard] cold start (not forked from the warm interpreter): {why}")
         return subprocess.Popen(
             self.command, env=self._env(task), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -245,8 +256,9 @@ def _describe(spec: dict[str, list[str]], tasks: list[Task]) -> str:
 
 def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int = 0, evaluator: bool = False,
          max_restarts: int = 0, cluster_spec: str | None = None, task: str | None = None,
-         print_tf_config: bool = False, grace: float = 5.0, out=None) -> int:
-    """Run ``command`` as a supervised job; returns the launcher's exit code."""
+         print_tf_config: bool = False, grace: float = 5.0, out=None, cold: bool = False) -> int:
+    """Run ``command`` as a supervised job; returns the launcher's exit code. Its tasks are forked
+    from one warm interpreter when they can be (training.warm_tasks), unless ``cold``."""
     out = out or sys.stdout
     if threading.current_thread() is threading.main_thread():
         _STOP_REQUESTED.clear()
@@ -280,13 +292,33 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
         return 0
     if not command:
         raise LaunchError("no command: put it after --, e.g. modelyard launch --workers 2 -- modelyard train job.yaml")
-    _preflight(command, spec)
+    # Started before the config check, so TensorFlow's import overlaps it. A command that cannot be
+    # warm (not Python, no TensorFlow) starts cold as it always did; a task that could but is not
+    # (the server died or was late, its variables differ) says why in its output.
+    server_env = {**TASK_ENV_DEFAULTS, **os.environ}
+    warm = None if cold or command_blocker(command, server_env) else WarmTasks(command, server_env)
+    try:
+        _preflight(command, spec)
+        if warm is not None:
+            warm.wait_ready(_STOP_REQUESTED)
+        return _attempts(command, spec, all_tasks, fixed_spec, warm, workers=workers, ps=ps, chief=chief,
+                         max_restarts=max_restarts, grace=grace, out=out)
+    finally:
+        if warm is not None:
+            warm.close()
 
+
+def _attempts(command: list[str], spec: dict[str, list[str]], all_tasks: list[Task], fixed_spec: bool,
+              warm: WarmTasks | None, *, workers: int, ps: int, chief: bool, max_restarts: int, grace: float,
+              out) -> int:
+    """Run the job, again on failure up to ``max_restarts`` times; the launcher's exit code."""
     attempt = port_retries = 0
     while True:
-        supervisor = Supervisor(spec, all_tasks, command, grace=grace, out=out, attempt=attempt)
+        supervisor = Supervisor(spec, all_tasks, command, grace=grace, out=out, attempt=attempt, warm=warm)
         interrupted = False
         try:
+            if _STOP_REQUESTED.is_set():
+                raise KeyboardInterrupt
             supervisor.start()
             if _STOP_REQUESTED.is_set():
                 raise KeyboardInterrupt
