@@ -130,7 +130,7 @@ def _cli(platform, *args: str, timeout: float = 300) -> subprocess.CompletedProc
                           env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def test_jobs_cli_submits_a_custom_job_spec_and_a_training_config(platform, tmp_path):
+def test_jobs_cli_submits_a_custom_job_spec(platform, tmp_path):
     spec = {"worker_pool_specs": [_pool(["--sleep=60"])], "base_output_directory": {"output_uri_prefix": str(tmp_path / "o")}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     out = _cli(platform, "jobs", "submit", "--config", str(tmp_path / "spec.yaml"), "--display-name", "from-cli")
@@ -148,17 +148,8 @@ def test_jobs_cli_submits_a_custom_job_spec_and_a_training_config(platform, tmp_
     assert "workerpool0-0: started with ['--sleep=60']" in logs
     missing = _cli(platform, "jobs", "describe", "123")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
-
-    # A modelyard training config: the job runs `modelyard train` on it.
-    config = {"model": "demo", "job_dir": str(tmp_path / "train-job"), "strategy": "one_device", "global_batch_size": 32,
-              "epochs": 1, "steps_per_epoch": 3, "tensorboard": False, "input_report": False}
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    done = _cli(platform, "jobs", "submit", "--config", str(tmp_path / "train.yaml"), "--wait")
-    assert done.returncode == 0, done.stdout + done.stderr
-    job = json.loads(done.stdout)
-    assert job["state"] == "JOB_STATE_SUCCEEDED"
-    assert job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"][-2:] == ["train", str(tmp_path / "train.yaml")]
-    assert (tmp_path / "train-job").is_dir()
+    # A modelyard training config (a one-replica CustomJob of `modelyard train` on it, started warm):
+    # test_warm_jobs.py submits docs/training.md's as written.
 
 
 def test_a_running_job_survives_a_platform_restart_and_a_killed_one_fails(platform, tmp_path):

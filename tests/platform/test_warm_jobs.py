@@ -59,7 +59,12 @@ def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp
                      r"imported$", out, re.M), out
     assert "chief:0 | chief:0: training modelyard.training.demo with one_device on 1 replica(s), global batch 32" in out, out
     assert "cold start" not in out and "epoch 2/2" in out, out
-    assert json.loads((tmp_path / "job.json").read_text())["state"] == "JOB_STATE_SUCCEEDED"
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["state"] == "JOB_STATE_SUCCEEDED"
+    # `jobs submit` made a one-replica CustomJob of `modelyard train` on the file.
+    ((pool,),) = [job["jobSpec"]["workerPoolSpecs"]]
+    assert pool["containerSpec"]["command"][-3:] == ["modelyard", "train", str(tmp_path / "warm.yaml")]
+    assert (tmp_path / "runs" / "warm" / "metrics.json").is_file()
     config = yaml.safe_load((tmp_path / "warm.yaml").read_text())
 
     # The same config as a CustomJob whose pool sets a variable read when Python starts: cold, and says why.
