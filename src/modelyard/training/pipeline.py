@@ -68,6 +68,13 @@ def split_layers(model, stages) -> list[list]:
     return [[by_name[name] for name in stage] for stage in stages]
 
 
+def _float_input(x):
+    """A stage's input as its backward pass differentiates it: integer data (images) as float32."""
+    import tensorflow as tf
+
+    return tf.cast(x, tf.float32) if x.dtype.is_integer else x
+
+
 def _backward_fn(layers: list, variables: list, device: str, loss_fn, needs_input_gradient: bool):
     """A traced backward pass over ``layers``: recompute their forward pass under a tape and return the
     gradient for the previous stage, for ``variables``, the loss (last stage) and the output."""
@@ -77,7 +84,7 @@ def _backward_fn(layers: list, variables: list, device: str, loss_fn, needs_inpu
     def backward(x, upstream, scale):
         # upstream: d(loss)/d(this stage's output) for inner stages, the labels for the last one.
         with tf.device(device):
-            x = tf.cast(x, tf.float32) if x.dtype.is_integer else x
+            x = _float_input(x)
             with tf.GradientTape() as tape:
                 if needs_input_gradient:  # the first stage's input is the data: no gradient to send
                     tape.watch(x)
@@ -136,16 +143,20 @@ class _Slot:
     def __init__(self, stage: "_Stage", sample):
         import tensorflow as tf
 
+        advice = "train them with weight_stashing: false or schedule 1f1b-flush"
         with tf.device(stage.variables[0].device):  # next to the live weights: one XLA update writes both
-            self.layers = [layer.__class__.from_config(layer.get_config()) for layer in stage.layers]
-            x = tf.cast(sample, tf.float32) if sample.dtype.is_integer else sample
-            for layer in self.layers:  # builds each copy's weights for the stage's input
-                x = layer(x, training=False)
+            try:
+                self.layers = [layer.__class__.from_config(layer.get_config()) for layer in stage.layers]
+                x = _float_input(sample)
+                for layer in self.layers:  # builds each copy's weights for the stage's input
+                    x = layer(x, training=False)
+            except Exception as exc:
+                raise RuntimeError(f"weight stashing: cannot copy the layers {', '.join(l.name for l in stage.layers)} "
+                                   f"from their config ({type(exc).__name__}: {exc}); {advice}") from exc
         self.variables = [v for layer in self.layers for v in layer.trainable_variables]
         if [tuple(v.shape) for v in self.variables] != [tuple(v.shape) for v in stage.variables]:
             raise RuntimeError(f"weight stashing: a copy of the layers {', '.join(l.name for l in stage.layers)} "
-                               "does not rebuild the same trainable weights from its config; train them with "
-                               "weight_stashing: false or schedule 1f1b-flush")
+                               f"does not rebuild the same trainable weights from its config; {advice}")
         self.backward = _backward_fn(self.layers, self.variables, stage.device, stage.loss_fn,
                                      stage.needs_input_gradient)
         optimizer, live, saved = stage.optimizer, stage.variables, self.variables
