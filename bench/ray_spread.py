@@ -2,6 +2,7 @@
 
     python3 bench/ray_spread.py        # 20 s per load run, 300,000 batch rows, 3 rounds (~9 min on 2 cores)
     python3 bench/ray_spread.py --seconds 10 --rows 100000 --rounds 2   # quicker
+    python3 bench/ray_spread.py --batch-only   # only the batch comparison (~5 min less)
 
 Issue 31's two "must reach" figures, each measured as a comparison in one run, the sides taking
 turns (``harness.take_turns``: the order reversed every round, so a machine that gets busier or
@@ -247,6 +248,46 @@ def storage_reads(remote: str, workdir: Path) -> dict:
             "first_chunk_s": first_chunk, "plan_s": whole_plan}
 
 
+def endpoints(args, spread_cluster, clusters: list, services: list, tmp: Path, demo_base: Path, body: bytes):
+    """Part 1: the demo model on 2 replicas, spread over 2 nodes against both on the platform's node;
+    returns each side's load runs, placements and deploy times."""
+    log("starting the one-node cluster: a head with 2 CPUs")
+    one_cluster = start_ray(2)
+    clusters.append(one_cluster)
+    sides = {}
+    for name, cluster in (("2 nodes", spread_cluster), ("platform's node", one_cluster)):
+        log(f"{name}: platform, upload, deploy 2 replicas")
+        side = Side(name, cluster, tmp / name.replace(" ", "-").replace("'", ""), demo_base / "0001",
+                    services)
+        sides[name] = side
+        log(f"{name}: deployed in {side.deploy_s:.1f} s, {side.placement()}")
+    spread_ids = set(sides["2 nodes"].nodes.values())
+    if len(spread_ids) != 2 or sides["2 nodes"].head_id in spread_ids:
+        raise RuntimeError(f"the spread side's replicas are not on the 2 non-head nodes: {sides['2 nodes'].nodes}")
+    for side in sides.values():
+        log(f"{side.name}: warm-up (5 s)")
+        asyncio.run(drive(side.url, body, args.concurrency, 5))
+
+    def load(name: str, _round: int) -> dict:
+        lat, fail = asyncio.run(drive(sides[name].url, body, args.concurrency, args.seconds))
+        return {**latency_summary(lat), "failed": len(fail), "rps": len(lat) / args.seconds,
+                "first_failures": fail[:3]}
+
+    def show_load(name: str, k: int, r: dict) -> None:
+        log(f"round {k + 1}/{args.rounds} endpoints, {name}: {r['rps']:,.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
+            f"p99 {r['p99_ms']:.1f} ms, {r['failed']} failed")
+
+    served = take_turns(list(sides), args.rounds, load, show_load)
+    placements = {name: side.placement() for name, side in sides.items()}
+    deploys = {name: side.deploy_s for name, side in sides.items()}
+    for side in sides.values():
+        side.undeploy()
+        side.platform.stop()
+    one_cluster.stop()
+    clusters.remove(one_cluster)
+    return served, placements, deploys
+
+
 # ------------------------------------------------------------------ main
 def mean(runs: list[dict], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
@@ -258,6 +299,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rows", type=int, default=300_000, help="batch instances (default 300,000)")
     ap.add_argument("--rounds", type=int, default=3, help="turns of each comparison (default 3)")
+    ap.add_argument("--batch-only", action="store_true", help="skip the endpoints comparison")
     args = ap.parse_args()
 
     from modelyard import demo
@@ -275,40 +317,10 @@ def main() -> int:
             log("starting the spread cluster: a 0-CPU head and 2 nodes in their own mount namespaces")
             spread_cluster = start_ray(0, isolated=2)
             clusters.append(spread_cluster)
-            log("starting the one-node cluster: a head with 2 CPUs")
-            one_cluster = start_ray(2)
-            clusters.append(one_cluster)
-            sides = {}
-            for name, cluster in (("2 nodes", spread_cluster), ("platform's node", one_cluster)):
-                log(f"{name}: platform, upload, deploy 2 replicas")
-                side = Side(name, cluster, tmp / name.replace(" ", "-").replace("'", ""), demo_base / "0001",
-                            services)
-                sides[name] = side
-                log(f"{name}: deployed in {side.deploy_s:.1f} s, {side.placement()}")
-            spread_ids = set(sides["2 nodes"].nodes.values())
-            if len(spread_ids) != 2 or sides["2 nodes"].head_id in spread_ids:
-                raise RuntimeError(f"the spread side's replicas are not on the 2 non-head nodes: {sides['2 nodes'].nodes}")
-            for side in sides.values():
-                log(f"{side.name}: warm-up (5 s)")
-                asyncio.run(drive(side.url, body, args.concurrency, 5))
-
-            def load(name: str, _round: int) -> dict:
-                lat, fail = asyncio.run(drive(sides[name].url, body, args.concurrency, args.seconds))
-                return {**latency_summary(lat), "failed": len(fail), "rps": len(lat) / args.seconds,
-                        "first_failures": fail[:3]}
-
-            def show_load(name: str, k: int, r: dict) -> None:
-                log(f"round {k + 1}/{args.rounds} endpoints, {name}: {r['rps']:,.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
-                    f"p99 {r['p99_ms']:.1f} ms, {r['failed']} failed")
-
-            served = take_turns(list(sides), args.rounds, load, show_load)
-            placements = {name: side.placement() for name, side in sides.items()}
-            deploys = {name: side.deploy_s for name, side in sides.items()}
-            for side in sides.values():
-                side.undeploy()
-                side.platform.stop()
-            one_cluster.stop()
-            clusters.remove(one_cluster)
+            if args.batch_only:
+                served = {}
+            else:
+                served, placements, deploys = endpoints(args, spread_cluster, clusters, services, tmp, demo_base, body)
 
             # ---------------------------------------------------- 2. batch
             log(f"generating {args.rows:,} instances")
@@ -364,7 +376,7 @@ def main() -> int:
         ep_rows.append([name, placements[name], f"{deploys[name]:.1f}", f"{mean(runs, 'rps'):,.0f}",
                         " / ".join(f"{r['rps']:,.0f}" for r in runs), f"{mean(runs, 'p50_ms'):.1f}",
                         f"{mean(runs, 'p99_ms'):.1f}", sum(r["failed"] for r in runs)])
-    ep_ratio = mean(served["2 nodes"], "rps") / mean(served["platform's node"], "rps")
+    ep_ratio = mean(served["2 nodes"], "rps") / mean(served["platform's node"], "rps") if served else 0.0
     b_rows = []
     for name, runs in batched.items():
         cold = first.get(name)
@@ -382,12 +394,13 @@ def main() -> int:
         "# Ray without a shared disk: gateway throughput and batch prediction (issue 31)", "", started_on, "",
         f"`{command_line()}`", "",
         "## Endpoints: 2 replicas on 2 namespaced nodes vs both on the platform's node", "",
-        f"The digits demo model (0001), c={args.concurrency} batch-1 predicts through the platform's gateway, "
-        f"{args.seconds:g} s per run, {args.rounds} rounds taking turns; both clusters and platforms run "
-        "throughout, the idle one beside the driven one. Placement checked by asking each replica's actor.", "",
-        markdown_table(["side", "placement", "deploy s", "req/s (mean)", "per round", "p50 ms", "p99 ms", "failed"],
-                       ep_rows, "llrrrrrr"), "",
-        f"2 nodes / platform's node: **{ep_ratio:.2f}x** (target >= 0.8: {verdict(ep_ratio)}).", "",
+        *([f"The digits demo model (0001), c={args.concurrency} batch-1 predicts through the platform's gateway, "
+           f"{args.seconds:g} s per run, {args.rounds} rounds taking turns; both clusters and platforms run "
+           "throughout, the idle one beside the driven one. Placement checked by asking each replica's actor.", "",
+           markdown_table(["side", "placement", "deploy s", "req/s (mean)", "per round", "p50 ms", "p99 ms",
+                           "failed"], ep_rows, "llrrrrrr"), "",
+           f"2 nodes / platform's node: **{ep_ratio:.2f}x** (target >= 0.8: {verdict(ep_ratio)}).", ""]
+          if served else ["Not run (`--batch-only`).", ""]),
         "## Batch: 2 nodes without a shared disk vs 2 nodes on one disk", "",
         f"{args.rows:,} demo-digits instances ({size_mib:,.0f} MiB JSONL), model 0002, batch {BATCH}, "
         f"`--workers 2` (one actor per node, each node 1 CPU, the head 0; every node's scratch on a tmpfs), "
