@@ -53,7 +53,9 @@ def shell_env(tmp_path: Path, **extra: str) -> dict:
     """``modelyard`` and ``python3`` on PATH as a user's venv has them: this interpreter's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "modelyard").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m modelyard "$@"\n')
+    # The console script pip writes: modelyard launch recognises it as this interpreter's and forks its tasks warm.
+    (bin_dir / "modelyard").write_text(f"#!{sys.executable}\nimport sys\nfrom modelyard.cli import main\n"
+                                       "sys.exit(main())\n")
     (bin_dir / "modelyard").chmod(0o755)
     for name in ("python3", "python"):
         if not (bin_dir / name).exists():
