@@ -5,16 +5,17 @@ interpreter instead of a fresh Python that imports TensorFlow.
 The mechanism is the tuner's (tuning.forkserver, tuning.warm): the job runner of the leading
 platform starts one fork server, the first time such a job comes (the job waits for its import,
 at most ``READY_WAIT_S``, then starts cold), and keeps it while the platform runs (one that dies
-is started again by the next job; one that dies while importing is not, and jobs start cold). The server forks
-the job's process (``job_child``), which has TensorFlow imported and has run no op, so it forks the
-replica in turn (custom_jobs) rather than starting a fresh Python. Logs, exit codes, cancel (SIGTERM
+is started again by the next job; one that dies while importing is not, and jobs start cold). The
+server forks the job's process (``job_child``), which has TensorFlow imported and has run no op,
+so it forks the replica in turn (custom_jobs) rather than starting a fresh Python. Logs, exit codes, cancel (SIGTERM
 to the process group, SIGKILL after the grace), and the job's variables are those of a cold start.
 
 How the platform finds them: a cold job's processes carry ``MODELYARD_JOB_ID`` in the environment
 they were started with (``/proc/PID/environ``); a forked process shows its server's instead. So
 each warm process's pid (and start time) is recorded in the job's ``warm.pids`` before the job
-runs (forkserver.record_pid); the runner's adoption after a restart, its leftover scan and cancel
-read that file as well as the environment (``job_runner``). The server itself carries no platform
+runs (forkserver.record_pid); the runner's adoption after a restart and its leftover scan read
+that file as well as the environment (``job_runner``); cancel signals the job process's group, as
+for a cold job (each forked process leads its own session, as ``start_new_session`` gives). The server itself carries no platform
 marker: the jobs it forks must survive a restart of the platform, which kills the server (its
 parent-death signal) but not them.
 
