@@ -292,13 +292,12 @@ def main(command: list[str], *, chief: bool = False, workers: int = 0, ps: int =
         return 0
     if not command:
         raise LaunchError("no command: put it after --, e.g. modelyard launch --workers 2 -- modelyard train job.yaml")
-    # Started before the config check, so TensorFlow's import overlaps it. A command that cannot be
-    # warm (not Python, no TensorFlow) starts cold as it always did; a task that could but is not
-    # (the server died or was late, its variables differ) says why in its output.
+    _preflight(command, spec)  # first: a bad config starts no process, not even the warm interpreter
+    # A command that cannot be warm (not Python, no TensorFlow) starts cold as it always did; a task
+    # that could but is not (the server died or was late, its variables differ) says why in its output.
     server_env = {**TASK_ENV_DEFAULTS, **os.environ}
     warm = None if cold or command_blocker(command, server_env) else WarmTasks(command, server_env)
     try:
-        _preflight(command, spec)
         if warm is not None:
             warm.wait_ready(_STOP_REQUESTED)
         return _attempts(command, spec, all_tasks, fixed_spec, warm, workers=workers, ps=ps, chief=chief,

@@ -1,8 +1,8 @@
 """Warm launched tasks: ``modelyard launch`` forks its tasks from one interpreter that has
 imported TensorFlow, instead of starting a fresh Python per task that imports it again.
 
-One fork server per launch (tuning.forkserver, tuning.warm.ForkServer) is started before the
-config check, so its import overlaps it; the launcher waits for it (at most ``READY_WAIT_S``) and
+One fork server per launch (tuning.forkserver, tuning.warm.ForkServer) is started once the config
+is checked (a bad one starts no process); the launcher waits for it (at most ``READY_WAIT_S``) and
 then asks it to fork each task, and each restarted one (``--max-restarts``, a parameter-server
 worker restarted in place). The child runs the command as ``python`` would (runpy), in its own
 session and process group, with its task's variables (TF_CONFIG, MODELYARD_TASK, ...) set before
