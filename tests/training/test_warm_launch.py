@@ -22,6 +22,14 @@ TASK = textwrap.dedent('''
 ''')
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_tasks_and_restarted_tasks_are_forked_warm_from_one_interpreter(tmp_path):
     (tmp_path / "task.py").write_text(TASK)
     result = run(["launch", "--workers", "2", "--max-restarts", "1", "--", sys.executable, "task.py"],
@@ -37,6 +45,9 @@ def test_tasks_and_restarted_tasks_are_forked_warm_from_one_interpreter(tmp_path
     assert len(announced) == 4, out  # two tasks, two attempts
     assert len({server for _, _, server in announced}) == 1, out  # one interpreter per launch
     assert len({pid for _, pid, _ in announced}) == 4, out  # each a process of its own
+    # Nothing outlives the launch: not a task, not the warm interpreter.
+    left = [pid for _, pid, _ in announced] + [announced[0][2]]
+    assert [pid for pid in left if _running(int(pid))] == [], out
     # The failed task is named with its exit code and last lines, as for a cold task.
     assert "task worker:1 exited with code 3" in result.stderr
     assert "task worker:1 attempt 0 tensorflow_before True op 6" in result.stderr
