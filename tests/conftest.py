@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.classify import GUARD, classify, quick_guard
-from tests.parallel import TIMES, assign_groups, build_once, make_scheduler, worker_port_slice
+from tests.parallel import (TIMES, assign_groups, build_once, make_scheduler, release_finished_group,
+                            worker_port_slice)
 from tests.tfserving_models import (
     MONITORING_CONFIG,
     configured_shared_path,
@@ -110,6 +111,13 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_runtest_call(item) -> None:
     if "ray_cluster" in item.fixturenames:  # its fixtures are set up: the cluster runs
         ray_before_test(session_cluster())  # two nodes (a failed test may have killed one), idle
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    release_finished_group(item, nextitem)  # the last test of its xdist group: stop the group's servers
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

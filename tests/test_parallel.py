@@ -93,3 +93,60 @@ def test_durations_from_a_log_sum_each_tests_phases_and_drop_xdists_group_suffix
 3 passed in 1.00s"""
     assert parallel.durations_from_log(log) == {"tests/platform/test_cli.py::test_a": 13.75, "tests/x.py::test_b[a b@c]": 0.01}
 
+
+
+_MINI_CONFTEST = '''
+import os, subprocess, pytest
+from tests.parallel import assign_groups, release_finished_group
+
+def note(line):
+    with open(os.environ["EVENTS"], "a") as f:
+        f.write(line + "\\n")
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen(["sleep", "600"])
+    note("start")
+    yield proc
+    proc.kill()
+    proc.wait()
+    note("stop")
+
+def pytest_collection_modifyitems(items):
+    assign_groups(items)
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    release_finished_group(item, nextitem)
+    return result
+'''
+
+
+def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(_MINI_CONFTEST)
+    (tmp_path / "test_uses_server.py").write_text(
+        "from conftest import note\n"
+        "def test_one(server): note('server test')\n"
+        "def test_two(server): note('server test')\n")
+    (tmp_path / "test_other.py").write_text(
+        "from conftest import note\n" + "".join(f"def test_{i}(): note('other test')\n" for i in range(3)))
+    events = tmp_path / "events"
+    env = {**os.environ, "EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist",
+                           "loadgroup", "test_uses_server.py", "test_other.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = events.read_text().splitlines()
+    assert seen.count("start") == 1 and seen.count("stop") == 1, seen
+    served = [i for i, line in enumerate(seen) if line == "server test"]
+    others = [i for i, line in enumerate(seen) if line == "other test"]
+    stop = seen.index("stop")
+    assert len(served) == 2 and len(others) == 3, seen
+    # The server's module is collected first, so its group runs first: it stops before the other group begins
+    # (it used to stop at the session's end, after every other test).
+    assert served[-1] < stop < others[0], seen

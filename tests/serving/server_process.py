@@ -11,6 +11,7 @@ from pathlib import Path
 import requests
 
 from modelyard.ports import PORT_TAKEN_EXIT, free_port
+from tests.warm_process import popen_python
 
 
 
@@ -19,8 +20,10 @@ class ServerProcess:
     # connection gets it as its ephemeral port): a server that says so is started again on new ports.
     BIND_RETRIES = 3
 
-    def __init__(self, *flags: str, log_dir: Path, env: dict | None = None):
-        self.flags, self.log_dir = flags, log_dir
+    def __init__(self, *flags: str, log_dir: Path, env: dict | None = None, warm: bool = True):
+        """``warm``: forked from the worker's warm interpreter (tests/warm_process.py); a test about
+        how the server starts (imports, start-up output) passes False."""
+        self.flags, self.log_dir, self.warm = flags, log_dir, warm
         self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
         self._start()
 
@@ -32,9 +35,8 @@ class ServerProcess:
             sys.executable, "-m", "modelyard", "serve", "--host", "127.0.0.1",
             "--port", str(self.grpc_port), "--rest_api_port", str(self.rest_port), *self.flags,
         ]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self._log = open(self.log_path, "wb")  # the process appends to it
+        self.proc = popen_python(cmd, self.env, self.log_path, warm=self.warm)
 
     def _lost_its_port(self) -> bool:
         return self.proc.returncode == PORT_TAKEN_EXIT

@@ -80,7 +80,7 @@ def test_a_cached_conversion_serves_without_tensorflow_until_litert_refuses(demo
         session.close()
 
     server = ServerProcess("--model_name", "digits", "--model_base_path", str(base), log_dir=tmp_path,
-                           env={"MODELYARD_CACHE": str(tmp_path / "cache")}).wait_ready()
+                           env={"MODELYARD_CACHE": str(tmp_path / "cache")}, warm=False).wait_ready()
     try:
         assert not _has_tensorflow(server), server.log()[-3000:]
         answers = _answers(server, digits)

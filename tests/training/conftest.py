@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.warm_process import run_python
+
 ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 MODELYARD = [sys.executable, "-m", "modelyard"]
 
@@ -26,14 +28,9 @@ def write_config(directory: Path, name: str, **values) -> Path:
 
 
 def run(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m modelyard ARGS`` in its own process group; kill the group if it overruns."""
-    proc = subprocess.Popen(MODELYARD + args, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        stop_launcher(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """Run ``python -m modelyard ARGS`` in its own process group, forked warm (tests/warm_process.py);
+    stop it (and a launcher's tasks) whatever happens."""
+    return run_python(MODELYARD + args, ENV, timeout, cwd=cwd, stop=stop_launcher)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -155,17 +155,10 @@ def test_every_option_with_every_single_process_strategy(tmp_path):
 
 
 def _run_runner(paths: list[Path]):
-    import subprocess
+    from tests.training.conftest import ENV
+    from tests.warm_process import run_python
 
-    from tests.training.conftest import ENV, kill_group
-
-    proc = subprocess.Popen([sys.executable, RUNNER, *map(str, paths)], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=540)
-    finally:
-        kill_group(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_python([sys.executable, RUNNER, *map(str, paths)], ENV, timeout=540)
 
 
 @pytest.mark.timeout(600)
