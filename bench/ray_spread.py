@@ -93,15 +93,26 @@ def start_ray(head_cpus: int, isolated: int = 0, shared: int = 0, shared_scratch
         for _ in range(isolated):
             cluster.add_node()
         for k in range(shared):
-            # Its own temp dir (an isolated node has one in its namespace): two nodes of one host in one
-            # temp dir share its socket paths, and the second never starts.
-            own = temp_dir / f"s{k}"
-            args = [f"--temp-dir={own}" if a.startswith("--temp-dir=") else a
-                    for a in rc.node_args(temp_dir, head=False)] + [f"--address={cluster.address}"]
-            proc = rc._start_node(ray, args, temp_dir / f"shared{k}.log",
-                                  {**rc.node_env(), "TMPDIR": str(shared_scratch)} if shared_scratch else None)
-            cluster.procs.append(proc)
-            cluster.ports[proc.pid] = int(rc._flag(args, "--node-manager-port"))
+            # One at a time, tried again if it exits while starting: on a busy machine Ray's own 30 s for a
+            # raylet to register can pass (as RayCluster.add_node does for the isolated ones).
+            for attempt in range(3):
+                # Its own temp dir (an isolated node has one in its namespace): two nodes of one host in one
+                # temp dir share its socket paths, and the second never starts.
+                own = temp_dir / f"s{k}-{attempt}"
+                args = [f"--temp-dir={own}" if a.startswith("--temp-dir=") else a
+                        for a in rc.node_args(temp_dir, head=False)] + [f"--address={cluster.address}"]
+                proc = rc._start_node(ray, args, temp_dir / f"shared{k}-{attempt}.log",
+                                      {**rc.node_env(), "TMPDIR": str(shared_scratch)} if shared_scratch else None)
+                cluster.procs.append(proc)
+                cluster.ports[proc.pid] = int(rc._flag(args, "--node-manager-port"))
+                try:
+                    rc._wait_alive(cluster, 1 + isolated + k + 1, rc.START_TIMEOUT_S)
+                    break
+                except rc._NodeExited:
+                    if attempt == 2:
+                        raise
+                    cluster.procs.remove(proc)
+                    log(f"shared node {k} exited while starting; again")
         want = 1 + isolated + shared
         alive = rc._wait_alive(cluster, want, rc.START_TIMEOUT_S)
         if len(alive) < want:
