@@ -54,8 +54,10 @@ def shell_env(tmp_path: Path, **extra: str) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     # The console script pip writes: modelyard launch recognises it as this interpreter's and forks its tasks warm.
+    # The __main__ guard matters: a multiprocessing "spawn" child (a server's --workers, batch-predict's workers)
+    # runs this file again as __mp_main__, and must not run the command again.
     (bin_dir / "modelyard").write_text(f"#!{sys.executable}\nimport sys\nfrom modelyard.cli import main\n"
-                                       "sys.exit(main())\n")
+                                       "if __name__ == '__main__':\n    sys.exit(main())\n")
     (bin_dir / "modelyard").chmod(0o755)
     for name in ("python3", "python"):
         if not (bin_dir / name).exists():

@@ -123,6 +123,9 @@ def _child(job: dict[str, Any], server: int, out_fd: int | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh python
         os.environ.clear()
         os.environ.update(job["env"])
+        import tempfile
+
+        tempfile.tempdir = None  # the server's cached choice; the child's TMPDIR decides, as in a fresh python
         os.chdir(job["cwd"])
         if job.get("cpus"):
             os.sched_setaffinity(0, set(job["cpus"]))  # the one thread a fork leaves; later ones inherit it
