@@ -62,17 +62,9 @@ def _model():
 
 def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
     """One configuration in this process; M = 0 means one device, no stages."""
-    import numpy as np
     import tensorflow as tf
 
-    _setup_devices()
-    from modelyard.training import pipeline
-
-    tf.keras.utils.set_random_seed(0)
-    model = _model()
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.standard_normal((BATCH, WIDTH)).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, BATCH))
+    model, x, y = _seeded_model_and_batch()
     if micro_batches == 0:
         step = tf.function(lambda: model.train_step((x, y)))
         walls = []
@@ -81,8 +73,7 @@ def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
             step()["loss"].numpy()
             walls.append(time.perf_counter() - start)
         return {"samples_per_sec": BATCH / statistics.median(walls[1:])}
-    layers = [layer.name for layer in model.layers]
-    runner = pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches, schedule=schedule)
+    runner = _two_stages(model, micro_batches, schedule)
     results = [runner.train_step(x, y) for _ in range(STEPS)][1:]  # the first step traces the stages
     # Bytes of one micro-batch's input to each stage: the data for the first, the first stage's output after.
     input_bytes = [4 * (BATCH // micro_batches) * WIDTH] * STAGES
@@ -94,6 +85,28 @@ def one_run(micro_batches: int, schedule: str = "gpipe") -> dict:
             "weight_versions": [max(r.versions_peak[i] for r in results) for i in range(STAGES)],
             "staleness_max": [max((max(r.staleness[i]) if r.staleness[i] else 0) for r in results)
                               for i in range(STAGES)]}
+
+
+def _seeded_model_and_batch():
+    """The model and one batch, the same in every run (two logical CPUs set up first)."""
+    import numpy as np
+    import tensorflow as tf
+
+    _setup_devices()
+    tf.keras.utils.set_random_seed(0)
+    model = _model()
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((BATCH, WIDTH)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, BATCH))
+    return model, x, y
+
+
+def _two_stages(model, micro_batches: int, schedule: str):
+    """The pipeline the bench measures: the model's first two layers on CPU:0, the rest on CPU:1."""
+    from modelyard.training import pipeline
+
+    layers = [layer.name for layer in model.layers]
+    return pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches, schedule=schedule)
 
 
 def _setup_devices():
@@ -110,19 +123,10 @@ def profile_run(micro_batches: int, schedule: str) -> dict:
     import threading
     from collections import defaultdict
 
-    import numpy as np
     import tensorflow as tf
 
-    _setup_devices()
-    from modelyard.training import pipeline
-
-    tf.keras.utils.set_random_seed(0)
-    model = _model()
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.standard_normal((BATCH, WIDTH)).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, BATCH))
-    layers = [layer.name for layer in model.layers]
-    runner = pipeline.Pipeline(model, [layers[:2], layers[2:]], ["CPU:0", "CPU:1"], micro_batches, schedule=schedule)
+    model, x, y = _seeded_model_and_batch()
+    runner = _two_stages(model, micro_batches, schedule)
     for _ in range(2):  # traces, compiles and makes the saved copies
         runner.train_step(x, y)
     # The activations' trip to the next stage's device (in the pipeline, part of that stage's forward call).
