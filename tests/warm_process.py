@@ -28,41 +28,9 @@ from typing import Any
 
 MAX_SERVERS = 3  # kinds of start-up environment per worker (the suite uses two or three)
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # one test thread at a time talks to a server
 _servers: list[Any] = []  # modelyard.tuning.warm.ForkServer, started on first use of each kind
 _spawned = 0
-
-
-class WarmProcess:
-    """A process a fork server forked: the part of ``subprocess.Popen`` tests use."""
-
-    def __init__(self, child: Any, argv: list[str]):
-        self._child, self.args = child, argv
-        self.pid: int = child.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._child.returncode
-
-    def poll(self) -> int | None:
-        with _lock:
-            return self._child.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self._child.wait(timeout)
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def _server_for(env: dict[str, str]):
@@ -83,9 +51,10 @@ def _server_for(env: dict[str, str]):
 
 
 def popen_python(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None,
-                 warm: bool = True, err_path: Path | None = None) -> "WarmProcess | subprocess.Popen":
+                 warm: bool = True, err_path: Path | None = None) -> Any:
     """Start ``argv`` (``sys.executable -m ...`` or ``sys.executable script.py ...``) in its own session,
-    stdout (and stderr, unless ``err_path`` takes it) appended to ``log_path``: warm when it can be."""
+    stdout (and stderr, unless ``err_path`` takes it) appended to ``log_path``: warm when it can be. Returns
+    a ``subprocess.Popen`` or a ``modelyard.tuning.warm.WarmChild`` (pid, poll, wait, returncode, signals)."""
     global _spawned
     cwd = Path(cwd or os.getcwd())
     from modelyard.tuning.forkserver import is_warm_command
@@ -98,7 +67,7 @@ def popen_python(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path
             child = server and server.spawn(f"test-{os.getpid()}-{_spawned}", list(argv), dict(env), cwd,
                                             log_path, None, **options)
         if child is not None:
-            return WarmProcess(child, list(argv))
+            return child
     with open(log_path, "ab") as log, open(err_path or os.devnull, "ab") as err:
         return subprocess.Popen(argv, stdout=log, stderr=err if err_path else subprocess.STDOUT, env=env,
                                 cwd=cwd, start_new_session=True)

@@ -23,7 +23,7 @@ import yaml
 from modelyard.platform.jobs.job_runner import FAILED, JOB_ID_ENV, RUNNING, JobRunner
 from modelyard.platform.jobs.warm_jobs import PIDS_FILE
 from modelyard.platform.state.store import Store
-from modelyard.tuning.forkserver import record_pid
+from modelyard.tuning.forkserver import proc_stat, record_pid
 from tests.doc_blocks import blocks, sh, shell_env
 from tests.platform.conftest import _env
 from tests.platform.jobs_helpers import alive, no_stray_jobs, wait_gone, wait_state  # noqa: F401
@@ -150,8 +150,5 @@ def test_the_leftover_scan_kills_warm_processes_by_their_recorded_pids(tmp_path)
 
 
 def _group(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[3])
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = proc_stat(pid)
+    return int(stat[3]) if stat else None

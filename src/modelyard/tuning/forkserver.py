@@ -193,19 +193,29 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, who it is (pids are reused)."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """``/proc/PID/stat``'s fields after the command's name (state, ppid, pgrp, session, ...; the start
+    time at 19), or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, who it is (pids are reused).
+    None when it is gone or a zombie (dead, not yet reaped)."""
+    stat = proc_stat(pid)
+    if not stat or stat[0] == b"Z" or len(stat) < 20:
+        return None
+    return int(stat[19])
 
 
 def record_pid(pidfile: str | Path, pid: int) -> None:
     """Append ``pid`` (and its start time) to ``pidfile``: how a forked process is found later."""
     with open(pidfile, "a") as f:
-        f.write(f"{pid} {_start_ticks(pid)}\n")
+        f.write(f"{pid} {start_ticks(pid)}\n")
 
 
 def read_pids(pidfile: str | Path) -> dict[int, int]:
@@ -225,16 +235,7 @@ def read_pids(pidfile: str | Path) -> dict[int, int]:
 def recorded_pids(pidfile: str | Path) -> list[tuple[int, int]]:
     """``(pid, start ticks)`` of the processes ``pidfile`` names that still run as themselves
     (not exited, not a zombie, not a recycled pid)."""
-    out = []
-    for pid, start in read_pids(pidfile).items():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if stat[0] != b"Z" and int(stat[19]) == start:
-            out.append((pid, start))
-    return out
+    return [(pid, start) for pid, start in read_pids(pidfile).items() if start_ticks(pid) == start]
 
 
 def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = None) -> int:
@@ -254,8 +255,41 @@ def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = 
     return pid
 
 
-class LocalChild:
-    """A process ``fork_local`` forked: the part of ``subprocess.Popen`` a supervisor uses."""
+class ForkedChild:
+    """The part of ``subprocess.Popen`` a forked process offers; ``poll`` is how its status arrives."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # once reaped, the pid may be another process's
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class LocalChild(ForkedChild):
+    """A process ``fork_local`` forked, reaped by this process."""
 
     def __init__(self, pid: int, stdout: Any = None):
         self.pid, self.stdout = pid, stdout
@@ -271,22 +305,6 @@ class LocalChild:
             if done:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def fork_local(argv: list[str], env: dict[str, str], cwd: str | Path, pidfile: str | Path | None = None) -> LocalChild:

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from modelyard.tuning import space
 from modelyard.tuning.devices import Slot, SlotPool
+from modelyard.tuning.forkserver import start_ticks
 from modelyard.tuning.runner import TrialProcess
 from modelyard.tuning.spec import SpecError, Study
 
@@ -178,25 +179,15 @@ def counts(trials: list[FrozenTrial]) -> dict[str, int]:
     }
 
 
-def _start_ticks(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if fields[0] == "Z":  # dead, not yet reaped (an orphan under an init that reaps late): not an owner
-            return None
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
+    return f"{socket.gethostname()}:{os.getpid()}:{start_ticks(os.getpid())}"
 
 
 def _owner_alive(owner: str) -> bool:
     host, pid, ticks = (owner.split(":") + ["", "", ""])[:3]
     if host != socket.gethostname():
         return True  # another host's tuner: its heartbeat decides
-    return pid.isdigit() and str(_start_ticks(int(pid))) == ticks
+    return pid.isdigit() and str(start_ticks(int(pid))) == ticks
 
 
 def _kill_leftovers(pgid: int, trial_id: str, study_name: str) -> None:

@@ -16,22 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modelyard.tuning.forkserver import warm_blocker
+from modelyard.tuning.forkserver import ForkedChild, start_ticks, warm_blocker
 from modelyard.tuning.runner import _child_setup
 
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
 
 
-def _running(pid: int) -> bool:
-    """``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-class WarmChild:
+class WarmChild(ForkedChild):
     """A trial process forked by the server; its exit status arrives from the server."""
 
     def __init__(self, server: "ForkServer", pid: int, detached: bool = False):
@@ -42,19 +33,11 @@ class WarmChild:
         if self.returncode is None:
             self.server.pump()
             if self.returncode is None and not self.server.alive():
-                if self.detached and _running(self.pid):
+                if self.detached and start_ticks(self.pid) is not None:
                     return None  # a detached child outlives its server (a platform's job)
                 # The server died before it reaped us: the child died with it (parent-death signal),
                 # or, detached, ended with a status nobody can read now.
                 self.returncode = -signal.SIGKILL
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.time() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.time() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.05)
         return self.returncode
 
 
