@@ -173,8 +173,10 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
         else:
             local_inputs = remote.stage_inputs(job.job_dir, spec)  # before the plan: readers need local files
         # A new job is planned while the workers predict its first chunks.
+        rate = job_plan.RowsPerByte()
         source, total, rows_done = _chunks(job.job_dir, local_inputs, spec,
-                                           estimate=lambda rows: setattr(bar, "total", rows), say=say, opener=opener)
+                                           estimate=lambda rows: setattr(bar, "total", rows), say=say, opener=opener,
+                                           rate=rate)
         bar = Progress(total, rows_done, stream=stream, enabled=progress)
 
         def ready(runtime: str) -> None:
@@ -183,7 +185,9 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             bar.restart()
 
         ready_at: list[float] = []
-        advance = lambda index, ok, err: bar.advance(ok + err)  # noqa: E731
+        def advance(index: int, ok: int, err: int) -> None:
+            bar.advance(ok + err)
+            rate.done(index, ok + err)
         if engine == "ray":
             from modelyard.batch.engine_ray import run_ray
 
@@ -193,10 +197,10 @@ def _run(job: jobs.BatchPredictionJob, spec: JobSpec, batch_size: int, workers: 
             run_local(job.job_dir, spec, source, batch_size, workers, on_done=advance, on_ready=ready,
                       started=pool)
         chunks, _contexts = job_plan.load_plan(job.job_dir)  # whole now, however it was made
-        total = sum(c.rows for c in chunks)
         bar.close()
         predicted = time.monotonic() - ready_at[0] if ready_at else 0.0
         counts = finalize(job.job_dir, len(chunks))
+        total = counts["successful_count"] + counts["failed_count"]  # chunks found by probes were counted as read
     except BatchError as exc:
         return _failed(job, str(exc))
     except Exception as exc:  # anything else in a chunk or the model load: the job fails and says why
@@ -261,7 +265,8 @@ def _planned(files: list[str], spec: JobSpec, opener: Any = None) -> Iterator[tu
 
 
 def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[int], None],
-            say: Callable[[str], None], opener: Any = None) -> tuple[Iterable, int, int]:
+            say: Callable[[str], None], opener: Any = None,
+            rate: job_plan.RowsPerByte | None = None) -> tuple[Iterable, int, int]:
     """``(source, total rows, rows already committed)``: the job's ``(chunk, context)`` pairs not
     committed yet.
 
@@ -272,25 +277,33 @@ def _chunks(job_dir: Path, files: list[str], spec: JobSpec, estimate: Callable[[
     if planned is None and (job_dir / job_plan.PARTIAL_PLAN_FILE).exists():
         planned = collect(_planned(files, spec, opener))
         job_plan.finish_partial_plan(job_dir, planned)
+    rate = rate or job_plan.RowsPerByte()
     if planned is None:  # a new job: nothing is committed yet
-        return _counted(job_plan.recorded(job_dir, _planned(files, spec, opener)), spec, estimate), 0, 0
+        return _counted(job_plan.recorded(job_dir, _planned(files, spec, opener)), spec, estimate, rate), 0, 0
     chunks, contexts = planned
     done = committed(job_dir)
-    rows_done = sum(chunks[i].rows for i in done if i < len(chunks))
+    rows_done = sum(ok + err for ok, err, _name in done.values())
     if done and len(done) < len(chunks):
         say(f"resuming {job_dir}: {len(done)} of {len(chunks)} chunks ({rows_done:,} rows) already committed")
     pending = [(c, contexts.get(c.file)) for c in chunks if c.index not in done]
-    return pending, sum(c.rows for c in chunks), rows_done
+    for chunk in chunks:
+        rate.planned(chunk)
+    for index, (ok, err, _name) in done.items():
+        rate.done(index, ok + err)
+    rate.on_change = estimate
+    return pending, rate.total(), rows_done
 
 
-def _counted(source: Iterable[tuple[Chunk, Any]], spec: JobSpec, estimate: Callable[[int], None]):
+def _counted(source: Iterable[tuple[Chunk, Any]], spec: JobSpec, estimate: Callable[[int], None],
+             rate: job_plan.RowsPerByte):
     """``source`` passed through, the job's row count estimated as it goes (rows per byte so far)
-    for the progress bar, exact once the plan is whole."""
+    for the progress bar, exact once the plan is whole and its chunks found by probes are done."""
     size = sum(f.size for f in spec.inputs)  # as recorded: remote inputs are not on this disk
-    rows = spanned = 0
+    spanned = 0
     for chunk, context in source:
-        rows += chunk.rows
+        rate.planned(chunk)
         spanned += chunk.end - chunk.start
-        estimate(round(rows * size / spanned) if spanned else rows)
+        estimate(round(rate.total() * size / spanned) if spanned else rate.total())
         yield chunk, context
-    estimate(rows)
+    rate.on_change = estimate
+    estimate(rate.total())

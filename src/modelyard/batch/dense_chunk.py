@@ -133,9 +133,9 @@ def process(job_dir: Path, chunk: Chunk, predictor: Predictor, batch_size: int,
             if batch is None or not _predict(predictor, data, batch, echoes, n, out, head):
                 # The batch as the general loop would take it: its lines, numbered within the file.
                 lines = split_lines(bytes(data[pos:after]))
-                raw = [RawJson(line, chunk.first_row + row + i + 1) for i, line in enumerate(lines)]
+                raw = [RawJson(line, chunk.row_base + row + i + 1) for i, line in enumerate(lines)]
                 results: list[bytes] = []
-                raw_batch(predictor, raw, [line.strip() for line in lines], chunk.file, results, errors)
+                raw_batch(predictor, raw, [line.strip() for line in lines], chunk.label, results, errors)
                 if results:
                     out.write(b"\n".join(results) + b"\n")
                 ok_count += len(results)

@@ -9,15 +9,17 @@ machine:
 - the model directory travels once through Ray's object store as a tar named by its SHA-256;
   each node unpacks it into its own bounded cache (``node_cache``) and a later job with the same
   model on that node fetches nothing;
-- a chunk is handed to its actor as bytes (Ray's object store): a local input's read by the
-  driver, a ``gs://``/``s3://`` input's those the driver's plan has just read by ranged reads
-  (``remote.RemoteInputs``: as far as the plan has got, so the first chunk is handed out once its
-  own bytes are read; the object crosses storage once). A chunk planned by an earlier run (a
-  resume) is read by its actor straight from storage, a ranged read. Every read of a remote input
-  is pinned to the version the run looked up: an object replaced mid-job fails the job, never mixes
-  versions. The input is never copied whole, to the driver's disk or a node's. The actor keeps the
-  range in a scratch file at the same offsets (``Chunk.local_copy``): messages still name the
-  input's own URI;
+- a ``gs://``/``s3://`` input of JSON lines, a file list or TFRecord is split by the driver's
+  probes (a few KiB read at each nominal chunk boundary, ``readers.split``) and each actor reads
+  its own chunk's byte range from storage: the object crosses storage once, from every node in
+  parallel, and never through the driver's node. A remote CSV (no probe can tell where its rows
+  start) is read by the driver's plan, and each chunk's bytes the plan read go on to its actor
+  through Ray's object store (a CSV chunk planned by an earlier run, a resume, its actor reads).
+  A local input's chunk is read by the driver and sent the same way (no other node sees the
+  file). Every read of a remote input is pinned to the version the run looked up
+  (``remote.RemoteInputs``): an object replaced mid-job fails the job, never mixes versions. The
+  input is never copied whole, to the driver's disk or a node's. The actor keeps the range in a
+  scratch file at the same offsets (``Chunk.local_copy``): messages still name the input's own URI;
 - the actor predicts the chunk into a scratch job directory and answers with the part's bytes and
   counts; the driver commits them into the job with the same record as the local engine
   (``shards.commit_part_data``: errors part, then the results part's rename). So only the
@@ -53,7 +55,7 @@ from modelyard.batch.spec import BatchError, JobSpec
 # Chunks held by each actor: the one it runs and the next, waiting when the first is answered.
 IN_FLIGHT_PER_ACTOR = 2
 # While the actors load their models the driver plans ahead, this many chunks per actor at most: a
-# planned chunk of a remote input holds its bytes until it is handed out.
+# planned chunk of a local input or a remote CSV holds its bytes until it is handed out.
 PLANNED_AHEAD_PER_ACTOR = IN_FLIGHT_PER_ACTOR
 CONNECT_TIMEOUT_S = 5.0
 # No actor with its model loaded after this long: the cluster has no CPU for one (or cannot load it).
@@ -174,6 +176,9 @@ class ChunkWorker:
         """The chunk, its bytes in a scratch file at the same offsets (sparse below them)."""
         if data is None:  # a remote input's chunk the driver has not read: one ranged read, pinned
             data = read_range(chunk.file, chunk.start, chunk.end, version)
+            if len(data) != chunk.end - chunk.start:
+                raise ValueError(f"{chunk.file} is shorter than its plan: bytes {chunk.start}-{chunk.end} "
+                                 f"gave {len(data)} bytes")
         copy = self.scratch / f"c{chunk.index:06d}.input"
         with open(copy, "wb") as f:
             f.seek(chunk.start)
@@ -348,8 +353,9 @@ def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int,
                 if item is None:
                     return
                 chunk, context, data = item
-                # The bytes go to the actor through the object store: a local input's read here, a remote
-                # one's as the plan read them; a remote chunk planned by an earlier run its actor reads.
+                # A local input's bytes go to the actor through the object store, read here; a remote
+                # one's as the plan read them (CSV), or its actor reads them (found by probes, or
+                # planned by an earlier run), pinned to the version this run looked up.
                 remote = objstore.is_remote(chunk.file)
                 if data is None and not remote:
                     data = _read_range(chunk.file, chunk.start, chunk.end)

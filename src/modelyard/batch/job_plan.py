@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from modelyard.batch.readers import Chunk, collect
-from modelyard.batch.shards import write_json
+from modelyard.batch.shards import committed, write_json
 from modelyard.batch.spec import BatchError
 
 PLAN_FILE = "plan.json"
@@ -41,14 +41,60 @@ def load_plan(job_dir: Path) -> tuple[list[Chunk], dict[str, Any]] | None:
     return chunks, data["contexts"]
 
 
+class RowsPerByte:
+    """The rows of a plan, for progress: those it counted, and for chunks found by probes (whose rows
+    are counted as they are read) their bytes at the rows per byte of those done so far, or of the
+    counted ones. ``on_change(total)`` after each ``done`` once set."""
+
+    def __init__(self) -> None:
+        self.counted = self.counted_bytes = 0
+        self.uncounted: dict[int, int] = {}  # chunk index -> bytes
+        self.read_rows = self.read_bytes = 0
+        self.on_change: Callable[[int], None] | None = None
+
+    def planned(self, chunk: Chunk) -> None:
+        if chunk.counted:
+            self.counted += chunk.rows
+            self.counted_bytes += chunk.end - chunk.start
+        else:
+            self.uncounted[chunk.index] = chunk.end - chunk.start
+
+    def done(self, index: int, rows: int) -> None:
+        size = self.uncounted.pop(index, None)
+        if size is None:
+            return
+        self.read_rows += rows
+        self.read_bytes += size
+        if self.on_change is not None:
+            self.on_change(self.total())
+
+    def total(self) -> int:
+        left = sum(self.uncounted.values())
+        if self.read_bytes:
+            per_byte = self.read_rows / self.read_bytes
+        else:
+            per_byte = self.counted / self.counted_bytes if self.counted_bytes else 0.0
+        return self.counted + self.read_rows + round(left * per_byte)
+
+
 def planned_rows(job_dir: Path) -> int | None:
     """Rows the job's plan holds so far (the whole plan, or what a plan being made has handed
-    out), for progress; None before the first chunk is planned."""
+    out), for progress (chunks found by probes estimated, ``RowsPerByte``); None before the first
+    chunk is planned."""
     whole = load_plan(job_dir)
     if whole is not None:
-        return sum(chunk.rows for chunk in whole[0])
-    rows = _partial_rows(job_dir)
-    return sum(row[3] for row in rows) if rows else None
+        chunks = whole[0]
+    else:
+        rows = _partial_rows(job_dir)
+        if not rows:
+            return None
+        chunks = [Chunk(i, *row[:5]) for i, row in enumerate(rows)]
+    rate = RowsPerByte()
+    for chunk in chunks:
+        rate.planned(chunk)
+    for index, (ok, err, _name) in committed(job_dir).items():
+        rate.done(index, ok + err)
+    return rate.total()
 
 
 def recorded(job_dir: Path, planned: Iterator[tuple[Chunk, Any]]) -> Iterator[tuple[Chunk, Any]]:

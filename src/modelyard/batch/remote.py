@@ -3,11 +3,14 @@
 The readers plan chunks as byte ranges and seek into them. The local engine's workers read local
 files, so its remote inputs are downloaded whole into ``<job dir>/.inputs/`` before planning (a
 resumed job finds them there and downloads nothing again) and removed once the job has succeeded.
-The Ray engine stages nothing: a remote input is planned through ranged reads (``RemoteInputs``:
-read block by block as far as the plan has got, so the first chunk is planned from its own bytes
-alone, all of one pinned version), and the bytes the plan read go on to the chunk's actor (a chunk
-planned by an earlier run is read by its actor, ``read_range``). The same planning code reads
-both, so both engines plan the same input into the same chunks.
+The Ray engine stages nothing (``RemoteInputs``, every read pinned to one version of the object).
+An input whose record starts can be found by probes (JSON lines, file lists, TFRecord:
+``readers.splittable``) is split by small reads at each nominal chunk boundary, and each chunk's
+actor reads its own byte range (``read_range``): the object crosses storage once, from every node
+in parallel, and the driver reads only the probes. A CSV input (a quoted field may hold a newline,
+so no probe can tell where a row starts) is planned by reading it block by block as far as the plan
+has got, every row counted as the local engine counts them, and the bytes the plan read go on to
+the chunk's actor (a CSV chunk planned by an earlier run is read by its actor).
 
 A remote ``--output`` gets a local staging directory keyed by the URI (``staging_dir``), under which
 the job runs exactly as a local one does (atomic part commits, exactly-once resume). When it
@@ -24,7 +27,7 @@ import shutil
 from pathlib import Path
 
 from modelyard import objstore
-from modelyard.batch.readers import Chunk, FileSource, RangedSource, Source
+from modelyard.batch.readers import Chunk, FileSource, RangedSource, Source, splittable
 from modelyard.batch.job import JOB_FILE, JOB_PREFIX, SUCCEEDED, BatchPredictionJob, is_same_job
 from modelyard.batch.shards import ERRORS_FILE, result_shards
 from modelyard.batch.spec import BatchError, JobSpec
@@ -71,13 +74,17 @@ class RemoteInputs:
     input it saw), and its version (generation, ETag) pins every read after, the plan's and the
     actors' alike: an object replaced mid-job fails the job instead of mixing rows of two versions.
 
-    The plan's reads are kept (``RangedSource(keep=True)``) until ``take`` hands a chunk's bytes to
-    its actor, so the object crosses storage once; a chunk planned in an earlier run (a resume) is
-    read by its actor, pinned the same way."""
+    A job's remote input of a format split by probes (``spec.format``, ``readers.splittable``) is
+    planned by probes (``RangedSource(probe=True)``) and each actor reads its chunk's range. Any
+    other (CSV) is read by the plan, and its reads are kept (``keep``) until ``take`` hands a
+    chunk's bytes to its actor, so the object crosses storage once; a CSV chunk planned in an
+    earlier run (a resume) is read by its actor, pinned the same way. Without a spec (``ranged_source``)
+    an object is scanned as a local file is."""
 
     def __init__(self, spec: JobSpec | None = None, keep: bool = True) -> None:
         self._recorded = {f.path: f for f in spec.inputs} if spec is not None else {}
         self._keep = keep
+        self._probe = spec is not None and splittable(spec.format)
         self._versions: dict[str, tuple[int, str]] = {}
         self._sources: dict[str, RangedSource] = {}
 
@@ -105,12 +112,13 @@ class RemoteInputs:
             return FileSource(path)
         size, version = self._pin(path)
         source = RangedSource(path, size, lambda start, end: read_range(path, start, end, version),
-                             keep=self._keep)
+                             keep=self._keep, probe=self._probe)
         self._sources[path] = source
         return source
 
     def take(self, chunk: Chunk) -> bytes | None:
-        """The bytes of a remote ``chunk`` the plan has just read, None if it has not (then its actor reads them)."""
+        """The bytes of a remote ``chunk`` the plan has just read, None if it has not (a chunk found by
+        probes, or planned by an earlier run: its actor reads them)."""
         source = self._sources.get(chunk.file)
         return source.take(chunk.start, chunk.end) if source is not None else None
 

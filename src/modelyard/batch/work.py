@@ -128,7 +128,7 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
         meta.clear()
 
     def flush_raw() -> None:
-        raw_batch(predictor, raw, raw_echo, chunk.file, results, errors)
+        raw_batch(predictor, raw, raw_echo, chunk.label, results, errors)
         raw.clear()
         raw_echo.clear()
 
@@ -140,7 +140,7 @@ def process_chunk(job_dir: Path, chunk: Chunk, fmt: str, context: Any, shaping: 
                 if len(raw) >= batch_size:
                     flush_raw()
                 continue
-            row = parse_json(row.instance, chunk.file)
+            row = parse_json(row.instance, chunk.label)
         shaped = _shaped(row, shaping, errors)
         if shaped is None:
             continue

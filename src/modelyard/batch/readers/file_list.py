@@ -15,13 +15,18 @@ import orjson
 
 from modelyard import objstore
 from modelyard.batch.readers.rows import BadRow, Row
-from modelyard.batch.readers.lines import line_ranges, show, split_lines
+from modelyard.batch.readers.lines import line_ranges, probe_ranges, show, split_lines
 from modelyard.batch.readers.source import Source, opened
 
 
 def scan(file: str | Source, chunk_rows: int):
     source = opened(file)
     return line_ranges(source, chunk_rows), _directory(source.name)
+
+
+def probe(source: Source, chunk_rows: int):
+    """``scan`` by probes (``split``): the chunks' rows are counted by whoever reads them."""
+    return probe_ranges(source, chunk_rows), _directory(source.name)
 
 
 def _directory(name: str) -> str:

@@ -7,12 +7,17 @@ from __future__ import annotations
 import orjson
 
 from modelyard.batch.readers.rows import BadRow, RawJson, Row
-from modelyard.batch.readers.lines import line_ranges, show, split_lines
+from modelyard.batch.readers.lines import line_ranges, probe_ranges, show, split_lines
 from modelyard.batch.readers.source import Source
 
 
 def scan(file: str | Source, chunk_rows: int):
     return line_ranges(file, chunk_rows), None
+
+
+def probe(source: Source, chunk_rows: int):
+    """``scan`` by probes (``split``): the chunks' rows are counted by whoever reads them."""
+    return probe_ranges(source, chunk_rows), None
 
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:

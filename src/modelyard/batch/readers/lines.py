@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from modelyard.batch.readers.source import Source, opened
+from modelyard.batch.readers import split
+from modelyard.batch.readers.source import PROBE, Source, opened
 
 try:  # 64 bytes at a time; NumPy's count makes a boolean array first (0.3 s more per 2 GB)
     from modelyard.batch._denselines import count_byte as _count_byte
@@ -52,6 +53,28 @@ def line_ranges(file: str | Source, chunk_rows: int, start: int = 0,
         rows += 1  # bytes after the last newline are one more row
     if rows:
         yield chunk_start, size, rows
+
+
+def next_line_start(source: Source, pos: int) -> int:
+    """The first line start at or after ``pos`` (> 0): the byte after the first newline at or after
+    ``pos - 1``, read window by window (``Source.peek``); the size when there is none."""
+    at = pos - 1
+    while at < source.size:
+        data = source.peek(at)
+        found = data.find(b"\n")
+        if found >= 0:
+            return at + found + 1
+        at += len(data)
+    return source.size
+
+
+def probe_ranges(source: Source, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
+    """``split.byte_ranges`` of a file of lines: about ``chunk_rows`` lines a chunk, by the mean line
+    of the first window (for lines newlines alone tell where a row starts; quoted CSV cannot be split so)."""
+    head = source.read(0, min(PROBE, source.size))
+    newlines = head.count(b"\n")
+    spanned = head.rindex(b"\n") + 1 if newlines else len(head)  # no newline: a line at least this long
+    return split.byte_ranges(source, chunk_rows, newlines or 1, spanned, next_line_start)
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -7,6 +7,10 @@ reads, one block at a time as the plan advances, so a job's first chunk is plann
 bytes are read and the object is never copied whole first. Both hand the readers the same bytes
 in the same blocks, so the one planning rule gives the same chunks wherever the file is.
 
+A ``RangedSource(probe=True)`` is one whose chunks are read by whoever predicts them (the Ray
+engine's actors): the plan only finds where chunks start, by small reads (``peek``) at each nominal
+boundary (``split``), so it reads a few KiB per chunk, not the object.
+
 May import: the standard library and NumPy only (the storage client is the caller's ``fetch``).
 """
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 BLOCK = 4 << 20
+# What a probe reads at a nominal chunk boundary (more when a record is longer).
+PROBE = 64 << 10
 # A mapping's touched pages count in the process's RSS: each WINDOW counted is dropped from it.
 WINDOW = 64 << 20
 
@@ -29,6 +35,7 @@ class Source:
     size: int
     read_ahead = BLOCK  # bytes fetched for a small ``read``
     _gapless = False  # small reads fetch on from the last read-ahead's end when close to it
+    probed = False  # split by probes (``split``), not scanned: see RangedSource
 
     def __init__(self) -> None:
         self._buffered = b""
@@ -58,6 +65,18 @@ class Source:
                 self._buffered = self._fetch(pos, min(pos + self.read_ahead, self.size))
                 self._buffered_at = at = pos
         return self._buffered[pos - at:end - at]
+
+    def peek(self, pos: int, least: int = 1) -> bytes:
+        """The bytes from ``pos`` the read-ahead holds (at least ``least`` of them unless the file
+        ends first), fetching one window (``read_ahead``) at ``pos`` when it holds fewer: a probe
+        walks a window without fetching any byte twice."""
+        if pos >= self.size:
+            return b""
+        at, after = self._buffered_at, self._buffered_at + len(self._buffered)
+        if not (at <= pos < after and (pos + least <= after or after == self.size)):
+            self._buffered = self._fetch(pos, min(pos + max(self.read_ahead, least), self.size))
+            self._buffered_at = at = pos
+        return self._buffered[pos - at:]
 
     def blocks(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
         """``(offset, bytes)`` of the BLOCK-sized pieces of the file from ``start`` to its end."""
@@ -103,14 +122,22 @@ class RangedSource(Source):
     """A file read by ranged reads: ``fetch(start, end)`` returns bytes ``[start, end)`` of the
     object named ``name`` (a ``gs://`` or ``s3://`` URI), whose ``size`` the caller looked up.
 
-    ``keep``: the bytes fetched are kept until ``take`` hands them out, so the plan's reads can be
-    the chunks' reads too (the object crosses storage once, not once to plan and once to predict)."""
+    ``probe``: the object's chunks are read by whoever predicts them, each its own range; the plan
+    splits it by probes (``split``: a window of ``PROBE`` bytes at each nominal boundary).
 
-    def __init__(self, name: str, size: int, fetch: Callable[[int, int], bytes], keep: bool = False) -> None:
+    ``keep``: the bytes fetched are kept until ``take`` hands them out, so the plan's reads can be
+    the chunks' reads too (for a format that cannot be probed, CSV: the plan reads every byte, and
+    its reads are the chunks', so the object crosses storage once)."""
+
+    def __init__(self, name: str, size: int, fetch: Callable[[int, int], bytes], keep: bool = False,
+                 probe: bool = False) -> None:
         super().__init__()
         self.name, self.size, self._get = name, size, fetch
-        self._kept: list[tuple[int, bytes]] | None = [] if keep else None
-        self._gapless = keep
+        self._kept: list[tuple[int, bytes]] | None = [] if keep and not probe else None
+        self._gapless = self._kept is not None
+        self.probed = probe
+        if probe:
+            self.read_ahead = PROBE
 
     def _checked(self, start: int, end: int, data: bytes) -> bytes:
         if len(data) != end - start:  # the object is shorter than when it was looked up

@@ -3,6 +3,12 @@
 The framing is TFRecord's: uint64 length, uint32 masked CRC of the length, the data, uint32
 masked CRC of the data (little-endian). Length CRCs are checked while scanning, so a
 truncated or corrupt file fails the plan with its offset instead of yielding garbage.
+
+Split by probes (``probe``), a boundary is the first offset at or after the nominal one where a
+whole record checks (its length's CRC and its data's CRC) and so do the ``CHAIN`` - 1 records after
+it (or the file ends): bytes inside a record that look like a record, even whole TFRecords stored as
+a record's data, are passed over, since the chain from them breaks where the outer record's data
+CRC follows.
 """
 from __future__ import annotations
 
@@ -10,13 +16,22 @@ import base64
 import struct
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 
 from modelyard.batch.readers.rows import BadRow, Row
 from modelyard.batch.readers.crc32c import masked_crc
-from modelyard.batch.readers.source import Source, opened
+from modelyard.batch.readers import split
+from modelyard.batch.readers.source import PROBE, Source, opened
 
 _HEADER = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+_SMALLEST = _HEADER.size + 4  # a record of no data
+# Records that must check one after the other for a probe to take an offset as a record start: a
+# record's data holding whole TFRecords passes the first checks, and its chain breaks where the outer
+# record's data CRC follows. More than CHAIN whole records in a row inside one record's data would
+# be taken for records (the only case a probe can place wrongly).
+CHAIN = 8
 
 
 def scan(file: str | Source, chunk_rows: int):
@@ -49,13 +64,91 @@ def _ranges(source: Source, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
         yield chunk_start, pos, rows
 
 
+def _record_end(source: Source, pos: int) -> int | None:
+    """The end of the record at ``pos`` if a whole one is there (length CRC and data CRC check), else None."""
+    head = source.read(pos, _HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    length, length_crc = _HEADER.unpack(head)
+    end = pos + _HEADER.size + length + 4
+    if masked_crc(head[:8]) != length_crc or end > source.size:
+        return None
+    body = source.read(pos + _HEADER.size, length + 4)
+    return end if masked_crc(body[:length]) == _CRC.unpack_from(body, length)[0] else None
+
+
+def next_record_start(source: Source, pos: int) -> int:
+    """The first record start at or after ``pos``: the first offset where a whole record checks and
+    so does the next one (or the file ends with it), read window by window; the size when none."""
+    size = source.size
+    while pos + _SMALLEST <= size:
+        data = source.peek(pos, least=_HEADER.size)
+        window = np.frombuffer(data, np.uint8)
+        n = len(window) - _HEADER.size + 1  # offsets whose header is whole in the window
+        # A length that runs past the end rules an offset out: most offsets, without a CRC each.
+        lengths = np.zeros(n, np.uint64)
+        for b in range(8):
+            lengths |= window[b:b + n].astype(np.uint64) << np.uint64(8 * b)
+        room = (size - _SMALLEST - pos) - np.arange(n, dtype=np.int64)
+        for i in np.flatnonzero(lengths.astype(np.float64) <= room.astype(np.float64)).tolist():
+            if masked_crc(data[i:i + 8]) != _CRC.unpack_from(data, i + 8)[0]:
+                continue
+            if _chain_holds(source, pos + i):
+                return pos + i
+        pos += n
+    return size
+
+
+def _chain_holds(source: Source, pos: int) -> bool:
+    """Whether ``CHAIN`` whole records follow one another from ``pos`` (or fewer, ending the file)."""
+    for _ in range(CHAIN):
+        end = _record_end(source, pos)
+        if end is None:
+            return False
+        if end == source.size:
+            return True
+        pos = end
+    return True
+
+
+def probe(source: Source, chunk_rows: int):
+    """``scan`` by probes (``split``): the chunks' records are counted by whoever reads them. The
+    headers of the first window are checked as ``scan`` checks them (a file that is not TFRecord
+    fails here) and give the mean record size."""
+    size = source.size
+    if size == 0:
+        return iter(()), None
+    head = source.read(0, min(PROBE, size))
+    records = pos = 0
+    while pos < len(head):
+        if pos + _HEADER.size > len(head) and records:
+            break  # a header across the window's end: the records before it are enough
+        if pos + _HEADER.size > size:
+            raise ValueError(f"{source.name}: truncated TFRecord header at byte {pos}")
+        piece = head[pos:pos + _HEADER.size] if pos + _HEADER.size <= len(head) else source.read(pos, _HEADER.size)
+        length, length_crc = _HEADER.unpack(piece)
+        if masked_crc(piece[:8]) != length_crc:
+            raise ValueError(f"{source.name}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
+        pos += _HEADER.size + length + 4
+        if pos > size:
+            raise ValueError(f"{source.name}: truncated TFRecord data: the record at byte "
+                             f"{pos - _HEADER.size - length - 4} ends past the end of the file")
+        records += 1
+    return split.byte_ranges(source, chunk_rows, records, pos, next_record_start), None
+
+
 def decode(data: bytes, context, path: str, first_row: int) -> list:
     rows: list = []
     view = memoryview(data)
     pos = n = 0
     while pos < len(data):
+        if pos + _HEADER.size + 4 > len(data):
+            raise ValueError(f"{path}: truncated TFRecord header at byte {pos} of the chunk")
         length, _ = _HEADER.unpack_from(view, pos)
         start = pos + _HEADER.size
+        if start + length + 4 > len(data):
+            raise ValueError(f"{path}: the TFRecord record at byte {pos} of the chunk runs past its end "
+                             "(a truncated file?)")
         record = bytes(view[start:start + length])
         (data_crc,) = struct.unpack_from("<I", view, start + length)
         pos = start + length + 4
