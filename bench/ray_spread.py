@@ -22,9 +22,10 @@ quieter meanwhile favours neither side):
    generated JSONL of demo digits (version 0002, batch 256), output on the driver's disk:
    * no shared disk, gs:// input: the namespaced cluster above (its replicas undeployed), the
      input only in a Cloud Storage (``python -m modelyard.platform.storage``, the code the platform
-     serves; reached at STORAGE_EMULATOR_HOST): planned by the driver through ranged reads as far
-     as the plan has got (never copied whole), each pinned to the object's generation, and each
-     chunk's bytes the plan read handed to its actor through Ray's object store (read once);
+     serves; reached at STORAGE_EMULATOR_HOST): split by the driver's probes (a small ranged read
+     at each chunk boundary, ``batch.readers.split``), and each actor reading its own chunk's byte
+     range from storage, every read pinned to the object's generation (read once, never through
+     the driver's node);
    * no shared disk, local input: the same cluster, a local file (its chunks read by the driver and
      shipped to the actors through Ray's object store); for the breakdown, not a target;
    * shared disk: a cluster of a 0-CPU head and 2 nodes with 1 CPU each started without mount
@@ -226,15 +227,27 @@ def batch_job(address: str, model_base: Path, source: str, out: Path, rows: int,
 
 
 def storage_reads(remote: str, workdir: Path) -> dict:
-    """What the gs:// side reads from storage, timed from this host: the plan made by ranged reads (what
-    the driver does: its first chunk, then the whole plan), for comparison the whole object copied to a
-    local file and scanned (how a remote input was planned before 9e46d79), then every chunk's range
-    read back (what the actors did again before 341b543, here one after the other)."""
+    """What the gs:// side reads from storage, timed from this host: the plan made by probes (what the
+    driver does now: time and bytes read), the plan made by reading the object block by block (what
+    the driver did before: its first chunk, then the whole plan), for comparison the whole object
+    copied to a local file and scanned (how a remote input was planned before 9e46d79), then every
+    chunk's range read (what the actors read, here one after the other)."""
     from modelyard import objstore
     from modelyard.batch import remote as batch_remote
-    from modelyard.batch.readers import iter_plan, reader
+    from modelyard.batch.readers import RangedSource, iter_plan, reader
     from modelyard.batch.spec import DEFAULT_CHUNK_ROWS
 
+    size, _mtime, version = objstore.describe(remote)
+    fetched: list[int] = []
+
+    def pinned(start: int, end: int) -> bytes:
+        fetched.append(end - start)
+        return batch_remote.read_range(remote, start, end, version)
+
+    t = time.monotonic()
+    probed = [chunk for chunk, _ in iter_plan([remote], "jsonl", DEFAULT_CHUNK_ROWS,
+                                             lambda name: RangedSource(name, size, pinned, probe=True))]
+    probe_s = time.monotonic() - t
     t = time.monotonic()
     planned = iter_plan([remote], "jsonl", DEFAULT_CHUNK_ROWS, batch_remote.ranged_source)
     next(planned)
@@ -252,11 +265,13 @@ def storage_reads(remote: str, workdir: Path) -> dict:
     scanned = time.monotonic() - t
     copy.unlink()
     t = time.monotonic()
-    for start, end, _rows in ranges:
-        fs.cat_file(remote, start, end)
+    for chunk in probed:
+        pinned(chunk.start, chunk.end)
     assert len(ranges) == chunks, (len(ranges), chunks)
+    assert probed[-1].end == size and sum(c.end - c.start for c in probed) == size
     return {"copy_s": copied, "scan_s": scanned, "ranges_s": time.monotonic() - t, "chunks": len(ranges),
-            "first_chunk_s": first_chunk, "plan_s": whole_plan}
+            "first_chunk_s": first_chunk, "plan_s": whole_plan, "probe_s": probe_s,
+            "probe_kib": sum(fetched[:-len(probed)]) / 1024, "probed_chunks": len(probed)}
 
 
 def endpoints(args, spread_cluster, clusters: list, services: list, tmp: Path, demo_base: Path, body: bytes):
@@ -346,7 +361,8 @@ def main() -> int:
             upload_s = time.monotonic() - t
             log(f"uploaded {size_mib:,.0f} MiB to {remote} in {upload_s:.1f} s")
             reads = storage_reads(remote, tmp)
-            log(f"from this host: planned by ranged reads, first chunk in {reads['first_chunk_s']:.2f} s, the "
+            log(f"from this host: split by probes in {reads['probe_s']:.2f} s ({reads['probed_chunks']} chunks, "
+                f"{reads['probe_kib']:,.0f} KiB read); planned by reading it, first chunk in {reads['first_chunk_s']:.2f} s, the "
                 f"whole plan in {reads['plan_s']:.1f} s; the object copied in {reads['copy_s']:.1f} s (+ scanned: "
                 f"{reads['scan_s']:.1f} s), its {reads['chunks']} chunk ranges read in {reads['ranges_s']:.1f} s")
             log("starting the shared-disk cluster: a 0-CPU head and 2 nodes without mount namespaces")
@@ -424,14 +440,16 @@ def main() -> int:
         "Start: the command before the job's clock (imports, joining the cluster); to a loaded model: the job's "
         "clock until its first actor has its model (the plan starts meanwhile); predicting: from there to the "
         "last commit (the job's `predict_seconds`).", "",
-        f"Reading the gs:// input from this host, for comparison: the plan made by ranged reads (what the "
-        f"driver does: `batch.remote.ranged_source`) has its first chunk in {reads['first_chunk_s']:.2f} s and "
-        f"all {reads['chunks']} in {reads['plan_s']:.1f} s, while the actors load their models; the whole object "
+        f"Reading the gs:// input from this host, for comparison: the driver's plan, by probes "
+        f"(`batch.readers.split`), takes {reads['probe_s']:.2f} s and reads {reads['probe_kib']:,.0f} KiB of the "
+        f"object for its {reads['probed_chunks']} chunks; the plan made by reading the object block by block "
+        f"(what the driver did before, relaying each chunk's bytes to its actor through Ray's object store; "
+        f"`batch.remote.ranged_source`) has its first chunk in {reads['first_chunk_s']:.2f} s and "
+        f"all {reads['chunks']} in {reads['plan_s']:.1f} s; the whole object "
         f"copied to a local file takes {reads['copy_s']:.1f} s, {reads['scan_s']:.1f} s with its scan (how a "
-        f"remote input was planned before, in a Ray task, ahead of the first chunk); its {reads['chunks']} chunk "
-        f"ranges read one after the other take {reads['ranges_s']:.1f} s (what the actors read again before "
-        "341b543; now each chunk's bytes are those the plan read, passed on through Ray's object store). "
-        "The local-input sides read the file from the page cache on the driver.", "",
+        f"remote input was planned before 9e46d79); the {reads['probed_chunks']} chunk "
+        f"ranges read one after the other take {reads['ranges_s']:.1f} s (what the actors read, each its own, "
+        "in parallel). The local-input sides read the file from the page cache on the driver.", "",
         f"No shared disk (gs:// input) / shared disk, end to end: **{b_ratio:.2f}x** (target >= 0.8: "
         f"{verdict(b_ratio)}); no shared disk with a local input / shared disk: {b_local_ratio:.2f}x.", "",
         f"1-minute load {load_end:.1f} at the end of the batch turns.",

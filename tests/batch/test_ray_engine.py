@@ -148,6 +148,8 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
                           f"gs://{STAGING_BUCKET}/ray-kill/in.jsonl", "--input", str(local), "--output", str(out),
                           "--key-field", "id", "--chunk-rows", str(chunk), "--batch-size", str(batch),
                           "--engine", "ray", "--ray-address", ray_cluster)
+    # The local input's chunks are counted (100 rows each); the gs:// input's are found by probes, about
+    # 100 rows each by its first 64 KiB: the job's count of chunks is known at the end (its shards).
     total = 2 * per_file // chunk
     digest, _ = node_cache.pack(next(tiny_model.base.iterdir()))
     cached = cluster.node_root(worker) / str(default_cache_dir()).lstrip("/") / "node" / digest
@@ -178,13 +180,14 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     finally:
         run.kill()
     stderr = "".join(err_lines)
+    (job_dir,) = out.iterdir()
+    total = len(list(job_dir.glob("prediction.results-*")))  # every chunk has results: one shard each
     assert 0 < at_kill < total, f"the kill should land mid-job: {at_kill} of {total}; {stderr[-2000:]}"
     assert f"ray: a worker is ready on node {dying[:12]}" in stderr, stderr[-3000:]
     assert node_had_model, f"no model copy in the second node's cache ({cached})"
     assert run.returncode == 0, stderr[-3000:]
     assert re.search(rf"ray: a worker on node {dying[:12]} \([\d.]+\) died \(\w+Error", stderr), stderr[-3000:]
     assert "JOB_STATE_SUCCEEDED: 199,999 results, 1 errors, 200,000 rows" in stdout, (stdout, stderr[-3000:])
-    (job_dir,) = out.iterdir()
     keys = [o["key"] for s in sorted(job_dir.glob("prediction.results-*")) for o in read_lines(s)]
     errors = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
     assert [e["key"] for e in errors] == ["g5"]
