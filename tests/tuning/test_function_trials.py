@@ -228,7 +228,8 @@ def test_tuning_page_function_trials_run_as_written(tmp_path: Path):
 
 def test_warm_command_trials_match_cold_ones(tmp_path: Path):
     """The same seeded study of a TensorFlow script, forked from the warm server and started cold:
-    the same parameters, the same per-epoch losses; only the warm trials found TensorFlow imported."""
+    the same parameters, the same per-epoch losses; only the warm trials found TensorFlow (and the
+    script's other top-level imports, preloaded by the server) imported."""
     import yaml
 
     runs = {}
@@ -246,7 +247,7 @@ def test_warm_command_trials_match_cold_ones(tmp_path: Path):
         assert result.returncode == 0, result.stdout
         done = trials(study)
         starts = [json.loads((Path(t.user_attrs["job_dir"]) / "start.json").read_text()) for t in done]
-        assert all(s["warm"] is warm for s in starts), starts
+        assert all(s["warm"] is warm and s["hypertune_imported"] is warm for s in starts), starts
         if warm:  # every trial was forked by the one server (its parent), each a process of its own
             assert len({s["ppid"] for s in starts}) == 1 and len({s["pid"] for s in starts}) == 3
             assert starts[0]["argv"][0] == str(TRIALS / "tf_seeded.py")

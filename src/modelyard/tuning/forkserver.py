@@ -326,6 +326,42 @@ def _send(out: int, event: str, **fields: Any) -> None:
         data = data[os.write(out, data):]
 
 
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _preload(in_fd: int, out_fd: int, modules: list[str]) -> None:
+    """Import ``modules`` (a convenience: one that fails is skipped, the child imports it itself).
+    Only installed ones: the server's working directory is off the path meanwhile (a trial's own
+    modules are its to import). One that starts a thread would make every fork unsafe (a fork copies
+    only the forking thread): the server starts again without it (exec), once per such module."""
+    import importlib
+
+    threads = _threads()  # TensorFlow's import leaves a few native threads, idle until the first op
+    first = sys.path.pop(0) if sys.path and sys.path[0] in ("", os.getcwd()) else None
+    try:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                print(f"forkserver: preloading {module} failed: {exc!r}", file=sys.stderr, flush=True)
+                continue
+            if _threads() > threads:
+                print(f"forkserver: importing {module} started a thread; starting again without it",
+                      file=sys.stderr, flush=True)
+                rest = [m for m in modules if m != module]
+                for fd in (in_fd, out_fd):
+                    os.set_inheritable(fd, True)
+                os.execv(sys.executable, [sys.executable, "-m", "modelyard.tuning.forkserver", str(in_fd),
+                                          str(out_fd), *rest])
+    finally:
+        if first is not None:
+            sys.path.insert(0, first)
+
+
 def serve(in_fd: int, out_fd: int, preload: list[str] = ()) -> int:
     # The imports every TensorFlow trial pays for: done once, here, with no op run.
     import tensorflow  # noqa: F401
@@ -337,13 +373,7 @@ def serve(in_fd: int, out_fd: int, preload: list[str] = ()) -> int:
             import keras  # noqa: F401
     except ImportError:
         pass
-    import importlib
-
-    for module in preload:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # a convenience only: the child imports it itself
-            print(f"forkserver: preloading {module} failed: {exc!r}", file=sys.stderr, flush=True)
+    _preload(in_fd, out_fd, list(preload))
     _send(out_fd, "ready", pid=os.getpid(), seconds=time.process_time())
     buffer = b""
     children: set[int] = set()

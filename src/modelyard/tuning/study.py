@@ -243,9 +243,11 @@ class Tuner:
             from modelyard.tuning.forkserver import imports_tensorflow, is_warm_command
 
             if is_warm_command(study.command) and imports_tensorflow(study.command, study.workdir):
+                from modelyard.tuning.preload import preload_modules
                 from modelyard.tuning.warm import ForkServer
 
-                self.forkserver = ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log")
+                self.forkserver = ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log",
+                                             preload_modules(study.command, study.workdir))
 
     # -- resume -------------------------------------------------------------------------------
     def recover(self) -> list[int]:
@@ -290,13 +292,15 @@ class Tuner:
                         break
                     time.sleep(self.poll_interval)  # joined: other hosts' trials still running
                     continue
-                self._poll()
-                self._wait()
+                # A trial that ended frees its slot: the next one is drawn and started at once, not
+                # after another poll interval (that wait was most of the gap between two trials).
+                if not self._poll():
+                    self._wait()
                 # Every slot busy: nothing to launch until a trial ends, so the study is not read
                 # again meanwhile (function trials wake this loop at every step they report).
                 while self.running and not self.pool.free and self._stop_signal is None:
-                    self._poll()
-                    self._wait()
+                    if not self._poll():
+                        self._wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -327,15 +331,17 @@ class Tuner:
 
     def _launch(self) -> None:
         trial = self.ostudy.ask()
-        if self._over_budget(trial):
+        # Only hosts sharing a study can race for its last trials; one tuner on SQLite counted them itself.
+        if not self._single_host and self._over_budget(trial):
             return
         slot = self.pool.take()
         params = space.suggest(trial, self.study.params)
         trial_id = str(trial.number + 1)
         job_dir = self.study.job_dir / f"trial-{trial.number + 1:04d}"
-        for key, value in (("params", params), ("owner", self.owner), ("job_dir", str(job_dir)),
-                           ("trial_id", trial_id), ("device", slot.describe()), ("started", time.time())):
-            trial.set_user_attr(key, value)
+        # The owner before the start (a restarted tuner tells its dead predecessor's trials by it); the
+        # rest of the trial's record after, so the trial starts without waiting for those writes.
+        trial.set_user_attr("owner", self.owner)
+        started = time.time()
         try:
             if self.workers is not None:
                 from modelyard.tuning.workers import FunctionTrial
@@ -347,13 +353,17 @@ class Tuner:
         except OSError as exc:
             self.pool.give_back(slot)
             what = self.study.function or self.study.command[0]
+            trial.set_user_attr("params", params)
             trial.set_user_attr("error", f"could not start {what}: {exc}")
             self.ostudy.tell(trial, state=TrialState.FAIL)
             self.on_event("failed", {"number": trial.number, "error": str(exc)})
             return
-        trial.set_user_attr("pgid", proc.pid)
+        record = {"params": params, "job_dir": str(job_dir), "trial_id": trial_id, "device": slot.describe(),
+                  "started": started, "pgid": proc.pid}
         if self.workers is not None:
-            trial.set_user_attr("worker_pid", proc.pid)
+            record["worker_pid"] = proc.pid
+        for key, value in record.items():
+            trial.set_user_attr(key, value)
         self.storage.record_heartbeat(trial._trial_id)
         self.running[trial.number] = (trial, proc, -1)
         self.on_event("started", {"number": trial.number, "params": params, "device": slot.describe(),
@@ -372,7 +382,9 @@ class Tuner:
         self.ostudy.tell(trial, state=TrialState.FAIL)
         return True
 
-    def _poll(self) -> None:
+    def _poll(self) -> bool:
+        """Read every running trial's news, judge it, finish those that ended; True if one did."""
+        ended = False
         beat = time.time() - self._last_beat >= HEARTBEAT_SECONDS / 2
         if beat:
             self._last_beat = time.time()
@@ -389,11 +401,13 @@ class Tuner:
                 proc.answer()
             if exited:
                 self._finish(trial, proc)
+                ended = True
                 continue
             if proc.stop_reason:
                 proc.enforce(self.grace)
             elif self.study.timeout and time.time() - proc.started > self.study.timeout:
                 proc.stop("timeout")
+        return ended
 
     def _report(self, trial: optuna.Trial, proc: TrialProcess, last_step: int, exited: bool) -> int:
         series = proc.metrics.series(self.study.metrics[0].tag)

@@ -6,11 +6,15 @@ import json
 import os
 import sys
 
-import hypertune
+# Before the script's own imports: a warm server imported TensorFlow, and the script's top-level
+# imports (hypertune here: tuning.preload), before it forked this trial.
+warm, preloaded = "tensorflow" in sys.modules, "hypertune" in sys.modules
 
-warm = "tensorflow" in sys.modules
+import hypertune  # noqa: E402
+
 with open(os.path.join(os.environ["MODELYARD_JOB_DIR"], "start.json"), "w") as f:
-    json.dump({"warm": warm, "ppid": os.getppid(), "pid": os.getpid(), "argv": sys.argv}, f)
+    json.dump({"warm": warm, "hypertune_imported": preloaded, "ppid": os.getppid(),
+               "pid": os.getpid(), "argv": sys.argv}, f)
 
 import numpy as np  # noqa: E402
 import tf_keras as keras  # noqa: E402
