@@ -184,3 +184,34 @@ def test_a_job_splits_by_probes_only_the_formats_that_allow_it(tmp_path):
         source = inputs("gs://b/in")
         assert source.probed is probe and (source._kept is None) is probe, fmt
     assert not remote.RemoteInputs()._probe
+
+
+def test_a_probed_plan_cut_short_is_made_again_the_same_and_a_changed_object_is_refused(tmp_path):
+    """Exactly-once rests on the plan's record (job_plan): a job killed mid-plan is split again on
+    resume and must repeat every recorded chunk; a probed plan does, from the same bytes, and one whose
+    lines moved is refused. Progress counts a probed plan's rows by rows per byte of
+    its committed chunks."""
+    from modelyard.batch import job_plan
+    from modelyard.batch.readers import collect
+    from modelyard.batch.shards import commit_part
+    from modelyard.batch.spec import BatchError
+
+    data = b"".join(b'{"x": %d}\n' % i for i in range(20_000))
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    stream = job_plan.recorded(job_dir, iter_plan(["gs://b/in"], "jsonl", 1000, lambda n: Served(data).source(n)))
+    handed = [next(stream)[0] for _ in range(3)]
+    stream.close()
+    commit_part(job_dir, 0, [b"{}"] * 900, [b"{}"] * 100)  # chunk 0 done: its 1,000 rows counted as read
+    assert job_plan.planned_rows(job_dir) == round(1000 * (handed[2].end / handed[0].end))
+    # An edit that keeps every newline where it was gives the same split: what refuses it is the pin of
+    # every read to the version the job was created with (test_ranged_plan's replaced object).
+    changed = data.replace(b'{"x": 1', b'{"x": 9')
+    other = collect(iter_plan(["gs://b/in"], "jsonl", 1000, lambda n: Served(changed).source(n)))
+    shifted = collect(iter_plan(["gs://b/in"], "jsonl", 1000, lambda n: Served(b"[]\n" + data[:-3]).source(n)))
+    with pytest.raises(BatchError, match="the input changed since this job started: its chunk 0"):
+        job_plan.finish_partial_plan(job_dir, shifted)
+    again = collect(iter_plan(["gs://b/in"], "jsonl", 1000, lambda n: Served(data).source(n)))
+    assert again[0][:3] == handed and other[0] == again[0]
+    assert job_plan.finish_partial_plan(job_dir, again) is True
+    assert job_plan.load_plan(job_dir) == again
