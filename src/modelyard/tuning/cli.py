@@ -112,12 +112,23 @@ def _status(study, args: argparse.Namespace) -> int:
 
 
 def _run(study, slots, args: argparse.Namespace) -> int:
-    from modelyard.tuning.report import LiveView, best_trials, table
-    from modelyard.tuning.study import StudyFailed, Tuner
+    from modelyard.tuning.devices import SlotPool
+    from modelyard.tuning.warm import start_warm
 
-    view = LiveView(study)
-    tuner = Tuner(study, slots, view, poll_interval=args.poll, grace=args.grace,
-                  export_model=bool(args.export_best_to), join=args.join)
+    # Before Optuna is imported and the study opened (seconds): the warm processes import TensorFlow meanwhile.
+    warm = start_warm(study, SlotPool(slots, study.parallel).free)
+    try:
+        from modelyard.tuning.report import LiveView, best_trials, table
+        from modelyard.tuning.study import StudyFailed, Tuner
+
+        view = LiveView(study)
+        tuner = Tuner(study, slots, view, poll_interval=args.poll, grace=args.grace,
+                      export_model=bool(args.export_best_to), join=args.join, warm=warm)
+    except BaseException:  # the study could not be opened: nobody else stops them
+        for process in warm:
+            if process is not None:
+                process.shutdown()
+        raise
     view.get_trials = lambda: tuner.ostudy.get_trials(deepcopy=False)
     print(f"modelyard tune: study {study.name} in {study.storage}; {study.max_trials} trial(s), "
           f"{tuner.pool.size} at a time on {', '.join(s.describe() for s in slots[:tuner.pool.size])}", flush=True)

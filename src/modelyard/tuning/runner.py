@@ -21,7 +21,6 @@ from typing import Any
 
 from modelyard.tuning.devices import Slot
 from modelyard.tuning.metrics import HYPERTUNE_FILE, TrialMetrics
-from modelyard.tuning.space import format_value
 from modelyard.tuning.spec import Study
 
 LOG_NAME = "trial.log"
@@ -68,6 +67,9 @@ def trial_env(study: Study, trial_id: str, params: dict[str, Any], job_dir: Path
 
 
 def trial_argv(study: Study, params: dict[str, Any], job_dir: Path, export_model: bool = False) -> list[str]:
+    from modelyard.tuning.space import format_value  # here: space imports Optuna, which a warm
+    # process started before the study opens (tuning.warm.start_warm) should not wait for
+
     argv = list(study.command)
     if study.is_modelyard_train:
         # Its metrics.json, TensorBoard events (and export, when the best will be exported)

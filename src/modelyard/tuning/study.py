@@ -220,7 +220,8 @@ class Tuner:
     """Runs one study to its end (or joins one other hosts are running)."""
 
     def __init__(self, study: Study, slots: list[Slot], on_event: Callable[[str, dict[str, Any]], None],
-                 poll_interval: float = 0.2, grace: float = 3.0, export_model: bool = False, join: bool = False):
+                 poll_interval: float = 0.2, grace: float = 3.0, export_model: bool = False, join: bool = False,
+                 warm: tuple[Any, Any] | None = None):
         self.study = study
         self.pool = SlotPool(slots, study.parallel)
         self.on_event = on_event
@@ -232,22 +233,13 @@ class Tuner:
         self._stop_signal: int | None = None
         self._last_beat = 0.0
         self._single_host = study.storage.startswith("sqlite")
-        self.workers = None
-        if study.function:
-            from modelyard.tuning.workers import WorkerPool
+        # Function trials' workers or warm command trials' fork server (tuning.warm.start_warm): given
+        # when the caller started them before opening the study, so they import meanwhile.
+        if warm is None:
+            from modelyard.tuning.warm import start_warm
 
-            # Started now, so they import while the study opens and the first trials are drawn.
-            self.workers = WorkerPool(study, self.pool.free)
-        self.forkserver = None
-        if study.warm_start and not study.function:
-            from modelyard.tuning.forkserver import imports_tensorflow, is_warm_command
-
-            if is_warm_command(study.command) and imports_tensorflow(study.command, study.workdir):
-                from modelyard.tuning.preload import preload_modules
-                from modelyard.tuning.warm import ForkServer
-
-                self.forkserver = ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log",
-                                             preload_modules(study.command, study.workdir))
+            warm = start_warm(study, self.pool.free)
+        self.workers, self.forkserver = warm
 
     # -- resume -------------------------------------------------------------------------------
     def recover(self) -> list[int]:

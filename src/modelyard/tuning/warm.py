@@ -1,6 +1,11 @@
 """The tuner's side of warm command trials: the fork server process (tuning.forkserver) and a
 trial it forked, with the part of ``subprocess.Popen`` a TrialProcess uses (pid, poll, returncode).
 
+``start_warm`` starts a study's warm processes, this server or function trials' workers, first
+thing: ``modelyard tune`` calls it before it imports Optuna and opens the study (seconds), so
+TensorFlow is imported meanwhile rather than after (this module and those it imports do not import
+Optuna).
+
 If the server cannot fork a trial (it died, or did not answer in time), the caller starts the
 trial cold, as before: a warm start is an optimisation, never a requirement.
 """
@@ -147,3 +152,22 @@ class ForkServer:
             except OSError:
                 pass
         self._to_server = self._from_server = -1
+
+
+def start_warm(study: Any, slots: list[Any]) -> tuple[Any, ForkServer | None]:
+    """The study's warm processes, started now: ``(WorkerPool, None)`` for function trials on
+    ``slots``, ``(None, ForkServer)`` for command trials that can start warm (``trial.warm_start``, a
+    Python script or module of this interpreter that imports TensorFlow), else ``(None, None)``."""
+    if study.function:
+        from modelyard.tuning.workers import WorkerPool
+
+        return WorkerPool(study, slots), None
+    if study.warm_start:
+        from modelyard.tuning.forkserver import imports_tensorflow, is_warm_command
+
+        if is_warm_command(study.command) and imports_tensorflow(study.command, study.workdir):
+            from modelyard.tuning.preload import preload_modules
+
+            return None, ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log",
+                                    preload_modules(study.command, study.workdir))
+    return None, None
