@@ -35,7 +35,7 @@ def test_pack_is_deterministic_and_materialize_fetches_once(tmp_path):
     assert {p.relative_to(entry).as_posix(): p.read_bytes() for p in entry.rglob("*") if p.is_file()} == files
     again, fetched = node_cache.materialize(digest, fetch, cache)
     assert again == entry and not fetched and calls == [1], "a node with a whole copy fetches nothing"
-    assert not [p for p in cache.iterdir() if p.name.startswith(".")], "no partial entry left behind"
+    assert not [p for p in cache.iterdir() if p.is_dir() and p.name.startswith(".")], "no partial entry left behind"
 
 
 def test_damaged_bytes_are_refused(tmp_path):
@@ -43,6 +43,21 @@ def test_damaged_bytes_are_refused(tmp_path):
     with pytest.raises(ValueError, match=f"bytes fetched for {digest[:12]} hash to"):
         node_cache.materialize(digest, lambda: data[:-1] + b"y", tmp_path / "cache")
     assert not (tmp_path / "cache" / digest).exists()
+
+
+def test_a_held_entry_is_not_dropped(tmp_path, monkeypatch):
+    monkeypatch.setenv(node_cache.MAX_MB_ENV, "0")  # every entry is over the bound
+    cache = tmp_path / "cache"
+    digests = [node_cache.pack(_tree(tmp_path / f"m{k}", {"w": bytes([k]) * 100})) for k in range(3)]
+    first = node_cache.materialize(digests[0][0], lambda: digests[0][1], cache)[0]
+    held = node_cache.hold(first)
+    try:
+        node_cache.materialize(digests[1][0], lambda: digests[1][1], cache)
+        assert first.is_dir(), "held: not dropped although over the bound"
+    finally:
+        held.close()
+    node_cache.materialize(digests[2][0], lambda: digests[2][1], cache)
+    assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == [digests[2][0]]
 
 
 def test_the_cache_drops_the_least_recently_used(tmp_path, monkeypatch):
@@ -56,4 +71,4 @@ def test_the_cache_drops_the_least_recently_used(tmp_path, monkeypatch):
             old = time.time() - 100
             os.utime(entries[1], (old, old))  # m1 last used long ago, m0 just before
             os.utime(entries[0], (old + 50, old + 50))
-    assert sorted(p.name for p in cache.iterdir()) == sorted([entries[0].name, entries[2].name])
+    assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted([entries[0].name, entries[2].name])

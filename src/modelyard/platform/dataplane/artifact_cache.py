@@ -16,24 +16,22 @@ replica's actor fetches it from there into its node's own cache before ``modelya
   ``~/.cache/modelyard``, as for the demo model and the LiteRT cache). A download lands in a
   temporary directory, is checked against its digest and renamed into place. The cache is bounded
   (``$MODELYARD_ARTIFACT_CACHE_MAX_MB``, default 10240): after each download the entries used least
-  recently are removed until the rest fit, except entries a running replica holds (each holds a
-  shared ``flock`` on ``<digest>.use`` for its life; eviction takes it exclusively or skips).
+  recently are removed until the rest fit, except entries a running replica holds for its life. The
+  placing, holding and bounding are the node cache's (``modelyard.node_cache``), as for a batch job's model.
 - A node that has the platform's path itself (the platform's own host, or a shared disk) with
   the same digest uses it in place: nothing is copied there.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelyard import objstore
+from modelyard import node_cache, objstore
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +147,6 @@ class Lease:
             self._hold = None
 
 
-def _locked(path: Path, mode: int):
-    f = open(path, "a+b")
-    try:
-        fcntl.flock(f, mode)
-    except BaseException:
-        f.close()
-        raise
-    return f
-
-
 def fetch(source: dict) -> Lease:
     """The model's files on this node: the platform's path when this node has it (same digest), else
     this node's cache entry, downloaded first if missing."""
@@ -171,12 +159,12 @@ def fetch(source: dict) -> Lease:
             pass  # unreadable here: fetch it as any other node does
     root = cache_root()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / ".lock", fcntl.LOCK_EX):  # one download per node at a time, and no eviction meanwhile
+        with node_cache.locked(root):  # one download per node at a time, and no eviction meanwhile
             entry = root / digest
             if not entry.is_dir():
-                _download(source["uri"], digest, entry)
-            hold = _locked(root / f"{digest}.use", fcntl.LOCK_SH)
+                node_cache.place(entry, lambda partial: _download(source["uri"], digest, partial))
+                log.info("cached %s as %s", source["uri"], entry)
+            hold = node_cache.hold(entry)
             os.utime(entry)  # used now: the last to be evicted
             evict(root, keep=digest)
     except objstore.StorageError as exc:
@@ -186,48 +174,18 @@ def fetch(source: dict) -> Lease:
     return Lease(entry, cached=True, hold=hold)
 
 
-def _download(uri: str, digest: str, entry: Path) -> None:
-    partial = entry.with_name(entry.name + ".fetch")
-    shutil.rmtree(partial, ignore_errors=True)
+def _download(uri: str, digest: str, partial: Path) -> None:
     objstore.get_tree(f"{uri}/files", partial)
     got = digest_of(partial)
     if got != digest:  # a torn or altered upload: never serve it
-        shutil.rmtree(partial, ignore_errors=True)
         raise ArtifactError(f"the model fetched from {uri} does not match its digest ({got} != {digest})")
-    partial.rename(entry)
-    log.info("cached %s as %s", uri, entry)
-
-
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in _files(path))
 
 
 def evict(root: Path, keep: str | None = None) -> list[str]:
     """Remove the entries used least recently until the cache fits its bound; entries a replica holds,
     and ``keep``, stay. Call with the cache's lock held. Returns the digests removed."""
-    limit = int(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB)) << 20
-    entries = sorted((p for p in root.iterdir() if p.is_dir() and "." not in p.name), key=lambda p: p.stat().st_mtime)
-    sizes = {p.name: _size(p) for p in entries}
-    total, removed = sum(sizes.values()), []
-    for entry in entries:
-        if total <= limit:
-            break
-        if entry.name == keep:
-            continue
-        use = root / f"{entry.name}.use"
-        f = open(use, "a+b")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a running replica serves from it
-            f.close()
-            continue
-        try:
-            shutil.rmtree(entry, ignore_errors=True)
-            use.unlink(missing_ok=True)
-        finally:
-            f.close()
-        total -= sizes[entry.name]
-        removed.append(entry.name)
+    limit = node_cache.max_bytes(MAX_MB_ENV, DEFAULT_MAX_MB)
+    removed = [entry.name for entry in node_cache.prune(root, keep=root / (keep or ""), limit=limit)]
     if removed:
         log.info("artifact cache over %d MiB: removed %d model(s) used least recently", limit >> 20, len(removed))
     return removed
