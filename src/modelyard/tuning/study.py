@@ -313,6 +313,9 @@ class Tuner:
         if self.workers is not None:
             # A function trial waits in report() for the pruner's word: wake as soon as it reports.
             self.workers.wait(self.poll_interval)
+        elif self.forkserver is not None:
+            # A warm trial's exit arrives from its server: the next trial starts without a poll's wait.
+            self.forkserver.wait(self.poll_interval)
         else:
             time.sleep(self.poll_interval)
 

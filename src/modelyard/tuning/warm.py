@@ -105,6 +105,13 @@ class ForkServer:
                 else:
                     self._exits[message["pid"]] = message["returncode"]
 
+    def wait(self, timeout: float) -> None:
+        """Sleep until the server writes (a trial forked or exited) or ``timeout`` passes."""
+        if self.broken or self._from_server < 0:
+            time.sleep(timeout)
+        else:
+            select.select([self._from_server], [], [], timeout)
+
     def refusal(self, env: dict[str, str]) -> str | None:
         """Why a process with ``env`` cannot be forked from this server (forkserver.warm_blocker)."""
         if self.broken or not self.alive():
