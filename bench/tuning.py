@@ -203,6 +203,8 @@ class Side:
     pruned: int
     load: float
     overhead: float | None = None  # per trial (median): its start to its first measurement, less one epoch
+    # per trial: (its start in seconds since the launch, the slot it ran on, its measurements' seconds)
+    runs: list[tuple[float, str, list[float]]] | None = None
 
     def reached(self, target: float) -> tuple[float, int] | None:
         """Seconds until the first epoch at or above ``target`` and the epochs run until then."""
@@ -210,6 +212,25 @@ class Side:
             if value >= target:
                 return seconds, count
         return None
+
+    def epoch(self) -> float | None:
+        """Median seconds between a trial's consecutive measurements."""
+        gaps = [b - a for _, _, times in self.runs or [] for a, b in zip(times, times[1:])]
+        return statistics.median(gaps) if gaps else None
+
+    def chain(self, target: float) -> tuple[int, int, float] | None:
+        """The critical path to the target: the trial that reached it and those that ran before it on
+        its slot (one after another, each waiting for the last): (trials, epochs, first trial's start s)."""
+        hit = self.reached(target)
+        if hit is None or not self.runs:
+            return None
+        at = hit[0]
+        start, slot, times = next((r for r in self.runs if at in r[2]), (None, None, None))
+        if start is None:
+            return None
+        before = [r for r in self.runs if r[1] == slot and r[0] < start]
+        epochs = sum(len(r[2]) for r in before) + times.index(at) + 1
+        return len(before) + 1, epochs, min(r[0] for r in self.runs)
 
 
 def _overhead(starts: list[float], stamps: list[list[float]]) -> float | None:
@@ -229,7 +250,7 @@ def modelyard_side(tmp: Path, name: str, stopping: dict | None, algorithm: str, 
     run = run_tune(study, "cpu:0,1")
     points = []
     trials = counted_trials(study)
-    starts, stamps = [], []
+    starts, stamps, slots = [], [], []
     for t in trials:
         for step, value in t.intermediate_values.items():
             # Every measurement the tuner records is printed as it records it ("trial N step S").
@@ -237,8 +258,10 @@ def modelyard_side(tmp: Path, name: str, stopping: dict | None, algorithm: str, 
         if t.intermediate_values:
             starts.append(t.user_attrs["started"] - run.launched)
             stamps.append([run.stamps[(t.number + 1, step)] for step in sorted(t.intermediate_values)])
+            slots.append(t.user_attrs.get("device", "?"))
     return Side(name, sorted(points), run.wall, run.cpu, len(trials),
-                sum(t.state.name == "PRUNED" for t in trials), os.getloadavg()[0], _overhead(starts, stamps))
+                sum(t.state.name == "PRUNED" for t in trials), os.getloadavg()[0], _overhead(starts, stamps),
+                list(zip(starts, slots, stamps)))
 
 
 def peer_side(tmp: Path, name: str, tool: str) -> Side:
@@ -260,11 +283,11 @@ def peer_side(tmp: Path, name: str, tool: str) -> Side:
     points = [(e["t"] - wall_start, e["val_accuracy"]) for e in events if e["event"] == "epoch"]
     done = events[-1]
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    starts = {e["trial"]: e["t"] for e in events if e["event"] == "trial_start"}
-    overhead = _overhead([starts[n] for n in sorted(starts)],
-                         [[e["t"] for e in events if e["event"] == "epoch" and e["trial"] == n] for n in sorted(starts)]
-                         ) if starts else None
-    return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0], overhead)
+    starts = {e["trial"]: e["t"] - wall_start for e in events if e["event"] == "trial_start"}
+    stamps = {n: [e["t"] - wall_start for e in events if e["event"] == "epoch" and e["trial"] == n] for n in starts}
+    overhead = _overhead([starts[n] for n in sorted(starts)], [stamps[n] for n in sorted(starts)]) if starts else None
+    runs = [(starts[n], "process", stamps[n]) for n in sorted(starts)] if starts else None  # one after another
+    return Side(name, points, wall, cpu, done["points"], done.get("pruned", -1), os.getloadavg()[0], overhead, runs)
 
 
 def peers(tmp: Path, skip: tuple[str, ...] = (), target: float | None = None, partial: Path | None = None) -> str:
@@ -328,7 +351,36 @@ def _peers_table(sides: list[Side], target: float, given: bool) -> str:
         lines += ["", *targets(sides, target)]
     except KeyError:
         lines += ["", "(targets: not every side has run)"]
+    lines += ["", *anatomy(sides, target)]
     return "\n".join(lines)
+
+
+def anatomy(sides: list[Side], target: float) -> list[str]:
+    """Where each side's time to the target goes: start-up until its first trial starts, the trials on
+    the critical path (the trial that reached the target and those before it on its slot), their
+    epochs, the per-trial overhead and the epoch time; and what the Optuna script's own start-up,
+    overhead and epoch time give for each side's critical path (its bound with no coordination cost
+    and parallel trials running as fast as one alone), as a share of the Optuna script's time."""
+    by = {s.name: s for s in sides}
+    optuna = by.get(OPTUNA)
+    if optuna is None or optuna.reached(target) is None or optuna.chain(target) is None:
+        return ["(time to target, where it goes: the Optuna script did not run or reach the target)"]
+    o_start, o_epoch, o_overhead = optuna.chain(target)[2], optuna.epoch(), optuna.overhead or 0.0
+    o_time = optuna.reached(target)[0]
+    lines = ["Time to target, where it goes (critical path: the trial that first reached the target and the "
+             "trials before it on its slot):", "",
+             "| study | time to target s | start-up s (launch to 1st trial) | trials on the path | epochs on the path | "
+             "per-trial overhead s | epoch s (median) | the path at the Optuna script's costs s | that / Optuna's time |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for side in sides:
+        hit, chain, epoch = side.reached(target), side.chain(target), side.epoch()
+        if hit is None or chain is None or epoch is None:
+            continue
+        trials, epochs, start = chain
+        bound = o_start + trials * o_overhead + epochs * o_epoch
+        lines.append(f"| {side.name} | {hit[0]:.1f} | {start:.1f} | {trials} | {epochs} | {side.overhead or 0:.2f} | "
+                     f"{epoch:.3f} | {bound:.1f} | {bound / o_time:.2f}x |")
+    return lines
 
 
 COLD = "modelyard tune, TPE + median stopping, cold command trials (warm_start: false)"
@@ -431,6 +483,7 @@ def main() -> int:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("this benchmark needs 2 cores")
     out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # the partial peers table is written there as sides finish
     stamp = machine()
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("all", "parallel"):
