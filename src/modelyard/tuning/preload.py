@@ -16,7 +16,8 @@ instead, if that cannot change what the child runs:
   only the thread that forks.
 
 ``python -m modelyard train`` imports its trainer (and the built-in digits data, scikit-learn)
-inside functions, not at the top: those are named here, as the platform's warm server names them.
+inside functions, not at the top, and its command line imports every area's CLI module
+(``modelyard.cli``, seconds in all): those are named here, as the platform's warm server names them.
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def preload_modules(command: list[str], workdir: Path) -> tuple[str, ...]:
         except OSError:
             names = []
     if is_modelyard_train(command):
-        names += TRAIN_MODULES
+        from modelyard.cli import _AREAS  # what its parser imports (cli.build_parser); already imported here
+
+        names += [TRAIN_MODULES[0], *_AREAS, *TRAIN_MODULES[1:]]
     if command[1] == "-m":  # never the module -m runs, nor its package (runpy warns of a module already imported)
         target = command[2]
         names = [n for n in names if n != target and not target.startswith(n + ".")]
