@@ -18,6 +18,7 @@ import pytest
 
 from modelyard.training import config as config_mod
 from tests.training.conftest import ENV, MODELYARD, stop_launcher, write_config
+from tests.warm_process import run_python
 
 
 class _Job:
@@ -52,15 +53,22 @@ class _Job:
                 return found
         raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
 
+    def all_lines(self, timeout: float) -> list[str]:
+        """Every line, once the output has ended (within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while (line := self._queue.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            self.lines.append(line)
+        return self.lines
+
 
 @pytest.mark.timeout(300)
 def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_training(tmp_path):
     steps = 40
     config = write_config(tmp_path, "backup", strategy={"name": "parameter_server", "backup_workers": 1},
                           global_batch_size=64, epochs=4, steps_per_epoch=steps, validation_steps=5)
-    # --cold: with tasks forked warm, the stalled worker's in-flight gradient has not been seen dropped (3 runs
-    # of 3, 2026-11-27); until that is understood this test keeps the cold tasks it was written for.
-    job = _Job(["launch", "--cold", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train",
+    # The tasks are forked warm (launch's default): each worker's gradients are credited to it by the
+    # index it exposes (ps_training.expose_task), which its /proc/self/environ does not carry.
+    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train",
                 str(config)])
     try:
         pid = int(job.wait_for(r"^worker:2 \| \[modelyard\] started pid (\d+)", 60).group(1))
@@ -107,24 +115,30 @@ def test_as_many_backup_workers_as_workers_is_refused(tmp_path):
         assert job.proc.wait(60) != 0
     finally:
         stop_launcher(job.proc)
+    assert not [line for line in job.all_lines(10) if "started pid" in line], job.lines  # refused before any task started
 
 
 def test_each_parameter_server_worker_reads_its_own_batches(tmp_path):
     """Every worker runs one trace of the dataset function and its input context says "pipeline 0
     of 1": without distinct_per_worker they would all read the same batches. Each process here has
-    the TF_CONFIG `modelyard launch` gives worker i (the index is read from the process itself)."""
+    the TF_CONFIG `modelyard launch` gives worker i, and exposes it as a serving task does before its
+    server starts (ps_training.expose_task); the index is read from the process itself. The processes
+    are forked from a warm interpreter, as launch's tasks are: their /proc/self/environ is the
+    interpreter's, without their TF_CONFIG (read from there, every worker was index 0)."""
     script = (
         "import tensorflow as tf\n"
-        "from modelyard.training.ps_training import distinct_per_worker\n"
+        "from modelyard.training.ps_training import distinct_per_worker, expose_task\n"
+        "expose_task()\n"
         "fn = distinct_per_worker(lambda ctx: tf.data.Dataset.range(12).batch(1).repeat(), 3)\n"
         "print([int(b[0]) for b in fn(None).take(4)])\n"
     )
+    (tmp_path / "reads.py").write_text(script)
     seen = []
     for index in range(3):
         tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1", "c:1"], "ps": ["d:1"]},
                                 "task": {"type": "worker", "index": index}})
-        out = subprocess.run([sys.executable, "-c", script], env={**ENV, "TF_CONFIG": tf_config},
-                             capture_output=True, text=True, timeout=120)
+        # A process of its own per worker (forked warm: tests/warm_process.py), as launch starts each.
+        out = run_python([sys.executable, str(tmp_path / "reads.py")], {**ENV, "TF_CONFIG": tf_config}, 120)
         assert out.returncode == 0, out.stderr[-2000:]
         seen.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert seen == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]

@@ -240,6 +240,22 @@ def check_batch(cfg: TrainConfig, workers: int = 1) -> int:
     return per_replica
 
 
+def check_coordinated(cfg: TrainConfig, workers: int) -> int:
+    """For modelyard's parameter-server loop (``backup_workers``, ``staleness``) on ``workers`` workers:
+    how many gradients each update averages; raise ConfigError if the workers cannot give them. Checked
+    by ``modelyard launch`` before anything starts and by the chief's loop (a cluster spec from elsewhere)."""
+    staleness = cfg.strategy.get("staleness")
+    backup = cfg.strategy.get("backup_workers", 0)
+    if backup >= workers:
+        raise ConfigError(f"strategy.backup_workers {backup} leaves no worker whose gradient is waited for "
+                          f"({workers} workers): use at most {workers - 1}, or start more with launch --workers")
+    required = 1 if staleness is not None else workers - backup  # gradients averaged per update
+    if cfg.global_batch_size % required:
+        raise ConfigError(f"global_batch_size {cfg.global_batch_size} must divide across the {required} gradients "
+                          f"each step averages ({workers} workers - {backup} backup)")
+    return required
+
+
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read, check and resolve a YAML config. Paths in it are relative to the file."""
     path = Path(path)

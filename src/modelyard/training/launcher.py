@@ -234,7 +234,7 @@ def _preflight(command: list[str], spec: dict[str, list[str]]) -> None:
     head = [Path(part).name for part in command[:at]]
     if not (head[-1:] == ["modelyard"] or head[-2:] == ["-m", "modelyard"]) or at + 1 >= len(command):
         return
-    from modelyard.training.config import ConfigError, check_batch, load
+    from modelyard.training.config import ConfigError, check_batch, check_coordinated, load
 
     try:
         cfg = load(command[at + 1])
@@ -242,6 +242,8 @@ def _preflight(command: list[str], spec: dict[str, list[str]]) -> None:
             check_batch(cfg, workers=cluster_mod.replicas_in(spec))
         if cfg.strategy_name == "parameter_server" and not spec.get("ps"):
             raise ConfigError("strategy parameter_server needs --ps N (and workers)")
+        if {"backup_workers", "staleness"} & set(cfg.strategy):  # modelyard's parameter-server loop
+            check_coordinated(cfg, len(spec.get("worker", [])))
     except ConfigError as exc:
         raise LaunchError(f"{command[at + 1]}: {exc}") from None
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from modelyard.training import data as data_mod
 from modelyard.training import strategy as strategy_mod
-from modelyard.training.config import ConfigError, TrainConfig
+from modelyard.training.config import ConfigError, TrainConfig, check_coordinated
 from modelyard.training.progress import write_json
 from modelyard.training.job import Role, build_model, count_steps, dataset_fns, export, placement
 
@@ -93,13 +93,7 @@ def run_coordinated(cfg: TrainConfig, module: ModuleType, role: Role) -> dict[st
     workers = len(role.cluster.get("worker", []))
     staleness = cfg.strategy.get("staleness")
     backup = cfg.strategy.get("backup_workers", 0)
-    if backup >= workers:
-        raise ConfigError(f"strategy.backup_workers {backup} leaves no worker whose gradient is waited for "
-                          f"({workers} workers): use at most {workers - 1}, or start more with launch --workers")
-    required = 1 if staleness is not None else workers - backup  # gradients averaged per update
-    if cfg.global_batch_size % required:
-        raise ConfigError(f"global_batch_size {cfg.global_batch_size} must divide across the {required} gradients "
-                          f"each step averages ({workers} workers - {backup} backup)")
+    required = check_coordinated(cfg, workers)  # gradients averaged per update
     strategy = strategy_mod.make(cfg.strategy)
     with strategy.scope():
         model = build_model(module)

@@ -206,17 +206,41 @@ def distinct_per_worker(dataset_fn: Callable, workers: int) -> Callable:
     return per_worker
 
 
+# A task's own TF_CONFIG, where a graph op it runs can read it: /proc/self/fd/TASK_FD (see _worker_index).
+TASK_FD = 1000
+
+
+def expose_task() -> None:
+    """Put this process's TF_CONFIG (as ``os.environ`` has it now) in an in-memory file at ``TASK_FD``.
+
+    ``/proc/self/environ`` is the environment a process was *started* with: a task forked from a
+    warm interpreter (``modelyard launch``'s default) shows the interpreter's there, without its own
+    TF_CONFIG, so every worker would read index -1 (the same batches, gradients credited to no
+    worker). Each serving task calls this before its server starts."""
+    import os
+
+    fd = os.memfd_create("modelyard-tf-config", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, os.environ.get("TF_CONFIG", "").encode())
+        os.dup2(fd, TASK_FD, inheritable=False)
+    finally:
+        os.close(fd)
+
+
 def _worker_index():
     """The index of the worker this graph runs on, read from its own TF_CONFIG (-1 if unknown).
 
     A scheduled function cannot ask the ClusterCoordinator where it runs, and every worker
-    runs the same trace; but ``/proc/self/environ`` read by a graph op is the environment of
-    the process executing it, whose TF_CONFIG (set by ``modelyard launch``) names its task.
+    runs the same trace; but a file read by a graph op is read by the process executing it: the
+    TF_CONFIG that process exposed at ``TASK_FD`` (``expose_task``), else its ``/proc/self/environ``
+    (a task started with TF_CONFIG in its environment, as ``modelyard launch --cold`` starts it).
     """
     import tensorflow as tf
 
-    environ = tf.io.read_file("/proc/self/environ")
-    found = tf.strings.regex_replace(environ, r'(?s).*"task": \{"type": "worker", "index": (\d+)\}.*', r"\1")
+    exposed = f"/proc/self/fd/{TASK_FD}"
+    text = tf.cond(tf.size(tf.io.matching_files(exposed)) > 0, lambda: tf.io.read_file(exposed),
+                   lambda: tf.io.read_file("/proc/self/environ"))
+    found = tf.strings.regex_replace(text, r'(?s).*"task": \{"type": "worker", "index": (\d+)\}.*', r"\1")
     known = tf.strings.regex_full_match(found, r"\d{1,6}")
     return tf.cond(known, lambda: tf.strings.to_number(found, tf.int64), lambda: tf.constant(-1, tf.int64))
 

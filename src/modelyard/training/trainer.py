@@ -26,6 +26,9 @@ def _serve_forever(role: Role, cfg: TrainConfig) -> int:
     """ParameterServerStrategy workers and ps tasks only host a server for the coordinator."""
     import tensorflow as tf
 
+    from modelyard.training.ps_training import expose_task
+
+    expose_task()  # what a worker's graph ops read to know which worker runs them (ps_training._worker_index)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=role.type, task_index=role.index,
