@@ -27,3 +27,27 @@ def test_modelyard_train_preloads_its_trainer_not_the_module_it_runs(tmp_path: P
     assert len(set(modules)) == len(modules) and "modelyard" not in modules
     tool = preload_modules([sys.executable, "-m", "json.tool"], tmp_path)  # json.tool does `import json`
     assert "argparse" in tool and not {"json", "json.tool"} & set(tool), tool
+
+
+def test_the_users_own_package_elsewhere_on_the_path_is_not_preloaded(tmp_path: Path, monkeypatch):
+    """An editable install or a PYTHONPATH folder holds the user's code, which may read the trial's
+    environment when imported: only site-packages and the standard library are preloaded."""
+    elsewhere = tmp_path / "src"
+    (elsewhere / "myproj").mkdir(parents=True)
+    (elsewhere / "myproj" / "__init__.py").write_text("import os\nMODEL_DIR = os.environ.get('AIP_MODEL_DIR')\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text("import json\nfrom myproj import MODEL_DIR\nimport numpy\n")
+    assert preload_modules([sys.executable, "train.py"], tmp_path / "job") == ("json", "numpy")
+
+
+def test_a_package_run_with_dash_m_is_read_from_its_main(tmp_path: Path, monkeypatch):
+    from modelyard.tuning.forkserver import imports_tensorflow
+
+    (tmp_path / "mytrainer").mkdir()
+    (tmp_path / "mytrainer" / "__init__.py").write_text("")
+    (tmp_path / "mytrainer" / "__main__.py").write_text("import tensorflow as tf\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert imports_tensorflow([sys.executable, "-m", "mytrainer"], tmp_path)
+    (tmp_path / "mytrainer" / "__main__.py").write_text("print('no tensorflow here')\n")
+    assert not imports_tensorflow([sys.executable, "-m", "mytrainer"], tmp_path)

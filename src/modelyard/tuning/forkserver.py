@@ -81,22 +81,15 @@ _TF_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:tensorflow|tf_keras|keras|mod
 
 
 def imports_tensorflow(command: list[str], workdir: Path) -> bool:
-    """Whether the trial's script (or module) imports TensorFlow, Keras or modelyard itself: only
-    then is a server that imported TensorFlow worth starting (and waiting for)."""
-    if command[1] == "-m":
-        if command[2].split(".")[0] == "modelyard":
-            return True
-        import importlib.util
+    """Whether the trial's script (or module: a package's ``__main__``) imports TensorFlow, Keras or
+    modelyard itself: only then is a server that imported TensorFlow worth starting (and waiting for)."""
+    if command[1] == "-m" and command[2].split(".")[0] == "modelyard":
+        return True
+    from modelyard.tuning.preload import command_source
 
-        try:
-            spec = importlib.util.find_spec(command[2])
-        except (ImportError, ValueError):
-            return False
-        origin = spec.origin if spec else None
-    else:
-        origin = command[1] if Path(command[1]).is_absolute() else str(workdir / command[1])
+    path = command_source(command, workdir)
     try:
-        return bool(origin) and _TF_IMPORT.search(Path(origin).read_text(errors="replace")) is not None
+        return path is not None and _TF_IMPORT.search(path.read_text(errors="replace")) is not None
     except OSError:
         return False
 
@@ -346,9 +339,8 @@ def _preload(in_fd: int, out_fd: int, modules: list[str]) -> None:
         for module in modules:
             try:
                 importlib.import_module(module)
-            except Exception as exc:
+            except Exception as exc:  # its thread check still follows: it may have started one before failing
                 print(f"forkserver: preloading {module} failed: {exc!r}", file=sys.stderr, flush=True)
-                continue
             if _threads() > threads:
                 print(f"forkserver: importing {module} started a thread; starting again without it",
                       file=sys.stderr, flush=True)

@@ -8,9 +8,11 @@ instead, if that cannot change what the child runs:
 - only plain absolute ``import a.b`` / ``from a.b import c`` statements of the script's (or the
   ``-m`` module's) top level, read with ``ast``, never executed here; ``from a.b import c`` gives
   ``a.b``;
-- never a module the child would find in its own ``sys.path[0]`` (the script's folder, or the working
-  directory for ``-m``): the user's code may read the trial's parameters or environment when it is
-  imported, and a same-named installed module would shadow it;
+- only a module installed in site-packages or the standard library (``_installed``), and never one the
+  child would find in its own ``sys.path[0]`` (the script's folder, or the working directory for
+  ``-m``): the user's code (beside the script, an editable install, a ``PYTHONPATH`` folder) may read
+  the trial's parameters or environment when it is imported, and a same-named installed module would
+  shadow it;
 - the server imports a module only if it is found without the server's working directory on its
   path, skips one that fails, and drops one that starts a thread (forkserver.serve): a fork copies
   only the thread that forks.
@@ -73,6 +75,27 @@ def _local(name: str, folder: Path) -> bool:
         return True  # cannot tell: not preloaded
 
 
+def _installed(name: str) -> bool:
+    """Whether ``name``'s top-level package is one pip installed (site-packages) or the standard library's,
+    found without importing anything: not an editable install, a ``PYTHONPATH`` folder or the working
+    directory, where the user's own code lives (it may read the trial's environment when imported)."""
+    import importlib.util
+    import sysconfig
+
+    top = name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported to find it
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    where = list(spec.submodule_search_locations or ()) or [spec.origin or ""]
+    roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return all(any(Path(w).resolve().is_relative_to(root) for root in roots) for w in where if w)
+
+
 def preload_modules(command: list[str], workdir: Path) -> tuple[str, ...]:
     """The modules a fork server may import for ``command`` (a warm command: forkserver.is_warm_command)."""
     from modelyard.tuning.spec import is_modelyard_train
@@ -82,7 +105,7 @@ def preload_modules(command: list[str], workdir: Path) -> tuple[str, ...]:
     path = command_source(command, workdir)
     if path is not None:
         try:
-            names = top_level_imports(path.read_text(errors="replace"))
+            names = [n for n in top_level_imports(path.read_text(errors="replace")) if _installed(n)]
         except OSError:
             names = []
     if is_modelyard_train(command):

@@ -353,8 +353,9 @@ class Tuner:
             self.ostudy.tell(trial, state=TrialState.FAIL)
             self.on_event("failed", {"number": trial.number, "error": str(exc)})
             return
-        record = {"params": params, "job_dir": str(job_dir), "trial_id": trial_id, "device": slot.describe(),
-                  "started": started, "pgid": proc.pid}
+        # The process group first: a tuner killed between these writes leaves recover() what it must kill.
+        record = {"pgid": proc.pid, "params": params, "job_dir": str(job_dir), "trial_id": trial_id,
+                  "device": slot.describe(), "started": started}
         if self.workers is not None:
             record["worker_pid"] = proc.pid
         for key, value in record.items():

@@ -109,12 +109,16 @@ class ForkServer:
         """Sleep until the server writes (a trial forked or exited) or ``timeout`` passes."""
         if self.broken or self._from_server < 0:
             time.sleep(timeout)
-        else:
-            select.select([self._from_server], [], [], timeout)
+            return
+        readable, _, _ = select.select([self._from_server], [], [], timeout)
+        if readable:  # read it now: a server that died leaves its pipe at EOF, readable at once, forever
+            self.pump()
 
     def refusal(self, env: dict[str, str]) -> str | None:
         """Why a process with ``env`` cannot be forked from this server (forkserver.warm_blocker)."""
-        if self.broken or not self.alive():
+        if not self.broken and not self.alive():
+            self.broken = True  # not asked again; wait() sleeps instead of waking on its closed pipe
+        if self.broken:
             return "the warm interpreter has stopped"
         return warm_blocker(env, self.env)
 
