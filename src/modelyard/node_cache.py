@@ -7,7 +7,8 @@ processes placing the same digest at once both end with one whole entry; the sam
 same name, so a second job with it on that node fetches nothing, and a changed one is a new name,
 never a stale entry. The cache is bounded: after each placement the entries used least recently
 are dropped until the rest fit (``prune``), never the one just asked for nor one a running user
-holds (``hold``: a shared ``flock`` on ``<entry>.use``). Two caches use it:
+holds (``hold``: a shared ``flock`` on ``<entry>.use``, which the platform's replicas and a batch job's
+actors take for their life). Two caches use it:
 
 - this module's own (``materialize``): a tree that travels as one uncompressed tar (``pack``), named
   by the SHA-256 of its bytes, e.g. a batch job's model through Ray's object store. Bounded by
@@ -150,9 +151,10 @@ def materialize(digest: str, fetch: Callable[[], bytes], root: Path | None = Non
     digest: a damaged transfer is an error, never a wrong model."""
     root = root or cache_root()
     entry = root / digest
-    if entry.is_dir():
-        os.utime(entry)  # used: the last to be dropped
-        return entry, False
+    with locked(root):  # not pruned by another process between the look and the mark
+        if entry.is_dir():
+            os.utime(entry)  # used: the last to be dropped
+            return entry, False
     data = fetch()
     got = hashlib.sha256(data).hexdigest()
     if got != digest:

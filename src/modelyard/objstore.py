@@ -315,5 +315,6 @@ def get_tree(uri: str, into: Path) -> None:
     try:
         filesystem(scheme_of(uri)).get(uri.rstrip("/") + "/", str(partial) + "/", recursive=True)
     except Exception as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-downloaded stays behind
         raise _remote_failure(uri, exc) from None
     partial.rename(into)

@@ -127,8 +127,10 @@ def test_each_parameter_server_worker_reads_its_own_batches(tmp_path):
     interpreter's, without their TF_CONFIG (read from there, every worker was index 0)."""
     script = (
         "import tensorflow as tf\n"
+        "import json, os\n"
         "from modelyard.training.ps_training import distinct_per_worker, expose_task\n"
-        "expose_task()\n"
+        "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+        "expose_task(task['type'], task['index'])\n"
         "fn = distinct_per_worker(lambda ctx: tf.data.Dataset.range(12).batch(1).repeat(), 3)\n"
         "print([int(b[0]) for b in fn(None).take(4)])\n"
     )

@@ -154,6 +154,7 @@ class ChunkWorker:
         digest, holder = model  # the ObjectRef in a list: fetched only when this node has no copy
         try:
             local, self.fetched = node_cache.materialize(digest, lambda: ray.get(holder[0]))
+            self._model_hold = node_cache.hold(local)  # for the actor's life: no other job prunes it meanwhile
             self.model_dir = str(local)
             self.spec = dataclasses.replace(spec, version_dir=self.model_dir)
             self.predictor = predictor_for(self.spec)

@@ -140,12 +140,15 @@ def finish_partial_plan(job_dir: Path, whole: tuple[list[Chunk], dict[str, Any]]
         again = _row(chunks[k]) + [contexts.get(chunks[k].file)] if k < len(chunks) else None
         if again == row:
             continue
+        def counted(r: list) -> str:  # a chunk split by probes (rows -1) was not counted when planned
+            return f" ({r[3]} rows)" if r[3] >= 0 else ""
+
         if again is None or again[:5] != row[:5]:
-            now = "absent" if again is None else f"{again[0]} bytes {again[1]}-{again[2]} ({again[3]} rows)"
+            now = "absent" if again is None else f"{again[0]} bytes {again[1]}-{again[2]}{counted(again)}"
         else:  # same rows, another decode context: a CSV header rewritten in place
             now = f"the same bytes read with {again[5]!r} instead of {row[5]!r}"
         raise BatchError(
-            f"the input changed since this job started: its chunk {k} was {row[0]} bytes {row[1]}-{row[2]} "
-            f"({row[3]} rows), now {now}; restore the input, or start a new job with a new --output")
+            f"the input changed since this job started: its chunk {k} was {row[0]} bytes {row[1]}-{row[2]}"
+            f"{counted(row)}, now {now}; restore the input, or start a new job with a new --output")
     save_plan(job_dir, chunks, contexts)
     return True

@@ -37,10 +37,11 @@ class Progress:
 
     def _draw(self) -> None:
         rate = self.rate()
-        frac = self.done / self.total if self.total else 1.0
-        eta = _clock((self.total - self.done) / rate) if rate > 0 else "?"
+        total = max(self.total, self.done)  # an estimated total (an input split by probes) may fall short
+        frac = self.done / total if total else 1.0
+        eta = _clock((total - self.done) / rate) if rate > 0 else "?"
         bar = "#" * int(frac * 30)
-        text = (f"[{bar:<30}] {self.done:,}/{self.total:,} rows {frac:6.1%} | "
+        text = (f"[{bar:<30}] {self.done:,}/{total:,} rows {frac:6.1%} | "
                 f"{rate:,.0f} rows/s | ETA {eta}")
         self.stream.write(("\r" + text) if self.tty else (text + "\n"))
         self.stream.flush()

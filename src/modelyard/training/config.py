@@ -246,6 +246,8 @@ def check_coordinated(cfg: TrainConfig, workers: int) -> int:
     by ``modelyard launch`` before anything starts and by the chief's loop (a cluster spec from elsewhere)."""
     staleness = cfg.strategy.get("staleness")
     backup = cfg.strategy.get("backup_workers", 0)
+    if not workers:
+        raise ConfigError("parameter-server training needs workers: start them with launch --workers N")
     if backup >= workers:
         raise ConfigError(f"strategy.backup_workers {backup} leaves no worker whose gradient is waited for "
                           f"({workers} workers): use at most {workers - 1}, or start more with launch --workers")

@@ -210,19 +210,33 @@ def distinct_per_worker(dataset_fn: Callable, workers: int) -> Callable:
 TASK_FD = 1000
 
 
-def expose_task() -> None:
-    """Put this process's TF_CONFIG (as ``os.environ`` has it now) in an in-memory file at ``TASK_FD``.
+def expose_task(task_type: str, index: int) -> None:
+    """Put this process's task (``{"task": {"type": ..., "index": ...}}``) in an in-memory file at
+    ``TASK_FD``, for ``_worker_index``'s graph op to read.
 
     ``/proc/self/environ`` is the environment a process was *started* with: a task forked from a
     warm interpreter (``modelyard launch``'s default) shows the interpreter's there, without its own
     TF_CONFIG, so every worker would read index -1 (the same batches, gradients credited to no
-    worker). Each serving task calls this before its server starts."""
+    worker). Each serving task calls this before its server starts. When the descriptor is taken or
+    beyond the process's limit, the op falls back to ``/proc/self/environ`` (right for a cold start)."""
+    import fcntl
+    import json
     import os
 
-    fd = os.memfd_create("modelyard-tf-config", os.MFD_CLOEXEC)
     try:
-        os.write(fd, os.environ.get("TF_CONFIG", "").encode())
+        fcntl.fcntl(TASK_FD, fcntl.F_GETFD)
+        return  # in use by something else: leave it alone
+    except OSError:
+        pass
+    try:
+        fd = os.memfd_create("modelyard-task", os.MFD_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, json.dumps({"task": {"type": task_type, "index": index}}).encode())
         os.dup2(fd, TASK_FD, inheritable=False)
+    except OSError:
+        pass
     finally:
         os.close(fd)
 

@@ -28,7 +28,7 @@ def _serve_forever(role: Role, cfg: TrainConfig) -> int:
 
     from modelyard.training.ps_training import expose_task
 
-    expose_task()  # what a worker's graph ops read to know which worker runs them (ps_training._worker_index)
+    expose_task(role.type, role.index)  # what a worker's graph ops read to know which worker runs them
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=role.type, task_index=role.index,
