@@ -31,6 +31,15 @@ from pathlib import Path
 TRAIN_MODULES = ("modelyard.cli", "modelyard.training.trainer", "modelyard.datasets", "sklearn.datasets")
 
 
+def train_modules() -> tuple[str, ...]:
+    """What ``python -m modelyard train`` imports, in order: its command line's CLI modules (cli's parser
+    imports every area's), the trainer and the digits data. The tuner's fork server and the platform's
+    warm jobs (platform.jobs.warm_jobs) both preload these."""
+    from modelyard.cli import _AREAS
+
+    return (TRAIN_MODULES[0], *_AREAS, *TRAIN_MODULES[1:])
+
+
 def command_source(command: list[str], workdir: Path) -> Path | None:
     """The file a ``python script.py`` / ``python -m module`` command runs first (a package's
     ``__main__``), or None when it cannot be found."""
@@ -109,9 +118,7 @@ def preload_modules(command: list[str], workdir: Path) -> tuple[str, ...]:
         except OSError:
             names = []
     if is_modelyard_train(command):
-        from modelyard.cli import _AREAS  # what its parser imports (cli.build_parser); already imported here
-
-        names += [TRAIN_MODULES[0], *_AREAS, *TRAIN_MODULES[1:]]
+        names += train_modules()
     if command[1] == "-m":  # never the module -m runs, nor its package (runpy warns of a module already imported)
         target = command[2]
         names = [n for n in names if n != target and not target.startswith(n + ".")]

@@ -37,10 +37,10 @@ log = logging.getLogger(__name__)
 PIDS_FILE = "warm.pids"  # in a job's work dir: the processes forked for it, ``pid start_ticks`` a line
 READY_WAIT_S = 60.0  # how long a job waits for the server's first import before it starts cold
 # Imported by the server after TensorFlow, as every training job's processes import them next: the
-# job's own process, `modelyard train` and the demo's digits (scikit-learn: seconds of import).
-# (Not job_child itself: it runs as __main__, which runpy warns of when the module is imported already.)
-PRELOAD = ("modelyard.platform.jobs.job_runner", "modelyard.platform.jobs.custom_jobs", "modelyard.cli",
-           "modelyard.training.trainer", "modelyard.datasets", "sklearn.datasets")
+# job's own process, then what `modelyard train` imports (tuning.preload.train_modules: its CLI, the
+# trainer, the demo's digits). (Not job_child itself: it runs as __main__, which runpy warns of when
+# the module is imported already.)
+JOB_MODULES = ("modelyard.platform.jobs.job_runner", "modelyard.platform.jobs.custom_jobs")
 
 
 def blocker(pools: list[dict], engine: dict | None, work_dir: Path) -> str | None:
@@ -96,10 +96,11 @@ class WarmJobs:
             self._asked.pop(job_id, None)
             return False
         if self.server is None:
+            from modelyard.tuning.preload import train_modules
             from modelyard.tuning.warm import ForkServer
 
             log.info("starting the warm interpreter for training jobs (log: %s)", self.log_path)
-            self.server = ForkServer(server_env(), self.log_path, PRELOAD)
+            self.server = ForkServer(server_env(), self.log_path, JOB_MODULES + train_modules())
         first = self._asked.setdefault(job_id, time.monotonic())
         if time.monotonic() - first > READY_WAIT_S:
             self._asked.pop(job_id, None)
