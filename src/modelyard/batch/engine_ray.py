@@ -10,7 +10,7 @@ machine:
   each node unpacks it into its own bounded cache (``node_cache``) and a later job with the same
   model on that node fetches nothing;
 - a ``gs://``/``s3://`` input of JSON lines, a file list or TFRecord is split by the driver's
-  probes (a few KiB read at each nominal chunk boundary, ``readers.split``) and each actor reads
+  probes (a few KiB read at each nominal chunk boundary, 8 records for TFRecord, ``readers.split``) and each actor reads
   its own chunk's byte range from storage: the object crosses storage once, from every node in
   parallel, and never through the driver's node. A remote CSV (no probe can tell where its rows
   start) is read by the driver's plan, and each chunk's bytes the plan read go on to its actor
