@@ -215,3 +215,17 @@ def test_a_probed_plan_cut_short_is_made_again_the_same_and_a_changed_object_is_
     assert again[0][:3] == handed and other[0] == again[0]
     assert job_plan.finish_partial_plan(job_dir, again) is True
     assert job_plan.load_plan(job_dir) == again
+
+
+def test_a_corrupt_length_inside_a_probed_chunk_fails_it_saying_so():
+    """Probes check only the records at each boundary, so the decoder checks every header's length CRC
+    itself: a flipped length mid-chunk is named, not read past as garbage records."""
+    from modelyard.batch.readers.tfrecord import decode
+
+    records = [record(b"a" * 10), record(b"b" * 20), record(b"c" * 5)]
+    data = bytearray(b"".join(records))
+    at = len(records[0])
+    data[at] ^= 0x01  # the second record's length, its CRC unchanged
+    with pytest.raises(ValueError, match=f"corrupt TFRecord length at byte {at} of the chunk"):
+        decode(bytes(data), None, "gs://b/in.tfrecord", 0)
+    assert len(decode(b"".join(records), None, "gs://b/in.tfrecord", 0)) == 3

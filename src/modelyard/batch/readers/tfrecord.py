@@ -38,6 +38,15 @@ def scan(file: str | Source, chunk_rows: int):
     return _ranges(opened(file), chunk_rows), None
 
 
+def _length(head: bytes, path: str, where: str) -> int:
+    """A record header's data length, its CRC checked: a bad one means a corrupt file (or not a TFRecord
+    file at all), never a record to read past. ``where`` says where the header is, for the message."""
+    length, length_crc = _HEADER.unpack(head)
+    if masked_crc(head[:8]) != length_crc:
+        raise ValueError(f"{path}: corrupt TFRecord length at {where} (CRC mismatch); not a TFRecord file?")
+    return length
+
+
 def _ranges(source: Source, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
     """Each range of ``chunk_rows`` records as soon as its last record's header is checked (headers
     are read through the source's read-ahead: one fetch per block, not per record)."""
@@ -49,9 +58,7 @@ def _ranges(source: Source, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
             break
         if len(head) < _HEADER.size:
             raise ValueError(f"{path}: truncated TFRecord header at byte {pos}")
-        length, length_crc = _HEADER.unpack(head)
-        if masked_crc(head[:8]) != length_crc:
-            raise ValueError(f"{path}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
+        length = _length(head, path, f"byte {pos}")
         end = pos + _HEADER.size + length + 4
         if end > size:
             raise ValueError(f"{path}: truncated TFRecord data: the record at byte {pos} ends past the end of the file")
@@ -126,9 +133,7 @@ def probe(source: Source, chunk_rows: int):
         if pos + _HEADER.size > size:
             raise ValueError(f"{source.name}: truncated TFRecord header at byte {pos}")
         piece = head[pos:pos + _HEADER.size] if pos + _HEADER.size <= len(head) else source.read(pos, _HEADER.size)
-        length, length_crc = _HEADER.unpack(piece)
-        if masked_crc(piece[:8]) != length_crc:
-            raise ValueError(f"{source.name}: corrupt TFRecord length at byte {pos} (CRC mismatch); not a TFRecord file?")
+        length = _length(piece, source.name, f"byte {pos}")
         pos += _HEADER.size + length + 4
         if pos > size:
             raise ValueError(f"{source.name}: truncated TFRecord data: the record at byte "
@@ -144,7 +149,8 @@ def decode(data: bytes, context, path: str, first_row: int) -> list:
     while pos < len(data):
         if pos + _HEADER.size + 4 > len(data):
             raise ValueError(f"{path}: truncated TFRecord header at byte {pos} of the chunk")
-        length, _ = _HEADER.unpack_from(view, pos)
+        # Checked here too: a chunk found by probes had only its first records' headers checked.
+        length = _length(bytes(view[pos:pos + _HEADER.size]), path, f"byte {pos} of the chunk")
         start = pos + _HEADER.size
         if start + length + 4 > len(data):
             raise ValueError(f"{path}: the TFRecord record at byte {pos} of the chunk runs past its end "
