@@ -224,6 +224,30 @@ def test_s3_file_list_on_ray_reads_its_files_from_storage(bytes_model, ray_clust
     assert f"cannot read s3://{S3_BUCKET}/ray-list/files/missing.bin" in error["error"]["message"], error
 
 
+def test_a_local_file_list_on_ray_sends_its_files_with_each_chunk(bytes_model, ray_cluster, tmp_path):
+    """A file list on the driver's disk naming files beside it, on Ray: the driver sends each chunk's files
+    with it (file_list.relay) and every row succeeds wherever it ran; a name that is nowhere is that row's
+    error. (Which node's actor takes the chunks is Ray's choice here, so a node that sees none of this
+    host's files is not certain to decode one: that case is test_tfrecord_filelist's, one layer down.)"""
+    files = tmp_path / "files"
+    files.mkdir()
+    sizes = {f"f{i}.bin": 7 * i + 3 for i in range(20)}
+    for name, size in sizes.items():
+        (files / name).write_bytes(b"l" * size)
+    (tmp_path / "list.txt").write_text("".join(f"files/{n}\n" for n in sizes) + "files/missing.bin\n")
+    done = _run_cli("--model", str(bytes_model), "--input", str(tmp_path / "list.txt"), "--format", "file-list",
+                    "--signature-name", "length", "--chunk-rows", "3", "--output", str(tmp_path / "out"),
+                    "--engine", "ray", "--ray-address", ray_cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "JOB_STATE_SUCCEEDED: 20 results, 1 errors, 21 rows" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
+    (job_dir,) = (tmp_path / "out").iterdir()
+    results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
+    assert results == {f"files/{n}": size for n, size in sizes.items()}
+    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
+    assert error["instance"] == "files/missing.bin" and "cannot read" in error["error"]["message"], error
+
+
 def test_unreachable_ray_address_is_a_clear_error(tiny_model, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"x": [0.0, 1.0, 2.0, 3.0]}])
     (port,) = free_ports(1)  # nothing listens there

@@ -106,3 +106,20 @@ def test_jsonl_included_excluded_and_instance_type(tiny_model, tmp_path):
     assert job.completion_stats["failed_count"] == 3
     errors = read_lines(job.job_dir / "prediction.errors_stats-00000-of-00001")
     assert "instance_type object needs object instances" in errors[0]["error"]["message"]
+
+
+def test_a_relayed_chunk_reads_its_local_files_from_what_was_sent(tmp_path):
+    """file_list.relay reads a chunk's local entries where the list is; decode then takes them from
+    there, as a node without those files must (a name that could not be read stays that row's error)."""
+    from modelyard.batch.readers import file_list
+
+    (tmp_path / "a.bin").write_bytes(b"aaa")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.bin").write_bytes(b"bb")
+    data = b"a.bin\nsub/b.bin\nfile://" + str(tmp_path / "a.bin").encode() + b"\nmissing.bin\n"
+    context = file_list.relay(data, str(tmp_path))
+    for name in ("a.bin", "sub/b.bin"):
+        (tmp_path / name).unlink()  # gone here, as on another node
+    rows = file_list.decode(data, context, "list.txt", 0)
+    assert [r.instance for r in rows[:3]] == [{"b64": "YWFh"}, {"b64": "YmI="}, {"b64": "YWFh"}]
+    assert "list.txt line 4: cannot read " in rows[3].message and "missing.bin" in rows[3].message

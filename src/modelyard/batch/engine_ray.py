@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from modelyard import node_cache, objstore
-from modelyard.batch.readers import Chunk
+from modelyard.batch.readers import Chunk, file_list
 from modelyard.batch.remote import RemoteInputs, read_range
 from modelyard.batch.spec import BatchError, JobSpec
 
@@ -279,7 +279,7 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
     try:
         if todo.empty():  # inputs without a single row: nothing to predict
             return
-        _drive(ray, pool, todo, job_dir, on_done, on_ready, inputs)
+        _drive(ray, pool, todo, job_dir, on_done, on_ready, inputs, spec.format)
         nodes = set(pool.nodes.values())
         log(f"ray: {len(pool.nodes)} workers of {count} ran on {len(nodes)} nodes"
             + (f"; {pool.died} died" if pool.died else ""))
@@ -339,8 +339,8 @@ class _Pool:
 
 
 def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int, int, int], None],
-           on_ready: Callable[[str], None], inputs: RemoteInputs) -> None:
-    """Hand out chunks until all are committed."""
+           on_ready: Callable[[str], None], inputs: RemoteInputs, fmt: str) -> None:
+    """Hand out chunks (of input format ``fmt``) until all are committed."""
     from modelyard.batch.shards import commit_part_data
 
     running: dict[Any, tuple[Any, tuple[Chunk, Any, bytes | None]]] = {}  # ObjectRef -> (actor, item)
@@ -360,6 +360,8 @@ def _drive(ray, pool: _Pool, todo: _Todo, job_dir: Path, on_done: Callable[[int,
                 remote = objstore.is_remote(chunk.file)
                 if data is None and not remote:
                     data = _read_range(chunk.file, chunk.start, chunk.end)
+                if fmt == "file-list" and not remote:  # the files it names are on this machine too
+                    context = file_list.relay(data, context)
                 try:
                     version = inputs.version(chunk.file) if remote and data is None else ""
                 except ValueError as exc:
