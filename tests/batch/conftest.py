@@ -122,3 +122,21 @@ def bytes_model(tmp_path_factory) -> Path:
     tf.saved_model.save(module, str(base / "0001"),
                         signatures={"serving_default": module.parse, "length": module.length})
     return base
+
+
+class Recorded:
+    """Bytes served by ranges, each fetch recorded (what a ranged read of an object would ask for)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.fetched = data, []
+
+    def __call__(self, start: int, end: int) -> bytes:
+        self.fetched.append((start, end))
+        return self.data[start:end]
+
+    def source(self, name: str = "gs://bucket/input"):
+        from modelyard.batch.readers import RangedSource
+
+        ranged = RangedSource(name, len(self.data), self)
+        ranged.read_ahead = 8  # a TFRecord header (12 bytes) straddles windows
+        return ranged

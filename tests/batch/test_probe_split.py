@@ -23,17 +23,11 @@ from modelyard.batch.readers.crc32c import masked_crc
 from modelyard.batch.readers.lines import next_line_start
 from modelyard.batch.readers.tfrecord import next_record_start
 from modelyard.batch.spec import InputFile, JobSpec
+from tests.batch.conftest import Recorded
 
 
-class Served:
-    """An object's bytes by ranged reads, each read recorded (what the plan asks storage for)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.fetched = data, []
-
-    def __call__(self, start: int, end: int) -> bytes:
-        self.fetched.append((start, end))
-        return self.data[start:end]
+class Served(Recorded):
+    """An object's bytes by ranged reads, each read recorded, as a source the plan splits by probes."""
 
     def source(self, name: str = "gs://bucket/input") -> RangedSource:
         return RangedSource(name, len(self.data), self, probe=True)

@@ -19,6 +19,7 @@ from modelyard.batch.readers import FileSource, RangedSource, iter_plan, reader,
 from modelyard.batch.readers.crc32c import masked_crc
 from modelyard.batch.spec import InputFile, JobSpec
 from tests.platform.conftest import STAGING_BUCKET
+from tests.batch.conftest import Recorded
 
 BLOCK = 16  # tiny blocks: every case crosses several of them
 
@@ -26,22 +27,6 @@ BLOCK = 16  # tiny blocks: every case crosses several of them
 @pytest.fixture(autouse=True)
 def tiny_blocks(monkeypatch):
     monkeypatch.setattr(source, "BLOCK", BLOCK)
-
-
-class Recorded:
-    """Bytes served by ranges, each fetch recorded (what a ranged read of an object would ask for)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.fetched = data, []
-
-    def __call__(self, start: int, end: int) -> bytes:
-        self.fetched.append((start, end))
-        return self.data[start:end]
-
-    def source(self, name: str = "gs://bucket/input") -> RangedSource:
-        ranged = RangedSource(name, len(self.data), self)
-        ranged.read_ahead = 8  # a TFRecord header (12 bytes) straddles windows
-        return ranged
 
 
 def both_plans(tmp_path: Path, data: bytes, fmt: str, chunk_rows: int) -> list:

@@ -198,6 +198,20 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     ensure_nodes(cluster, 2)  # the next test gets two nodes again
 
 
+def _file_list_on_ray(model, listing: str, chunk_rows: int, tmp_path, cluster: str, tally: str) -> tuple[dict, dict]:
+    """A file-list job on the Ray cluster that succeeded with ``tally``: {instance: prediction} and its one error."""
+    done = _run_cli("--model", str(model), "--input", listing, "--format", "file-list", "--signature-name", "length",
+                    "--chunk-rows", str(chunk_rows), "--output", str(tmp_path / "out"), "--engine", "ray",
+                    "--ray-address", cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"JOB_STATE_SUCCEEDED: {tally}" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
+    (job_dir,) = (tmp_path / "out").iterdir()
+    results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
+    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
+    return results, error
+
+
 def test_s3_file_list_on_ray_reads_its_files_from_storage(bytes_model, ray_cluster, s3_server, gcs_emulator,
                                                          tmp_path):
     """A file list in s3:// on Ray: the driver plans it by ranged reads pinned to its ETag, and the
@@ -210,16 +224,9 @@ def test_s3_file_list_on_ray_reads_its_files_from_storage(bytes_model, ray_clust
     gcs_emulator["client"].bucket(STAGING_BUCKET).blob("ray-list/g.bin").upload_from_string(b"g" * 5)
     names = [f"files/{n}" for n in sizes] + [f"gs://{STAGING_BUCKET}/ray-list/g.bin", "files/missing.bin"]
     s3_server.put_object(Bucket=S3_BUCKET, Key="ray-list/list.txt", Body="\n".join(names).encode() + b"\n")
-    done = _run_cli("--model", str(bytes_model), "--input", f"s3://{S3_BUCKET}/ray-list/list.txt", "--format",
-                    "file-list", "--signature-name", "length", "--chunk-rows", "5", "--output", str(tmp_path / "out"),
-                    "--engine", "ray", "--ray-address", ray_cluster)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "JOB_STATE_SUCCEEDED: 25 results, 1 errors, 26 rows" in done.stdout, (done.stdout, done.stderr[-3000:])
-    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
-    (job_dir,) = (tmp_path / "out").iterdir()
-    results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
+    results, error = _file_list_on_ray(bytes_model, f"s3://{S3_BUCKET}/ray-list/list.txt", 5, tmp_path, ray_cluster,
+                                       "25 results, 1 errors, 26 rows")
     assert results == {**{f"files/{n}": size for n, size in sizes.items()}, f"gs://{STAGING_BUCKET}/ray-list/g.bin": 5}
-    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
     assert error["instance"] == "files/missing.bin"
     assert f"cannot read s3://{S3_BUCKET}/ray-list/files/missing.bin" in error["error"]["message"], error
 
@@ -235,16 +242,9 @@ def test_a_local_file_list_on_ray_sends_its_files_with_each_chunk(bytes_model, r
     for name, size in sizes.items():
         (files / name).write_bytes(b"l" * size)
     (tmp_path / "list.txt").write_text("".join(f"files/{n}\n" for n in sizes) + "files/missing.bin\n")
-    done = _run_cli("--model", str(bytes_model), "--input", str(tmp_path / "list.txt"), "--format", "file-list",
-                    "--signature-name", "length", "--chunk-rows", "3", "--output", str(tmp_path / "out"),
-                    "--engine", "ray", "--ray-address", ray_cluster)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "JOB_STATE_SUCCEEDED: 20 results, 1 errors, 21 rows" in done.stdout, (done.stdout, done.stderr[-3000:])
-    assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
-    (job_dir,) = (tmp_path / "out").iterdir()
-    results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
+    results, error = _file_list_on_ray(bytes_model, str(tmp_path / "list.txt"), 3, tmp_path, ray_cluster,
+                                       "20 results, 1 errors, 21 rows")
     assert results == {f"files/{n}": size for n, size in sizes.items()}
-    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
     assert error["instance"] == "files/missing.bin" and "cannot read" in error["error"]["message"], error
 
 
