@@ -101,9 +101,10 @@ def _pdeathsig() -> None:
         pass
 
 
-def _child(job: dict[str, Any], server: int, out_fd: int | None = None) -> None:
+def _child(job: dict[str, Any], server: int, out_fd: int | None = None, settled: int | None = None) -> None:
     """In the forked child: become the trial, then run its script as ``python`` would. Its output
-    goes to ``job["log"]`` (appended), or to ``out_fd`` (a pipe its parent reads)."""
+    goes to ``job["log"]`` (appended), or to ``out_fd`` (a pipe its parent reads). ``settled`` is closed
+    once the child is in its own session with default signal handlers (``fork`` waits for that)."""
     code = 1
     try:
         os.setsid()
@@ -114,6 +115,8 @@ def _child(job: dict[str, Any], server: int, out_fd: int | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh python
+        if settled is not None:
+            os.close(settled)
         os.environ.clear()
         os.environ.update(job["env"])
         import tempfile
@@ -238,11 +241,19 @@ def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = 
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    settled_r, settled_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(settled_r)
         for fd in close:
             os.close(fd)
-        _child(job, parent, out_fd)
+        _child(job, parent, out_fd, settled_w)
+    os.close(settled_w)
+    # Returns once the child has its own session and default signal handlers (it closes its end then, or
+    # dies): a caller that signals the child's group at once (a tuner stopping a trial, a test stopping a
+    # server it has just started) would otherwise find no such group yet and its signal would be lost.
+    os.read(settled_r, 1)
+    os.close(settled_r)
     if job.get("pidfile"):
         record_pid(job["pidfile"], pid)
     return pid
