@@ -12,6 +12,11 @@ Groups, decided while collecting (every worker collects the same way, so they ag
 - So modules are joined with the pinned fixtures their tests use (union-find); each joined set
   is one ``xdist_group``. Modules that use no pinned fixture are a group each, and xdist hands
   groups to whichever worker is free, the largest first.
+- Within a group, modules run in an order that keeps each pinned fixture's users together, the
+  costliest to keep running (``KEEP_SHORT``) first (``order_items``), and a pinned fixture is stopped
+  after the group's last test that uses it (``release_finished_group``), not at the group's end:
+  the one group that holds the platform, the Ray cluster and the storage servers runs for most of the
+  run, and an idle Ray cluster costs CPU the other worker needs.
 
 Session fixtures that only *write files* (the demo model, the platform's tiny models, TF
 Serving's generated test models) are built once per run for both workers with ``build_once``:
@@ -140,25 +145,93 @@ def _controller_dist(config) -> str | None:
     return None
 
 
+def _finish(item: pytest.Item, names) -> None:
+    """Stop the session fixtures ``names`` if they are running (their dependents first: pytest registered
+    them with it)."""
+    manager = item.session._fixturemanager
+    for name in sorted(names):
+        for fixturedef in manager._arg2fixturedefs.get(name, ()):
+            if fixturedef.scope == "session" and fixturedef.cached_result is not None:
+                fixturedef.finish(item._request)
+
+
 def release_finished_group(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After ``item``'s teardown: under ``--dist loadgroup`` a group's tests run one after another in one
-    worker, so when the next test is another group's, this group's pinned session fixtures (the
-    platform, the Ray cluster, PostgreSQL...) are stopped now instead of idling until the run ends
-    (an idle two-node Ray cluster alone uses about 5 CPU-seconds a minute)."""
+    worker, in collection order, so a pinned session fixture (the platform, the Ray cluster,
+    PostgreSQL...) that no later test of this group uses is stopped now instead of idling until the run
+    ends (an idle two-node Ray cluster alone uses about 5 CPU-seconds a minute): all of the group's when
+    the next test is another group's, else those whose last user ``item`` was."""
     if not WORKER or nextitem is None or _controller_dist(item.config) != "loadgroup":
         return
     group = _group(item)
-    if group is None or _group(nextitem) == group:
+    if group is None:
         return
-    manager = item.session._fixturemanager
-    for name in sorted(GROUP_FIXTURES.get(group, ())):
-        for fixturedef in manager._arg2fixturedefs.get(name, ()):
-            if fixturedef.scope == "session" and fixturedef.cached_result is not None:
-                fixturedef.finish(item._request)  # its dependents first: pytest registered them with it
+    if _group(nextitem) != group:
+        _finish(item, GROUP_FIXTURES.get(group, ()))
+        return
+    _finish(item, [name for name, nodeid in _last_users(item.session).get(group, {}).items() if nodeid == item.nodeid])
+
+
+# Pinned fixtures that cost most to keep running while idle: within a group their users run first and
+# together, so they stop early (release_finished_group). The rest follow by how few modules use them.
+KEEP_SHORT = ("ray_cluster",)
+
+PINNED: dict[str, list[str]] = {}  # test id -> the pinned fixtures it uses (assign_groups)
+_LAST_USERS: dict[str, dict[str, str]] = {}  # group -> {pinned fixture: its last user's test id} (_last_users)
+
+
+def _last_users(session: pytest.Session) -> dict[str, dict[str, str]]:
+    """{group: {pinned fixture: the test id of the group's last test using it}}, in the order the tests
+    run (``session.items`` once collection is done: pytest may reorder after ``order_items``)."""
+    if not _LAST_USERS:
+        for item in session.items:
+            for name in PINNED.get(item.nodeid, ()):
+                _LAST_USERS.setdefault(_group(item) or "", {})[name] = item.nodeid
+    return _LAST_USERS
+
+
+def order_items(items: list[pytest.Item], pinned: dict[str, list[str]]) -> None:
+    """Reorder ``items`` in place: groups stay where their first test was and each group's modules are
+    ordered so the tests of each pinned fixture are together (a reflected binary code over the fixtures,
+    ``KEEP_SHORT`` ones as the leading digits, so each of those is one run, first); a module's tests
+    keep their order. ``pinned``: {test id: the pinned fixtures it uses}. Every worker collects the
+    same, so every worker agrees."""
+    groups: dict[str, list[str]] = {}  # group -> its modules, in collection order
+    uses: dict[tuple[str, str], set[str]] = {}  # (group, module) -> pinned fixtures its tests use
+    for item in items:
+        key = (_group(item) or "", _module(item))
+        if key not in uses:
+            groups.setdefault(key[0], []).append(key[1])
+            uses[key] = set()
+        uses[key].update(pinned.get(item.nodeid, ()))
+
+    def rank(group: str, module: str) -> int:
+        modules = groups[group]
+        fixtures = set().union(*(uses[(group, m)] for m in modules))
+        counts = {f: sum(f in uses[(group, m)] for m in modules) for f in fixtures}
+        digits = sorted(counts, key=lambda f: (f not in KEEP_SHORT, KEEP_SHORT.index(f) if f in KEEP_SHORT else 0,
+                                               counts[f], f))
+        # The module's digits (1: uses the fixture) read as a reflected binary (Gray) code: sorted by it,
+        # each digit's 1s come in as few runs as can be, the next digit's one run in the middle of the
+        # previous one's. The leading digit is inverted (0: uses) so its users come first.
+        value, previous = 0, 0
+        for i, f in enumerate(digits):
+            used = f in uses[(group, module)]
+            value_bit = (used if i else not used) ^ previous  # Gray to binary: b_i = g_i xor b_(i-1)
+            value = value * 2 + value_bit
+            previous = value_bit
+        return value
+
+    group_first = {g: i for i, g in enumerate(groups)}
+    ranks = {(g, m): (rank(g, m), groups[g].index(m)) for g in groups for m in groups[g]}
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (group_first[_group(it) or ""], ranks[(_group(it) or "", _module(it))],
+                               position[id(it)]))
 
 
 def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
-    """Mark each item ``xdist_group``; returns {group: its modules} (for ``--collect-only`` views)."""
+    """Mark each item ``xdist_group`` and order them (``order_items``); returns {group: its modules}
+    (for ``--collect-only`` views)."""
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -171,10 +244,14 @@ def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
     def union(a: str, b: str) -> None:
         parent[find(a)] = find(b)
 
+    pinned = {item.nodeid: pinned_fixtures(item) for item in items}
+    PINNED.clear()
+    PINNED.update(pinned)
+    _LAST_USERS.clear()
     for item in items:
         module = "module:" + _module(item)
         find(module)
-        for name in pinned_fixtures(item):
+        for name in pinned[item.nodeid]:
             union(module, "fixture:" + name)
     members: dict[str, list[str]] = {}
     for node in parent:
@@ -195,6 +272,7 @@ def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
         groups.setdefault(group, [])
         if _module(item) not in groups[group]:
             groups[group].append(_module(item))
+    order_items(items, pinned)
     return groups
 
 

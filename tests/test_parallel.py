@@ -150,3 +150,45 @@ def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_p
     # The server's module is collected first, so its group runs first: it stops before the other group begins
     # (it used to stop at the session's end, after every other test).
     assert served[-1] < stop < others[0], seen
+
+
+_TWO_FIXTURES = """
+from conftest import note
+import pytest, subprocess
+
+@pytest.fixture(scope="session")
+def ray_cluster():  # named as tests/parallel.KEEP_SHORT names the costly one; a plain process here
+    proc = subprocess.Popen(["sleep", "600"])
+    note("cluster start")
+    yield proc
+    proc.kill()
+    proc.wait()
+    note("cluster stop")
+"""
+
+
+def test_a_costly_fixture_runs_first_in_its_group_and_stops_after_its_last_user(tmp_path):
+    """One group (every module uses ``server``); only the last module collected uses the costly
+    ``ray_cluster``: it runs first, and the cluster stops right after it, while the group goes on."""
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(_MINI_CONFTEST + _TWO_FIXTURES.replace("from conftest import note\n", ""))
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "from conftest import note\n" + "".join(f"def test_{i}(server): note('{name}')\n" for i in range(2)))
+    (tmp_path / "test_c.py").write_text(
+        "from conftest import note\n" + "".join(f"def test_{i}(server, ray_cluster): note('c')\n" for i in range(2)))
+    events = tmp_path / "events"
+    env = {**os.environ, "EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist",
+                           "loadgroup", "test_a.py", "test_b.py", "test_c.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = events.read_text().splitlines()
+    tests = [line for line in seen if line in ("a", "b", "c")]
+    assert tests == ["c", "c", "a", "a", "b", "b"], seen  # the cluster's module first, the others in order
+    assert seen.count("cluster start") == 1 and seen.count("cluster stop") == 1, seen
+    assert seen.index("cluster stop") < seen.index("a"), seen  # stopped once its last user was done
+    assert seen.count("start") == 1 and seen.index("stop") > len(seen) - 2, seen  # the shared one at the end
