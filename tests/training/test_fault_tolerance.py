@@ -38,18 +38,20 @@ def _kill_after(proc, task, epoch_line, lines, sig=signal.SIGKILL):
     raise AssertionError("job ended before the kill point:\n" + "".join(lines[-40:]))
 
 
-def _config(tmp, name):
+def _config(tmp, name, epochs, steps_per_epoch):
     return write_config(tmp, name, strategy={"name": "multi_worker_mirrored", "collective_timeout": COLLECTIVE_TIMEOUT},
-                        global_batch_size=64, epochs=4, steps_per_epoch=120, seed=1)
+                        global_batch_size=64, epochs=epochs, steps_per_epoch=steps_per_epoch, seed=1)
 
 
 @pytest.mark.timeout(300)
 def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
-    config = _config(tmp, "restart")
+    # Killed once epoch 1 is checkpointed, during epoch 2 (120 steps: seconds, far more than the kill
+    # takes to land); the restarted job trains epoch 2 only, from epoch 1's checkpoint.
+    config = _config(tmp, "restart", epochs=2, steps_per_epoch=120)
     proc = _launch(config, "--max-restarts", "1")
     lines: list[str] = []
     try:
-        _kill_after(proc, "worker:1", "epoch 2/4", lines)
+        _kill_after(proc, "worker:1", "epoch 1/2", lines)
         lines += proc.stdout.readlines()
         assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
     finally:
@@ -59,20 +61,21 @@ def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
     assert "restarting the job (restart 1 of 1)" in out
     assert "resuming from checkpoint" in out
     after_restart = out.split("restarting the job")[1]
-    assert "worker:0 | epoch 3/4" in after_restart and "worker:0 | epoch 4/4" in after_restart
-    assert "epoch 1/4" not in after_restart  # epochs 1-2 were not trained again
+    assert "worker:0 | epoch 2/2" in after_restart and "worker:1 | epoch 2/2" in after_restart
+    assert "epoch 1/2" not in after_restart  # epoch 1 was not trained again
     metrics = json.loads((tmp / "job-restart" / "metrics.json").read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3, 4]
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert metrics["resumed"] is True and metrics["completed"] is True
 
 
 @pytest.mark.timeout(240)
 def test_killed_worker_without_restarts_fails_fast_naming_it(tmp):
-    config = _config(tmp, "nofail")
+    # Short epochs, many of them: killed mid-training wherever the kill lands after epoch 1.
+    config = _config(tmp, "nofail", epochs=50, steps_per_epoch=20)
     proc = _launch(config)
     lines: list[str] = []
     try:
-        killed_at = _kill_after(proc, "worker:1", "epoch 1/4", lines)
+        killed_at = _kill_after(proc, "worker:1", "epoch 1/50", lines)
         lines += proc.stdout.readlines()
         code = proc.wait(timeout=200)
         stopped_after = time.monotonic() - killed_at
