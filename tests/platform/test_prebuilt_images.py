@@ -2,15 +2,17 @@
 
 ``Model.upload_scikit_learn_model_file`` / ``upload_xgboost_model_file`` stage the file as
 ``model.joblib`` / ``model.bst`` in the staging bucket and name Vertex's ``sklearn-cpu.*`` /
-``xgboost-cpu.*`` image. Each model (trained here on the digits) deploys once to a real replica
-(``modelyard serve`` serving the file), answers ``endpoint.predict`` with the library's own
-``predict``, and runs a batch job. Bad uploads are refused at once; a missing library is
-FAILED_PRECONDITION with the install command (one layer down: the platform's host has both).
+``xgboost-cpu.*`` image. Each model (trained here on the digits, uploaded once for the module) runs a
+batch job whose rows are the library's own ``predict``; both deploy once, to real replicas
+(``modelyard serve`` serving the file) behind one endpoint split 50/50, and each answer of
+``endpoint.predict`` is the library's own prediction of the model that served it (each replica
+start imports its library: one deploy per model is all the module pays). Bad uploads are refused
+at once; a missing library is FAILED_PRECONDITION with the install command (one layer down: the
+platform's host has both).
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,17 +30,40 @@ def digits():
     return X[:600], y[:600]  # enough to learn the ten digits; small enough to train in a second
 
 
-def _deploy_predict_and_batch(aiplatform, gcs_emulator, model, X, expected, name: str) -> None:
-    """One endpoint and one deploy: predict equals ``expected``; a batch job over the same rows too."""
-    endpoint = aiplatform.Endpoint.create(display_name=name)
-    try:
-        endpoint.deploy(model, machine_type="n1-standard-2")
-        prediction = endpoint.predict(instances=X[:16].tolist())
-        np.testing.assert_allclose(np.asarray(prediction.predictions, np.float64), expected[:16], rtol=1e-5, atol=1e-6)
-        assert prediction.model_resource_name == model.resource_name
-    finally:
-        endpoint.undeploy_all()
-        endpoint.delete()
+@pytest.fixture(scope="module")
+def sklearn_model(aiplatform, digits, tmp_path_factory):
+    """A LogisticRegression of the digits as uploaded with the stock SDK, and its own predictions."""
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = digits
+    path = tmp_path_factory.mktemp("sklearn") / "digits.joblib"
+    clf = LogisticRegression(max_iter=200).fit(X, y)
+    joblib.dump(clf, path)
+    model = aiplatform.Model.upload_scikit_learn_model_file(model_file_path=str(path), display_name="digits-sklearn")
+    # Vertex's scikit-learn image answers predict(), the class labels
+    yield model, joblib.load(path).predict(X)
+    model.delete()
+
+
+@pytest.fixture(scope="module")
+def xgboost_model(aiplatform, digits, tmp_path_factory):
+    """An XGBoost softprob booster of the digits as uploaded with the stock SDK, and its own predictions."""
+    xgb = require("xgboost", "pip install -e '.[test]' (installs xgboost-cpu), or pip install 'modelyard[xgboost]'")
+    X, y = digits
+    path = tmp_path_factory.mktemp("xgboost") / "digits.bst"
+    xgb.XGBClassifier(n_estimators=8, max_depth=3, objective="multi:softprob").fit(X, y).get_booster() \
+        .save_model(str(path))
+    model = aiplatform.Model.upload_xgboost_model_file(model_file_path=str(path), display_name="digits-xgboost")
+    # Vertex's XGBoost image answers Booster.predict(DMatrix(instances)): softprob's ten probabilities
+    own = xgb.Booster(model_file=str(path)).predict(xgb.DMatrix(X))
+    assert own.shape == (len(X), 10)
+    yield model, own
+    model.delete()
+
+
+def _batch(gcs_emulator, model, X, expected, name: str) -> None:
+    """A batch job over 40 rows: every row succeeds and its prediction equals ``expected``'s."""
     bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
     bucket.blob(f"{name}/in/rows.jsonl").upload_from_string("".join(json.dumps(r) + "\n" for r in X[:40].tolist()))
     job = model.batch_predict(job_display_name=name, gcs_source=f"gs://{STAGING_BUCKET}/{name}/in/rows.jsonl",
@@ -51,38 +76,16 @@ def _deploy_predict_and_batch(aiplatform, gcs_emulator, model, X, expected, name
     np.testing.assert_allclose([got[json.dumps(x)] for x in X[:40].tolist()], expected[:40], rtol=1e-5, atol=1e-6)
 
 
-def test_a_scikit_learn_model_file(aiplatform, gcs_emulator, digits, tmp_path):
-    import joblib
-    from sklearn.linear_model import LogisticRegression
-
-    X, y = digits
-    clf = LogisticRegression(max_iter=200).fit(X, y)
-    joblib.dump(clf, tmp_path / "digits.joblib")
-    model = aiplatform.Model.upload_scikit_learn_model_file(model_file_path=str(tmp_path / "digits.joblib"),
-                                                            display_name="digits-sklearn")
-    try:
-        assert model.container_spec.image_uri == "us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-0:latest"
-        # Vertex's scikit-learn image answers predict(), the class labels
-        _deploy_predict_and_batch(aiplatform, gcs_emulator, model, X, clf.predict(X), "digits-sklearn")
-    finally:
-        model.delete()
+def test_a_scikit_learn_model_file(sklearn_model, gcs_emulator, digits):
+    model, expected = sklearn_model
+    assert model.container_spec.image_uri == "us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-0:latest"
+    _batch(gcs_emulator, model, digits[0], expected, "digits-sklearn")
 
 
-def test_an_xgboost_model_file(aiplatform, gcs_emulator, digits, tmp_path):
-    xgb = require("xgboost", "pip install -e '.[test]' (installs xgboost-cpu), or pip install 'modelyard[xgboost]'")
-    X, y = digits
-    booster = xgb.XGBClassifier(n_estimators=8, max_depth=3, objective="multi:softprob").fit(X, y).get_booster()
-    booster.save_model(str(tmp_path / "digits.bst"))
-    model = aiplatform.Model.upload_xgboost_model_file(model_file_path=str(tmp_path / "digits.bst"),
-                                                       display_name="digits-xgboost")
-    try:
-        assert model.container_spec.image_uri == "us-docker.pkg.dev/vertex-ai/prediction/xgboost-cpu.1-4:latest"
-        # Vertex's XGBoost image answers Booster.predict(DMatrix(instances)): softprob's ten probabilities
-        own = xgb.Booster(model_file=str(tmp_path / "digits.bst")).predict(xgb.DMatrix(X))
-        assert own.shape == (len(X), 10)
-        _deploy_predict_and_batch(aiplatform, gcs_emulator, model, X, own, "digits-xgboost")
-    finally:
-        model.delete()
+def test_an_xgboost_model_file(xgboost_model, gcs_emulator, digits):
+    model, expected = xgboost_model
+    assert model.container_spec.image_uri == "us-docker.pkg.dev/vertex-ai/prediction/xgboost-cpu.1-4:latest"
+    _batch(gcs_emulator, model, digits[0], expected, "digits-xgboost")
 
 
 def test_an_image_whose_files_are_missing_is_refused_at_upload(platform, gcs_emulator):
@@ -127,23 +130,12 @@ def test_a_missing_library_is_a_clear_error_at_upload(framework, file, install, 
             prebuilt_images.check_upload({"imageUri": "modelyard/serve"}, tmp_path, "gs://b/m")
 
 
-def test_scikit_learn_and_xgboost_behind_one_traffic_split(aiplatform, gcs_emulator, digits, tmp_path):
+def test_scikit_learn_and_xgboost_behind_one_traffic_split(aiplatform, sklearn_model, xgboost_model, digits):
     """Two kinds of model on one endpoint, 50/50: each answer is the library's own prediction of the
     deployed model that served it (the response names it), and both serve."""
-    import joblib
-    from sklearn.linear_model import LogisticRegression
-
-    xgb = require("xgboost", "pip install -e '.[test]' (installs xgboost-cpu), or pip install 'modelyard[xgboost]'")
-    X, y = digits
-    joblib.dump(LogisticRegression(max_iter=200).fit(X, y), tmp_path / "split.joblib")
-    xgb.XGBClassifier(n_estimators=4, max_depth=3, objective="multi:softprob").fit(X, y).get_booster() \
-        .save_model(str(tmp_path / "split.bst"))
-    sk = aiplatform.Model.upload_scikit_learn_model_file(model_file_path=str(tmp_path / "split.joblib"),
-                                                         display_name="split-sklearn")
-    xg = aiplatform.Model.upload_xgboost_model_file(model_file_path=str(tmp_path / "split.bst"),
-                                                    display_name="split-xgboost")
-    expected = {sk.resource_name: joblib.load(tmp_path / "split.joblib").predict(X[:4]),
-                xg.resource_name: xgb.Booster(model_file=str(tmp_path / "split.bst")).predict(xgb.DMatrix(X[:4]))}
+    (sk, sk_own), (xg, xg_own) = sklearn_model, xgboost_model
+    X = digits[0][:16]
+    expected = {sk.resource_name: sk_own[:16], xg.resource_name: xg_own[:16]}
     endpoint = aiplatform.Endpoint.create(display_name="split-kinds")
     try:
         endpoint.deploy(sk, machine_type="n1-standard-2", traffic_percentage=100)
@@ -151,7 +143,7 @@ def test_scikit_learn_and_xgboost_behind_one_traffic_split(aiplatform, gcs_emula
         assert sorted(endpoint.traffic_split.values()) == [50, 50]
         served = set()
         for _ in range(40):
-            answer = endpoint.predict(instances=X[:4].tolist())
+            answer = endpoint.predict(instances=X.tolist())
             served.add(answer.model_resource_name)
             np.testing.assert_allclose(np.asarray(answer.predictions, np.float64), expected[answer.model_resource_name],
                                        rtol=1e-5, atol=1e-6)
@@ -161,5 +153,3 @@ def test_scikit_learn_and_xgboost_behind_one_traffic_split(aiplatform, gcs_emula
     finally:
         endpoint.undeploy_all()
         endpoint.delete()
-        sk.delete()
-        xg.delete()

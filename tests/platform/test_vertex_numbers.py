@@ -9,45 +9,20 @@ TF Serving's rule (tests/serving/test_json_number_rules.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import _env
 from tests.platform.jobs_helpers import aiplatform, no_stray_jobs, wait_state  # noqa: F401
-
-# Trains a small digits classifier on uint8 pixels (load_digits' 0-16 scaled to 0-240) and exports it;
-# prints its own predictions for the first three images. Run apart so TensorFlow stays out of pytest.
-_BUILD = """
-import json, sys
-import numpy as np
-import modelyard
-import tf_keras as keras
-from sklearn.datasets import load_digits
-
-X, y = load_digits(return_X_y=True)
-X = (X * 15).astype(np.uint8)
-keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((64,), dtype="uint8", name="pixels"), keras.layers.Rescaling(1 / 255),
-                          keras.layers.Dense(10, activation="softmax", name="probabilities")])
-model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
-model.fit(X, y, epochs=2, verbose=0)
-path = modelyard.export(model, sys.argv[1])
-print(json.dumps({"path": str(path), "instances": X[:3].tolist(),
-                  "predictions": model.predict(X[:3], verbose=0).tolist()}))
-"""
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("uint8") / "digits"
-    done = subprocess.run([sys.executable, "-c", _BUILD, str(out)], env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def digits(tiny_models) -> dict:
+    """A small digits classifier on uint8 pixels (load_digits' 0-16 scaled to 0-240), its first three
+    images and its own predictions of them: built with the session's tiny models (build_models.py),
+    in the one process that imports TensorFlow for them."""
+    return tiny_models["digits"]
 
 
 @pytest.fixture(scope="module")
