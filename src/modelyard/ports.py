@@ -131,6 +131,30 @@ def bind_error(exc: OSError, message: str) -> OSError:
     return (PortTaken if exc.errno == errno.EADDRINUSE else OSError)(message)
 
 
+_BIND_HINTS = {"gRPC": "is another server running? Use --port", "REST": "use --rest_api_port"}
+
+
+def bind_failure(exc: OSError, what: str, host: str, port: int) -> OSError:
+    """The error for a server's failed bind of its ``what`` ("gRPC" or "REST") port: one wording for a
+    server, a worker and the supervisor that checks the ports before it starts any worker."""
+    return bind_error(exc, f"cannot bind {what} port {host}:{port} ({exc.strerror}): {_BIND_HINTS[what]}")
+
+
+def check_bindable(what: str, host: str, port: int) -> None:
+    """Raise ``bind_failure`` unless ``host:port`` can be bound now as a server's workers bind it
+    (SO_REUSEADDR and SO_REUSEPORT); binds nothing for port 0 and holds nothing after."""
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise bind_failure(exc, what, host, port) from None
+
+
 def exit_status(exc: BaseException) -> int:
     """A server's exit status for the error that stopped its start: ``PORT_TAKEN_EXIT`` or 1."""
     return PORT_TAKEN_EXIT if isinstance(exc, PortTaken) else 1

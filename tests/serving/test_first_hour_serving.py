@@ -104,6 +104,20 @@ def test_several_workers_on_a_taken_port_say_it_in_one_line(model_dir):
         "is another server running? Use --port"], result.stderr
 
 
+def test_several_workers_on_a_taken_rest_port_say_it_before_any_worker_starts(model_dir):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = modelyard("serve", "--workers", "2", "--port", str(free_port()), "--rest_api_port", str(port),
+                           "--model_base_path", str(model_dir))
+    assert result.returncode == PORT_TAKEN_EXIT
+    assert _error_lines(result.stderr) == [
+        f"modelyard serve: error: cannot bind REST port 0.0.0.0:{port} (Address already in use): use --rest_api_port"
+    ], result.stderr
+    assert "worker:" not in result.stderr, result.stderr  # the supervisor checked the ports: no worker started
+
+
 # -- answers of the running server ----------------------------------------------------------------
 
 def test_an_error_quoting_a_big_body_is_cut(testdata_server):

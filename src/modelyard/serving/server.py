@@ -12,7 +12,7 @@ import time
 from concurrent import futures
 
 from modelyard.errors import Code, ServingError
-from modelyard.ports import bind_error
+from modelyard.ports import bind_failure
 from modelyard.serving.manager import config as config_files
 from modelyard.serving.core import ServingCore
 from modelyard.serving.protocol.grpc_api import add_services
@@ -335,8 +335,7 @@ class ModelServer:
             sock.bind((o.host, o.rest_api_port))
         except OSError as exc:
             sock.close()
-            raise bind_error(exc, f"cannot bind REST port {o.host}:{o.rest_api_port} ({exc.strerror}): "
-                                  "use --rest_api_port") from None
+            raise bind_failure(exc, "REST", o.host, o.rest_api_port) from None
         sock.listen(2048)
         sock.set_inheritable(True)
         return sock

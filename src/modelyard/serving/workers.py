@@ -126,6 +126,14 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
 
 def run_supervised(options, count: int, on_ready=None) -> int:
     """Start ``count`` workers and keep them running until SIGINT/SIGTERM; returns an exit code."""
+    from modelyard.ports import check_bindable
+
+    try:  # a taken port is said before any worker starts (each would import TensorFlow to find it)
+        check_bindable("gRPC", options.host, options.port)
+        check_bindable("REST", options.host, options.rest_api_port)
+    except OSError as exc:
+        print(f"modelyard serve: error: {exc}", file=sys.stderr)
+        return exit_status(exc)
     ctx = multiprocessing.get_context("spawn")
     state_dir = tempfile.mkdtemp(prefix="modelyard-serve-")
     ready = ctx.Queue()

@@ -28,7 +28,7 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from modelyard.errors import Code, ServingError
-from modelyard.ports import bind_error
+from modelyard.ports import bind_failure
 from modelyard.serving.transport import h2_frames as h2
 from modelyard.serving.batching.scheduler import bind_request_timeout, set_request_timeout
 from modelyard.serving.core import ServingCore
@@ -649,8 +649,7 @@ class LeanGrpcServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise bind_error(exc, f"cannot bind gRPC port {self.host}:{self.port} ({exc.strerror}): "
-                                  "is another server running? Use --port") from None
+            raise bind_failure(exc, "gRPC", self.host, self.port) from None
         sock.listen(2048)
         self._sock = sock
 
