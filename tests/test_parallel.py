@@ -48,11 +48,17 @@ def test_the_browsers_group_is_handed_out_last(request):
     groups = {_group(item) for item in request.session.items if "browser" in item.fixturenames}
     assert all(parallel.runs_last(g) for g in groups), groups
     browser = min(groups, default="browser+demo_server")
-    queue = {browser: {"a": False} | {str(i): False for i in range(50)}, "small": {"b": False}, "tiny": {}}
     cost = len
-    assert parallel.next_group(queue, cost) == "small"
-    assert parallel.next_group({browser: queue[browser], "tiny": {}}, cost) == "tiny"
+    tests = {str(i): False for i in range(10)}
+    big, small = dict(list(tests.items())[:8]), dict(list(tests.items())[8:])
+    queue = {browser: dict(tests), "big": big, "small": small, "tiny": {}}
+    # The rest (8 + 2 + 1) would take longer than the browser's group (10): it waits; the costliest goes first.
+    assert parallel.next_group({**queue, "one more": {"x": False}}, cost) == "big"
+    # Once the rest is no longer than the browser's group, the browser's goes, the other worker takes the rest.
+    assert parallel.next_group(queue, cost) == browser
+    assert parallel.next_group({browser: queue[browser], "tiny": {}}, cost) == browser
     assert parallel.next_group({browser: queue[browser]}, cost) == browser
+    assert parallel.next_group({"small": small, "tiny": {}}, cost) == "small"
 
 
 def _build_in(args) -> str:
