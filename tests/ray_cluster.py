@@ -8,7 +8,7 @@ test folder sees it); its value is the cluster's address, ``"127.0.0.1:PORT"``::
         # or, in this process: ray.init(address=ray_cluster) ... ray.shutdown()
 
 The cluster is a head node and a second node (``ray start``), one CPU each, a 150 MB object
-store each, no dashboard, no usage stats, every port chosen among those no socket uses (``unbound_ports``), and its own ``--temp-dir``
+store each, no dashboard, no usage stats, no log monitor nor metrics (``QUIET_ENV``: less CPU while idle), every port chosen among those no socket uses (``unbound_ports``), and its own ``--temp-dir``
 (sessions, logs, sockets) under a fresh short directory. The nodes' processes inherit this
 process's environment, with ``src/`` on ``PYTHONPATH``, so Ray workers import this checkout's
 ``modelyard`` (as a machine with ``pip install modelyard`` would).
@@ -127,6 +127,11 @@ def worker_port_range(size: int = 40) -> tuple[int, int]:
 # mistake loses its raylet (with a 1 s timeout and 3 misses the head failed to start 3 times in a row at load 20).
 HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
                     "RAY_health_check_failure_threshold": "5"}
+# What the cluster's own processes do while idle, which no test reads, made rarer or switched off (an
+# idle two-node cluster used 3.2 CPU-s a minute with Ray's defaults, 1.6 with these and without the log
+# monitor, ``node_args``), for the most part of a test run that it stays up: the metrics every process
+# exports to its node's agent, the event loops' stats, the agent's psutil report of the node (every 5 s).
+QUIET_ENV = {"RAY_enable_metrics_collection": "0", "RAY_event_stats": "0", "REPORTER_UPDATE_INTERVAL_MS": "60000"}
 # Extra directories (os.pathsep-separated) the non-head nodes must not see, e.g. a --basetemp elsewhere.
 HIDDEN_ENV = "MODELYARD_TEST_RAY_HIDE"
 NODE_TMPFS_SIZE = "1g"
@@ -141,19 +146,31 @@ def node_env() -> dict[str, str]:
             "RAY_AUTH_MODE": "disabled",
             # The busy shared machine: a node's agents can take more than Ray's default to start.
             "RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000",
-            "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+            "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **QUIET_ENV}
 
 
 # A long-lived driver answering questions about one cluster, one JSON line each ({"op": "nodes", "want",
-# "timeout"} or {"op": "held", "timeout"}), each answer on a RESULT line.
+# "timeout"}, {"op": "held", "timeout"} or {"op": "run", "script", "args", "timeout"}), each answer on a
+# RESULT line. It joins the namespace the platform's replica actors live in ("modelyard"), so a "run"
+# script (``ask_driver``) finds them by name as its own ``ray.init(..., namespace="modelyard")`` would.
 _ASK_SERVER = r"""
-import json, sys, time, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+import contextlib, io, json, sys, time, traceback, ray
+ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+ray.init = lambda *args, **kwargs: None  # a "run" script's own ray.init: this driver is connected already
 print("READY", flush=True)
 for line in sys.stdin:
     ask = json.loads(line)
     deadline = time.monotonic() + ask["timeout"]
-    if ask["op"] == "nodes":  # the alive nodes, once `want` of them are (or the time is up)
+    if ask["op"] == "run":  # a driver script, run here: what it printed, or how it failed
+        printed, error = io.StringIO(), None
+        sys.argv = ["-c", *ask["args"]]
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(ask["script"], "<ask_driver>", "exec"), {"__name__": "__main__", "RESULT": "RESULT "})
+        except BaseException:
+            error = traceback.format_exc()[-3000:]
+        answer = {"printed": printed.getvalue()[-20000:], "error": error}
+    elif ask["op"] == "nodes":  # the alive nodes, once `want` of them are (or the time is up)
         while True:
             alive = [n for n in ray.nodes() if n["Alive"]]
             if len(alive) >= ask["want"] or time.monotonic() > deadline:
@@ -263,14 +280,16 @@ def alive_nodes(address: str, want: int = 1, timeout: float = 60.0) -> list[dict
 RESULT = "RESULT "  # a driver script's answer line: Ray may print its own warnings to stdout too
 
 
-def ask_driver(script: str, *args: str, timeout: float = 180.0) -> object:
-    """Runs ``script`` as a short-lived Ray driver (this process never becomes one) and returns the JSON
-    on its ``RESULT`` line (``print(RESULT + json.dumps(...))``; the script sees ``RESULT`` defined)."""
-    proc = subprocess.run([sys.executable, "-c", f"RESULT = {RESULT!r}\n" + script, *args], env=node_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    assert lines, f"the driver printed no {RESULT.strip()} line: {proc.stdout[-1500:]} {proc.stderr[-1500:]}"
+def ask_driver(script: str, address: str, *args: str, timeout: float = 180.0) -> object:
+    """Runs ``script`` in the session's driver for the cluster at ``address`` (``ask_cluster``: this process
+    never becomes a driver, and no fresh Python starts Ray for each question, which cost about 1.5 CPU-s
+    each in the tests' wait loops) and returns the JSON on its ``RESULT`` line (``print(RESULT +
+    json.dumps(...))``; the script sees ``RESULT`` defined and ``sys.argv[1:] == [address, *args]``).
+    Its own ``ray.init(address=...)`` does nothing there: that driver is in the "modelyard" namespace."""
+    done = ask_cluster(address, "run", timeout, script=script, args=[address, *args])
+    assert done["error"] is None, done["error"]
+    lines = [line for line in done["printed"].splitlines() if line.startswith(RESULT)]
+    assert lines, f"the driver script printed no {RESULT.strip()} line: {done['printed'][-1500:]}"
     return json.loads(lines[-1][len(RESULT):])
 
 
@@ -503,7 +522,11 @@ def node_args(temp_dir: Path, head: bool) -> list[str]:
     args = [f"{name}={port}" for name, port in zip(names, ports)]
     args += [f"--min-worker-port={low}", f"--max-worker-port={high}", "--num-cpus=1",
              f"--object-store-memory={OBJECT_STORE_BYTES}", f"--node-ip-address={HOST}",
-             f"--temp-dir={temp_dir}", "--disable-usage-stats", "--log-style=record"]
+             f"--temp-dir={temp_dir}", "--disable-usage-stats", "--log-style=record",
+             # Its log monitor (a Python polling the node's log files 10 times a second, the cluster's busiest
+             # idle process) only sends workers' prints to drivers started with log_to_driver=True: every driver
+             # of modelyard and of these tests passes False (a job's lines travel through its actors instead).
+             "--include-log-monitor=false"]
     if head:
         args += ["--head", "--include-dashboard=false"]
     return args

@@ -1,7 +1,8 @@
 """``--engine ray`` on the shared local two-node Ray cluster, whose second node sees none of this
 host's temp dirs (tests/ray_cluster.py): the same results as the local engine, a gs:// and a local
 input through a node killed half-way (every row once, the job SUCCEEDED), exactly-once resume
-after a kill -9 of the driver, a file list in s3:// whose files the actors read from storage, and
+after a kill -9 of the driver, a local file list and one in s3:// (whose files the actors read from
+storage) in one job, and
 clear errors for a bad address or a missing Ray.
 
 Every ray run is a real ``modelyard batch-predict`` process joining the cluster as a Ray driver
@@ -198,54 +199,45 @@ def test_gs_and_local_inputs_through_a_node_killed_half_way(tiny_model, ray_clus
     ensure_nodes(cluster, 2)  # the next test gets two nodes again
 
 
-def _file_list_on_ray(model, listing: str, chunk_rows: int, tmp_path, cluster: str, tally: str) -> tuple[dict, dict]:
-    """A file-list job on the Ray cluster that succeeded with ``tally``: {instance: prediction} and its one error."""
-    done = _run_cli("--model", str(model), "--input", listing, "--format", "file-list", "--signature-name", "length",
-                    "--chunk-rows", str(chunk_rows), "--output", str(tmp_path / "out"), "--engine", "ray",
-                    "--ray-address", cluster)
+def test_a_local_file_list_on_ray_sends_its_files_with_each_chunk(bytes_model, ray_cluster, s3_server, gcs_emulator,
+                                                                   tmp_path):
+    """Two file lists in one job on the Ray cluster (one job's actors instead of two). A file list on the
+    driver's disk naming files beside it: the driver sends each chunk's files with it (file_list.relay)
+    and every row succeeds wherever it ran. A file list in s3://: the driver plans it by ranged reads
+    pinned to its ETag, and the actors, one on a node that sees none of this host's files, read the files
+    it names from storage (relative names from the list's own prefix, a gs:// name from Cloud Storage),
+    as Vertex AI's file lists name objects. In each, a name that is nowhere is that row's error. (Which
+    node's actor takes the local chunks is Ray's choice here, so a node that sees none of this host's
+    files is not certain to decode one: that case is test_tfrecord_filelist's, one layer down.)"""
+    here = tmp_path / "here"  # named apart from the s3:// list's files/: each row's instance is its name
+    here.mkdir()
+    local_sizes = {f"f{i}.bin": 7 * i + 3 for i in range(20)}
+    for name, size in local_sizes.items():
+        (here / name).write_bytes(b"l" * size)
+    (tmp_path / "list.txt").write_text("".join(f"here/{n}\n" for n in local_sizes) + "here/missing.bin\n")
+    s3_sizes = {f"f{i}.bin": 11 * i + 1 for i in range(24)}
+    for name, size in s3_sizes.items():
+        s3_server.put_object(Bucket=S3_BUCKET, Key=f"ray-list/files/{name}", Body=b"b" * size)
+    gcs_emulator["client"].bucket(STAGING_BUCKET).blob("ray-list/g.bin").upload_from_string(b"g" * 5)
+    names = [f"files/{n}" for n in s3_sizes] + [f"gs://{STAGING_BUCKET}/ray-list/g.bin", "files/missing.bin"]
+    s3_server.put_object(Bucket=S3_BUCKET, Key="ray-list/list.txt", Body="\n".join(names).encode() + b"\n")
+
+    done = _run_cli("--model", str(bytes_model), "--input", str(tmp_path / "list.txt"), "--input",
+                    f"s3://{S3_BUCKET}/ray-list/list.txt", "--format", "file-list", "--signature-name", "length",
+                    "--chunk-rows", "3", "--output", str(tmp_path / "out"), "--engine", "ray",
+                    "--ray-address", ray_cluster)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"JOB_STATE_SUCCEEDED: {tally}" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert "JOB_STATE_SUCCEEDED: 45 results, 2 errors, 47 rows" in done.stdout, (done.stdout, done.stderr[-3000:])
     assert re.search(r"ray: [12] workers of 2 ran on [12] nodes", done.stderr), done.stderr
     (job_dir,) = (tmp_path / "out").iterdir()
     results = {o["instance"]: o["prediction"] for s in job_dir.glob("prediction.results-*") for o in read_lines(s)}
-    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
-    return results, error
-
-
-def test_s3_file_list_on_ray_reads_its_files_from_storage(bytes_model, ray_cluster, s3_server, gcs_emulator,
-                                                         tmp_path):
-    """A file list in s3:// on Ray: the driver plans it by ranged reads pinned to its ETag, and the
-    actors, one on a node that sees none of this host's files, read the files it names from storage
-    (relative names from the list's own prefix, a gs:// name from Cloud Storage), as Vertex AI's file
-    lists name objects; a name that is nowhere is that row's error."""
-    sizes = {f"f{i}.bin": 11 * i + 1 for i in range(24)}
-    for name, size in sizes.items():
-        s3_server.put_object(Bucket=S3_BUCKET, Key=f"ray-list/files/{name}", Body=b"b" * size)
-    gcs_emulator["client"].bucket(STAGING_BUCKET).blob("ray-list/g.bin").upload_from_string(b"g" * 5)
-    names = [f"files/{n}" for n in sizes] + [f"gs://{STAGING_BUCKET}/ray-list/g.bin", "files/missing.bin"]
-    s3_server.put_object(Bucket=S3_BUCKET, Key="ray-list/list.txt", Body="\n".join(names).encode() + b"\n")
-    results, error = _file_list_on_ray(bytes_model, f"s3://{S3_BUCKET}/ray-list/list.txt", 5, tmp_path, ray_cluster,
-                                       "25 results, 1 errors, 26 rows")
-    assert results == {**{f"files/{n}": size for n, size in sizes.items()}, f"gs://{STAGING_BUCKET}/ray-list/g.bin": 5}
-    assert error["instance"] == "files/missing.bin"
-    assert f"cannot read s3://{S3_BUCKET}/ray-list/files/missing.bin" in error["error"]["message"], error
-
-
-def test_a_local_file_list_on_ray_sends_its_files_with_each_chunk(bytes_model, ray_cluster, tmp_path):
-    """A file list on the driver's disk naming files beside it, on Ray: the driver sends each chunk's files
-    with it (file_list.relay) and every row succeeds wherever it ran; a name that is nowhere is that row's
-    error. (Which node's actor takes the chunks is Ray's choice here, so a node that sees none of this
-    host's files is not certain to decode one: that case is test_tfrecord_filelist's, one layer down.)"""
-    files = tmp_path / "files"
-    files.mkdir()
-    sizes = {f"f{i}.bin": 7 * i + 3 for i in range(20)}
-    for name, size in sizes.items():
-        (files / name).write_bytes(b"l" * size)
-    (tmp_path / "list.txt").write_text("".join(f"files/{n}\n" for n in sizes) + "files/missing.bin\n")
-    results, error = _file_list_on_ray(bytes_model, str(tmp_path / "list.txt"), 3, tmp_path, ray_cluster,
-                                       "20 results, 1 errors, 21 rows")
-    assert results == {f"files/{n}": size for n, size in sizes.items()}
-    assert error["instance"] == "files/missing.bin" and "cannot read" in error["error"]["message"], error
+    assert results == {**{f"here/{n}": size for n, size in local_sizes.items()},
+                       **{f"files/{n}": size for n, size in s3_sizes.items()}, f"gs://{STAGING_BUCKET}/ray-list/g.bin": 5}
+    errors = {e["instance"]: e["error"]["message"]
+              for e in read_lines(job_dir / "prediction.errors_stats-00000-of-00001")}
+    assert sorted(errors) == ["files/missing.bin", "here/missing.bin"], errors
+    assert "cannot read" in errors["here/missing.bin"], errors
+    assert f"cannot read s3://{S3_BUCKET}/ray-list/files/missing.bin" in errors["files/missing.bin"], errors
 
 
 def test_unreachable_ray_address_is_a_clear_error(tiny_model, tmp_path):
