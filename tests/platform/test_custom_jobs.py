@@ -54,9 +54,10 @@ def test_custom_job_runs_its_pool_with_vertex_environment(aiplatform, gcs_emulat
 
 
 def test_several_pools_get_one_cluster(aiplatform, tmp_path):
-    # A parameter-server job: workers and ps serve until the chief (whose end ends the job) is done.
+    # A parameter-server job: workers and ps serve until the chief (whose end ends the job) is done;
+    # the chief ends once the four replicas have written their records (at most 60 s).
     job = aiplatform.CustomJob(display_name="cluster", base_output_dir=str(tmp_path),
-                               worker_pool_specs=[_pool(["--sleep=4"]), _pool(["--sleep=300"], replicas=2),
+                               worker_pool_specs=[_pool(["--sleep=60", "--records=4"]), _pool(["--sleep=300"], replicas=2),
                                                   _pool(["--sleep=300"])])
     job.run(sync=True)
     model_dir = tmp_path / "model"
@@ -157,8 +158,9 @@ def test_a_running_job_survives_a_platform_restart_and_a_killed_one_fails(platfo
     import time
 
     def submit(name: str, sleep: int, out: Path) -> str:
+        # the replica ends when the test writes out/done (or after `sleep` seconds)
         body = {"displayName": name, "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
-            "imageUri": "x", "command": [sys.executable, PROBE], "args": [f"--sleep={sleep}"]}}],
+            "imageUri": "x", "command": [sys.executable, PROBE], "args": [f"--sleep={sleep}", f"--until={out / 'done'}"]}}],
             "baseOutputDirectory": {"outputUriPrefix": str(out)}}}
         return requests.post(platform.api("customJobs"), json=body, timeout=10).json()["name"]
 
@@ -168,11 +170,14 @@ def test_a_running_job_survives_a_platform_restart_and_a_killed_one_fails(platfo
             time.sleep(0.1)
         return json.loads((out / "model" / "workerpool0-0.json").read_text())["pid"]
 
-    name = submit("survivor", 8, tmp_path / "a")
+    name = submit("survivor", 120, tmp_path / "a")
     pid = replica_pid(tmp_path / "a")
     platform.stop()  # the job's processes are not the platform's to stop: the next platform adopts them
     assert alive(pid)
     platform.start()
+    assert wait_state(platform, name, ("JOB_STATE_RUNNING", "JOB_STATE_FAILED"))["state"] == "JOB_STATE_RUNNING"
+    assert alive(pid)
+    (tmp_path / "a" / "done").touch()  # its replica ends now, under the new platform
     job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"))
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     log = requests.get(f"{platform.url}/modelyard/v1/jobs/{name.rsplit('/', 1)[-1]}/logs", timeout=10).text

@@ -168,14 +168,17 @@ def _pipeline_body(args: list[str], base: str, model_env: dict | None = None) ->
             "modelToUpload": {"displayName": "restarted", "containerSpec": {"imageUri": SERVE_IMAGE}}}
 
 
-def test_a_pipeline_survives_a_platform_restart(platform, tiny_models):
+def test_a_pipeline_survives_a_platform_restart(platform, tiny_models, tmp_path):
     base = f"gs://{STAGING_BUCKET}/restart-{time.time_ns()}"
-    body = _pipeline_body(["--sleep=6"], base, {"SOURCE_MODEL": tiny_models["models"]["tiny1"]["path"]})
+    go = tmp_path / "go"  # its script ends once this exists: after the restart
+    body = _pipeline_body(["--sleep=120", f"--until={go}"], base, {"SOURCE_MODEL": tiny_models["models"]["tiny1"]["path"]})
     body["modelId"] = model_id = f"restarted_{time.time_ns()}"  # the uploaded model's id, chosen
     name = requests.post(platform.api("trainingPipelines"), json=body, timeout=30).json()["name"]
     _wait(platform, name, ("PIPELINE_STATE_RUNNING",))
     platform.stop()  # the job's processes are not the platform's to stop: the next platform adopts them
     platform.start()
+    assert _wait(platform, name, ("PIPELINE_STATE_RUNNING", *FINAL))["state"] == "PIPELINE_STATE_RUNNING"
+    go.touch()
     done = _wait(platform, name, FINAL)
     assert done["state"] == "PIPELINE_STATE_SUCCEEDED", done
     assert done["modelToUpload"]["name"].endswith(f"/models/{model_id}") and done["modelToUpload"]["versionId"] == "1"

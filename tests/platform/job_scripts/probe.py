@@ -2,6 +2,8 @@
 
 Writes AIP_MODEL_DIR/<task>.json with its argv, pid and the Vertex environment variables (through
 google-cloud-storage when AIP_MODEL_DIR is a gs:// URI, as a script on Vertex would).
+--sleep=S waits S seconds; with --until=FILE it ends its wait as soon as FILE exists, with
+--records=N as soon as AIP_MODEL_DIR (local) holds N records: what the test waits on, not a guess.
 """
 import json
 import os
@@ -27,7 +29,13 @@ else:
     with open(os.path.join(model_dir, name + ".json"), "w") as f:
         f.write(record)
 print(f"{name}: started with {sys.argv[1:]}", flush=True)
-time.sleep(float(args.get("sleep", 0)))
+end = time.monotonic() + float(args.get("sleep", 0))
+while time.monotonic() < end:
+    if "until" in args and os.path.exists(args["until"]):
+        break
+    if "records" in args and len([f for f in os.listdir(model_dir) if f.endswith(".json")]) >= int(args["records"]):
+        break
+    time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 if args.get("fail"):
     print(f"{name}: failing on purpose", flush=True)
     sys.exit(int(args["fail"]))

@@ -4,7 +4,7 @@ Each replica records its Vertex environment in AIP_CHECKPOINT_DIR/<task>.json; t
 SavedModel named by SOURCE_MODEL (a local directory) into AIP_MODEL_DIR, as "training" output. Both
 directories are gs:// URIs, written with google-cloud-storage (STORAGE_EMULATOR_HOST reaches the
 platform's storage). REQUIRE names a module that must import (a requirement of the package);
---sleep=S waits, --fail=N fails with exit code N.
+--sleep=S waits (ended as soon as the file --until=FILE names exists), --fail=N fails with exit code N.
 """
 import importlib
 import json
@@ -30,7 +30,9 @@ record = {"argv": sys.argv[1:], "pid": os.getpid(), "python": sys.executable, "e
 storage.Blob.from_uri(os.environ["AIP_CHECKPOINT_DIR"] + name + ".json", client=client).upload_from_string(
     json.dumps(record))
 print(f"{name}: started with {sys.argv[1:]}", flush=True)
-time.sleep(float(args.get("sleep", 0)))
+end = time.monotonic() + float(args.get("sleep", 0))
+while time.monotonic() < end and not ("until" in args and os.path.exists(args["until"])):
+    time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 if args.get("fail"):
     print(f"{name}: failing on purpose", flush=True)
     sys.exit(int(args["fail"]))
