@@ -5,8 +5,6 @@ processes (the nodes share this host's pid namespace), and ending every replica 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from tests.platform.conftest import PlatformProcess, _env, live_processes, start_platform
 from tests.ray_cluster import ask_driver
@@ -34,11 +32,14 @@ print(RESULT + json.dumps(out))
 
 # Ends every replica actor left in the namespace (a failed test must not hold the cluster's CPUs).
 _CLEANUP_SCRIPT = """
-import sys, ray
+import json, sys, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
+ended = []
 for name in ray.util.list_named_actors():
     if name.startswith("modelyard-replica-"):
         ray.kill(ray.get_actor(name), no_restart=True)
+        ended.append(name)
+print(RESULT + json.dumps(ended))
 """
 
 
@@ -49,7 +50,7 @@ def actor_infos(address: str, replica_ids: list[str] | None = None) -> dict:
 
 
 def cleanup_actors(address: str) -> None:
-    subprocess.run([sys.executable, "-c", _CLEANUP_SCRIPT, address], env=_env(), capture_output=True, timeout=180)
+    ask_driver(_CLEANUP_SCRIPT, address)
 
 
 def serve_processes() -> dict[int, str]:

@@ -24,7 +24,6 @@ into local replicas, injected into Ray replicas.
 Its own platform (this module's), since these tests stop replicas and kill the platform."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -38,6 +37,7 @@ from tests.platform.conftest import PARENT, _env, live_processes
 from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, kill9_before_the_rows,
                                             operation, pending_operations, resume, stop_one_under_load, wait)
 from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
+from tests.ray_cluster import ask_driver
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
 pytestmark = pytest.mark.timeout(1800)
@@ -185,7 +185,7 @@ def test_kill_9_of_the_ray_platform_after_a_row_and_mid_undeploy_leaves_nothing_
 _NAMES_SCRIPT = """
 import json, sys, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
-print("NAMES " + json.dumps([n for n in ray.util.list_named_actors() if n.startswith("modelyard-replica-")]))
+print(RESULT + json.dumps([n for n in ray.util.list_named_actors() if n.startswith("modelyard-replica-")]))
 """
 
 # A driver holding both CPUs of the cluster (one actor on each node) for as long as its stdin is open.
@@ -208,11 +208,7 @@ sys.stdin.read()
 def _replica_actor_ids(address: str) -> set[str]:
     """Every replica actor's id in the namespace, placed or not (a name is registered at creation;
     asking an unplaced actor anything would wait for its placement)."""
-    proc = subprocess.run([sys.executable, "-c", _NAMES_SCRIPT, address], env=_env(), capture_output=True, text=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    names = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("NAMES ")][-1][len("NAMES "):])
-    return {n[len("modelyard-replica-"):] for n in names}
+    return {n[len("modelyard-replica-"):] for n in ask_driver(_NAMES_SCRIPT, address)}
 
 
 def test_kill_9_while_a_deploys_actor_waits_for_a_cpu_ends_that_actor_once_placed(ray_cluster, platform, tiny_models):
