@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import warm_shell
+
 # A fence may be indented (a block inside a list item): its body loses that indentation, as Markdown reads it.
 _FENCE = re.compile(r"^([ \t]*)```([\w+-]*)[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)
 
@@ -55,15 +57,16 @@ def shell_env(tmp_path: Path, **extra: str) -> dict:
     bin_dir.mkdir(exist_ok=True)
     # The console script pip writes: modelyard launch recognises it as this interpreter's and forks its tasks warm.
     # The __main__ guard matters: a multiprocessing "spawn" child (a server's --workers, batch-predict's workers)
-    # runs this file again as __mp_main__, and must not run the command again.
-    (bin_dir / "modelyard").write_text(f"#!{sys.executable}\nimport sys\nfrom modelyard.cli import main\n"
-                                       "if __name__ == '__main__':\n    sys.exit(main())\n")
+    # runs this file again as __mp_main__, and must not run the command again. Before pip's lines it asks this
+    # pytest worker to fork the command warm (tests/warm_shell.py); when it cannot, pip's lines run it cold.
+    (bin_dir / "modelyard").write_text(warm_shell.shim_text())
     (bin_dir / "modelyard").chmod(0o755)
     for name in ("python3", "python"):
         if not (bin_dir / name).exists():
             (bin_dir / name).symlink_to(sys.executable)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("MODELYARD_LOG_LEVEL", None)
+    env[warm_shell.VARIABLE] = warm_shell.socket_path()
     env.update(extra)
     return env
 

@@ -32,6 +32,7 @@ from modelyard.ports import free_port
 from tests.doc_blocks import Block, blocks, indented_blocks, sh, shell_commands, shell_env
 from tests.serving.server_process import wait_for
 from tests.tuning.conftest import postgres_url  # noqa: F401  (the session's PostgreSQL server)
+from tests.warm_process import popen_python
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))
@@ -223,6 +224,28 @@ def test_blocks_not_run_parse_and_use_real_flags():
                 assert not missing, f"{b.where(page)}: `modelyard {sub}` has no {missing}"
 
 
+# ---- the shells' `modelyard`: forked warm (tests/warm_shell.py), with the shell's output and exit status ----
+def test_a_shell_modelyard_runs_warm_with_the_shells_output_and_exit_status(tmp_path):
+    from tests import warm_shell
+
+    env = shell_env(tmp_path)
+    before = warm_shell.forked
+    script = ('modelyard train missing.yaml || echo "exit $?"; modelyard serve --help | head -1; '
+              'modelyard serve --help >> appended.txt; modelyard serve --help > truncated.txt')
+    done = sh(script, tmp_path, env, timeout=300)
+    assert done.stdout.splitlines() == ["exit 2", "usage: modelyard serve [-h] [--port PORT] [--rest_api_port REST_API_PORT]"]
+    assert "modelyard train: error: config file missing.yaml not found" in done.stderr, done.stderr
+    usage = (tmp_path / "appended.txt").read_text()
+    assert usage.startswith("usage: modelyard serve") and (tmp_path / "truncated.txt").read_text() == usage
+    # Warm: the two to a pipe and the one appending; `>` (an offset the shell shares) starts cold. All cold
+    # only when this worker has no fork server for the shell's variables (warm_process.MAX_SERVERS kinds).
+    from tests import warm_process
+
+    with warm_process._lock:
+        takes = warm_process._server_for(env) is not None and not os.environ.get("MODELYARD_TEST_COLD")
+    assert warm_shell.forked - before == (3 if takes else 0), (warm_shell.forked - before, takes)
+
+
 # ---- docs/storage.md: the standalone storage server, then the page's Python in one session ----
 def test_storage_page_runs_against_the_standalone_storage(tmp_path):
     page = "docs/storage.md"
@@ -269,10 +292,9 @@ def test_open_inference_protocol_page_runs_against_modelyard_serve(tmp_path):
     page = "docs/open-inference-protocol.md"
     rest, grpc_port = free_port(), free_port()
     env = shell_env(tmp_path)
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "modelyard", "serve", "--host", "127.0.0.1", "--rest_api_port",
-                             str(rest), "--port", str(grpc_port)], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    # Forked from the worker's warm interpreter (tests/warm_process.py): the page's server, not its start-up.
+    proc = popen_python([sys.executable, "-m", "modelyard", "serve", "--host", "127.0.0.1", "--rest_api_port",
+                         str(rest), "--port", str(grpc_port)], env, tmp_path / "serve.log", cwd=tmp_path)
     try:
         def ready() -> bool:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
@@ -302,7 +324,6 @@ def test_open_inference_protocol_page_runs_against_modelyard_serve(tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
-        log.close()
 
 
 # ---- docs/security.md: samples only; the token file sample is what the real parser reads ----
@@ -329,8 +350,9 @@ def test_security_page_ssl_config_sample_is_an_ssl_config():
 # ---- docs/training.md: the page in order, in one folder: its files written, its commands run ----
 def _bash_in_background(body: str, cwd: Path, env: dict, log: Path) -> subprocess.Popen:
     """A block that leaves a process running (`cmd &`): its own session, so the test stops everything it
-    started; output to a file, since a background child keeps a pipe open after bash exits."""
-    return subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", body], cwd=cwd, env=env, stdout=open(log, "wb"),
+    started; output to a file, since a background child keeps a pipe open after bash exits. The file is opened
+    for appending, as a terminal takes every writer's lines where they come (a warm `modelyard` reopens it)."""
+    return subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", body], cwd=cwd, env=env, stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -411,7 +433,8 @@ def test_training_page_runs_as_written(tmp_path):
     proc = _bash_in_background(body, tmp_path, env, log)
     try:
         assert proc.wait(600) == 0, log.read_text()[-4000:]
-        answer = json.loads(log.read_text().strip().splitlines()[-1])  # the curl's line
+        # The curl's answer (no newline of its own: the server's next log line may follow it on that line).
+        answer = json.loads(re.search(r'\{"predictions":\[\[[^\]]*\]\]\}', log.read_text()).group(0))
         (probabilities,) = answer["predictions"]
         assert len(probabilities) == 10 and probabilities.index(max(probabilities)) == 0, answer  # a 0
 

@@ -21,6 +21,7 @@ from tests.doc_blocks import fenced, shell_commands
 from tests.doc_blocks import sh as _sh
 from tests.doc_blocks import shell_env as _shell_env
 from tests.serving.server_process import wait_for
+from tests.warm_process import popen_python
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = "python3 -m pip install -e . && modelyard serve"
@@ -93,14 +94,15 @@ def test_serve_command_builds_and_serves_the_demo(tmp_path):
     rest, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "modelyard", *shlex.split(serve)[1:], "--host", "127.0.0.1",
            "--rest_api_port", str(rest), "--port", str(grpc_port)]
-    log = open(tmp_path / "serve.log", "wb")
     env = {**__import__("os").environ, "MODELYARD_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # Forked from the worker's warm interpreter (tests/warm_process.py): the same command, its output
+    # and what it builds, without importing TensorFlow again.
+    proc = popen_python(cmd, env, tmp_path / "serve.log")
     try:
         def ready():
             try:
-                return requests.get(f"http://127.0.0.1:{rest}/v1/models/my_mnist_model", timeout=1).ok
-            except requests.ConnectionError:
+                return requests.get(f"http://127.0.0.1:{rest}/v1/models/my_mnist_model", timeout=5).ok
+            except requests.RequestException:  # not listening yet, or busy building the demo
                 assert proc.poll() is None, (tmp_path / "serve.log").read_text()
                 return False
 
@@ -115,7 +117,6 @@ def test_serve_command_builds_and_serves_the_demo(tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
-        log.close()
 
 
 def _run_client_snippets(rest_port: int, grpc_port: int) -> None:
