@@ -93,18 +93,28 @@ def test_recompute_naming_no_layer_of_the_model_is_refused():
 
 # -- model and pipeline parallelism ---------------------------------------------------------
 
+STAGES_COMMON = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The reference both stage layouts are compared with, trained once: (metrics, export dir)."""
+    tmp = tmp_path_factory.mktemp("one-device")
+    single, _ = _train(tmp, "single", export_to=str(tmp / "single"), **STAGES_COMMON)
+    return single, tmp / "single"
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("micro_batches", [1, 4], ids=["model parallel", "pipeline of 4 micro-batches"])
-def test_stages_on_two_devices_train_as_one_device(tmp_path, micro_batches):
-    common = dict(global_batch_size=64, epochs=2, steps_per_epoch=10, seed=3)
-    single, _ = _train(tmp_path, "single", export_to=str(tmp_path / "single"), **common)
+def test_stages_on_two_devices_train_as_one_device(tmp_path, micro_batches, one_device):
+    single, single_export = one_device
     stages = [["rescaling", "flatten", "dense"], ["dense_1"]]
     parallel, result = _train(tmp_path, "parallel", devices={"logical_cpus": 2}, export_to=str(tmp_path / "parallel"),
                               model_parallel={"stages": stages, "devices": ["CPU:0", "CPU:1"],
-                                              "micro_batches": micro_batches}, **common)
+                                              "micro_batches": micro_batches}, **STAGES_COMMON)
     assert "in 2 stages on CPU:0, CPU:1" in result.stdout
     np.testing.assert_allclose(_losses(parallel), _losses(single), rtol=1e-4)
-    one, other = model_weights(tmp_path / "single" / "0001"), model_weights(tmp_path / "parallel" / "0001")
+    one, other = model_weights(single_export / "0001"), model_weights(tmp_path / "parallel" / "0001")
     for name in one:
         assert np.max(np.abs(one[name] - other[name])) <= 1e-4, name
     # Where each stage's output tensor was: the stage really ran on its own device.

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +11,7 @@ import pytest
 
 from .conftest import ENV, MODELYARD, kill_group, run, write_config
 from modelyard.ports import free_ports
+from tests.warm_process import popen_python
 
 
 def _get(url: str) -> dict | None:
@@ -28,7 +28,7 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def _wait_available(url: str, version: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+def _wait_available(url: str, version: str, proc, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"modelyard serve exited with {proc.returncode}"
@@ -51,10 +51,11 @@ def test_trained_version_is_served_and_predicts(tmp):
     assert (base / "0001").is_dir()
 
     grpc_port, rest_port = free_ports(2)
-    server = subprocess.Popen(
+    # Forked warm, as the training runs are (tests/warm_process.py): the real `modelyard serve`.
+    server = popen_python(
         MODELYARD + ["serve", "--model_name", "my_mnist_model", "--model_base_path", str(base),
                      "--port", str(grpc_port), "--rest_api_port", str(rest_port)],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        ENV, tmp / "serve.log",
     )
     try:
         root = f"http://127.0.0.1:{rest_port}/v1/models/my_mnist_model"

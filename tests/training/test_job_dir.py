@@ -63,8 +63,10 @@ def test_job_dir_has_metrics_tensorboard_checkpoints_and_resolved_config(tmp):
 def test_input_bound_training_is_reported(tmp):
     model = tmp / "slow_input.py"
     model.write_text(SLOW_INPUT_MODEL)
-    config = write_config(tmp, "slow", model=str(model), strategy="one_device", global_batch_size=32, epochs=1,
-                          steps_per_epoch=40, validation_steps=2, input_report=True)
+    # Two short epochs: the training rate compared is the second epoch's (the first's includes
+    # tracing), so 10 slow batches each show it; every batch sleeps, so fewer batches wait less.
+    config = write_config(tmp, "slow", model=str(model), strategy="one_device", global_batch_size=32, epochs=2,
+                          steps_per_epoch=10, validation_steps=2, input_report=True)
     result = run(["train", str(config)])
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp / "job-slow" / "metrics.json").read_text())["input_report"]
