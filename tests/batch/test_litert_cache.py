@@ -45,10 +45,12 @@ def _load(version_dir: Path, cache: Path, rows: list[list[float]]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _load_here(version_dir: Path, cache: Path, rows: list[list[float]], monkeypatch) -> dict:
+def _load_here(version_dir: Path, cache: Path, rows: list[list[float]], monkeypatch, bad_batch: bool = False) -> dict:
     """``_load`` in this process (TensorFlow is imported here already): what the cache does on a miss,
-    a hit or a damaged entry, without a fresh interpreter's TensorFlow import per load."""
+    a hit or a damaged entry, without a fresh interpreter's TensorFlow import per load; with
+    ``bad_batch``, ``_load``'s bad batch too (its ``error``)."""
     from modelyard.batch.predictor import load_servable
+    from modelyard.errors import ServingError
 
     monkeypatch.setenv("MODELYARD_CACHE", str(cache))
     servable = load_servable(version_dir)
@@ -56,15 +58,24 @@ def _load_here(version_dir: Path, cache: Path, rows: list[list[float]], monkeypa
         sig = servable.signatures["serving_default"]
         (alias,) = sig.inputs
         (out,) = servable.run(sig, {alias: np.asarray(rows, np.float32)}, tuple(sig.outputs)).values()
-        return {"from_cache": servable.from_cache, "runtime": servable.runtime, "out": out.tolist()}
+        said = {"from_cache": servable.from_cache, "runtime": servable.runtime, "out": out.tolist()}
+        if bad_batch:
+            try:
+                servable.run(sig, {alias: np.zeros((2, 5), np.float32)}, tuple(sig.outputs))
+                said["error"] = None
+            except ServingError as exc:
+                said["error"] = [exc.code.name, str(exc)]
+        return said
     finally:
         servable.close()
 
 
-def test_a_verified_conversion_loads_again_without_tensorflow(tiny_model, tmp_path: Path):
+def test_a_verified_conversion_loads_again_without_tensorflow(tiny_model, tmp_path: Path, monkeypatch):
+    """The first load (here: converting needs TensorFlow anyway) fills the cache; a fresh interpreter's
+    load takes it without importing TensorFlow."""
     version = tiny_model.base / "0001"
     rows = np.random.default_rng(3).normal(size=(7, 4)).astype(np.float32)
-    first = _load(version, tmp_path / "cache", rows.tolist())
+    first = _load_here(version, tmp_path / "cache", rows.tolist(), monkeypatch, bad_batch=True)
     assert first["from_cache"] is False and first["runtime"] == "litert"
     assert list((tmp_path / "cache" / "litert").glob("*/serving_default/model.tflite"))
 
