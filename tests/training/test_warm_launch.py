@@ -81,3 +81,39 @@ def test_tasks_start_cold_saying_why_when_the_warm_interpreter_cannot_import_ten
                          r"interpreter died while importing TensorFlow \(its log: \S+forkserver.log\)", result.stdout)
         assert f"{task} | task ran without TensorFlow: this TensorFlow is broken" in result.stdout
     assert "warm start:" not in result.stdout
+
+
+# A launcher that is itself warm (here: forked from the suite's warm interpreter, as the platform's
+# jobs are) forks the server from itself, ready at once; once it has run an op, it may not.
+SELF_FORK = textwrap.dedent('''
+    import os, sys, threading, time
+    import tensorflow as tf
+    from modelyard.training import warm_tasks
+
+    env = dict(os.environ)
+    warm = warm_tasks.WarmTasks([sys.executable, "task.py"], env)
+    print("server process", type(warm.server.proc).__name__)
+    warm.wait_ready(threading.Event())
+    task, why = warm.spawn(dict(env, MODELYARD_TASK="worker:0", MODELYARD_ATTEMPT="0"))
+    assert why is None, why
+    print("task says", task.stdout.readline().decode().strip(), "|", task.stdout.readline().decode().strip())
+    print("task exit", task.wait(120))
+    warm.close()
+    tf.constant(1)  # an op: a fork of this process now would not have a working TensorFlow
+    print("after an op:", warm_tasks._fork_blocker(env), warm_tasks.forked_server(env, warm_tasks.Path("x.log")))
+''')
+
+
+def test_a_warm_launcher_forks_its_warm_interpreter_from_itself(tmp_path):
+    from tests.warm_process import run_python
+
+    (tmp_path / "task.py").write_text(TASK)
+    (tmp_path / "self_fork.py").write_text(SELF_FORK)
+    result = run_python([sys.executable, "self_fork.py"], ENV, 120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "server process _ForkedProcess" in out, out  # not a fresh Python importing TensorFlow again
+    assert re.search(r"task says \[modelyard\] warm start: pid \d+ forked from pid \d+, TensorFlow already imported"
+                     r" \| task worker:0 attempt 0 tensorflow_before True op 6", out), out
+    assert "task exit 0" in out
+    assert "after an op: this process has run TensorFlow ops None" in out
