@@ -6,12 +6,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.warm_process import run_python
+from tests.warm_process import popen_python, run_python
 
 ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 MODELYARD = [sys.executable, "-m", "modelyard"]
@@ -31,6 +32,49 @@ def run(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subpr
     """Run ``python -m modelyard ARGS`` in its own process group, forked warm (tests/warm_process.py);
     stop it (and a launcher's tasks) whatever happens."""
     return run_python(MODELYARD + args, ENV, timeout, cwd=cwd, stop=stop_launcher)
+
+
+class Launched:
+    """``python -m modelyard ARGS`` started as ``run`` starts it (forked warm: a launcher forked so
+    forks its tasks' warm interpreter from itself, training.warm_tasks), its output (stdout and
+    stderr together, as ``Popen(stdout=PIPE, stderr=STDOUT)`` gives) read line by line as written."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.log = log
+        self.log.touch()
+        self.proc = popen_python(MODELYARD + args, env or ENV, self.log, cwd=cwd)
+        self._file = open(self.log, "rb")
+        self._partial = b""
+
+    def next_line(self, timeout: float) -> str | None:
+        """The next whole line; None at the end of the output, or if none came within ``timeout``."""
+        deadline, ended = time.monotonic() + timeout, False
+        while True:
+            chunk = self._file.readline()
+            self._partial += chunk
+            if self._partial.endswith(b"\n"):
+                line, self._partial = self._partial, b""
+                return line.decode(errors="replace")
+            if chunk:
+                continue  # half a line so far
+            if ended:  # all it wrote is read
+                line, self._partial = self._partial, b""
+                return line.decode(errors="replace") or None
+            if self.proc.poll() is not None:
+                ended = True  # read to the end once more: nothing is written after this
+                continue
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)  # a file has no readiness to wait on: poll it, briefly
+
+    def __iter__(self):
+        """Every line until the output ends (a launch's own timeouts bound it; pytest-timeout too)."""
+        while (line := self.next_line(3600)) is not None:
+            yield line
+
+    def stop(self) -> None:
+        stop_launcher(self.proc)
+        self._file.close()
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -6,28 +6,27 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
-from .conftest import ENV, MODELYARD, stop_launcher, write_config
+from .conftest import Launched, write_config
 
 COLLECTIVE_TIMEOUT = 600  # far longer than the test may run: only the supervisor can end it in time
 
 
 def _launch(config, *extra):
-    cmd = MODELYARD + ["launch", "--workers", "2", *extra, "--", sys.executable, "-m", "modelyard", "train", str(config)]
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    """``modelyard launch --workers 2`` forked warm (conftest.Launched), its output read as it comes."""
+    return Launched(["launch", "--workers", "2", *extra, "--", sys.executable, "-m", "modelyard", "train",
+                     str(config)], config.with_suffix(".log"))
 
 
-def _kill_after(proc, task, epoch_line, lines, sig=signal.SIGKILL):
+def _kill_after(job, task, epoch_line, lines, sig=signal.SIGKILL):
     """Read output until ``task`` prints ``epoch_line``, then send ``sig`` to that task's process."""
     pids = {}
-    for line in proc.stdout:
+    for line in job:
         lines.append(line)
         found = re.match(r"(\S+) \| \[modelyard\] started pid (\d+)", line)
         if found:
@@ -48,14 +47,14 @@ def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
     # Killed once epoch 1 is checkpointed, during epoch 2 (120 steps: seconds, far more than the kill
     # takes to land); the restarted job trains epoch 2 only, from epoch 1's checkpoint.
     config = _config(tmp, "restart", epochs=2, steps_per_epoch=120)
-    proc = _launch(config, "--max-restarts", "1")
+    job = _launch(config, "--max-restarts", "1")
     lines: list[str] = []
     try:
-        _kill_after(proc, "worker:1", "epoch 1/2", lines)
-        lines += proc.stdout.readlines()
-        assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
+        _kill_after(job, "worker:1", "epoch 1/2", lines)
+        lines += list(job)
+        assert job.proc.wait(timeout=240) == 0, "".join(lines[-40:])
     finally:
-        stop_launcher(proc)
+        job.stop()
     out = "".join(lines)
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
     assert "restarting the job (restart 1 of 1)" in out
@@ -72,15 +71,15 @@ def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
 def test_killed_worker_without_restarts_fails_fast_naming_it(tmp):
     # Short epochs, many of them: killed mid-training wherever the kill lands after epoch 1.
     config = _config(tmp, "nofail", epochs=50, steps_per_epoch=20)
-    proc = _launch(config)
+    job = _launch(config)
     lines: list[str] = []
     try:
-        killed_at = _kill_after(proc, "worker:1", "epoch 1/50", lines)
-        lines += proc.stdout.readlines()
-        code = proc.wait(timeout=200)
+        killed_at = _kill_after(job, "worker:1", "epoch 1/50", lines)
+        lines += list(job)
+        code = job.proc.wait(timeout=200)
         stopped_after = time.monotonic() - killed_at
     finally:
-        stop_launcher(proc)
+        job.stop()
     out = "".join(lines)
     assert code == 1
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
@@ -131,22 +130,21 @@ def test_stuck_peer_on_another_host_times_out_with_a_clear_message(tmp):
     config = write_config(tmp, "hosts", model=str(model), global_batch_size=64, epochs=50, steps_per_epoch=20,
                           validation_steps=2, strategy={"name": "multi_worker_mirrored", "collective_timeout": timeout})
     train = ["--", sys.executable, "-m", "modelyard", "train", str(config)]
-    hosts = [subprocess.Popen(MODELYARD + ["launch", "--cluster-spec", str(spec), "--task", f"worker:{i}", *train],
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True) for i in range(2)]
+    hosts = [Launched(["launch", "--cluster-spec", str(spec), "--task", f"worker:{i}", *train], tmp / f"host{i}.log")
+             for i in range(2)]
     try:
         lines: list[str] = []
-        for line in hosts[0].stdout:
+        for line in hosts[0]:
             lines.append(line)
             if line.startswith("worker:0 | epoch 3/50"):
                 break  # 60 batches done: worker:1 is stuck from here on
         stuck_at = time.monotonic()
-        out = "".join(lines) + hosts[0].communicate(timeout=120)[0]
+        out = "".join(lines) + "".join(hosts[0])  # to its end (the collective timeout's, or pytest's)
         waited = time.monotonic() - stuck_at
     finally:
         for host in hosts:
-            stop_launcher(host)  # worker:1 is still stuck: its launcher must stop it
-    assert hosts[0].returncode == 1, out[-3000:]
+            host.stop()  # worker:1 is still stuck: its launcher must stop it
+    assert hosts[0].proc.returncode == 1, out[-3000:]
     assert "worker:0 | epoch 3/50" in out and "epoch 4/50" not in out
     assert "worker:1 |" not in out  # this host ran only its own task
     assert re.search(rf"no training step completed for \d+ s \(strategy.collective_timeout {timeout} s\): "
