@@ -7,57 +7,42 @@ from __future__ import annotations
 import json
 import sys
 import os
-import queue
 import re
 import signal
-import subprocess
-import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from modelyard.training import config as config_mod
-from tests.training.conftest import ENV, MODELYARD, stop_launcher, write_config
+from tests.training.conftest import ENV, Launched, stop_launcher, write_config
 from tests.warm_process import run_python
 
 
 class _Job:
-    """A running ``modelyard launch``, its output lines arriving on a queue."""
+    """A running ``modelyard launch`` (conftest.Launched: forked warm), waited on line by line."""
 
-    def __init__(self, args: list[str]):
-        self.proc = subprocess.Popen(MODELYARD + args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+    def __init__(self, args: list[str], log: Path):
+        self.launched = Launched(args, log)
+        self.proc = self.launched.proc
         self.lines: list[str] = []
-        self._queue: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
         deadline = time.monotonic() + timeout
         for line in self.lines:
             if (found := re.search(pattern, line)):
                 return found
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            self.lines.append(line)
-            if (found := re.search(pattern, line)):
+        while (line := self.launched.next_line(max(0.0, deadline - time.monotonic()))) is not None:
+            self.lines.append(line.rstrip("\n"))
+            if (found := re.search(pattern, self.lines[-1])):
                 return found
         raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
 
     def all_lines(self, timeout: float) -> list[str]:
         """Every line, once the output has ended (within ``timeout``)."""
         deadline = time.monotonic() + timeout
-        while (line := self._queue.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
-            self.lines.append(line)
+        while (line := self.launched.next_line(max(0.0, deadline - time.monotonic()))) is not None:
+            self.lines.append(line.rstrip("\n"))
         return self.lines
 
 
@@ -69,7 +54,7 @@ def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_train
     # The tasks are forked warm (launch's default): each worker's gradients are credited to it by the
     # index it exposes (ps_training.expose_task), which its /proc/self/environ does not carry.
     job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train",
-                str(config)])
+                str(config)], tmp_path / "launch.log")
     try:
         pid = int(job.wait_for(r"^worker:2 \| \[modelyard\] started pid (\d+)", 60).group(1))
         job.wait_for(r"^chief:0 \| epoch 1/4 ", 180)
@@ -109,7 +94,8 @@ def test_backup_workers_outside_parameter_server_are_refused(tmp_path, strategy,
 def test_as_many_backup_workers_as_workers_is_refused(tmp_path):
     config = write_config(tmp_path, "all", strategy={"name": "parameter_server", "backup_workers": 2},
                           global_batch_size=64, epochs=1, steps_per_epoch=2)
-    job = _Job(["launch", "--workers", "2", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    job = _Job(["launch", "--workers", "2", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
+               tmp_path / "launch.log")
     try:
         job.wait_for(r"strategy.backup_workers 2 leaves no worker whose gradient is waited for \(2 workers\)", 120)
         assert job.proc.wait(60) != 0

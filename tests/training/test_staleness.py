@@ -83,7 +83,8 @@ def test_asynchronous_training_on_a_cluster_measures_tau_and_drops_exactly_the_s
                           validation_steps=5, tensorboard=True,
                           strategy={"name": "parameter_server",
                                     "staleness": {"drop_older_than": 1, "single_replica_epochs": 1}})
-    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)])
+    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
+               tmp_path / "launch.log")
     try:
         job.wait_for(r"job finished", 240)
         assert job.proc.wait(30) == 0
