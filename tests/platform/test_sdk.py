@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from tests.platform.conftest import STAGING_BUCKET, require
+from tests.platform.jobs_helpers import quick_lro_polling
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,8 @@ def aiplatform(platform, gcs_emulator):
 
     aip.init(project="local", location="us-central1", api_endpoint=platform.url, api_transport="rest",
              credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{STAGING_BUCKET}")
-    return aip
+    with quick_lro_polling():  # the SDK's deploys seen done when they are, not at its next back-off
+        yield aip
 
 
 def _upload_dir(client, local: str, prefix: str) -> str:
