@@ -13,10 +13,12 @@ output that is not a file, pipe or terminal) the shim runs it cold, as before: s
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -40,7 +42,9 @@ def socket_path() -> str:
     global _path
     with _started_lock:
         if _path is None:
-            path = os.path.join(tempfile.mkdtemp(prefix="modelyard-warm-shell-"), "sock")
+            folder = tempfile.mkdtemp(prefix="modelyard-warm-shell-")
+            atexit.register(shutil.rmtree, folder, True)
+            path = os.path.join(folder, "sock")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(path)
             listener.listen(16)
