@@ -100,7 +100,8 @@ SELF_FORK = textwrap.dedent('''
     print("task exit", task.wait(120))
     warm.close()
     tf.constant(1)  # an op: a fork of this process now would not have a working TensorFlow
-    print("after an op:", warm_tasks._fork_blocker(env), warm_tasks.forked_server(env, warm_tasks.Path("x.log")))
+    from modelyard.tuning import warm
+    print("after an op:", warm._fork_blocker(env), warm.ForkServer.fork_here(env, warm_tasks.Path("x.log")))
 ''')
 
 

@@ -10,7 +10,7 @@ TensorFlow runs its first op. Its first line is the fork server's ``[modelyard] 
 
 A launcher that is itself a warm process (forked by the platform, the tuner or the test suite from
 an interpreter that imported TensorFlow and ran no op) forks that server from itself
-(``forked_server``) instead of starting a fresh Python that imports TensorFlow again; only when
+(``ForkServer.fork_here``) instead of starting a fresh Python that imports TensorFlow again; only when
 nothing differs: TensorFlow imported, no op run, one thread, the same start-up variables.
 
 Its output reaches the launcher through a pipe as a cold task's does: the launcher makes the pipe
@@ -154,7 +154,7 @@ class WarmTasks:
             self._dir = Path(tempfile.mkdtemp(prefix="modelyard-launch-"))
             self.log = self._dir / "forkserver.log"
             # modelyard's own modules take 0.1 s more: no preload
-            self.server = forked_server(self.env, self.log) or ForkServer(self.env, self.log)
+            self.server = ForkServer.fork_here(self.env, self.log) or ForkServer(self.env, self.log)
 
     def wait_ready(self, stop: threading.Event, timeout: float = READY_WAIT_S) -> None:
         """Wait for the server's import (or its death, the timeout, a stop request); sets ``why``."""
@@ -212,103 +212,3 @@ class WarmTasks:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-
-def _fork_blocker(env: dict[str, str]) -> str | None:
-    """Why this process cannot become the launch's fork server by forking itself (None: it can)."""
-    if "tensorflow" not in sys.modules:
-        return "TensorFlow is not imported here"
-    from tensorflow.python.eager import context
-
-    ctx = context.context_safe()  # may exist before any op (created by an import), uninitialized
-    if ctx is not None and getattr(ctx, "_context_handle", True) is not None:
-        return "this process has run TensorFlow ops"  # a forked TensorFlow runtime would not work
-    if threading.active_count() != 1:
-        return "this process runs threads"
-    from modelyard.tuning.forkserver import warm_blocker
-
-    return warm_blocker(env, dict(os.environ))
-
-
-class _ForkedProcess:
-    """The part of ``subprocess.Popen`` a ForkServer uses (pid, poll, wait), for a child forked here."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.returncode = pid, None
-
-    def _reap(self, flags: int) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:
-                done, status = self.pid, 0
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        return self._reap(os.WNOHANG)
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return self._reap(0)  # only after its SIGKILL (ForkServer.shutdown): at once
-
-
-def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, parent: int) -> None:
-    """In the forked child: become what ``python -m modelyard.tuning.forkserver`` is, and exit."""
-    import signal
-
-    from modelyard.tuning.forkserver import serve
-    from modelyard.tuning.runner import _child_setup
-
-    code = 1
-    try:
-        os.setsid()
-        _child_setup(None, parent)()  # dies with the launcher, as the Popen'd server does
-        for sig in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        keep = sorted({in_fd, out_fd})
-        os.closerange(3, keep[0])
-        os.closerange(keep[0] + 1, keep[1])
-        os.closerange(keep[1] + 1, 65536)  # the launcher's pipes are not the server's to hold open
-        os.environ.clear()
-        os.environ.update(env)
-        code = serve(in_fd, out_fd)
-    except BaseException:  # noqa: BLE001  (never return into the launcher's code)
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def forked_server(env: dict[str, str], log: Path):
-    """The launch's fork server forked from this process, or None (``_fork_blocker``: start one)."""
-    if _fork_blocker(env) is not None:
-        return None
-    from modelyard.tuning.warm import ForkServer
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    to_server_r, to_server_w = os.pipe()
-    from_server_r, from_server_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(to_server_w)
-        os.close(from_server_r)
-        _serve_forked(env, log, to_server_r, from_server_w, parent)
-    os.close(to_server_r)
-    os.close(from_server_w)
-    os.set_blocking(from_server_r, False)
-    # A ForkServer whose process is this child: the fields ForkServer.__init__ sets, with the pipes above.
-    server = ForkServer.__new__(ForkServer)
-    server.env, server.ready, server.broken = dict(env), False, False
-    server._to_server, server._from_server = to_server_w, from_server_r
-    server.proc = _ForkedProcess(pid)
-    server._buffer, server._children, server._forked, server._exits = b"", {}, {}, {}
-    return server

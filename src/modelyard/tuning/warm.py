@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,20 +51,52 @@ class ForkServer:
     """One server per study; started at once, so it imports while the study opens."""
 
     def __init__(self, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()):
-        self.env = dict(env)
-        self.ready = False  # it said it imported TensorFlow and takes requests
-        to_server_r, self._to_server = os.pipe()
-        self._from_server, from_server_w = os.pipe()
-        os.set_blocking(self._from_server, False)
+        to_server_r, to_server = os.pipe()
+        from_server, from_server_w = os.pipe()
+        os.set_blocking(from_server, False)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w), *preload],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(to_server_r, from_server_w), start_new_session=True,
                 preexec_fn=_child_setup(None, os.getpid()))
         os.close(to_server_r)
         os.close(from_server_w)
+        self._attach(env, proc, to_server, from_server)
+
+    @classmethod
+    def fork_here(cls, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()) -> "ForkServer | None":
+        """A server forked from this process rather than a fresh Python importing TensorFlow again, when
+        this process may be one (``_fork_blocker``: TensorFlow imported, no op run, one thread, the same
+        start-up variables, as in a process the platform, the tuner or the test suite forked warm); None
+        otherwise (start one with ``ForkServer(...)``). It is ready in a fraction of a second."""
+        if _fork_blocker(env) is not None:
+            return None
+        log.parent.mkdir(parents=True, exist_ok=True)
+        to_server_r, to_server_w = os.pipe()
+        from_server_r, from_server_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(to_server_w)
+            os.close(from_server_r)
+            _serve_forked(env, log, to_server_r, from_server_w, parent, preload)
+        os.close(to_server_r)
+        os.close(from_server_w)
+        os.set_blocking(from_server_r, False)
+        server = cls.__new__(cls)
+        server._attach(env, _ForkedProcess(pid), to_server_w, from_server_r)
+        return server
+
+    def _attach(self, env: dict[str, str], proc: Any, to_server: int, from_server: int) -> None:
+        """The state of a server whose process is ``proc``, written to on ``to_server``, read on ``from_server``."""
+        self.env = dict(env)
+        self.ready = False  # it said it imported TensorFlow and takes requests
+        self.proc = proc
+        self._to_server, self._from_server = to_server, from_server
         self._buffer = b""
         self._children: dict[int, WarmChild] = {}
         self._forked: dict[str, int] = {}
@@ -165,6 +198,74 @@ class ForkServer:
         self._to_server = self._from_server = -1
 
 
+def _fork_blocker(env: dict[str, str]) -> str | None:
+    """Why this process cannot become a fork server by forking itself (None: it can)."""
+    if "tensorflow" not in sys.modules:
+        return "TensorFlow is not imported here"
+    from tensorflow.python.eager import context
+
+    ctx = context.context_safe()  # may exist before any op (created by an import), uninitialized
+    if ctx is not None and getattr(ctx, "_context_handle", True) is not None:
+        return "this process has run TensorFlow ops"  # a forked TensorFlow runtime would not work
+    if threading.active_count() != 1:
+        return "this process runs threads"
+    return warm_blocker(env, dict(os.environ))
+
+
+class _ForkedProcess:
+    """The part of ``subprocess.Popen`` a ForkServer uses (pid, poll, wait), for a child forked here."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:
+                done, status = self.pid, 0
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self._reap(0)  # only after its SIGKILL (ForkServer.shutdown): at once
+
+
+def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, parent: int,
+                  preload: tuple[str, ...]) -> None:
+    """In the forked child: become what ``python -m modelyard.tuning.forkserver`` is, and exit."""
+    from modelyard.tuning.forkserver import serve
+
+    code = 1
+    try:
+        os.setsid()
+        _child_setup(None, parent)()  # dies with its parent, as the Popen'd server does
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        keep = sorted({in_fd, out_fd})
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, 65536)  # the parent's pipes are not the server's to hold open
+        os.environ.clear()
+        os.environ.update(env)
+        code = serve(in_fd, out_fd, list(preload))
+    except BaseException:  # noqa: BLE001  (never return into the parent's code)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 def start_warm(study: Any, slots: list[Any]) -> tuple[Any, ForkServer | None]:
     """The study's warm processes, started now: ``(WorkerPool, None)`` for function trials on
     ``slots``, ``(None, ForkServer)`` for command trials that can start warm (``trial.warm_start``, a
@@ -179,6 +280,7 @@ def start_warm(study: Any, slots: list[Any]) -> tuple[Any, ForkServer | None]:
         if is_warm_command(study.command) and imports_tensorflow(study.command, study.workdir):
             from modelyard.tuning.preload import preload_modules
 
-            return None, ForkServer(dict(os.environ, **study.env), study.job_dir / "forkserver.log",
-                                    preload_modules(study.command, study.workdir))
+            env, log = dict(os.environ, **study.env), study.job_dir / "forkserver.log"
+            preload = preload_modules(study.command, study.workdir)
+            return None, ForkServer.fork_here(env, log, preload) or ForkServer(env, log, preload)
     return None, None
