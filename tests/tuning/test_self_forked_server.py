@@ -13,6 +13,7 @@ TRAIN = "import sys\nimport tensorflow as tf\nprint('trial op', int(tf.constant(
 
 TUNER = textwrap.dedent('''
     import os, sys, time
+    import tensorflow  # as in a process forked warm (and so also when the suite starts it cold)
     from pathlib import Path
     from types import SimpleNamespace
     from modelyard.tuning.warm import start_warm

@@ -249,14 +249,25 @@ def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = 
             os.close(fd)
         _child(job, parent, out_fd, settled_w)
     os.close(settled_w)
-    # Returns once the child has its own session and default signal handlers (it closes its end then, or
-    # dies): a caller that signals the child's group at once (a tuner stopping a trial, a test stopping a
-    # server it has just started) would otherwise find no such group yet and its signal would be lost.
-    os.read(settled_r, 1)
-    os.close(settled_r)
+    try:
+        wait_settled(settled_r)
+    finally:
+        os.close(settled_r)
     if job.get("pidfile"):
         record_pid(job["pidfile"], pid)
     return pid
+
+
+SETTLE_TIMEOUT_S = 30.0
+
+
+def wait_settled(settled_r: int) -> None:
+    """Return once a child just forked has its own session and default signal handlers (it closes its
+    end of the ``settled`` pipe then, or dies), or after ``SETTLE_TIMEOUT_S``: a caller that signals the
+    child's group at once (a tuner stopping a trial, a test stopping a server it has just started) would
+    otherwise find no such group yet, and its signal would be lost."""
+    if select.select([settled_r], [], [], SETTLE_TIMEOUT_S)[0]:
+        os.read(settled_r, 1)
 
 
 class ForkedChild:

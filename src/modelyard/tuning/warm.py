@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modelyard.tuning.forkserver import ForkedChild, start_ticks, warm_blocker
+from modelyard.tuning.forkserver import ForkedChild, start_ticks, wait_settled, warm_blocker
 from modelyard.tuning.runner import _child_setup
 
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
@@ -76,6 +76,7 @@ class ForkServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         to_server_r, to_server_w = os.pipe()
         from_server_r, from_server_w = os.pipe()
+        settled_r, settled_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
@@ -83,9 +84,15 @@ class ForkServer:
         if pid == 0:
             os.close(to_server_w)
             os.close(from_server_r)
-            _serve_forked(env, log, to_server_r, from_server_w, parent, preload)
+            os.close(settled_r)
+            _serve_forked(env, log, to_server_r, from_server_w, parent, preload, settled_w)
         os.close(to_server_r)
         os.close(from_server_w)
+        os.close(settled_w)
+        try:
+            wait_settled(settled_r)  # in its own session before shutdown() may signal its group
+        finally:
+            os.close(settled_r)
         os.set_blocking(from_server_r, False)
         server = cls.__new__(cls)
         server._attach(env, _ForkedProcess(pid), to_server_w, from_server_r)
@@ -102,11 +109,16 @@ class ForkServer:
         self._forked: dict[str, int] = {}
         self._exits: dict[int, int] = {}
         self.broken = False
+        self._pump_lock = threading.Lock()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def pump(self) -> None:
+        with self._pump_lock:  # a caller's threads may poll the same server's children
+            self._pump()
+
+    def _pump(self) -> None:
         if self._from_server < 0:  # shut down: its descriptor numbers may be another file's now
             self.broken = True
             return
@@ -222,8 +234,9 @@ class _ForkedProcess:
         if self.returncode is None:
             try:
                 done, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:
-                done, status = self.pid, 0
+            except ChildProcessError:  # reaped elsewhere: its status is lost, it is gone (as LocalChild says)
+                self.returncode = -signal.SIGKILL
+                return self.returncode
             if done:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -236,7 +249,7 @@ class _ForkedProcess:
 
 
 def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, parent: int,
-                  preload: tuple[str, ...]) -> None:
+                  preload: tuple[str, ...], settled: int) -> None:
     """In the forked child: become what ``python -m modelyard.tuning.forkserver`` is, and exit."""
     from modelyard.tuning.forkserver import serve
 
@@ -247,6 +260,7 @@ def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, paren
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.close(settled)
         null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)
         os.dup2(out, 1)
