@@ -129,10 +129,22 @@ def pytest_runtest_teardown(item, nextitem):
 '''
 
 
-def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_path):
+def _events_of_run(folder: Path, *modules: str) -> list[str]:
+    """Run ``modules`` in ``folder`` (its conftest: _MINI_CONFTEST) on one xdist worker under ``--dist
+    loadgroup``; returns the lines its fixtures and tests noted, in order."""
     import subprocess
     import sys
 
+    events = folder / "events"
+    env = {**os.environ, "EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist",
+                           "loadgroup", *modules], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return events.read_text().splitlines()
+
+
+def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_path):
     (tmp_path / "conftest.py").write_text(_MINI_CONFTEST)
     (tmp_path / "test_uses_server.py").write_text(
         "from conftest import note\n"
@@ -140,14 +152,7 @@ def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_p
         "def test_two(server): note('server test')\n")
     (tmp_path / "test_other.py").write_text(
         "from conftest import note\n" + "".join(f"def test_{i}(): note('other test')\n" for i in range(3)))
-    events = tmp_path / "events"
-    env = {**os.environ, "EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist",
-                           "loadgroup", "test_uses_server.py", "test_other.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    seen = events.read_text().splitlines()
+    seen = _events_of_run(tmp_path, "test_uses_server.py", "test_other.py")
     assert seen.count("start") == 1 and seen.count("stop") == 1, seen
     served = [i for i, line in enumerate(seen) if line == "server test"]
     others = [i for i, line in enumerate(seen) if line == "other test"]
@@ -159,8 +164,6 @@ def test_a_groups_process_fixture_stops_after_its_last_test_not_at_the_end(tmp_p
 
 
 _TWO_FIXTURES = """
-from conftest import note
-import pytest, subprocess
 
 @pytest.fixture(scope="session")
 def ray_cluster():  # named as tests/parallel.KEEP_SHORT names the costly one; a plain process here
@@ -176,23 +179,13 @@ def ray_cluster():  # named as tests/parallel.KEEP_SHORT names the costly one; a
 def test_a_costly_fixture_runs_first_in_its_group_and_stops_after_its_last_user(tmp_path):
     """One group (every module uses ``server``); only the last module collected uses the costly
     ``ray_cluster``: it runs first, and the cluster stops right after it, while the group goes on."""
-    import subprocess
-    import sys
-
-    (tmp_path / "conftest.py").write_text(_MINI_CONFTEST + _TWO_FIXTURES.replace("from conftest import note\n", ""))
+    (tmp_path / "conftest.py").write_text(_MINI_CONFTEST + _TWO_FIXTURES)
     for name in ("a", "b"):
         (tmp_path / f"test_{name}.py").write_text(
             "from conftest import note\n" + "".join(f"def test_{i}(server): note('{name}')\n" for i in range(2)))
     (tmp_path / "test_c.py").write_text(
         "from conftest import note\n" + "".join(f"def test_{i}(server, ray_cluster): note('c')\n" for i in range(2)))
-    events = tmp_path / "events"
-    env = {**os.environ, "EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist",
-                           "loadgroup", "test_a.py", "test_b.py", "test_c.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    seen = events.read_text().splitlines()
+    seen = _events_of_run(tmp_path, "test_a.py", "test_b.py", "test_c.py")
     tests = [line for line in seen if line in ("a", "b", "c")]
     assert tests == ["c", "c", "a", "a", "b", "b"], seen  # the cluster's module first, the others in order
     assert seen.count("cluster start") == 1 and seen.count("cluster stop") == 1, seen
