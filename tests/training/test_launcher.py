@@ -1,6 +1,7 @@
 """The launcher with plain Python commands (no TensorFlow): prefixes, fail-fast, restarts, signals."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -9,6 +10,9 @@ import sys
 import time
 
 import pytest
+
+from modelyard.training.cluster import Task
+from modelyard.training.launcher import Supervisor
 
 from .conftest import ENV, MODELYARD, run, stop_launcher
 
@@ -38,6 +42,25 @@ def test_a_dead_task_stops_the_job_and_is_named():
     assert "about to fail" in result.stderr  # its last lines are quoted
     assert "--max-restarts" in result.stderr
     assert time.monotonic() - start < 100  # the sleeping peers were stopped, not waited for
+
+
+@pytest.mark.e2e
+def test_a_killed_task_is_named_over_the_peers_that_failed_after_it():
+    """Both ended before the supervisor looked (as a warm job's do: their exits come in one message of
+    the fork server): the one killed by a signal is the cause, the one that exited 1 its peer."""
+    code = ("import os,signal\n"
+            "if os.environ['MODELYARD_TASK']=='worker:1':\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "raise SystemExit(1)")
+    supervisor = Supervisor({"worker": ["localhost:1", "localhost:2"]}, [Task("worker", 0), Task("worker", 1)],
+                            [PY, "-c", code], out=io.StringIO())
+    supervisor.start()
+    for running in supervisor.running:
+        running.process.wait(timeout=60)
+    ok, why = supervisor.wait()
+    assert not ok
+    assert why.startswith("task worker:1 exited with code -9 (killed by SIGKILL) "
+                          "(worker:0 also exited, with code 1); its last lines:"), why
 
 
 def test_max_restarts_restarts_the_cluster(tmp_path):

@@ -174,24 +174,31 @@ class Supervisor:
             return [r for r in self.running if r.task.type == "chief"] or list(self.running)
         return [r for r in self.running if r.task.type in ("chief", "worker")]
 
+    def _failure(self, run: Running, also: list[Running]) -> str:
+        """Stop every other task; what to say of ``run``'s failure (``also``: others that had failed)."""
+        if run.reader:
+            run.reader.join(timeout=2)  # collect its last lines before quoting them
+        self.stop([r for r in self.running if r is not run])
+        tail = "\n".join(f"    {line}" for line in run.tail) or "    (no output)"
+        why = f"task {run.task} exited with code {_signal_name(run.process.returncode)}"
+        if also:
+            why += " (" + ", ".join(f"{r.task} also exited, with code {_signal_name(r.process.returncode)}"
+                                    for r in also) + ")"
+        return f"{why}; its last lines:\n{tail}"
+
     def wait(self, poll: float = 0.1) -> tuple[bool, str]:
         """Block until the job ends; ``(True, '')`` on success, else ``(False, why)``."""
         finishing = self._finishing()
         while True:
-            for run in self.running:
-                code = run.process.poll()
-                if code is None or code == 0 and run in finishing:
-                    continue
-                if code == 0 and run.task.type == "evaluator":
-                    continue
+            failed = [run for run in self.running if _failed(run, finishing)]
+            if failed:
+                # A task killed by a signal is named over one that exited with an error: the peers of
+                # a killed task fail on their next collective, and their exits may be seen in the same
+                # pass as its own (a warm task's exit comes with its peers' in one read of the server).
+                run = min(failed, key=lambda r: r.process.returncode >= 0)
                 if self._replace_worker(run):
-                    break  # self.running changed: look at it afresh
-                if run.reader:
-                    run.reader.join(timeout=2)  # collect its last lines before quoting them
-                others = [r for r in self.running if r is not run]
-                self.stop(others)
-                tail = "\n".join(f"    {line}" for line in run.tail) or "    (no output)"
-                return False, f"task {run.task} exited with code {_signal_name(code)}; its last lines:\n{tail}"
+                    continue  # self.running changed: look at it afresh
+                return False, self._failure(run, [r for r in failed if r is not run])
             if all(r.process.poll() == 0 for r in finishing):
                 evaluators = [r for r in self.running if r.task.type == "evaluator"]
                 deadline = time.monotonic() + _EVALUATOR_GRACE
@@ -204,6 +211,15 @@ class Supervisor:
                 return True, ""
             if _STOP_REQUESTED.wait(poll):
                 raise KeyboardInterrupt
+
+
+def _failed(run: Running, finishing: list[Running]) -> bool:
+    """``run`` has ended in a way that ends the job: any non-zero exit, or a zero one of a task that
+    must serve until stopped (a ps, or a worker of a parameter-server job)."""
+    code = run.process.poll()
+    if code is None:
+        return False
+    return code != 0 or (run not in finishing and run.task.type != "evaluator")
 
 
 # How often one worker of a parameter-server job is restarted in place before the job gives up.
