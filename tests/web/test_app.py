@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import requests
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from modelyard.datasets import load_digits_28
 from tests.web.conftest import (CHROMIUM_FLAGS, DESKTOP, PHONE, RGB_LABELS, WebProcess, _convert, chromium_path, open_page,
@@ -161,8 +162,33 @@ def test_drop_and_paste_give_a_picture(browser, site_urls, digit):
 
 
 def wait_offline_ready(page, version: str) -> None:
-    page.wait_for_function(f"window.modelyard.ready && window.modelyard.info.version === {version!r} "
-                           "&& document.body.dataset.offline === 'ready'", timeout=60000)
+    try:
+        page.wait_for_function(f"window.modelyard.ready && window.modelyard.info.version === {version!r} "
+                               "&& document.body.dataset.offline === 'ready'", timeout=60000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"not offline-ready with version {version!r} after 60 s: "
+                             f"{page.evaluate(OFFLINE_STATE)}") from None
+
+
+# What the page and its service workers say, for a test that waited in vain: each worker is asked
+# which cache it fills (a 'cache' message with no URL caches nothing).
+OFFLINE_STATE = """async () => {
+  const r = await navigator.serviceWorker.getRegistration();
+  const cacheOf = (w) => !w ? null : new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = (e) => resolve(`${w.state}, fills ${e.data.cached}`);
+    w.postMessage({type: 'cache', urls: []}, [channel.port2]);
+    setTimeout(() => resolve(`${w.state}, no answer in 5 s`), 5000);
+  });
+  return {
+    page: {version: window.modelyard.info && window.modelyard.info.version, ready: window.modelyard.ready,
+           app_cache: window.modelyard.info && window.modelyard.info.caches && window.modelyard.info.caches.app,
+           offline: document.body.dataset.offline, says: document.getElementById('offline').textContent},
+    controller: await cacheOf(navigator.serviceWorker.controller),
+    active: await cacheOf(r && r.active), waiting: await cacheOf(r && r.waiting),
+    installing: r && r.installing && r.installing.state, caches: await caches.keys(),
+  };
+}"""
 
 
 def test_offline_reload_and_a_new_convert_on_the_next_online_load(browser, sites, demo_base, digit,
