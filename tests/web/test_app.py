@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -241,6 +242,66 @@ def test_offline_reload_and_a_new_convert_on_the_next_online_load(browser, sites
         assert page.text_content("[data-testid=top-class]") == f"digit {label}"
         context.close()
     finally:
+        server.stop()
+
+
+class _SwCountingServer:
+    """The site's server (modelyard.web.server) in this process, counting the requests for sw.js:
+    the browser's update checks, which the page cannot see."""
+
+    def __init__(self, site):
+        from modelyard.web.server import make_server
+
+        self.server = make_server(site, port=0)
+        self.sw_requests = 0
+        outer = self
+
+        class Handler(self.server.RequestHandlerClass):
+            def do_GET(self):  # noqa: N802
+                if self.path.split("?")[0].endswith("/sw.js"):
+                    outer.sw_requests += 1
+                super().do_GET()
+
+        self.server.RequestHandlerClass = Handler
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_failed_update_check_is_tried_again_while_the_page_is_newer_than_its_worker(browser, sites,
+                                                                                     tmp_path_factory):
+    """A newer convert is online but its sw.js is not there yet (a deploy half done): the checks the
+    browser makes after the navigation fail. The page, newer than the worker that serves it, asks for
+    more checks, and once sw.js is there the new worker takes over: no second load needed."""
+    site = tmp_path_factory.mktemp("update-retry") / "site"
+    shutil.copytree(sites["none"], site)
+    version = lambda: json.loads((site / "model.json").read_text())["version"]  # noqa: E731
+    server = _SwCountingServer(site)
+    context = None
+    try:
+        page = open_page(browser, server.url, viewport=DESKTOP)
+        context = page.context
+        wait_offline_ready(page, version())
+        shutil.copytree(sites["dynamic"], site, dirs_exist_ok=True)  # the newer convert...
+        new = version()
+        held = site.parent / "sw.js.held"
+        (site / "sw.js").rename(held)  # ...whose sw.js is missing for now
+        checks = server.sw_requests
+        page.reload()
+        page.wait_for_function(f"window.modelyard && window.modelyard.ready && window.modelyard.info.version === "
+                               f"{new!r} && document.body.dataset.offline === 'stale'", timeout=30000)
+        # The browser checks once after the navigation and the page once as it registers: a third
+        # check is the page asking again because its worker is older than it.
+        poll(lambda: server.sw_requests >= checks + 3, 20, "a third check of sw.js since the reload")
+        held.rename(site / "sw.js")
+        wait_offline_ready(page, new)
+    finally:
+        if context is not None:
+            context.close()
         server.stop()
 
 

@@ -419,6 +419,12 @@ async function cacheWhatWasUsed() {
     cachedBy = own ? worker : null;
     $('offline').textContent = own ? 'ready: works with no network' : (reply.error || 'updating…');
     document.body.dataset.offline = own ? 'ready' : 'stale';
+    if (!own && !reply.error) {
+      // The worker fills an older version's cache: this page came from a newer convert. Ask the
+      // browser to fetch sw.js now; its own check after the navigation may wait for the worker to be
+      // idle, and these questions keep it busy.
+      registration.update().catch(() => {});
+    }
     if (!own) retryOffline();  // the new worker is on its way
   } catch (error) {
     $('offline').textContent = error.message;
