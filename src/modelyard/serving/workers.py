@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from modelyard.ports import PORT_TAKEN_EXIT, exit_status
+from modelyard.ports import PORT_TAKEN_EXIT, check_bindable, exit_status
 
 log = logging.getLogger("modelyard.serving")
 
@@ -126,8 +126,6 @@ def _worker_main(options, index: int, count: int, state_dir: str, ready) -> None
 
 def run_supervised(options, count: int, on_ready=None) -> int:
     """Start ``count`` workers and keep them running until SIGINT/SIGTERM; returns an exit code."""
-    from modelyard.ports import check_bindable
-
     try:  # a taken port is said before any worker starts (each would import TensorFlow to find it)
         check_bindable("gRPC", options.host, options.port)
         check_bindable("REST", options.host, options.rest_api_port)

@@ -10,7 +10,7 @@ TensorFlow runs its first op. Its first line is the fork server's ``[modelyard] 
 
 A launcher that is itself a warm process (forked by the platform, the tuner or the test suite from
 an interpreter that imported TensorFlow and ran no op) forks that server from itself
-(``ForkServer.fork_here``) instead of starting a fresh Python that imports TensorFlow again; only when
+(``ForkServer.start``, ``fork_here``) instead of starting a fresh Python that imports TensorFlow again; only when
 nothing differs: TensorFlow imported, no op run, one thread, the same start-up variables.
 
 Its output reaches the launcher through a pipe as a cold task's does: the launcher makes the pipe
@@ -154,7 +154,7 @@ class WarmTasks:
             self._dir = Path(tempfile.mkdtemp(prefix="modelyard-launch-"))
             self.log = self._dir / "forkserver.log"
             # modelyard's own modules take 0.1 s more: no preload
-            self.server = ForkServer.fork_here(self.env, self.log) or ForkServer(self.env, self.log)
+            self.server = ForkServer.start(self.env, self.log)
 
     def wait_ready(self, stop: threading.Event, timeout: float = READY_WAIT_S) -> None:
         """Wait for the server's import (or its death, the timeout, a stop request); sets ``why``."""
@@ -211,4 +211,3 @@ class WarmTasks:
         if self._dir is not None and not self._keep_log:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-

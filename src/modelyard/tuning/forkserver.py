@@ -112,11 +112,7 @@ def _child(job: dict[str, Any], server: int, out_fd: int | None = None, settled:
             _pdeathsig()
             if os.getppid() != server:
                 os._exit(1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh python
-        if settled is not None:
-            os.close(settled)
+        settle(settled)
         os.environ.clear()
         os.environ.update(job["env"])
         import tempfile
@@ -259,6 +255,17 @@ def fork(job: dict[str, Any], close: tuple[int, ...] = (), out_fd: int | None = 
 
 
 SETTLE_TIMEOUT_S = 30.0
+
+
+def settle(settled: int | None) -> None:
+    """In a child just forked, once in its own session (``os.setsid()``, its parent-death signal armed):
+    the signal handlers a fresh ``python`` has (SIGINT raises KeyboardInterrupt), then closing
+    ``settled`` tells the parent waiting in ``wait_settled`` that its group may be signalled."""
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if settled is not None:
+        os.close(settled)
 
 
 def wait_settled(settled_r: int) -> None:

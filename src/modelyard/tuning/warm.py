@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modelyard.tuning.forkserver import ForkedChild, start_ticks, wait_settled, warm_blocker
+from modelyard.tuning.forkserver import ForkedChild, settle, start_ticks, wait_settled, warm_blocker
 from modelyard.tuning.runner import _child_setup
 
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
@@ -66,11 +66,17 @@ class ForkServer:
         self._attach(env, proc, to_server, from_server)
 
     @classmethod
+    def start(cls, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()) -> "ForkServer":
+        """A server for ``env``: forked from this process when it may be one (``fork_here``), else a
+        fresh Python that imports TensorFlow."""
+        return cls.fork_here(env, log, preload) or cls(env, log, preload)
+
+    @classmethod
     def fork_here(cls, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()) -> "ForkServer | None":
         """A server forked from this process rather than a fresh Python importing TensorFlow again, when
         this process may be one (``_fork_blocker``: TensorFlow imported, no op run, one thread, the same
         start-up variables, as in a process the platform, the tuner or the test suite forked warm); None
-        otherwise (start one with ``ForkServer(...)``). It is ready in a fraction of a second."""
+        otherwise (``start`` then starts a fresh one). It is ready in a fraction of a second."""
         if _fork_blocker(env) is not None:
             return None
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -257,10 +263,7 @@ def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, paren
     try:
         os.setsid()
         _child_setup(None, parent)()  # dies with its parent, as the Popen'd server does
-        for sig in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.close(settled)
+        settle(settled)
         null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)
         os.dup2(out, 1)
@@ -296,5 +299,5 @@ def start_warm(study: Any, slots: list[Any]) -> tuple[Any, ForkServer | None]:
 
             env, log = dict(os.environ, **study.env), study.job_dir / "forkserver.log"
             preload = preload_modules(study.command, study.workdir)
-            return None, ForkServer.fork_here(env, log, preload) or ForkServer(env, log, preload)
+            return None, ForkServer.start(env, log, preload)
     return None, None
