@@ -278,8 +278,7 @@ def assign_groups(items: list[pytest.Item]) -> dict[str, list[str]]:
 
 # ----------------------------------------------------------------------------- balance
 DURATIONS = Path(__file__).with_name("durations.json")  # {test id: seconds} of a whole run, see main()
-UNKNOWN_S = 2.0  # a test of a module not in DURATIONS yet (most take well under that; a new e2e one takes more)
-QUICK_S = 0.01  # a test missing from DURATIONS whose module is there: the log left it out as under 5 ms
+UNKNOWN_S = 2.0  # a test not in DURATIONS yet (most take well under that; a new e2e one takes more)
 
 
 def load_durations(path: Path = DURATIONS) -> dict[str, float]:
@@ -309,14 +308,10 @@ def make_scheduler(config, log):
     from xdist.scheduler import LoadGroupScheduling
 
     durations = load_durations()
-    known_modules = {nodeid.split("::", 1)[0] for nodeid in durations}
 
     def seconds(nodeid: str) -> float:
         nodeid = nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
-        if nodeid in durations:
-            return durations[nodeid]
-        # pytest's --durations=0 leaves out phases under 5 ms: a test of a module the log knows took about 0.
-        return QUICK_S if nodeid.split("::", 1)[0] in known_modules else UNKNOWN_S
+        return durations.get(nodeid, UNKNOWN_S)
 
     def cost(work_unit: dict) -> float:
         return sum(seconds(nodeid) for nodeid in work_unit)
@@ -360,7 +355,8 @@ def durations_from_log(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m tests.parallel LOG``: write tests/durations.json from the log of a whole run with
-    ``--durations=0`` (./scripts/test --durations=0 > LOG), so the workers stay balanced as tests change."""
+    ``--durations=0 --durations-min=0`` (./scripts/test --durations=0 --durations-min=0 > LOG: every phase,
+    also those under pytest's default 5 ms), so the workers stay balanced as tests change."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -156,7 +156,9 @@ def node_env() -> dict[str, str]:
 _ASK_SERVER = r"""
 import contextlib, io, json, sys, time, traceback, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)
-ray.init = lambda *args, **kwargs: None  # a "run" script's own ray.init: this driver is connected already
+def _init(*args, namespace=None, **kwargs):  # a "run" script's own ray.init: this driver is connected already
+    assert namespace in (None, "modelyard"), f"ask_driver's driver is in namespace 'modelyard', not {namespace!r}"
+ray.init = _init
 print("READY", flush=True)
 for line in sys.stdin:
     ask = json.loads(line)

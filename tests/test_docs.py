@@ -242,7 +242,7 @@ def test_a_shell_modelyard_runs_warm_with_the_shells_output_and_exit_status(tmp_
     from tests import warm_process
 
     with warm_process._lock:
-        takes = warm_process._server_for(env) is not None and not os.environ.get("MODELYARD_TEST_COLD")
+        takes = not os.environ.get("MODELYARD_TEST_COLD") and warm_process._server_for(env) is not None
     assert warm_shell.forked - before == (3 if takes else 0), (warm_shell.forked - before, takes)
 
 

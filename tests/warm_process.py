@@ -50,24 +50,32 @@ def _server_for(env: dict[str, str]):
     return server
 
 
+def spawn_warm(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path | str,
+               err_path: Path | str | None = None) -> Any:
+    """``argv`` forked from one of this worker's fork servers (a ``WarmChild``), or None: the caller
+    starts it cold (``MODELYARD_TEST_COLD``, not a ``python -m``/script command, no server takes ``env``)."""
+    global _spawned
+    from modelyard.tuning.forkserver import is_warm_command
+
+    if os.environ.get("MODELYARD_TEST_COLD") or not is_warm_command(list(argv)):
+        return None
+    with _lock:
+        server = _server_for(env)
+        _spawned += 1
+        options = {"err_log": str(err_path)} if err_path else {}
+        return server and server.spawn(f"test-{os.getpid()}-{_spawned}", list(argv), dict(env), Path(cwd),
+                                       Path(log_path), None, **options)
+
+
 def popen_python(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None,
                  warm: bool = True, err_path: Path | None = None) -> Any:
     """Start ``argv`` (``sys.executable -m ...`` or ``sys.executable script.py ...``) in its own session,
     stdout (and stderr, unless ``err_path`` takes it) appended to ``log_path``: warm when it can be. Returns
     a ``subprocess.Popen`` or a ``modelyard.tuning.warm.WarmChild`` (pid, poll, wait, returncode, signals)."""
-    global _spawned
     cwd = Path(cwd or os.getcwd())
-    from modelyard.tuning.forkserver import is_warm_command
-
-    if warm and not os.environ.get("MODELYARD_TEST_COLD") and is_warm_command(list(argv)):
-        with _lock:
-            server = _server_for(env)
-            _spawned += 1
-            options = {"err_log": str(err_path)} if err_path else {}
-            child = server and server.spawn(f"test-{os.getpid()}-{_spawned}", list(argv), dict(env), cwd,
-                                            log_path, None, **options)
-        if child is not None:
-            return child
+    child = spawn_warm(argv, env, cwd, log_path, err_path) if warm else None
+    if child is not None:
+        return child
     with open(log_path, "ab") as log, open(err_path or os.devnull, "ab") as err:
         return subprocess.Popen(argv, stdout=log, stderr=err if err_path else subprocess.STDOUT, env=env,
                                 cwd=cwd, start_new_session=True)

@@ -22,10 +22,10 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 VARIABLE = "MODELYARD_TEST_WARM_SHELL"
@@ -33,7 +33,6 @@ STOP_GRACE_S = 10.0  # a command whose shim was killed: SIGTERM, then SIGKILL af
 
 _started_lock = threading.Lock()
 _path: str | None = None
-_count = 0
 forked = 0  # commands started warm (tests/test_docs.py checks the shell's commands do)
 
 
@@ -75,19 +74,13 @@ def _send(conn: socket.socket, message: dict) -> None:
 
 def _spawn(conn: socket.socket):
     """Fork the shim's command; None (the shim told to run it cold) when the worker's servers cannot."""
-    global _count, forked
-    from tests import warm_process
+    global forked
+    from tests.warm_process import spawn_warm
 
     request = json.loads(conn.makefile("rb").readline())
     pid, env = request["pid"], request["env"]
     argv = [sys.executable, "-m", "modelyard", *request["argv"]]
-    child = None
-    if not os.environ.get("MODELYARD_TEST_COLD"):
-        with warm_process._lock:  # the worker's servers are asked one at a time
-            server = warm_process._server_for(env)
-            _count += 1
-            child = server and server.spawn(f"shell-{os.getpid()}-{_count}", argv, env, Path(request["cwd"]),
-                                            Path(f"/proc/{pid}/fd/1"), None, err_log=f"/proc/{pid}/fd/2")
+    child = spawn_warm(argv, env, request["cwd"], f"/proc/{pid}/fd/1", f"/proc/{pid}/fd/2")
     _send(conn, {"cold": True} if child is None else {"pid": child.pid})
     if child is not None:
         forked += 1
@@ -96,12 +89,9 @@ def _spawn(conn: socket.socket):
 
 def _wait(conn: socket.socket, child) -> None:
     """Tell the shim its command's exit status; stop the command if the shim goes first."""
-    from tests import warm_process
-
     with conn:
         while True:
-            with warm_process._lock:
-                code = child.poll()
+            code = child.poll()  # the server's pump has its own lock
             if code is not None:
                 _send(conn, {"returncode": code})
                 return
@@ -112,19 +102,16 @@ def _wait(conn: socket.socket, child) -> None:
 
 
 def _stop(child) -> None:
-    from tests import warm_process
-
     for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 30.0)):
         try:
             os.killpg(child.pid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            with warm_process._lock:
-                if child.poll() is not None:
-                    return
-            time.sleep(0.05)
+        try:
+            child.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def run_in_shim() -> int | None:

@@ -1,6 +1,6 @@
 """Shared parts of the tests of ``modelyard platform --engine ray`` on the session's Ray cluster
-(tests/ray_cluster.py): starting a platform on it, asking Ray about the replica actors (from a
-short-lived driver process, so pytest never becomes a Ray driver), finding their ``modelyard serve``
+(tests/ray_cluster.py): starting a platform on it, asking Ray about the replica actors (through the
+session's long-lived driver, ``ask_driver``, so pytest never becomes a Ray driver), finding their ``modelyard serve``
 processes (the nodes share this host's pid namespace), and ending every replica actor a test left."""
 from __future__ import annotations
 
@@ -37,8 +37,11 @@ ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_
 ended = []
 for name in ray.util.list_named_actors():
     if name.startswith("modelyard-replica-"):
-        ray.kill(ray.get_actor(name), no_restart=True)
-        ended.append(name)
+        try:
+            ray.kill(ray.get_actor(name), no_restart=True)
+            ended.append(name)
+        except ValueError:  # ended meanwhile: go on with the others
+            pass
 print(RESULT + json.dumps(ended))
 """
 

@@ -42,8 +42,8 @@ STARTED = re.compile(r"(\w+:\d+) \| \[modelyard\] started pid (\d+) on Ray node 
 FINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 TIMEOUT_S = 240  # a job joins Ray and starts two actors on a busy 2-core machine
 
-# This job's live actors and the alive nodes' addresses, asked by a short-lived driver (so pytest never
-# becomes one).
+# This job's live actors and the alive nodes' addresses, asked through the session's driver (ask_driver:
+# pytest never becomes one).
 _RAY_SCRIPT = """
 import json, sys, ray
 ray.init(address=sys.argv[1], namespace="modelyard", logging_level="ERROR", log_to_driver=False)

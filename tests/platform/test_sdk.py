@@ -9,19 +9,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import STAGING_BUCKET, require
-from tests.platform.jobs_helpers import quick_lro_polling
-
-
-@pytest.fixture(scope="module")
-def aiplatform(platform, gcs_emulator):
-    aip = require("google.cloud.aiplatform", "pip install -e '.[test]' (installs google-cloud-aiplatform)")
-    import google.auth.credentials
-
-    aip.init(project="local", location="us-central1", api_endpoint=platform.url, api_transport="rest",
-             credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{STAGING_BUCKET}")
-    with quick_lro_polling():  # the SDK's deploys seen done when they are, not at its next back-off
-        yield aip
+from tests.platform.conftest import STAGING_BUCKET
+from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the SDK pointed at the session platform)
 
 
 def _upload_dir(client, local: str, prefix: str) -> str:

@@ -259,7 +259,8 @@ class _SwCountingServer:
         class Handler(self.server.RequestHandlerClass):
             def do_GET(self):  # noqa: N802
                 if self.path.split("?")[0].endswith("/sw.js"):
-                    outer.sw_requests += 1
+                    with self.server.count_lock:  # one thread per request
+                        outer.sw_requests += 1
                 super().do_GET()
 
         self.server.RequestHandlerClass = Handler

@@ -197,9 +197,10 @@ class ForkServer:
             self.pump()
         pid = self._forked.pop(trial)
         child = WarmChild(self, pid, detached=bool(options.get("detach")))
-        child.returncode = self._exits.pop(pid, None)
-        if child.returncode is None:
-            self._children[pid] = child
+        with self._pump_lock:  # else another thread's pump could file its exit between the two lines
+            child.returncode = self._exits.pop(pid, None)
+            if child.returncode is None:
+                self._children[pid] = child
         return child
 
     def shutdown(self) -> None:

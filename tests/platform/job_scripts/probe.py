@@ -26,8 +26,10 @@ if model_dir.startswith("gs://"):
     blob.upload_from_string(record)
 else:
     os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, name + ".json"), "w") as f:
+    path = os.path.join(model_dir, name + ".json")
+    with open(path + ".tmp", "w") as f:  # whole when counted (--records counts *.json)
         f.write(record)
+    os.replace(path + ".tmp", path)
 print(f"{name}: started with {sys.argv[1:]}", flush=True)
 end = time.monotonic() + float(args.get("sleep", 0))
 while time.monotonic() < end:
