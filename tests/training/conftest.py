@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,17 +38,25 @@ def run(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subpr
 class Launched:
     """``python -m modelyard ARGS`` started as ``run`` starts it (forked warm: a launcher forked so
     forks its tasks' warm interpreter from itself, training.warm_tasks), its output (stdout and
-    stderr together, as ``Popen(stdout=PIPE, stderr=STDOUT)`` gives) read line by line as written."""
+    stderr together, as ``Popen(stdout=PIPE, stderr=STDOUT)`` gives) read line by line as written;
+    ``lines``: every line read so far, without its newline."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+    def __init__(self, args: list[str], log: Path):
         self.log = log
         self.log.touch()
-        self.proc = popen_python(MODELYARD + args, env or ENV, self.log, cwd=cwd)
+        self.proc = popen_python(MODELYARD + args, ENV, self.log)
         self._file = open(self.log, "rb")
         self._partial = b""
+        self.lines: list[str] = []
 
     def next_line(self, timeout: float) -> str | None:
         """The next whole line; None at the end of the output, or if none came within ``timeout``."""
+        line = self._read_line(timeout)
+        if line is not None:
+            self.lines.append(line.rstrip("\n"))
+        return line
+
+    def _read_line(self, timeout: float) -> str | None:
         deadline, ended = time.monotonic() + timeout, False
         while True:
             chunk = self._file.readline()
@@ -72,8 +81,28 @@ class Launched:
         while (line := self.next_line(3600)) is not None:
             yield line
 
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        """The first line so far or to come (within ``timeout``) that matches ``pattern``."""
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if (found := re.search(pattern, line)):
+                return found
+        while (line := self.next_line(max(0.0, deadline - time.monotonic()))) is not None:
+            if (found := re.search(pattern, line)):
+                return found
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
+
+    def all_lines(self, timeout: float) -> list[str]:
+        """Every line, once the output has ended (within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while not self._file.closed and self.next_line(max(0.0, deadline - time.monotonic())) is not None:
+            pass
+        return self.lines
+
     def stop(self) -> None:
+        """Stop the launch and its tasks, then read what they wrote last."""
         stop_launcher(self.proc)
+        self.all_lines(10)
         self._file.close()
 
 

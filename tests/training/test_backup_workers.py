@@ -7,43 +7,13 @@ from __future__ import annotations
 import json
 import sys
 import os
-import re
 import signal
-import time
-from pathlib import Path
 
 import pytest
 
 from modelyard.training import config as config_mod
-from tests.training.conftest import ENV, Launched, stop_launcher, write_config
+from tests.training.conftest import ENV, Launched, write_config
 from tests.warm_process import run_python
-
-
-class _Job:
-    """A running ``modelyard launch`` (conftest.Launched: forked warm), waited on line by line."""
-
-    def __init__(self, args: list[str], log: Path):
-        self.launched = Launched(args, log)
-        self.proc = self.launched.proc
-        self.lines: list[str] = []
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        for line in self.lines:
-            if (found := re.search(pattern, line)):
-                return found
-        while (line := self.launched.next_line(max(0.0, deadline - time.monotonic()))) is not None:
-            self.lines.append(line.rstrip("\n"))
-            if (found := re.search(pattern, self.lines[-1])):
-                return found
-        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
-
-    def all_lines(self, timeout: float) -> list[str]:
-        """Every line, once the output has ended (within ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while (line := self.launched.next_line(max(0.0, deadline - time.monotonic()))) is not None:
-            self.lines.append(line.rstrip("\n"))
-        return self.lines
 
 
 @pytest.mark.timeout(300)
@@ -53,7 +23,7 @@ def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_train
                           global_batch_size=64, epochs=4, steps_per_epoch=steps, validation_steps=5)
     # The tasks are forked warm (launch's default): each worker's gradients are credited to it by the
     # index it exposes (ps_training.expose_task), which its /proc/self/environ does not carry.
-    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train",
+    job = Launched(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train",
                 str(config)], tmp_path / "launch.log")
     try:
         pid = int(job.wait_for(r"^worker:2 \| \[modelyard\] started pid (\d+)", 60).group(1))
@@ -69,7 +39,7 @@ def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_train
         job.wait_for(r"job finished", 180)
         assert job.proc.wait(30) == 0
     finally:
-        stop_launcher(job.proc)
+        job.stop()
     metrics = json.loads((tmp_path / "job-backup" / "metrics.json").read_text())
     assert metrics["completed"] and metrics["gradients_per_step"] == 2 and metrics["epochs_completed"] == 4
     epochs = metrics["epochs"]
@@ -94,13 +64,13 @@ def test_backup_workers_outside_parameter_server_are_refused(tmp_path, strategy,
 def test_as_many_backup_workers_as_workers_is_refused(tmp_path):
     config = write_config(tmp_path, "all", strategy={"name": "parameter_server", "backup_workers": 2},
                           global_batch_size=64, epochs=1, steps_per_epoch=2)
-    job = _Job(["launch", "--workers", "2", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
+    job = Launched(["launch", "--workers", "2", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
                tmp_path / "launch.log")
     try:
         job.wait_for(r"strategy.backup_workers 2 leaves no worker whose gradient is waited for \(2 workers\)", 120)
         assert job.proc.wait(60) != 0
     finally:
-        stop_launcher(job.proc)
+        job.stop()
     assert not [line for line in job.all_lines(10) if "started pid" in line], job.lines  # refused before any task started
 
 

@@ -18,9 +18,9 @@ from .conftest import ENV, MODELYARD, Launched, stop_launcher, write_config
 COLLECTIVE_TIMEOUT = 600  # far longer than the test may run: only the supervisor can end it in time
 
 
-def _launch(config, *extra):
+def _launch(config):
     """``modelyard launch --workers 2`` forked warm (conftest.Launched), its output read as it comes."""
-    return Launched(["launch", "--workers", "2", *extra, "--", sys.executable, "-m", "modelyard", "train",
+    return Launched(["launch", "--workers", "2", "--", sys.executable, "-m", "modelyard", "train",
                      str(config)], config.with_suffix(".log"))
 
 

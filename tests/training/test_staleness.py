@@ -16,8 +16,7 @@ import pytest
 
 from modelyard.training import config as config_mod
 from modelyard.training import ps_training
-from tests.training.conftest import write_config
-from tests.training.test_backup_workers import _Job, stop_launcher
+from tests.training.conftest import Launched, write_config
 
 
 def _scripted_arrivals(delays: list[int], count: int, drop_older_than: int | None):
@@ -83,13 +82,13 @@ def test_asynchronous_training_on_a_cluster_measures_tau_and_drops_exactly_the_s
                           validation_steps=5, tensorboard=True,
                           strategy={"name": "parameter_server",
                                     "staleness": {"drop_older_than": 1, "single_replica_epochs": 1}})
-    job = _Job(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
+    job = Launched(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
                tmp_path / "launch.log")
     try:
         job.wait_for(r"job finished", 240)
         assert job.proc.wait(30) == 0
     finally:
-        stop_launcher(job.proc)
+        job.stop()
     metrics = json.loads((tmp_path / "job-async" / "metrics.json").read_text())
     assert metrics["mode"] == "asynchronous" and metrics["completed"]
     first, later = metrics["epochs"][0], metrics["epochs"][1:]
