@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import sys
 import os
+import queue
 import signal
 
 import pytest
 
 from modelyard.training import config as config_mod
+from modelyard.training import ps_training
 from tests.training.conftest import ENV, Launched, write_config
 from tests.warm_process import run_python
 
@@ -50,6 +52,65 @@ def test_a_stalled_worker_is_not_waited_for_and_a_killed_one_does_not_stop_train
     assert epochs[1]["applied_by_worker"].get("2", 0) <= 1, epochs[1]
     assert sum(e["dropped_by_worker"].get("2", 0) for e in epochs[1:3]) >= 1, epochs
     assert epochs[-1]["val_accuracy"] >= 0.85
+
+
+class _ScriptedCoordinator:
+    """Stands in for TF's ClusterCoordinator: each scheduled computation's fetch follows the script."""
+
+    def __init__(self, outcomes: list):
+        self.outcomes, self.scheduled = list(outcomes), 0
+
+    def schedule(self, fn, args):
+        outcome = self.outcomes.pop(0)
+        self.scheduled += 1
+        return _ScriptedRemote(outcome)
+
+
+class _ScriptedRemote:
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def fetch(self):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+def _scripted_source(outcomes: list) -> ps_training.GradientSource:
+    source = object.__new__(ps_training.GradientSource)  # no cluster: only the scheduling is under test
+    source.coordinator, source._compute, source.iterator = _ScriptedCoordinator(outcomes), None, None
+    source.results, source.in_flight, source.lost_in_a_row = queue.Queue(), 0, 0
+    return source
+
+
+def _unavailable():
+    import tensorflow as tf
+
+    return tf.errors.UnavailableError(None, None, "failed to connect to all addresses")
+
+
+def test_a_result_lost_with_its_worker_after_computing_is_computed_again():
+    # CI once saw the chief fail this way: worker 2 finished a computation and was killed before
+    # the coordinator copied its outputs, and the fetch raised UnavailableError.
+    source = _scripted_source([_unavailable(), (3, 1, 0.5, ["g"])])
+    source.launch()
+    assert source.next() == (3, 1, 0.5, ["g"])
+    assert source.coordinator.scheduled == 2 and source.in_flight == 0 and source.lost_in_a_row == 0
+
+
+def test_results_lost_without_end_fail_the_step_and_other_errors_are_not_retried():
+    import tensorflow as tf
+
+    source = _scripted_source([_unavailable()] * (ps_training.MAX_LOST_IN_A_ROW + 1))
+    source.launch()
+    with pytest.raises(tf.errors.UnavailableError):
+        source.next()
+    assert source.coordinator.scheduled == ps_training.MAX_LOST_IN_A_ROW + 1
+    source = _scripted_source([tf.errors.InvalidArgumentError(None, None, "bad batch")])
+    source.launch()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bad batch"):
+        source.next()
+    assert source.coordinator.scheduled == 1
 
 
 @pytest.mark.parametrize("strategy, message", [

@@ -83,27 +83,57 @@ class GradientSource:
         self._compute = compute
         self.results: queue.Queue = queue.Queue()
         self.in_flight = 0
+        self.lost_in_a_row = 0
 
     def launch(self) -> None:
+        import tensorflow as tf
+
         remote = self.coordinator.schedule(self._compute, args=(self.iterator,))
         self.in_flight += 1
 
         def wait() -> None:  # fetch blocks until the worker is done: one thread per computation
             try:
                 self.results.put(remote.fetch())
-            except BaseException as exc:  # a worker lost for good, or the step failed: the loop decides
+            except tf.errors.UnavailableError as exc:
+                # The coordinator retries a computation whose worker dies while it runs, but not
+                # one that finished there: its outputs stay on the worker until fetch copies them,
+                # and a worker that dies in between takes them along. Computed again, elsewhere.
+                self.results.put(_Lost(exc))
+            except BaseException as exc:  # the step itself failed: the loop decides
                 self.results.put(exc)
 
         threading.Thread(target=wait, daemon=True, name="ps-training-fetch").start()
 
     def next(self) -> tuple[int, int, float, list]:
-        """The next computation to finish: ``(read_step, worker, loss, grads)``."""
-        result = self.results.get()
-        self.in_flight -= 1
+        """The next computation to finish: ``(read_step, worker, loss, grads)``.
+
+        A computation whose result was lost with its worker is scheduled again in its place,
+        up to ``MAX_LOST_IN_A_ROW`` times in a row (past that the cluster is not coming back).
+        """
+        while True:
+            result = self.results.get()
+            self.in_flight -= 1
+            if not isinstance(result, _Lost):
+                break
+            self.lost_in_a_row += 1
+            if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
+                raise result.error
+            self.launch()
         if isinstance(result, BaseException):
             raise result
+        self.lost_in_a_row = 0
         read_step, worker, loss, grads = result
         return int(read_step), int(worker), float(loss), grads
+
+
+MAX_LOST_IN_A_ROW = 20
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """A computation that finished on a worker which then died before its result was copied."""
+
+    error: BaseException
 
 
 class SyncTrainer:
