@@ -82,13 +82,14 @@ def popen_python(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path
 
 
 def run_python(argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None,
-               stop: Any = None) -> subprocess.CompletedProcess:
+               stop: Any = None, merge_stderr: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True)`` started with ``popen_python``; ``stop(proc)``
     (default: SIGKILL to its process group) runs whatever happens, and a run past ``timeout`` raises
-    ``subprocess.TimeoutExpired`` as ``run`` does."""
+    ``subprocess.TimeoutExpired`` as ``run`` does. ``merge_stderr``: stderr goes to stdout (``stderr=STDOUT``)."""
     with tempfile.TemporaryDirectory(prefix="modelyard-test-run-") as directory:
         out, err = Path(directory, "stdout"), Path(directory, "stderr")
-        proc = popen_python(argv, env, out, cwd=cwd, err_path=err)
+        err.touch()
+        proc = popen_python(argv, env, out, cwd=cwd, err_path=None if merge_stderr else err)
         try:
             try:
                 proc.wait(timeout)

@@ -29,9 +29,8 @@ def assert_split_across_two_ps(stdout: str, metrics: dict) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backup_workers", [0], ids=["modelyard's synchronous loop"])
-def test_two_ps_tasks_hold_a_shard_each_and_training_reaches_90_percent(tmp_path, backup_workers):
-    config = write_config(tmp_path, "sharded", strategy={**SHARDED, "backup_workers": backup_workers}, **EPOCHS)
+def test_two_ps_tasks_hold_a_shard_each_and_the_synchronous_loop_reaches_90_percent(tmp_path):
+    config = write_config(tmp_path, "sharded", strategy={**SHARDED, "backup_workers": 0}, **EPOCHS)
     result = run(["launch", "--workers", "2", "--ps", "2", "--", sys.executable, "-m", "modelyard", "train",
                   str(config)], timeout=200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

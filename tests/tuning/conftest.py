@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,19 +38,11 @@ def start(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
 
 
 def run(args: list[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m modelyard ARGS`` (stderr in its stdout); its process group is killed if it overruns or
-    the test fails. It is forked from the worker's warm interpreter (tests/warm_process.py): the same command,
-    without its command line's imports (modelyard.cli's areas, Optuna) paid again in a fresh Python."""
-    from tests.warm_process import popen_python
+    """Run ``python -m modelyard ARGS`` (stderr in its stdout), warm when it can be (tests/warm_process.py);
+    its process group is killed whatever happens."""
+    from tests.warm_process import run_python
 
-    with tempfile.TemporaryDirectory(prefix="modelyard-tune-run-") as directory:
-        out = Path(directory, "out")
-        proc = popen_python(MODELYARD + args, ENV, out, cwd=cwd)
-        try:
-            proc.wait(timeout)
-        finally:
-            kill_group(proc)
-        return subprocess.CompletedProcess(MODELYARD + args, proc.returncode, out.read_text(errors="replace"), "")
+    return run_python(MODELYARD + args, ENV, timeout, cwd=cwd, stop=kill_group, merge_stderr=True)
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
