@@ -83,7 +83,7 @@ def test_asynchronous_training_on_a_cluster_measures_tau_and_drops_exactly_the_s
                           strategy={"name": "parameter_server",
                                     "staleness": {"drop_older_than": 1, "single_replica_epochs": 1}})
     job = Launched(["launch", "--workers", "3", "--ps", "1", "--", sys.executable, "-m", "modelyard", "train", str(config)],
-               tmp_path / "launch.log")
+                   tmp_path / "launch.log")
     try:
         job.wait_for(r"job finished", 240)
         assert job.proc.wait(30) == 0

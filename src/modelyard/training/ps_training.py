@@ -52,6 +52,15 @@ class EpochStats:
             out["staleness_max"] = max(self.staleness)
         return out
 
+MAX_LOST_IN_A_ROW = 20  # results lost with their workers in a row before the cluster is taken for gone
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """A computation that finished on a worker which then died before its result was copied."""
+
+    error: BaseException
+
 
 class GradientSource:
     """Gradient computations on the workers, their results arriving on a queue."""
@@ -83,7 +92,6 @@ class GradientSource:
         self._compute = compute
         self.results: queue.Queue = queue.Queue()
         self.in_flight = 0
-        self.lost_in_a_row = 0
 
     def launch(self) -> None:
         import tensorflow as tf
@@ -110,30 +118,18 @@ class GradientSource:
         A computation whose result was lost with its worker is scheduled again in its place,
         up to ``MAX_LOST_IN_A_ROW`` times in a row (past that the cluster is not coming back).
         """
-        while True:
-            result = self.results.get()
+        lost = 0
+        while isinstance(result := self.results.get(), _Lost):
             self.in_flight -= 1
-            if not isinstance(result, _Lost):
-                break
-            self.lost_in_a_row += 1
-            if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
+            lost += 1
+            if lost > MAX_LOST_IN_A_ROW:
                 raise result.error
             self.launch()
+        self.in_flight -= 1
         if isinstance(result, BaseException):
             raise result
-        self.lost_in_a_row = 0
         read_step, worker, loss, grads = result
         return int(read_step), int(worker), float(loss), grads
-
-
-MAX_LOST_IN_A_ROW = 20
-
-
-@dataclass(frozen=True)
-class _Lost:
-    """A computation that finished on a worker which then died before its result was copied."""
-
-    error: BaseException
 
 
 class SyncTrainer:
