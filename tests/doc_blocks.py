@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -61,14 +62,24 @@ def shell_env(tmp_path: Path, **extra: str) -> dict:
     # pytest worker to fork the command warm (tests/warm_shell.py); when it cannot, pip's lines run it cold.
     (bin_dir / "modelyard").write_text(warm_shell.shim_text())
     (bin_dir / "modelyard").chmod(0o755)
-    for name in ("python3", "python"):
-        if not (bin_dir / name).exists():
-            (bin_dir / name).symlink_to(sys.executable)
+    put_python_on_path(bin_dir)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("MODELYARD_LOG_LEVEL", None)
     env[warm_shell.VARIABLE] = warm_shell.socket_path()
     env.update(extra)
     return env
+
+
+def put_python_on_path(bin_dir: Path, interpreter: str = sys.executable) -> None:
+    """``python3`` and ``python`` in ``bin_dir`` that run ``interpreter``, venv and all.
+
+    Small scripts that exec it, not symlinks: a venv's Python finds its pyvenv.cfg beside the path it was
+    started by, so a symlink to it elsewhere starts the base interpreter, without the venv's packages
+    (``No module named 'modelyard'`` under the README's own venv)."""
+    for name in ("python3", "python"):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(interpreter)} "$@"\n')
+        script.chmod(0o755)
 
 
 def sh(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -65,6 +65,40 @@ def test_readme_holds_both_commands_and_ci_runs_the_test_command():
     assert at == sorted(at) and at[1] == at[0] + 1, at
 
 
+def test_ci_makes_the_readmes_venv_and_runs_the_test_command_in_it():
+    """CI takes the README's path: its two venv lines, as written, then the test command, all in one shell."""
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    at = [lines.index(command) for command in VENV_COMMANDS + [TEST_COMMAND]]
+    assert at == [at[0], at[0] + 1, at[0] + 2], lines
+
+
+def test_in_the_readmes_venv_the_docs_tests_python_sees_the_venvs_packages(tmp_path):
+    """The README's venv lines in a fresh folder, a package only that venv has (as `pip install -e .` gives it
+    modelyard), then the `python3` the doc tests put on PATH (tests/doc_blocks.shell_env) for that
+    interpreter: it must be the venv's, not the base interpreter a symlink to it starts."""
+    from tests.doc_blocks import put_python_on_path
+
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    # --without-pip would be quicker, but the lines run are the README's own.
+    script = " && ".join([*VENV_COMMANDS, 'python3 -c "import site, sys; print(sys.executable); '
+                                           'print(site.getsitepackages()[0])"'])
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=clone, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    executable, site_packages = done.stdout.split()
+    assert Path(executable).parent == clone / ".venv" / "bin", executable
+    (Path(site_packages) / "only_in_this_venv.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    put_python_on_path(bin_dir, executable)  # what shell_env does for the pytest running in that venv
+    for name in ("python3", "python"):
+        seen = subprocess.run([name, "-c", "import only_in_this_venv, sys; print(sys.prefix)"], capture_output=True,
+                              text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        assert seen.returncode == 0, seen.stderr
+        assert Path(seen.stdout.strip()) == clone / ".venv", seen.stdout
+
+
 def test_quickstart_snippets_define_what_they_use():
     readme = (REPO / "README.md").read_text()
     known: set[str] = set()
