@@ -1,7 +1,8 @@
 """Where a model's version aliases end up after a change: Vertex AI's rules, in one place, as pure functions.
 
 An alias names one version of a model at a time: giving it to a version takes it from whichever version
-held it. Exactly one version holds ``default`` at all times, so ``default`` moves (given to another
+held it. A version's aliases keep the order they were given in, as Vertex AI keeps them (the SDK appends
+``default`` to the caller's list; added aliases go after the version's own). Exactly one version holds ``default`` at all times, so ``default`` moves (given to another
 version) but is never simply removed. The store applies the result inside the transaction that read
 the current placement, so two changes never interleave.
 """
@@ -38,6 +39,12 @@ def check_list(aliases: object) -> list[str]:
     return _unique(check_alias(a) for a in aliases)
 
 
+def first_version(aliases: list[str]) -> list[str]:
+    """A model's first version's aliases: as given, with ``default`` (which it always holds) last unless
+    the request placed it."""
+    return aliases if DEFAULT_ALIAS in aliases else [*aliases, DEFAULT_ALIAS]
+
+
 def place(current: Placement, version_id: str, add: list[str], remove: list[str]) -> Placement:
     """The placement after giving ``add`` to ``version_id`` and taking ``remove`` from it."""
     if DEFAULT_ALIAS in remove and DEFAULT_ALIAS in current.get(version_id, []):
@@ -52,7 +59,9 @@ def place(current: Placement, version_id: str, add: list[str], remove: list[str]
 def replace(current: Placement, version_id: str, aliases: list[str]) -> Placement:
     """The placement after setting ``version_id``'s aliases to exactly ``aliases`` (an update mask's rule)."""
     mine = current.get(version_id, [])
-    return place(current, version_id, aliases, [a for a in mine if a not in aliases])
+    out = place(current, version_id, aliases, [a for a in mine if a not in aliases])
+    out[version_id] = _unique(aliases)  # exactly the list given, in its order
+    return out
 
 
 def _unique(items) -> list[str]:

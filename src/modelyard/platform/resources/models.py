@@ -10,7 +10,7 @@ import time
 from modelyard.platform.api import aliases, fields, names
 from modelyard.platform.resources import artifacts, prebuilt_images
 from modelyard.platform.api.errors import ApiError, invalid, not_found
-from modelyard.platform.api.names import DEFAULT_ALIAS, Route
+from modelyard.platform.api.names import Route
 from modelyard.platform.resources.operations import EMPTY, typed
 from modelyard.platform.api.timefmt import rfc3339
 
@@ -66,7 +66,7 @@ async def upload(p, route: Route, body: dict) -> dict:
         p.store.add_model({"id": model_id, "parent": route.parent, "display_name": display_name,
                            "description": description, "labels": labels, "created": now, "updated": now},
                           {**version, "model_id": model_id,
-                           "aliases": [DEFAULT_ALIAS, *(a for a in version_aliases if a != DEFAULT_ALIAS)]})
+                           "aliases": aliases.first_version(version_aliases)})
     name = names.model_name(route.parent, model_id)
     return p.ops.done(route.parent, "models", model_id, "UploadModelOperationMetadata",
                       typed("UploadModelResponse", {"model": name, "modelVersionId": version_id}))
