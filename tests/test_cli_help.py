@@ -56,3 +56,22 @@ def test_one_flag_per_setting(command):
         for flag in action.option_strings:
             if flag.startswith("--no-") and "--" + flag[len("--no-"):] in flags:
                 raise AssertionError(f"`modelyard {command}` has both --{flag[5:]} and {flag}: keep one")
+
+
+def _typo(flag: str) -> str:
+    return flag[:-2] + flag[-1] + flag[-2]  # the last two letters swapped: --modle for --model
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_names_the_flag_a_typo_meant(command, capsys):
+    """`modelyard endpoints deploy 1 --modle x`: argparse stops at the missing --model; the typo is the reason."""
+    parser = dict((" ".join(path), p) for path, p in _leaves(build_parser()))[command]
+    flags = [s for a in parser._actions for s in a.option_strings
+             if s.startswith("--") and s not in ("--help", "--verbose") and len(s) > 5]
+    if not flags:
+        return  # a group (`models`): its subcommands are walked
+    flag = max(flags, key=len)
+    with pytest.raises(SystemExit) as done:
+        main([*command.split(), _typo(flag), "x"])
+    assert done.value.code == 2
+    assert f"{_typo(flag)}: did you mean {flag}?" in capsys.readouterr().err

@@ -112,6 +112,23 @@ def test_quickstart_snippets_define_what_they_use():
         assert undefined_names(client_snippet(readme, marker)) == set(), marker
 
 
+STORAGE_URL = "http://127.0.0.1:8601"  # the storage line `modelyard platform --port 8600` prints
+
+
+def test_vertex_snippet_points_at_the_platforms_storage_before_anything_uses_it():
+    """Forgetting `export STORAGE_EMULATOR_HOST` gives google-auth's DefaultCredentialsError with no word of the
+    variable: the README's SDK snippet sets it in code first, as docs/storage.md does, and the text says why."""
+    readme = (REPO / "README.md").read_text()
+    block = client_snippet(readme, "aiplatform.init(")
+    statements = [ast.unparse(node) for node in ast.parse(block).body]
+    sets = next(i for i, stmt in enumerate(statements) if stmt.startswith("os.environ['STORAGE_EMULATOR_HOST']"))
+    assert statements[sets] == f"os.environ['STORAGE_EMULATOR_HOST'] = '{STORAGE_URL}'", statements[sets]
+    uses = [i for i, stmt in enumerate(statements) if "storage.Client(" in stmt or "aiplatform." in stmt]
+    assert uses and sets < min(uses), statements
+    section = readme[:readme.index(block)].rsplit("## ", 1)[1]
+    assert "STORAGE_EMULATOR_HOST" in section and "DefaultCredentialsError" in section
+
+
 def test_readme_shows_what_export_prints(capsys):
     from modelyard.model.export import _announce
 
@@ -223,7 +240,9 @@ def test_batch_and_endpoints_commands_run_as_written(tmp_path):
         assert f"accepted only under {project / 'models'}, gs://my-staging" in log, log
         export = re.search(r"^\s*export (STORAGE_EMULATOR_HOST)=(\S+)$", log, re.M)  # the line it prints
         assert export, log
-        _run_platform_python_session(readme, project, platform, dict(env, STORAGE_EMULATOR_HOST=export.group(2)))
+        # Without STORAGE_EMULATOR_HOST in the environment: the snippet sets it in code (a user who forgot the
+        # export still reaches the platform's storage, not google-auth's DefaultCredentialsError).
+        _run_platform_python_session(readme, project, platform, env, export.group(2))
         (cli,) = [shell_commands(b) for b in fenced(readme, "bash") if "modelyard endpoints predict" in b]
         cli_env = dict(env, MODELYARD_PLATFORM=platform.url)
         for command in cli:
@@ -249,9 +268,9 @@ print(json.dumps(values, default=repr))
 """
 
 
-def _run_platform_python_session(readme: str, project: Path, platform, env: dict) -> None:
+def _run_platform_python_session(readme: str, project: Path, platform, env: dict, storage_url: str) -> None:
     """The Endpoints section's Python (the Vertex SDK snippet, the scikit-learn snippet, the registry
-    snippet), in README order, in one session, as written but for the platform's port."""
+    snippet), in README order, in one session, as written but for the platform's and its storage's ports."""
     import json
 
     import joblib
@@ -266,7 +285,7 @@ def _run_platform_python_session(readme: str, project: Path, platform, env: dict
     for i, block in enumerate(blocks):
         assert "localhost:8600" in block or i > 0
         path = project / f"readme_block_{i}.py"
-        path.write_text(block.replace("http://localhost:8600", platform.url))
+        path.write_text(block.replace("http://localhost:8600", platform.url).replace(STORAGE_URL, storage_url))
         paths.append(str(path))
     done = subprocess.run([sys.executable, "-c", _SESSION, *paths], cwd=project, env=env, capture_output=True,
                           text=True, timeout=600)

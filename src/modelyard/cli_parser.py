@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 
 # difflib's default 0.6 lets unrelated short flags match each other; 0.7 still catches one
 # wrong, missing or swapped letter, and the dash/underscore spellings of a flag.
@@ -76,18 +77,40 @@ class SuggestingArgumentParser(argparse.ArgumentParser):
         close = difflib.get_close_matches(flag, candidates, n=1, cutoff=_CUTOFF)
         return close[0] if close else None
 
+    def hints(self, args: list[str]) -> list[tuple[str, str]]:
+        """(mistyped flag, the known flag closest to it) for each unknown long flag of ``args``."""
+        known = set(self.option_strings())
+        flags = []
+        for arg in args:
+            if arg == "--":  # what follows belongs to someone else
+                break
+            flag = _flag_part(arg)
+            # argparse takes a unique prefix of a flag (allow_abbrev) as the flag: not a typo.
+            abbreviates = self.allow_abbrev and len([k for k in known if k.startswith(flag)]) == 1
+            if arg.startswith("--") and flag not in known and not abbreviates:
+                flags.append(arg)
+        return [(arg, hint) for arg in flags for hint in [self.suggest(arg)] if hint]
+
     def parse_known_args(self, args=None, namespace=None):
-        if self.dash_spellings and args is not None:
-            args = self._respelled(list(args))
+        args = sys.argv[1:] if args is None else list(args)
+        if self.dash_spellings:
+            args = self._respelled(args)
+        # Kept for error(): argparse may stop before it lists the unknown flags (a required flag missing,
+        # as `--modle` leaves --model), and the typo is then the reason to name.
+        self._parsing = args
         namespace, extras = super().parse_known_args(args, namespace)
-        hints = [(arg, self.suggest(arg)) for arg in extras if arg.startswith("--")]
-        hints = [(arg, hint) for arg, hint in hints if hint]
-        if hints:
+        if self.hints(extras):
             # Raised here, in the (sub)parser that knows the flags, so the usage line printed
             # is the subcommand's; unknown args with no close flag go up to argparse's message.
-            said = "; ".join(f"{_flag_part(arg)}: did you mean {hint}?" for arg, hint in hints)
-            self.error(f"unrecognized arguments: {' '.join(extras)} ({said})")
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
+
+    def error(self, message: str):
+        """argparse's error, with "did you mean" for each mistyped flag of the arguments being parsed."""
+        hints = self.hints(getattr(self, "_parsing", []))
+        if hints:
+            message += " (" + "; ".join(f"{_flag_part(arg)}: did you mean {hint}?" for arg, hint in hints) + ")"
+        super().error(message)
 
     def _check_value(self, action, value):
         # argparse's own check, with the closest choice added to its "invalid choice" message.
