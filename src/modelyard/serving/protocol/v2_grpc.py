@@ -56,9 +56,7 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
     """``/inference.GRPCInferenceService/Method`` -> ``(Method, request class, call)``; empty without the stubs."""
     pb = _pb2()
     if pb is None:
-        log.warning("tritonclient is not installed: the Open Inference Protocol's gRPC service is off "
-                    "(pip install tritonclient); its REST API is on")
-        return {}
+        return _off_methods(repository is not None)
 
     def ServerLive(_request):
         return pb.ServerLiveResponse(live=service.live())
@@ -95,6 +93,38 @@ def methods(service: V2Service, repository=None) -> dict[str, tuple[str, type, C
         calls += _repository_calls(pb, repository)
     return {f"/{SERVICE}/{call.__name__}": (call.__name__, getattr(pb, request), _guarded(call))
             for call, request in calls}
+
+
+_BASE_CALLS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+_REPOSITORY_CALLS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+OFF_MESSAGE = ("the Open Inference Protocol's gRPC service needs tritonclient, which is not installed "
+               "(pip install tritonclient); its REST API is on")
+
+
+class _Unread:
+    """The request of a call the server cannot read without tritonclient's messages: left unparsed."""
+
+    model_name = None  # not a model call: the transports route it like any other
+
+    @classmethod
+    def FromString(cls, _data) -> "_Unread":
+        return cls()
+
+
+def _off_methods(with_repository: bool) -> dict[str, tuple[str, type, Callable]]:
+    """Without tritonclient, each of the service's methods answers UNIMPLEMENTED saying what to install, and
+    the server's log says so once, when a client first asks: a server nobody calls over V2 gRPC (most) says
+    nothing of a package it never needs."""
+    warned = []
+
+    def off(_request):
+        if not warned:
+            warned.append(True)
+            log.warning("%s: a client called it", OFF_MESSAGE)
+        return None, Code.UNIMPLEMENTED, OFF_MESSAGE
+
+    names = _BASE_CALLS + (_REPOSITORY_CALLS if with_repository else ())
+    return {f"/{SERVICE}/{name}": (name, _Unread, off) for name in names}
 
 
 def _infer_response(pb, request, result) -> bytes:
@@ -137,6 +167,8 @@ def start_infer(service: V2Service, request, deadline: float | None, executor):
     None when the model does not batch (call ModelInfer as usual); ``(None, code, message)`` when it
     fails before the queue; else a ``QueuedPredict`` whose ``finish()`` gives the serialized response."""
     pb = _pb2()
+    if pb is None:  # the call answers UNIMPLEMENTED (_off_methods)
+        return None
 
     def read():
         return (_inputs(request), [o.name for o in request.outputs] or None,
