@@ -18,6 +18,7 @@ class Progress:
         self.enabled = enabled
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = self.last = time.monotonic()
+        self.drawn: tuple[int, int] | None = None  # (done, total) of the last line drawn
 
     def restart(self) -> None:
         """Start the rate clock now (after the model loaded), so rows/s measures predicting."""
@@ -45,13 +46,16 @@ class Progress:
                 f"{rate:,.0f} rows/s | ETA {eta}")
         self.stream.write(("\r" + text) if self.tty else (text + "\n"))
         self.stream.flush()
+        self.drawn = (self.done, total)
 
     def close(self) -> None:
-        """The final state, drawn once more: the last advance may have come before the total was
-        exact (a job planned while it runs estimates its total until the plan is whole)."""
+        """The final state, drawn unless the last line already showed it: the last advance may have come
+        before the total was exact (a job planned while it runs estimates its total until the plan is
+        whole), and a last line drawn again is the 100% line printed twice."""
         if not self.enabled:
             return
-        self._draw()
+        if self.drawn != (self.done, max(self.total, self.done)):
+            self._draw()
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
