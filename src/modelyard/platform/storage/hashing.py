@@ -49,18 +49,15 @@ class Hasher:
         return b64(self._md5.digest()) if self._md5 is not None else None
 
 
-def file_hashes(path, md5: bool) -> tuple[str, str | None, int]:
-    """(crc32c, md5 or None, size) of a file, read in 1 MiB chunks (blocking: run it in a thread)."""
-    h = Hasher(md5=md5)
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            h.update(chunk)
-    return h.crc32c, h.md5, h.size
-
-
 def file_md5(path) -> str:
-    h = hashlib.md5()
     with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            h.update(chunk)
+        return fileobj_md5(f)
+
+
+def fileobj_md5(f) -> str:
+    """MD5 of an open file from its start (blocking: run it in a thread)."""
+    h = hashlib.md5()
+    f.seek(0)
+    while chunk := f.read(READ_CHUNK):
+        h.update(chunk)
     return b64(h.digest())

@@ -7,9 +7,9 @@ is written as it comes, and the tail is cut at the last delimiter at end of stre
 """
 from __future__ import annotations
 
-import json
 import re
 
+from modelyard.platform.storage.bodies import parse_object
 from modelyard.platform.storage.errors import invalid
 
 _HEAD_LIMIT = 1 << 20  # the metadata part and the part headers
@@ -58,12 +58,7 @@ async def read_multipart(content, content_type: str, write, on_metadata=None) ->
     meta_part = _split_head(buf[first + len(delim):second])
     if meta_part is None:
         raise invalid("Invalid multipart upload: the metadata part has no headers.")
-    try:
-        metadata = json.loads(meta_part[1].strip() or b"{}")
-    except ValueError as exc:
-        raise invalid(f"Invalid multipart upload: the metadata part is not JSON ({exc}).") from None
-    if not isinstance(metadata, dict):
-        raise invalid("Invalid multipart upload: the metadata part is not a JSON object.")
+    metadata = parse_object(meta_part[1], "Invalid multipart upload: the metadata part is not a JSON object")
     media_headers, tail = after
     if on_metadata is not None:
         on_metadata(metadata)

@@ -3,13 +3,15 @@
 ``gs://BUCKET/NAME`` is the file ``ROOT/BUCKET/NAME``. A name that could leave the root or that no
 file can hold (``..``/``.`` segments, an empty segment as in ``a//b`` or ``/abs``, NUL, CR/LF, a
 segment over 255 bytes, a symlink out of the root) is refused with Cloud Storage's 400 ``invalid``.
-Percent-decoding happens before these checks (the routes decode once), so ``%2e%2e`` is ``..`` here.
+Percent-decoding happens before these checks (the routes decode once, with ``decode``: strict UTF-8),
+so ``%2e%2e`` is ``..`` here. A bucket's directory that is a symlink is refused too.
 """
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
+from urllib.parse import unquote
 
 from modelyard.platform.storage.errors import invalid
 
@@ -29,7 +31,10 @@ def check_bucket(bucket: str) -> str:
 def check_object(name: str) -> str:
     """A valid object name that maps to a file inside its bucket's directory, or a 400.
     A name ending in ``/`` (a "folder" placeholder) is allowed: it is the directory itself."""
-    raw = name.encode("utf-8", "surrogatepass")
+    try:
+        raw = name.encode("utf-8")  # strict: a lone surrogate (from JSON's \\udc80) is no UTF-8
+    except UnicodeEncodeError:
+        raise invalid(f"Invalid object name: {name[:80]!r}: object names are valid UTF-8.") from None
     if not name or len(raw) > 1024:
         raise invalid(f"Invalid object name: {name[:80]!r}: object names are 1-1024 bytes of UTF-8.")
     if any(c in name for c in "\0\r\n"):
@@ -45,7 +50,21 @@ def check_object(name: str) -> str:
 
 
 def bucket_dir(root: Path, bucket: str) -> Path:
-    return root / check_bucket(bucket)
+    """``ROOT/BUCKET``; a 400 when that directory is a symlink (a bucket is a real directory of the root,
+    so nothing outside it is ever served or written through one)."""
+    path = root / check_bucket(bucket)
+    if os.path.islink(path) or os.path.realpath(path) != os.path.join(os.path.realpath(root), bucket):
+        raise invalid(f"Invalid bucket: '{bucket}' is not a directory of the storage root (a symlink).")
+    return path
+
+
+def decode(segment: str) -> str:
+    """One percent-encoded path segment or query value, decoded as strict UTF-8: Cloud Storage answers
+    400 to bytes that are not UTF-8, where a lenient decode would map them all to U+FFFD (one name)."""
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise invalid(f"Invalid object or bucket name {segment[:80]!r}: names are valid UTF-8.") from None
 
 
 def object_path(root: Path, bucket: str, name: str) -> Path:

@@ -14,10 +14,11 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -54,12 +55,17 @@ def check_preconditions(rec: Record | None, cond: dict[str, int], prefix: str = 
 
 
 class Writer:
-    """A new object being written: bytes go to a temporary file, hashed on the way."""
+    """A new object being written: bytes go to a temporary file, hashed as they reach it.
+
+    Only what the kernel took is counted and hashed: a short write is continued, and a write the disk
+    refuses (full, or the process's file size limit) fails the request with 503 while ``hasher`` still
+    describes exactly the bytes in the file. A resumable session relies on that: its offset is the file's.
+    """
 
     def __init__(self, store: "Store", md5: bool) -> None:
         self.store = store
         self.tmp = store.tmp_dir / uuid.uuid4().hex
-        self.file = open(self.tmp, "wb", buffering=0)
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self.hasher = hashing.Hasher(md5=True)
         self.md5_wanted = md5  # the client sent an MD5 to check: keep it whatever the size
 
@@ -68,24 +74,60 @@ class Writer:
         """A resumable session's writer over its file: the bytes kept so far hashed again, appended to
         from there (``done``: the session made its object already, nothing to open)."""
         w = cls.__new__(cls)
-        w.store, w.tmp, w.md5_wanted = store, path, False
+        w.store, w.tmp, w.md5_wanted, w.fd = store, path, False, -1
         w.hasher = hashing.Hasher(md5=False)
         if not done:
-            with open(path, "rb") as f:
-                while chunk := f.read(hashing.READ_CHUNK):
-                    w.hasher.update(chunk)
-            w.file = open(path, "ab", buffering=0)
+            w.fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            while chunk := os.read(w.fd, hashing.READ_CHUNK):
+                w.hasher.update(chunk)
         return w
 
     def write(self, data: bytes | memoryview) -> None:
-        self.file.write(data)
-        self.hasher.update(data)
+        while data:
+            try:
+                n = os.write(self.fd, data)
+            except OSError as exc:
+                raise disk_refused(exc, self.hasher.size) from None
+            if n == len(data):
+                self.hasher.update(data)
+                break
+            self.hasher.update(bytes(data[:n]))  # a short write: what reached the file, not what was offered
+            data = data[n:]
         if not self.md5_wanted and self.hasher.size > hashing.MD5_INLINE_LIMIT:
             self.hasher.drop_md5()  # the background hasher does it once the object is in place
 
+    def stored(self, offset: int, length: int) -> bytes:
+        """Bytes already in the file (a resumable chunk sent again is compared with them)."""
+        return os.pread(self.fd, length, offset)
+
+    def finish(self) -> None:
+        """Close the file, failing if it does not hold exactly the bytes counted (a write the kernel lost)."""
+        if self.fd < 0:
+            return
+        fd, self.fd = self.fd, -1
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size != self.hasher.size:
+            raise StorageApiError(503, "backendError", f"The storage kept {size} bytes of the {self.hasher.size} "
+                                  "written; nothing was stored.")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
     def abort(self) -> None:
-        self.file.close()
+        self.close()
         self.tmp.unlink(missing_ok=True)
+
+
+def disk_refused(exc: OSError, kept: int) -> StorageApiError:
+    """A write the disk refused (ENOSPC, EFBIG from a file size limit, EDQUOT ...) as Cloud Storage's
+    retryable 503: a resumable session then asks what is kept (``kept`` bytes) and goes on from there."""
+    return StorageApiError(503, "backendError", f"The storage could not write ({os.strerror(exc.errno or 0)}); "
+                           f"{kept} bytes of this upload are kept. Retry later.")
 
 
 class Store:
@@ -100,7 +142,9 @@ class Store:
                 stale.unlink(missing_ok=True)
         self.db = MetaDB(self.root)
         self._lock_path = self.root / META_DIR / "lock"
-        self._thread_lock = threading.Lock()
+        self._thread_lock = threading.RLock()
+        self._lock_file = None  # held (flock) while this process's lock is taken, at any depth
+        self._lock_depth = 0
         self.last_activity = time.monotonic()  # the routes keep these two up to date
         self.in_flight = 0
         self._md5_queue: list[tuple[str, str, int]] = []
@@ -109,13 +153,22 @@ class Store:
 
     @contextmanager
     def locked(self):
-        """The root's commit lock: between processes (flock) and between this process's threads."""
-        with self._thread_lock, open(self._lock_path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        """The root's commit lock: between processes (flock) and between this process's threads.
+        Reentrant: a commit looks the current object up (which may take it again) while holding it."""
+        with self._thread_lock:
+            if self._lock_depth == 0:
+                f = open(self._lock_path, "a")
+                fcntl.flock(f, fcntl.LOCK_EX)
+                self._lock_file = f
+            self._lock_depth += 1
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                self._lock_depth -= 1
+                if self._lock_depth == 0:
+                    f, self._lock_file = self._lock_file, None
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                    f.close()
 
     # ---- buckets -------------------------------------------------------------------------------
     def bucket_path(self, bucket: str) -> Path:
@@ -138,12 +191,13 @@ class Store:
 
     def create_bucket(self, body: dict) -> dict:
         bucket = check_bucket(str(body.get("name", "")))
-        path = self.root / bucket
-        try:
-            path.mkdir()
-        except FileExistsError:
-            raise StorageApiError(409, "conflict", "Your previous request to create the named bucket succeeded "
-                                  "and you already own it.") from None
+        path = bucket_dir(self.root, bucket)
+        with self.locked():
+            try:
+                path.mkdir()
+            except FileExistsError:
+                raise StorageApiError(409, "conflict", "Your previous request to create the named bucket "
+                                      "succeeded and you already own it.") from None
         keep = {k: body[k] for k in ("location", "storageClass", "labels", "versioning", "lifecycle",
                                      "cors", "website", "logging", "iamConfiguration", "defaultEventBasedHold")
                 if k in body}
@@ -155,7 +209,7 @@ class Store:
     def list_buckets(self, prefix: str = "") -> list[dict]:
         out = []
         for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-            if entry.name == META_DIR or not entry.is_dir() or not entry.name.startswith(prefix):
+            if entry.name == META_DIR or entry.is_symlink() or not entry.is_dir() or not entry.name.startswith(prefix):
                 continue
             try:
                 out.append(self.bucket_resource(entry.name))
@@ -179,11 +233,14 @@ class Store:
         return self.bucket_resource(bucket)
 
     def delete_bucket(self, bucket: str) -> None:
-        path = self.bucket_path(bucket)
-        if next(self._objects(bucket, path, "", "", "", set()), None) is not None:
-            raise StorageApiError(409, "conflict", "The bucket you tried to delete is not empty.")
-        shutil.rmtree(path)  # only empty directories (and folder placeholders) remain
-        self.db.drop_bucket(bucket)
+        """Under the commit lock, so an upload either lands before (and the bucket is not empty: 409) or
+        finds no bucket when it commits (404): never a 200 for an object deleted with its bucket."""
+        with self.locked():
+            path = self.bucket_path(bucket)
+            if next(self._objects(bucket, path, "", "", "", set()), None) is not None:
+                raise StorageApiError(409, "conflict", "The bucket you tried to delete is not empty.")
+            shutil.rmtree(path)  # only empty directories (and folder placeholders) remain
+            self.db.drop_bucket(bucket)
 
     def iam_policy(self, bucket: str) -> dict:
         self.bucket_path(bucket)
@@ -208,28 +265,56 @@ class Store:
     # ---- objects: reading ----------------------------------------------------------------------
     def record(self, bucket: str, name: str) -> Record:
         """The object's row, made or refreshed when its file changed behind the API (blocking: may hash)."""
+        rec, f = self.open_read(bucket, name)
+        if f is not None:
+            f.close()
+        return rec
+
+    def open_read(self, bucket: str, name: str):
+        """(row, open file) of one generation: the file is opened first and its ``fstat`` must be the one
+        the row describes (a commit renames a new file in and then writes its row, both under the lock), so
+        headers and bytes always come from the same generation; the open file keeps those bytes readable
+        even if the object is replaced meanwhile. A folder placeholder has no file (None)."""
         self.bucket_path(bucket)
         path = object_path(self.root, bucket, name)
-        rec = self.db.get(bucket, name)
-        try:
-            st = path.stat()
-        except (FileNotFoundError, NotADirectoryError):
-            raise no_object(bucket, name) from None
         if name.endswith("/"):  # a folder placeholder: the directory exists and the row says it is an object
+            rec = self.db.get(bucket, name)
             if rec is None or not path.is_dir():
                 raise no_object(bucket, name)
-            return rec
-        if not path.is_file():
-            raise no_object(bucket, name)
-        if rec is not None and rec.matches(st):
-            return rec
-        crc, md5, _ = hashing.file_hashes(path, md5=st.st_size <= hashing.MD5_INLINE_LIMIT)
+            return rec, None
+        for under_lock in (False, True):  # first without the lock (the usual case: nothing is committing)
+            with self.locked() if under_lock else nullcontext():
+                try:
+                    f = open(path, "rb")
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    raise no_object(bucket, name) from None
+                try:
+                    st = os.fstat(f.fileno())
+                    if not stat.S_ISREG(st.st_mode):
+                        raise no_object(bucket, name)
+                    rec = self.db.get(bucket, name)
+                    if rec is not None and rec.matches(st):
+                        return rec, f
+                    if under_lock:  # the file was written behind the API: a fresh row from these very bytes
+                        return self._refresh(bucket, name, f, st, rec), f
+                except BaseException:
+                    f.close()
+                    raise
+                f.close()
+        raise AssertionError("unreachable")
+
+    def _refresh(self, bucket: str, name: str, f, st, rec: Record | None) -> Record:
+        """A new row for a file changed outside the API, hashed from the open file (under the lock)."""
+        h = hashing.Hasher(md5=st.st_size <= hashing.MD5_INLINE_LIMIT)
+        while chunk := f.read(hashing.READ_CHUNK):
+            h.update(chunk)
+        f.seek(0)
         generation = max(st.st_mtime_ns // 1000, (rec.generation + 1) if rec else 0)
         extra = rec.extra if rec else {}
-        fresh = Record(bucket, name, generation, 1, st.st_size, st.st_mtime_ns, st.st_ino, crc, md5,
+        fresh = Record(bucket, name, generation, 1, h.size, st.st_mtime_ns, st.st_ino, h.crc32c, h.md5,
                        rfc3339(st.st_mtime), rfc3339(st.st_mtime), extra)
         self.db.put(fresh)
-        if md5 is None:
+        if fresh.md5 is None:
             self._queue_md5(bucket, name, generation)
         return fresh
 
@@ -259,8 +344,7 @@ class Store:
         """Check the written bytes against the client's checksums and the preconditions, then put the
         object in place (rename) with its row. The temporary file is gone afterwards either way."""
         try:
-            w.file.close()
-            self.bucket_path(bucket)
+            w.finish()
             path = object_path(self.root, bucket, name)
             if expect_crc and expect_crc != w.hasher.crc32c:
                 raise invalid(f"Provided CRC32C \"{expect_crc}\" doesn't match calculated CRC32C "
@@ -275,6 +359,7 @@ class Store:
                               "directory here, so it must be empty.")
             fields = {k: v for k, v in fields.items() if k in USER_FIELDS and v is not None}
             with self.locked():
+                self.bucket_path(bucket)  # inside the lock: a bucket deleted meanwhile is a 404, not recreated
                 old = self._current(bucket, name)
                 check_preconditions(old, cond)
                 self._place(w.tmp, path, bucket, name)
@@ -288,6 +373,7 @@ class Store:
                 self._queue_md5(bucket, name, generation)
             return rec
         finally:
+            w.close()
             w.tmp.unlink(missing_ok=True)
 
     def _current(self, bucket: str, name: str) -> Record | None:
@@ -363,18 +449,26 @@ class Store:
 
     def copy(self, src_bucket: str, src_name: str, bucket: str, name: str, fields: dict,
              cond: dict[str, int], src_cond: dict[str, int]) -> Record:
-        """copyTo / rewriteTo: the bytes copied in the kernel where it can (copy_file_range), metadata from
-        the source unless the request body sets it."""
-        src = self.record(src_bucket, src_name)
-        check_preconditions(src, src_cond, prefix="ifSource")
-        w = self.writer()
-        w.file.close()
-        shutil.copyfile(object_path(self.root, src_bucket, src_name), w.tmp)
-        w.hasher.crc, w.hasher.size = int.from_bytes(base64.b64decode(src.crc32c), "big"), src.size
-        w.hasher.drop_md5()
+        """copyTo / rewriteTo: the source's bytes read from the one generation its preconditions were
+        checked against (its file open, so a concurrent overwrite cannot mix in), hashed as they are
+        written, and the copy stored only if that hash is the source's; metadata from the source unless
+        the request body sets it."""
+        src, f = self.open_read(src_bucket, src_name)
+        try:
+            check_preconditions(src, src_cond, prefix="ifSource")
+            w = self.writer()
+            try:
+                while f is not None and (chunk := f.read(hashing.READ_CHUNK)):
+                    w.write(chunk)
+            except BaseException:
+                w.abort()
+                raise
+        finally:
+            if f is not None:
+                f.close()
         md5 = src.md5
         merged = {**src.extra, **{k: v for k, v in fields.items() if k in USER_FIELDS}}
-        rec = self.commit(w, bucket, name, merged, cond)
+        rec = self.commit(w, bucket, name, merged, cond, expect_crc=src.crc32c)
         if md5 and rec.md5 is None:
             rec.md5 = md5
             self.db.set_md5(bucket, name, rec.generation, md5)
@@ -407,13 +501,15 @@ class Store:
         try:
             components = 0
             for s in sources:
-                rec = self.record(bucket, str(s.get("name", "")))
-                if s.get("generation") is not None and int(s["generation"]) != rec.generation:
-                    raise no_object(bucket, rec.name)
-                check_preconditions(rec, {k: int(v) for k, v in (s.get("objectPreconditions") or {}).items()
-                                         if v is not None})
-                components += int(rec.extra.get("componentCount", 1))
-                with open(object_path(self.root, bucket, rec.name), "rb") as f:
+                rec, f = self.open_read(bucket, str(s.get("name", "")))  # one generation per source
+                if f is None:
+                    raise invalid("compose takes objects, not folder placeholders.")
+                with f:
+                    if s.get("generation") is not None and int(s["generation"]) != rec.generation:
+                        raise no_object(bucket, rec.name)
+                    check_preconditions(rec, {k: int(v) for k, v in (s.get("objectPreconditions") or {}).items()
+                                             if v is not None})
+                    components += int(rec.extra.get("componentCount", 1))
                     while chunk := f.read(hashing.READ_CHUNK):
                         w.write(chunk)
         except BaseException:
@@ -516,10 +612,11 @@ class Store:
                     continue
                 bucket, name, generation = self._md5_queue.pop(0)
                 try:
-                    rec = self.db.get(bucket, name)
-                    if rec is None or rec.generation != generation or rec.md5:
-                        continue
-                    self.db.set_md5(bucket, name, generation, hashing.file_md5(object_path(self.root, bucket, name)))
+                    rec, f = self.open_read(bucket, name)  # the file of that row, not a newer one
+                    with f:
+                        if rec.generation != generation or rec.md5:
+                            continue
+                        self.db.set_md5(bucket, name, generation, hashing.fileobj_md5(f))
                 except Exception as exc:  # gone or replaced meanwhile: the next look computes afresh
                     log.debug("md5 of %s/%s skipped: %s", bucket, name, exc)
 

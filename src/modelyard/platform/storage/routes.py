@@ -24,15 +24,16 @@ import json
 import logging
 import re
 import time
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
 from modelyard.platform.api import bearer
+from modelyard.platform.storage.bodies import BATCH_BODY_LIMIT, parse_object, read_limited
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
 from modelyard.platform.storage.multipart import read_multipart
-from modelyard.platform.storage.names import object_path
+from modelyard.platform.storage.names import decode, object_path
 from modelyard.platform.storage.objects import Store, check_preconditions
 from modelyard.platform.storage.uploads import Uploads
 
@@ -51,6 +52,14 @@ def _error(exc: StorageApiError) -> web.Response:
     if exc.code == 304:
         return web.Response(status=304)
     return _json(exc.to_body(), exc.code)
+
+
+def _query(raw: str) -> dict:
+    """The query string, values decoded as strict UTF-8 (a name that is not UTF-8 is a 400)."""
+    try:
+        return dict(parse_qsl(raw, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise invalid("Invalid query string: values are UTF-8 (an object name that is not UTF-8?).") from None
 
 
 def _conditions(query: dict, names=_CONDITIONS) -> dict[str, int]:
@@ -83,7 +92,8 @@ class StorageRoutes:
         self.token = token
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 40)
+        # Only JSON is read whole (bodies.read_limited, its own limits); uploads stream into files.
+        app = web.Application(client_max_size=BATCH_BODY_LIMIT)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
@@ -101,8 +111,8 @@ class StorageRoutes:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.store.in_flight += 1  # the background MD5 waits for a quiet moment
         target = urlsplit(request.raw_path)
-        query = dict(parse_qsl(target.query, keep_blank_values=True))
         try:
+            query = _query(target.query)
             if target.path in ("/", "/healthz") and request.method == "GET":
                 return _json({"status": "ok"})
             self._check_token(request)
@@ -123,9 +133,9 @@ class StorageRoutes:
         if path.startswith("/batch/storage/v1"):
             return await self.batch(request)
         if path.startswith("/upload/storage/v1/b/") and len(parts) == 7 and parts[6] == "o":
-            return await self.upload(request, method, unquote(parts[5]), query)
+            return await self.upload(request, method, decode(parts[5]), query)
         if path.startswith("/download/storage/v1/b/") and len(parts) >= 8 and parts[6] == "o":
-            return await self.download(request, unquote(parts[5]), unquote("/".join(parts[7:])), query)
+            return await self.download(request, decode(parts[5]), decode("/".join(parts[7:])), query)
         if not path.startswith("/storage/v1/b"):
             raise StorageApiError(404, "notFound", f"Not Found: {path}")
         rest = parts[4:]
@@ -136,7 +146,7 @@ class StorageRoutes:
             if method == "POST":
                 return _json(self.store.create_bucket(await self._body(request)))
             raise self._bad_method(method, path)
-        bucket = unquote(rest[0])
+        bucket = decode(rest[0])
         if len(rest) == 1:
             if method == "GET":
                 return _json(self.store.bucket_resource(bucket))
@@ -168,19 +178,19 @@ class StorageRoutes:
                 i = len(obj_parts) - 1 - obj_parts[::-1].index(verb)
                 tail = obj_parts[i + 1:]
                 if len(tail) >= 4 and tail[0] == "b" and tail[2] == "o":
-                    return await self.copy(request, verb, bucket, unquote("/".join(obj_parts[:i])),
-                                           unquote(tail[1]), unquote("/".join(tail[3:])), query)
+                    return await self.copy(request, verb, bucket, decode("/".join(obj_parts[:i])),
+                                           decode(tail[1]), decode("/".join(tail[3:])), query)
         if method == "POST" and "moveTo" in obj_parts:
             i = len(obj_parts) - 1 - obj_parts[::-1].index("moveTo")
             tail = obj_parts[i + 1:]
             if len(tail) >= 2 and tail[0] == "o":
-                rec = await asyncio.to_thread(self.store.move, bucket, unquote("/".join(obj_parts[:i])),
-                                              unquote("/".join(tail[1:])), _conditions(query),
+                rec = await asyncio.to_thread(self.store.move, bucket, decode("/".join(obj_parts[:i])),
+                                              decode("/".join(tail[1:])), _conditions(query),
                                               _conditions(query, _SOURCE_CONDITIONS))
                 return _json(self.store.resource(rec, self._base_url(request)))
         if method == "POST" and obj_parts[-1] == "compose" and len(obj_parts) > 1:
-            return await self.compose(request, bucket, unquote("/".join(obj_parts[:-1])), query)
-        name = unquote("/".join(obj_parts))
+            return await self.compose(request, bucket, decode("/".join(obj_parts[:-1])), query)
+        name = decode("/".join(obj_parts))
         if method == "GET":
             if query.get("alt") == "media":
                 return await self.download(request, bucket, name, query)
@@ -208,16 +218,7 @@ class StorageRoutes:
 
     @staticmethod
     async def _body(request: web.Request) -> dict:
-        raw = await request.read()
-        if not raw:
-            return {}
-        try:
-            doc = json.loads(raw)
-        except ValueError as exc:
-            raise invalid(f"Invalid JSON payload received: {exc}") from None
-        if not isinstance(doc, dict):
-            raise invalid("Invalid JSON payload received: expected an object.")
-        return doc
+        return parse_object(await read_limited(request))
 
     # ---- listing ---------------------------------------------------------------------------------
     async def list_objects(self, request: web.Request, bucket: str, query: dict) -> web.Response:
@@ -243,7 +244,15 @@ class StorageRoutes:
 
     # ---- downloads -------------------------------------------------------------------------------
     async def download(self, request: web.Request, bucket: str, name: str, query: dict) -> web.StreamResponse:
-        rec = await asyncio.to_thread(self.store.record, bucket, name)
+        # The row and the open file of one generation: headers and bytes cannot come from two.
+        rec, f = await asyncio.to_thread(self.store.open_read, bucket, name)
+        try:
+            return await self._send(request, rec, f, query)
+        finally:
+            if f is not None:
+                f.close()
+
+    async def _send(self, request: web.Request, rec, f, query: dict) -> web.StreamResponse:
         self._generation(rec, query)
         check_preconditions(rec, _conditions(query))
         size = rec.size
@@ -276,43 +285,46 @@ class StorageRoutes:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         resp = web.StreamResponse(status=status, headers=headers)
         resp.content_length = end - start
-        if request.method == "HEAD":
+        if request.method == "HEAD" or f is None:
             await resp.prepare(request)
-            return resp
-        f = open(object_path(self.store.root, bucket, name), "rb")
-        try:
-            writer = await resp.prepare(request)
-            count = end - start
-            if count:
-                try:
-                    await asyncio.get_running_loop().sendfile(request.transport, f, start, count)
-                except (NotImplementedError, AttributeError, RuntimeError):
-                    f.seek(start)
-                    left = count
-                    while left > 0:
-                        chunk = f.read(min(READ_CHUNK, left))
-                        if not chunk:
-                            break  # truncated behind our back: the client sees a short body
-                        left -= len(chunk)
-                        await writer.write(chunk)
             await resp.write_eof()
-        finally:
-            f.close()
+            return resp
+        writer = await resp.prepare(request)
+        count = end - start
+        if count:
+            try:
+                await asyncio.get_running_loop().sendfile(request.transport, f, start, count)
+            except (NotImplementedError, AttributeError, RuntimeError):
+                f.seek(start)
+                left = count
+                while left > 0:
+                    chunk = f.read(min(READ_CHUNK, left))
+                    if not chunk:
+                        break  # truncated in place behind the API: the client sees a short body
+                    left -= len(chunk)
+                    await writer.write(chunk)
+        await resp.write_eof()
         return resp
 
     # ---- uploads ---------------------------------------------------------------------------------
-    async def _stream_into(self, writer, content, skip: int = 0) -> None:
-        """Copy the request body into the writer as it arrives (``skip``: bytes already kept, sent again)."""
-        while True:
-            chunk = await content.readany()
-            if not chunk:
-                return
-            if skip:
-                drop = min(skip, len(chunk))
-                chunk, skip = chunk[drop:], skip - drop
+    async def _stream_into(self, writer, content, offset: int | None = None) -> None:
+        """Copy the request body into the writer as it arrives. ``offset``: where the body starts in a
+        resumable session; bytes at offsets the session already holds are compared with the held ones and
+        never appended again (a chunk sent twice is taken once; different bytes there are a 400)."""
+        pos = offset
+        while chunk := await content.readany():
+            if pos is not None and pos < writer.hasher.size:
+                n = min(len(chunk), writer.hasher.size - pos)
+                if writer.stored(pos, n) != chunk[:n]:
+                    raise invalid(f"The bytes sent at offset {pos} differ from those this upload already holds "
+                                  "there; ask for the upload's status and send from its Range.")
+                pos += n
+                chunk = chunk[n:]
                 if not chunk:
                     continue
             writer.write(chunk)
+            if pos is not None:
+                pos += len(chunk)
 
     async def upload(self, request: web.Request, method: str, bucket: str, query: dict) -> web.StreamResponse:
         kind = query.get("uploadType", "")
@@ -395,6 +407,12 @@ class StorageRoutes:
         return _json(self.store.resource(rec, self._base_url(request)))
 
     async def resumable_chunk(self, request: web.Request, upload_id: str) -> web.Response:
+        # One request at a time per session: a chunk sent again while its first attempt is still arriving
+        # waits, then finds those bytes held and is compared with them, never appended twice.
+        async with self.uploads.lock(upload_id):
+            return await self._resumable_chunk(request, upload_id)
+
+    async def _resumable_chunk(self, request: web.Request, upload_id: str) -> web.Response:
         s = self.uploads.session(upload_id)
         if s.extra.get("done"):
             bucket, name, _gen = s.extra["done"]
@@ -404,11 +422,11 @@ class StorageRoutes:
         if total is None and s.extra.get("total") is not None and first is None:
             total = s.extra["total"]
         if first is not None:
-            have = s.persisted
-            if first > have:
-                await request.read()  # a gap: say what is kept, the client sends from there
+            if first > s.persisted:
+                while await request.content.readany():  # a gap: drained, not kept; the client sends from Range
+                    pass
                 return self._incomplete(s)
-            await self._stream_into(s.writer, request.content, skip=have - first)
+            await self._stream_into(s.writer, request.content, offset=first)
             if last is None:  # no Content-Range: the whole object in one PUT
                 total = s.persisted
         if total is not None and s.persisted > total:
@@ -420,7 +438,7 @@ class StorageRoutes:
         try:
             rec = await asyncio.to_thread(self.uploads.finish, s, crc, md5)
         except StorageApiError:
-            self.uploads.fail(s)
+            self.uploads.fail(s)  # refused (checksum, precondition, no bucket): the session's bytes are gone
             raise
         return _json(self.store.resource(rec, self._base_url(request)))
 
@@ -456,7 +474,7 @@ class StorageRoutes:
     # ---- batch -----------------------------------------------------------------------------------
     async def batch(self, request: web.Request) -> web.Response:
         """``multipart/mixed`` of small JSON calls (no uploads): each answered in order in one reply."""
-        raw = await request.read()
+        raw = await read_limited(request, BATCH_BODY_LIMIT)
         ctype = request.headers.get("Content-Type", "")
         msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
             b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw)
@@ -470,8 +488,8 @@ class StorageRoutes:
             lines = head.decode().splitlines()
             method, target = lines[0].split(" ")[:2]
             t = urlsplit(target)
-            q = dict(parse_qsl(t.query, keep_blank_values=True))
             try:
+                q = _query(t.query)
                 if method not in ("GET", "DELETE", "PATCH", "PUT", "POST") or "/upload/" in t.path or "/batch/" in t.path:
                     raise invalid(f"{method} {t.path} cannot be batched")
                 resp = await self.dispatch(_BatchRequest(request, method, target, body), method, t.path, q)

@@ -9,8 +9,10 @@ Storage's do.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import time
+import weakref
 import uuid
 
 from modelyard.platform.storage.errors import StorageApiError, invalid
@@ -38,6 +40,7 @@ class Uploads:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._open: dict[str, Session] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         for old in store.db.uploads_before(time.time() - SESSION_LIFETIME_S):
             self._forget(old)
 
@@ -49,6 +52,13 @@ class Uploads:
         self.store.db.add_upload(upload_id, bucket, name, time.time(),
                                  {"fields": fields, "cond": cond, "total": total})
         return upload_id
+
+    def lock(self, upload_id: str) -> asyncio.Lock:
+        """The session's lock (the routes hold it for a whole chunk request); kept while anyone holds or waits."""
+        lock = self._locks.get(upload_id)
+        if lock is None:
+            lock = self._locks[upload_id] = asyncio.Lock()
+        return lock
 
     def session(self, upload_id: str) -> Session:
         s = self._open.get(upload_id)
@@ -98,7 +108,7 @@ class Uploads:
 
     def _forget(self, upload_id: str) -> None:
         s = self._open.pop(upload_id, None)
-        if s is not None and not s.extra.get("done"):
-            s.writer.file.close()
+        if s is not None:
+            s.writer.close()
         (self.store.uploads_dir / upload_id).unlink(missing_ok=True)
         self.store.db.drop_upload(upload_id)
