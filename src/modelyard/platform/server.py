@@ -144,7 +144,7 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
             if verb == "upload" and method == "POST":
                 return await models.upload(p, route, await _body(request, "UploadModelRequest"))
             if verb is None and method == "GET":
-                return models.list_(p, route)
+                return await models.list_(p, route, request.query)
         elif verb is None and method == "GET":
             return models.get(p, route)
         elif verb is None and method == "PATCH":
@@ -160,9 +160,10 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
     elif coll == "endpoints":
         if route.resource_id is None:
             if verb is None and method == "POST":
-                return endpoints.create(p, route, await _body(request, "Endpoint"), request.query.get("endpointId"))
+                return await endpoints.create(p, route, await _body(request, "Endpoint"),
+                                              request.query.get("endpointId"))
             if verb is None and method == "GET":
-                return endpoints.list_(p, route)
+                return await endpoints.list_(p, route, request.query)
         elif verb is None and method == "GET":
             return endpoints.get(p, route)
         elif verb is None and method == "PATCH":

@@ -1,7 +1,10 @@
 """The gateway's in-memory view of where requests go: endpoints, their split, deployed models and
 their live replicas with in-flight counts.
 
-Rebuilt from the store after every mutation (``Routing.load``), keeping each replica's counters.
+Read whole from the store when a platform starts or takes the lead (``Routing.load``: two queries,
+whatever the number of endpoints); after that, a change to one endpoint (created, patched, deleted, a
+model deployed or undeployed) re-reads that endpoint alone (``Routing.load_endpoint``), so a control-plane
+call costs the same with 3 endpoints or 3,000. Replica objects and their counters are kept either way.
 All choices happen without awaiting, so a request's deployed model and replica are picked (and
 its in-flight count taken) atomically with respect to splits changing and replicas draining.
 """
@@ -87,18 +90,49 @@ class Routing:
         old = self.deployed
         deployed: dict[str, Deployed] = {}
         endpoints: dict[str, EndpointRoute] = {}
+        by_endpoint: dict[str, list[dict]] = {}
+        for dm in store.deployed_models():
+            by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
         for ep in store.list_endpoints():
-            members = {}
-            for dm in store.deployed_models(ep["id"]):
-                d = old.get(dm["id"]) or Deployed(
-                    dm["id"], ep["id"], names.model_name(ep["parent"], dm["model_id"]), dm["version_id"],
-                    dm["display_name"], dm["min_replicas"], dm["max_replicas"])
-                d.min_replicas, d.max_replicas = dm["min_replicas"], dm["max_replicas"]
-                d.shadow_percent = dm["shadow_percent"] or 0
-                members[dm["id"]] = deployed[dm["id"]] = d
-            endpoints[ep["id"]] = EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
-                                                [d for d in members.values() if d.shadow_percent > 0])
+            route = self._route(ep, by_endpoint.get(ep["id"], []), old)
+            endpoints[ep["id"]] = route
+            deployed.update(route.deployed)
         self.deployed, self.endpoints = deployed, endpoints
+
+    @staticmethod
+    def _route(ep: dict, dms: list[dict], old: dict[str, Deployed]) -> EndpointRoute:
+        members = {}
+        for dm in dms:
+            d = old.get(dm["id"]) or Deployed(
+                dm["id"], ep["id"], names.model_name(ep["parent"], dm["model_id"]), dm["version_id"],
+                dm["display_name"], dm["min_replicas"], dm["max_replicas"])
+            d.min_replicas, d.max_replicas = dm["min_replicas"], dm["max_replicas"]
+            d.shadow_percent = dm["shadow_percent"] or 0
+            members[dm["id"]] = d
+        return EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
+                             [d for d in members.values() if d.shadow_percent > 0])
+
+    def load_endpoint(self, store, endpoint_id: str) -> None:
+        """Follow a change to one endpoint: it and its deployed models are read again (gone: dropped)."""
+        ep, dms = store.endpoint_with_deployed(endpoint_id)
+        self.put_endpoint(ep, dms, endpoint_id)
+
+    def put_endpoint(self, ep: dict | None, dms: list[dict], endpoint_id: str | None = None) -> None:
+        """Route ``ep`` (a store row) with its deployed models ``dms`` (rows); ``ep`` None: the endpoint
+        ``endpoint_id`` is gone. Only this endpoint's entries change, replaced whole (never half-updated
+        for a request: nothing here awaits)."""
+        endpoint_id = endpoint_id or ep["id"]
+        before = self.endpoints.get(endpoint_id)
+        route = self._route(ep, dms, self.deployed) if ep is not None else None
+        if before is not None:
+            for dm_id in before.deployed:
+                if route is None or dm_id not in route.deployed:
+                    self.deployed.pop(dm_id, None)
+        if route is None:
+            self.endpoints.pop(endpoint_id, None)
+            return
+        self.deployed.update(route.deployed)
+        self.endpoints[endpoint_id] = route
 
     def add_replica(self, dm_id: str, row: dict) -> Replica | None:
         d = self.deployed.get(dm_id)

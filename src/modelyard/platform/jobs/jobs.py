@@ -8,12 +8,12 @@ The stored ``spec`` holds the resource's input fields as the client sent them, p
 """
 from __future__ import annotations
 
-import re
+import asyncio
 import shutil
 import time
 from pathlib import Path
 
-from modelyard.platform.api import names
+from modelyard.platform.api import list_filter, names
 from modelyard.platform.api.errors import ApiError, invalid, not_found
 from modelyard.platform.jobs.job_runner import kind_module, CANCELLED, CANCELLING, LOG_FILE, PENDING, RUNNING, TERMINAL
 from modelyard.platform.resources.models import ENUM_INTS
@@ -26,7 +26,11 @@ JOB_STATES = {"JOB_STATE_UNSPECIFIED": 0, "JOB_STATE_QUEUED": 1, "JOB_STATE_PEND
               "JOB_STATE_SUCCEEDED": 4, "JOB_STATE_FAILED": 5, "JOB_STATE_CANCELLING": 6,
               "JOB_STATE_CANCELLED": 7, "JOB_STATE_PAUSED": 8, "JOB_STATE_EXPIRED": 9}
 PRIVATE = "_modelyard"
-_FILTER_TERM = re.compile(r'^\s*(display_name|displayName|state)\s*=\s*"([^"]*)"\s*$')
+# A job list's ``state`` filter: JobState names; a training pipeline's PipelineState names too (its
+# states are stored as jobs').
+_STATE_NAMES = {**{name: name for name in JOB_STATES},
+                **{name.replace("JOB_STATE_", "PIPELINE_STATE_"): name for name in JOB_STATES}}
+JOB_FIELDS = list_filter.job_fields(_STATE_NAMES)
 
 
 def _kind(p, route: Route):
@@ -60,12 +64,16 @@ def get(p, route: Route) -> dict:
     return render(_get_in(p, route))
 
 
-def list_(p, route: Route, filter_: str | None) -> dict:
-    wanted = _parse_filter(filter_)
-    rows = [r for r in p.store.list_jobs(route.parent, route.collection)
-            if all(r[col] == value for col, value in wanted)]
-    out = [render(r) for r in rows]
-    return {route.collection: out} if out else {}
+async def list_(p, route: Route, query) -> dict:
+    """One page of a kind's jobs, filtered (display_name, state, labels, create_time, update_time; AND,
+    OR, NOT) and ordered by the store, off the event loop."""
+    request = list_filter.list_request(query, JOB_FIELDS, list_filter.ORDERABLE, route.collection[:-1],
+                                       f"{route.parent}/{route.collection}")
+    rows, token = await asyncio.to_thread(p.store.jobs_page, route.parent, route.collection, request)
+    out: dict = {route.collection: [render(r) for r in rows]} if rows else {}
+    if token:
+        out["nextPageToken"] = token
+    return out
 
 
 def cancel(p, route: Route) -> dict:
@@ -133,22 +141,6 @@ def _get_in(p, route: Route) -> dict:
     return row
 
 
-def _parse_filter(filter_: str | None) -> list[tuple[str, str]]:
-    """``display_name="x" AND state="JOB_STATE_SUCCEEDED"`` -> [(column, value)]; anything else is refused
-    rather than ignored (an ignored filter would list jobs the caller excluded)."""
-    if not filter_ or not filter_.strip():
-        return []
-    out = []
-    for term in re.split(r"\s+AND\s+", filter_.strip()):
-        m = _FILTER_TERM.match(term)
-        if not m:
-            raise invalid(f"Unsupported filter {filter_!r}: modelyard filters jobs by display_name=\"...\" and "
-                          "state=\"JOB_STATE_...\", joined by AND.")
-        value = m.group(2).replace("PIPELINE_STATE_", "JOB_STATE_")  # a pipeline's states are stored as jobs'
-        out.append(("state" if m.group(1) == "state" else "display_name", value))
-    return out
-
-
 async def dispatch(p, route: Route, method: str, body, query) -> dict:
     """The job routes of one collection; ``body`` is an awaitable factory of the request's JSON."""
     verb = route.verb
@@ -156,7 +148,7 @@ async def dispatch(p, route: Route, method: str, body, query) -> dict:
         if verb is None and method == "POST":
             return await create(p, route, await body())
         if verb is None and method == "GET":
-            return list_(p, route, query.get("filter"))
+            return await list_(p, route, query)
     elif verb is None and method == "GET":
         return get(p, route)
     elif verb is None and method == "DELETE":

@@ -2,11 +2,12 @@
 ``deployModel`` / ``undeployModel`` operations that start and drain replicas."""
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 from modelyard.platform.resources import models
-from modelyard.platform.api import names
+from modelyard.platform.api import list_filter, names
 from modelyard.platform.dataplane import traffic
 from modelyard.platform.api.errors import ApiError, invalid, not_found
 from modelyard.platform.api.names import Route
@@ -14,35 +15,46 @@ from modelyard.platform.resources.operations import EMPTY, current_operation, ty
 from modelyard.platform.api.timefmt import rfc3339
 
 
-def create(p, route: Route, body: dict, endpoint_id: str | None) -> dict:
+async def create(p, route: Route, body: dict, endpoint_id: str | None) -> dict:
+    """The endpoint and its (done) operation in one transaction, written off the event loop (predicts
+    go on meanwhile); then routing learns this one endpoint: the cost does not grow with their number."""
     display_name = body.get("displayName")
     if not isinstance(display_name, str) or not display_name.strip():
         raise invalid("Endpoint.display_name is required.")
     if endpoint_id is not None:
         endpoint_id = names.parse_resource(endpoint_id, "endpoints")[0]
-        try:
-            p.store.get_endpoint(endpoint_id)
-            raise ApiError("ALREADY_EXISTS", f"Endpoint {endpoint_id} already exists.")
-        except ApiError as exc:
-            if exc.status != "NOT_FOUND":
-                raise
     now = time.time()
     row = {"id": endpoint_id or names.new_id(), "parent": route.parent, "display_name": display_name,
            "description": body.get("description") or "", "labels": body.get("labels") or {},
            "traffic_split": {}, "created": now, "updated": now}
-    p.store.add_endpoint(row)
-    p.refresh()
-    return p.ops.done(route.parent, "endpoints", row["id"], "CreateEndpointOperationMetadata",
-                      typed("Endpoint", render(p, row)))
+    op = p.ops.new_done(route.parent, "endpoints", row["id"], "CreateEndpointOperationMetadata",
+                        typed("Endpoint", render(p, row, [])))
+    await asyncio.to_thread(p.store.add_endpoint, row, op)  # ALREADY_EXISTS if the chosen id is taken
+    p.routing.put_endpoint(row, [])
+    return p.ops.render(op)
 
 
 def get(p, route: Route) -> dict:
     return render(p, _get_in(p, route))
 
 
-def list_(p, route: Route) -> dict:
-    out = [render(p, e) for e in p.store.list_endpoints(route.parent)]
-    return {"endpoints": out} if out else {}
+async def list_(p, route: Route, query) -> dict:
+    """``GET endpoints``: one page, filtered (endpoint, display_name, labels, create_time, update_time)
+    and ordered by the store, off the event loop."""
+    request = list_filter.list_request(query, list_filter.ENDPOINT_FIELDS, list_filter.ORDERABLE, "Endpoint",
+                                       route.parent)
+    return await asyncio.to_thread(_endpoints_page, p, route.parent, request)
+
+
+def _endpoints_page(p, parent: str, request: list_filter.ListRequest) -> dict:
+    rows, token = p.store.endpoints_page(parent, request)
+    by_endpoint: dict[str, list[dict]] = {}
+    for dm in p.store.deployed_models(endpoint_ids=[e["id"] for e in rows]):
+        by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
+    out: dict = {"endpoints": [render(p, e, by_endpoint.get(e["id"], [])) for e in rows]} if rows else {}
+    if token:
+        out["nextPageToken"] = token
+    return out
 
 
 def patch(p, route: Route, body: dict, update_mask: str | None) -> dict:
@@ -64,14 +76,14 @@ def patch(p, route: Route, body: dict, update_mask: str | None) -> dict:
         elif key not in ("name", "etag", "deployedModels", "createTime", "updateTime"):
             raise invalid(f"update_mask names {f!r}, which cannot be updated here.")
     p.store.update_endpoint(row["id"], changes)
-    p.refresh()
+    p.routing.load_endpoint(p.store, row["id"])
     return render(p, p.store.get_endpoint(row["id"]))
 
 
 def delete(p, route: Route) -> dict:
     _get_in(p, route)
     p.store.delete_endpoint(route.resource_id)
-    p.refresh()
+    p.routing.load_endpoint(p.store, route.resource_id)
     return p.ops.done(route.parent, "endpoints", route.resource_id, "DeleteOperationMetadata", {"@type": EMPTY})
 
 
@@ -126,7 +138,7 @@ def deploy(p, route: Route, body: dict) -> dict:
             for row in rows:
                 await p.supervisor.discard(row)
             raise
-        p.refresh()
+        p.routing.load_endpoint(p.store, endpoint["id"])
         for row in rows:
             p.routing.add_replica(dm_id, row)
             p.supervisor.started(row)
@@ -147,7 +159,7 @@ def undeploy(p, route: Route, body: dict) -> dict:
     split = traffic.for_undeploy(endpoint["traffic_split"] or {}, body.get("trafficSplit"), dm_id, existing)
     leaving = p.routing.deployed.get(dm_id)
     p.store.remove_deployed_model(endpoint["id"], dm_id, split)
-    p.refresh()
+    p.routing.load_endpoint(p.store, endpoint["id"])
 
     async def work() -> dict:
         if leaving is not None:
@@ -183,7 +195,8 @@ def _render_dm(p, parent: str, dm: dict) -> dict:
     return out
 
 
-def render(p, row: dict) -> dict:
+def render(p, row: dict, deployed: list[dict] | None = None) -> dict:
+    """An Endpoint resource; ``deployed``: its deployed models' rows if read already (a list page)."""
     out = {
         "name": names.endpoint_name(row["parent"], row["id"]),
         "displayName": row["display_name"],
@@ -193,7 +206,9 @@ def render(p, row: dict) -> dict:
         "updateTime": rfc3339(row["updated"]),
         "etag": f'"{int(row["updated"] * 1e6)}"',
     }
-    dms = [_render_dm(p, row["parent"], dm) for dm in p.store.deployed_models(row["id"])]
+    if deployed is None:
+        deployed = p.store.deployed_models(row["id"])
+    dms = [_render_dm(p, row["parent"], dm) for dm in deployed]
     if dms:
         out["deployedModels"] = dms
     if row["traffic_split"]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import re
 import time
 
-from modelyard.platform.api import aliases, fields, names
+from modelyard.platform.api import aliases, fields, list_filter, names
 from modelyard.platform.resources import artifacts, prebuilt_images
 from modelyard.platform.api.errors import ApiError, invalid, not_found
 from modelyard.platform.api.names import Route
@@ -78,27 +77,37 @@ def get(p, route: Route) -> dict:
     return render(p, model, p.store.get_version(model["id"], route.version), versioned=route.version is not None)
 
 
-def list_(p, route: Route) -> dict:
-    out = [render(p, m, p.store.get_version(m["id"], None)) for m in p.store.list_models(route.parent)]
-    return {"models": out} if out else {}
+async def list_(p, route: Route, query) -> dict:
+    """``GET models``: one page of the location's models (each as its default version), filtered and
+    ordered by the store (``filter`` on model, display_name, labels, create_time, update_time)."""
+    request = list_filter.list_request(query, list_filter.MODEL_FIELDS, list_filter.ORDERABLE, "Model", route.parent)
+    return await asyncio.to_thread(_models_page, p, route.parent, request)  # database work off the event loop
+
+
+def _models_page(p, parent: str, request: list_filter.ListRequest) -> dict:
+    rows, token = p.store.models_page(parent, request)
+    ids = [m["id"] for m in rows]
+    versions = p.store.default_versions(ids)
+    deployed = p.store.deployed_models(model_ids=ids)
+    out: dict = {"models": [render(p, m, versions[m["id"]], deployed=deployed) for m in rows]} if rows else {}
+    if token:
+        out["nextPageToken"] = token
+    return out
 
 
 def list_versions(p, route: Route, query) -> dict:
-    """``models/{id}:listVersions``: every version, each named ``models/{id}@N``; ``filter`` on labels
-    (``labels.k=v``, ``labels.k:*``), ``orderBy`` create_time / update_time [desc], and pages."""
+    """``models/{id}:listVersions``: one page of the versions, each named ``models/{id}@N``; ``filter`` on
+    their (merged) labels, create_time, update_time, ``orderBy`` create_time / update_time [desc]."""
     if route.version is not None:
         raise invalid("listVersions takes the model's name, without a version.")
     model = _get_in(p, route, route.resource_id)
-    rows = p.store.versions(model["id"])
-    shown = [render(p, model, v, versioned=True) for v in rows]
-    shown = [m for m in shown if _matches(m["labels"], query.get("filter", ""))]
-    for field, desc in reversed(_order(query.get("orderBy", ""))):
-        shown.sort(key=lambda m: m[field], reverse=desc)
-    start, size = _page(query)
-    page = shown[start:start + size] if size else shown[start:]
-    out: dict = {"models": page} if page else {}
-    if size and start + size < len(shown):
-        out["nextPageToken"] = str(start + size)
+    request = list_filter.list_request(query, list_filter.VERSION_FIELDS, list_filter.VERSION_ORDERABLE,
+                                       "Model version", model["id"])
+    rows, token = p.store.versions_page(model["id"], request)
+    deployed = p.store.deployed_models(model_ids=[model["id"]])
+    out: dict = {"models": [render(p, model, v, versioned=True, deployed=deployed) for v in rows]} if rows else {}
+    if token:
+        out["nextPageToken"] = token
     return out
 
 
@@ -166,7 +175,6 @@ def delete(p, route: Route) -> dict:
         raise invalid("deleteVersion needs a version: models/{id}@{version}:deleteVersion.")
     else:
         p.store.delete_model(route.resource_id)
-    p.refresh()
     return p.ops.done(route.parent, "models", route.resource_id, "DeleteOperationMetadata", {"@type": EMPTY})
 
 
@@ -200,50 +208,6 @@ def _absent(p, model_id: str) -> None:
     raise ApiError("ALREADY_EXISTS", f"Model {model_id} already exists: upload with parent_model to add a version.")
 
 
-# labels.KEY=VALUE (KEY or VALUE may be quoted), labels.KEY:* and labels:KEY (the key exists).
-_FILTER = re.compile(r'^labels\.([A-Za-z0-9_-]+|"[^"]+")\s*(=\s*("[^"]*"|[^\s"]*)|:\s*\*)$'
-                     r'|^labels\s*:\s*([A-Za-z0-9_-]+)$')
-
-
-def _matches(labels: dict, expression: str) -> bool:
-    expression = expression.strip()
-    if not expression:
-        return True
-    m = _FILTER.match(expression)
-    if m is None:
-        raise invalid(f"Unsupported filter {expression!r}: modelyard filters versions with labels.KEY=VALUE, "
-                      "labels.KEY:* or labels:KEY.")
-    key = (m.group(1) or m.group(4)).strip('"')
-    if m.group(3) is not None:
-        return labels.get(key) == m.group(3).strip('"')
-    return key in labels
-
-
-_ORDER_FIELDS = {"create_time": "versionCreateTime", "createTime": "versionCreateTime",
-                 "update_time": "versionUpdateTime", "updateTime": "versionUpdateTime"}
-
-
-def _order(order_by: str) -> list[tuple[str, bool]]:
-    out = []
-    for part in filter(None, (x.strip() for x in order_by.split(","))):
-        words = part.split()
-        if words[0] not in _ORDER_FIELDS or len(words) > 2 or (len(words) == 2 and words[1] not in ("asc", "desc")):
-            raise invalid(f"Unsupported order_by {part!r}: create_time or update_time, optionally asc or desc.")
-        out.append((_ORDER_FIELDS[words[0]], len(words) == 2 and words[1] == "desc"))
-    return out
-
-
-def _page(query) -> tuple[int, int]:
-    try:
-        size = int(query.get("pageSize") or 0)
-        start = int(query.get("pageToken") or 0)
-    except ValueError:
-        raise invalid("page_size must be a number and page_token one this API returned.") from None
-    if size < 0 or start < 0:
-        raise invalid("page_size and page_token cannot be negative.")
-    return start, size
-
-
 def _get_in(p, route: Route, model_id: str) -> dict:
     model = p.store.get_model(model_id)
     if model["parent"] != route.parent:
@@ -251,12 +215,14 @@ def _get_in(p, route: Route, model_id: str) -> dict:
     return model
 
 
-def render(p, model: dict, version: dict, versioned: bool = False) -> dict:
+def render(p, model: dict, version: dict, versioned: bool = False, deployed: list[dict] | None = None) -> dict:
     """A Model resource: the model's fields with one version's; named ``models/{id}@N`` when ``versioned``
-    (a version asked for by number or alias, and every entry of listVersions)."""
+    (a version asked for by number or alias, and every entry of listVersions). ``deployed``: deployed
+    models read already (a list page reads them once for all its models), else this model's are read."""
+    if deployed is None:
+        deployed = p.store.deployed_models(model_ids=[model["id"]])
     deployed = [{"endpoint": names.endpoint_name(model["parent"], dm["endpoint_id"]), "deployedModelId": dm["id"]}
-                for dm in p.store.deployed_models() if dm["model_id"] == model["id"]
-                and dm["version_id"] == version["version_id"]]
+                for dm in deployed if dm["model_id"] == model["id"] and dm["version_id"] == version["version_id"]]
     out = {
         "name": names.model_name(model["parent"], model["id"], version["version_id"] if versioned else None),
         "displayName": model["display_name"],

@@ -130,10 +130,17 @@ class Operations:
     def done(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
              response: dict) -> dict:
         """Record and render an operation that has already finished with ``response``."""
-        op = self._new(parent, collection, resource_id, metadata_type)
-        op.update(done=1, response=response)
+        op = self.new_done(parent, collection, resource_id, metadata_type, response)
         self.store.add_operation(op)
         return self.render(op)
+
+    def new_done(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
+                 response: dict) -> dict:
+        """The row of a finished operation, not written: for a mutation that writes it in its own
+        transaction (``Store.add_endpoint``); ``render`` it once written."""
+        op = self._new(parent, collection, resource_id, metadata_type)
+        op.update(done=1, response=response)
+        return op
 
     def start(self, parent: str, collection: str | None, resource_id: str | None, metadata_type: str,
               work: Callable[[], Awaitable[dict]]) -> dict:

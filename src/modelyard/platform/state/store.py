@@ -10,11 +10,13 @@ import os
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, delete, event, insert, select, text, update
+from sqlalchemy import Integer, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from modelyard.platform.api import aliases
+from modelyard.platform.api.list_filter import ListRequest
+from modelyard.platform.state import list_query as lq
 from modelyard.platform.state import schema as s
 from modelyard.platform.api.errors import ApiError, not_found
 from modelyard.platform.api.names import DEFAULT_ALIAS, is_version_id
@@ -41,6 +43,34 @@ def database_url(store: str | None) -> str:
 
 def _row(r) -> dict:
     return dict(r._mapping)
+
+
+def _label(column):
+    """The SQL of one label's value in a JSON ``labels`` column (NULL when the key is absent)."""
+    return lambda key: column[key].as_string()
+
+
+# What each list's filter fields are in SQL (api.list_filter names them; state.list_query compiles).
+_MODEL_COLUMNS = lq.Columns({"display_name": s.models.c.display_name, "create_time": s.models.c.created,
+                             "update_time": s.models.c.updated, "model": s.models.c.id},
+                            _label(s.models.c.labels), s.models.c.id)
+_VERSION_NUMBER = cast(s.model_versions.c.version_id, Integer)
+# A version shows the model's labels merged with its own (its own win): a filter sees the same.
+_VERSION_COLUMNS = lq.Columns({"create_time": s.model_versions.c.created,
+                               "update_time": func.coalesce(s.model_versions.c.updated, s.model_versions.c.created),
+                               "version_id": _VERSION_NUMBER},
+                              lambda key: func.coalesce(s.model_versions.c.labels[key].as_string(),
+                                                        s.models.c.labels[key].as_string()),
+                              _VERSION_NUMBER)
+_ENDPOINT_COLUMNS = lq.Columns({"display_name": s.endpoints.c.display_name, "create_time": s.endpoints.c.created,
+                                "update_time": s.endpoints.c.updated, "endpoint": s.endpoints.c.id},
+                               _label(s.endpoints.c.labels), s.endpoints.c.id)
+_JOB_COLUMNS = lq.Columns({"display_name": s.jobs.c.display_name, "create_time": s.jobs.c.created,
+                           "update_time": s.jobs.c.updated, "state": s.jobs.c.state, "job": s.jobs.c.id},
+                          _label(s.jobs.c.labels), s.jobs.c.id)
+_OPERATION_COLUMNS = lq.Columns({"done": s.operations.c.done, "create_time": s.operations.c.created},
+                                None, s.operations.c.id)
+_BY_CREATION = (("create_time", False),)
 
 
 def _pick(rows: list[dict], model_id: str, ref: str | None) -> dict:
@@ -173,10 +203,42 @@ class Store:
             return [r[0] for r in c.execute(select(s.model_versions.c.version_id)
                                             .where(s.model_versions.c.model_id == model_id))]
 
-    def list_models(self, parent: str) -> list[dict]:
+    def list_models(self, parent: str, request: ListRequest | None = None) -> list[dict]:
+        """Every model of ``parent`` (oldest first); with ``request``, see ``models_page``."""
+        if request is not None:
+            return self.models_page(parent, request)[0]
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(
                 select(s.models).where(s.models.c.parent == parent).order_by(s.models.c.created))]
+
+    def _page(self, query, request: ListRequest, columns: lq.Columns,
+              default_order=_BY_CREATION) -> tuple[list[dict], str | None]:
+        with self.engine.connect() as c:
+            rows = [_row(r) for r in c.execute(lq.page(query, request, columns, default_order))]
+        return lq.cut(rows, request)
+
+    def models_page(self, parent: str, request: ListRequest) -> tuple[list[dict], str | None]:
+        """One page of ``parent``'s models the request's filter selects, in its order (filtered, ordered
+        and cut by the database), and the next page's token (None on the last page)."""
+        return self._page(select(s.models).where(s.models.c.parent == parent), request, _MODEL_COLUMNS)
+
+    def default_versions(self, model_ids: list[str]) -> dict[str, dict]:
+        """Each model's version that ``get_version(id, None)`` gives, for many models in one query."""
+        if not model_ids:
+            return {}
+        with self.engine.connect() as c:
+            rows = [_row(r) for r in c.execute(select(s.model_versions)
+                                               .where(s.model_versions.c.model_id.in_(model_ids)))]
+        by_model: dict[str, list[dict]] = {}
+        for r in rows:
+            by_model.setdefault(r["model_id"], []).append(r)
+        return {m: _pick(sorted(vs, key=lambda r: int(r["version_id"])), m, None) for m, vs in by_model.items()}
+
+    def versions_page(self, model_id: str, request: ListRequest) -> tuple[list[dict], str | None]:
+        """One page of a model's versions (default order: by number), filtered on their merged labels."""
+        query = (select(s.model_versions).join(s.models, s.models.c.id == s.model_versions.c.model_id)
+                 .where(s.model_versions.c.model_id == model_id))
+        return self._page(query, request, _VERSION_COLUMNS, (("version_id", False),))
 
     def update_model(self, model_id: str, changes: dict) -> None:
         with self.engine.begin() as c:
@@ -248,9 +310,18 @@ class Store:
             c.execute(delete(s.models).where(s.models.c.id == model_id))
 
     # ---- endpoints ----------------------------------------------------------------------------
-    def add_endpoint(self, endpoint: dict) -> None:
-        with self.engine.begin() as c:
-            c.execute(insert(s.endpoints).values(**endpoint))
+    def add_endpoint(self, endpoint: dict, operation: dict | None = None) -> None:
+        """A new endpoint, with its (done) creation ``operation`` in the same transaction: one commit.
+        ALREADY_EXISTS if the (chosen) id is taken."""
+        try:
+            with self.engine.begin() as c:
+                if c.execute(select(s.endpoints.c.id).where(s.endpoints.c.id == endpoint["id"])).first() is not None:
+                    raise ApiError("ALREADY_EXISTS", f"Endpoint {endpoint['id']} already exists.")
+                c.execute(insert(s.endpoints).values(**endpoint))
+                if operation is not None:
+                    c.execute(insert(s.operations).values(**operation))
+        except IntegrityError:  # taken by a concurrent create between the check and the insert
+            raise ApiError("ALREADY_EXISTS", f"Endpoint {endpoint['id']} already exists.") from None
 
     def get_endpoint(self, endpoint_id: str) -> dict:
         with self.engine.connect() as c:
@@ -265,6 +336,19 @@ class Store:
             q = q.where(s.endpoints.c.parent == parent)
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(q)]
+
+    def endpoints_page(self, parent: str, request: ListRequest) -> tuple[list[dict], str | None]:
+        return self._page(select(s.endpoints).where(s.endpoints.c.parent == parent), request, _ENDPOINT_COLUMNS)
+
+    def endpoint_with_deployed(self, endpoint_id: str) -> tuple[dict | None, list[dict]]:
+        """One endpoint's row (None if gone) and its deployed models, in one transaction: what routing
+        needs to follow a change of one endpoint without reading the others."""
+        with self.engine.connect() as c:
+            row = c.execute(select(s.endpoints).where(s.endpoints.c.id == endpoint_id)).first()
+            dms = [_row(r) for r in c.execute(select(s.deployed_models)
+                                              .where(s.deployed_models.c.endpoint_id == endpoint_id)
+                                              .order_by(s.deployed_models.c.created))]
+        return (_row(row) if row is not None else None), dms
 
     def delete_endpoint(self, endpoint_id: str) -> None:
         with self.engine.begin() as c:
@@ -287,10 +371,17 @@ class Store:
                       .values(traffic_split=split, updated=time.time()))
 
     # ---- deployed models ----------------------------------------------------------------------
-    def deployed_models(self, endpoint_id: str | None = None) -> list[dict]:
+    def deployed_models(self, endpoint_id: str | None = None, *, endpoint_ids: list[str] | None = None,
+                        model_ids: list[str] | None = None) -> list[dict]:
+        """Deployed models (oldest first): all, one endpoint's, those of ``endpoint_ids``, or those
+        serving one of ``model_ids``."""
         q = select(s.deployed_models).order_by(s.deployed_models.c.created)
         if endpoint_id is not None:
             q = q.where(s.deployed_models.c.endpoint_id == endpoint_id)
+        if endpoint_ids is not None:
+            q = q.where(s.deployed_models.c.endpoint_id.in_(endpoint_ids))
+        if model_ids is not None:
+            q = q.where(s.deployed_models.c.model_id.in_(model_ids))
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(q)]
 
@@ -351,6 +442,12 @@ class Store:
             raise not_found("Operation", op_id)
         return _row(row)
 
+    def operations_page(self, name_prefix: str, request: ListRequest) -> tuple[list[dict], str | None]:
+        """One page of the operations whose names start with ``name_prefix`` (a location's or a resource's)."""
+        pattern = lq.like_pattern(name_prefix) + "%"
+        return self._page(select(s.operations).where(s.operations.c.name.like(pattern, escape="\\")),
+                          request, _OPERATION_COLUMNS)
+
     def pending_operations(self) -> list[dict]:
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(select(s.operations).where(s.operations.c.done == 0))]
@@ -378,6 +475,10 @@ class Store:
             q = q.where(s.jobs.c.state.in_(states))
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(q)]
+
+    def jobs_page(self, parent: str, kind: str, request: ListRequest) -> tuple[list[dict], str | None]:
+        return self._page(select(s.jobs).where(s.jobs.c.parent == parent).where(s.jobs.c.kind == kind),
+                          request, _JOB_COLUMNS)
 
     def update_job(self, job_id: str, from_states: tuple[str, ...] | None = None, **values) -> bool:
         """Change a job; with ``from_states``, only if it is in one of them (a compare-and-set, so the
