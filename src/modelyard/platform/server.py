@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform.resources import endpoints, models
+from modelyard.platform.resources import endpoints, models, tracking_routes
 from modelyard.platform.api import fields, names
 from modelyard.platform.jobs import jobs
 from modelyard.platform.app import Platform
@@ -99,6 +99,7 @@ def build_app(p: Platform) -> web.Application:
 
     app = web.Application(client_max_size=fields.PREDICT_MAX_BYTES)
     app["max_request_bytes"] = p.config.max_request_bytes
+    tracking_routes.register(app, p)  # ML Metadata and TensorBoard (metadataStores/..., tensorboards/...)
     app.router.add_route("*", "/v1/{tail:.*}", handle)
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)

@@ -16,6 +16,7 @@ from sqlalchemy import (JSON, Column, Float, Integer, MetaData, String, Table, T
 from sqlalchemy.engine import Connection, Engine
 
 from modelyard.platform.api.names import DEFAULT_ALIAS
+from modelyard.platform.state import metadata_schema
 
 metadata = MetaData()
 
@@ -171,8 +172,12 @@ def _v5(conn: Connection) -> None:
         conn.execute(store_identity.insert().values(id=uuid.uuid4().hex))
 
 
+def _v6(conn: Connection) -> None:
+    metadata_schema.create(conn)  # ML Metadata and TensorBoard (experiments, pipelines)
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 LATEST = len(MIGRATIONS)
 
 

@@ -1,0 +1,125 @@
+"""The TensorBoard API's persistence (``metadata_schema``'s tb_* tables): tensorboards, their
+experiments, runs and time series (one generic set of methods over the four, keyed by the ids
+of the path), and the time series' points. Deleting a resource deletes what is below it."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from sqlalchemy import Table, and_, delete, func, insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.state import metadata_schema as m
+
+# level -> (table, the key columns naming a row, its singular for messages)
+LEVELS: dict[str, tuple[Table, tuple[str, ...], str]] = {
+    "tensorboards": (m.tb_tensorboards, ("id",), "Tensorboard"),
+    "experiments": (m.tb_experiments, ("tensorboard_id", "id"), "TensorboardExperiment"),
+    "runs": (m.tb_runs, ("tensorboard_id", "experiment_id", "id"), "TensorboardRun"),
+    "timeSeries": (m.tb_series, ("tensorboard_id", "experiment_id", "run_id", "id"), "TensorboardTimeSeries"),
+}
+_BELOW = {"tensorboards": ("experiments", "runs", "timeSeries"), "experiments": ("runs", "timeSeries"),
+          "runs": ("timeSeries",), "timeSeries": ()}
+_PARENT_KEY = {"tensorboards": "tensorboard_id", "experiments": "experiment_id", "runs": "run_id"}
+
+
+def _row(r) -> dict:
+    return dict(r._mapping)
+
+
+def _where(table: Table, keys: dict):
+    return and_(*(table.c[k] == v for k, v in keys.items()))
+
+
+class TensorboardDB:
+    """TensorBoard resources and points over the platform's engine (SQLite or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, level: str, row: dict) -> None:
+        table, key_cols, what = LEVELS[level]
+        try:
+            with self.engine.begin() as c:
+                c.execute(insert(table).values(**row))
+        except IntegrityError:
+            raise ApiError("ALREADY_EXISTS", f"{what} {row['id']} already exists.") from None
+
+    def get(self, level: str, keys: dict) -> dict:
+        table, _, what = LEVELS[level]
+        with self.engine.connect() as c:
+            row = c.execute(select(table).where(_where(table, keys))).first()
+        if row is None:
+            raise ApiError("NOT_FOUND", f"{what} {'/'.join(keys.values())} is not found.")
+        return _row(row)
+
+    def list(self, level: str, keys: dict) -> list[dict]:
+        """Rows below the parent ``keys`` (``parent`` for tensorboards), oldest first."""
+        table = LEVELS[level][0]
+        with self.engine.connect() as c:
+            return [_row(r) for r in c.execute(select(table).where(_where(table, keys))
+                                               .order_by(table.c.created, table.c.id))]
+
+    def update(self, level: str, keys: dict, changes: dict) -> dict:
+        table = LEVELS[level][0]
+        current = self.get(level, keys)
+        values = {**changes, "etag": current["etag"] + 1, "updated": time.time()}
+        with self.engine.begin() as c:
+            c.execute(update(table).where(_where(table, keys)).values(**values))
+        return {**current, **values}
+
+    def delete(self, level: str, keys: dict) -> None:
+        """The resource, what is below it, and the points of every time series among them."""
+        self.get(level, keys)
+        ids = {_PARENT_KEY.get(level, "id"): keys["id"],
+               **{k: v for k, v in keys.items() if k != "id"}}
+        with self.engine.begin() as c:
+            series = m.tb_series
+            if level == "timeSeries":
+                doomed = select(series.c.id).where(series.c.id == keys["id"])
+            else:
+                doomed = select(series.c.id).where(_where(series, ids))
+            c.execute(delete(m.tb_points).where(m.tb_points.c.series_id.in_(doomed)))
+            for below in _BELOW[level]:
+                table = LEVELS[below][0]
+                c.execute(delete(table).where(_where(table, ids)))
+            table = LEVELS[level][0]
+            c.execute(delete(table).where(_where(table, keys)))
+
+    def count(self, level: str, keys: dict) -> int:
+        table = LEVELS[level][0]
+        with self.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(table).where(_where(table, keys))).scalar_one()
+
+    # ---- points ---------------------------------------------------------------------------------
+    def add_points(self, rows: list[dict]) -> None:
+        """Points of any time series, in one transaction (a write request is all or nothing)."""
+        if rows:
+            with self.engine.begin() as c:
+                c.execute(insert(m.tb_points), rows)
+
+    def points(self, series_ids: Iterable[str]) -> dict[str, list[dict]]:
+        """series id -> its points, by step then by write order."""
+        ids = sorted(set(series_ids))
+        out: dict[str, list[dict]] = {i: [] for i in ids}
+        if not ids:
+            return out
+        p = m.tb_points
+        with self.engine.connect() as c:
+            for r in c.execute(select(p.c.series_id, p.c.step, p.c.wall_time, p.c.scalar, p.c.tensor, p.c.blobs)
+                               .where(p.c.series_id.in_(ids)).order_by(p.c.series_id, p.c.step, p.c.seq)):
+                out[r.series_id].append(_row(r))
+        return out
+
+    def series_stats(self, series_ids: Iterable[str]) -> dict[str, tuple[int, float]]:
+        """series id -> (its largest step, its latest wall time), for those with points."""
+        ids = sorted(set(series_ids))
+        if not ids:
+            return {}
+        p = m.tb_points
+        with self.engine.connect() as c:
+            return {r[0]: (r[1], r[2]) for r in c.execute(
+                select(p.c.series_id, func.max(p.c.step), func.max(p.c.wall_time))
+                .where(p.c.series_id.in_(ids)).group_by(p.c.series_id))}
