@@ -2,13 +2,13 @@
 Vertex AI SDK speak, over plain files (``gs://BUCKET/NAME`` is ``ROOT/BUCKET/NAME``).
 
 Modules: ``names`` (the name rules and the one mapping to files), ``errors`` (Google's error body),
-``meta`` (generations, checksums, settings in SQLite), ``hashing``, ``objects`` (the store),
+``meta`` (generations, checksums, settings in SQLite), ``hashing``, ``bodies`` (JSON bodies' limits), ``objects`` (the store),
 ``uploads`` (resumable sessions), ``multipart``, ``routes`` (HTTP), ``server`` (the process). ``local_file``
 is how the rest of the platform turns a ``gs://`` URI or a ``/gcs/`` path into the file it names.
 
-May import: the standard library, aiohttp and google-crc32c; of modelyard only ``platform.bearer`` (the
-platform's one token rule, itself a leaf): this is a leaf the platform's CLI starts as a process and
-the job code asks for paths.
+May import: the standard library, aiohttp and google-crc32c; of modelyard only ``platform.api.bearer`` (the
+platform's one token rule) and ``platform.api.http_limits`` (its ports' connection limits), both leaves:
+this is a leaf the platform's CLI starts as a process and the job code asks for paths.
 """
 from __future__ import annotations
 

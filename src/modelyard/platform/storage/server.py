@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from modelyard.platform.api import http_limits
+
 ENV = "STORAGE_EMULATOR_HOST"
 DEFAULT_PORT_OFFSET = 1  # default storage port: the platform's --port + 1 (8601 beside 8600)
 
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate (chain)")
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument("--tls-client-ca", default=None, metavar="PEM", help="mutual TLS: the clients' CA")
+    http_limits.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,32 +52,43 @@ def run(args: argparse.Namespace) -> int:
         if args.tls_client_ca:
             tls.load_verify_locations(args.tls_client_ca)
             tls.verify_mode = ssl.CERT_REQUIRED
+    try:
+        limits = http_limits.from_args(args)
+    except ValueError as exc:
+        print(f"modelyard storage: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     root = Path(args.root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     routes = StorageRoutes(Store(root), args.auth_token or None)
     # The standard event loop, not uvloop: its sendfile() is the kernel's (zero-copy downloads); uvloop has none.
     scheme = "https" if tls else "http"
     try:
-        asyncio.run(_serve(routes, args.host, args.port, tls, f"{scheme}://{args.host}:{args.port}", root))
+        asyncio.run(_serve(routes, args.host, args.port, tls, f"{scheme}://{args.host}:{args.port}", root, limits))
     except OSError as exc:
         print(f"modelyard storage: error: {exc}", file=sys.stderr, flush=True)
         return 98 if exc.errno == 98 else 1
     return 0
 
 
-async def _serve(routes, host: str, port: int, tls, url: str, root: Path) -> None:
+async def _serve(routes, host: str, port: int, tls, url: str, root: Path, limits: http_limits.ConnLimits) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(routes.app(), access_log=None, handler_cancellation=True, read_bufsize=READ_BUFSIZE)
+    # aiohttp closes a connection idle between requests after keepalive_timeout (the rule's idle part);
+    # the guard bounds the rest (heads, paused bodies, silent connections, their number).
+    keepalive = limits.client_timeout_s or 75.0
+    runner = web.AppRunner(routes.app(), access_log=None, handler_cancellation=True, read_bufsize=READ_BUFSIZE,
+                           keepalive_timeout=keepalive)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_address=True, backlog=512)
-    await site.start()
+    loop = asyncio.get_running_loop()
+    guard = http_limits.Guard(limits)
+    server = await loop.create_server(guard.wrap(runner.server), host, port, ssl=tls, reuse_address=True,
+                                      backlog=512, ssl_handshake_timeout=limits.handshake_timeout if tls else None)
     print(f"{READY_LINE.decode()} {url}, objects under {root}", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    server.close()
     await runner.cleanup()
 
 
