@@ -78,6 +78,28 @@ def test_no_model_that_can_load_stops_the_server_with_why(tmp_path, model_dir):
     assert "serving the rest" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_config_whose_base_path_does_not_exist_names_it(tmp_path):
+    # With a label on it, the label's version is unavailable only because the path is not there: say that.
+    config = tmp_path / "models.config"
+    config.write_text("model_config_list {\n"
+                      f'  config {{ name: "m" base_path: "{tmp_path / "nope"}" model_platform: "tensorflow" '
+                      'version_labels { key: "stable" value: 1 } }\n}\n')
+    result = modelyard("serve", "--model_config_file", str(config), "--port", str(free_port()),
+                       "--rest_api_port", str(free_port()))
+    assert result.returncode == 1, result.stderr
+    assert _error_lines(result.stderr) == [
+        f"modelyard serve: error: Model m: base path {tmp_path / 'nope'} does not exist "
+        f"(check base_path: {tmp_path / 'nope'}, or create it)"], result.stderr
+
+
+def test_missing_base_path_says_where_it_was_set(tmp_path):
+    from modelyard.serving.manager.versions import missing_base_path
+
+    assert missing_base_path(tmp_path) is None
+    assert missing_base_path(tmp_path / "x") == (f"base path {tmp_path / 'x'} does not exist "
+                                                 f"(check --model_base_path {tmp_path / 'x'}, or create it)")
+
+
 def test_an_empty_base_path_waits_for_its_first_version(tmp_path, model_dir):
     # A version can still land there (an export), so the server runs, says so, and lists the model.
     (tmp_path / "later").mkdir()

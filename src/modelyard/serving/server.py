@@ -113,8 +113,13 @@ class ModelServer:
                 )
 
     def _check_labels(self, cfg: ModelConfig) -> None:
+        from modelyard.serving.manager.versions import missing_base_path
+
         for label, version in cfg.labels.items():
             if not self.manager.is_available(cfg.name, version):
+                missing = missing_base_path(cfg.base_path, self._path_setting())
+                if missing is not None:  # the cause, rather than its consequence for the label
+                    raise ServingError(Code.FAILED_PRECONDITION, f"Model {cfg.name}: {missing}")
                 raise ServingError(
                     Code.FAILED_PRECONDITION,
                     f"Request to assign label to version {version} of model {cfg.name}, which is not "
@@ -195,6 +200,10 @@ class ModelServer:
             self.rest_app.console = Console(self, o.console_token)
         self.rest_app.v2.repository = self.repository
 
+    def _path_setting(self) -> str:
+        """Where the user wrote a model's base path: the config file's field, or the flag."""
+        return "base_path:" if self.options.model_config_file else "--model_base_path"
+
     def _report_unavailable(self, configs: list[ModelConfig]) -> None:
         """After a start where some models did not load: say why for each, and stop when nothing can serve.
 
@@ -202,9 +211,9 @@ class ModelServer:
         in it), as in TF Serving; one whose versions failed to load, or whose base path is a
         model itself, cannot, so with no other model to serve the server must not run empty.
         """
-        from modelyard.serving.manager.versions import misplaced_model, version_dirs
+        from modelyard.serving.manager.versions import misplaced_model, missing_base_path, version_dirs
 
-        setting = "base_path:" if self.options.model_config_file else "--model_base_path"
+        setting = self._path_setting()
         serving, waiting, reasons = [], [], []
         for cfg in configs:
             records = self.manager.version_states(cfg.name)
@@ -212,6 +221,10 @@ class ModelServer:
                 serving.append(cfg.name)
             elif (mistake := misplaced_model(cfg.base_path, setting)) is not None:
                 reasons.append(f"model {cfg.name}: {mistake}")
+            elif (missing := missing_base_path(cfg.base_path, setting)) is not None:
+                waiting.append(cfg.name)  # as TF Serving, which polls for it: an export may create it
+                log.warning("Model %s: %s; waiting for a version in it, e.g. modelyard.export(model, %r)",
+                            cfg.name, missing, str(cfg.base_path))
             elif not version_dirs(cfg.base_path):
                 waiting.append(cfg.name)
                 log.warning("Model %s has no versions under %s yet (integer-named directories such as 1 or "

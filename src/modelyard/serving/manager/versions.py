@@ -27,6 +27,15 @@ def version_dirs(base_path: Path) -> dict[int, Path]:
     return found
 
 
+def missing_base_path(base_path: Path, setting: str = "--model_base_path") -> str | None:
+    """``base path ... does not exist`` when it does not, else None: the first thing to say about a model
+    that has nothing to serve (a label's version, say, cannot be available under a path that is not there).
+    ``setting`` is what the user wrote the path in."""
+    if Path(base_path).exists():
+        return None
+    return f"base path {base_path} does not exist (check {setting} {base_path}, or create it)"
+
+
 def misplaced_model(base_path: Path, setting: str = "--model_base_path") -> str | None:
     """Why ``base_path`` cannot be a base path because it holds a model itself, or None.
 
