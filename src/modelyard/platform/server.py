@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform.resources import endpoints, models, tracking_routes
+from modelyard.platform.resources import endpoints, models, studies, tracking_routes
 from modelyard.platform.api import fields, names
 from modelyard.platform.jobs import jobs
 from modelyard.platform.app import Platform
@@ -60,6 +60,10 @@ def build_app(p: Platform) -> web.Application:
 
     async def handle(request: web.Request) -> web.Response:
         try:
+            if studies.is_vizier_path(request.match_info["tail"]):  # Vizier: studies, trials, their operations
+                check_token(request)
+                return _json(await studies.dispatch(p, request.match_info["tail"], request.method,
+                                                    lambda message: _body(request, message), request.query))
             route = names.parse_path(request.match_info["tail"])
             if route.verb in _PREDICT_VERBS and route.collection == "endpoints" and route.resource_id:
                 if p.config.auth_predict:

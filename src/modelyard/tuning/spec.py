@@ -46,10 +46,11 @@ _SCALE_ALIASES = {
 }
 GOALS = ("MAXIMIZE", "MINIMIZE")
 SELECTIONS = ("LAST_MEASUREMENT", "BEST_MEASUREMENT")
-# Vertex's algorithm names, and the engine's own.
-_ALGORITHMS = {
-    "ALGORITHM_UNSPECIFIED": "tpe", "GRID_SEARCH": "grid", "RANDOM_SEARCH": "random",
-    "tpe": "tpe", "grid": "grid", "random": "random",
+# Vertex's algorithm names, and the engine's own (tuning.designers). Vertex's default is Vizier's
+# Gaussian-process bandit; Optuna's TPE stays available by name.
+ALGORITHMS = {
+    "ALGORITHM_UNSPECIFIED": "gp_bandit", "GRID_SEARCH": "grid", "RANDOM_SEARCH": "random",
+    "gp_bandit": "gp_bandit", "tpe": "tpe", "grid": "grid", "random": "random",
 }
 PARAMS_AS = ("flags", "env", "both")
 METRIC_SOURCES = ("auto", "modelyard", "tensorboard", "hypertune")
@@ -119,7 +120,7 @@ class Study:
     name: str
     metrics: list[Metric]
     params: list[Param]
-    algorithm: str  # tpe | grid | random
+    algorithm: str  # gp_bandit | tpe | grid | random
     selection: str  # LAST_MEASUREMENT | BEST_MEASUREMENT
     stopping: dict[str, Any] | None  # {"method": "median"|"hyperband", ...} or None
     max_trials: int
@@ -533,6 +534,32 @@ def _trial_from_job(job: Any) -> tuple[dict[str, Any], str | None]:
     return {"command": command, "env": env}, image
 
 
+def parse_search(spec: Any, tag: str | None = None) -> tuple[list[Metric], list[Param], str, str]:
+    """A StudySpec's metrics, parameters, algorithm (the engine's name: ``designers.ALGORITHMS``)
+    and measurement selection, checked; ``spec`` in snake_case or camelCase. Early stopping is the
+    caller's (``modelyard tune`` and Vizier studies take different stopping specs)."""
+    spec = _normalize(spec)
+    if not isinstance(spec, dict):
+        raise SpecError("study_spec: missing; give metrics and parameters (Vertex AI StudySpec)")
+    _unknown("study_spec", spec, _SPEC_KEYS)
+    metrics = _parse_metrics(spec.get("metrics"), tag)
+    params_raw = spec.get("parameters")
+    if not isinstance(params_raw, list) or not params_raw:
+        raise SpecError("study_spec.parameters: give at least one parameter")
+    seen: set[str] = set()
+    params = [_parse_param(p, f"study_spec.parameters[{i}]", seen) for i, p in enumerate(params_raw)]
+    algorithm_raw = spec.get("algorithm", "ALGORITHM_UNSPECIFIED")
+    algorithm = ALGORITHMS.get(str(algorithm_raw))
+    if algorithm is None:
+        raise SpecError(f"study_spec.algorithm: {algorithm_raw!r} is not one of {', '.join(ALGORITHMS)}")
+    selection = str(spec.get("measurement_selection_type", "LAST_MEASUREMENT")).upper()
+    if selection == "MEASUREMENT_SELECTION_TYPE_UNSPECIFIED":
+        selection = "LAST_MEASUREMENT"
+    if selection not in SELECTIONS:
+        raise SpecError(f"study_spec.measurement_selection_type: {selection!r} is not one of {', '.join(SELECTIONS)}")
+    return metrics, params, algorithm, selection
+
+
 def from_mapping(raw: dict[str, Any], path: Path, storage: str | None = None) -> Study:
     """Check an already-parsed study file (``path`` anchors relative paths)."""
     base = path.resolve().parent
@@ -550,25 +577,11 @@ def from_mapping(raw: dict[str, Any], path: Path, storage: str | None = None) ->
                 raise SpecError(f"base_output_directory.output_uri_prefix: {prefix} is not a local path")
             raw["job_dir"] = prefix
     spec = raw.get("study_spec")
-    if not isinstance(spec, dict):
-        raise SpecError("study_spec: missing; give metrics and parameters (Vertex AI StudySpec)")
-    _unknown("study_spec", spec, _SPEC_KEYS)
     # trial: env names and commands keep their case, so only its keys are normalised.
     trial_raw = {_snake(str(k)): v for k, v in trial_raw.items()} if isinstance(trial_raw, dict) else trial_raw
     tag = trial_raw.get("hyperparameter_metric_tag") if isinstance(trial_raw, dict) else None
-    metrics = _parse_metrics(spec.get("metrics"), tag)
-    params_raw = spec.get("parameters")
-    if not isinstance(params_raw, list) or not params_raw:
-        raise SpecError("study_spec.parameters: give at least one parameter")
-    seen: set[str] = set()
-    params = [_parse_param(p, f"study_spec.parameters[{i}]", seen) for i, p in enumerate(params_raw)]
-    algorithm_raw = spec.get("algorithm", "ALGORITHM_UNSPECIFIED")
-    algorithm = _ALGORITHMS.get(str(algorithm_raw))
-    if algorithm is None:
-        raise SpecError(f"study_spec.algorithm: {algorithm_raw!r} is not one of {', '.join(_ALGORITHMS)}")
-    selection = str(spec.get("measurement_selection_type", "LAST_MEASUREMENT")).upper()
-    if selection not in SELECTIONS:
-        raise SpecError(f"study_spec.measurement_selection_type: {selection!r} is not one of {', '.join(SELECTIONS)}")
+    metrics, params, algorithm, selection = parse_search(spec, tag)
+    params_raw = spec["parameters"]
     stopping = _parse_stopping(spec, metrics)
     max_trials = _count(raw, "max_trial_count", 10, 1)
     if algorithm == "grid":

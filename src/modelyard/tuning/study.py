@@ -26,7 +26,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from modelyard.tuning import space
+from modelyard.tuning import designers, space
 from modelyard.tuning.devices import Slot, SlotPool
 from modelyard.tuning.forkserver import start_ticks
 from modelyard.tuning.runner import TrialProcess
@@ -109,10 +109,7 @@ def _sampler(study: Study, existing: int, join: bool) -> optuna.samplers.BaseSam
     # Offset by the trials already there, so a resumed seeded study does not redraw them;
     # hosts joining one study draw independently (the same seed would propose the same points).
     seed = None if study.seed is None or join else study.seed + existing
-    if study.algorithm == "tpe":
-        # constant_liar: running trials count as bad guesses, so parallel trials spread out.
-        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
-    return optuna.samplers.RandomSampler(seed=seed)  # grid points are enqueued up front
+    return designers.sampler(study.algorithm, seed)  # grid points are enqueued up front
 
 
 def _pruner(study: Study) -> optuna.pruners.BasePruner:

@@ -184,6 +184,26 @@ MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
     "StudySpec.ParameterSpec.DiscreteValueSpec": (frozenset((
         'defaultValue', 'values'
     )), {}),
+    # Vizier (resources/studies.py, resources/trials.py)
+    "Study": (frozenset((
+        'createTime', 'displayName', 'inactiveReason', 'name', 'state', 'studySpec'
+    )), {"studySpec": "StudySpec"}),
+    "Trial": (frozenset((
+        'clientId', 'customJob', 'endTime', 'finalMeasurement', 'id', 'infeasibleReason', 'measurements',
+        'name', 'parameters', 'startTime', 'state', 'webAccessUris'
+    )), {"parameters": "Trial.Parameter", "finalMeasurement": "Measurement", "measurements": "Measurement"}),
+    "Trial.Parameter": (frozenset(('parameterId', 'value')), {}),
+    "Measurement": (frozenset(('elapsedDuration', 'metrics', 'stepCount')), {"metrics": "Measurement.Metric"}),
+    "Measurement.Metric": (frozenset(('metricId', 'value')), {}),
+    "SuggestTrialsRequest": (frozenset(('clientId', 'contexts', 'parent', 'suggestionCount')), {}),
+    "AddTrialMeasurementRequest": (frozenset(('measurement', 'trialName')), {"measurement": "Measurement"}),
+    "CompleteTrialRequest": (frozenset((
+        'finalMeasurement', 'infeasibleReason', 'name', 'trialInfeasible'
+    )), {"finalMeasurement": "Measurement"}),
+    "StopTrialRequest": (frozenset(('name',)), {}),
+    "CheckTrialEarlyStoppingStateRequest": (frozenset(('trialName',)), {}),
+    "ListOptimalTrialsRequest": (frozenset(('parent',)), {}),
+    "LookupStudyRequest": (frozenset(('displayName', 'parent')), {}),
     "TrainingPipeline": (frozenset((
         'createTime', 'displayName', 'encryptionSpec', 'endTime', 'error', 'inputDataConfig',
         'labels', 'modelId', 'modelToUpload', 'name', 'parentModel', 'startTime', 'state',

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from modelyard.platform.api.names import DEFAULT_ALIAS
 from modelyard.platform.state import metadata_schema
+from modelyard.platform.state import vizier_schema
 
 metadata = MetaData()
 
@@ -176,8 +177,12 @@ def _v6(conn: Connection) -> None:
     metadata_schema.create(conn)  # ML Metadata and TensorBoard (experiments, pipelines)
 
 
+def _v7(conn: Connection) -> None:
+    vizier_schema.create_tables(conn)  # Vizier's studies and trials
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 LATEST = len(MIGRATIONS)
 
 

@@ -1,0 +1,281 @@
+"""The Gaussian-process bandit: Vertex Vizier's default algorithm, as an Optuna sampler.
+
+Each suggestion fits a Gaussian process (Matern-5/2 kernel with one length scale per dimension,
+its hyperparameters by maximum a posteriori on the log marginal likelihood) to the completed
+trials, mapped into the unit cube (log scales in log space, categories one-hot), and proposes the
+point that maximises the upper confidence bound ``mean + UCB_COEFFICIENT * stddev``. Trials still
+running count as observed at the model's own mean ("kriging believer"): their uncertainty is
+spent, so parallel workers are sent to different places. Several metrics are scalarised with a
+random Chebyshev weighting per suggestion, so successive suggestions cover the Pareto front.
+The first trial is the centre of the space, the next few random, as Vizier seeds its GP.
+
+NumPy and SciPy only (no JAX, no PyTorch): see docs/tuning.md for why this and not the
+``google-vizier`` package's designer.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.search_space import IntersectionSearchSpace
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+from scipy import optimize
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.stats import qmc
+
+UCB_COEFFICIENT = 1.8  # Vizier's GP-UCB exploration weight
+SEED_TRIALS = 4  # the centre, then random points, before the GP takes over
+_CANDIDATES_LOG2 = 10  # 1024 quasi-random candidates per suggestion
+_LOCAL = 500
+_JITTER = 1e-6
+
+
+def _numeric(dist: CategoricalDistribution) -> bool:
+    return all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in dist.choices)
+
+
+class _Encoder:
+    """Parameter values <-> points of the unit cube (one column per number, one per category)."""
+
+    def __init__(self, space: dict[str, BaseDistribution]) -> None:
+        self.space = space
+        self.columns: list[tuple[str, int]] = []  # (param, category index or -1)
+        for name, dist in space.items():
+            if isinstance(dist, CategoricalDistribution) and not _numeric(dist):
+                self.columns += [(name, i) for i in range(len(dist.choices))]
+            else:
+                self.columns.append((name, -1))
+        self.dim = len(self.columns)
+        self.onehot = np.array([i >= 0 for _, i in self.columns])
+
+    @staticmethod
+    def _bounds(dist: BaseDistribution) -> tuple[float, float, bool]:
+        if isinstance(dist, CategoricalDistribution):
+            return float(min(dist.choices)), float(max(dist.choices)), False
+        return float(dist.low), float(dist.high), bool(dist.log)
+
+    def encode(self, params: dict[str, Any]) -> np.ndarray:
+        out = np.zeros(self.dim)
+        for j, (name, cat) in enumerate(self.columns):
+            dist, value = self.space[name], params[name]
+            if cat >= 0:
+                out[j] = float(dist.choices.index(value) == cat)
+                continue
+            low, high, log = self._bounds(dist)
+            if log:
+                low, high, value = math.log(low), math.log(high), math.log(value)
+            out[j] = 0.5 if high == low else (float(value) - low) / (high - low)
+        return out
+
+    def decode(self, x: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, dist in self.space.items():
+            cols = [j for j, (n, _) in enumerate(self.columns) if n == name]
+            if isinstance(dist, CategoricalDistribution) and not _numeric(dist):
+                out[name] = dist.choices[int(np.argmax(x[cols]))]
+                continue
+            low, high, log = self._bounds(dist)
+            u = float(np.clip(x[cols[0]], 0.0, 1.0))
+            value = (math.exp(math.log(low) + u * (math.log(high) - math.log(low))) if log
+                     else low + u * (high - low))
+            if isinstance(dist, CategoricalDistribution):
+                value = min(dist.choices, key=lambda c: abs(float(c) - value))
+            elif isinstance(dist, IntDistribution):
+                value = int(min(max(round((value - dist.low) / dist.step) * dist.step + dist.low, dist.low), dist.high))
+            else:
+                value = float(min(max(value, dist.low), dist.high))
+                if dist.step:
+                    value = float(round((value - dist.low) / dist.step) * dist.step + dist.low)
+            out[name] = value
+        return out
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """A candidate made valid: inside the cube, exactly one category of each parameter on."""
+        x = np.clip(x, 0.0, 1.0)
+        for name in self.space:
+            cols = [j for j, (n, c) in enumerate(self.columns) if n == name and c >= 0]
+            if cols:
+                hot = cols[int(np.argmax(x[cols]))]
+                x[cols] = 0.0
+                x[hot] = 1.0
+        return x
+
+
+def _matern52(x1: np.ndarray, x2: np.ndarray, ls: np.ndarray, var: float) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel matrix and the scaled squared differences (for the length-scale gradients)."""
+    d = (x1[:, None, :] - x2[None, :, :]) / ls
+    sq = d * d
+    r = np.sqrt(np.maximum(sq.sum(-1), 1e-30))
+    s5r = math.sqrt(5.0) * r
+    k = var * (1.0 + s5r + 5.0 / 3.0 * r * r) * np.exp(-s5r)
+    return k, sq
+
+
+class GP:
+    """A Gaussian process over the unit cube with fitted hyperparameters."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, warm: np.ndarray | None = None) -> None:
+        self.x, self.y = x, y
+        dim = x.shape[1]
+        # theta = log length scales (dim), log signal variance, log noise variance
+        start = np.concatenate([np.full(dim, math.log(0.5)), [0.0], [math.log(1e-3)]])
+        best = None
+        for theta0 in ([start] if warm is None or warm.shape != start.shape else [start, warm]):
+            res = optimize.minimize(self._neg_log_posterior, theta0, jac=True, method="L-BFGS-B",
+                                    bounds=[(math.log(0.01), math.log(20.0))] * dim
+                                    + [(math.log(0.05), math.log(20.0)), (math.log(1e-6), math.log(1.0))],
+                                    options={"maxiter": 60})
+            if best is None or res.fun < best.fun:
+                best = res
+        self.theta = best.x
+        self._prepare()
+
+    def _parts(self, theta: np.ndarray):
+        dim = self.x.shape[1]
+        ls, var, noise = np.exp(theta[:dim]), math.exp(theta[dim]), math.exp(theta[dim + 1])
+        k, sq = _matern52(self.x, self.x, ls, var)
+        return ls, var, noise, k, sq
+
+    def _neg_log_posterior(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        dim, n = self.x.shape[1], self.x.shape[0]
+        ls, var, noise, k, sq = self._parts(theta)
+        kn = k + (noise + _JITTER) * np.eye(n)
+        try:
+            c = cho_factor(kn, lower=True)
+        except np.linalg.LinAlgError:
+            return 1e10, np.zeros_like(theta)
+        alpha = cho_solve(c, self.y)
+        nll = 0.5 * self.y @ alpha + np.log(np.diag(c[0])).sum() + 0.5 * n * math.log(2 * math.pi)
+        w = np.outer(alpha, alpha) - cho_solve(c, np.eye(n))  # dL/dK = 0.5 * w
+        r = np.sqrt(np.maximum(sq.sum(-1), 1e-30))
+        s5r = math.sqrt(5.0) * r
+        base = var * 5.0 / 3.0 * (1.0 + s5r) * np.exp(-s5r)
+        grad = np.empty_like(theta)
+        for j in range(dim):
+            grad[j] = -0.5 * np.sum(w * base * sq[:, :, j])
+        grad[dim] = -0.5 * np.sum(w * k)
+        grad[dim + 1] = -0.5 * np.trace(w) * noise
+        # Priors: log-normal on the length scales (around 0.5 of the cube), on the noise (small).
+        prior_ls = theta[:dim] - math.log(0.5)
+        nll += 0.5 * np.sum(prior_ls ** 2)
+        grad[:dim] += prior_ls
+        prior_noise = (theta[dim + 1] - math.log(1e-3)) / 3.0
+        nll += 0.5 * prior_noise ** 2
+        grad[dim + 1] += prior_noise / 3.0
+        return float(nll), grad
+
+    def _prepare(self) -> None:
+        dim, n = self.x.shape[1], self.x.shape[0]
+        self.ls, self.var, noise, k, _ = self._parts(self.theta)
+        self._chol = cho_factor(k + (noise + _JITTER) * np.eye(n), lower=True)
+        self._alpha = cho_solve(self._chol, self.y)
+
+    def predict(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ks, _ = _matern52(xs, self.x, self.ls, self.var)
+        mean = ks @ self._alpha
+        v = solve_triangular(self._chol[0], ks.T, lower=True)
+        variance = np.maximum(self.var - np.sum(v * v, axis=0), 1e-12)
+        return mean, np.sqrt(variance)
+
+    def condition(self, xs: np.ndarray) -> "GP":
+        """The same GP (same hyperparameters) with ``xs`` observed at its own mean."""
+        if not len(xs):
+            return self
+        mean, _ = self.predict(xs)
+        other = object.__new__(GP)
+        other.x, other.y, other.theta = np.vstack([self.x, xs]), np.concatenate([self.y, mean]), self.theta
+        other._prepare()
+        return other
+
+
+def _targets(values: np.ndarray, directions: Sequence[StudyDirection], rng: np.random.Generator) -> np.ndarray:
+    """One number per trial to maximise: signs by goal, standardised, several metrics scalarised."""
+    signs = np.array([1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions])
+    v = values * signs
+    low, high = v.min(0), v.max(0)
+    v = (v - low) / np.where(high > low, high - low, 1.0)
+    if v.shape[1] == 1:
+        y = v[:, 0]
+    else:
+        w = rng.dirichlet(np.ones(v.shape[1]))
+        y = np.min(v / np.maximum(w, 1e-9), axis=1) * w.min()
+    # Robust standardisation: a few very bad trials must not flatten the rest.
+    med = np.median(y)
+    spread = np.std(y) or 1.0
+    return np.clip((y - med) / spread, -4.0, None)
+
+
+class GPBanditSampler(BaseSampler):
+    """GP-UCB over the parameters every completed trial has; the rest (conditional children
+    outside that intersection) are drawn at random."""
+
+    def __init__(self, seed: int | None = None, seed_trials: int = SEED_TRIALS) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._random = RandomSampler(seed=seed)
+        self._space = IntersectionSearchSpace()
+        self.seed_trials = seed_trials
+        self._warm: np.ndarray | None = None
+
+    def reseed_rng(self) -> None:
+        self._rng = np.random.default_rng()
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {name: dist for name, dist in self._space.calculate(study).items() if not dist.single()}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        done = [t for t in trials if t.state == TrialState.COMPLETE and all(p in t.params for p in search_space)]
+        pending = [t for t in trials if t.state == TrialState.RUNNING and t.number != trial.number
+                   and all(p in t.params for p in search_space)]
+        enc = _Encoder(search_space)
+        started = len(done) + len(pending)
+        if len(done) < self.seed_trials and started < 2 * self.seed_trials:
+            return enc.decode(enc.project(self._rng.random(enc.dim)))
+        if not done:
+            return {}
+        x = np.array([enc.encode(t.params) for t in done])
+        y = _targets(np.array([t.values for t in done], dtype=float), study.directions, self._rng)
+        gp = GP(x, y, self._warm)
+        self._warm = gp.theta
+        gp = gp.condition(np.array([enc.encode(t.params) for t in pending]).reshape(-1, enc.dim))
+        best = self._maximise_ucb(gp, enc, x, y)
+        return enc.decode(best)
+
+    def _maximise_ucb(self, gp: GP, enc: _Encoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        def ucb(points: np.ndarray) -> np.ndarray:
+            mean, std = gp.predict(points)
+            return mean + UCB_COEFFICIENT * std
+
+        sobol = qmc.Sobol(enc.dim, scramble=True, seed=self._rng)
+        cands = sobol.random_base2(_CANDIDATES_LOG2)
+        # Around the best trials too: the acquisition's peaks are often close to them.
+        top = x[np.argsort(-y)[:5]]
+        near = top[self._rng.integers(len(top), size=_LOCAL)] + self._rng.normal(0, 0.05, (_LOCAL, enc.dim))
+        cands = np.array([enc.project(c) for c in np.vstack([cands, near])])
+        scores = ucb(cands)
+        best = cands[int(np.argmax(scores))]
+        best_score = float(scores.max())
+        # A few rounds of shrinking local search around the incumbent.
+        for scale in (0.02, 0.005):
+            trial = np.array([enc.project(c) for c in best + self._rng.normal(0, scale, (200, enc.dim))])
+            s = ucb(trial)
+            if s.max() > best_score:
+                best, best_score = trial[int(np.argmax(s))], float(s.max())
+        return best
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        others = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        if not [t for t in others if t.number != trial.number]:  # the study's first trial: the centre
+            enc = _Encoder({param_name: param_distribution})
+            return enc.decode(enc.project(np.full(enc.dim, 0.5)))[param_name]
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
