@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from modelyard.cli_parser import examples
+from modelyard.platform.api import http_limits
 from modelyard.ports import bind_error, exit_status
 
 
@@ -68,6 +69,7 @@ def register(subparsers) -> None:
                              "is taken out of routing (default 1)")
     parser.add_argument("--replace-unready-after-seconds", type=float, default=5.0, metavar="S",
                         help="a replica unready this long is stopped and replaced (default 5)")
+    http_limits.add_arguments(parser)  # the API's and the storage's ports, as modelyard serve's flags
     parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                         help="largest control-plane request body, refused (413) before it is read whole "
                              "(default 4 MiB); predict bodies keep the serving limit, 256 MiB")
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                                     if roots else "artifact URIs are accepted anywhere (no --artifact-root)")
           + f"; relative ones are read from {Path.cwd()}", flush=True)
     try:
-        asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage))
+        asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage, _api_limits(args)))
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return exit_status(bind_error(exc, str(exc)))
@@ -206,7 +208,7 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
     from modelyard.platform.storage.server import StorageProcess
 
     port = args.storage_port if args.storage_port is not None else _default_storage_port(args.host, args.port)
-    tls_args = []
+    tls_args = http_limits.as_arguments(http_limits.from_args(args))
     for flag, value in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-client-ca", args.tls_client_ca)):
         if value:
             tls_args += [flag, str(Path(value).resolve())]
@@ -231,6 +233,7 @@ def _default_storage_port(host: str, port: int) -> int:
     from modelyard.ports import free_port
 
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
     try:
         probe.bind((host, port + 1))
         return port + 1
@@ -262,7 +265,15 @@ def _tls_context(cert: str | None, key: str | None, client_ca: str | None):
     return context
 
 
-async def _serve(platform, host: str, port: int, tls=None, storage=None) -> None:
+def _api_limits(args: argparse.Namespace) -> http_limits.ConnLimits:
+    """The API port's connection limits. Its front has no keep-alive limit of its own, so a connection idle
+    after a request closes once its answer is surely sent (the upstream timeout) and the timeout passed."""
+    limits = http_limits.from_args(args)
+    idle = args.client_timeout_seconds + args.upstream_timeout_seconds if args.client_timeout_seconds else None
+    return http_limits.ConnLimits(limits.client_timeout_s, limits.max_connections, idle)
+
+
+async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=None) -> None:
     """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
     Stopping leaves the replicas running: the next start adopts them."""
     from aiohttp import web
@@ -278,8 +289,10 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None) -> None
     front = Front(platform, "127.0.0.1", api_port)
     loop = asyncio.get_running_loop()
     try:
-        server = await loop.create_server(lambda: FrontProtocol(front), host, port, reuse_address=True, backlog=2048,
-                                          ssl=tls)
+        guard = http_limits.Guard(limits or http_limits.ConnLimits())
+        server = await loop.create_server(guard.wrap(lambda: FrontProtocol(front)), host, port, reuse_address=True,
+                                          backlog=2048, ssl=tls,
+                                          ssl_handshake_timeout=guard.limits.handshake_timeout if tls else None)
     except OSError:
         await runner.cleanup()
         raise
