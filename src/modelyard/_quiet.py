@@ -124,16 +124,25 @@ def _quiet_litert(exec_module):
         originals = {(cls, name): getattr(cls, name) for cls, name in targets if hasattr(cls, name)}
 
         done = threading.Event()
+        # Held by the first call for as long as it runs: another thread's first call (a config file's
+        # versions load side by side) waits for it, rather than allocating, and logging, before fd 2 is
+        # caught. Re-entrant: a LiteRT method may call another wrapped one.
+        first = threading.RLock()
 
         def first_call(original):
             def call(self, *args, **kwargs):
                 if done.is_set():  # a bound method taken before the first call still lands here
                     return original(self, *args, **kwargs)
-                done.set()
-                for (cls, name), method in originals.items():
-                    setattr(cls, name, method)  # later lookups go straight to LiteRT
-                with _filtered_stderr():
-                    return original(self, *args, **kwargs)
+                with first:
+                    if not done.is_set():
+                        try:
+                            with _filtered_stderr():
+                                return original(self, *args, **kwargs)
+                        finally:
+                            done.set()
+                            for (cls, name), method in originals.items():
+                                setattr(cls, name, method)  # later lookups go straight to LiteRT
+                return original(self, *args, **kwargs)
             return call
 
         for (cls, name), method in originals.items():
