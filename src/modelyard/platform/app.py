@@ -11,6 +11,7 @@ from modelyard.platform.dataplane.deadlines import DeadlinePolicy
 from modelyard.platform.api.errors import ApiError, check_bearer
 from modelyard.platform.api.fields import DEFAULT_MAX_REQUEST_BYTES
 from modelyard.platform.dataplane.gateway import Gateway
+from modelyard.platform.jobs.job_limits import JobLimits
 from modelyard.platform.jobs.job_runner import JobRunner
 from modelyard.platform.dataplane.metrics import Metrics
 from modelyard.platform.resources.operations import Operations
@@ -46,6 +47,7 @@ class Config:
     # The Cloud Storage this platform serves: gs://B/N is storage_root/B/N (modelyard.platform.storage.local_file);
     # None when STORAGE_EMULATOR_HOST named another storage at start. storage_url is what children get.
     storage_root: Path | None = None
+    job_limits: JobLimits | None = None  # what one job may use (jobs/job_limits.py); None: its defaults
     storage_url: str = ""
 
 
@@ -75,7 +77,8 @@ class Platform:
         self._loop_task: asyncio.Task | None = None
         # Jobs (batch prediction, custom, tuning) run as children of the leading platform only.
         self.jobs = JobRunner(self.store, config.state_dir, lambda: self.supervisor.leader,
-                              engine={"name": "ray", "address": config.ray_address} if config.engine == "ray" else None)
+                              engine={"name": "ray", "address": config.ray_address} if config.engine == "ray" else None,
+                              limits=config.job_limits)
         self.jobs.platform = self  # training pipelines upload their model through the API's code
         self._jobs_task: asyncio.Task | None = None
         self._ops_task: asyncio.Task | None = None  # operations' outcomes the store refused, written later

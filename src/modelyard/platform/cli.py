@@ -73,6 +73,15 @@ def register(subparsers) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                         help="largest control-plane request body, refused (413) before it is read whole "
                              "(default 4 MiB); predict bodies keep the serving limit, 256 MiB")
+    parser.add_argument("--job-max-processes", type=int, default=None, metavar="N",
+                        help="tasks (processes and threads) one job may run, by a cgroup where the platform "
+                             "may make one, else RLIMIT_NPROC (default max(256, 16 x CPUs); 0: no limit)")
+    parser.add_argument("--job-max-memory-bytes", type=int, default=None, metavar="N",
+                        help="memory one job may use, by a cgroup, else RLIMIT_AS per process "
+                             "(default 80%% of this machine's memory; 0: no limit)")
+    parser.add_argument("--job-max-file-bytes", type=int, default=None, metavar="N",
+                        help="largest file a job's process may write (RLIMIT_FSIZE; default half the free "
+                             "space of the state directory's disk at start, at least 1 GiB; 0: no limit)")
     parser.add_argument("--replica-arg", action="append", default=[],
                         help="extra flag passed to every `modelyard serve` replica (repeatable), "
                         "e.g. --replica-arg=--runtime=tensorflow")
@@ -132,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
                                                      args.upstream_deadline_factor, args.upstream_timeout_seconds),
                     readiness=Readiness(deadline_s=args.readiness_deadline_seconds,
                                         replace_after_s=args.replace_unready_after_seconds))
+    from modelyard.platform.jobs.job_limits import JobLimits, default_limits
+
+    defaults = default_limits(state_dir)
+    config.job_limits = JobLimits(*(given if given is not None else default for given, default in (
+        (args.job_max_processes, defaults.max_processes), (args.job_max_memory_bytes, defaults.max_memory_bytes),
+        (args.job_max_file_bytes, defaults.max_file_bytes))))
     config.storage_root = None if os.environ.get(STORAGE_ENV) else \
         Path(args.storage_root or state_dir / "storage").expanduser().resolve()
     try:

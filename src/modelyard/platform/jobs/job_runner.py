@@ -14,6 +14,13 @@ A custom job whose one replica is a TensorFlow Python command (a ``modelyard tra
 forked from the platform's warm interpreter instead (``warm_jobs``); its processes are found by the
 pids recorded in its work dir as well as by ``MODELYARD_JOB_ID``, since a forked process's
 environment, as /proc shows it, is its server's. A job that cannot start warm says why in its log.
+
+Every job runs under ``job_limits`` (processes, memory, file size), applied to its first process as soon
+as it exists; a job that fails says which limit it met, or that the disk was full. Cancelling never
+waits for the disk: the cancel request signals the job at once (``cancel_now``), and when the store
+cannot record the cancel (its disk full even after its reserve), the runner keeps the request in memory
+and ends the job as cancelled as soon as the store takes it; an end the store refused is kept
+(``_ending``) and written on a later tick, never decided again.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.jobs import warm_jobs
+from modelyard.platform.jobs import job_limits, warm_jobs
 from modelyard.platform.state.store import Store
 from modelyard.tuning.forkserver import read_pids, recorded_pids
 
@@ -104,8 +111,10 @@ class JobRunner:
     """
 
     def __init__(self, store: Store, state_dir: Path, is_leader: Callable[[], bool],
-                 interval_s: float = 0.25, engine: dict | None = None) -> None:
+                 interval_s: float = 0.25, engine: dict | None = None,
+                 limits: job_limits.JobLimits | None = None) -> None:
         self.store = store
+        self.limits = limits if limits is not None else job_limits.default_limits(state_dir)
         self.engine = engine
         self.root = state_dir / "jobs"
         self.is_leader = is_leader
@@ -118,7 +127,26 @@ class JobRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.warm = warm_jobs.WarmJobs(state_dir)
         self._cold_because: dict[str, str | None] = {}  # job id -> why it cannot start warm (None: it can)
+        self._cancel_wanted: set[str] = set()  # cancelled while the store could not record it
+        self._ending: dict[str, tuple[str, dict | None, dict | None]] = {}  # ended, not yet recorded
 
+    def ended(self, job_id: str) -> bool:
+        """The job has ended here, its end not recorded yet (the store refused it): it may be deleted."""
+        return job_id in self._ending
+
+    def forget(self, job_id: str) -> None:
+        """The job's row is deleted: nothing of it is left to record."""
+        self._ending.pop(job_id, None)
+        self._cancel_wanted.discard(job_id)
+
+    def cancel_now(self, row: dict) -> None:
+        """A cancel request for an active job, before anything is written: SIGTERM to its process group
+        now (a job filling the disk stops first), and the runner treats it as cancelling from now on,
+        whether or not the store takes its CANCELLING state; its end is recorded as soon as it can be."""
+        self._cancel_wanted.add(row["id"])
+        if row["id"] not in self._signalled:
+            self._signal(row)
+        self.wake()
     def work_dir(self, job_id: str) -> Path:
         return self.root / job_id
 
@@ -147,6 +175,7 @@ class JobRunner:
             self._wake.clear()
 
     def tick(self) -> None:
+        self.store.keep_reserve()  # the full-disk reserve comes back once there is room
         for row in self.store.list_jobs(states=ACTIVE):
             try:
                 self._step(row)
@@ -156,6 +185,14 @@ class JobRunner:
     # ---- one job --------------------------------------------------------------------------------
     def _step(self, row: dict) -> None:
         job_id, state = row["id"], row["state"]
+        if job_id in self._ending:  # ended; the store refused the end before: write it again
+            self._record_end(row, *self._ending[job_id])
+            return
+        if job_id in self._cancel_wanted:  # the store could not take the cancel yet: act on it anyway
+            if state == PENDING:
+                self._end(row, CANCELLED, _cancelled())
+                return
+            row, state = {**row, "state": CANCELLING}, CANCELLING
         follow = getattr(kind_module(row["kind"]), "follow", None)
         if follow is not None:
             follow(self, row)
@@ -217,6 +254,12 @@ class JobRunner:
             self._end(row, FAILED, ApiError("INTERNAL", f"could not start the job's process: {exc}"))
             return
         self._procs[job_id] = proc
+        try:
+            applied = job_limits.apply(self.limits, job_id, proc.pid)
+            with open(work_dir / LOG_FILE, "a") as logf:
+                logf.write(f"[modelyard] limits: {'; '.join(applied) or 'none'}\n")
+        except OSError as exc:
+            log.warning("job %s: its limits could not all be applied: %s", job_id, exc)
         self._cold_because.pop(job_id, None)
         self.store.update_job(job_id, pid=proc.pid, runs=row["runs"] + 1, work_dir=str(work_dir))
         log.info("job %s (%s) started as pid %d (run %d)", job_id, row["kind"], proc.pid, row["runs"] + 1)
@@ -248,7 +291,8 @@ class JobRunner:
         self._progress_at[row["id"]] = now
         fields = hook(self.work_dir(row["id"]), row)
         if fields:
-            self.store.update_job(row["id"], (RUNNING, CANCELLING), result={**(row["result"] or {}), **fields})
+            self.store.update_job(row["id"], (RUNNING, CANCELLING), result={**(row["result"] or {}), **fields},
+                                  use_reserve=False)  # progress can wait: the reserve is for ends and cancels
 
     def _finished(self, row: dict) -> None:
         job_id = row["id"]
@@ -264,6 +308,11 @@ class JobRunner:
             error = result.pop("error", None)
             if row["state"] == CANCELLING and state != SUCCEEDED:
                 state, error = CANCELLED, _cancelled()
+            elif state == FAILED:  # the job's own account, and which of its limits it met (if any)
+                met = job_limits.why(self.limits, job_id, None, log_tail(work_dir), work_dir)
+                if met:
+                    error = {**(error or {}), "code": 8,  # RESOURCE_EXHAUSTED
+                             "message": f"{met}; {(error or {}).get('message', '')}".rstrip("; ")}
             self._end(row, state, error, result)
         elif row["state"] == CANCELLING:
             self._end(row, CANCELLED, _cancelled())
@@ -276,14 +325,24 @@ class JobRunner:
                    f"was killed by signal {-proc.returncode}" if proc is not None else
                    "was lost while the platform was stopped")
             tail = log_tail(work_dir)
-            self._end(row, FAILED, ApiError("INTERNAL", f"the job's process {how}" + (f"; log tail:\n{tail}" if tail else "")))
+            met = job_limits.why(self.limits, job_id, proc.returncode if proc is not None else None, tail, work_dir)
+            status = "RESOURCE_EXHAUSTED" if met else "INTERNAL"
+            self._end(row, FAILED, ApiError(status, f"the job's process {how}" + (f": {met}" if met else "")
+                                            + (f"; log tail:\n{tail}" if tail else "")))
 
     def _end(self, row: dict, state: str, error, result: dict | None = None) -> None:
         if isinstance(error, ApiError):
             error = error.to_rpc_status()
         merged = {**(row["result"] or {}), **(result or {})}
-        self.store.update_job(row["id"], (RUNNING, CANCELLING), state=state, error=error, result=merged,
+        self._ending[row["id"]] = (state, error, merged)  # decided once: a refused write is retried, not redone
+        self._record_end(row, state, error, merged)
+
+    def _record_end(self, row: dict, state: str, error: dict | None, result: dict | None) -> None:
+        self.store.update_job(row["id"], ACTIVE, state=state, error=error, result=result,
                               ended=time.time(), pid=None)
+        del self._ending[row["id"]]
+        self._cancel_wanted.discard(row["id"])
+        job_limits.release(row["id"])  # after job_limits.why read its counters
         log.info("job %s ended: %s%s", row["id"], state, f" ({error.get('message', '')[:200]})" if error else "")
 
 

@@ -9,6 +9,7 @@ The stored ``spec`` holds the resource's input fields as the client sent them, p
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -20,12 +21,16 @@ from modelyard.platform.resources.models import ENUM_INTS
 from modelyard.platform.api.names import Route
 from modelyard.platform.resources.operations import EMPTY
 from modelyard.platform.api.timefmt import rfc3339
+from modelyard.platform.state.store import DiskFull
 
 # google.cloud.aiplatform.v1.JobState numbers, for clients asking $alt=json;enum-encoding=int.
 JOB_STATES = {"JOB_STATE_UNSPECIFIED": 0, "JOB_STATE_QUEUED": 1, "JOB_STATE_PENDING": 2, "JOB_STATE_RUNNING": 3,
               "JOB_STATE_SUCCEEDED": 4, "JOB_STATE_FAILED": 5, "JOB_STATE_CANCELLING": 6,
               "JOB_STATE_CANCELLED": 7, "JOB_STATE_PAUSED": 8, "JOB_STATE_EXPIRED": 9}
+log = logging.getLogger(__name__)
+
 PRIVATE = "_modelyard"
+_CANCELLED = ApiError("CANCELLED", "CANCELED").to_rpc_status()
 # A job list's ``state`` filter: JobState names; a training pipeline's PipelineState names too (its
 # states are stored as jobs').
 _STATE_NAMES = {**{name: name for name in JOB_STATES},
@@ -77,15 +82,24 @@ async def list_(p, route: Route, query) -> dict:
 
 
 def cancel(p, route: Route) -> dict:
+    """Never waits for the disk: a running job is signalled first (``JobRunner.cancel_now``), then its
+    CANCELLING state written; if the store cannot take that (its disk full past its reserve), the runner
+    holds the cancel in memory and records the end as soon as it can."""
     row = _get_in(p, route)
     hook = getattr(_kind(p, route), "cancel", None)  # a kind that cancels through another job
     if hook is not None:
         return hook(p, route, row)
-    if row["state"] == PENDING and p.store.update_job(row["id"], (PENDING,), state=CANCELLED, ended=time.time(),
-                                                      error=ApiError("CANCELLED", "CANCELED").to_rpc_status()):
-        return {}
-    if p.store.update_job(row["id"], (RUNNING,), state=CANCELLING):
-        p.jobs.wake()
+    if row["state"] == RUNNING:
+        p.jobs.cancel_now(row)  # the kill first: the writes below may find the disk full
+    try:
+        if row["state"] == PENDING and p.store.update_job(row["id"], (PENDING,), state=CANCELLED,
+                                                          ended=time.time(), error=_CANCELLED):
+            return {}
+        if row["state"] == RUNNING and p.store.update_job(row["id"], (RUNNING,), state=CANCELLING):
+            return {}
+    except DiskFull as exc:  # cancelled anyway; the runner records it when the store takes it
+        log.error("job %s: cancelled; %s", row["id"], exc.message)
+        p.jobs.cancel_now(row)
         return {}
     row = _get_in(p, route)
     if row["state"] == CANCELLING:
@@ -94,8 +108,21 @@ def cancel(p, route: Route) -> dict:
 
 
 def delete(p, route: Route) -> dict:
+    """Only a finished job (or one whose end the runner could not record yet: the store's disk full);
+    if the store's disk is full past its reserve, the job's work dir (its staging and logs, deleted with
+    it anyway) goes first to make room, then its row."""
     row = _get_in(p, route)
-    if not p.store.delete_job(row["id"], TERMINAL):
+    states = TERMINAL + ((row["state"],) if p.jobs.ended(row["id"]) else ())
+    try:
+        deleted = p.store.delete_job(row["id"], states)
+    except DiskFull:
+        if row["state"] not in states:
+            raise
+        shutil.rmtree(row["work_dir"], ignore_errors=True)
+        deleted = p.store.delete_job(row["id"], states)
+    if deleted:
+        p.jobs.forget(row["id"])
+    if not deleted:
         raise ApiError("FAILED_PRECONDITION", f"Job {job_name(row)} is in state {row['state']}: only a finished job "
                        "can be deleted; cancel it first.")
     shutil.rmtree(row["work_dir"], ignore_errors=True)  # the job's staging and logs; its outputs stay

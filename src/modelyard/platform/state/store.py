@@ -2,17 +2,26 @@
 
 Rows in, plain dicts out. Each public method is one transaction, so a mutation is all or nothing
 (a deployed model and the traffic split that names it are written together).
+
+A full disk must not lock the platform out of its own state (a job that filled it could then be
+neither cancelled nor deleted, nor its end recorded). A SQLite store keeps a reserve file beside the
+database (``RESERVE_BYTES`` of allocated blocks); a write that fails with "database or disk is full"
+frees the reserve and is tried once more (``_room_on_full``: on the writes that end or remove things:
+jobs, operations, replicas). The reserve comes back once the disk has room again (``keep_reserve``,
+on the job runner's tick).
 """
 from __future__ import annotations
 
 import fcntl
+import functools
+import logging
 import os
 import time
 from pathlib import Path
 
 from sqlalchemy import Integer, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from modelyard.platform.api import aliases
 from modelyard.platform.api.list_filter import ListRequest
@@ -22,7 +31,89 @@ from modelyard.platform.api.errors import ApiError, not_found
 from modelyard.platform.api.names import DEFAULT_ALIAS, is_version_id
 
 
+log = logging.getLogger(__name__)
+
 _LEADER_LOCK_KEY = 0x6D7964  # any constant: one advisory lock per database
+# Room kept for the store's own writes on a full disk: SQLite appends to its WAL and grows the database
+# while it checkpoints; a few MiB take thousands of small transactions.
+RESERVE_BYTES = 16 * 1024 * 1024
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10
+
+
+def _disk_full(exc: OperationalError) -> bool:
+    """A SQLite write refused for want of space (SQLITE_FULL; an I/O error on ENOSPC reads as SQLITE_IOERR)."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return code in (_SQLITE_FULL, _SQLITE_IOERR) or "disk is full" in str(exc.orig)
+
+
+class Reserve:
+    """A file of ``size`` allocated bytes on the store's disk, given back when a write finds the disk full."""
+
+    def __init__(self, path: Path | None, size: int = RESERVE_BYTES) -> None:
+        self.path, self.size = path, size
+
+    def keep(self) -> bool:
+        """Make the reserve if it is missing and the disk has room for it and as much again; True if it is there."""
+        if self.path is None:
+            return False
+        if self.path.exists():
+            return True
+        try:
+            st = os.statvfs(self.path.parent)
+            if st.f_bavail * st.f_frsize < 2 * self.size:
+                return False
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)  # blocks allocated now, not a sparse promise
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            return True
+        except OSError:
+            return False
+
+    def release(self) -> bool:
+        """Free the reserve; True if there was one to free."""
+        if self.path is None:
+            return False
+        try:
+            os.unlink(self.path)
+            return True
+        except FileNotFoundError:
+            return False
+
+
+class DiskFull(ApiError):
+    """The store's disk is full and its reserve spent: RESOURCE_EXHAUSTED, in Google's format."""
+
+    def __init__(self, what: str, exc: OperationalError) -> None:
+        super().__init__("RESOURCE_EXHAUSTED", f"the platform's store cannot record {what}: its disk is full "
+                         f"({exc.orig}); free space on it")
+
+
+def _room_on_full(method):
+    """A store write that, refused for a full disk, frees the reserve and is tried once more; DiskFull
+    if there is no reserve left or the retry is refused too. ``use_reserve=False``: a write that may wait
+    (a running job's progress) leaves the reserve to those that may not."""
+    @functools.wraps(method)
+    def write(self, *args, use_reserve: bool = True, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+            if not use_reserve or not self.reserve.release():
+                raise DiskFull(method.__name__, exc) from exc
+            log.warning("the store's disk is full: freed its %d MiB reserve to record %s; it comes back once "
+                        "the disk has room", self.reserve.size >> 20, method.__name__)
+        try:
+            return method(self, *args, **kwargs)
+        except OperationalError as exc:
+            if _disk_full(exc):
+                raise DiskFull(method.__name__, exc) from exc
+            raise
+    return write
 
 
 def default_store_path() -> Path:
@@ -107,6 +198,13 @@ class Store:
 
         self._lead_conn = None  # PostgreSQL: the session holding the leader lock
         self._lead_file = None  # SQLite: the open, flock'ed lock file
+        database = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
+        self.reserve = Reserve(Path(database + ".reserve") if database and database != ":memory:" else None)
+        self.reserve.keep()
+
+    def keep_reserve(self) -> bool:
+        """Make the full-disk reserve again once there is room (after a full disk used it)."""
+        return self.reserve.keep()
 
     def try_lead(self) -> bool:
         """Become the one platform that supervises replicas for this store; True if this one is it.
@@ -403,6 +501,7 @@ class Store:
                     raise ApiError("ABORTED", f"operation {op_id} was ended before this deploy could commit "
                                    "(the platform running it lost the lead); retry it")
 
+    @_room_on_full
     def remove_deployed_model(self, endpoint_id: str, dm_id: str, split: dict[str, int]) -> None:
         with self.engine.begin() as c:
             c.execute(delete(s.deployed_models).where(s.deployed_models.c.id == dm_id))
@@ -414,6 +513,7 @@ class Store:
         with self.engine.begin() as c:
             c.execute(insert(s.replicas).values(**replica))
 
+    @_room_on_full
     def remove_replica(self, replica_id: str) -> None:
         with self.engine.begin() as c:
             c.execute(delete(s.replicas).where(s.replicas.c.id == replica_id))
@@ -426,10 +526,12 @@ class Store:
             return [_row(r) for r in c.execute(q)]
 
     # ---- operations ---------------------------------------------------------------------------
+    @_room_on_full
     def add_operation(self, op: dict) -> None:
         with self.engine.begin() as c:
             c.execute(insert(s.operations).values(**op))
 
+    @_room_on_full
     def finish_operation(self, op_id: str, response: dict | None, error: dict | None) -> None:
         with self.engine.begin() as c:
             c.execute(update(s.operations).where(s.operations.c.id == op_id)
@@ -480,6 +582,7 @@ class Store:
         return self._page(select(s.jobs).where(s.jobs.c.parent == parent).where(s.jobs.c.kind == kind),
                           request, _JOB_COLUMNS)
 
+    @_room_on_full
     def update_job(self, job_id: str, from_states: tuple[str, ...] | None = None, **values) -> bool:
         """Change a job; with ``from_states``, only if it is in one of them (a compare-and-set, so the
         runner and a cancel request never overwrite each other). True if the row changed."""
@@ -489,6 +592,7 @@ class Store:
         with self.engine.begin() as c:
             return c.execute(q.values(**values, updated=time.time())).rowcount > 0
 
+    @_room_on_full
     def delete_job(self, job_id: str, from_states: tuple[str, ...]) -> bool:
         with self.engine.begin() as c:
             return c.execute(delete(s.jobs).where(s.jobs.c.id == job_id)
