@@ -150,6 +150,8 @@ class _Parser:
         if self.peek() == ("punct", "("):
             self.take()
             node = self.expression()
+            if self.peek() != ("punct", ")"):
+                raise _bad(self.text, "a '(' is not closed")
             if self.take() != ("punct", ")"):
                 raise _bad(self.text, "a '(' is not closed")
             return node
@@ -179,7 +181,8 @@ class _Parser:
             raise _bad(self.text, f"{self.kind} have no filterable field {field!r}")
         if path and field not in ("labels", "metadata"):
             raise _bad(self.text, f"{field} has no sub-field {'.'.join(path)!r}")
-        kind, op = self.take()
+        kind, op = self.peek() or ("end", "")
+        self.i += 1
         if kind != "op":
             raise _bad(self.text, f"{name} needs a comparison (=, !=, <, <=, >, >= or :) and a value")
         if field in ("parent_contexts", "child_contexts"):
