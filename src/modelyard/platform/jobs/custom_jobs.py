@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from modelyard import objstore
-from modelyard.platform.jobs import job_env, warm_jobs
+from modelyard.platform.jobs import job_env, job_packages, warm_jobs
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
 
@@ -39,6 +39,7 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
         raise invalid("CustomJob.job_spec is required.")
     check_job_spec(job_spec)
     await asyncio.to_thread(job_env.check_storage, job_spec)  # a missing bucket: refused now, nothing made
+    await asyncio.to_thread(job_packages.check, job_spec)  # packages that cannot be installed: likewise
     return {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state")}, {}
 
 
@@ -85,11 +86,8 @@ def check_job_spec(job_spec: dict) -> list[dict]:
                               "platform's PATH.")
             packages: list[str] = []
         else:
-            module = package.get("pythonModule")
-            packages = _strings(package.get("packageUris", []), f"{where}.python_package_spec.package_uris")
-            if not isinstance(module, str) or not module or not packages:
-                raise invalid(f"{where}.python_package_spec needs python_module and package_uris.")
-            command = [sys.executable, "-m", module]
+            module, packages = job_packages.parse(package, f"{where}.python_package_spec")
+            command = [sys.executable, "-m", module]  # the job's own Python replaces it (run_pools)
         gpus = _count((pool.get("machineSpec") or {}).get("acceleratorCount", 0),
                       f"{where}.machine_spec.accelerator_count")
         if replicas:
@@ -174,12 +172,9 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
             if pool["packages"]:
                 pool["command"][0] = jobs_ray.PACKAGE_PYTHON
     else:
-        python = job_env.PythonEnv(work_dir)
-        python.create()
-        env.update(python.env())
         mount.stage_in(job_env.pool_strings(job_spec))
-        python.install(objstore.stage_in(list(dict.fromkeys(mount.rewrite(u) for pool in pools
-                                                            for u in pool["packages"])), work_dir / "packages"))
+        python = job_packages.install(work_dir, [u for pool in pools for u in pool["packages"]], mount)
+        env.update(python.env())
         for pool in pools:
             pool["command"] = [mount.rewrite(a) for a in pool["command"]]
             if pool["packages"]:  # python -m module: the job's own interpreter, where its packages are

@@ -137,7 +137,7 @@ class JobReplicaActor:
     def _localize(self, command: list[str], env: dict[str, str], setup: NodeSetup
                   ) -> tuple[list[str], dict[str, str], str]:
         """The command, env and working directory as this node runs them (see ``NodeSetup``)."""
-        from modelyard.platform.jobs import job_env
+        from modelyard.platform.jobs import job_env, job_packages
 
         # Storage settings first: the mirror and the packages are fetched with them.
         for key in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN"):
@@ -151,18 +151,15 @@ class JobReplicaActor:
         command = [self.mount.rewrite(a) for a in command]
         env = {k: self.mount.rewrite(v) for k, v in env.items()}
         if setup.packages:
-            python = job_env.PythonEnv(self.scratch)
-            python.create()
-            files = []
-            for name, source in setup.packages:
-                target = self.scratch / "packages" / name
-                target.parent.mkdir(parents=True, exist_ok=True)
+            uris = []
+            for name, source in setup.packages:  # a file of the platform's host came as its bytes
                 if isinstance(source, bytes):
+                    target = self.scratch / "host-packages" / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(source)
-                else:
-                    objstore.filesystem(objstore.scheme_of(source)).get_file(source, str(target))
-                files.append(str(target))
-            python.install(files)
+                    source = str(target)
+                uris.append(source)
+            python = job_packages.install(self.scratch, uris)  # the one rule every job's packages follow
             env = {**env, **python.env()}
             command = [python.python if a == PACKAGE_PYTHON else a for a in command]
         if setup.host_output:

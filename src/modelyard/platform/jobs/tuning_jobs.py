@@ -8,9 +8,14 @@ copies the study's trials (read-only) into ``progress.json``; the resource shows
 ``Trial``s (``parameters``, ``finalMeasurement``, ``measurements``, ``state``). A gs:// / s3://
 base output directory is written locally and published when the study ends. Killed and started
 again, the same command resumes the study (finished trials kept).
+
+A trial pool's ``python_package_spec`` follows job_packages' rule, as a CustomJob's does: checked on
+create (a package that cannot be installed is refused), installed once into the job's own Python
+before the study starts, and every trial runs ``python -m module`` there.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import json
 import subprocess
@@ -21,6 +26,7 @@ from pathlib import Path
 from modelyard import objstore
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
+from modelyard.platform.jobs import job_env, job_packages
 
 RESUMABLE = True
 PROGRESS_FILE = "progress.json"
@@ -84,6 +90,10 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
 
     _base_dir(body)
     files = trial_files(body.get(FILES_FIELD))
+    trial_job = body.get("trialJobSpec")
+    if isinstance(trial_job, dict):  # its buckets and packages, as a CustomJob's (nothing made if refused)
+        await asyncio.to_thread(job_env.check_storage, trial_job)
+        await asyncio.to_thread(job_packages.check, trial_job, "trial_job_spec")
     with tempfile.TemporaryDirectory(prefix="check-", dir=Path(p.config.state_dir)) as probe_dir:
         # The study file anchors relative paths: the shipped files sit beside it, as in the job's folder.
         probe = Path(probe_dir) / STUDY_FILE
@@ -152,6 +162,7 @@ def execute(work_dir: Path, job: dict) -> dict:
     study = work_dir / STUDY_FILE
     # The files `modelyard jobs submit` shipped, beside the study file: its relative trial command finds them.
     write_trial_files(work_dir, trial_files((body.get(PRIVATE) or {}).get("trialFiles")))
+    body, mount = _with_packages_installed(work_dir, body, job.get("storageRoot"))
     write_json(study, study_mapping(body, name, job_dir))
     storage = f"sqlite:///{work_dir / 'study.db'}"
     sys.stdout.flush()
@@ -162,12 +173,30 @@ def execute(work_dir: Path, job: dict) -> dict:
         time.sleep(1.0)
         _write_progress(work_dir, storage, name)
     trials = _write_progress(work_dir, storage, name)
+    if mount is not None and mount.publish():
+        print("wrote the trials' files under /gcs/ back to their buckets", flush=True)
     if remote:
         n = objstore.publish_tree(Path(job_dir), base)
         print(f"published {n} output file(s) to {base}", flush=True)
     if proc.returncode != 0:
         raise JobFailed(f"modelyard tune exited with code {proc.returncode}: {log_tail(work_dir, 1500)}")
     return {"trials": trials}
+
+
+def _with_packages_installed(work_dir: Path, body: dict, storage_root: str | None):
+    """The job's body with its python_package_spec trial pool made the container pool the trials run
+    (job_packages.trial_pool), its packages installed first (once for every trial); and the job's
+    /gcs/ mount. A body without packages as it is (no mount)."""
+    pools = (body.get("trialJobSpec") or {}).get("workerPoolSpecs") or []
+    if not job_packages.package_pools(body["trialJobSpec"]):
+        return body, None
+    mount = job_env.GcsMount(work_dir, storage_root)
+    mount.stage_in(job_env.pool_strings(body["trialJobSpec"]))
+    uris = [u for _, spec in job_packages.package_pools(body["trialJobSpec"]) for u in spec["packageUris"]]
+    python = job_packages.install(work_dir, uris, mount)
+    pools = [job_packages.trial_pool(p, python, mount) if isinstance(p, dict) and p.get("pythonPackageSpec") else p
+             for p in pools]
+    return {**body, "trialJobSpec": {**body["trialJobSpec"], "workerPoolSpecs": pools}}, mount
 
 
 def _write_progress(work_dir: Path, storage: str, name: str) -> list[dict]:

@@ -1,0 +1,231 @@
+"""A job's Python packages (Vertex AI's ``pythonPackageSpec``): one rule for every job that runs them.
+
+A worker pool may name, instead of a container command, ``packageUris`` (sdists or wheels in Cloud
+Storage, ``/gcs/`` paths or local files) and a ``pythonModule``: its replicas run ``python -m
+pythonModule args`` in the job's own Python (job_env.PythonEnv) into which the packages were
+installed with the requirements they declare (``CustomJob.from_local_script(requirements=...)``
+and ``CustomTrainingJob`` build such a source distribution, ``aiplatform_custom_trainer_script``).
+The same rule holds for a CustomJob's every pool, a training pipeline (its backing CustomJob), every
+trial of a HyperparameterTuningJob (installed once for the job, then each trial runs the module),
+and a replica on a Ray node (``install`` there, from storage).
+
+What is checked when the job is created (``check``; 400 INVALID_ARGUMENT naming the field, nothing
+made), because it costs little and every replica or trial would fail on it otherwise:
+
+- ``pythonModule`` is a dotted Python name and ``packageUris`` lists at least one file;
+- each package file exists (gs:// and /gcs/ objects in storage, local files on the platform's host)
+  and is a wheel or source distribution pip can read (files up to ``CHECK_BYTES`` are read);
+- each requirement the packages declare is a valid requirement, and those the platform's
+  environment does not satisfy already are resolved by ``pip install --dry-run`` (pip asks its
+  index for those only; nothing is installed). A package whose requirements only its build can
+  tell is dry-run itself.
+
+What can only fail the job (its error says so, with pip's or Python's words): a package whose build
+fails, an install that fails after a successful resolution (a download cut, a dependency that
+does not build), a dry run that took longer than ``DRY_RUN_TIMEOUT_S`` (then the job tries), and
+a module that is not in the packages or fails when it runs.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from modelyard import objstore
+from modelyard.platform.api.errors import ApiError, invalid
+from modelyard.platform.jobs import job_env
+
+CHECK_BYTES = 64 << 20  # larger package files are checked to exist only: their install tells the rest
+DRY_RUN_TIMEOUT_S = 120.0
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ARCHIVES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2", ".tar.xz", ".tar")
+
+
+def parse(spec: dict, where: str) -> tuple[str, list[str]]:
+    """``(pythonModule, packageUris)`` of a pythonPackageSpec (proto3 JSON), INVALID_ARGUMENT naming
+    ``where`` for a missing or malformed field."""
+    module = spec.get("pythonModule")
+    uris = spec.get("packageUris")
+    if not isinstance(module, str) or not module or not isinstance(uris, list) or not uris:
+        raise invalid(f"{where} needs python_module and package_uris.")
+    if not _MODULE.fullmatch(module):
+        raise invalid(f"{where}.python_module {module!r} is not a Python module name (e.g. trainer.task).")
+    for i, uri in enumerate(uris):
+        if not isinstance(uri, str) or not uri or uri.endswith("/"):
+            raise invalid(f"{where}.package_uris[{i}] must name a package file (a wheel or a source "
+                          f"distribution), got {uri!r}.")
+    return module, list(uris)
+
+
+def package_pools(job_spec: dict, where: str = "job_spec") -> list[tuple[str, dict]]:
+    """``(field path, pythonPackageSpec)`` of each pool of a CustomJobSpec that has one."""
+    pools = job_spec.get("workerPoolSpecs") if isinstance(job_spec, dict) else None
+    return [(f"{where}.worker_pool_specs[{i}].python_package_spec", pool["pythonPackageSpec"])
+            for i, pool in enumerate(pools if isinstance(pools, list) else [])
+            if isinstance(pool, dict) and isinstance(pool.get("pythonPackageSpec"), dict)]
+
+
+# ---- create time (the platform, in a worker thread) ---------------------------------------------
+def check(job_spec: dict, where: str = "job_spec") -> None:
+    """Refuse, before anything is made, a job whose packages cannot be installed (see the module's
+    docstring for what is checked here and what only the job can find)."""
+    pools = package_pools(job_spec, where)
+    if not pools:
+        return
+    with tempfile.TemporaryDirectory(prefix="modelyard-package-check-") as tmp:
+        for field, spec in pools:
+            _, uris = parse(spec, field)
+            files = [_fetch_for_check(uri, f"{field}.package_uris[{i}]", Path(tmp) / str(i))
+                     for i, uri in enumerate(uris)]
+            _check_installable(field, uris, files)
+
+
+def _storage_uri(uri: str) -> str:
+    """A /gcs/BUCKET/PATH (Vertex's mount) as the gs:// URI it stands for; others as they are."""
+    return "gs://" + uri[len("/gcs/"):] if uri.startswith("/gcs/") else uri
+
+
+def _fetch_for_check(uri: str, field: str, into: Path) -> str | None:
+    """The package file, local (downloaded into ``into`` when it is in storage), or None when it is
+    too large to read here; INVALID_ARGUMENT when it does not exist."""
+    uri = _storage_uri(uri)
+    scheme = objstore.scheme_of(uri)
+    if not scheme:
+        path = Path(objstore.local_path(uri))
+        if not path.is_file():
+            raise invalid(f"{field}: {uri} does not exist (or is not a file) on the platform's host.")
+        return str(path) if path.stat().st_size <= CHECK_BYTES else None
+    fs = objstore.filesystem(scheme)
+    fs.invalidate_cache()  # the SDK has just uploaded it: a cached listing must not hide it
+    try:
+        info = fs.info(uri) if fs.exists(uri) else None
+    except Exception as exc:  # no storage reachable: say which and why
+        raise ApiError("FAILED_PRECONDITION", f"{field}: {uri} cannot be read: {type(exc).__name__}: {exc}") from None
+    if info is None or info.get("type") == "directory":
+        raise invalid(f"{field}: {uri} does not exist: upload the package there first.")
+    if int(info.get("size") or 0) > CHECK_BYTES:
+        return None
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / uri.rstrip("/").rsplit("/", 1)[-1]
+    fs.get_file(uri, str(target))
+    return str(target)
+
+
+def _check_installable(field: str, uris: list[str], files: list[str | None]) -> None:
+    for i, (uri, path) in enumerate(zip(uris, files)):
+        if path is not None and not _readable_archive(path):
+            raise invalid(f"{field}.package_uris[{i}]: {uri} is not a Python package pip can install "
+                          f"(a wheel or a source distribution: {', '.join(_ARCHIVES)}).")
+    readable = [f for f in files if f is not None]
+    declared = [job_env.declared_requirements(f) for f in readable]
+    wanted: list[str] = []
+    for reqs in declared:
+        wanted += [r for r in reqs or [] if r not in wanted]
+    items = _unsatisfied(wanted, field)
+    # Requirements only a build can tell: pip builds the package's metadata in the dry run.
+    items += [f for f, reqs in zip(readable, declared) if reqs is None]
+    if items:
+        _dry_run(field, items)
+
+
+def _readable_archive(path: str) -> bool:
+    import tarfile
+    import zipfile
+
+    if path.endswith((".whl", ".zip")):
+        return zipfile.is_zipfile(path)
+    if path.endswith(_ARCHIVES):
+        try:
+            with tarfile.open(path) as tar:
+                return tar.next() is not None
+        except (OSError, tarfile.TarError, EOFError):
+            return False
+    return False
+
+
+def _unsatisfied(requirements: list[str], field: str) -> list[str]:
+    """The requirements the platform's environment (which every job's Python sees) does not meet;
+    INVALID_ARGUMENT for one that is not a requirement at all."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out = []
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise invalid(f"{field}: the package's requirement {text!r} is not a valid requirement: {exc}") from None
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            out.append(text)
+            continue
+        if req.url or not req.specifier.contains(version, prereleases=True):
+            out.append(text)
+    return out
+
+
+def _dry_run(field: str, items: list[str]) -> None:
+    """``pip install --dry-run`` of ``items`` as the job's install would run it; INVALID_ARGUMENT with
+    pip's last lines when it cannot."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
+                               "--disable-pip-version-check", "--no-build-isolation", *items],
+                              capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S,
+                              env={**os.environ, "PIP_NO_INPUT": "1"})
+    except subprocess.TimeoutExpired:
+        return  # a slow index is not a refusal: the job's own install will say
+    if done.returncode != 0:
+        words = "\n".join(line for line in done.stderr.strip().splitlines()[-6:])
+        raise invalid(f"{field}: pip cannot install the package's requirements {items!r}: {words}")
+
+
+# ---- run time (the job's process, or a Ray node) ------------------------------------------------
+def install(work_dir: Path, uris: list[str], mount: job_env.GcsMount | None = None) -> job_env.PythonEnv:
+    """The job's own Python under ``work_dir`` with ``uris`` (storage URIs, /gcs/ paths through
+    ``mount``, local files) installed with their requirements; JobFailed(INVALID_ARGUMENT) with
+    pip's words when they cannot be."""
+    python = job_env.PythonEnv(work_dir)
+    python.create()
+    if uris:
+        python.install(fetch([mount.rewrite(u) if mount else u for u in dict.fromkeys(uris)], work_dir / "packages"))
+    return python
+
+
+def fetch(uris: list[str], into: Path) -> list[str]:
+    """Local files for ``uris``: local ones as they are, those in storage downloaded under ``into``,
+    each in a folder of its own so that its file name (which pip reads: a wheel's tags) is kept."""
+    out = []
+    for i, uri in enumerate(uris):
+        if not objstore.scheme_of(uri):
+            out.append(objstore.local_path(uri))
+            continue
+        target = into / str(i) / uri.rstrip("/").rsplit("/", 1)[-1]
+        if not target.exists():  # a resumed job keeps what it fetched
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".partial")
+            objstore.filesystem(objstore.scheme_of(uri)).get_file(uri, str(partial))
+            partial.rename(target)
+        out.append(str(target))
+    return out
+
+
+def trial_pool(pool: dict, python: job_env.PythonEnv, mount: job_env.GcsMount | None) -> dict:
+    """A tuning job's python_package_spec pool as the container pool its trials run: the module by
+    the job's Python (where its packages were installed), with that Python's variables."""
+    spec = pool["pythonPackageSpec"]
+    module, _ = parse(spec, "trial_job_spec.worker_pool_specs[0].python_package_spec")
+    rewrite = mount.rewrite if mount else (lambda s: s)
+    env = [{"name": e["name"], "value": rewrite(str(e.get("value", "")))} for e in spec.get("env") or []
+           if isinstance(e, dict) and e.get("name")]
+    env += [{"name": k, "value": v} for k, v in python.env().items()]
+    out = {k: v for k, v in pool.items() if k != "pythonPackageSpec"}
+    out["containerSpec"] = {"imageUri": spec.get("executorImageUri", ""), "command": [python.python, "-m", module],
+                            "args": [rewrite(str(a)) for a in spec.get("args") or []], "env": env}
+    return out
