@@ -42,6 +42,8 @@ def test_hyperparameter_tuning_job_with_the_stock_sdk(aiplatform, tmp_path):
     assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED
     trials = job.trials
     assert [t.id for t in trials] == ["1", "2", "3", "4"]
+    # algorithm unset: Vizier's default, the GP bandit (tuning.gp_bandit), whose first trial is the space's centre.
+    assert {p.parameter_id: p.value for p in trials[0].parameters} == {"x": 0.5, "units": 64}
     for t in trials:
         assert t.state == gca_study.Trial.State.SUCCEEDED
         params = {p.parameter_id: p.value for p in t.parameters}

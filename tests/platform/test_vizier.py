@@ -223,3 +223,27 @@ def test_a_study_and_its_active_trials_survive_a_restart(platform):
     assert int(fresh[0]["id"]) == 8 and fresh[0]["state"] == "ACTIVE"
     listed = _rest(platform, "GET", f"{study}/trials").json()["trials"]
     assert [t["state"] for t in listed] == ["SUCCEEDED"] * 7 + ["ACTIVE"]
+
+
+def test_a_grid_tuning_job_visits_every_point_once(platform, tmp_path):
+    """A HyperparameterTuningJob runs on the same engine: GRID_SEARCH hands out each of the 4 points once,
+    however many trials the job allows."""
+    import sys
+    from pathlib import Path
+
+    from tests.platform.jobs_helpers import wait_state
+
+    script = Path(__file__).resolve().parents[1] / "tuning" / "trials" / "hypertune_quadratic.py"
+    body = {"displayName": "grid-job", "maxTrialCount": 10, "parallelTrialCount": 2,
+            "studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}], "algorithm": "GRID_SEARCH",
+                          "parameters": [{"parameterId": "x", "discreteValueSpec": {"values": [0.1, 0.3]}},
+                                         {"parameterId": "units", "discreteValueSpec": {"values": [32, 64]}}]},
+            "trialJobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
+                "imageUri": "x", "command": [sys.executable, str(script)], "args": ["--epochs=1"]}}],
+                "baseOutputDirectory": {"outputUriPrefix": str(tmp_path)}}}
+    r = requests.post(platform.api("hyperparameterTuningJobs"), json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    job = wait_state(platform, r.json()["name"], ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=180)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    points = sorted(tuple(sorted((p["parameterId"], float(p["value"])) for p in t["parameters"])) for t in job["trials"])
+    assert points == sorted((("units", u), ("x", x)) for x in (0.1, 0.3) for u in (32.0, 64.0))
