@@ -21,6 +21,7 @@ from tests.platform.client import Api
 from tests.platform.conftest import PARENT, _env, live_processes, require, start_platform
 from tests.platform.fault_scenarios import operation, resume, running, wait
 from tests.platform.test_operation_commit import check_deploy_commits_its_operation
+from tests.platform.test_vizier import check_vizier_store
 
 
 def _pg_bin(name: str) -> str:
@@ -165,6 +166,10 @@ def test_a_follower_taking_the_lead_ends_the_dead_leaders_deploy(tmp_path_factor
 
 def test_a_deploy_commits_its_operation_on_postgres(postgres):
     check_deploy_commits_its_operation(postgres, "-pg")
+
+
+def test_vizier_store_on_postgres(postgres):
+    check_vizier_store(postgres)
 
 
 def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):

@@ -247,3 +247,48 @@ def test_a_grid_tuning_job_visits_every_point_once(platform, tmp_path):
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     points = sorted(tuple(sorted((p["parameterId"], float(p["value"])) for p in t["parameters"])) for t in job["trials"])
     assert points == sorted((("units", u), ("x", x)) for x in (0.1, 0.3) for u in (32.0, 64.0))
+
+
+def check_vizier_store(url: str) -> None:
+    """Vizier's tables and rules on one database (SQLite here, PostgreSQL from test_postgres): a study made
+    again with its spec is the same study, trial ids count from 1 per study, completing picks the
+    measurement the spec says, the optimal trial, deletes; all without a platform process."""
+    from types import SimpleNamespace
+
+    from modelyard.platform.api.errors import ApiError
+    from modelyard.platform.resources import studies, trials
+    from modelyard.platform.state.store import Store
+
+    store = Store(url)
+    try:
+        p = SimpleNamespace(store=store)
+        spec = {"metrics": [{"metricId": "acc", "goal": 1}], "measurementSelectionType": 2,  # enum numbers
+                "parameters": [{"parameterId": "x", "doubleValueSpec": {"maxValue": 1}}]}  # minValue 0 left out
+        made = studies.create(p, "projects/p/locations/l", {"displayName": "s", "studySpec": spec})
+        assert made["studySpec"]["metrics"][0]["goal"] == "MAXIMIZE" and made["studySpec"]["measurementSelectionType"] == "BEST_MEASUREMENT"
+        assert studies.create(p, "projects/p/locations/l", {"displayName": "s", "studySpec": spec})["name"] == made["name"]
+        study = studies.db.get_study(store.engine, made["name"].rsplit("/", 1)[1])
+        ids = []
+        for x in (0.2, 0.4, 0.6):
+            trial = trials.create(p, study, {"parameters": [{"parameterId": "x", "value": x}]})
+            ids.append(int(trial["id"]))
+            for step, acc in enumerate((x, 1 - x, x / 2), start=1):
+                trials.add_measurement(p, study, ids[-1], {"measurement": {"stepCount": step,
+                                                                           "metrics": [{"metricId": "acc", "value": acc}]}})
+            done = trials.complete(p, study, ids[-1], {})
+            assert done["finalMeasurement"]["metrics"][0]["value"] == max(x, 1 - x, x / 2)  # BEST_MEASUREMENT
+        assert ids == [1, 2, 3]
+        assert [t["id"] for t in trials.optimal(p, study)["optimalTrials"]] == ["1"]  # 0.8 at x=0.2
+        with pytest.raises(ApiError) as err:
+            trials.stop(p, study, 1, {})
+        assert err.value.status == "FAILED_PRECONDITION"
+        studies.db.delete_study(store.engine, study["id"])
+        with pytest.raises(ApiError):
+            studies.db.get_study(store.engine, study["id"])
+        assert studies.db.list_trials(store.engine, study["id"]) == []
+    finally:
+        store.close()
+
+
+def test_vizier_store_on_sqlite(tmp_path):
+    check_vizier_store(f"sqlite:///{tmp_path / 'platform.db'}")
