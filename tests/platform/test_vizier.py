@@ -225,9 +225,9 @@ def test_a_study_and_its_active_trials_survive_a_restart(platform):
     assert [t["state"] for t in listed] == ["SUCCEEDED"] * 7 + ["ACTIVE"]
 
 
-def test_a_grid_tuning_job_visits_every_point_once(platform, tmp_path):
+def test_a_grid_tuning_job_visits_every_point_once_and_is_a_study(platform, tmp_path):
     """A HyperparameterTuningJob runs on the same engine: GRID_SEARCH hands out each of the 4 points once,
-    however many trials the job allows."""
+    however many trials the job allows; its trials are listed as a Vizier study, as on Vertex."""
     import sys
     from pathlib import Path
 
@@ -247,6 +247,17 @@ def test_a_grid_tuning_job_visits_every_point_once(platform, tmp_path):
     assert job["state"] == "JOB_STATE_SUCCEEDED", job
     points = sorted(tuple(sorted((p["parameterId"], float(p["value"])) for p in t["parameters"])) for t in job["trials"])
     assert points == sorted((("units", u), ("x", x)) for x in (0.1, 0.3) for u in (32.0, 64.0))
+    # The job's trials are a Vizier study (its id the job's): listed, read, not changed but by the job.
+    study = "studies/" + job["name"].rsplit("/", 1)[1]
+    got = _rest(platform, "GET", study).json()
+    assert got["displayName"] == "grid-job" and got["state"] == "COMPLETED", got
+    assert got["studySpec"]["algorithm"] == "GRID_SEARCH"
+    assert got["name"] in [s["name"] for s in _rest(platform, "GET", "studies").json()["studies"]]
+    listed = _rest(platform, "GET", f"{study}/trials").json()["trials"]
+    assert [t["id"] for t in listed] == [t["id"] for t in job["trials"]]
+    assert _rest(platform, "GET", f"{study}/trials/{listed[0]['id']}").json()["parameters"] == job["trials"][0]["parameters"]
+    r = _rest(platform, "POST", f"{study}/trials:suggest", json={"suggestionCount": 1, "clientId": "w"})
+    assert r.status_code == 400 and r.json()["error"]["status"] == "FAILED_PRECONDITION", r.text
 
 
 def check_vizier_store(url: str) -> None:

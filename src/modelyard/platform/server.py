@@ -63,7 +63,8 @@ def build_app(p: Platform) -> web.Application:
             if studies.is_vizier_path(request.match_info["tail"]):  # Vizier: studies, trials, their operations
                 check_token(request)
                 return _json(await studies.dispatch(p, request.match_info["tail"], request.method,
-                                                    lambda message: _body(request, message), request.query))
+                                                    lambda message: _body(request, message), request.query,
+                                                    lambda route, query: jobs.dispatch(p, route, "GET", None, query)))
             route = names.parse_path(request.match_info["tail"])
             if route.verb in _PREDICT_VERBS and route.collection == "endpoints" and route.resource_id:
                 if p.config.auth_predict:

@@ -6,7 +6,8 @@ A study is its StudySpec: checked on create by the tuning engine's own parser (t
 the zero values proto3 JSON leaves out put back, and answered as the client sent it otherwise.
 Display names are unique per location: creating a study again with the same spec answers the study
 (the SDK's ``Study.create_or_load`` over REST; ``vizier_schema.add_study``), with another spec
-``ALREADY_EXISTS``.
+``ALREADY_EXISTS``. A HyperparameterTuningJob's trials are a study too (its id is the job's),
+listed and read here, changed only by the job.
 """
 from __future__ import annotations
 
@@ -86,10 +87,11 @@ def create(p, parent: str, body: dict) -> dict:
     return _render(db.add_study(p.store.engine, row))
 
 
-def _list(p, parent: str, query: Mapping[str, str]) -> dict:
-    rows = db.list_studies(p.store.engine, parent)
+def _list(p, parent: str, query: Mapping[str, str], job_studies: list[dict]) -> dict:
+    """The location's studies, then its tuning jobs' studies."""
+    rows = [_render(r) for r in db.list_studies(p.store.engine, parent)] + job_studies
     page, token = _page(rows, query)
-    out: dict = {"studies": [_render(r) for r in page]}
+    out: dict = {"studies": page}
     if token:
         out["nextPageToken"] = token
     return out
@@ -120,9 +122,71 @@ def _trial_id(value: str | None) -> int:
     return int(value)
 
 
-async def dispatch(p, tail: str, method: str, body: Callable[[str], Awaitable[dict]], query: Mapping[str, str]) -> dict:
+# ---- a HyperparameterTuningJob's study: its trials, read-only, as on Vertex ---------------------------------
+# Its id is the job's. ``jobs(route, query)`` answers GET on the job collection (platform.jobs renders jobs;
+# this layer may not import it, so the server hands it in).
+JobReader = Callable[[names.Route, Mapping[str, str]], Awaitable[dict]]
+_JOB_STATES = {"JOB_STATE_SUCCEEDED": "COMPLETED", "JOB_STATE_FAILED": "INACTIVE", "JOB_STATE_CANCELLED": "INACTIVE",
+               "JOB_STATE_CANCELLING": "INACTIVE", "JOB_STATE_EXPIRED": "INACTIVE"}
+
+
+def _job_study(parent: str, job: dict) -> dict:
+    study_id = job["name"].rsplit("/", 1)[1]
+    out = {"name": f"{parent}/studies/{study_id}", "displayName": job.get("displayName", ""),
+           "studySpec": job.get("studySpec", {}), "state": _JOB_STATES.get(job.get("state"), "ACTIVE")}
+    if job.get("createTime"):
+        out["createTime"] = job["createTime"]
+    if out["state"] == "INACTIVE":
+        out["inactiveReason"] = f"{job['name']} ended {job.get('state')}"
+    return out
+
+
+def _job_trials(study: dict, job: dict) -> list[dict]:
+    return [{**t, "name": f"{study['name']}/trials/{t['id']}"} for t in job.get("trials", [])]
+
+
+async def _job(jobs: JobReader | None, m, study_id: str) -> dict | None:
+    if jobs is None:
+        return None
+    route = names.Route(m["project"], m["location"], "hyperparameterTuningJobs", study_id)
+    try:
+        return await jobs(route, {})
+    except ApiError as exc:
+        if exc.status == "NOT_FOUND":
+            return None
+        raise
+
+
+async def _job_dispatch(parent: str, job: dict, m, method: str, tail: str) -> dict:
+    study = _job_study(parent, job)
+    if method != "GET" or m["verb"] is not None:
+        raise ApiError("FAILED_PRECONDITION", f"Study {study['name']} is the study of {job['name']}: the job "
+                       "runs its trials; it is read-only here.")
+    if m["trials"] is None:
+        return study
+    trials_ = _job_trials(study, job)
+    if m["trial"] is None:
+        return {"trials": trials_} if trials_ else {}
+    found = next((t for t in trials_ if t["id"] == m["trial"]), None)
+    if found is None:
+        raise ApiError("NOT_FOUND", f"Trial {m['trial']} of study {study['name']} is not found.")
+    return found
+
+
+async def _job_studies(jobs: JobReader | None, m) -> list[dict]:
+    if jobs is None:
+        return []
+    route = names.Route(m["project"], m["location"], "hyperparameterTuningJobs")
+    page = await jobs(route, {"pageSize": "1000"})
+    parent = f"projects/{m['project']}/locations/{m['location']}"
+    return [_job_study(parent, job) for job in page.get("hyperparameterTuningJobs", [])]
+
+
+async def dispatch(p, tail: str, method: str, body: Callable[[str], Awaitable[dict]], query: Mapping[str, str],
+                   jobs: JobReader | None = None) -> dict:
     """Every Vizier REST call (``/v1/`` or the SDK's ``/ui/`` prefix for operations); ``body(message)``
-    reads the request's JSON, its fields checked as that Vertex message."""
+    reads the request's JSON, its fields checked as that Vertex message; ``jobs`` reads tuning jobs,
+    whose studies are listed and read here too."""
     m = _PATH.match(tail)
     if m is None:
         raise ApiError("NOT_FOUND", f"No API at /v1/{tail}.")
@@ -138,7 +202,7 @@ async def dispatch(p, tail: str, method: str, body: Callable[[str], Awaitable[di
         if verb is None and method == "POST":
             return create(p, parent, await body("Study"))
         if verb is None and method == "GET":
-            return _list(p, parent, query)
+            return _list(p, parent, query, await _job_studies(jobs, m))
         if verb == "lookup" and method == "POST":
             doc = await body("LookupStudyRequest")
             name = doc.get("displayName", doc.get("display_name"))
@@ -146,7 +210,13 @@ async def dispatch(p, tail: str, method: str, body: Callable[[str], Awaitable[di
                 raise invalid("LookupStudyRequest.display_name is required.")
             return _render(db.find_study(engine, parent, name))
         raise ApiError("NOT_FOUND", f"No API for {method} /v1/{tail}.")
-    study = db.get_study(engine, _study_id(m["study"]), parent)
+    try:
+        study = db.get_study(engine, _study_id(m["study"]), parent)
+    except ApiError as exc:
+        job = await _job(jobs, m, m["study"]) if exc.status == "NOT_FOUND" else None
+        if job is None:
+            raise
+        return await _job_dispatch(parent, job, m, method, tail)
     if m["trials"] is None:
         if verb is None and method == "GET":
             return _render(study)
