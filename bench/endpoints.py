@@ -192,6 +192,10 @@ def main() -> int:
             direct = f"http://127.0.0.1:{replica['port']}/v1/models/model:predict"
             gateway = p.api(f"endpoints/{ep}:predict")
             targets = {"direct": direct, "gateway": gateway, **({"ray_serve": peer.url} if peer else {})}
+            from modelyard.platform.dataplane import replica_secrets  # a replica answers only its own secret
+
+            secret = replica_secrets.read_secret(replica_secrets.token_file_of(replica["pid"]))
+            headers = {"direct": (f"Authorization: Bearer {secret}",)}
 
             def show(name: str, _round: int, r: dict) -> None:
                 print(f"{name:9s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
@@ -199,7 +203,7 @@ def main() -> int:
 
             # Taking turns, so drift on the shared machine hits all alike.
             runs = {"ray_serve": [], **take_turns(list(targets), args.rounds, lambda name, _round: rest_load(
-                "wrk", targets[name], body, args.concurrency, args.duration, workdir), show)}
+                "wrk", targets[name], body, args.concurrency, args.duration, workdir, headers.get(name, ())), show)}
 
             dm2 = p.deploy(ep, v2, split={dm1: 90, "0": 10})
             counts = asyncio.run(count_split(gateway, body, args.split_requests))

@@ -157,13 +157,16 @@ end
 """
 
 
-def rest_load(loadgen: str, url: str, body: bytes, concurrency: int, duration: float, workdir: Path) -> dict:
+def rest_load(loadgen: str, url: str, body: bytes, concurrency: int, duration: float, workdir: Path,
+              headers: tuple[str, ...] = ()) -> dict:
+    """``headers``: extra "Name: value" lines (a replica of the platform wants its bearer secret)."""
+    extra = [arg for h in headers for arg in ("-H", h)]
     if loadgen == "wrk":
         script = workdir / "post.lua"
         if not script.exists():
             script.write_text(WRK_LUA % body.decode())
         # One wrk thread keeps up with any server here and leaves the second core to the server.
-        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "10s", "-s", str(script), url]
+        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "10s", "-s", str(script), *extra, url]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         line = next(l for l in out.splitlines() if l.startswith("BENCH_JSON "))
         r = json.loads(line[len("BENCH_JSON "):])
@@ -175,7 +178,7 @@ def rest_load(loadgen: str, url: str, body: bytes, concurrency: int, duration: f
     bodyfile = workdir / "body.json"
     bodyfile.write_bytes(body)
     cmd = ["hey", "-z", f"{duration:g}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
-           "-D", str(bodyfile), "-t", "10", url]
+           "-D", str(bodyfile), "-t", "10", *extra, url]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return parse_hey(out, duration)
 

@@ -93,3 +93,50 @@ def test_a_store_that_is_not_object_storage_is_refused(tmp_path, node_cache, mon
     with pytest.raises(artifact_cache.ArtifactError, match="cannot fetch the model /nowhere"):
         artifact_cache.fetch(source.as_dict())
     assert not os.path.exists(node_cache / ("0" * 40))
+
+
+# ---- gs:// artifact_uri copies (resources/artifacts.py), issue 43 finding 9 -------------------------
+
+def _upload_tree(bucket, prefix: str, root: Path) -> None:
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        bucket.blob(f"{prefix}/{path.relative_to(root).as_posix()}").upload_from_filename(str(path))
+
+
+def test_a_gs_artifact_is_copied_by_its_objects_not_by_its_uri(tmp_path, gcs_emulator):
+    from modelyard.platform.resources import artifacts
+
+    bucket = gcs_emulator["client"].bucket("modelyard-staging")
+    uri = f"gs://modelyard-staging/cache-by-content/{tmp_path.name}"
+    _upload_tree(bucket, uri.split("/", 3)[3], _model(tmp_path / "a", b"first weights"))
+    first = artifacts.resolve(uri, ["gs://modelyard-staging"], tmp_path / "state")
+    assert _tree(first) == _tree(tmp_path / "a")
+    assert artifacts.resolve(uri + "/", [], tmp_path / "state") == first  # unchanged objects: the same copy
+
+    # Same URI, same names, same size: only the bytes (and so the generations) differ.
+    _upload_tree(bucket, uri.split("/", 3)[3], _model(tmp_path / "b", b"other weights"))
+    second = artifacts.resolve(uri, [], tmp_path / "state")
+    assert second != first and _tree(second) == _tree(tmp_path / "b")
+    assert _tree(first) == _tree(tmp_path / "a")  # a version registered from the first copy keeps its files
+
+
+def test_a_copy_that_does_not_match_its_listing_is_made_again(tmp_path, gcs_emulator, monkeypatch):
+    """An object rewritten between the listing and the copy: the copy is checked and made again."""
+    from modelyard.platform.resources import artifacts
+
+    bucket = gcs_emulator["client"].bucket("modelyard-staging")
+    prefix = f"cache-by-content/{tmp_path.name}"
+    _upload_tree(bucket, prefix, _model(tmp_path / "a", b"first weights"))
+    real, listings = artifacts._listing, []
+
+    def listing_then_rewrite(fs, src):
+        out = real(fs, src)
+        if not listings:  # the first listing is made stale before the copy
+            _upload_tree(bucket, prefix, _model(tmp_path / "b", b"newer weights"))
+        listings.append(out)
+        return out
+
+    monkeypatch.setattr(artifacts, "_listing", listing_then_rewrite)
+    path = artifacts.resolve(f"gs://modelyard-staging/{prefix}", [], tmp_path / "state")
+    assert len(listings) == 2 and listings[0] != listings[1]
+    assert _tree(path) == _tree(tmp_path / "b")
+    assert [p.name for p in (tmp_path / "state" / "artifacts").iterdir()] == [path.name]  # no partial copy left

@@ -50,8 +50,9 @@ def first_rest_port_taken(monkeypatch):
         yield port, picks
 
 
-def _predict(port: int, tiny_models) -> None:
-    answer = requests.post(f"http://127.0.0.1:{port}/v1/models/{replicas.MODEL}:predict",
+def _predict(row: dict, tiny_models) -> None:
+    answer = requests.post(f"http://127.0.0.1:{row['port']}/v1/models/{replicas.MODEL}:predict",
+                           headers={"Authorization": replicas.replica_secrets.authorization(row).decode()},
                            json={"instances": tiny_models["instances"]}, timeout=30)
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(answer.json()["predictions"], tiny_models["models"]["tiny1"]["predictions"],
@@ -66,7 +67,7 @@ def test_a_local_replica_whose_port_was_taken_starts_again_on_new_ports(tmp_path
         await engine.open()
         try:
             row = await engine.start("r1", "dm1", model)
-            await asyncio.to_thread(_predict, row["port"], tiny_models)
+            await asyncio.to_thread(_predict, row, tiny_models)
             await engine.stop(row)
             return row
         finally:

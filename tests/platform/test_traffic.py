@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import requests
 
+from modelyard.platform.dataplane import replica_secrets
 from tests.platform.client import Api, Load
 
 PIN = "X-Modelyard-Deployed-Model-Id"
@@ -95,8 +96,10 @@ def test_platform_restart_keeps_state_and_replicas(platform, live, sig):
     models = api.ok("GET", "models")
     replicas = sorted((r["pid"], r["port"]) for r in _replicas_of(api, b))
     platform.stop(sig)
-    for _, port in replicas:  # the replicas serve on while the control plane is down
-        r = requests.post(f"http://127.0.0.1:{port}/v1/models/model:predict", json={"instances": live["x"]}, timeout=10)
+    for pid, port in replicas:  # the replicas serve on while the control plane is down (to their secret)
+        secret = replica_secrets.read_secret(replica_secrets.token_file_of(pid))
+        r = requests.post(f"http://127.0.0.1:{port}/v1/models/model:predict", json={"instances": live["x"]},
+                          headers={"Authorization": f"Bearer {secret}"}, timeout=10)
         assert r.status_code == 200
         np.testing.assert_allclose(r.json()["predictions"], live["expected"]["tiny2"], rtol=1e-5, atol=1e-6)
     platform.start()

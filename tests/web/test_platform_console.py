@@ -206,7 +206,7 @@ def test_request_counts_match_metrics(yard, browser):
     for _ in range(sent):
         assert api.predict(endpoint, yard["instances"]).status_code == 200
     assert api.predict(endpoint, [[1.0, 2.0]]).status_code == 400  # wrong shape: the replica refuses it
-    metrics = requests.get(yard["p"].url + "/metrics", timeout=10).text
+    metrics = requests.get(yard["p"].url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).text
     total = _metric(metrics, "modelyard_endpoint_requests_total", endpoint=endpoint, deployed_model=a)
     ok = _metric(metrics, "modelyard_endpoint_requests_total", endpoint=endpoint, deployed_model=a, code="200")
     count = _metric(metrics, "modelyard_endpoint_request_seconds_count", endpoint=endpoint, deployed_model=a)

@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         state_dir = Path(url[len("sqlite:///"):]).parent / "platform-state"
     else:
         state_dir = default_store_path().parent / "platform-state"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    from modelyard.platform.private_state import make_private
+
+    make_private(state_dir, url)  # 0700 / 0600, and umask 077 for everything made from here on
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
                     artifact_roots=roots,
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
@@ -159,6 +161,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"modelyard platform: error: cannot serve Cloud Storage: {exc}", file=sys.stderr)
         return exit_status(bind_error(exc, str(exc)))  # PORT_TAKEN_EXIT: whoever started us picks other ports
+    from modelyard.platform.resources.artifacts import check_remote_buckets
+
+    try:  # a gs:// or s3:// root whose bucket is missing stops the start, as a missing local one does
+        for note in check_remote_buckets(roots, config.storage_url if config.storage_root else None):
+            print(f"modelyard platform: {note}", flush=True)
+    except ValueError as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        _stop(storage)
+        return 2
     if args.engine == "ray":
         from modelyard.platform.dataplane.replicas_ray import EngineUnavailable, connect
 

@@ -119,8 +119,15 @@ def build_app(p: Platform) -> web.Application:
 
     app.router.add_get("/modelyard/v1/replicas", list_replicas)
     app.router.add_get("/modelyard/v1/jobs/{id}/logs", job_logs)
-    app.router.add_get("/metrics", lambda r: web.Response(text=p.metrics.render(p.routing),
-                                                           content_type="text/plain", charset="utf-8"))
+    async def metrics(request: web.Request) -> web.Response:
+        """Prometheus text; with --auth-token it needs the token (it names endpoints and their traffic)."""
+        try:
+            check_token(request)
+        except ApiError as exc:
+            return _error(exc)
+        return web.Response(text=p.metrics.render(p.routing), content_type="text/plain", charset="utf-8")
+
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
     if p.config.console:  # the browser console at /console, before the catch-all
         from modelyard.web.console.platform_app import register as register_console

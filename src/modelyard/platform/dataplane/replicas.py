@@ -22,6 +22,10 @@ started on this host, listed in the store or not (``reap_orphans``).
 Every engine (this one and ``replicas_ray.RayEngine``) offers the same calls to the supervisor:
 ``open``, ``close``, ``start``, ``healthy``, ``alive``, ``adopt``, ``stop``, ``want_spare`` and
 ``reap_orphans``.
+
+Each replica trusts only its platform (``replica_secrets``): it is started with a secret of its own in
+a private token file, the probe and the gateway send it, and its environment holds none of the
+platform's credentials.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import aiohttp
 
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError
+from modelyard.platform.dataplane import replica_secrets
 from modelyard.ports import PORT_TAKEN_EXIT, free_ports
 
 log = logging.getLogger(__name__)
@@ -94,7 +99,9 @@ def serve_command(base: Path, host: str, port: int, grpc_port: int, poll_s: int,
 
 
 def serve_env() -> dict:
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    """A replica's environment: the platform's, without its credentials (``replica_secrets.private_env``)."""
+    return replica_secrets.private_env(
+        {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")})
 
 
 def tail(path: Path, lines: int = 6) -> str:
@@ -122,8 +129,10 @@ class Probe:
     async def status(self, row: dict) -> tuple[bool, str | None]:
         """(AVAILABLE?, the load error TF Serving's status API reports, if the version ended with one)."""
         assert self.session is not None
+        auth = replica_secrets.authorization(row)
         try:
             async with self.session.get(f"http://{row['host']}:{row['port']}/v1/models/{MODEL}",
+                                        headers={"Authorization": auth.decode()} if auth else None,
                                         timeout=aiohttp.ClientTimeout(total=2)) as resp:
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
@@ -296,7 +305,13 @@ class LocalEngine:
                 link.symlink_to(model_path, target_is_directory=True)
         port, grpc_port = free_ports(2, self.host)
         log_path = rdir / "serve.log"
-        cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args)
+        # A spare's model is linked in later (its poll picks it up); a replica's is confined to its model.
+        # A start again on new ports (same directory) keeps the secret the platform may have read already.
+        secret = replica_secrets.read_secret(rdir / replica_secrets.TOKEN_FILE) or replica_secrets.new_secret()
+        token_file = replica_secrets.write_token_file(rdir, secret)
+        models = [rdir] + ([model_path] if model_path is not None else [])
+        cmd = serve_command(base, self.host, port, grpc_port, poll_s, self.serve_args) + \
+            replica_secrets.serve_flags(token_file, models)
         identity = {STATE_ENV: str(self.state_dir), STORE_ENV: self.store_id, PLATFORM_PID_ENV: str(os.getpid())}
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -364,6 +379,7 @@ class LocalEngine:
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``; waits until the process is gone."""
         pid = row["pid"]
+        replica_secrets.forget(row["id"])
         if not self.alive(row):
             self._children.pop(pid, None)
             return

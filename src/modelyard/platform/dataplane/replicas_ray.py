@@ -40,6 +40,12 @@ actor starts it again on new ports (``PORT_RETRIES`` times) before it reports wh
 ``start`` returns once the child listens on its REST port (or exited for another reason, which the
 platform reports with the log's tail).
 
+Each replica trusts only its platform, as a local one does (``replica_secrets``): the platform makes
+its secret and hands it to the actor as an argument, the actor writes it to a private token file on
+its node for its serve child (``--auth_token_file``), and the child's environment holds none of the
+platform's credentials. A platform that adopts an actor, or follows another platform's, asks it for
+the secret (``info``).
+
 ``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
 """
 from __future__ import annotations
@@ -55,7 +61,7 @@ import threading
 import time
 from pathlib import Path
 
-from modelyard.platform.dataplane import artifact_cache
+from modelyard.platform.dataplane import artifact_cache, replica_secrets
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, is_platform,
                                                    serve_command, serve_env, tail)
@@ -161,8 +167,10 @@ def _die_with_parent() -> None:
 class ReplicaActor:
     """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
 
-    def __init__(self, replica_id: str, source: dict, serve_args: list[str], owner: dict | None = None) -> None:
+    def __init__(self, replica_id: str, source: dict, serve_args: list[str], owner: dict | None = None,
+                 secret: str | None = None) -> None:
         self.replica_id = replica_id
+        self.secret = secret  # the serve child's bearer secret (replica_secrets), never in its environment
         self.owner = owner or {}  # the platform that created it: {"host", "state_dir", "store", "pid"}
         self.source = source  # artifact_cache.Source.as_dict(): the model's digest, storage prefix, platform path
         # This node's own disk (the platform's state dir may not exist here).
@@ -194,9 +202,11 @@ class ReplicaActor:
         if not link.exists():
             link.symlink_to(self.lease.path, target_is_directory=True)
         log_path = self.rdir / "serve.log"
+        guard = replica_secrets.serve_flags(replica_secrets.write_token_file(self.rdir, self.secret),
+                                            [self.rdir, self.lease.path]) if self.secret else []
         for attempt in range(PORT_RETRIES + 1):
             ports = unused_ports(2)
-            cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
+            cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args) + guard
             self._started, self._exited, self.error = threading.Event(), threading.Event(), None
             # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
             # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
@@ -254,7 +264,7 @@ class ReplicaActor:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": self.proc.pid if self.proc else None,
                 "running": self.proc is not None and self.proc.poll() is None,
                 "model_dir": str(self.lease.path) if self.lease else None,
-                "cached": bool(self.lease and self.lease.cached), "owner": self.owner}
+                "cached": bool(self.lease and self.lease.cached), "owner": self.owner, "secret": self.secret}
 
     def log_tail(self) -> str:
         return tail(self.rdir / "serve.log")
@@ -379,10 +389,12 @@ class RayEngine:
         except artifact_cache.ArtifactError as exc:
             raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id}: {exc}") from None
         published = time.monotonic()
+        secret = replica_secrets.new_secret()
+        replica_secrets.remember(replica_id, secret)
         handle = self._actor_class.options(
             name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
             scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
-        ).remote(replica_id, source.as_dict(), self.serve_args, self.owner)
+        ).remote(replica_id, source.as_dict(), self.serve_args, self.owner, secret)
         self._handles[replica_id] = handle
         row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
         try:
@@ -424,7 +436,18 @@ class RayEngine:
         return row
 
     async def healthy(self, row: dict) -> bool:
+        if replica_secrets.secret_of(row) is None:  # another platform's replica: its actor says its secret
+            await self._learn_secret(row)
         return (await self.probe.status(row))[0]
+
+    async def _learn_secret(self, row: dict) -> None:
+        handle = await self._handle(row["id"])
+        if handle is None:
+            return
+        try:
+            replica_secrets.remember(row["id"], (await _result(handle.info.remote(), 30)).get("secret"))
+        except Exception:  # gone or not answering: the probe then fails as for any dead replica
+            pass
 
     def alive(self, row: dict) -> bool:
         if row["id"] in self._dead:
@@ -442,6 +465,7 @@ class RayEngine:
             info = await _result(handle.info.remote(), 30)
         except Exception:
             return False
+        replica_secrets.remember(row["id"], info.get("secret"))
         if not info["running"] or info["pid"] != row["pid"] or not await self.healthy(row):
             return False
         self._watch(row["id"], handle)
@@ -452,6 +476,7 @@ class RayEngine:
         began = time.monotonic()
         handle = await self._handle(row["id"])
         self._stopping.add(row["id"])
+        replica_secrets.forget(row["id"])
         if handle is not None:
             try:
                 await _result(handle.stop.remote(grace_s), grace_s + 15)

@@ -1,19 +1,25 @@
 """The gateway's in-memory view of where requests go: endpoints, their split, deployed models and
 their live replicas with in-flight counts.
 
-Read whole from the store when a platform starts or takes the lead (``Routing.load``: two queries,
-whatever the number of endpoints); after that, a change to one endpoint (created, patched, deleted, a
-model deployed or undeployed) re-reads that endpoint alone (``Routing.load_endpoint``), so a control-plane
-call costs the same with 3 endpoints or 3,000. Replica objects and their counters are kept either way.
+Read whole from the store once (``Routing.load``'s first call: two queries, whatever the number of
+endpoints). After that a change this platform makes to one endpoint (created, patched, deleted, a model
+deployed or undeployed) re-reads that endpoint alone (``Routing.load_endpoint``), and the once-a-second
+sync that picks up other platforms' changes (``Routing.load`` again) reads only the ids and update times
+of endpoints changed in the last ``SKEW_S`` seconds, then the rows of those that differ from what it
+routes; it reads everything again only when the number of endpoints says one vanished. So neither a
+control-plane call nor the sync grows with the number of endpoints (3 or 3,000), and predicts on the
+same event loop are not held up by it. Replica objects and their counters are kept throughout.
 All choices happen without awaiting, so a request's deployed model and replica are picked (and
 its in-flight count taken) atomically with respect to splits changing and replicas draining.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, not_found
+from modelyard.platform.dataplane import replica_secrets
 from modelyard.platform.dataplane.replicas import MODEL
 from modelyard.platform.dataplane.traffic import Chooser
 from modelyard.platform.dataplane.upstream import Upstream
@@ -48,7 +54,7 @@ class Replica:
 
     def connections(self) -> Upstream:
         if self.upstream is None:
-            self.upstream = Upstream(self.row["host"], self.row["port"])
+            self.upstream = Upstream(self.row["host"], self.row["port"], replica_secrets.authorization(self.row))
         return self.upstream
 
 
@@ -78,14 +84,42 @@ class EndpointRoute:
     chooser: Chooser
     deployed: dict[str, Deployed]
     shadows: list[Deployed] = field(default_factory=list)
+    updated: float = 0.0  # the row's update time: a sync skips an endpoint whose row has not changed
+
+
+# A sync re-reads the endpoints changed this long before the last one: a change committed a little after
+# the time it wrote (a slow commit), or written by a platform whose clock is a little behind, is not missed.
+SKEW_S = 5.0
 
 
 class Routing:
     def __init__(self) -> None:
         self.endpoints: dict[str, EndpointRoute] = {}
         self.deployed: dict[str, Deployed] = {}
+        self._synced_at: float | None = None  # when the last load began (None: never loaded)
 
     def load(self, store) -> None:
+        """Follow the store: the whole of it the first time (or when an endpoint vanished), else only the
+        endpoints changed since the last call (see the module's docstring)."""
+        started = time.time()
+        if self._synced_at is None:
+            self._load_all(store)
+        else:
+            changed, count = store.endpoints_changed_since(self._synced_at - SKEW_S)
+            stale = [ep_id for ep_id, updated in changed
+                     if ep_id not in self.endpoints or self.endpoints[ep_id].updated != updated]
+            if stale:
+                rows, dms = store.endpoints_with_deployed(stale)
+                by_endpoint: dict[str, list[dict]] = {}
+                for dm in dms:
+                    by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
+                for ep in rows:
+                    self.put_endpoint(ep, by_endpoint.get(ep["id"], []))
+            if count != len(self.endpoints):  # one was deleted elsewhere (or appeared out of the window)
+                self._load_all(store)
+        self._synced_at = started
+
+    def _load_all(self, store) -> None:
         """Rebuild from the store; replica objects (and their counters) of surviving models are kept."""
         old = self.deployed
         deployed: dict[str, Deployed] = {}
@@ -94,13 +128,16 @@ class Routing:
         for dm in store.deployed_models():
             by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
         for ep in store.list_endpoints():
-            route = self._route(ep, by_endpoint.get(ep["id"], []), old)
+            route = self._route(ep, by_endpoint.get(ep["id"], []), old, self.endpoints.get(ep["id"]))
             endpoints[ep["id"]] = route
             deployed.update(route.deployed)
         self.deployed, self.endpoints = deployed, endpoints
 
     @staticmethod
-    def _route(ep: dict, dms: list[dict], old: dict[str, Deployed]) -> EndpointRoute:
+    def _route(ep: dict, dms: list[dict], old: dict[str, Deployed], before: EndpointRoute | None = None
+               ) -> EndpointRoute:
+        if before is not None and before.updated == ep["updated"] and set(before.deployed) == {d["id"] for d in dms}:
+            return before  # unchanged: kept as it is (its chooser too)
         members = {}
         for dm in dms:
             d = old.get(dm["id"]) or Deployed(
@@ -110,7 +147,7 @@ class Routing:
             d.shadow_percent = dm["shadow_percent"] or 0
             members[dm["id"]] = d
         return EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
-                             [d for d in members.values() if d.shadow_percent > 0])
+                             [d for d in members.values() if d.shadow_percent > 0], ep["updated"])
 
     def load_endpoint(self, store, endpoint_id: str) -> None:
         """Follow a change to one endpoint: it and its deployed models are read again (gone: dropped)."""
@@ -123,7 +160,7 @@ class Routing:
         for a request: nothing here awaits)."""
         endpoint_id = endpoint_id or ep["id"]
         before = self.endpoints.get(endpoint_id)
-        route = self._route(ep, dms, self.deployed) if ep is not None else None
+        route = self._route(ep, dms, self.deployed, before) if ep is not None else None
         if before is not None:
             for dm_id in before.deployed:
                 if route is None or dm_id not in route.deployed:

@@ -5,7 +5,8 @@ per-request overhead.
 ``Upstream.request`` sends one request and returns (status, headers, body). A connection that
 fails raises ``ConnectionError`` (``UpstreamTimeout`` past the request's ``timeout``; the caller decides
 whether to retry elsewhere); a connection is
-reused only after a complete response that allows keep-alive.
+reused only after a complete response that allows keep-alive. An upstream that wants a bearer token
+(a replica: ``replica_secrets``) gets it on every request (``authorization``).
 """
 from __future__ import annotations
 
@@ -64,11 +65,13 @@ class _Conn(asyncio.Protocol):
 class Upstream:
     """Connections to ``host:port``; idle ones are reused, most recent first."""
 
-    def __init__(self, host: str, port: int, max_idle: int = 256) -> None:
+    def __init__(self, host: str, port: int, authorization: bytes | None = None, max_idle: int = 256) -> None:
         self.host, self.port = host, port
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._host_header = f"{host}:{port}".encode()
+        # Sent with every request, after the caller's headers (never one of theirs: the gateway's own).
+        self._auth_line = b"Authorization: " + authorization + b"\r\n" if authorization else b""
 
     async def request(self, method: bytes, target: bytes, body: bytes = b"",
                       headers: list[tuple[bytes, bytes]] = (), timeout: float = 120.0):
@@ -89,7 +92,7 @@ class Upstream:
                 b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n"]
         for name, value in headers:
             head += [name, b": ", value, b"\r\n"]
-        head.append(b"\r\n")
+        head += [self._auth_line, b"\r\n"]
         conn.waiter = asyncio.get_running_loop().create_future()
         conn.body, conn.headers = [], []
         conn.transport.write(b"".join(head) + body)
