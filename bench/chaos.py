@@ -596,8 +596,8 @@ def main() -> int:
         f"`{command_line()}` (seed {seed}): {elapsed:.0f} s; clients: 2 writers (half compare-and-set), 2 readers, "
         "1 copier, 1 unique writer, 2 resumable uploaders, 2 x (2 uploaders + 1 bucket deleter); a fault every "
         f"{args.every:g} s on average. Full disk: RLIMIT_FSIZE {DISK_FULL_BYTES >> 10} KiB on the storage process.",
-        markdown_table(["operation", "attempted", "ok", "refused (4xx, as specified)", "indeterminate (5xx / no answer)"],
-                       rows),
+        markdown_table(["operation", "attempted", "ok", "refused (4xx, as specified)",
+                        "indeterminate (5xx / no answer)"], rows),
         markdown_table(["fault", "count"], faults),
         markdown_table(["check", "count"], checks),
         f"Throughput under faults: {chaos.bytes_written / elapsed / 1e6:.1f} MB/s acknowledged writes, "

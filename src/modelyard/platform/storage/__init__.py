@@ -2,9 +2,10 @@
 Vertex AI SDK speak, over plain files (``gs://BUCKET/NAME`` is ``ROOT/BUCKET/NAME``).
 
 Modules: ``names`` (the name rules and the one mapping to files), ``errors`` (Google's error body),
-``meta`` (generations, checksums, settings in SQLite), ``hashing``, ``bodies`` (JSON bodies' limits), ``objects`` (the store),
-``uploads`` (resumable sessions), ``multipart``, ``routes`` (HTTP), ``server`` (the process). ``local_file``
-is how the rest of the platform turns a ``gs://`` URI or a ``/gcs/`` path into the file it names.
+``meta`` (generations, checksums, settings in SQLite), ``hashing``, ``bodies`` (JSON bodies' limits),
+``objects`` (the store), ``uploads`` (resumable sessions), ``multipart``, ``routes`` (HTTP), ``server``
+(the process). ``local_file`` is how the rest of the platform turns a ``gs://`` URI or a ``/gcs/`` path
+into the file it names.
 
 May import: the standard library, aiohttp and google-crc32c; of modelyard only ``platform.api.bearer`` (the
 platform's one token rule) and ``platform.api.http_limits`` (its ports' connection limits), both leaves:

@@ -2,9 +2,11 @@
 
 Every write goes to a temporary file under ``ROOT/.modelyard/tmp`` and is renamed into place only
 when complete and checked, so a reader never sees half an object and an upload cut off half-way
-leaves nothing. Preconditions are checked and the rename done under one file lock, so several
-processes serving one root agree on generations. Methods here block (disk, hashing): the routes run
-the slow ones in threads.
+leaves nothing; what is counted and hashed is what the kernel took (``Writer``). Preconditions are
+checked and the rename and its row done under one lock (a thread lock and a file lock, so several
+processes serving one root agree on generations); bucket deletes take it too. A reader opens the file
+and takes the row that describes it (``open_read``), so it holds one generation however many commits
+follow. Methods here block (disk, hashing): the routes run the slow ones in threads.
 """
 from __future__ import annotations
 
