@@ -53,6 +53,10 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     # Needs a platform: run against the platform tests' session platform.
     ("docs/training.md", "cat > warm.yaml <<'YAML'"):
         "tests/platform/test_warm_jobs.py::test_a_training_config_starts_warm_and_ends_as_a_cold_run_does",
+    **{("docs/vertex-sdk.md", first): "tests/platform/test_vertex_sdk_page.py::test_vertex_sdk_page_runs_as_written"
+       for first in ("import os", "job = aiplatform.CustomJob(", "# trial.py",
+                     "from google.cloud.aiplatform import hyperparameter_tuning as hpt", "# task.py",
+                     "training_job = aiplatform.CustomTrainingJob(", "import json")},
 }
 # Pages whose test runs every shell and Python block not listed above -> that test. docs/tuning.md's test
 # runs the blocks named in TUNING_RUN_HERE (the function-trial section is another test's).
