@@ -140,3 +140,31 @@ def test_a_copy_that_does_not_match_its_listing_is_made_again(tmp_path, gcs_emul
     assert len(listings) == 2 and listings[0] != listings[1]
     assert _tree(path) == _tree(tmp_path / "b")
     assert [p.name for p in (tmp_path / "state" / "artifacts").iterdir()] == [path.name]  # no partial copy left
+
+
+def test_a_model_uploaded_again_from_a_changed_uri_serves_its_new_files(platform, gcs_emulator, tiny_models):
+    """The Vertex workflow of the finding: upload from gs://, change the files at the same URI, upload again
+    as a new model: the new model serves the new files (tiny2's answers, not tiny1's)."""
+    import numpy as np
+
+    from tests.platform.client import Api
+
+    api = Api(platform.url)
+    client = gcs_emulator["client"]  # the session's storage: the platform serves the same root
+    bucket = client.bucket("modelyard-staging")
+    prefix = "reuploaded-uri/model"
+    _upload_tree(bucket, prefix, Path(tiny_models["models"]["tiny1"]["path"]))
+    api.upload(f"gs://modelyard-staging/{prefix}", "first")
+    for blob in list(client.list_blobs(bucket, prefix=prefix + "/")):
+        blob.delete()
+    _upload_tree(bucket, prefix, Path(tiny_models["models"]["tiny2"]["path"]))
+    second = api.upload(f"gs://modelyard-staging/{prefix}", "second")
+    endpoint = api.create_endpoint("reuploaded")
+    dm = api.deploy(endpoint, second)
+    try:
+        r = api.predict(endpoint, tiny_models["instances"])
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["predictions"], tiny_models["models"]["tiny2"]["predictions"],
+                                   rtol=1e-5, atol=1e-6)
+    finally:
+        api.undeploy(endpoint, dm)
