@@ -438,6 +438,27 @@ class Store:
     def endpoints_page(self, parent: str, request: ListRequest) -> tuple[list[dict], str | None]:
         return self._page(select(s.endpoints).where(s.endpoints.c.parent == parent), request, _ENDPOINT_COLUMNS)
 
+    def endpoints_changed_since(self, since: float) -> tuple[list[tuple[str, float]], int]:
+        """(id, update time) of the endpoints updated at ``since`` or later, and how many endpoints there
+        are, in one statement (one snapshot): what routing's sync needs to find what changed without
+        reading every row."""
+        count = select(func.count()).select_from(s.endpoints).scalar_subquery()
+        with self.engine.connect() as c:
+            rows = c.execute(select(s.endpoints.c.id, s.endpoints.c.updated, count)
+                             .where(s.endpoints.c.updated >= since)).all()
+            if not rows:
+                return [], c.execute(select(count)).scalar_one()
+        return [(r[0], r[1]) for r in rows], rows[0][2]
+
+    def endpoints_with_deployed(self, endpoint_ids: list[str]) -> tuple[list[dict], list[dict]]:
+        """The rows of these endpoints and of their deployed models, in one read."""
+        with self.engine.connect() as c:
+            rows = [_row(r) for r in c.execute(select(s.endpoints).where(s.endpoints.c.id.in_(endpoint_ids)))]
+            dms = [_row(r) for r in c.execute(select(s.deployed_models)
+                                              .where(s.deployed_models.c.endpoint_id.in_(endpoint_ids))
+                                              .order_by(s.deployed_models.c.created))]
+        return rows, dms
+
     def endpoint_with_deployed(self, endpoint_id: str) -> tuple[dict | None, list[dict]]:
         """One endpoint's row (None if gone) and its deployed models, in one transaction: what routing
         needs to follow a change of one endpoint without reading the others."""

@@ -1,0 +1,189 @@
+"""Control-plane scale: create thousands of endpoints through the REST API while a client predicts.
+
+    python3 bench/endpoints_scale.py                    # 3,000 endpoints, writes bench/results/endpoints_scale.md
+    python3 bench/endpoints_scale.py --endpoints 300 --out /tmp/es.md     # a quick check
+
+One `modelyard platform` (temporary store, SQLite) deploys the digits demo model (version 0001, one
+replica) on one endpoint. A predict client (its own process, one keep-alive connection, one batch-1
+image per request, back to back) runs throughout. First it predicts alone for ``--idle-seconds``
+(the idle latencies); then ``--creators`` threads create ``--endpoints`` endpoints with
+``POST .../endpoints`` (each on its own keep-alive connection) while the client goes on; the latencies
+of the predicts sent during the creation are compared with the idle ones. A last step lists the
+endpoints by pages of 100 (``pageSize``/``pageToken``) and times one filtered list.
+
+Issue 43's target: 3,000 endpoints created in <= 30 s with predict p99 <= 1.2 x its idle value.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode, urlparse
+
+ROOT = Path(__file__).resolve().parent
+PARENT = "projects/local/locations/us-central1"
+
+sys.path.insert(0, str(ROOT))
+from harness import (latency_summary, log, machine, markdown_table, modelyard_platform,  # noqa: E402
+                     command_line, write_results)
+
+
+class Conn:
+    """One keep-alive HTTP connection to the platform."""
+
+    def __init__(self, base: str) -> None:
+        u = urlparse(base)
+        self.c = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        self.c.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        r = self.c.getresponse()
+        return r.status, r.read()
+
+    def json(self, method: str, path: str, body: dict | None = None) -> dict:
+        status, data = self.call(method, path, json.dumps(body).encode() if body is not None else None)
+        if status != 200:
+            raise RuntimeError(f"{method} {path}: {status} {data[:300]!r}")
+        return json.loads(data)
+
+
+def wait(conn: Conn, op: dict) -> dict:
+    while not op.get("done"):
+        time.sleep(0.2)
+        op = conn.json("GET", f"/v1/{op['name']}")
+    if "error" in op:
+        raise RuntimeError(op["error"])
+    return op["response"]
+
+
+def predictor(base: str, endpoint: str, body: bytes, stop, out) -> None:
+    """Predicts back to back until ``stop``; sends [(sent at, seconds, status)] to ``out``."""
+    conn = Conn(base)
+    path = f"/v1/{PARENT}/endpoints/{endpoint}:predict"
+    seen = []
+    while not stop.is_set():
+        sent = time.time()
+        t0 = time.perf_counter()
+        status, _ = conn.call("POST", path, body)
+        seen.append((sent, time.perf_counter() - t0, status))
+    out.send(seen)
+
+
+def create_all(base: str, count: int, creators: int) -> tuple[float, list[str]]:
+    """(wall seconds, failures) of ``count`` endpoint creations by ``creators`` threads."""
+    failures: list[str] = []
+    lock = threading.Lock()
+    next_i = iter(range(count))
+
+    def run() -> None:
+        conn = Conn(base)
+        while True:
+            with lock:
+                i = next(next_i, None)
+            if i is None:
+                return
+            status, data = conn.call("POST", f"/v1/{PARENT}/endpoints",
+                                     json.dumps({"displayName": f"scale-{i:05d}", "labels": {"n": str(i % 10)}}).encode())
+            if status != 200 or not json.loads(data).get("done"):
+                with lock:
+                    failures.append(f"{status} {data[:200]!r}")
+
+    threads = [threading.Thread(target=run) for _ in range(creators)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoints", type=int, default=3000)
+    ap.add_argument("--creators", type=int, default=8, help="threads creating endpoints at once")
+    ap.add_argument("--idle-seconds", type=float, default=15.0)
+    ap.add_argument("--out", default=None, help="results file (default bench/results/endpoints_scale.md)")
+    args = ap.parse_args()
+
+    from modelyard import demo
+
+    base_dir = demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr))
+    body = demo.demo_predict_body(1).encode()
+    with tempfile.TemporaryDirectory(prefix="endpoints-scale-") as tmp, \
+            modelyard_platform(Path(tmp), "--artifact-root", str(base_dir)) as p:
+        api = Conn(p.base)
+        model = wait(api, api.json("POST", f"/v1/{PARENT}/models:upload", {
+            "model": {"displayName": "digits", "artifactUri": str(Path(base_dir) / "0001")}}))["model"]
+        ep = wait(api, api.json("POST", f"/v1/{PARENT}/endpoints", {"displayName": "serving"}))["name"].rsplit("/", 1)[-1]
+        wait(api, api.json("POST", f"/v1/{PARENT}/endpoints/{ep}:deployModel", {"deployedModel": {
+            "model": model, "automaticResources": {"minReplicaCount": 1, "maxReplicaCount": 1}}}))
+        ctx = mp.get_context("fork")
+        stop, (recv, send) = ctx.Event(), ctx.Pipe(duplex=False)
+        client = ctx.Process(target=predictor, args=(p.base, ep, body, stop, send))
+        client.start()
+        time.sleep(2.0)  # warm-up: connections, the replica's first answers (not counted)
+        idle_from = time.time()
+        time.sleep(args.idle_seconds)
+        idle_to = time.time()
+        log(f"creating {args.endpoints} endpoints with {args.creators} threads ...")
+        create_from = time.time()
+        create_s, failures = create_all(p.base, args.endpoints, args.creators)
+        create_to = time.time()
+        stop.set()
+        seen = recv.recv()
+        client.join(30)
+
+        t0 = time.perf_counter()
+        listed, token, pages = 0, None, 0
+        while True:
+            query = {"pageSize": 100, **({"pageToken": token} if token else {})}
+            page = api.json("GET", f"/v1/{PARENT}/endpoints?{urlencode(query)}")
+            listed += len(page.get("endpoints", []))
+            pages += 1
+            token = page.get("nextPageToken")
+            if not token:
+                break
+        list_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        one = api.json("GET", f"/v1/{PARENT}/endpoints?" + urlencode({"filter": 'display_name="scale-01234"'}))
+        filter_s = time.perf_counter() - t0
+
+    idle = [s for at, s, st in seen if idle_from <= at < idle_to and st == 200]
+    during = [s for at, s, st in seen if create_from <= at < create_to and st == 200]
+    bad = [st for at, s, st in seen if st != 200]
+    i, d = latency_summary(idle), latency_summary(during)
+    rows = [("predict p50 (ms)", f"{i['p50_ms']:.2f}", f"{d['p50_ms']:.2f}", f"{d['p50_ms'] / i['p50_ms']:.2f}x"),
+            ("predict p99 (ms)", f"{i['p99_ms']:.2f}", f"{d['p99_ms']:.2f}", f"{d['p99_ms'] / i['p99_ms']:.2f}x"),
+            ("predict max (ms)", f"{i['max_ms']:.1f}", f"{d['max_ms']:.1f}", ""),
+            ("predicts counted", len(idle), len(during), "")]
+    text = "\n\n".join([
+        "# Control-plane scale: endpoints created while a client predicts",
+        machine(),
+        f"`{command_line()}`",
+        markdown_table(["", "idle", f"while creating {args.endpoints} endpoints", "during / idle"], rows),
+        markdown_table(["step", "result"], [
+            ("endpoints created", f"{args.endpoints} in {create_s:.1f} s ({args.endpoints / create_s:.0f}/s, "
+                                  f"{args.creators} client threads)"),
+            ("failed creations", len(failures)),
+            ("failed predicts", len(bad)),
+            ("list all by pages of 100", f"{listed} endpoints, {pages} pages, {list_s:.2f} s"),
+            ("one filtered list (display_name=...)", f"{len(one.get('endpoints', []))} found in {filter_s * 1e3:.0f} ms"),
+        ]),
+        "Issue 43's target: 3,000 endpoints in <= 30 s, predict p99 during creation <= 1.2x idle. "
+        "One keep-alive predict client (its own process), batch-1 digits image; the platform, its replica, "
+        "the clients and the machine's other load share the cores.",
+    ])
+    write_results("endpoints_scale", text, args.out)
+    if failures:
+        print("first failures:", failures[:3], file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
