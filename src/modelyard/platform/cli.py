@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from modelyard.cli_parser import examples
-from modelyard.platform.api import http_limits
+from modelyard.platform.api import http_limits, job_tokens
 from modelyard.ports import bind_error, exit_status
 
 
@@ -156,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return 2
+    # What every job gets (jobs/job_identity): where live job tokens are marked (the storage process reads
+    # them too, so before it starts) and the platform's URL (the SDK's default endpoint in a job).
+    os.environ[job_tokens.DIR_ENV] = str(config.state_dir / "job-tokens")
+    os.environ["MODELYARD_PLATFORM"] = f"{'https' if tls else 'http'}://{_client_host(args.host)}:{args.port}"
     try:  # before anything that starts or connects to children (Ray's runtime_env is set at connect)
         storage = _start_storage(config, args, "https" if tls else "http")
     except OSError as exc:
@@ -241,7 +245,7 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
     config.storage_root.mkdir(parents=True, exist_ok=True)
     proc = StorageProcess(config.storage_root, args.host, port, config.auth_token, tls_args,
                           config.state_dir / "storage.log")
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
+    host = _client_host(args.host)
     config.storage_url = f"{scheme}://{host}:{port}"
     os.environ[STORAGE_ENV] = config.storage_url
     if config.auth_token:  # the platform's and its jobs' own gs:// reads (modelyard.objstore) send it
@@ -249,6 +253,11 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
     print(f"modelyard platform: Cloud Storage JSON API on {config.storage_url}, objects under "
           f"{config.storage_root}; point clients at it with:\n  export {STORAGE_ENV}={config.storage_url}", flush=True)
     return proc
+
+
+def _client_host(host: str) -> str:
+    """Where this host's clients reach a server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def _default_storage_port(host: str, port: int) -> int:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from modelyard.objstore import StorageError
 from modelyard.platform.resources import endpoints, models, studies, tracking_routes
-from modelyard.platform.api import fields, names
+from modelyard.platform.api import bearer, fields, names
 from modelyard.platform.jobs import jobs
 from modelyard.platform.app import Platform
 from modelyard.platform.api.errors import ApiError, check_bearer
@@ -56,7 +56,8 @@ def build_app(p: Platform) -> web.Application:
     token = p.config.auth_token
 
     def check_token(request: web.Request) -> None:
-        check_bearer(token, request.headers.get("Authorization"))
+        # A job's own token is taken under its project's paths only (the rule: errors.check_bearer).
+        check_bearer(token, request.headers.get("Authorization"), bearer.project_of(request.match_info.get("tail", "")))
 
     async def handle(request: web.Request) -> web.Response:
         try:

@@ -57,8 +57,15 @@ class ApiError(Exception):
         return {"code": STATUS[self.status][0], "message": self.message}
 
 
-def check_bearer(expected: str | None, header: bytes | str | None) -> None:
-    """Raises the API's ``UNAUTHENTICATED`` unless ``bearer.refusal`` lets the request pass."""
+def check_bearer(expected: str | None, header: bytes | str | None, project: str | None = None) -> None:
+    """Raises the API's ``UNAUTHENTICATED`` unless ``bearer.refusal`` lets the request pass; a job's
+    token passes only for a request under its own ``project`` (``PERMISSION_DENIED`` otherwise)."""
+    grant = bearer.job_grant(expected, header)
+    if grant is not None:
+        if project != grant.project:
+            raise ApiError("PERMISSION_DENIED", f"The token of job {grant.job} may call only project "
+                           f"{grant.project!r}'s API" + (f", not {project!r}'s." if project else "."))
+        return
     why = bearer.refusal(expected, header)
     if why == bearer.MISSING:
         raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential: "

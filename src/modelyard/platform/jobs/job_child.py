@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from modelyard.platform.api.errors import ApiError
+from modelyard.platform.jobs import job_identity
 from modelyard.platform.jobs.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, JobFailed, kind_module, write_json
 
 def main(work_dir: str) -> int:
@@ -19,7 +20,8 @@ def main(work_dir: str) -> int:
     job = json.loads((root / JOB_FILE).read_text())
     print(f"modelyard job {job['id']} ({job['kind']}), run {job.get('run', 1)}", flush=True)
     try:
-        result = kind_module(job["kind"]).execute(root, job) or {}
+        with job_identity.job_identity(root, job):  # its metadata server and storage gateway, while it runs
+            result = kind_module(job["kind"]).execute(root, job) or {}
         out = {"state": SUCCEEDED, **result}
     except (JobFailed, ApiError) as exc:
         print(f"job failed: {exc}", flush=True)

@@ -21,6 +21,10 @@
   created or changed under the mirror is written back to its bucket. Paths a program builds itself
   (not from its command line or environment) are not rewritten.
 
+- **Identity and TensorFlow's gs://.** ``job_identity``: a metadata server, the job's own token, the
+  storage gateway TensorFlow's ``gs://`` goes through; the job's Python points google-cloud-aiplatform
+  at the platform (``sdk_defaults``, copied into the venv).
+
 The platform side checks at create time that the buckets a job names exist (``check_storage``):
 a missing one is FAILED_PRECONDITION with nothing started, as Vertex refuses it.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -114,6 +119,9 @@ class PythonEnv:
         parents = [p for p in [*site.getsitepackages(), sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
         (purelib / "_modelyard_platform_site.pth").write_text(
             f"import site; list(map(site.addsitedir, {sorted(set(parents))!r}))\n")
+        # google-cloud-aiplatform's defaults in a job: the platform's API (sdk_defaults), loaded on import.
+        shutil.copyfile(Path(__file__).with_name("sdk_defaults.py"), purelib / "_modelyard_sdk_defaults.py")
+        (purelib / "_modelyard_sdk_defaults.pth").write_text("import _modelyard_sdk_defaults\n")
         for name in ("pip", "pip3"):  # pip of the platform's interpreter, installing into this venv
             tool = self.root / "bin" / name
             tool.write_text(f'#!/bin/sh\nexec "{self.python}" -m pip "$@"\n')

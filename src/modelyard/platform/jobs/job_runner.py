@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.jobs import job_limits, warm_jobs
+from modelyard.platform.jobs import job_identity, job_limits, warm_jobs
 from modelyard.platform.state.store import Store
 from modelyard.tuning.forkserver import read_pids, recorded_pids
 
@@ -230,13 +230,17 @@ class JobRunner:
         (work_dir / RESULT_FILE).unlink(missing_ok=True)
         (work_dir / warm_jobs.PIDS_FILE).unlink(missing_ok=True)
         storage_root = getattr(getattr(self.platform, "config", None), "storage_root", None)
+        # The job's own token (behind --auth-token), handed out by its metadata server (job_identity).
+        token = job_identity.issue_token(getattr(getattr(self.platform, "config", None), "auth_token", None),
+                                    _job_name(row))
         write_json(work_dir / JOB_FILE, {"id": job_id, "kind": row["kind"], "parent": row["parent"],
                                          "displayName": row["display_name"], "spec": row["spec"],
                                          "run": row["runs"] + 1, "engine": self.engine,
-                                         "storageRoot": str(storage_root) if storage_root else None})
+                                         "storageRoot": str(storage_root) if storage_root else None,
+                                         "token": token})
         argv = [sys.executable, "-m", "modelyard.platform.jobs.job_child", str(work_dir)]
         # MODELYARD_JOB_ID is inherited by every process the job starts: how leftovers are found.
-        env = {**os.environ, JOB_ID_ENV: job_id}
+        env = {**job_identity.without_admin_token(os.environ, token), JOB_ID_ENV: job_id}
         proc = None
         try:
             if getattr(kind_module(row["kind"]), "warm_blocker", None) is not None:
@@ -335,6 +339,7 @@ class JobRunner:
             error = error.to_rpc_status()
         merged = {**(row["result"] or {}), **(result or {})}
         self._ending[row["id"]] = (state, error, merged)  # decided once: a refused write is retried, not redone
+        job_identity.end_tokens(_job_name(row))  # the job's own token stops working with it
         self._record_end(row, state, error, merged)
 
     def _record_end(self, row: dict, state: str, error: dict | None, result: dict | None) -> None:
@@ -344,6 +349,10 @@ class JobRunner:
         self._cancel_wanted.discard(row["id"])
         job_limits.release(row["id"])  # after job_limits.why read its counters
         log.info("job %s ended: %s%s", row["id"], state, f" ({error.get('message', '')[:200]})" if error else "")
+
+
+def _job_name(row: dict) -> str:
+    return f"{row['parent']}/{row['kind']}/{row['id']}"
 
 
 def _cancelled() -> dict:

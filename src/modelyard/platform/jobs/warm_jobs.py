@@ -137,7 +137,10 @@ def server_env() -> dict[str, str]:
     """The warm interpreter's environment: the platform's, with the defaults every launched task gets."""
     from modelyard.training.launcher import TASK_ENV_DEFAULTS
 
-    return {**TASK_ENV_DEFAULTS, **os.environ}
+    from modelyard.platform.jobs.job_identity import without_admin_token
+
+    # The jobs it forks show its environment in /proc: the platform's token must not be in it.
+    return {**TASK_ENV_DEFAULTS, **without_admin_token(os.environ)}
 
 
 def local_blocker(command: list[str], env: dict[str, str]) -> str | None:

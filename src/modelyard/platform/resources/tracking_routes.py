@@ -10,7 +10,7 @@ from typing import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from modelyard.platform.api import fields, tracking_pages
+from modelyard.platform.api import bearer, fields, tracking_pages
 from modelyard.platform.api.errors import ApiError, check_bearer
 from modelyard.platform.api.tracking_names import TrackingRoute, parse_tracking_path
 from modelyard.platform.resources import (metadata_lineage as lineage, metadata_nodes as nodes,
@@ -188,7 +188,7 @@ def register(app: web.Application, platform) -> Tracking:
 
     async def handle(request: web.Request) -> web.Response:
         try:
-            check_bearer(token, request.headers.get("Authorization"))
+            check_bearer(token, request.headers.get("Authorization"), bearer.project_of(request.match_info["tail"]))
             route = parse_tracking_path(request.match_info["tail"])
             return _json(await tracking.dispatch(route, request, lambda: read_body(request)))
         except ApiError as exc:
