@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.platform.conftest import PARENT
+from tests.platform.conftest import PARENT, STAGING_BUCKET as STAGING
 from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the module's SDK fixture)
 
 EXPERIMENT = "exp-flows"
@@ -203,3 +203,47 @@ def test_tensorboard_resources_and_data_through_the_sdk(sdk):
     tb_exp.delete()
     tensorboard.delete()
     assert sdk.Tensorboard.list(filter='display_name="experiments-tb"') == []
+
+
+def test_log_model_then_register_deploy_and_predict(sdk, gcs_emulator, tmp_path):
+    """log_model of a scikit-learn and a TensorFlow model (test_experiment_model's flows); the
+    scikit-learn one registered as a Vertex model, deployed and predicting. The TensorFlow model goes to a
+    local directory: the SDK has TensorFlow write it itself, and TensorFlow's own gs:// client reaches only
+    storage.googleapis.com (it has no endpoint setting for a local Cloud Storage)."""
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.linear_model import LinearRegression
+
+    sdk.init(experiment="exp-models", experiment_tensorboard=False)
+    x = np.array([[1, 1], [1, 2], [2, 2], [2, 3]])
+    y = np.dot(x, np.array([1, 2])) + 3
+    sk = LinearRegression().fit(x, y)
+    keras = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    with sdk.start_run("models"):
+        sdk.log_model(model=sk, artifact_id="sk-model", uri=f"gs://{STAGING}/exp-models/sk", input_example=x)
+        sdk.log_model(model=keras, artifact_id="tf-model", uri=str(tmp_path / "tf"))
+    run = sdk.ExperimentRun("models", experiment="exp-models")
+    by_name = {m.name: m for m in run.get_experiment_models()}
+    assert sorted(by_name) == ["sk-model", "tf-model"]
+    info = by_name["sk-model"].get_model_info()
+    assert (info["framework_name"], info["model_class"]) == ("sklearn",
+                                                             "sklearn.linear_model._base.LinearRegression")
+    assert info["input_example"] == {"type": "numpy.ndarray", "data": x.tolist()}
+    assert by_name["tf-model"].get_model_info()["framework_name"] == "tensorflow"
+    assert np.allclose(by_name["sk-model"].load_model().predict(x), y)
+    loaded = by_name["tf-model"].load_model()
+    assert np.allclose(np.asarray(loaded(x.astype("float32"))), keras(x.astype("float32")).numpy(), atol=1e-5)
+    same = sdk.get_experiment_model("sk-model")
+    assert same.uri == f"gs://{STAGING}/exp-models/sk"
+
+    # The SDK picks a prebuilt image by the model's scikit-learn version and refuses one newer than its
+    # images (1.6): this environment's is newer, so the image is named, as the SDK's message advises.
+    model = by_name["sk-model"].register_model(
+        display_name="from-experiment",
+        serving_container_image_uri="us-docker.pkg.dev/vertex-ai/prediction/sklearn-cpu.1-5:latest")
+    endpoint = model.deploy()
+    try:
+        assert np.allclose(endpoint.predict(instances=x.tolist()).predictions, y)
+    finally:
+        endpoint.undeploy_all()
+        endpoint.delete()
