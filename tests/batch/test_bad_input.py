@@ -86,3 +86,14 @@ def test_bad_options(tiny_model, good_input, tmp_path, capsys):
     assert code == 2 and "cannot both be given" in err
     code, _, err = _run(capsys, *base, "--engine", "ray")  # _run passes --workers 0
     assert code == 2 and "--workers 0: the ray engine runs 1 or more actors" in err
+
+
+def test_a_row_of_the_wrong_shape_gets_the_shape_rule_not_tensorflows_internals(tiny_model, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "rows.jsonl", [rows(1)[0].tolist(), [1.0, 2.0, 3.0]])
+    code, stdout, err = _run(capsys, "--model", str(tiny_model.base), "--input", str(src),
+                             "--output", str(tmp_path / "out"))
+    assert code == 0, err
+    (job_dir,) = (tmp_path / "out").iterdir()
+    (error,) = read_lines(job_dir / "prediction.errors_stats-00000-of-00001")
+    assert error["error"] == {"status": "INVALID_ARGUMENT",
+                              "message": "input 'x' has shape [1, 3]; the model expects [-1, 4] (-1: any size)"}

@@ -108,7 +108,7 @@ def test_three_bad_rows_among_10000(tiny_model, tmp_path):
     assert {e["error"]["status"] for e in errors} == {"INVALID_ARGUMENT"}
     by_key = {e["key"]: e for e in errors}
     assert by_key[17]["instance"] == {"x": [1.0, 2.0, 3.0]}
-    assert "shape [4], got [3]" in by_key[17]["error"]["message"]
+    assert "has shape [1, 3]; the model expects [-1, 4]" in by_key[17]["error"]["message"]
     assert "not of type float" in by_key[5000]["error"]["message"]
     # Rows batched with a bad row still got the model's own answer.
     good = {o["key"]: o["prediction"] for o in results}
@@ -136,4 +136,4 @@ def test_fast_path_batches_with_bad_rows_fall_back_row_by_row(tiny_model, tmp_pa
     assert len(errors) == 5 and {e["error"]["status"] for e in errors} == {"INVALID_ARGUMENT"}
     assert errors[0]["error"]["message"].startswith(f"{src} line 11: not valid JSON")
     assert errors[1]["instance"] == [[1, 2], [3, 4]]
-    assert errors[2]["error"]["message"] == "input x: each instance must have shape [4], got [5]"
+    assert errors[2]["error"]["message"] == "input 'x' has shape [1, 5]; the model expects [-1, 4] (-1: any size)"

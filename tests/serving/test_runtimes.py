@@ -117,14 +117,31 @@ def test_rest_answers_are_tf_servings_on_every_runtime(servers, path, body, expe
     assert json.loads(same_everywhere(servers, ask)) == expected
 
 
-def test_inputs_litert_cannot_take_get_tensorflows_answer(servers):
-    """A shape LiteRT's kernels refuse gets TensorFlow's error (TF Serving's), not LiteRT's 500."""
+def test_a_shape_the_signature_refuses_is_one_message_on_every_runtime(servers):
+    """A shape the signature cannot take: V2's message in TF Serving's error format, the same on every runtime,
+    not TensorFlow's internals (its reshape node) nor LiteRT's."""
     def ask(server, body):
         r = post(server, "/v1/models/flatten:predict", body)
         return r.status_code, r.content
 
+    message = "input 'x' has shape [1, 1, 3]; the model expects [-1, 2, 2] (-1: any size)"
     status, error = same_everywhere(servers, lambda server: ask(server, {"instances": [[[1.0, 2.0, 3.0]]]}))
-    assert status == 400 and b"Input to reshape is a tensor with 3 values" in error, error
+    assert status == 400 and json.loads(error) == {"error": message}, error
+
+    def grpc_ask(server):  # gRPC Predict: the same words, under its status code
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "flatten"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.float32([[[1.0, 2.0, 3.0]]])))
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        return refused.value.code(), refused.value.details()
+
+    assert same_everywhere(servers, grpc_ask) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    # V2 (the Open Inference Protocol) checks the shape before the model: the same rule, the same message.
+    v2 = {"inputs": [{"name": "x", "shape": [1, 1, 3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]}
+    answer = post(servers["tensorflow"], "/v2/models/flatten/infer", v2)
+    assert answer.status_code == 400 and answer.json() == {"error": message}, answer.text
     # The interpreter that refused is fine afterwards: a good request is answered on every runtime.
     status, answer = same_everywhere(servers, lambda server: ask(server, {"instances": [[[1.0, 2.0], [3.0, 4.0]]]}))
     assert status == 200 and json.loads(answer) == {"predictions": [[10.0]]}
@@ -138,7 +155,7 @@ def test_shape_a_bare_tflite_model_cannot_take_is_the_requests_error(servers):
 
     for server in servers.values():
         status, error = ask(server, {"instances": [[[1.0, 2.0, 3.0]]]})
-        assert status == 400 and error["error"].startswith("The model cannot take input shape x [1, 1, 3]: "), error
+        assert status == 400 and error["error"].startswith("input 'x' has shape [1, 1, 3]; the model expects "), error
         assert ask(server, {"instances": [[[1.0, 2.0], [3.0, 4.0]]]}) == (200, {"predictions": [[10.0]]})
         status, error = ask(server, {"instances": [[[1.0, 2.0, 3.0]]] * 2})
         assert status == 400, error

@@ -90,8 +90,8 @@ def test_a_cached_conversion_serves_without_tensorflow_until_litert_refuses(demo
         np.testing.assert_allclose(answers["rest"][1]["predictions"], expected, rtol=1e-5, atol=1e-6)
         assert answers["metadata"] == expected_defs
         assert answers["rest_metadata"]["model_spec"] == {"name": "digits", "signature_name": "", "version": str(int(version.name))}
-        status, error = _refused(server)  # TensorFlow's own error (TF Serving's), loaded for it
-        assert status == 400 and "Input to reshape is a tensor with 3 values" in error["error"], error
+        status, error = _refused(server)  # refused by LiteRT, then TensorFlow, loaded for it: the shape rule's words
+        assert status == 400 and error["error"].startswith("input 'image' has shape [1, 3]; the model expects "), error
         assert _has_tensorflow(server)
         assert _answers(server, digits) == answers  # and LiteRT still answers the rest
     finally:

@@ -129,11 +129,9 @@ def to_arrays(instances: list[Any], sig: Signature, integral: bool = False) -> d
                 arr = dtypes.json_array(inferred, spec.dtype, alias, integral)
             except ValueError as exc:  # dtypes' ValueKindError / ValueRangeError
                 raise invalid_argument(str(exc)) from None
-        if spec.shape is not None:
-            want = spec.shape[1:]
-            got = arr.shape[1:]
-            if len(got) != len(want) or any(w >= 0 and w != g for w, g in zip(want, got)):
-                shown = "[" + ", ".join("?" if w < 0 else str(w) for w in want) + "]"
-                raise invalid_argument(f"input {alias}: each instance must have shape {shown}, got {list(got)}")
+        # Serving's shape rule and message; any number of rows (a job splits its batches as it likes).
+        mismatch = spec.shape_mismatch(arr.shape, any_batch=True)
+        if mismatch is not None:
+            raise invalid_argument(mismatch)
         arrays[alias] = arr
     return arrays

@@ -120,8 +120,14 @@ class Predictor:
         return self.predict(instances[:half]) + self.predict(instances[half:])
 
     def _run(self, instances: list[Any]) -> list[bytes]:
+        from modelyard.model.runtime.inference import shape_failure
+
         arrays = to_arrays(instances, self.signature, self.integral)
-        return self._encode(self.servable.run(self.signature, arrays, self.aliases), len(instances))
+        try:
+            outputs = self.servable.run(self.signature, arrays, self.aliases)
+        except ServingError as exc:  # a row's error reads as `modelyard serve` answers it
+            raise shape_failure(self.signature, arrays, exc) from None
+        return self._encode(outputs, len(instances))
 
     def encode_batch(self, outputs: dict[str, np.ndarray], n: int) -> bytes | list[bytes]:
         """``_encode``'s predictions, as one JSON array of the ``n`` rows where that is quicker.

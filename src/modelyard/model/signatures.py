@@ -38,6 +38,25 @@ class TensorSpec:
         dtype = "string" if dtypes.is_string(self.dtype) else self.numpy_dtype.name
         return f"{self.alias}: {dtype} {dims}"
 
+    def shape_mismatch(self, shape: tuple[int, ...], any_batch: bool = False) -> str | None:
+        """Why an input of ``shape`` cannot be this tensor, or None when it can: the one shape rule and
+        message of every protocol (V2 checks it first; TF Serving's REST and gRPC APIs, and batch jobs,
+        once the model refused the input: ``inference.shape_failure``), so a wrong shape never answers
+        with a runtime's internals (TensorFlow's reshape node). ``any_batch``: the first dimension is free
+        (a batch job makes its own batches)."""
+        wanted = self.shape
+        if wanted is None:  # unknown rank: anything goes
+            return None
+        if any_batch and wanted:
+            wanted = (-1, *wanted[1:])
+        if len(wanted) == len(shape):
+            for want, got in zip(wanted, shape):  # a loop, not any(generator): cheaper for a shape's few sizes
+                if want >= 0 and want != got:
+                    break
+            else:
+                return None
+        return f"input '{self.alias}' has shape {list(shape)}; the model expects {list(wanted)} (-1: any size)"
+
 
 @dataclass(frozen=True)
 class Signature:

@@ -80,6 +80,24 @@ def check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.
     return inputs
 
 
+def shape_failure(sig: Signature, inputs: dict[str, np.ndarray], exc: ServingError) -> ServingError:
+    """The error to answer for a model call that failed with ``exc``: the signature's shape rule and message
+    (``TensorSpec.shape_mismatch``, V2's) when an input's shape is what the signature refuses, else ``exc``.
+
+    Checked only once the model refused: TF Serving feeds a TF1 session whatever shape the model takes
+    (half_plus_two's ``[-1, 1]`` input answers ``[2.0, 3.0]``), so a shape is never refused up front over
+    its APIs; but where the model does refuse it, the answer names the shapes, not TensorFlow's internals
+    (``Input to reshape is a tensor with 3 values ... [[{{function_node __inference__wrapped_model_...``).
+    """
+    if exc.code != Code.INVALID_ARGUMENT:
+        return exc
+    for alias, value in inputs.items():
+        mismatch = sig.inputs[alias].shape_mismatch(value.shape) if alias in sig.inputs else None
+        if mismatch is not None:
+            return invalid_argument(mismatch)
+    return exc
+
+
 def prepare_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
     """Every check of a predict request before the model runs: ``(signature, inputs, output aliases)``.
 
@@ -93,7 +111,10 @@ def prepare_predict(servable: Servable, signature_name: str, inputs, output_filt
 def run_predict(servable: Servable, signature_name: str, inputs, output_filter=None):
     """Returns ``(signature, {alias: array})`` in the order the outputs were asked for."""
     sig, inputs, aliases = prepare_predict(servable, signature_name, inputs, output_filter)
-    return sig, servable.run(sig, inputs, aliases)
+    try:
+        return sig, servable.run(sig, inputs, aliases)
+    except ServingError as exc:
+        raise shape_failure(sig, inputs, exc) from None
 
 
 # ---- classify and regress: serialized tf.Examples in, TF Serving's result shapes out ------------

@@ -141,16 +141,6 @@ class V2Service:
         return self.core.queue_predict(spec, "Predict", entrypoint, read_request, None, deadline, executor)
 
 
-def _shape_fits(wanted, shape) -> bool:
-    """Whether ``shape`` has the signature's rank and its every fixed size (-1: any)."""
-    if len(wanted) != len(shape):
-        return False
-    for want, got in zip(wanted, shape):  # a loop, not any(generator): cheaper for a shape's few sizes
-        if want >= 0 and want != got:
-            return False
-    return True
-
-
 def check_inputs(model: str, sig: Signature, inputs: list[V2Tensor]) -> dict[str, np.ndarray]:
     """V2's own checks of declared names, datatypes and shapes against the signature (then the core's)."""
     arrays: dict[str, np.ndarray] = {}
@@ -167,10 +157,9 @@ def check_inputs(model: str, sig: Signature, inputs: list[V2Tensor]) -> dict[str
             raise invalid_argument(
                 f"input '{tensor.name}' of model '{model}' has datatype {tensor.datatype}; the model expects "
                 f"{expected}" + dtypes.sending_hint(spec.dtype))
-        if spec.shape is not None and not _shape_fits(spec.shape, tensor.shape):
-            raise invalid_argument(
-                f"input '{tensor.name}' of model '{model}' has shape {list(tensor.shape)}; the model expects "
-                f"{list(spec.shape)} (-1: any size)")
+        mismatch = spec.shape_mismatch(tensor.shape)
+        if mismatch is not None:
+            raise invalid_argument(mismatch)
         arrays[tensor.name] = tensor.array
     # Every name was checked above, so with as many inputs as the signature's none is missing.
     missing = sorted(set(sig.inputs) - set(arrays) - set(sig.defaults)) if len(arrays) < len(sig.inputs) else ()
