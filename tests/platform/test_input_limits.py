@@ -154,9 +154,13 @@ def test_oversized_bodies_are_refused_before_they_are_read(platform):
 
     r = api.s.post(api.url("endpoints"), data=stream(), headers={"Content-Type": "application/json"}, timeout=30)
     assert google_error(r, 413, "INVALID_ARGUMENT")
-    # Predict bodies keep the serving limit: 5 MB reaches the gateway (here: no such endpoint, 404).
+    # Predict bodies have their own limit: 5 MB reaches the gateway (here: no such endpoint, 404) ...
     big = b'{"instances": [' + b"1," * (5 * 1024 * 1024 // 2) + b"1]}"
     r = requests.post(api.url("endpoints/123456:predict"), data=big, timeout=30)
     google_error(r, 404, "NOT_FOUND")
+    # ... 20 MB does not (issue 43: a 185 MB predict took a replica to 2 GB): refused from its headers alone.
+    answer = _raw_request(platform.port, (f"POST {path}/123456:predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                          f"application/json\r\nContent-Length: {20 * 1024 * 1024}\r\n\r\n").encode())
+    assert answer.startswith(b"HTTP/1.1 413") and b"--max-predict-bytes" in answer, answer[:300]
     # The platform keeps serving, and stored nothing.
     assert all(e["displayName"] != "big" for e in api.ok("GET", "endpoints").get("endpoints", []))

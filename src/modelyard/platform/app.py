@@ -9,7 +9,7 @@ from pathlib import Path
 from modelyard.platform.dataplane.autoscale import Autoscaler, Policy
 from modelyard.platform.dataplane.deadlines import DeadlinePolicy
 from modelyard.platform.api.errors import ApiError, check_bearer
-from modelyard.platform.api.fields import DEFAULT_MAX_REQUEST_BYTES
+from modelyard.platform.api.fields import DEFAULT_MAX_PREDICT_BYTES, DEFAULT_MAX_REQUEST_BYTES
 from modelyard.platform.dataplane.gateway import Gateway
 from modelyard.platform.jobs.job_limits import JobLimits
 from modelyard.platform.jobs.job_runner import JobRunner
@@ -42,6 +42,7 @@ class Config:
     ray_replica_cpus: float = 1.0
     warm_spare: bool = True  # local engine: keep one `modelyard serve` warm for the next replica
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a control-plane request body (fields.py)
+    max_predict_bytes: int = DEFAULT_MAX_PREDICT_BYTES  # a predict body, at the gateway and at each replica
     upstream_deadline: DeadlinePolicy = field(default_factory=DeadlinePolicy)  # a predict's wait for a replica
     readiness: Readiness = field(default_factory=Readiness)  # replicas' readiness probes (supervisor.py)
     # The Cloud Storage this platform serves: gs://B/N is storage_root/B/N (modelyard.platform.storage.local_file);

@@ -72,7 +72,11 @@ def register(subparsers) -> None:
     http_limits.add_arguments(parser)  # the API's and the storage's ports, as modelyard serve's flags
     parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
                         help="largest control-plane request body, refused (413) before it is read whole "
-                             "(default 4 MiB); predict bodies keep the serving limit, 256 MiB")
+                             "(default 4 MiB); predict bodies: --max-predict-bytes")
+    parser.add_argument("--max-predict-bytes", type=int, default=10 * 1024 * 1024, metavar="N",
+                        help="largest predict body, refused (413) at the gateway before it is read whole and "
+                             "at each replica (its --rest_api_max_body_bytes): a replica holds about ten times "
+                             "the body while it parses it (default 10 MiB, Vertex's dedicated endpoint limit)")
     parser.add_argument("--job-max-processes", type=int, default=None, metavar="N",
                         help="tasks (processes and threads) one job may run, by a cgroup where the platform "
                              "may make one, else RLIMIT_NPROC (default max(256, 16 x CPUs); 0: no limit)")
@@ -134,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
                     artifact_roots=roots,
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
-                    max_replicas=args.max_replicas, replica_args=args.replica_arg,
+                    max_replicas=args.max_replicas,
+                    replica_args=[f"--rest_api_max_body_bytes={args.max_predict_bytes}", *args.replica_arg],
+                    max_predict_bytes=args.max_predict_bytes,
                     autoscale=Policy(args.autoscale_target_in_flight, args.autoscale_up_seconds,
                                      args.autoscale_cooldown_seconds),
                     engine=args.engine, ray_address=args.ray_address, ray_replica_cpus=args.ray_replica_cpus,

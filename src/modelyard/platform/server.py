@@ -103,7 +103,7 @@ def build_app(p: Platform) -> web.Application:
     async def not_found(request: web.Request) -> web.Response:
         return _error(ApiError("NOT_FOUND", f"No API at {request.path}: Vertex AI paths start with /v1/projects/"))
 
-    app = web.Application(client_max_size=fields.PREDICT_MAX_BYTES)
+    app = web.Application(client_max_size=p.config.max_predict_bytes)
     app["max_request_bytes"] = p.config.max_request_bytes
     tracking_routes.register(app, p)  # ML Metadata and TensorBoard (metadataStores/..., tensorboards/...)
     app.router.add_route("*", "/v1/{tail:.*}", handle)

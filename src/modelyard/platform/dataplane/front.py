@@ -113,8 +113,8 @@ class FrontProtocol(asyncio.Protocol):
         r.body.append(body)
 
     def _refuse(self, r: _Request, declared: int | None) -> None:
-        predict = r.limit == fields.PREDICT_MAX_BYTES
-        r.refused = fields.too_large(declared, r.limit, "predict limit" if predict else "--max-request-bytes")
+        predict = r.limit == self.front.p.config.max_predict_bytes
+        r.refused = fields.too_large(declared, r.limit, "--max-predict-bytes" if predict else "--max-request-bytes")
         r.body = []
         r.method = self.parser.get_method()
         r.keep_alive = False
@@ -153,9 +153,9 @@ class Front:
         self.api = Upstream(api_host, api_port)
 
     def body_limit(self, url: bytes) -> int:
-        """Predict bodies (V2 infers too) keep the serving limit; every other request is a control-plane one."""
+        """Predict bodies (V2 infers too) have their limit; every other request is a control-plane one."""
         if _PREDICT.match(url) or (b"/v2" in url and v2_paths.parse(url, b"POST") is not None):
-            return fields.PREDICT_MAX_BYTES
+            return self.p.config.max_predict_bytes
         return self.p.config.max_request_bytes
 
     async def handle(self, r: _Request):
