@@ -5,7 +5,7 @@ One layer down, without the platform: the store's pages over rows written straig
 file and on a real PostgreSQL server (``postgres``, started once for this module). End to end, few and
 cheap: the stock SDK's ``Model.list(filter=...)`` returns the one model it names (it returned every
 model), ``pageSize=100`` pages over more than 100 endpoints with ``nextPageToken``, ``orderBy``, and a
-bad filter is a 400 INVALID_ARGUMENT in Google's error format.
+bad filter is a 400 INVALID_ARGUMENT in Google's error format; operations list as well.
 """
 from __future__ import annotations
 
@@ -171,6 +171,13 @@ def test_rest_pages_endpoints_and_refuses_a_bad_filter(platform):
     r = api.call("GET", "models", params={"filter": "owner=me"})
     assert r.status_code == 400 and "no filterable field 'owner'" in r.json()["error"]["message"], r.text
     r = api.call("GET", "customJobs", params={"filter": 'state="JOB_STATE_SLEEPING"'})
+    assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
+    # Operations list too: a location's (every one under it), one resource's, filtered and paged.
+    ops = api.ok("GET", "operations", params={"filter": "done=true", "pageSize": 5, "orderBy": "create_time desc"})
+    assert len(ops["operations"]) == 5 and ops["nextPageToken"] and all(o["done"] for o in ops["operations"])
+    mine = api.ok("GET", f"endpoints/{made[3]}/operations")["operations"]
+    assert [o["response"]["displayName"] for o in mine] == [f"page-{tag}-003"]
+    r = api.call("GET", "operations", params={"filter": "state=done"})
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
     for e in made:
         api.wait(api.ok("DELETE", f"endpoints/{e}"))

@@ -149,6 +149,10 @@ def build_app(p: Platform) -> web.Application:
 
 async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dict:
     method, verb, coll = request.method, route.verb, route.collection
+    if route.operations:
+        if method != "GET" or verb:
+            raise ApiError("NOT_FOUND", "a list of operations supports GET only")
+        return await p.ops.list_(route, request.query)
     if route.operation_id:
         if method != "GET" or verb:
             raise ApiError("NOT_FOUND", "operations support GET only")

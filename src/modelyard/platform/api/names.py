@@ -7,6 +7,7 @@ A request path below ``/v1/`` names one of:
     projects/{p}/locations/{l}/endpoints/{id}:predict   (a verb on a resource)
     projects/{p}/locations/{l}/batchPredictionJobs/{id}:cancel  (jobs: customJobs, hyperparameterTuningJobs, trainingPipelines too)
     projects/{p}/locations/{l}[/{collection}/{id}]/operations/{op}
+    projects/{p}/locations/{l}[/{collection}/{id}]/operations      (ListOperations)
 
 Ids are decimal strings, as Vertex AI hands out; a model may also have the id its uploader chose
 (``UploadModelRequest.model_id``). A model version is named by its number or by one of its aliases
@@ -45,6 +46,7 @@ class Route:
     version: str | None = None
     operation_id: str | None = None
     verb: str | None = None
+    operations: bool = False  # the path names a list of operations (a location's, or one resource's)
 
     @property
     def parent(self) -> str:
@@ -66,6 +68,13 @@ def parse_path(path: str) -> Route:
             raise ApiError("INVALID_ARGUMENT", f"Invalid project or location {segment!r}.")
     rest = parts[4:]
     route = Route(project, location)
+    if rest and rest[-1] == "operations" and verb is None and len(rest) in (1, 3):  # ListOperations
+        if len(rest) == 1:
+            return Route(project, location, operations=True)
+        if rest[0] not in COLLECTIONS:
+            raise ApiError("NOT_FOUND", f"No API at /v1/{path}: collections are {', '.join(COLLECTIONS)}.")
+        resource_id, _ = _split_resource(rest[1], rest[0])
+        return Route(project, location, rest[0], resource_id, operations=True)
     if len(rest) >= 2 and rest[-2] == "operations":
         op_id = _check_id(rest[-1], "operation")
         rest = rest[:-2]

@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from modelyard.platform.api import names
+from modelyard.platform.api import list_filter, names
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.state.store import Store
 from modelyard.platform.api.timefmt import rfc3339
@@ -176,6 +176,19 @@ class Operations:
 
     def get(self, op_id: str) -> dict:
         return self.render(self.store.get_operation(op_id))
+
+    async def list_(self, route: names.Route, query) -> dict:
+        """ListOperations: one page of a location's operations (every one under it) or of one resource's,
+        filtered (``done``, ``create_time``) and ordered by the store, off the event loop."""
+        prefix = (f"{route.parent}/{route.collection}/{route.resource_id}/operations/" if route.resource_id
+                  else f"{route.parent}/")
+        request = list_filter.list_request(query, list_filter.OPERATION_FIELDS, list_filter.OPERATION_ORDERABLE,
+                                           "Operation", prefix)
+        rows, token = await asyncio.to_thread(self.store.operations_page, prefix, request)
+        out: dict = {"operations": [self.render(r) for r in rows]} if rows else {}
+        if token:
+            out["nextPageToken"] = token
+        return out
 
     @staticmethod
     def _new(parent: str, collection: str | None, resource_id: str | None, metadata_type: str) -> dict:
