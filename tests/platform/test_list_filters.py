@@ -181,3 +181,20 @@ def test_rest_pages_endpoints_and_refuses_a_bad_filter(platform):
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
     for e in made:
         api.wait(api.ok("DELETE", f"endpoints/{e}"))
+
+
+def test_the_cli_follows_pages(monkeypatch):
+    from modelyard.platform import client_cli
+
+    pages = {None: {"endpoints": [{"n": 1}, {"n": 2}], "nextPageToken": "t/1"}, "t/1": {"endpoints": [{"n": 3}]}}
+    asked = []
+
+    def call(self, method, path, body=None, absolute=False):
+        token = path.partition("?pageToken=")[2] or None
+        asked.append(path)
+        return pages[token and client_cli.urllib.parse.unquote(token)]
+
+    monkeypatch.setattr(client_cli.Client, "call", call)
+    client = client_cli.Client.__new__(client_cli.Client)
+    assert [e["n"] for e in client.list("endpoints", "endpoints")] == [1, 2, 3]
+    assert asked == ["endpoints", "endpoints?pageToken=t%2F1"]

@@ -48,6 +48,16 @@ class Client:
             raise CliError(f"cannot reach the platform at {self.base} ({exc.reason}): is `modelyard platform` "
                            "running? (--platform / $MODELYARD_PLATFORM)") from None
 
+    def list(self, path: str, key: str) -> list[dict]:
+        """Every item of a list, its pages followed (the platform answers at most 1,000 per page)."""
+        out, token = [], None
+        while True:
+            page = self.call("GET", path + (f"?pageToken={urllib.parse.quote(token, safe='')}" if token else ""))
+            out += page.get(key, [])
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+
     def raw(self, path: str) -> str:
         """A modelyard (non-Vertex) GET under the platform's root, as text."""
         req = urllib.request.Request(f"{self.base}{path}")
@@ -100,9 +110,9 @@ def models_cmd(args: argparse.Namespace, c: Client):
             body["modelId"] = args.model_id
         return c.operation(c.call("POST", "models:upload", body))
     if args.action == "list":
-        return c.call("GET", "models").get("models", [])
+        return c.list("models", "models")
     if args.action == "list-versions":
-        return c.call("GET", f"models/{args.model}:listVersions").get("models", [])
+        return c.list(f"models/{args.model}:listVersions", "models")
     if args.action == "aliases":
         changes = [*args.add, *(f"-{a}" for a in args.remove)]
         return c.call("POST", f"models/{args.model}:mergeVersionAliases", {"versionAliases": changes})
@@ -117,7 +127,7 @@ def endpoints_cmd(args: argparse.Namespace, c: Client):
         chosen = f"?endpointId={urllib.parse.quote(args.endpoint_id)}" if args.endpoint_id else ""
         return c.operation(c.call("POST", f"endpoints{chosen}", {"displayName": args.display_name}))
     if a == "list":
-        return c.call("GET", "endpoints").get("endpoints", [])
+        return c.list("endpoints", "endpoints")
     if a == "describe":
         return c.call("GET", f"endpoints/{args.endpoint}")
     if a == "delete":
@@ -232,7 +242,7 @@ def jobs_cmd(args: argparse.Namespace, c: Client):
     if a == "list":
         out = []
         for coll in JOB_COLLECTIONS:
-            out += c.call("GET", coll).get(coll, [])
+            out += c.list(coll, coll)
         return sorted(out, key=lambda j: j["createTime"])
     job = _find_job(c, args.job)
     if a == "describe":
