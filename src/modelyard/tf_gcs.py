@@ -392,6 +392,7 @@ def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: li
 
 
 _ENABLED: tuple[subprocess.Popen, dict] | None = None
+_SAVED: dict[str, str | None] = {}  # what enable() replaced, for disable()
 
 
 def enable(storage_url: str | None = None, token: str | None = None) -> dict[str, str]:
@@ -410,8 +411,25 @@ def enable(storage_url: str | None = None, token: str | None = None) -> dict[str
     if _ENABLED is None or _ENABLED[0].poll() is not None:
         _ENABLED = start_process(storage_url, None, Path(tempfile.mkdtemp(prefix="modelyard-tf-gcs-")))
     env = tensorflow_env(_ENABLED[1], token)
+    for name in env:
+        _SAVED.setdefault(name, os.environ.get(name))
     os.environ.update(env)
     return env
+
+
+def disable() -> None:
+    """Undo ``enable()``: the variables it set are as they were, its gateway is stopped."""
+    global _ENABLED
+    for name, value in _SAVED.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _SAVED.clear()
+    if _ENABLED is not None:
+        _ENABLED[0].terminate()
+        _ENABLED[0].wait(10)
+        _ENABLED = None
 
 
 def main(argv: list[str] | None = None) -> int:
