@@ -3,7 +3,8 @@
 Each suggestion fits a Gaussian process (Matern-5/2 kernel with one length scale per dimension,
 its hyperparameters by maximum a posteriori on the log marginal likelihood) to the completed
 trials, mapped into the unit cube (log scales in log space, categories one-hot), and proposes the
-point that maximises the upper confidence bound ``mean + UCB_COEFFICIENT * stddev``. Trials still
+point that maximises the upper confidence bound ``mean + UCB_COEFFICIENT * stddev`` within a trust
+region around the trials (the outputs log-warped first, as Vizier does). Trials still
 running count as observed at the model's own mean ("kriging believer"): their uncertainty is
 spent, so parallel workers are sent to different places. Several metrics are scalarised with a
 random Chebyshev weighting per suggestion, so successive suggestions cover the Pareto front.
@@ -31,6 +32,8 @@ from threadpoolctl import threadpool_limits
 
 UCB_COEFFICIENT = 1.8  # Vizier's GP-UCB exploration weight
 SEED_TRIALS = 4  # the centre, then random points, before the GP takes over
+WARP = 10.0  # the log warping's strength: the worst value maps to 0, the best to 1, the middle to 0.26
+TRUST_MIN, TRUST_GROWTH, TRUST_OFF = 0.2, 0.05, 0.5  # the trust region's radius: min + growth * trials / (dims + 1)
 _CANDIDATES_LOG2 = 10  # 1024 quasi-random candidates per suggestion
 _LOCAL = 500
 _JITTER = 1e-6
@@ -198,11 +201,15 @@ class GP:
 
 
 def _targets(values: np.ndarray, directions: Sequence[StudyDirection], rng: np.random.Generator) -> np.ndarray:
-    """One number per trial to maximise: signs by goal, standardised, several metrics scalarised."""
+    """One number per trial to maximise: signs by goal, each metric scaled to [0, 1] (1 the best) and
+    log-warped, several metrics scalarised, standardised."""
     signs = np.array([1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions])
     v = values * signs
     low, high = v.min(0), v.max(0)
     v = (v - low) / np.where(high > low, high - low, 1.0)
+    # Log warping (as Vizier warps its outputs): the far tail of bad values is compressed, so the GP
+    # models the differences near the best, not the size of a few disasters (Rosenbrock's 1e5 against 1).
+    v = 1.0 - np.log1p((1.0 - v) * (WARP - 1.0)) / math.log(WARP)
     if v.shape[1] == 1:
         y = v[:, 0]
     else:
@@ -272,6 +279,14 @@ class GPBanditSampler(BaseSampler):
         top = x[np.argsort(-y)[:5]]
         near = top[self._rng.integers(len(top), size=_LOCAL)] + self._rng.normal(0, 0.05, (_LOCAL, enc.dim))
         cands = np.array([enc.project(c) for c in np.vstack([cands, near])])
+        # A trust region, as Vizier's GP bandit has: while the trials are few for the dimension, only points
+        # near one of them (L-inf distance in the unit cube) are candidates; the GP's uncertainty far from
+        # every trial would otherwise send each suggestion to a corner of the space.
+        radius = TRUST_MIN + TRUST_GROWTH * len(x) / (enc.dim + 1)
+        if radius < TRUST_OFF:
+            gap = np.min(np.max(np.abs(cands[:, None, :] - x[None, :, :]), axis=2), axis=1)
+            inside = cands[gap <= radius]
+            cands = inside if len(inside) else cands
         scores = ucb(cands)
         best = cands[int(np.argmax(scores))]
         best_score = float(scores.max())
