@@ -286,20 +286,14 @@ def _render_point(p: dict) -> dict:
     return out
 
 
-def _sample(points: list[dict], limit: int) -> list[dict]:
-    """At most ``limit`` points, evenly spread over the series, its last point always kept."""
-    if len(points) <= limit:
-        return points
-    if limit <= 1:
-        return points[-1:]
-    stride = (len(points) - 1) / (limit - 1)
-    return [points[round(i * stride)] for i in range(limit)]
-
-
-def _series_data(row: dict, points: list[dict], limit: int | None) -> dict:
-    chosen = _sample(points, limit or DEFAULT_READ_POINTS[row["value_type"]])
+def _series_data(row: dict, points: list[dict]) -> dict:
     return {"tensorboardTimeSeriesId": row["id"], "valueType": row["value_type"],
-            "values": [_render_point(p) for p in chosen]}
+            "values": [_render_point(p) for p in points]}
+
+
+def _limit(row: dict, asked: int | None) -> int:
+    """At most this many points of a series are read (Vertex's defaults per value type)."""
+    return asked or DEFAULT_READ_POINTS[row["value_type"]]
 
 
 def _max_points(query: Mapping[str, str]) -> int | None:
@@ -317,7 +311,8 @@ def _max_points(query: Mapping[str, str]) -> int | None:
 
 def read(db: TensorboardDB, route: TrackingRoute, query: Mapping[str, str]) -> dict:
     row = db.get("timeSeries", keys_of(route))
-    return {"timeSeriesData": _series_data(row, db.points([row["id"]])[row["id"]], _max_points(query))}
+    points = db.points([row["id"]], _limit(row, _max_points(query)))[row["id"]]
+    return {"timeSeriesData": _series_data(row, points)}
 
 
 def batch_read(db: TensorboardDB, route: TrackingRoute, series_names: list[str]) -> dict:
@@ -332,8 +327,13 @@ def batch_read(db: TensorboardDB, route: TrackingRoute, series_names: list[str])
         if ts_route.leaf != "timeSeries" or ts_route.leaf_id is None or ts_route.name(1) != route.name():
             raise invalid(f"time_series {name!r} is not a time series of {route.name()}.")
         rows.append(db.get("timeSeries", keys_of(ts_route)))
-    points = db.points([r["id"] for r in rows])
-    return {"timeSeriesData": [_series_data(r, points[r["id"]], None) for r in rows]}
+    out = []
+    for kind in {r["value_type"] for r in rows}:  # one query per value type: each has its default limit
+        of_kind = [r for r in rows if r["value_type"] == kind]
+        points = db.points([r["id"] for r in of_kind], _limit(of_kind[0], None))
+        out += [(r, points[r["id"]]) for r in of_kind]
+    order = {r["id"]: i for i, r in enumerate(rows)}
+    return {"timeSeriesData": [_series_data(r, pts) for r, pts in sorted(out, key=lambda x: order[x[0]["id"]])]}
 
 
 def export(db: TensorboardDB, route: TrackingRoute, body: dict) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from sqlalchemy import Table, and_, delete, func, insert, select, update
+from sqlalchemy import Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -100,16 +100,30 @@ class TensorboardDB:
             with self.engine.begin() as c:
                 c.execute(insert(m.tb_points), rows)
 
-    def points(self, series_ids: Iterable[str]) -> dict[str, list[dict]]:
-        """series id -> its points, by step then by write order."""
+    def points(self, series_ids: Iterable[str], limit: int | None = None) -> dict[str, list[dict]]:
+        """series id -> its points, by step then by write order; with ``limit``, at most that many of
+        each series, evenly spread over it (its first and last kept), chosen by the database so that a
+        long series is never loaded whole."""
         ids = sorted(set(series_ids))
         out: dict[str, list[dict]] = {i: [] for i in ids}
         if not ids:
             return out
         p = m.tb_points
+        cols = (p.c.series_id, p.c.step, p.c.wall_time, p.c.scalar, p.c.tensor, p.c.blobs)
+        if limit is None:
+            q = select(*cols).where(p.c.series_id.in_(ids)).order_by(p.c.series_id, p.c.step, p.c.seq)
+        else:
+            rank = (func.row_number().over(partition_by=p.c.series_id, order_by=(p.c.step, p.c.seq)) - 1).label("rn")
+            size = func.count().over(partition_by=p.c.series_id).label("n")
+            inner = select(*cols, rank, size).where(p.c.series_id.in_(ids)).subquery()
+            rn, n = inner.c.rn, inner.c.n
+            if limit <= 1:
+                keep = rn == n - 1
+            else:  # rn starts a new one of ``limit`` equal buckets of [0, n-1]: the first and last rows, and limit-2 between
+                keep = or_(n <= limit, rn == 0, (rn * (limit - 1)) // (n - 1) > ((rn - 1) * (limit - 1)) // (n - 1))
+            q = select(*(inner.c[c.name] for c in cols)).where(keep).order_by(inner.c.series_id, rn)
         with self.engine.connect() as c:
-            for r in c.execute(select(p.c.series_id, p.c.step, p.c.wall_time, p.c.scalar, p.c.tensor, p.c.blobs)
-                               .where(p.c.series_id.in_(ids)).order_by(p.c.series_id, p.c.step, p.c.seq)):
+            for r in c.execute(q):
                 out[r.series_id].append(_row(r))
         return out
 
