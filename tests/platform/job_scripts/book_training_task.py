@@ -3,8 +3,9 @@
 the chief writing TensorBoard logs, checkpoints and the final model to the ``gs://`` directories Vertex
 gives it (``AIP_*``) through TensorFlow itself, the other workers to temporary directories.
 
-The one change from the book: its data (Fashion MNIST, downloaded) is scikit-learn's digits, which
-need no network, and two epochs instead of ten.
+The changes from the book: its data (Fashion MNIST, downloaded) is scikit-learn's digits, which need
+no network; two epochs instead of ten; the other workers' temporary paths are strings (tf_keras 2.21's
+ModelCheckpoint calls ``filepath.endswith``, which a ``Path`` lacks).
 """
 import os
 import tempfile
@@ -23,9 +24,9 @@ if resolver.task_type == "chief":
     checkpoint_dir = os.getenv("AIP_CHECKPOINT_DIR")
 else:
     tmp_dir = Path(tempfile.mkdtemp())  # other workers use temporary dirs
-    model_dir = tmp_dir / "model"
-    tensorboard_log_dir = tmp_dir / "logs"
-    checkpoint_dir = tmp_dir / "ckpt"
+    model_dir = str(tmp_dir / "model")
+    tensorboard_log_dir = str(tmp_dir / "logs")
+    checkpoint_dir = str(tmp_dir / "ckpt")
 
 callbacks = [tf.keras.callbacks.TensorBoard(tensorboard_log_dir),
              tf.keras.callbacks.ModelCheckpoint(checkpoint_dir)]
