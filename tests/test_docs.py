@@ -276,10 +276,13 @@ def test_storage_page_runs_against_the_standalone_storage(tmp_path):
         home_root = "~/.local/share/modelyard/platform-state/storage"
         codes = [b.body.replace("http://127.0.0.1:8601", base).replace(home_root, str(root))
                  for b in to_run(page, PYTHON)]
-        assert len(codes) == 3 and all(base in c or str(root) in c or "TOKEN" in c for c in codes)
-        out = run_python(page, codes, tmp_path, env).splitlines()
+        assert len(codes) == 4 and all(base in c or str(root) in c or "TOKEN" in c or "tf_gcs" in c for c in codes)
+        out = [line for line in run_python(page, codes, tmp_path, env).splitlines() if not line.startswith(("I0000",
+                                                                                                             "W0000"))]
         assert out[:3] == ["b'hello'", "['notes/hello.txt']", "b'hello'"], out
         assert out[3] == out[4] == str(root / "my-staging" / "notes" / "hello.txt"), out
+        # TensorFlow's own gs://, after modelyard.tf_gcs.enable(): the output the page says.
+        assert out[-1] == "['gs://my-staging/notes/from-tf.txt', 'gs://my-staging/notes/hello.txt']", out
         assert (root / "my-staging" / "notes" / "hello.txt").read_bytes() == b"hello"
         # The error sample is what the server answers for an unknown bucket.
         (sample,) = [json.loads(b.body) for b in to_run(page, {"json"})]
