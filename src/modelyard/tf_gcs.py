@@ -33,10 +33,12 @@ start it).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -151,11 +153,14 @@ def rewrite_location(value: str, storage_url: str, own_base: str) -> str:
 class Gateway:
     """The proxy, the HTTPS port for Google's hosts and the plain port, forwarding to ``storage_url``."""
 
-    def __init__(self, storage_url: str, token: str | None, cert_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, storage_url: str, token: str | None, cert_dir: Path, host: str = "127.0.0.1",
+                 sockets: tuple[socket.socket, socket.socket] | None = None) -> None:
         self.storage_url = storage_url.rstrip("/")
         self.token = token
         self.host = host
-        self.cert, self.key, self.bundle = make_certificates(cert_dir)
+        made = (cert_dir / "gateway.pem", cert_dir / "gateway.key", cert_dir / "ca-bundle.pem")
+        self.cert, self.key, self.bundle = made if all(f.exists() for f in made) else make_certificates(cert_dir)
+        self._sockets = sockets  # (plain, proxy), listening already: bound by whoever started this process
         self.proxy_port = self.plain_port = 0
         self._tls: ssl.SSLContext | None = None
         self._session = None
@@ -175,11 +180,16 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        await site.start()
+        if self._sockets is None:
+            site = web.TCPSite(runner, self.host, 0)
+            await site.start()
+            self._proxy = await asyncio.start_server(self._tunnel, self.host, 0, limit=1 << 16)
+        else:
+            site = web.SockSite(runner, self._sockets[0])
+            await site.start()
+            self._proxy = await asyncio.start_server(self._tunnel, sock=self._sockets[1], limit=1 << 16)
         self._runners.append(runner)
         self.plain_port = site._server.sockets[0].getsockname()[1]
-        self._proxy = await asyncio.start_server(self._tunnel, self.host, 0, limit=1 << 16)
         self.proxy_port = self._proxy.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -366,29 +376,55 @@ def _die_with_parent() -> None:
 
 
 def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: list[str] = (),
-                  module: str = "modelyard.tf_gcs", env: dict | None = None, timeout: float = 60.0
-                  ) -> tuple[subprocess.Popen, dict]:
-    """Start a gateway process (``module``'s ``main``) that dies with the caller; (process, settings)."""
+                  module: str = "modelyard.tf_gcs", env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start a gateway process (``module``'s ``main``) that dies with the caller; (process, settings).
+
+    The caller makes the certificates and binds the listening sockets, then hands them to the process:
+    the settings are known at once, and a client that connects before the process serves waits in the
+    socket's backlog (a job's replicas start without waiting for the gateway's imports)."""
+    _, _, bundle = make_certificates(cert_dir)
     child_env = dict(os.environ if env is None else env)
     child_env["MODELYARD_GATEWAY_TOKEN"] = token or ""  # not on the command line: ps shows that
     src = str(Path(__file__).resolve().parents[1])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, child_env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", module, "--storage", storage_url, "--cert-dir", str(cert_dir),
-                             *extra], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env,
-                            preexec_fn=_die_with_parent)
-    import selectors
+    socks = []
+    try:
+        for _ in range(2):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(512)
+            socks.append(sock)
+        fds = ",".join(str(s.fileno()) for s in socks)
+        proc = subprocess.Popen([sys.executable, "-m", module, "--storage", storage_url, "--cert-dir", str(cert_dir),
+                                 "--listen-fds", fds, *extra], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=child_env, pass_fds=[s.fileno() for s in socks], preexec_fn=_die_with_parent)
+        plain, proxy = (s.getsockname()[1] for s in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    return proc, {"proxy": f"http://127.0.0.1:{proxy}", "storage": f"http://127.0.0.1:{plain}",
+                  "ca_bundle": str(bundle)}
 
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    if not sel.select(timeout):
-        proc.kill()
-        raise OSError(f"the tf-gcs gateway did not start within {timeout:.0f} s")
-    line = proc.stdout.readline().decode()
-    sel.close()
-    if not line.startswith(READY):
-        proc.wait(5)
-        raise OSError(f"the tf-gcs gateway did not start (exit {proc.returncode}): {line.strip()}")
-    return proc, json.loads(line[len(READY):])
+
+def add_arguments(parser) -> None:
+    """The gateway process's flags (``python -m modelyard.tf_gcs``, a job's metadata server)."""
+    parser.add_argument("--storage", default=os.environ.get("STORAGE_EMULATOR_HOST"),
+                        help="the storage's URL (default: $STORAGE_EMULATOR_HOST)")
+    parser.add_argument("--cert-dir", default=None, help="where the CA bundle is written (default: a new temp dir)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--listen-fds", default=None, help="PLAIN,PROXY: descriptors of sockets listening "
+                        "already (start_process)")
+
+
+def gateway_args(args) -> dict:
+    """Gateway(...) keyword arguments from the flags of ``add_arguments``."""
+    storage = args.storage if "://" in args.storage else "http://" + args.storage
+    sockets = None
+    if args.listen_fds:
+        sockets = tuple(socket.socket(fileno=int(fd)) for fd in args.listen_fds.split(","))
+    return {"storage_url": storage, "token": os.environ.pop("MODELYARD_GATEWAY_TOKEN", "") or None,
+            "cert_dir": Path(args.cert_dir or tempfile.mkdtemp(prefix="modelyard-tf-gcs-")), "host": args.host,
+            "sockets": sockets}
 
 
 _ENABLED: tuple[subprocess.Popen, dict] | None = None
@@ -433,21 +469,13 @@ def disable() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m modelyard.tf_gcs",
                                      description="Send TensorFlow's gs:// to a Cloud Storage JSON API (the platform's).")
-    parser.add_argument("--storage", default=os.environ.get("STORAGE_EMULATOR_HOST"),
-                        help="the storage's URL (default: $STORAGE_EMULATOR_HOST)")
-    parser.add_argument("--cert-dir", default=None, help="where the CA bundle is written (default: a new temp dir)")
-    parser.add_argument("--host", default="127.0.0.1")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if not args.storage:
         parser.error("--storage (or STORAGE_EMULATOR_HOST) is required")
-    storage = args.storage if "://" in args.storage else "http://" + args.storage
-    cert_dir = Path(args.cert_dir or tempfile.mkdtemp(prefix="modelyard-tf-gcs-"))
-    token = os.environ.pop("MODELYARD_GATEWAY_TOKEN", "") or None
-    asyncio.run(_serve(Gateway(storage, token, cert_dir, args.host)))
+    asyncio.run(_serve(Gateway(**gateway_args(args))))
     return 0
 
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-from pathlib import Path
 
 from modelyard import tf_gcs
 
@@ -70,8 +68,8 @@ def answer(path: str, query: dict, headers, project: str, email: str, token: str
 class MetadataGateway(tf_gcs.Gateway):
     """The storage gateway whose plain port answers the metadata paths too."""
 
-    def __init__(self, storage_url: str, token: str | None, cert_dir: Path, project: str, email: str) -> None:
-        super().__init__(storage_url, token, cert_dir)
+    def __init__(self, *, project: str, email: str, **gateway) -> None:
+        super().__init__(**gateway)
         self.project, self.email = project, email
 
     async def handle(self, request):
@@ -94,13 +92,11 @@ def service_account(project: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modelyard.platform.jobs.metadata_server")
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--cert-dir", required=True)
+    tf_gcs.add_arguments(parser)
     parser.add_argument("--project", required=True)
     args = parser.parse_args(argv)
-    token = os.environ.pop("MODELYARD_GATEWAY_TOKEN", "") or None
-    asyncio.run(tf_gcs._serve(MetadataGateway(args.storage, token, Path(args.cert_dir), args.project,
-                                              service_account(args.project))))
+    asyncio.run(tf_gcs._serve(MetadataGateway(**tf_gcs.gateway_args(args), project=args.project,
+                                              email=service_account(args.project))))
     return 0
 
 
