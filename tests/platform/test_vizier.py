@@ -113,6 +113,11 @@ def test_list_optimal_trials_is_the_pareto_front(platform):
     front = {ids[t["id"]] for t in r.json()["optimalTrials"]}
     # 0.3 (0.7, 20) is dominated by 0.6 (0.8, 12) and 0.6 by 0.2 (0.8, 10); ties (0.1 and 0.7) both stay.
     assert front == {0.1, 0.2, 0.4, 0.5, 0.7}
+    # The console lists the study with the tuning jobs: its trials done and the first metric per trial.
+    shown = [j for j in requests.get(f"{platform.url}/console/api/state", timeout=30).json()["jobs"]
+             if j["name"].endswith(study)]
+    assert len(shown) == 1 and shown[0]["kind"] == "studies" and shown[0]["progress"]["done"] == 7, shown
+    assert shown[0]["curve"]["values"] == [acc for acc, _ in points.values()]
 
 
 def test_median_stopping_stops_a_trial_below_the_median(platform):
@@ -258,6 +263,10 @@ def test_a_grid_tuning_job_visits_every_point_once_and_is_a_study(platform, tmp_
     assert _rest(platform, "GET", f"{study}/trials/{listed[0]['id']}").json()["parameters"] == job["trials"][0]["parameters"]
     r = _rest(platform, "POST", f"{study}/trials:suggest", json={"suggestionCount": 1, "clientId": "w"})
     assert r.status_code == 400 and r.json()["error"]["status"] == "FAILED_PRECONDITION", r.text
+    # The console shows it once: as the job.
+    shown = [j["kind"] for j in requests.get(f"{platform.url}/console/api/state", timeout=30).json()["jobs"]
+             if j["name"].rsplit("/", 1)[-1] == study.rsplit("/", 1)[-1]]
+    assert shown == ["hyperparameterTuningJobs"]
 
 
 def check_vizier_store(url: str) -> None:

@@ -1,5 +1,7 @@
-"""The platform's jobs for the console: batch prediction, custom and tuning jobs, read through the
-platform's own Vertex AI REST API, summarised as progress and curves.
+"""The platform's jobs for the console: batch prediction, custom and tuning jobs, and Vizier studies,
+read through the platform's own Vertex AI REST API, summarised as progress and curves (a study as a
+tuning job is: its trials' objective and the best so far; a tuning job's own study is shown once, as
+the job).
 
 Jobs are read through REST (not the store) so the console shows exactly what a client of
 ``GET .../batchPredictionJobs`` sees, whatever keeps them; a collection the platform does not
@@ -19,6 +21,7 @@ KINDS = {
     "batchPredictionJobs": ("batchPredictionJobs", "batch prediction"),
     "customJobs": ("customJobs", "custom job"),
     "hyperparameterTuningJobs": ("hyperparameterTuningJobs", "tuning"),
+    "studies": ("studies", "Vizier study"),
 }
 # google.cloud.aiplatform.v1.JobState values a job can still be cancelled in.
 CANCELLABLE = {"JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_PAUSED",
@@ -100,7 +103,7 @@ def summarize(kind: str, job: dict) -> dict:
     state = job.get("state") or "JOB_STATE_UNSPECIFIED"
     if kind == "batchPredictionJobs":
         progress, curve = _batch_progress(job), None
-    elif kind == "hyperparameterTuningJobs":
+    elif kind in ("hyperparameterTuningJobs", "studies"):
         progress, curve = _tuning(job)
     else:
         progress, curve = {"done": None, "total": None, "text": state.removeprefix("JOB_STATE_").lower()}, None
@@ -120,7 +123,22 @@ async def _list(session: aiohttp.ClientSession, base: str, parent: str, kind: st
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         log.debug("console: listing %s in %s failed: %s", kind, parent, exc)
         return []
-    return [summarize(kind, job) for job in body.get(KINDS[kind][0]) or [] if isinstance(job, dict)]
+    found = [job for job in body.get(KINDS[kind][0]) or [] if isinstance(job, dict)]
+    if kind == "studies":  # a study's trials are a collection of their own
+        trials = await asyncio.gather(*(_trials(session, base, study.get("name", ""), headers) for study in found))
+        found = [{**study, "trials": t} for study, t in zip(found, trials)]
+    return [summarize(kind, job) for job in found]
+
+
+async def _trials(session: aiohttp.ClientSession, base: str, study: str, headers: dict) -> list[dict]:
+    try:
+        async with session.get(f"{base}/v1/{study}/trials", headers=headers) as r:
+            if r.status != 200:
+                return []
+            return (await r.json(content_type=None)).get("trials") or []
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        log.debug("console: listing the trials of %s failed: %s", study, exc)
+        return []
 
 
 async def fetch(session: aiohttp.ClientSession, base: str, parents: list[str], token: str | None) -> list[dict]:
@@ -129,6 +147,8 @@ async def fetch(session: aiohttp.ClientSession, base: str, parents: list[str], t
     lists = await asyncio.gather(*(_list(session, base, parent, kind, headers)
                                    for parent in parents for kind in KINDS))
     jobs = [job for found in lists for job in found]
+    tuning_ids = {j["name"].rsplit("/", 1)[-1] for j in jobs if j["kind"] == "hyperparameterTuningJobs"}
+    jobs = [j for j in jobs if j["kind"] != "studies" or j["name"].rsplit("/", 1)[-1] not in tuning_ids]
     jobs.sort(key=lambda j: j["createTime"], reverse=True)
     return jobs
 

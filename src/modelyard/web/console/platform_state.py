@@ -14,12 +14,13 @@ import time
 
 from sqlalchemy import text
 
-# The tables whose rows name a parent (projects/{p}/locations/{l}); ``jobs`` only on schema v3+.
-_PARENT_TABLES = ("models", "endpoints", "jobs")
+# The tables whose rows name a parent (projects/{p}/locations/{l}); ``jobs`` only on schema v3+, Vizier's
+# studies on v7+.
+_PARENT_TABLES = ("models", "endpoints", "jobs", "vizier_studies")
 
 
 def parents(store) -> list[str]:
-    """Every project/location that holds a model, an endpoint or a job, sorted.
+    """Every project/location that holds a model, an endpoint, a job or a study, sorted.
 
     The store lists models per parent only, and the console shows all of them at once, so the
     distinct parents are read here (one read-only query per table, on SQLite and PostgreSQL alike)."""
