@@ -23,7 +23,8 @@ import requests
 
 from modelyard import tf_gcs
 from tests.platform.conftest import STAGING_BUCKET, _env
-from tests.platform.jobs_helpers import aiplatform, no_stray_jobs  # noqa: F401
+# Not jobs_helpers.no_stray_jobs (autouse: every test here would start the platform); the job test cleans up itself.
+from tests.platform.jobs_helpers import aiplatform, job_processes  # noqa: F401
 from tests.storage_server import StorageProcess
 
 BOOK_SCRIPT = str(Path(__file__).with_name("job_scripts") / "book_training_task.py")
@@ -202,6 +203,14 @@ def sdk(aiplatform):  # noqa: F811
 
 
 def test_the_books_training_script_saves_to_aip_model_dir_and_its_model_serves(sdk, platform, gcs_emulator):
+    try:
+        _run_the_book(sdk, platform, gcs_emulator)
+    finally:  # a job left running by a failure midway
+        for pid in job_processes(platform):
+            _quietly(lambda: os.kill(pid, 9))
+
+
+def _run_the_book(sdk, platform, gcs_emulator):
     job = sdk.CustomTrainingJob(display_name="book-train", script_path=BOOK_SCRIPT, container_uri=TRAIN_IMAGE,
                                 model_serving_container_image_uri=SERVE_IMAGE)
     # As the book runs it: a chief and one worker (MultiWorkerMirroredStrategy; only the chief writes gs://).
