@@ -27,8 +27,12 @@ def register(subparsers) -> None:
             "modelyard platform --port 8600 --artifact-root models     # from the folder holding models/",
             "modelyard platform --store postgresql+psycopg://user@db/platform --auth-token s3cret",
             "modelyard platform --engine ray --ray-address 10.0.0.1:6379",
+            "modelyard platform stop --port 8600   # stop it with its replicas and jobs",
         ),
     )
+    parser.add_argument("action", nargs="?", choices=["stop"],
+                        help="stop: ask the platform at --host/--port to cancel its jobs, stop its replicas and "
+                        "exit (a plain Ctrl-C or SIGTERM leaves them running, for the next start to adopt)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8600, help="port of the API and gateway (default 8600)")
     parser.add_argument("--store", default=None,
@@ -116,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     from modelyard.platform.dataplane.supervisor import Readiness
     from modelyard.platform.state.store import database_url, default_store_path
 
+    if args.action == "stop":
+        return _stop_platform(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from modelyard.platform.resources.artifacts import allowed_roots
@@ -207,6 +213,40 @@ def run(args: argparse.Namespace) -> int:
         return exit_status(bind_error(exc, str(exc)))
     finally:
         _stop(storage)
+    return 0
+
+
+def _stop_platform(args: argparse.Namespace) -> int:
+    """`modelyard platform stop`: the running platform at --host/--port stops what it started, then exits."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from modelyard.platform.shutdown import STOP_PATH
+
+    scheme = "https" if args.tls_cert else "http"
+    url = f"{scheme}://{_client_host(args.host)}:{args.port}"
+    context = ssl.create_default_context(cafile=args.tls_cert) if args.tls_cert else None
+    headers = {"Authorization": f"Bearer {args.auth_token}"} if args.auth_token else {}
+    request = urllib.request.Request(url + STOP_PATH, data=b"", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120, context=context) as answer:
+            stopped = json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = str(exc)
+        print(f"modelyard platform stop: error: {url}: {message}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"modelyard platform stop: error: no platform answers at {url} ({getattr(exc, 'reason', exc)}); "
+              "replicas and jobs a stopped one left keep running until a platform on the same store starts "
+              "(it adopts them) and is stopped with `modelyard platform stop`", file=sys.stderr)
+        return 1
+    print(f"modelyard platform stop: {url} stopped {stopped['replicas']} replica(s) and cancelled "
+          f"{stopped['jobs']} job(s); it exits now")
     return 0
 
 
@@ -340,9 +380,15 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    platform.exit = stop.set  # `modelyard platform stop` (platform/shutdown.py), once everything is stopped
     watch = loop.create_task(_watch_storage(storage)) if storage is not None else None
     await stop.wait()
     if watch is not None:
         watch.cancel()
+    from modelyard.platform import shutdown
+
+    everything = getattr(platform, "stopped_everything", None)
+    left = (everything["replicas"], everything["jobs"]) if everything else shutdown.running(platform)
     server.close()
     await runner.cleanup()
+    print(shutdown.exit_line(*left, everything=everything is not None), flush=True)

@@ -2,6 +2,7 @@
 the gateway's predict routes, the token check, and the one mapping of errors to HTTP responses."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
@@ -11,6 +12,7 @@ from modelyard.objstore import StorageError
 from modelyard.platform.resources import endpoints, models, studies, tracking_routes
 from modelyard.platform.api import bearer, fields, names
 from modelyard.platform.jobs import jobs
+from modelyard.platform import shutdown
 from modelyard.platform.app import Platform
 from modelyard.platform.api.errors import ApiError, check_bearer
 from modelyard.platform.dataplane.gateway import PIN_HEADER
@@ -118,7 +120,22 @@ def build_app(p: Platform) -> web.Application:
         except ApiError as exc:
             return _error(exc)
 
+    async def stop_platform(request: web.Request) -> web.Response:
+        """`modelyard platform stop`: its jobs cancelled, its replicas stopped, then the platform exits."""
+        try:
+            check_token(request)
+            if not p.supervisor.leader:
+                raise ApiError("FAILED_PRECONDITION", "this platform does not supervise the store's replicas and "
+                               "jobs: stop the one that does (the first started on this store)")
+        except ApiError as exc:
+            return _error(exc)
+        stopped = await shutdown.stop_everything(p)
+        if getattr(p, "exit", None) is not None:  # after this answer is sent
+            asyncio.get_running_loop().call_later(0.2, p.exit)
+        return _json(stopped)
+
     app.router.add_get("/modelyard/v1/replicas", list_replicas)
+    app.router.add_post(shutdown.STOP_PATH, stop_platform)
     app.router.add_get("/modelyard/v1/jobs/{id}/logs", job_logs)
     async def metrics(request: web.Request) -> web.Response:
         """Prometheus text; with --auth-token it needs the token (it names endpoints and their traffic)."""
