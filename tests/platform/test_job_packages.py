@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.platform.conftest import STAGING_BUCKET
-from tests.platform.jobs_helpers import aiplatform, no_stray_jobs  # noqa: F401
+from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the SDK pointed at the session platform)
 
 TRIAL_SCRIPT = '''\
 import argparse
@@ -54,7 +54,7 @@ def _hp_job(aiplatform, trial_job, trials: int):
         parameter_spec={"learning_rate": hpt.DoubleParameterSpec(min=1e-3, max=1e-1, scale="log"),
                         "n_neurons": hpt.IntegerParameterSpec(min=1, max=300, scale="linear"),
                         "optimizer": hpt.CategoricalParameterSpec(["sgd", "adam"])},
-        max_trial_count=trials, parallel_trial_count=2)  # 2: the cores this machine gives a job
+        max_trial_count=trials, parallel_trial_count=2)  # 2: one trial per core of a 2-core machine
 
 
 def test_tuning_over_a_local_script_with_requirements(aiplatform, tmp_path):
@@ -67,12 +67,12 @@ def test_tuning_over_a_local_script_with_requirements(aiplatform, tmp_path):
         display_name="my_search_trial_job", script_path=str(script), requirements=["cloudml-hypertune"],
         container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
         staging_bucket=f"gs://{STAGING_BUCKET}/staging")
-    job = _hp_job(aiplatform, trial_job, 3)
+    job = _hp_job(aiplatform, trial_job, 2)
     job.run(sync=True)
     assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED
     spec = job.gca_resource.trial_job_spec.worker_pool_specs[0].python_package_spec
     assert spec.python_module == "aiplatform_custom_trainer_script.task"
-    assert len(job.trials) == 3
+    assert len(job.trials) == 2
     for trial in job.trials:
         assert trial.state == gca_study.Trial.State.SUCCEEDED
         params = {p.parameter_id: p.value for p in trial.parameters}
@@ -106,7 +106,24 @@ def _tuning_body(package_uri: str, module: str = "trainer.task") -> dict:
                                                                         "packageUris": [package_uri]}}]}}
 
 
-def test_packages_that_cannot_be_installed_are_refused_at_create(platform, gcs_emulator):
+def test_packages_that_cannot_be_installed_are_refused_at_create(platform, gcs_emulator, aiplatform, tmp_path):
+    from google.api_core import exceptions
+
+    # The book's pattern with a requirement pip cannot find: the SDK's create is refused, no trial runs.
+    script = tmp_path / "my_vertex_ai_trial.py"
+    script.write_text(TRIAL_SCRIPT)
+    trial_job = aiplatform.CustomJob.from_local_script(
+        display_name="my_search_trial_job", script_path=str(script),
+        requirements=["cloudml-hypertune", "modelyard-no-such-requirement-xq==9.9"],
+        container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+        staging_bucket=f"gs://{STAGING_BUCKET}/staging")
+    before = requests.get(platform.api("hyperparameterTuningJobs"), timeout=10).json().get("hyperparameterTuningJobs", [])
+    with pytest.raises(exceptions.BadRequest, match="modelyard-no-such-requirement-xq"):  # 400 over REST
+        _hp_job(aiplatform, trial_job, 2).run(sync=True)
+    after = requests.get(platform.api("hyperparameterTuningJobs"), timeout=10).json().get("hyperparameterTuningJobs", [])
+    assert [j["name"] for j in after] == [j["name"] for j in before]
+
+    # Over REST, for both job kinds: each refusal names the field and says why.
     bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
     prefix = f"refused-{uuid.uuid4().hex[:8]}"
     bucket.blob(f"{prefix}/needs-missing.tar.gz").upload_from_string(_sdist(["modelyard-no-such-requirement-xq==9.9"]))
@@ -169,7 +186,7 @@ def test_archives_and_requirements_checked_without_installing(tmp_path):
         job_packages._check_installable("f", ["gs://b/trainer-0.2.tar.gz"], [str(bad)])
 
 
-def test_a_trial_pool_runs_the_module_by_the_jobs_python(tmp_path):
+def test_a_trial_finds_the_jobs_python_and_gcs_paths(tmp_path):
     from modelyard.platform.jobs import job_env, job_packages
 
     python = job_env.PythonEnv(tmp_path)  # not created: only its paths and variables are read
@@ -184,3 +201,11 @@ def test_a_trial_pool_runs_the_module_by_the_jobs_python(tmp_path):
     assert spec["args"] == ["--epochs=2"] and spec["imageUri"] == "img"
     env = {e["name"]: e["value"] for e in spec["env"]}
     assert env["GREETING"] == "hi" and env["VIRTUAL_ENV"] == str(tmp_path / "venv")
+    # A container trial finds the same: the job's Python first on PATH, /gcs/ paths rewritten as a CustomJob's.
+    mount = job_env.GcsMount(tmp_path)  # no bucket served by this platform: the job's mirror
+    pool = {"replicaCount": "1", "containerSpec": {"imageUri": "img", "command": ["sh", "-c", "pip3 install --user "
+                                                   "/gcs/bkt/p.tar.gz && python3 -m trainer.task"], "args": ["--out=/gcs/bkt/o"]}}
+    spec = job_packages.trial_pool(pool, python, mount)["containerSpec"]
+    assert spec["command"] == ["sh", "-c", f"pip3 install --user {tmp_path}/gcs/bkt/p.tar.gz && python3 -m trainer.task"]
+    assert spec["args"] == [f"--out={tmp_path}/gcs/bkt/o"]
+    assert {e["name"]: e["value"] for e in spec["env"]}["PATH"].startswith(str(tmp_path / "venv" / "bin"))

@@ -182,7 +182,8 @@ def _dry_run(field: str, items: list[str]) -> None:
     except subprocess.TimeoutExpired:
         return  # a slow index is not a refusal: the job's own install will say
     if done.returncode != 0:
-        words = "\n".join(line for line in done.stderr.strip().splitlines()[-6:])
+        lines = done.stderr.strip().splitlines()
+        words = "\n".join([line for line in lines if line.startswith("ERROR:")] or lines[-6:])
         raise invalid(f"{field}: pip cannot install the package's requirements {items!r}: {words}")
 
 
@@ -217,15 +218,21 @@ def fetch(uris: list[str], into: Path) -> list[str]:
 
 
 def trial_pool(pool: dict, python: job_env.PythonEnv, mount: job_env.GcsMount | None) -> dict:
-    """A tuning job's python_package_spec pool as the container pool its trials run: the module by
-    the job's Python (where its packages were installed), with that Python's variables."""
-    spec = pool["pythonPackageSpec"]
-    module, _ = parse(spec, "trial_job_spec.worker_pool_specs[0].python_package_spec")
+    """A tuning job's trial pool as the container pool its trials run, finding what a CustomJob's
+    replica finds: the job's own Python (first on PATH; a python_package_spec's module run by it, where
+    its packages were installed) and /gcs/ paths rewritten by ``mount``."""
     rewrite = mount.rewrite if mount else (lambda s: s)
+    package = pool.get("pythonPackageSpec")
+    spec = package or pool.get("containerSpec") or {}
     env = [{"name": e["name"], "value": rewrite(str(e.get("value", "")))} for e in spec.get("env") or []
            if isinstance(e, dict) and e.get("name")]
     env += [{"name": k, "value": v} for k, v in python.env().items()]
-    out = {k: v for k, v in pool.items() if k != "pythonPackageSpec"}
-    out["containerSpec"] = {"imageUri": spec.get("executorImageUri", ""), "command": [python.python, "-m", module],
+    out = {k: v for k, v in pool.items() if k not in ("pythonPackageSpec", "containerSpec")}
+    if package:
+        module, _ = parse(package, "trial_job_spec.worker_pool_specs[0].python_package_spec")
+        command, image = [python.python, "-m", module], package.get("executorImageUri", "")
+    else:
+        command, image = [rewrite(str(c)) for c in spec.get("command") or []], spec.get("imageUri", "")
+    out["containerSpec"] = {"imageUri": image, "command": command,
                             "args": [rewrite(str(a)) for a in spec.get("args") or []], "env": env}
     return out

@@ -9,9 +9,11 @@ copies the study's trials (read-only) into ``progress.json``; the resource shows
 base output directory is written locally and published when the study ends. Killed and started
 again, the same command resumes the study (finished trials kept).
 
-A trial pool's ``python_package_spec`` follows job_packages' rule, as a CustomJob's does: checked on
-create (a package that cannot be installed is refused), installed once into the job's own Python
-before the study starts, and every trial runs ``python -m module`` there.
+Trials find what a CustomJob's replicas find (job_packages.trial_pool): the job's own Python first on
+PATH, and /gcs/ paths rewritten (job_env). A trial pool's ``python_package_spec`` follows
+job_packages' rule, as a CustomJob's does: checked on create (a package that cannot be installed is
+refused), installed once into the job's own Python before the study starts, and every trial runs
+``python -m module`` there.
 """
 from __future__ import annotations
 
@@ -162,7 +164,7 @@ def execute(work_dir: Path, job: dict) -> dict:
     study = work_dir / STUDY_FILE
     # The files `modelyard jobs submit` shipped, beside the study file: its relative trial command finds them.
     write_trial_files(work_dir, trial_files((body.get(PRIVATE) or {}).get("trialFiles")))
-    body, mount = _with_packages_installed(work_dir, body, job.get("storageRoot"))
+    body, mount = _trials_setup(work_dir, body, job.get("storageRoot"))
     write_json(study, study_mapping(body, name, job_dir))
     storage = f"sqlite:///{work_dir / 'study.db'}"
     sys.stdout.flush()
@@ -173,7 +175,7 @@ def execute(work_dir: Path, job: dict) -> dict:
         time.sleep(1.0)
         _write_progress(work_dir, storage, name)
     trials = _write_progress(work_dir, storage, name)
-    if mount is not None and mount.publish():
+    if mount.publish():
         print("wrote the trials' files under /gcs/ back to their buckets", flush=True)
     if remote:
         n = objstore.publish_tree(Path(job_dir), base)
@@ -183,20 +185,18 @@ def execute(work_dir: Path, job: dict) -> dict:
     return {"trials": trials}
 
 
-def _with_packages_installed(work_dir: Path, body: dict, storage_root: str | None):
-    """The job's body with its python_package_spec trial pool made the container pool the trials run
-    (job_packages.trial_pool), its packages installed first (once for every trial); and the job's
-    /gcs/ mount. A body without packages as it is (no mount)."""
-    pools = (body.get("trialJobSpec") or {}).get("workerPoolSpecs") or []
-    if not job_packages.package_pools(body["trialJobSpec"]):
-        return body, None
+def _trials_setup(work_dir: Path, body: dict, storage_root: str | None):
+    """The job's body with each trial pool made the container pool its trials run
+    (job_packages.trial_pool: the job's own Python, with a python_package_spec's packages installed
+    once for every trial, and /gcs/ paths rewritten), and the job's /gcs/ mount."""
+    trial_job = body.get("trialJobSpec") or {}
     mount = job_env.GcsMount(work_dir, storage_root)
-    mount.stage_in(job_env.pool_strings(body["trialJobSpec"]))
-    uris = [u for _, spec in job_packages.package_pools(body["trialJobSpec"]) for u in spec["packageUris"]]
+    mount.stage_in(job_env.pool_strings(trial_job))
+    uris = [u for _, spec in job_packages.package_pools(trial_job) for u in spec["packageUris"]]
     python = job_packages.install(work_dir, uris, mount)
-    pools = [job_packages.trial_pool(p, python, mount) if isinstance(p, dict) and p.get("pythonPackageSpec") else p
-             for p in pools]
-    return {**body, "trialJobSpec": {**body["trialJobSpec"], "workerPoolSpecs": pools}}, mount
+    pools = [job_packages.trial_pool(p, python, mount) if isinstance(p, dict) and p else p
+             for p in trial_job.get("workerPoolSpecs") or []]
+    return {**body, "trialJobSpec": {**trial_job, "workerPoolSpecs": pools}}, mount
 
 
 def _write_progress(work_dir: Path, storage: str, name: str) -> list[dict]:
