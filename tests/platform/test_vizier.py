@@ -312,3 +312,16 @@ def check_vizier_store(url: str) -> None:
 
 def test_vizier_store_on_sqlite(tmp_path):
     check_vizier_store(f"sqlite:///{tmp_path / 'platform.db'}")
+
+
+@pytest.mark.parametrize("tail, vizier", [
+    ("projects/p/locations/l/studies", True), ("projects/p/locations/l/studies:lookup", True),
+    ("projects/p/locations/l/studies/1/trials/2:complete", True),
+    ("projects/p/locations/l/studies/1/trials/2/operations/3", True),
+    ("projects/p/locations/l/metadataStores/default/artifacts/studies1", False),  # an id that starts "studies"
+    ("projects/p/locations/l/studiesx", False), ("projects/p/locations/l/models/1", False),
+])
+def test_only_vizier_paths_go_to_the_studies(tail, vizier):
+    from modelyard.platform.resources.studies import is_vizier_path
+
+    assert is_vizier_path(tail) is vizier

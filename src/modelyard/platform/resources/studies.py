@@ -38,9 +38,12 @@ _ENUMS = {
 }
 
 
+_VIZIER = re.compile(r"^projects/[^/]+/locations/[^/]+/studies(?:[/:]|$)")
+
+
 def is_vizier_path(tail: str) -> bool:
     """Whether a ``/v1/`` (or ``/ui/``) path names a study, a trial or one of their operations."""
-    return "/studies" in tail and tail.startswith("projects/")
+    return _VIZIER.match(tail) is not None
 
 
 def _named(value: Any, key: str | None = None) -> Any:
