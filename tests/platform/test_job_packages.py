@@ -163,6 +163,10 @@ def test_the_spec_is_parsed_and_named_in_errors():
         with pytest.raises(ApiError, match=words) as info:
             job_packages.parse(spec, "trial_job_spec.worker_pool_specs[0].python_package_spec")
         assert info.value.status == "INVALID_ARGUMENT" and "trial_job_spec.worker_pool_specs[0]" in info.value.message
+    # On Ray a node fetches a /gcs/ package as the object it names (no disk is shared with the platform).
+    from modelyard.platform.jobs.jobs_ray import NodeSetup
+
+    assert NodeSetup.of(["/gcs/bkt/a/p.tar.gz"], None).packages == (("p.tar.gz", "gs://bkt/a/p.tar.gz"),)
     pools = job_packages.package_pools({"workerPoolSpecs": [{"containerSpec": {}}, {}, {"pythonPackageSpec": {"x": 1}}]})
     assert pools == [("job_spec.worker_pool_specs[2].python_package_spec", {"x": 1})]
 

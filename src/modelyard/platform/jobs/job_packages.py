@@ -83,7 +83,7 @@ def check(job_spec: dict, where: str = "job_spec") -> None:
             _check_installable(field, uris, files)
 
 
-def _storage_uri(uri: str) -> str:
+def storage_uri(uri: str) -> str:
     """A /gcs/BUCKET/PATH (Vertex's mount) as the gs:// URI it stands for; others as they are."""
     return "gs://" + uri[len("/gcs/"):] if uri.startswith("/gcs/") else uri
 
@@ -91,7 +91,7 @@ def _storage_uri(uri: str) -> str:
 def _fetch_for_check(uri: str, field: str, into: Path) -> str | None:
     """The package file, local (downloaded into ``into`` when it is in storage), or None when it is
     too large to read here; INVALID_ARGUMENT when it does not exist."""
-    uri = _storage_uri(uri)
+    uri = storage_uri(uri)
     scheme = objstore.scheme_of(uri)
     if not scheme:
         path = Path(objstore.local_path(uri))

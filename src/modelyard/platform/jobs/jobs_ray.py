@@ -83,7 +83,9 @@ class NodeSetup:
     def of(cls, package_uris: list[str], host_output: str | None) -> "NodeSetup":
         """Packages in storage go as URIs; a file of the platform's host as its bytes."""
         packages = []
-        for uri in dict.fromkeys(package_uris):
+        from modelyard.platform.jobs.job_packages import storage_uri
+
+        for uri in dict.fromkeys(storage_uri(u) for u in package_uris):  # /gcs/B/P: the object gs://B/P
             if objstore.is_remote(uri):
                 packages.append((uri.rstrip("/").rsplit("/", 1)[-1], uri))
             else:
