@@ -25,6 +25,10 @@ def test_token_is_required_on_the_control_api(guarded):
                                      401, "UNAUTHENTICATED")
     assert requests.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
     google_error(requests.get(f"{p.url}/modelyard/v1/replicas", timeout=10), 401, "UNAUTHENTICATED")
+    studies = f"{p.url}/v1/{PARENT}/studies"  # Vizier's routes: the same check
+    google_error(requests.get(studies, timeout=10), 401, "UNAUTHENTICATED")
+    google_error(requests.get(f"{p.url}/ui/{PARENT}/studies/1/operations/2", timeout=10), 401, "UNAUTHENTICATED")
+    assert requests.get(studies, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
     # --auth-predict: the predict routes need the token too, checked before the endpoint is looked up
     predict = f"{p.url}/v1/{PARENT}/endpoints/123456:predict"
     google_error(requests.post(predict, json={"instances": [[1, 2, 3, 4]]}, timeout=10), 401, "UNAUTHENTICATED")
