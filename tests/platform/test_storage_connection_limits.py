@@ -133,3 +133,35 @@ def test_the_flags_and_what_the_platform_passes_on():
         "--client_timeout_seconds", "0.0", "--max_connections", "7"]
     with pytest.raises(ValueError):
         http_limits.from_args(parser.parse_args(["--max_connections", "-1"]))
+
+
+def test_at_the_cap_an_answered_idle_keep_alive_connection_makes_room_but_not_one_being_answered():
+    async def scenario():
+        guard = http_limits.Guard(http_limits.ConnLimits(client_timeout_s=30, max_connections=2))
+        release = asyncio.Event()
+
+        class _Slow(_Answer):  # reports its handling, as the storage's aiohttp handlers do
+            def data_received(self, data: bytes) -> None:
+                asyncio.get_running_loop().create_task(self._answer(data))
+
+            async def _answer(self, data: bytes) -> None:
+                with http_limits.handling(self.transport):
+                    if b"slow" in data:
+                        await release.wait()
+                    self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        server = await asyncio.get_running_loop().create_server(guard.wrap(_Slow), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+        idle_w.write(b"GET / HTTP/1.1\r\n\r\n")
+        assert (await asyncio.wait_for(idle_r.read(4096), 5)).startswith(b"HTTP/1.1 200")
+        slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
+        slow_w.write(b"GET /slow HTTP/1.1\r\n\r\n")  # being answered: must stay
+        await asyncio.sleep(http_limits.EVICTABLE_IDLE_S + 0.3)
+        assert (await _get(port)).startswith(b"HTTP/1.1 200")  # the answered, idle one made room
+        assert await _closed(idle_r, 2)
+        release.set()
+        assert (await asyncio.wait_for(slow_r.read(4096), 5)).startswith(b"HTTP/1.1 200")
+        slow_w.close()
+        server.close()
+    run(scenario())

@@ -12,21 +12,26 @@ this only watches), and one sweep a fraction of a second apart closes a connecti
   to send it (a server without its own keep-alive limit; aiohttp has one, the storage uses it).
 
 A port holds at most ``max_connections``: one more closes the connection that has waited longest
-without sending a byte, if any (an idle neighbour costs an active client nothing), else it is
-answered 503 and closed. TLS handshakes are bounded by the server's ``ssl_handshake_timeout``
-(``handshake_timeout``).
+without sending a byte, or else (on a server that says when it handles a request, ``handling``) the
+keep-alive connection silent longest since its answer; if there is none it is answered 503 and
+closed. So idle neighbours cost an active client nothing. TLS handshakes are bounded by the
+server's ``ssl_handshake_timeout`` (``handshake_timeout``).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httptools
 
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 4096
+# At the cap, a keep-alive connection between requests may make room once answered and silent this long
+# (the answer is surely written by then); only on servers that say when they handle a request.
+EVICTABLE_IDLE_S = 1.0
 
 _FRESH, _HEAD, _BODY, _AFTER, _UNTRACKED = range(5)
 _REFUSED_BODY = b"too many connections (max_connections)"
@@ -84,7 +89,7 @@ class Guard:
     def _admit(self, conn: "_Guarded") -> bool:
         limit = self.limits.max_connections
         if limit and len(self.open) >= limit:
-            victim = next((c for c in self.open if c.state == _FRESH), None)  # oldest first
+            victim = self._victim()
             if victim is None:
                 self.refused += 1
                 return False
@@ -93,6 +98,18 @@ class Guard:
         if self._sweeper is None and self.limits.client_timeout_s:
             self._schedule()
         return True
+
+    def _victim(self) -> "_Guarded | None":
+        """The connection to close for a newcomer: the oldest that never sent a byte; else, where the
+        server says when it handles a request (``handling``), the one silent longest between requests,
+        answered and idle at least ``EVICTABLE_IDLE_S``; else None."""
+        victim = next((c for c in self.open if c.state == _FRESH), None)  # insertion order: oldest first
+        if victim is not None:
+            return victim
+        now = time.monotonic()
+        idle = [c for c in self.open if c.state == _AFTER and c.reports_busy and not c.busy
+                and now - c.last_byte > EVICTABLE_IDLE_S and not c.transport.get_write_buffer_size()]
+        return min(idle, key=lambda c: c.last_byte, default=None)
 
     def _schedule(self) -> None:
         period = min(1.0, max(0.05, self.limits.client_timeout_s / 4))
@@ -127,6 +144,8 @@ class _Guarded(asyncio.Protocol):
         self.inner = inner
         self.transport = None
         self.admitted = False
+        self.busy = 0  # requests the server is handling (when it reports them: ``handling``)
+        self.reports_busy = False
         self.state = _FRESH
         self.since = self.last_byte = time.monotonic()
         self.parser = httptools.HttpRequestParser(self)
@@ -189,3 +208,20 @@ class _Guarded(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()  # nothing useful is pending: free the descriptor now
 
+
+@contextmanager
+def handling(transport):
+    """Around a server's handling of one request on ``transport``: its connection is not idle meanwhile,
+    so it is never closed to make room for a newcomer while its answer is being made (aiohttp's
+    handlers use this; a protocol that does not is never closed for room once it sent a request)."""
+    conn = transport.get_protocol() if transport is not None else None
+    if not isinstance(conn, _Guarded):
+        yield
+        return
+    conn.reports_busy = True
+    conn.busy += 1
+    try:
+        yield
+    finally:
+        conn.busy -= 1
+        conn.last_byte = time.monotonic()  # idle from the end of its answer, not from its request

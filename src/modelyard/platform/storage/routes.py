@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
-from modelyard.platform.api import bearer
+from modelyard.platform.api import bearer, http_limits
 from modelyard.platform.storage.bodies import BATCH_BODY_LIMIT, parse_object, read_limited
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
@@ -109,6 +109,10 @@ class StorageRoutes:
         return f"{request.scheme}://{request.host}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        with http_limits.handling(request.transport):  # never closed for room while it is being answered
+            return await self._handle(request)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.store.in_flight += 1  # the background MD5 waits for a quiet moment
         target = urlsplit(request.raw_path)
         try:
