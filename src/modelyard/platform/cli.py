@@ -83,7 +83,7 @@ def register(subparsers) -> None:
                              "the body while it parses it (default 10 MiB, Vertex's dedicated endpoint limit)")
     parser.add_argument("--job-max-processes", type=int, default=None, metavar="N",
                         help="tasks (processes and threads) one job may run, by a cgroup where the platform "
-                             "may make one, else RLIMIT_NPROC (default max(256, 16 x CPUs); 0: no limit)")
+                             "may make one, else RLIMIT_NPROC (default max(4096, 256 x CPUs); 0: no limit)")
     parser.add_argument("--job-max-memory-bytes", type=int, default=None, metavar="N",
                         help="memory one job may use, by a cgroup, else RLIMIT_AS per process "
                              "(default 80%% of this machine's memory; 0: no limit)")

@@ -14,7 +14,7 @@ When a job ends, ``why`` reads what the kernel counted (the cgroup's pids and me
 ENOSPC in its log, a disk with no room) so that its FAILED state says which limit it met.
 
 Defaults (``modelyard platform --job-max-processes/--job-max-memory-bytes/--job-max-file-bytes``):
-``default_limits``: max(256, 16 x CPUs) tasks, 80 % of the machine's memory, and half the free space of
+``default_limits``: max(4096, 256 x CPUs) tasks, 80 % of the machine's memory, and half the free space of
 the state directory's disk when the platform starts (at least 1 GiB). 0 turns a limit off.
 """
 from __future__ import annotations
@@ -47,7 +47,9 @@ def default_limits(state_dir: Path) -> JobLimits:
     except OSError:
         free = 0
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return JobLimits(max_processes=max(256, 16 * (os.cpu_count() or 1)), max_memory_bytes=int(memory * 0.8),
+    # A TensorFlow process of a multi-worker cluster runs 110-130 threads here (gRPC, collectives, Keras's
+    # data threads): the book's chief + worker job needs ~260 tasks, so the default leaves room for many.
+    return JobLimits(max_processes=max(4096, 256 * (os.cpu_count() or 1)), max_memory_bytes=int(memory * 0.8),
                      max_file_bytes=max(1 << 30, free // 2))
 
 
