@@ -240,6 +240,8 @@ def test_batch_and_endpoints_commands_run_as_written(tmp_path):
         assert f"accepted only under {project / 'models'}, gs://my-staging" in log, log
         export = re.search(r"^\s*export (STORAGE_EMULATOR_HOST)=(\S+)$", log, re.M)  # the line it prints
         assert export, log
+        # ...and, below it, what forgetting it raises (google-auth's error names no variable).
+        assert "looks for Google's credentials: DefaultCredentialsError" in log[export.end():].split("\n")[1], log
         # Without STORAGE_EMULATOR_HOST in the environment: the snippet sets it in code (a user who forgot the
         # export still reaches the platform's storage, not google-auth's DefaultCredentialsError).
         _run_platform_python_session(readme, project, platform, env, export.group(2))

@@ -297,7 +297,9 @@ def _start_storage(config, args: argparse.Namespace, scheme: str):
     if config.auth_token:  # the platform's and its jobs' own gs:// reads (modelyard.objstore) send it
         os.environ["MODELYARD_STORAGE_TOKEN"] = config.auth_token
     print(f"modelyard platform: Cloud Storage JSON API on {config.storage_url}, objects under "
-          f"{config.storage_root}; point clients at it with:\n  export {STORAGE_ENV}={config.storage_url}", flush=True)
+          f"{config.storage_root}; point clients at it with:\n  export {STORAGE_ENV}={config.storage_url}\n"
+          f"  (or os.environ[\"{STORAGE_ENV}\"] in Python, before the first client; without it google-cloud-storage "
+          "looks for Google's credentials: DefaultCredentialsError)", flush=True)
     return proc
 
 
@@ -347,11 +349,10 @@ def _tls_context(cert: str | None, key: str | None, client_ca: str | None):
 
 
 def _api_limits(args: argparse.Namespace) -> http_limits.ConnLimits:
-    """The API port's connection limits. Its front has no keep-alive limit of its own, so a connection idle
-    after a request closes once its answer is surely sent (the upstream timeout) and the timeout passed."""
+    """The API port's connection limits. Its front has no keep-alive limit of its own: a connection silent
+    for the timeout after its last answer is closed (one being answered never is: the front reports it)."""
     limits = http_limits.from_args(args)
-    idle = args.client_timeout_seconds + args.upstream_timeout_seconds if args.client_timeout_seconds else None
-    return http_limits.ConnLimits(limits.client_timeout_s, limits.max_connections, idle)
+    return http_limits.ConnLimits(limits.client_timeout_s, limits.max_connections, limits.client_timeout_s or None)
 
 
 async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=None) -> None:
