@@ -90,10 +90,17 @@ def test_bad_filters_are_refused_with_the_reason(text, kind, why):
 
 # ---- nodes, lineage, purge, pages over a real SQLite store --------------------------------------------
 @pytest.fixture
-def db(tmp_path) -> MetadataDB:
-    engine = create_engine(f"sqlite:///{tmp_path / 'md.db'}")
-    with engine.begin() as conn:
+def engine(tmp_path):
+    """A SQLite store with the metadata tables (test_metadata_postgres.py runs these tests on PostgreSQL)."""
+    out = create_engine(f"sqlite:///{tmp_path / 'md.db'}")
+    with out.begin() as conn:
         metadata_schema.create(conn)
+    yield out
+    out.dispose()
+
+
+@pytest.fixture
+def db(engine) -> MetadataDB:
     out = MetadataDB(engine)
     out.ensure_store(STORE, PARENT)
     return out
@@ -211,10 +218,7 @@ def test_purge_pages_etags_and_schemas(db):
     assert schemas.get(db, STORE, "system-dataset-v0-0-1")["schema"].startswith("title: system.Dataset")
 
 
-def test_tensorboard_points_are_checked_sampled_and_deleted_with_their_run(tmp_path):
-    engine = create_engine(f"sqlite:///{tmp_path / 'tb.db'}")
-    with engine.begin() as conn:
-        metadata_schema.create(conn)
+def test_tensorboard_points_are_checked_sampled_and_deleted_with_their_run(engine):
     db = TensorboardDB(engine)
     board, name = tb.create(db, parse_tracking_path(f"{PARENT}/tensorboards"), {"displayName": "b"}, {})
     tb.create(db, parse_tracking_path(f"{name}/experiments"), {}, {"tensorboardExperimentId": "e"})
