@@ -74,9 +74,10 @@ def test_ci_makes_the_readmes_venv_and_runs_the_test_command_in_it():
 
 
 def test_in_the_readmes_venv_the_docs_tests_python_sees_the_venvs_packages(tmp_path):
-    """The README's venv lines in a fresh folder, a package only that venv has (as `pip install -e .` gives it
-    modelyard), then the `python3` the doc tests put on PATH (tests/doc_blocks.shell_env) for that
-    interpreter: it must be the venv's, not the base interpreter a symlink to it starts."""
+    """The README's venv lines in a fresh folder, modelyard in it as `pip install -e .` puts it (a path file to
+    src/; the install itself is the test command's, and slow) beside a module only that venv has, then the
+    `python3` the doc tests put on PATH (tests/doc_blocks.shell_env) for that interpreter: it must be the
+    venv's, not the base interpreter a symlink to it starts."""
     from tests.doc_blocks import put_python_on_path
 
     clone = tmp_path / "clone"
@@ -89,12 +90,13 @@ def test_in_the_readmes_venv_the_docs_tests_python_sees_the_venvs_packages(tmp_p
     executable, site_packages = done.stdout.split()
     assert Path(executable).parent == clone / ".venv" / "bin", executable
     (Path(site_packages) / "only_in_this_venv.py").write_text("")
+    (Path(site_packages) / "modelyard-src.pth").write_text(str(REPO / "src") + "\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     put_python_on_path(bin_dir, executable)  # what shell_env does for the pytest running in that venv
     for name in ("python3", "python"):
-        seen = subprocess.run([name, "-c", "import only_in_this_venv, sys; print(sys.prefix)"], capture_output=True,
-                              text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        seen = subprocess.run([name, "-c", "import modelyard, only_in_this_venv, sys; print(sys.prefix)"],
+                              capture_output=True, text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
         assert seen.returncode == 0, seen.stderr
         assert Path(seen.stdout.strip()) == clone / ".venv", seen.stdout
 
