@@ -247,3 +247,21 @@ def test_log_model_then_register_deploy_and_predict(sdk, gcs_emulator, tmp_path)
     finally:
         endpoint.undeploy_all()
         endpoint.delete()
+
+
+def test_upload_tb_log_sends_event_files_read_back_by_batch_read(sdk, tmp_path):
+    """The SDK's uploader (aiplatform.upload_tb_log) reads a training's TensorBoard event files and sends
+    their scalars; batchRead (TensorboardRun.read_time_series_data) returns them."""
+    import tensorflow as tf
+
+    for run, scale in (("train", 1.0), ("validation", 2.0)):
+        with tf.summary.create_file_writer(str(tmp_path / run)).as_default():
+            for step in range(4):
+                tf.summary.scalar("loss", scale / (step + 1), step=step)
+    board = sdk.Tensorboard.create(display_name="uploads")
+    sdk.upload_tb_log(tensorboard_id=board.name, tensorboard_experiment_name="uploaded", logdir=str(tmp_path))
+    runs = sdk.TensorboardRun.list(tensorboard_experiment_name=f"{board.resource_name}/experiments/uploaded")
+    read = {r.name: [p.scalar.value for p in r.read_time_series_data()["loss"].values] for r in runs}
+    assert read == {"train": pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4]),
+                    "validation": pytest.approx([2.0, 2 / 2, 2 / 3, 2 / 4])}
+    board.delete()
