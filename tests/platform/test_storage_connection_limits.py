@@ -126,7 +126,7 @@ def test_the_flags_and_what_the_platform_passes_on():
     parser.add_argument("--upstream-timeout-seconds", type=float, default=120.0)
     args = parser.parse_args([])
     assert http_limits.from_args(args) == http_limits.ConnLimits(60.0, 4096, None)
-    assert _api_limits(args).idle_s == 180.0  # the front has no keep-alive limit: idle after the answer is due
+    assert _api_limits(args).idle_s == 60.0  # the front has no keep-alive limit of its own: the timeout is it
     args = parser.parse_args(["--client_timeout_seconds", "0", "--max_connections", "7"])
     assert _api_limits(args) == http_limits.ConnLimits(0.0, 7, None)
     assert http_limits.as_arguments(http_limits.from_args(args)) == [

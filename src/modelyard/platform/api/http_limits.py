@@ -126,7 +126,7 @@ class Guard:
             elif c.state == _BODY:
                 late = now - c.last_byte > t
             elif c.state == _AFTER and idle is not None:
-                late = now - c.last_byte > idle and c.transport.get_write_buffer_size() == 0
+                late = not c.busy and now - c.last_byte > idle and c.transport.get_write_buffer_size() == 0
             else:
                 late = False
             if late:

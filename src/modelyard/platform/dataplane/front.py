@@ -15,7 +15,7 @@ import re
 import httptools
 import orjson
 
-from modelyard.platform.api import fields
+from modelyard.platform.api import fields, http_limits
 from modelyard.platform.dataplane import v2_paths
 from modelyard.platform.api.errors import ApiError, check_bearer
 from modelyard.platform.dataplane.upstream import Upstream
@@ -135,7 +135,8 @@ class FrontProtocol(asyncio.Protocol):
             r = await self.queue.get()
             if r is None:
                 return
-            status, headers, body = await self.front.handle(r)
+            with http_limits.handling(self.transport):  # never closed to make room while being answered
+                status, headers, body = await self.front.handle(r)
             if self.transport.is_closing():
                 return
             self.transport.write(_response(status, body, headers, r.keep_alive))
