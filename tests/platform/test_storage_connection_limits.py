@@ -165,3 +165,26 @@ def test_at_the_cap_an_answered_idle_keep_alive_connection_makes_room_but_not_on
         slow_w.close()
         server.close()
     run(scenario())
+
+
+def test_the_idle_rule_never_closes_a_connection_being_answered():
+    async def scenario():
+        guard = http_limits.Guard(http_limits.ConnLimits(client_timeout_s=0.2, max_connections=0, idle_s=0.3))
+
+        class _Slow(_Answer):  # a 1.5 s answer, reported as the front and the storage report theirs
+            def data_received(self, data: bytes) -> None:
+                asyncio.get_running_loop().create_task(self._answer())
+
+            async def _answer(self) -> None:
+                with http_limits.handling(self.transport):
+                    await asyncio.sleep(1.5)
+                    self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        server = await asyncio.get_running_loop().create_server(guard.wrap(_Slow), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(4096), 5)).startswith(b"HTTP/1.1 200")
+        assert await _closed(reader, 2)  # then idle after its answer: closed
+        writer.close()
+        server.close()
+    run(scenario())
