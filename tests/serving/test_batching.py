@@ -391,6 +391,13 @@ def test_grpc_predict_on_a_batching_model_is_answered_counted_and_timed_like_any
     assert after["runtime"] - before["runtime"] == 1
 
 
+def test_a_shape_the_model_refuses_in_a_batch_is_the_shape_rules_error(server):
+    """Through the batching queue too: the signature's shape rule and V2's words, not TensorFlow's node."""
+    bad = requests.post(f"{server.base}/v1/models/rows:predict", timeout=60, data=json.dumps({"instances": [[1.0, 2.0]]}))
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "input 'x' has shape [1, 2]; the model expects [-1, 3] (-1: any size)"}, bad.text
+
+
 def test_deadline_passing_in_the_queue(server, stub):
     expired_before = request_count(server, "sleepy", "DEADLINE_EXCEEDED")
     a_result = {}

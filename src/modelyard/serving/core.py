@@ -57,13 +57,14 @@ class QueuedPredict:
     DEADLINE_EXCEEDED at once, freeing its rows in the queue.
     """
 
-    __slots__ = ("handle", "timed", "future", "signature_name", "encode", "core", "started")
+    __slots__ = ("handle", "timed", "future", "signature_name", "encode", "core", "started", "explain")
 
     def __init__(self, handle: Handle, timed: _Timed, future, signature_name: str, encode: Callable,
-                 core: "ServingCore", started: float):
+                 core: "ServingCore", started: float, explain: Callable | None = None):
         self.handle, self.timed, self.future = handle, timed, future
         self.signature_name, self.encode = signature_name, encode
         self.core, self.started = core, started
+        self.explain = explain  # the model's error -> the answer's (inference.shape_failure)
 
     @property
     def version(self) -> int:
@@ -76,7 +77,12 @@ class QueuedPredict:
     def finish(self):
         try:
             try:
-                outputs = self.future.result(0)
+                try:
+                    outputs = self.future.result(0)
+                except ServingError as exc:
+                    if self.explain is None:
+                        raise
+                    raise self.explain(exc) from None
                 # Timed up to when the batch thread settled the answer, not to this later hand-back:
                 # recorded here so the batch thread, the bottleneck under load, does not pay for it.
                 self.core._runtime(self.handle, "Predict", self.started, self.future.settled_at)
@@ -160,7 +166,8 @@ class ServingCore:
             timed.finish(exc)
             raise
 
-        return QueuedPredict(handle, timed, future, sig.name, encode, self, started)
+        return QueuedPredict(handle, timed, future, sig.name, encode, self, started,
+                             lambda exc: inference.shape_failure(sig, inputs, exc))
 
     def classify(self, handle: Handle, signature_name: str, serialized: list[bytes]):
         return self._on_examples(handle, "Classify", inference.run_classify, signature_name, serialized)
