@@ -109,6 +109,29 @@ def test_get_experiment_df_with_and_without_time_series(sdk):
     assert _df_records(df) == [strip(run1), strip(run2)]
 
 
+def test_console_shows_experiments_runs_side_by_side_and_their_time_series(sdk, platform):
+    import html
+    import json
+    import re
+
+    sdk.Experiment.create(experiment_name="exp-escaped", description="<script>alert(1)</script>")
+    page = requests.get(f"{platform.url}/console/experiments", timeout=30)
+    assert page.status_code == 200
+    section = page.text.split(f'data-experiment="{EXPERIMENT}"', 1)[1].split("</section>", 1)[0]
+    rows = re.findall(r'<tr class="run">(.*?)</tr>', section)
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in rows]
+    assert [(c[0], c[1]) for c in cells] == [("run-1", "COMPLETE"), ("run-2", "COMPLETE")]
+    head = re.findall(r"<th>(.*?)</th>", section)
+    assert cells[0][head.index("param.sdk-param-test-1")] == "0.1"
+    assert cells[1][head.index("metric.sdk-metric-test-2")] == "200"
+    charts = dict(re.findall(r'<figcaption>(.*?)</figcaption><canvas height="140" data-series="(.*?)"', section))
+    accuracy = json.loads(html.unescape(charts["accuracy"]))
+    assert [(line["label"], [p[1] for p in line["points"]]) for line in accuracy] == [
+        ("run-1", [0.0, 1.0, 2.0, 3.0, 4.0]), ("run-2", [0.5])]
+    assert "<script>alert(1)</script>" not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    sdk.Experiment("exp-escaped").delete()
+
+
 def test_artifacts_and_executions_of_a_run_with_their_lineage(sdk):
     from google.cloud.aiplatform.metadata.schema.google import artifact_schema as google_schema
     from google.cloud.aiplatform.metadata.schema.system import artifact_schema as system_schema

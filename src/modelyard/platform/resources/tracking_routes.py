@@ -92,6 +92,8 @@ class Tracking:
             if rid is None and method == "POST" and verb is None:
                 return schemas.create(self.md, store, await body(), q.get("metadataSchemaId"))
             if rid is None and method == "GET" and verb is None:
+                if q.get("filter"):  # refused rather than ignored: a caller would take the whole list as matching
+                    raise ApiError("INVALID_ARGUMENT", "metadataSchemas.list takes no filter here: list them all.")
                 rows = schemas.all_rows(self.md, store)
                 chunk, token = tracking_pages.page(rows, q, f"{store}/metadataSchemas")
                 out = {"metadataSchemas": [schemas.render(r) for r in chunk]}
