@@ -59,3 +59,12 @@ def test_ctrl_c_says_what_keeps_running_and_platform_stop_stops_it_all(tmp_path,
         assert f"no platform answers at {p.url}" in capsys.readouterr().err
     finally:
         p.cleanup()
+
+
+def test_exit_lines():
+    from modelyard.platform.shutdown import exit_line
+
+    assert exit_line(0, 0, everything=False) == "modelyard platform: stopped; nothing it started keeps running"
+    assert exit_line(2, 0, everything=False).startswith("modelyard platform: stopped; 2 replicas and 0 jobs keep running")
+    assert "3 replicas and its running jobs keep running" in exit_line(3, None, everything=False)
+    assert exit_line(2, 3, everything=True) == "modelyard platform: stopped, with what it started (2 replicas, 3 jobs cancelled)"

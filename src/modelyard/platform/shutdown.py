@@ -20,16 +20,24 @@ STOP_PATH = "/modelyard/v1/stop"
 _JOBS_WAIT_S = job_runner.CANCEL_GRACE_S + 20.0
 
 
-def running(p) -> tuple[int, int]:
-    """(replicas, active jobs) this platform supervises: what outlives a plain stop."""
+def running(p) -> tuple[int, int | None]:
+    """(replicas, active jobs) this platform supervises: what outlives a plain stop (jobs None: the store
+    cannot say now; the exit must not wait for it)."""
     if not p.supervisor.leader:
         return 0, 0
     replicas = sum(len(d.replicas) for d in p.routing.deployed.values())
-    return replicas, len(p.store.list_jobs(states=job_runner.ACTIVE))
+    try:
+        return replicas, len(p.store.list_jobs(states=job_runner.ACTIVE))
+    except Exception:  # the store is unreachable (PostgreSQL down): the line says so much less
+        return replicas, None
 
 
-def exit_line(replicas: int, jobs: int, everything: bool) -> str:
+def exit_line(replicas: int, jobs: int | None, everything: bool) -> str:
     """The line ``modelyard platform`` prints as it exits."""
+    if jobs is None:
+        return (f"modelyard platform: stopped; {_count(replicas, 'replica')} and its running jobs keep running, "
+                "adopted by the next `modelyard platform` on this store; to stop them too, run "
+                "`modelyard platform stop` while it runs")
     if everything:
         return (f"modelyard platform: stopped, with what it started ({_count(replicas, 'replica')}, "
                 f"{_count(jobs, 'job')} cancelled)")
