@@ -179,6 +179,9 @@ def test_rest_pages_endpoints_and_refuses_a_bad_filter(platform):
     assert [o["response"]["displayName"] for o in mine] == [f"page-{tag}-003"]
     r = api.call("GET", "operations", params={"filter": "state=done"})
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
+    # A chosen id taken already: ALREADY_EXISTS, nothing written (creates are written off the event loop).
+    r = api.call("POST", "endpoints", {"displayName": "again"}, params={"endpointId": made[0]})
+    assert r.status_code == 409 and r.json()["error"]["status"] == "ALREADY_EXISTS", r.text
     for e in made:
         api.wait(api.ok("DELETE", f"endpoints/{e}"))
 

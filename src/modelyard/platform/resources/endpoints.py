@@ -29,7 +29,7 @@ async def create(p, route: Route, body: dict, endpoint_id: str | None) -> dict:
            "traffic_split": {}, "created": now, "updated": now}
     op = p.ops.new_done(route.parent, "endpoints", row["id"], "CreateEndpointOperationMetadata",
                         typed("Endpoint", render(p, row, [])))
-    await asyncio.to_thread(p.store.add_endpoint, row, op)  # ALREADY_EXISTS if the chosen id is taken
+    await p.store.off_loop(p.store.add_endpoint, row, op)  # ALREADY_EXISTS if the chosen id is taken
     p.routing.put_endpoint(row, [])
     return p.ops.render(op)
 

@@ -12,11 +12,14 @@ on the job runner's tick).
 """
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import fcntl
 import functools
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import Integer, cast, create_engine, delete, event, func, insert, select, text, update
@@ -201,6 +204,14 @@ class Store:
         database = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
         self.reserve = Reserve(Path(database + ".reserve") if database and database != ":memory:" else None)
         self.reserve.keep()
+        # Writes made for the event loop run here, one at a time: SQLite takes one writer anyway, and one
+        # thread (not one per request) competes with the event loop for the GIL while predicts are served.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` (a store write) in the store's writer thread, with the caller's context; its result."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
 
     def keep_reserve(self) -> bool:
         """Make the full-disk reserve again once there is room (after a full disk used it)."""
@@ -235,6 +246,7 @@ class Store:
             self._lead_conn.close()
         if self._lead_file is not None:
             self._lead_file.close()
+        self._writer.shutdown(wait=True)
         self.engine.dispose()
 
     # ---- models and their versions ------------------------------------------------------------
