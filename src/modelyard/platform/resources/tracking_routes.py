@@ -4,8 +4,10 @@ resource module, and its failure answered in Google's error format. ``register``
 the platform's app ahead of its catch-all ``/v1/`` route."""
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Mapping
 
 import orjson
 from aiohttp import web
@@ -62,18 +64,19 @@ class Tracking:
     def _deleted(self, route: TrackingRoute) -> dict:
         return self._done(route, "DeleteOperationMetadata", {"@type": EMPTY})
 
-    async def dispatch(self, route: TrackingRoute, request: web.Request,
-                       body: Callable[[], Awaitable[dict]]) -> dict:
+    def dispatch(self, route: TrackingRoute, request: Call, body: dict) -> dict:
+        """Runs in a worker thread (the store's calls block): ``request`` holds what it needs of the HTTP
+        request, ``body`` its JSON object, read before."""
         if route.ids[0][0] == "metadataStores":
-            return await self._metadata(route, request, body)
-        return await self._tensorboard(route, request, body)
+            return self._metadata(route, request, body)
+        return self._tensorboard(route, request, body)
 
-    async def _metadata(self, route: TrackingRoute, request: web.Request, body) -> dict:
+    def _metadata(self, route: TrackingRoute, request: Call, body: dict) -> dict:
         method, verb, q = request.method, route.verb, request.query
         store_id = route.ids[0][1]
         if store_id is None:
             if len(route.ids) == 1 and verb is None and method == "POST":
-                row = stores.create(self.md, route.parent, await body(), q.get("metadataStoreId"))
+                row = stores.create(self.md, route.parent, body, q.get("metadataStoreId"))
                 return self._done(route, "CreateMetadataStoreOperationMetadata",
                                   {"@type": f"{OPS_TYPE}MetadataStore", **row})
             if len(route.ids) == 1 and verb is None and method == "GET":
@@ -90,7 +93,7 @@ class Tracking:
         kind, rid = route.ids[1]
         if kind == "metadataSchemas":
             if rid is None and method == "POST" and verb is None:
-                return schemas.create(self.md, store, await body(), q.get("metadataSchemaId"))
+                return schemas.create(self.md, store, body, q.get("metadataSchemaId"))
             if rid is None and method == "GET" and verb is None:
                 if q.get("filter"):  # refused rather than ignored: a caller would take the whole list as matching
                     raise ApiError("INVALID_ARGUMENT", "metadataSchemas.list takes no filter here: list them all.")
@@ -103,11 +106,11 @@ class Tracking:
             raise _no_api(request)
         if rid is None:
             if verb is None and method == "POST":
-                return nodes.create(self.md, store, kind, await body(), q.get(f"{nodes.MESSAGE[kind].lower()}Id"))
+                return nodes.create(self.md, store, kind, body, q.get(f"{nodes.MESSAGE[kind].lower()}Id"))
             if verb is None and method == "GET":
                 return nodes.list_(self.md, store, kind, q)
             if verb == "purge" and method == "POST":
-                response = nodes.purge(self.md, store, kind, await body())
+                response = nodes.purge(self.md, store, kind, body)
                 return self._done(route, f"Purge{nodes.MESSAGE[kind]}sMetadata",
                                   {"@type": f"{OPS_TYPE}Purge{nodes.MESSAGE[kind]}sResponse", **response})
             raise _no_api(request)
@@ -115,31 +118,31 @@ class Tracking:
             if method == "GET":
                 return nodes.get(self.md, store, kind, rid)
             if method == "PATCH":
-                return nodes.patch(self.md, store, kind, rid, await body(), q.get("updateMask"),
+                return nodes.patch(self.md, store, kind, rid, body, q.get("updateMask"),
                                    q.get("allowMissing", "").lower() == "true")
             if method == "DELETE":
                 nodes.delete(self.md, store, kind, rid, q.get("force", "").lower() == "true")
                 return self._deleted(route)
         elif kind == "executions" and verb == "addExecutionEvents" and method == "POST":
-            return lineage.add_execution_events(self.md, store, rid, await body())
+            return lineage.add_execution_events(self.md, store, rid, body)
         elif kind == "executions" and verb == "queryExecutionInputsAndOutputs" and method == "GET":
             return lineage.execution_io(self.md, store, rid)
         elif kind == "contexts" and verb == "addContextArtifactsAndExecutions" and method == "POST":
-            return lineage.add_context_members(self.md, store, rid, await body())
+            return lineage.add_context_members(self.md, store, rid, body)
         elif kind == "contexts" and verb in ("addContextChildren", "removeContextChildren") and method == "POST":
-            return lineage.add_context_children(self.md, store, rid, await body(), verb == "removeContextChildren")
+            return lineage.add_context_children(self.md, store, rid, body, verb == "removeContextChildren")
         elif kind == "contexts" and verb == "queryContextLineageSubgraph" and method == "GET":
             return lineage.context_lineage(self.md, store, rid)
         elif kind == "artifacts" and verb == "queryArtifactLineageSubgraph" and method == "GET":
             return lineage.artifact_lineage(self.md, store, rid, q.get("maxHops"), q.get("filter"))
         raise _no_api(request)
 
-    async def _tensorboard(self, route: TrackingRoute, request: web.Request, body) -> dict:
+    def _tensorboard(self, route: TrackingRoute, request: Call, body: dict) -> dict:
         method, verb, q = request.method, route.verb, request.query
         level, rid = route.leaf, route.leaf_id
         if rid is None:
             if verb is None and method == "POST":
-                rendered, _name = tb.create(self.tb, route, await body(), q)
+                rendered, _name = tb.create(self.tb, route, body, q)
                 if level == "tensorboards":
                     return self._done(route, "CreateTensorboardOperationMetadata",
                                       {"@type": f"{OPS_TYPE}Tensorboard", **rendered})
@@ -147,13 +150,13 @@ class Tracking:
             if verb is None and method == "GET":
                 return tb.list_(self.tb, route, q)
             if verb == "batchCreate" and level == "runs" and method == "POST":
-                return tb.batch_create(self.tb, route, await body())
+                return tb.batch_create(self.tb, route, body)
             raise _no_api(request)
         if verb is None:
             if method == "GET":
                 return tb.get(self.tb, route)
             if method == "PATCH":
-                rendered = tb.patch(self.tb, route, await body(), q.get("updateMask"))
+                rendered = tb.patch(self.tb, route, body, q.get("updateMask"))
                 if level == "tensorboards":
                     return self._done(route, "UpdateTensorboardOperationMetadata",
                                       {"@type": f"{OPS_TYPE}Tensorboard", **rendered})
@@ -162,23 +165,31 @@ class Tracking:
                 tb.delete(self.tb, route)
                 return self._deleted(route)
         elif verb == "write" and level in ("runs", "experiments") and method == "POST":
-            return (tb.write_run if level == "runs" else tb.write_experiment)(self.tb, route, await body())
+            return (tb.write_run if level == "runs" else tb.write_experiment)(self.tb, route, body)
         elif verb == "batchCreate" and level == "experiments" and method == "POST":
-            return tb.batch_create(self.tb, route, await body())
+            return tb.batch_create(self.tb, route, body)
         elif verb == "batchRead" and level == "tensorboards" and method == "GET":
             return tb.batch_read(self.tb, route, request.query.getall("timeSeries", [])
                                  or request.query.getall("time_series", []))
         elif verb == "read" and level == "timeSeries" and method == "GET":
             return tb.read(self.tb, route, q)
         elif verb == "exportTensorboardTimeSeries" and level == "timeSeries" and method == "POST":
-            return tb.export(self.tb, route, await body())
+            return tb.export(self.tb, route, body)
         raise _no_api(request)
 
 
 OPS_TYPE = "type.googleapis.com/google.cloud.aiplatform.v1."
 
 
-def _no_api(request: web.Request) -> ApiError:
+@dataclass(frozen=True)
+class Call:
+    """What the resource code reads of an HTTP request (handed to a worker thread)."""
+    method: str
+    path: str
+    query: Mapping[str, str]
+
+
+def _no_api(request: Call) -> ApiError:
     return ApiError("NOT_FOUND", f"No API for {request.method} {request.path}.")
 
 
@@ -192,7 +203,10 @@ def register(app: web.Application, platform) -> Tracking:
         try:
             check_bearer(token, request.headers.get("Authorization"), bearer.project_of(request.match_info["tail"]))
             route = parse_tracking_path(request.match_info["tail"])
-            return _json(await tracking.dispatch(route, request, lambda: read_body(request)))
+            body = await read_body(request) if request.method in ("POST", "PATCH") else {}
+            call = Call(request.method, request.path, request.query)
+            # The store's calls block: in a worker thread, so the platform's loop (its gateway) never waits on them.
+            return _json(await asyncio.to_thread(tracking.dispatch, route, call, body))
         except ApiError as exc:
             return _json(exc.to_body(), exc.http_status)
         except Exception as exc:  # a bug: answered in Google's format, logged, the platform keeps serving
