@@ -183,11 +183,11 @@ class Gateway:
         if self._sockets is None:
             site = web.TCPSite(runner, self.host, 0)
             await site.start()
-            self._proxy = await asyncio.start_server(self._tunnel, self.host, 0, limit=1 << 16)
+            self._proxy = await asyncio.start_server(self._tunnel, self.host, 0, limit=1 << 20)
         else:
             site = web.SockSite(runner, self._sockets[0])
             await site.start()
-            self._proxy = await asyncio.start_server(self._tunnel, sock=self._sockets[1], limit=1 << 16)
+            self._proxy = await asyncio.start_server(self._tunnel, sock=self._sockets[1], limit=1 << 20)
         self._runners.append(runner)
         self.plain_port = site._server.sockets[0].getsockname()[1]
         self.proxy_port = self._proxy.sockets[0].getsockname()[1]
@@ -311,7 +311,7 @@ async def _requests(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> Non
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, length: int) -> None:
     while length > 0:
-        data = await src.read(min(length, 1 << 16))
+        data = await src.read(min(length, 1 << 20))
         if not data:
             raise ConnectionError("the client closed the tunnel in a request body")
         length -= len(data)
@@ -335,7 +335,7 @@ async def _copy_chunked(src: asyncio.StreamReader, dst: asyncio.StreamWriter) ->
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     try:
-        while data := await src.read(1 << 16):
+        while data := await src.read(1 << 18):
             dst.write(data)
             await dst.drain()
     except ConnectionError:
