@@ -38,7 +38,7 @@ from typing import Callable
 
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.jobs import job_identity, job_limits, warm_jobs
-from modelyard.platform.state.store import Store
+from modelyard.platform.state.store import DiskFull, Store
 from modelyard.tuning.forkserver import read_pids, recorded_pids
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,10 @@ class JobRunner:
     def _step(self, row: dict) -> None:
         job_id, state = row["id"], row["state"]
         if job_id in self._ending:  # ended; the store refused the end before: write it again
-            self._record_end(row, *self._ending[job_id])
+            try:
+                self._record_end(row, *self._ending[job_id])
+            except DiskFull:  # said once already (by _end); tried again on the next tick
+                pass
             return
         if job_id in self._cancel_wanted:  # the store could not take the cancel yet: act on it anyway
             if state == PENDING:
