@@ -41,12 +41,6 @@ def _parent_keys(levels) -> dict:
     return {_KEYS[c]: rid for c, rid in levels[:-1]}
 
 
-def name_of(route: TrackingRoute, row: dict, level: str) -> str:
-    """The resource name of a row of ``level`` under the route's parent levels."""
-    depth = list(LEVELS).index(level)
-    return route.name(depth) + f"/{level}/{row['id']}"
-
-
 def render(level: str, row: dict, name: str, db: TensorboardDB | None = None) -> dict:
     out = {"name": name, "displayName": row["display_name"], "description": row["description"],
            "createTime": rfc3339(row["created"]), "updateTime": rfc3339(row["updated"]), "etag": str(row["etag"])}
