@@ -1,8 +1,10 @@
 """Where a model's version aliases end up after a change: Vertex AI's rules, in one place, as pure functions.
 
 An alias names one version of a model at a time: giving it to a version takes it from whichever version
-held it. A version's aliases keep the order they were given in, as Vertex AI keeps them (the SDK appends
-``default`` to the caller's list; added aliases go after the version's own). Exactly one version holds ``default`` at all times, so ``default`` moves (given to another
+held it. A version's aliases keep the order they were given in (upload, an update mask), as Vertex AI
+returns them (the SDK appends ``default`` to the caller's list; Google's test_model_version_management
+checks that order). For mergeVersionAliases Vertex documents no order; here it is deterministic: the
+version's own aliases first, then those added, in the order given. Exactly one version holds ``default`` at all times, so ``default`` moves (given to another
 version) but is never simply removed. The store applies the result inside the transaction that read
 the current placement, so two changes never interleave.
 """
