@@ -198,3 +198,14 @@ def test_a_job_finds_its_project_and_credentials_and_its_token_is_its_own(guarde
     r = requests.get(f"{p.url}/v1/projects/local/locations/us-central1/customJobs", headers=job_auth, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED"
     assert requests.get(f"{p.storage_url}/storage/v1/b/{BUCKET}/o", headers=admin, timeout=10).status_code == 200
+
+
+def test_a_jobs_processes_find_its_metadata_server_and_gateway(tmp_path, monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "corp.example")
+    settings = {"proxy": "http://127.0.0.1:41", "storage": "http://127.0.0.1:42", "ca_bundle": str(tmp_path / "ca.pem")}
+    env = job_identity.identity_env(settings, tmp_path)
+    assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_IP"] == "127.0.0.1:42"  # google-auth and TensorFlow ask it
+    assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:42" and env["HTTPS_PROXY"] == "http://127.0.0.1:41"
+    assert env["CURL_CA_BUNDLE"] == settings["ca_bundle"] and env["CLOUDSDK_CONFIG"] == str(tmp_path / "gcloud")
+    assert "NO_GCE_CHECK" not in env and "GOOGLE_AUTH_TOKEN_FOR_TESTING" not in env  # TensorFlow asks the server
+    assert env["NO_PROXY"].startswith("corp.example,")
