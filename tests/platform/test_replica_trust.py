@@ -116,15 +116,19 @@ def test_the_reload_attack_is_refused_and_its_pickle_never_runs(deployed, tiny_m
     (evil / "1" / "model.pkl").write_bytes(pickle.dumps(_Marker(marker)))
     args = _args(replica["pid"])
     grpc_port = args[args.index("--port") + 1]
-    secret = _secret(replica["pid"])
+
+    def attempt(metadata, code: grpc.StatusCode) -> None:
+        with pytest.raises(grpc.RpcError) as err:
+            reload(reload_request("evil", str(evil)), metadata=metadata, timeout=60)
+        assert err.value.code() == code, (metadata, err.value.code(), err.value.details())
+        assert not marker.exists()
+
     with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
         reload = channel.unary_unary(RELOAD)
-        for metadata, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
-                               ((("authorization", f"Bearer {TOKEN}"),), grpc.StatusCode.UNAUTHENTICATED),
-                               ((("authorization", f"Bearer {secret}"),), grpc.StatusCode.PERMISSION_DENIED)):
-            with pytest.raises(grpc.RpcError) as err:
-                reload(reload_request("model", str(evil)), metadata=metadata, timeout=60)
-            assert err.value.code() == code, (metadata, err.value.code(), err.value.details())
+        attempt(None, grpc.StatusCode.UNAUTHENTICATED)  # a neighbour on the host
+        attempt((("authorization", f"Bearer {TOKEN}"),), grpc.StatusCode.UNAUTHENTICATED)  # the platform's token
+        secret = _secret(replica["pid"])  # even the replica's own secret has no admin scope
+        attempt((("authorization", f"Bearer {secret}"),), grpc.StatusCode.PERMISSION_DENIED)
     # The Open Inference Protocol's model repository: load and unload are management calls too.
     base = f"http://127.0.0.1:{replica['port']}/v2/repository/models/model"
     for verb in ("load", "unload"):
