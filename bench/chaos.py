@@ -16,11 +16,12 @@ disk for 0.5-3 s and frees it.
 The full disk is the kernel's own refusal, not a simulation in the server: ``RLIMIT_FSIZE`` set on
 the running storage process (``prlimit``) to 256 KiB, so a write past that size is cut short and the
 next one fails with EFBIG, as a full disk cuts a write short and then fails with ENOSPC. It needs no
-root; it limits each file rather than the disk's total, so small writes (and SQLite's small pages)
-can still pass while large ones fail.
+root. It limits each file rather than the disk's total: small objects can still be written while
+large ones fail, and it is harsher than a full disk on the metadata database (no write lands past
+256 KiB of any file, even inside it), so metadata reads fail too for a while (503, retryable).
 
-The checker (every answer is checked; an error or no answer is "indeterminate": it may or may not
-have happened):
+The checker (every answer is checked; a 5xx or no answer is "indeterminate": it may or may not
+have happened; a client backs off 50 ms after a refused connection, as a retrying client would):
 
 - lost / corrupted: every acknowledged object (200) reads back at the end, with the CRC32C it was
   acknowledged with (objects under unique names: uploads, resumable uploads, copies); a shared
@@ -68,6 +69,7 @@ BUCKET = "chaos"
 DELETE_BUCKETS = ("chaos-del-0", "chaos-del-1")
 SHARED = [f"shared/{i}" for i in range(6)]
 REQUEST_TIMEOUT_S = 30.0
+NO_ANSWER, FAILED = "no answer", "5xx"  # the two kinds of indeterminate outcome
 DISK_FULL_BYTES = 256 << 10
 
 
@@ -76,7 +78,11 @@ def crc_of(data: bytes) -> str:
 
 
 class Indeterminate(Exception):
-    """No answer, or a 5xx: the operation may or may not have taken effect."""
+    """No answer, or a 5xx: the operation may or may not have taken effect. ``outcome`` says which."""
+
+    def __init__(self, outcome: str, why: str) -> None:
+        super().__init__(why)
+        self.outcome = outcome
 
 
 class Storage:
@@ -153,11 +159,12 @@ class Chaos:
         except requests.Timeout:
             with self.lock:
                 self.stuck += 1
-            raise Indeterminate("no answer") from None
+            raise Indeterminate(NO_ANSWER, "no answer in time") from None
         except requests.RequestException as exc:
-            raise Indeterminate(type(exc).__name__) from None
+            time.sleep(0.05)  # the storage is down: back off a little, as a client's retry would
+            raise Indeterminate(NO_ANSWER, type(exc).__name__) from None
         if r.status_code >= 500:
-            raise Indeterminate(f"{r.status_code}")
+            raise Indeterminate(FAILED, f"{r.status_code}")
         return r
 
     def answered(self, method: str, url: str, **kw) -> requests.Response:
@@ -214,8 +221,8 @@ class Chaos:
                     continue
             try:
                 r = self.upload(BUCKET, name, data, cond)
-            except Indeterminate:
-                self.count("write", "indeterminate")
+            except Indeterminate as exc:
+                self.count("write", exc.outcome)
                 continue
             if r.status_code == 412:
                 self.count("write", "refused")
@@ -246,8 +253,8 @@ class Chaos:
             try:
                 r = self.call("GET", f"{self.s.url}/download/storage/v1/b/{BUCKET}/o/{quote(name, safe='')}",
                               params={"alt": "media"})
-            except Indeterminate:
-                self.count("read", "indeterminate")
+            except Indeterminate as exc:
+                self.count("read", exc.outcome)
                 continue
             if r.status_code == 404:
                 self.count("read", "refused")
@@ -280,8 +287,8 @@ class Chaos:
                 verb = self.rng.choice(["rewriteTo", "copyTo"])
                 r = self.call("POST", f"{self.obj_url(BUCKET, src)}/{verb}/b/{BUCKET}/o/{quote(dest, safe='')}",
                               params={"ifSourceGenerationMatch": gen})
-            except Indeterminate:
-                self.count("copy", "indeterminate")
+            except Indeterminate as exc:
+                self.count("copy", exc.outcome)
                 continue
             if r.status_code in (412, 404):
                 self.count("copy", "refused")
@@ -304,8 +311,8 @@ class Chaos:
             data = self.body()
             try:
                 r = self.upload(BUCKET, name, data)
-            except Indeterminate:
-                self.count("unique write", "indeterminate")
+            except Indeterminate as exc:
+                self.count("unique write", exc.outcome)
                 continue
             if r.status_code != 200 or r.json()["crc32c"] != crc_of(data):
                 self.violation(f"unique write {name}: {r.status_code} {r.text[:200]}")
@@ -384,7 +391,7 @@ class Chaos:
                 self.violation(f"resumable session kept {kept} of {total} bytes")
                 return "refused"
             offset = kept
-        return "indeterminate"
+        return NO_ANSWER  # not finished in time
 
     def _put(self, url, body, headers):
         try:
@@ -405,8 +412,8 @@ class Chaos:
             data = os.urandom(self.rng.randint(1, 32 << 10))
             try:
                 r = self.upload(bucket, name, data)
-            except Indeterminate:
-                self.count("upload into deleted bucket", "indeterminate")
+            except Indeterminate as exc:
+                self.count("upload into deleted bucket", exc.outcome)
                 # it may have landed: remove it (if there) so the bucket can be deleted again
                 try:
                     self.answered("DELETE", self.obj_url(bucket, name))
@@ -436,8 +443,8 @@ class Chaos:
         while not self.stop.is_set():
             try:
                 r = self.call("DELETE", f"{self.s.url}/storage/v1/b/{bucket}")
-            except Indeterminate:
-                self.count("bucket delete", "indeterminate")
+            except Indeterminate as exc:
+                self.count("bucket delete", exc.outcome)
                 r = None
             if r is not None and r.status_code == 409:
                 self.count("bucket delete", "refused")
@@ -578,8 +585,8 @@ def main() -> int:
         for pid in left:
             chaos.violation(f"orphan process {pid} under the storage root")
     kinds = ["write", "read", "copy", "unique write", "resumable", "upload into deleted bucket", "bucket delete"]
-    rows = [[k, sum(chaos.ops[k].values()), chaos.ops[k]["ok"], chaos.ops[k]["refused"],
-             chaos.ops[k]["indeterminate"]] for k in kinds]
+    rows = [[k, sum(chaos.ops[k].values()), chaos.ops[k]["ok"], chaos.ops[k]["refused"], chaos.ops[k][FAILED],
+             chaos.ops[k][NO_ANSWER]] for k in kinds]
     checks = [["acknowledged objects checked at the end", len(chaos.unique_acked) + len(chaos.last_acked)],
               ["lost acknowledged objects", chaos.lost], ["corrupted acknowledged objects", chaos.corrupted],
               ["mixed-generation reads", sum("mixed generations" in v for v in chaos.violations)],
@@ -596,8 +603,8 @@ def main() -> int:
         f"`{command_line()}` (seed {seed}): {elapsed:.0f} s; clients: 2 writers (half compare-and-set), 2 readers, "
         "1 copier, 1 unique writer, 2 resumable uploaders, 2 x (2 uploaders + 1 bucket deleter); a fault every "
         f"{args.every:g} s on average. Full disk: RLIMIT_FSIZE {DISK_FULL_BYTES >> 10} KiB on the storage process.",
-        markdown_table(["operation", "attempted", "ok", "refused (4xx, as specified)",
-                        "indeterminate (5xx / no answer)"], rows),
+        markdown_table(["operation", "attempted", "ok", "refused (4xx, as specified)", "failed (5xx: full disk)",
+                        "no answer (storage down)"], rows),
         markdown_table(["fault", "count"], faults),
         markdown_table(["check", "count"], checks),
         f"Throughput under faults: {chaos.bytes_written / elapsed / 1e6:.1f} MB/s acknowledged writes, "

@@ -20,5 +20,5 @@ def test_the_fault_schedule_finds_no_violation(tmp_path):
     assert "| violations, all kinds | 0 |" in table
     assert "| kill -9 of the storage |" in table and "| disk full (RLIMIT_FSIZE 256 KiB), then freed |" in table
     ok = {line.split("|")[1].strip(): int(line.split("|")[3]) for line in table.splitlines()
-          if line.startswith("| ") and len(line.split("|")) == 7 and line.split("|")[3].strip().isdigit()}
+          if line.startswith("| ") and len(line.split("|")) == 8 and line.split("|")[3].strip().isdigit()}
     assert all(ok[kind] > 0 for kind in ("write", "read", "copy", "resumable", "upload into deleted bucket")), ok

@@ -23,6 +23,7 @@ import email.policy
 import json
 import logging
 import re
+import sqlite3
 import time
 from urllib.parse import parse_qsl, urlsplit
 
@@ -125,6 +126,10 @@ class StorageRoutes:
             return _error(exc)
         except (ConnectionError, asyncio.CancelledError):
             raise
+        except sqlite3.OperationalError as exc:  # the metadata's disk is full or failing: retryable, not a bug
+            log.warning("storage request %s %s: metadata store: %s", request.method, request.path, exc)
+            return _error(StorageApiError(503, "backendError", f"The storage's metadata is unavailable ({exc}). "
+                                          "Retry later."))
         except Exception as exc:  # a bug: answered in Google's format and logged; the server keeps serving
             log.exception("storage request %s %s failed", request.method, request.path)
             return _error(StorageApiError(500, "backendError", f"internal error: {type(exc).__name__}: {exc}"))
