@@ -188,5 +188,20 @@ def release(job_id: str) -> None:
         if group is not None and group.exists():
             try:
                 group.rmdir()
-            except OSError:  # a process is still in it (killed, not reaped yet): the next platform start retries
+            except OSError:  # a process is still in it (killed, not reaped yet): release_stale retries
                 pass
+
+
+def release_stale(active: set[str]) -> None:
+    """Remove the cgroups of jobs that are not ``active`` (left by a platform that was killed, or not
+    empty when their job ended); a group still holding a process stays."""
+    for controller in ("pids", "memory"):
+        base = _own_cgroup(controller)
+        if base is None:
+            continue
+        for group in base.glob(f"{_GROUP_PREFIX}*"):
+            if group.name[len(_GROUP_PREFIX):] not in active:
+                try:
+                    group.rmdir()
+                except OSError:
+                    pass

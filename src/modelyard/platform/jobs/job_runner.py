@@ -54,6 +54,7 @@ JOB_ID_ENV = "MODELYARD_JOB_ID"
 CANCEL_GRACE_S = 10.0
 MAX_RUNS = 3  # child processes a resumable job may take (restarts after platform stops) before it fails
 PROGRESS_INTERVAL_S = 1.0
+RELEASE_INTERVAL_S = 60.0  # how often cgroups that ended jobs left behind are looked for
 
 # Job collection -> the module that validates it (platform side) and runs it (``execute``, child side).
 MODULES = {
@@ -128,6 +129,7 @@ class JobRunner:
         self.warm = warm_jobs.WarmJobs(state_dir)
         self._cold_because: dict[str, str | None] = {}  # job id -> why it cannot start warm (None: it can)
         self._cancel_wanted: set[str] = set()  # cancelled while the store could not record it
+        self._released_at = float("-inf")  # when cgroups of ended jobs were last looked for
         self._ending: dict[str, tuple[str, dict | None, dict | None]] = {}  # ended, not yet recorded
 
     def ended(self, job_id: str) -> bool:
@@ -176,7 +178,12 @@ class JobRunner:
 
     def tick(self) -> None:
         self.store.keep_reserve()  # the full-disk reserve comes back once there is room
-        for row in self.store.list_jobs(states=ACTIVE):
+        rows = self.store.list_jobs(states=ACTIVE)
+        now = time.monotonic()
+        if now - self._released_at > RELEASE_INTERVAL_S:
+            self._released_at = now
+            job_limits.release_stale({row["id"] for row in rows})
+        for row in rows:
             try:
                 self._step(row)
             except Exception:
