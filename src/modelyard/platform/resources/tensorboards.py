@@ -41,7 +41,10 @@ def _parent_keys(levels) -> dict:
     return {_KEYS[c]: rid for c, rid in levels[:-1]}
 
 
-def render(level: str, row: dict, name: str, db: TensorboardDB | None = None) -> dict:
+def render(level: str, row: dict, name: str, db: TensorboardDB | None = None,
+           stats: dict[str, tuple[int, float]] | None = None) -> dict:
+    """A resource as the API shows it; ``stats``: time series' (max step, max wall time), read for a
+    whole list at once (else from ``db`` for this one)."""
     out = {"name": name, "displayName": row["display_name"], "description": row["description"],
            "createTime": rfc3339(row["created"]), "updateTime": rfc3339(row["updated"]), "etag": str(row["etag"])}
     if level != "timeSeries":
@@ -55,9 +58,11 @@ def render(level: str, row: dict, name: str, db: TensorboardDB | None = None) ->
         out["source"] = row["source"]
     elif level == "timeSeries":
         out.update(valueType=row["value_type"], pluginName=row["plugin_name"], pluginData=row["plugin_data"])
-        stats = db.series_stats([row["id"]]).get(row["id"]) if db is not None else None
-        if stats:
-            out["metadata"] = {"maxStep": str(stats[0]), "maxWallTime": rfc3339(stats[1])}
+        if stats is None and db is not None:
+            stats = db.series_stats([row["id"]])
+        found = (stats or {}).get(row["id"])
+        if found:
+            out["metadata"] = {"maxStep": str(found[0]), "maxWallTime": rfc3339(found[1])}
     return out
 
 
@@ -152,7 +157,8 @@ def list_(db: TensorboardDB, route: TrackingRoute, query: Mapping[str, str]) -> 
     chunk, token = tracking_pages.page(rows, query, route.name())
     plural = {"tensorboards": "tensorboards", "experiments": "tensorboardExperiments", "runs": "tensorboardRuns",
               "timeSeries": "tensorboardTimeSeries"}[level]
-    out: dict = {plural: [render(level, r, f"{route.name()}/{r['id']}", db) for r in chunk]}
+    stats = db.series_stats([r["id"] for r in chunk]) if level == "timeSeries" else None
+    out: dict = {plural: [render(level, r, f"{route.name()}/{r['id']}", db, stats) for r in chunk]}
     if token:
         out["nextPageToken"] = token
     return out

@@ -113,15 +113,18 @@ class TensorboardDB:
         if limit is None:
             q = select(*cols).where(p.c.series_id.in_(ids)).order_by(p.c.series_id, p.c.step, p.c.seq)
         else:
+            # The rows are ranked on the index's columns alone (series, step, and seq: the rowid), then only
+            # the chosen ones are read whole.
             rank = (func.row_number().over(partition_by=p.c.series_id, order_by=(p.c.step, p.c.seq)) - 1).label("rn")
             size = func.count().over(partition_by=p.c.series_id).label("n")
-            inner = select(*cols, rank, size).where(p.c.series_id.in_(ids)).subquery()
-            rn, n = inner.c.rn, inner.c.n
+            lean = select(p.c.seq, rank, size).where(p.c.series_id.in_(ids)).subquery()
+            rn, n = lean.c.rn, lean.c.n
             if limit <= 1:
                 keep = rn == n - 1
             else:  # rn starts a new one of ``limit`` equal buckets of [0, n-1]: the first and last rows, and limit-2 between
                 keep = or_(n <= limit, rn == 0, (rn * (limit - 1)) // (n - 1) > ((rn - 1) * (limit - 1)) // (n - 1))
-            q = select(*(inner.c[c.name] for c in cols)).where(keep).order_by(inner.c.series_id, rn)
+            q = (select(*cols).where(p.c.seq.in_(select(lean.c.seq).where(keep)))
+                 .order_by(p.c.series_id, p.c.step, p.c.seq))
         with self.engine.connect() as c:
             for r in c.execute(q):
                 out[r.series_id].append(_row(r))
