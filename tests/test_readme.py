@@ -195,7 +195,7 @@ def test_the_vertex_extra_brings_the_sdk_storage_and_hypertune():
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["vertex"]}
-    assert names == {"google-cloud-aiplatform", "google-cloud-storage", "cloudml-hypertune"}
+    assert names == {"google-cloud-aiplatform", "google-cloud-storage", "cloudml-hypertune", "google-vizier"}
     test_names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["test"]}
     assert names <= test_names  # the test install has them too
     readme = (REPO / "README.md").read_text()
