@@ -7,8 +7,7 @@ For the storage port (``python -m modelyard.platform.storage``) and the API port
 platform`` (default flags: ``--max_connections 4096``, ``--client_timeout_seconds 60``), an active
 client makes ``--requests`` calls, each on a new connection (the case a full server refuses), first
 with nothing else connected, then while ``--idle`` other connections are held open by clients that
-stay silent after connecting, and (storage) by clients that made one request and keep the connection
-idle. Reported per phase: the active client's failures and latency, and how many of the idle
+stay silent after connecting, and by clients that made one request and keep the connection idle. Reported per phase: the active client's failures and latency, and how many of the idle
 connections the server closed to make room. The issue's target: idle clients cost an active client
 no request.
 """
@@ -115,7 +114,7 @@ def main() -> int:
             rows += measure("storage", url + "/healthz", port, args, [silent, keep_alive])
         with modelyard_platform(Path(tmp) / "platform", "--no-warm-spare") as p:
             rows += measure("platform API", p.base + "/v1/projects/local/locations/us-central1/models", p.port, args,
-                            [silent])
+                            [silent, keep_alive])
     text = "\n\n".join([
         "# Idle connections against an active client (platform ports' connection limits)",
         machine(),
