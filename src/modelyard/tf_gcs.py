@@ -446,6 +446,9 @@ def enable(storage_url: str | None = None, token: str | None = None) -> dict[str
     token = token or os.environ.get("MODELYARD_STORAGE_TOKEN")
     if _ENABLED is None or _ENABLED[0].poll() is not None:
         _ENABLED = start_process(storage_url, None, Path(tempfile.mkdtemp(prefix="modelyard-tf-gcs-")))
+        import atexit
+
+        atexit.register(disable)  # the gateway's key and bundle do not outlive the process
     env = tensorflow_env(_ENABLED[1], token)
     for name in env:
         _SAVED.setdefault(name, os.environ.get(name))
@@ -463,8 +466,11 @@ def disable() -> None:
             os.environ[name] = value
     _SAVED.clear()
     if _ENABLED is not None:
+        import shutil
+
         _ENABLED[0].terminate()
         _ENABLED[0].wait(10)
+        shutil.rmtree(Path(_ENABLED[1]["ca_bundle"]).parent, ignore_errors=True)
         _ENABLED = None
 
 
@@ -489,7 +495,7 @@ async def _serve(gateway: Gateway) -> None:
     await gateway.start()
     print(READY + json.dumps(gateway.settings()), flush=True)
     if sys.stdout.isatty():
-        for k, v in tensorflow_env(gateway.settings()).items():
+        for k, v in tensorflow_env(gateway.settings(), os.environ.get("MODELYARD_STORAGE_TOKEN")).items():
             print(f"export {k}={v}")
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
