@@ -54,6 +54,23 @@ def test_bad_requests_are_invalid_argument(query, says):
     assert exc.value.status == "INVALID_ARGUMENT" and says in exc.value.message
 
 
+def test_the_cli_follows_pages(monkeypatch):
+    from modelyard.platform import client_cli
+
+    pages = {None: {"endpoints": [{"n": 1}, {"n": 2}], "nextPageToken": "t/1"}, "t/1": {"endpoints": [{"n": 3}]}}
+    asked = []
+
+    def call(self, method, path, body=None, absolute=False):
+        token = path.partition("?pageToken=")[2] or None
+        asked.append(path)
+        return pages[token and client_cli.urllib.parse.unquote(token)]
+
+    monkeypatch.setattr(client_cli.Client, "call", call)
+    client = client_cli.Client.__new__(client_cli.Client)
+    assert [e["n"] for e in client.list("endpoints", "endpoints")] == [1, 2, 3]
+    assert asked == ["endpoints", "endpoints?pageToken=t%2F1"]
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def store(request, tmp_path_factory):
     url = (f"sqlite:///{tmp_path_factory.mktemp('lists') / 'platform.db'}" if request.param == "sqlite"
@@ -85,6 +102,7 @@ def _models(store: Store, **query) -> tuple[list[str], str | None]:
     ('labels.team:"b"', [3, 4, 5]),
     ('NOT labels.team="b"', [0, 1, 2]),
     ('-labels.team="b"', [0, 1, 2]),
+    ('-(labels.team="b" OR display_name="name0")', [1]),
     ('labels."a key"="1"', [4]),
     ("labels:team", [0, 1, 2, 3, 4, 5]),
     ('labels."a key":*', [4]),
@@ -184,20 +202,3 @@ def test_rest_pages_endpoints_and_refuses_a_bad_filter(platform):
     assert r.status_code == 409 and r.json()["error"]["status"] == "ALREADY_EXISTS", r.text
     for e in made:
         api.wait(api.ok("DELETE", f"endpoints/{e}"))
-
-
-def test_the_cli_follows_pages(monkeypatch):
-    from modelyard.platform import client_cli
-
-    pages = {None: {"endpoints": [{"n": 1}, {"n": 2}], "nextPageToken": "t/1"}, "t/1": {"endpoints": [{"n": 3}]}}
-    asked = []
-
-    def call(self, method, path, body=None, absolute=False):
-        token = path.partition("?pageToken=")[2] or None
-        asked.append(path)
-        return pages[token and client_cli.urllib.parse.unquote(token)]
-
-    monkeypatch.setattr(client_cli.Client, "call", call)
-    client = client_cli.Client.__new__(client_cli.Client)
-    assert [e["n"] for e in client.list("endpoints", "endpoints")] == [1, 2, 3]
-    assert asked == ["endpoints", "endpoints?pageToken=t%2F1"]

@@ -115,10 +115,13 @@ class _Tok:
     end: int
 
 
+_SPACE_TO_END = re.compile(r"\s*\Z")
+
+
 def _tokens(text: str) -> list[_Tok]:
     out, pos = [], 0
     while pos < len(text):
-        if text[pos:].strip() == "":
+        if _SPACE_TO_END.match(text, pos):
             break
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
@@ -198,6 +201,9 @@ class _Parser:
         tok = self.peek()
         if tok is not None and tok.kind == "word" and tok.text == "NOT":
             self.take()
+            return Not(self.simple())
+        if tok is not None and tok.kind == "word" and tok.text == "-":
+            self.take()  # "-(...)"
             return Not(self.simple())
         if tok is not None and tok.kind == "word" and tok.text.startswith("-") and len(tok.text) > 1:
             tok.text, tok.start = tok.text[1:], tok.start + 1  # "-field=..." negates the restriction
