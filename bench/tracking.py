@@ -1,0 +1,265 @@
+"""Experiment tracking benchmark: the platform's Vertex Experiments (the stock google-cloud-aiplatform
+SDK) against MLflow's tracking server (MLflow's own client), both started here, on one machine.
+
+    python3 bench/tracking.py [--points 10000] [--per-call 10] [--runs 100] [--rounds 3]
+                              [--memory-points 1000000] [--mlflow-python PATH] [--out FILE]
+
+- Logging: one run logs --points metric points, --per-call points per call: the SDK's
+  ``log_time_series_metrics`` (one step of --per-call metrics per call, into the run's TensorBoard
+  time series) and ``log_metrics`` (summary metrics), against ``MlflowClient.log_batch`` of --per-call
+  metrics per call. Points per second, measured inside each client (its start-up not counted).
+- Reading: an experiment of --runs runs (5 params, 5 summary metrics, 3 time series of 10 points each),
+  ``get_experiment_df`` (with and without time series) against ``mlflow.search_runs`` of the experiment;
+  seconds per call.
+- Memory: the platform's resident memory (the platform process; its storage process apart) after
+  --memory-points scalar points were written through the REST API (writeTensorboardRunData, 5,000 per
+  request, into 10 series), and after a ``batchRead`` of those 10 series.
+
+The two sides take turns (the order reversed every round). MLflow comes from the interpreter of
+--mlflow-python (default: this one): google-cloud-aiplatform's autologging extra pins an MLflow whose
+requirements clash with this environment's protobuf and pandas, so MLflow can live in a venv of its own
+(``python3 -m venv /tmp/mlflow && /tmp/mlflow/bin/pip install mlflow``). Its server runs with its defaults
+(``mlflow server`` with a SQLite backend store); the platform is one ``modelyard platform`` process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT, LOCATION = "bench", "us-central1"
+PARAMS = 5
+METRICS = 5
+SERIES, SERIES_POINTS = 3, 10
+
+
+# ---------------------------------------------------------------- the clients (each in its own interpreter)
+def _sdk(url: str):
+    import google.auth
+    import google.auth.credentials
+    from google.cloud import aiplatform
+
+    # The SDK asks google.auth.default() when it reuses the global experiment TensorBoard; there are none here.
+    google.auth.default = lambda *a, **k: (google.auth.credentials.AnonymousCredentials(), PROJECT)
+    aiplatform.init(project=PROJECT, location=LOCATION, api_endpoint=url, api_transport="rest",
+                    credentials=google.auth.credentials.AnonymousCredentials())
+    return aiplatform
+
+
+def _platform_tensorboard(aip, url: str):
+    found = aip.Tensorboard.list(filter='display_name="bench"')
+    return found[0] if found else aip.Tensorboard.create(display_name="bench")
+
+
+def client_platform(task: str, url: str, arg: dict) -> dict:
+    aip = _sdk(url)
+    tb = _platform_tensorboard(aip, url)
+    if task == "log":
+        aip.init(experiment="log-exp", experiment_tensorboard=tb)
+        aip.start_run(f"log-{arg['round']}")
+        calls, per = arg["points"] // arg["per_call"], arg["per_call"]
+        start = time.perf_counter()
+        for step in range(calls):
+            aip.log_time_series_metrics({f"m{j}": float(step * j) for j in range(per)}, step=step)
+        series = time.perf_counter() - start
+        start = time.perf_counter()
+        for step in range(calls):
+            aip.log_metrics({f"m{j}": float(step * j) for j in range(per)})
+        summary = time.perf_counter() - start
+        aip.end_run()
+        return {"series_pps": calls * per / series, "summary_pps": calls * per / summary}
+    if task == "setup":
+        aip.init(experiment="df-exp", experiment_tensorboard=tb)
+        for r in range(arg["runs"]):
+            with aip.start_run(f"run-{r}"):
+                aip.log_params({f"p{j}": r * j for j in range(PARAMS)})
+                aip.log_metrics({f"m{j}": r * j / 10 for j in range(METRICS)})
+                for step in range(SERIES_POINTS):
+                    aip.log_time_series_metrics({f"ts{j}": float(step + j) for j in range(SERIES)}, step=step)
+        return {}
+    aip.init(experiment="df-exp", experiment_tensorboard=tb)
+    start = time.perf_counter()
+    df = aip.get_experiment_df()
+    with_series = time.perf_counter() - start
+    start = time.perf_counter()
+    plain = aip.get_experiment_df(include_time_series=False)
+    without = time.perf_counter() - start
+    assert len(df) == len(plain) == arg["runs"], (len(df), len(plain))
+    return {"df_s": with_series, "df_plain_s": without}
+
+
+def client_mlflow(task: str, url: str, arg: dict) -> dict:
+    import mlflow
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(url)
+    client = MlflowClient(url)
+    if task == "log":
+        exp = client.get_experiment_by_name("log-exp")
+        exp_id = exp.experiment_id if exp else client.create_experiment("log-exp")
+        run_id = client.create_run(exp_id, run_name=f"log-{arg['round']}").info.run_id
+        calls, per = arg["points"] // arg["per_call"], arg["per_call"]
+        start = time.perf_counter()
+        for step in range(calls):
+            now = int(time.time() * 1000)
+            client.log_batch(run_id, metrics=[Metric(f"m{j}", float(step * j), now, step) for j in range(per)])
+        elapsed = time.perf_counter() - start
+        client.set_terminated(run_id)
+        return {"series_pps": calls * per / elapsed, "summary_pps": calls * per / elapsed}
+    if task == "setup":
+        exp_id = client.create_experiment("df-exp")
+        for r in range(arg["runs"]):
+            run_id = client.create_run(exp_id, run_name=f"run-{r}").info.run_id
+            now = int(time.time() * 1000)
+            client.log_batch(run_id, params=[Param(f"p{j}", str(r * j)) for j in range(PARAMS)],
+                             metrics=[Metric(f"m{j}", r * j / 10, now, 0) for j in range(METRICS)])
+            for step in range(SERIES_POINTS):
+                client.log_batch(run_id, metrics=[Metric(f"ts{j}", float(step + j), now, step) for j in range(SERIES)])
+            client.set_terminated(run_id)
+        return {}
+    exp_id = client.get_experiment_by_name("df-exp").experiment_id
+    start = time.perf_counter()
+    df = mlflow.search_runs(experiment_ids=[exp_id])
+    elapsed = time.perf_counter() - start
+    assert len(df) == arg["runs"], len(df)
+    return {"df_s": elapsed, "df_plain_s": elapsed}
+
+
+# ---------------------------------------------------------------- the benchmark
+def _client(python: str, side: str, task: str, url: str, arg: dict) -> dict:
+    done = subprocess.run([python, __file__, "--client", side, task, url, json.dumps(arg)], capture_output=True,
+                          text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} {task} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _memory(base: str, pid: int, points: int) -> dict:
+    """The platform's RSS before, after writing ``points`` points through REST, and after a batchRead."""
+    import requests
+
+    s = requests.Session()
+    api = f"{base}/v1/projects/{PROJECT}/locations/{LOCATION}"
+    before = _rss_mb(pid)
+    op = s.post(f"{api}/tensorboards", json={"displayName": "memory"}).json()
+    tb = op["response"]["name"]
+    s.post(f"{base}/v1/{tb}/experiments", params={"tensorboardExperimentId": "mem"}, json={}).raise_for_status()
+    s.post(f"{base}/v1/{tb}/experiments/mem/runs", params={"tensorboardRunId": "r"}, json={}).raise_for_status()
+    run = f"{base}/v1/{tb}/experiments/mem/runs/r"
+    ids = [s.post(f"{run}/timeSeries", json={"displayName": f"s{i}", "valueType": "SCALAR"}).json()["name"]
+           for i in range(10)]
+    per_series, step = 500, 0
+    start = time.perf_counter()
+    while step * 10 < points:
+        data = [{"tensorboardTimeSeriesId": name.rsplit("/", 1)[1], "valueType": "SCALAR",
+                 "values": [{"step": str(step + k), "wallTime": "2024-01-01T00:00:00Z", "scalar": {"value": k * 0.5}}
+                            for k in range(per_series)]} for name in ids]
+        s.post(f"{run}:write", json={"timeSeriesData": data}).raise_for_status()
+        step += per_series
+    write_s = time.perf_counter() - start
+    after_write = _rss_mb(pid)
+    start = time.perf_counter()
+    read = s.get(f"{base}/v1/{tb}:batchRead", params=[("timeSeries", n.split("/v1/")[-1] if "/v1/" in n else n)
+                                                      for n in ids])
+    read.raise_for_status()
+    read_s = time.perf_counter() - start
+    return {"before_mb": before, "after_write_mb": after_write, "after_read_mb": _rss_mb(pid),
+            "points": step * 10, "write_pps": step * 10 / write_s, "batch_read_s": read_s}
+
+
+def main() -> None:
+    from harness import Service, free_port, http_ok, log, machine, markdown_table, median, modelyard_platform, \
+        take_turns, write_results, command_line
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", type=int, default=10000)
+    ap.add_argument("--per-call", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory-points", type=int, default=1_000_000)
+    ap.add_argument("--mlflow-python", default=sys.executable)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    mlflow_python = args.mlflow_python
+    if subprocess.run([mlflow_python, "-c", "import mlflow"], capture_output=True).returncode != 0:
+        sys.exit(f"{mlflow_python} cannot import mlflow: pass --mlflow-python of an interpreter that has it")
+    version = subprocess.run([mlflow_python, "-c", "import mlflow; print(mlflow.__version__)"], capture_output=True,
+                             text=True).stdout.strip()
+
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
+        tmp = Path(tmp)
+        port = free_port()
+        mlflow_url = f"http://127.0.0.1:{port}"
+        mlflow_server = Service("mlflow server", [mlflow_python, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                                                  "--port", str(port), "--backend-store-uri",
+                                                  f"sqlite:///{tmp / 'mlflow.db'}", "--default-artifact-root",
+                                                  str(tmp / "mlartifacts")],
+                                tmp / "mlflow.log", ready=http_ok(mlflow_url + "/health"), cwd=tmp)
+        with modelyard_platform(tmp / "platform") as platform, mlflow_server:
+            urls = {"platform": platform.base, "mlflow": mlflow_url}
+            pythons = {"platform": sys.executable, "mlflow": mlflow_python}
+
+            def log_round(side: str, round_no: int) -> dict:
+                return _client(pythons[side], side, "log", urls[side],
+                               {"round": round_no, "points": args.points, "per_call": args.per_call})
+
+            for side in ("platform", "mlflow"):  # warm-up, not counted: MLflow's server starts workers after /health
+                _client(pythons[side], side, "log", urls[side], {"round": -1, "points": args.per_call * 20,
+                                                                 "per_call": args.per_call})
+            logging = take_turns(["platform", "mlflow"], args.rounds, log_round)
+            for side in ("platform", "mlflow"):
+                log(f"setting up {args.runs} runs on {side}")
+                _client(pythons[side], side, "setup", urls[side], {"runs": args.runs})
+            reading = take_turns(["platform", "mlflow"], args.rounds,
+                                 lambda side, r: _client(pythons[side], side, "df", urls[side], {"runs": args.runs}))
+            memory = _memory(platform.base, platform.pid, args.memory_points)
+
+    def med(results: dict, side: str, key: str) -> float:
+        return median(r[key] for r in results[side])
+
+    rows = [
+        ["log_time_series_metrics vs log_batch (points/s)", f"{med(logging, 'platform', 'series_pps'):,.0f}",
+         f"{med(logging, 'mlflow', 'series_pps'):,.0f}",
+         f"{med(logging, 'platform', 'series_pps') / med(logging, 'mlflow', 'series_pps'):.2f}x"],
+        ["log_metrics vs log_batch (points/s)", f"{med(logging, 'platform', 'summary_pps'):,.0f}",
+         f"{med(logging, 'mlflow', 'series_pps'):,.0f}",
+         f"{med(logging, 'platform', 'summary_pps') / med(logging, 'mlflow', 'series_pps'):.2f}x"],
+        [f"get_experiment_df vs search_runs, {args.runs} runs (s)", f"{med(reading, 'platform', 'df_s'):.2f}",
+         f"{med(reading, 'mlflow', 'df_s'):.2f}", f"{med(reading, 'platform', 'df_s') / med(reading, 'mlflow', 'df_s'):.2f}x"],
+        [f"get_experiment_df(include_time_series=False), {args.runs} runs (s)",
+         f"{med(reading, 'platform', 'df_plain_s'):.2f}", f"{med(reading, 'mlflow', 'df_s'):.2f}",
+         f"{med(reading, 'platform', 'df_plain_s') / med(reading, 'mlflow', 'df_s'):.2f}x"],
+    ]
+    text = "\n".join([
+        "# Experiment tracking: the platform (Vertex SDK) vs MLflow's tracking server", "", machine(), "",
+        f"`{command_line()}`; MLflow {version}; {args.rounds} rounds, sides in turns, medians; "
+        f"{args.points} points per logging round, {args.per_call} per call.", "",
+        markdown_table(["measure", "platform", "MLflow", "platform / MLflow"], rows), "",
+        f"Platform memory (RSS of the platform process): {memory['before_mb']:.0f} MB before, "
+        f"{memory['after_write_mb']:.0f} MB holding {memory['points']:,} points (written at "
+        f"{memory['write_pps']:,.0f} points/s through writeTensorboardRunData), {memory['after_read_mb']:.0f} MB "
+        f"after a batchRead of their 10 series ({memory['batch_read_s']:.2f} s).",
+    ])
+    write_results("tracking", text, args.out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        side, task, url, arg = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+        out = (client_platform if side == "platform" else client_mlflow)(task, url, arg)
+        print(json.dumps(out))
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        main()
