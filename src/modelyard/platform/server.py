@@ -11,7 +11,7 @@ from aiohttp import web
 from modelyard.objstore import StorageError
 from modelyard.platform.resources import endpoints, models, studies, tracking_routes
 from modelyard.platform.api import bearer, fields, names
-from modelyard.platform.jobs import jobs
+from modelyard.platform.jobs import jobs, pipeline_routes
 from modelyard.platform import shutdown
 from modelyard.platform.app import Platform
 from modelyard.platform.api.errors import ApiError, check_bearer
@@ -108,6 +108,7 @@ def build_app(p: Platform) -> web.Application:
     app = web.Application(client_max_size=p.config.max_predict_bytes)
     app["max_request_bytes"] = p.config.max_request_bytes
     tracking_routes.register(app, p)  # ML Metadata and TensorBoard (metadataStores/..., tensorboards/...)
+    pipeline_routes.register(app, p)  # Vertex AI Pipelines (pipelineJobs/...)
     app.router.add_route("*", "/v1/{tail:.*}", handle)
     # The SDK's REST operations client polls operations under /ui/ (the console's prefix) first.
     app.router.add_route("*", "/ui/{tail:.*}", handle)

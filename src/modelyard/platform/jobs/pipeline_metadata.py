@@ -1,0 +1,81 @@
+"""A pipeline run's records in ML Metadata, as Vertex AI Pipelines writes them (docs/metadata.md):
+the run is a ``system.PipelineRun`` context (a child of the pipeline's ``system.Pipeline`` context), each
+task that ran a ``system.ContainerExecution`` in it (its parameters as ``input:``/``output:`` metadata),
+and the task's artifacts ``system.*`` artifacts joined to it by ``INPUT``/``OUTPUT`` events. Written
+through the ML Metadata resource code over the platform's store (the default metadata store of the
+run's location), so what a user queries is what any other client wrote.
+"""
+from __future__ import annotations
+
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.resources import metadata_lineage as lineage, metadata_nodes as nodes
+from modelyard.platform.resources import metadata_store as stores
+from modelyard.platform.state.metadata_db import MetadataDB
+
+_KNOWN_TITLES = ("system.Artifact", "system.Dataset", "system.Model", "system.Metrics", "system.ClassificationMetrics",
+                 "system.SlicedClassificationMetrics", "system.HTML", "system.Markdown")
+
+
+def _store(engine, row: dict) -> tuple[MetadataDB, str]:
+    db = MetadataDB(engine)
+    return db, stores.resolve(db, row["parent"], "default")
+
+
+def run_context(engine, row: dict) -> dict:
+    """The run's ``system.PipelineRun`` context (made now), a child of its pipeline's context."""
+    db, store = _store(engine, row)
+    spec = row["spec"]["pipelineSpec"]
+    pipeline = spec["pipelineInfo"]["name"]
+    found = nodes.select(db, store, "contexts", f'schema_title="system.Pipeline" AND display_name="{pipeline}"')
+    parent = found[0] if found else nodes.create(db, store, "contexts", {
+        "displayName": pipeline, "schemaTitle": "system.Pipeline"}, None)
+    run = nodes.create(db, store, "contexts", {
+        "displayName": row["id"], "schemaTitle": "system.PipelineRun",
+        "metadata": {"pipeline_job_name": f"{row['parent']}/pipelineJobs/{row['id']}",
+                     "pipeline_root": row["spec"]["runtimeConfig"]["gcsOutputDirectory"],
+                     **{f"input:{k}": v for k, v in (row["spec"]["runtimeConfig"].get("parameterValues") or {}).items()}}},
+        None)
+    lineage.add_context_children(db, store, nodes.node_id(parent["name"], store, "contexts"),
+                                 {"childContexts": [run["name"]]})
+    return run
+
+
+def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict:
+    """A finished task's execution, its output artifacts made (their names set in ``task['outputs']``),
+    its events and its membership of the run's context."""
+    db, store = _store(engine, row)
+    inputs, outputs = task.get("inputs") or {}, task.get("outputs") or {}
+    metadata = {**{f"input:{k}": v for k, v in (inputs.get("parameters") or {}).items()},
+                **{f"output:{k}": v for k, v in (outputs.get("parameters") or {}).items()}}
+    execution = nodes.create(db, store, "executions", {
+        "displayName": name, "schemaTitle": "system.ContainerExecution", "state": state, "metadata": metadata}, None)
+    events = [{"artifact": a["name"], "type": "INPUT"} for arts in (inputs.get("artifacts") or {}).values()
+              for a in arts if a.get("name", "").startswith(store)]
+    made = []
+    for arts in (outputs.get("artifacts") or {}).values():
+        for a in arts:
+            title = (a.get("type") or {}).get("schemaTitle")
+            created = nodes.create(db, store, "artifacts", {
+                "displayName": a.get("name") or "", "uri": a["uri"], "state": "LIVE",
+                "schemaTitle": title if title in _KNOWN_TITLES else "system.Artifact",
+                "metadata": a.get("metadata") or {}}, None)
+            a["name"] = created["name"]
+            made.append(created["name"])
+            events.append({"artifact": created["name"], "type": "OUTPUT"})
+    ex_id = nodes.node_id(execution["name"], store, "executions")
+    if events:
+        lineage.add_execution_events(db, store, ex_id, {"events": events})
+    run = ((row.get("result") or {}).get("jobDetail") or {}).get("pipelineRunContext") or {}
+    if run.get("name"):
+        try:
+            lineage.add_context_members(db, store, nodes.node_id(run["name"], store, "contexts"),
+                                        {"artifacts": made, "executions": [execution["name"]]})
+        except ApiError:  # the context was deleted by a user: the execution stands on its own
+            pass
+    return execution
+
+
+def artifact_resource(a: dict) -> dict:
+    """A task's artifact as ``PipelineTaskDetail.inputs/outputs`` lists it (an ML Metadata Artifact)."""
+    return {"name": a.get("name", ""), "uri": a.get("uri", ""), "schemaTitle": (a.get("type") or {}).get("schemaTitle", ""),
+            "schemaVersion": (a.get("type") or {}).get("schemaVersion", ""), "metadata": a.get("metadata") or {}}

@@ -1,0 +1,255 @@
+"""The compiled KFP v2 pipeline spec (the IR ``kfp.compiler`` writes): checked at create, then read by
+the executor (``pipeline_jobs``) one task at a time.
+
+Pure functions over the spec's JSON, no process and no store: which tasks the root DAG has and what
+they wait for, each task's inputs resolved from the run's parameters and its producers' outputs, the
+executor input a KFP launcher hands a container (``{{$}}``) and its other placeholders. Artifacts
+live under the run's ``gcsOutputDirectory`` as ``gs://`` URIs (recorded) and reach the task's command
+as ``/gcs/`` paths, which the platform's job code maps to its storage's files, as it does for every
+job. What this slice does not run yet (conditions, loops, exit handlers, nested DAGs, importers) is
+refused at create, naming the feature, rather than run wrongly.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from modelyard.platform.api.errors import invalid
+
+# ParameterType names -> how a JSON value is checked/converted for the executor.
+_INT, _FLOAT, _STRING, _BOOL, _LIST, _STRUCT = (
+    "NUMBER_INTEGER", "NUMBER_DOUBLE", "STRING", "BOOLEAN", "LIST", "STRUCT")
+_PLACEHOLDER = re.compile(r"\{\{\$(?:\.(inputs|outputs)\.(parameters|artifacts)\['([^']+)'\]\.?(\w+)?)?\}\}")
+
+
+def check(spec: Any) -> dict:
+    """The pipeline spec, checked enough that the executor can run it; INVALID_ARGUMENT naming the field."""
+    if not isinstance(spec, dict):
+        raise invalid("PipelineJob.pipeline_spec is required (the pipeline compiled by kfp.compiler).")
+    if not str(spec.get("schemaVersion", "")).startswith("2."):
+        raise invalid(f"pipeline_spec.schema_version {spec.get('schemaVersion')!r} is not supported: modelyard "
+                      "runs KFP v2 pipeline specs (schemaVersion 2.x, written by kfp>=2).")
+    if not (spec.get("pipelineInfo") or {}).get("name"):
+        raise invalid("pipeline_spec.pipeline_info.name is required.")
+    tasks = ((spec.get("root") or {}).get("dag") or {}).get("tasks")
+    if not isinstance(tasks, dict) or not tasks:
+        raise invalid("pipeline_spec.root.dag.tasks is required: a pipeline has at least one task.")
+    components = spec.get("components") or {}
+    executors = (spec.get("deploymentSpec") or {}).get("executors") or {}
+    for name, task in tasks.items():
+        where = f"pipeline_spec.root.dag.tasks[{name!r}]"
+        for unsupported in ("triggerPolicy", "iteratorPolicy", "parameterIterator", "artifactIterator"):
+            if task.get(unsupported):
+                raise invalid(f"{where}.{_snake(unsupported)}: conditions and loops (dsl.If, dsl.ParallelFor) are "
+                              "not run by modelyard's pipeline executor yet.")
+        comp = components.get((task.get("componentRef") or {}).get("name"))
+        if comp is None:
+            raise invalid(f"{where}.component_ref names no component of pipeline_spec.components.")
+        if comp.get("dag"):
+            raise invalid(f"{where}: a nested pipeline (or dsl.ExitHandler / dsl.If group) is not run by "
+                          "modelyard's pipeline executor yet.")
+        executor = executors.get(comp.get("executorLabel"))
+        container = (executor or {}).get("container")
+        if not container:
+            kind = next(iter(executor or {}), "no executor")
+            raise invalid(f"{where}: its executor is {kind!r}; modelyard runs container executors "
+                          "(lightweight Python and container components) only.")
+        if not container.get("command") and not container.get("args"):
+            raise invalid(f"{where}: its container has no command: modelyard runs the command as a local process "
+                          f"and cannot run an image's entrypoint (image {container.get('image')!r}).")
+        for dep in task.get("dependentTasks") or []:
+            if dep not in tasks:
+                raise invalid(f"{where}.dependent_tasks names {dep!r}, not a task of the pipeline.")
+    order(spec)  # no cycles
+    return spec
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
+def tasks(spec: dict) -> dict[str, dict]:
+    return spec["root"]["dag"]["tasks"]
+
+
+def order(spec: dict) -> list[str]:
+    """The root DAG's task names, each after every task it depends on (data or ``.after``)."""
+    all_tasks = tasks(spec)
+    done: list[str] = []
+    seen: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in seen:
+            return
+        if name in path:
+            raise invalid(f"pipeline_spec.root.dag: tasks depend on each other in a cycle: {' -> '.join(path + (name,))}.")
+        for dep in upstream(all_tasks[name]):
+            if dep in all_tasks:
+                visit(dep, path + (name,))
+        seen.add(name)
+        done.append(name)
+
+    for name in sorted(all_tasks):
+        visit(name, ())
+    return done
+
+
+def upstream(task: dict) -> set[str]:
+    """Every task this one waits for: its ``dependentTasks`` and the producers of its inputs."""
+    out = set(task.get("dependentTasks") or [])
+    inputs = task.get("inputs") or {}
+    for value in (inputs.get("parameters") or {}).values():
+        producer = (value.get("taskOutputParameter") or {}).get("producerTask")
+        if producer:
+            out.add(producer)
+    for value in (inputs.get("artifacts") or {}).values():
+        producer = (value.get("taskOutputArtifact") or {}).get("producerTask")
+        if producer:
+            out.add(producer)
+    return out
+
+
+def component(spec: dict, task: dict) -> dict:
+    return spec["components"][task["componentRef"]["name"]]
+
+
+def container(spec: dict, task: dict) -> dict:
+    return spec["deploymentSpec"]["executors"][component(spec, task)["executorLabel"]]["container"]
+
+
+def run_parameters(spec: dict, given: dict | None) -> dict:
+    """The run's parameter values: ``runtimeConfig.parameterValues`` over the pipeline's defaults;
+    INVALID_ARGUMENT for an unknown one or a required one missing."""
+    defs = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
+    given = dict(given or {})
+    for name in given:
+        if name not in defs:
+            raise invalid(f"runtime_config.parameter_values[{name!r}]: the pipeline has no such parameter "
+                          f"(it has: {', '.join(sorted(defs)) or 'none'}).")
+    out = {}
+    for name, d in defs.items():
+        if name in given:
+            out[name] = convert(given[name], d.get("parameterType"), f"runtime_config.parameter_values[{name!r}]")
+        elif "defaultValue" in d:
+            out[name] = convert(d["defaultValue"], d.get("parameterType"), name)
+        elif not d.get("isOptional"):
+            raise invalid(f"runtime_config.parameter_values[{name!r}] is required: the pipeline's parameter "
+                          "has no default.")
+    return out
+
+
+def convert(value: Any, kind: str | None, field: str) -> Any:
+    """A parameter's JSON value as its type has it (proto JSON sends every number as a double)."""
+    if kind == _INT:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise invalid(f"{field} must be an integer, got {value!r}.")
+        return int(value)
+    if kind == _FLOAT and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise invalid(f"{field} must be a number, got {value!r}.")
+    if kind == _STRING and not isinstance(value, str):
+        raise invalid(f"{field} must be a string, got {value!r}.")
+    if kind == _BOOL and not isinstance(value, bool):
+        raise invalid(f"{field} must be a boolean, got {value!r}.")
+    if kind == _LIST and not isinstance(value, list):
+        raise invalid(f"{field} must be a list, got {value!r}.")
+    if kind == _STRUCT and not isinstance(value, dict):
+        raise invalid(f"{field} must be an object, got {value!r}.")
+    return value
+
+
+def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict]) -> dict:
+    """A task's inputs ``{"parameters": {name: value}, "artifacts": {name: [artifact]}}`` from the run's
+    parameters and its producers' ``outputs`` (task name -> the same shape, as ``task_outputs`` reads)."""
+    task = tasks(spec)[name]
+    comp = component(spec, task)
+    defs = comp.get("inputDefinitions") or {}
+    given = task.get("inputs") or {}
+    out_params: dict = {}
+    for key, value in (given.get("parameters") or {}).items():
+        kind = ((defs.get("parameters") or {}).get(key) or {}).get("parameterType")
+        if "componentInputParameter" in value:
+            source = value["componentInputParameter"]
+            if source in params:
+                out_params[key] = params[source]
+            continue
+        if "runtimeValue" in value:
+            out_params[key] = convert((value["runtimeValue"] or {}).get("constant"), kind, f"{name}.{key}")
+            continue
+        ref = value.get("taskOutputParameter")
+        if ref:
+            produced = outputs.get(ref["producerTask"], {}).get("parameters", {})
+            if ref["outputParameterKey"] in produced:
+                out_params[key] = produced[ref["outputParameterKey"]]
+            continue
+        raise invalid(f"task {name!r}: input parameter {key!r} is set in a way modelyard does not run yet: "
+                      f"{sorted(value)}.")
+    for key, d in (defs.get("parameters") or {}).items():
+        if key not in out_params and "defaultValue" in d:
+            out_params[key] = d["defaultValue"]
+    out_arts: dict = {}
+    for key, value in (given.get("artifacts") or {}).items():
+        ref = value.get("taskOutputArtifact")
+        if not ref:
+            raise invalid(f"task {name!r}: input artifact {key!r} is set in a way modelyard does not run yet: "
+                          f"{sorted(value)}.")
+        out_arts[key] = outputs.get(ref["producerTask"], {}).get("artifacts", {}).get(ref["outputArtifactKey"], [])
+    return {"parameters": out_params, "artifacts": out_arts}
+
+
+def output_artifacts(spec: dict, name: str, task_root: str) -> dict[str, list[dict]]:
+    """The artifacts a task will write: one per output, ``{task_root}/{output}`` (a gs:// URI), as Vertex
+    lays them out under the run's root."""
+    defs = (component(spec, tasks(spec)[name]).get("outputDefinitions") or {}).get("artifacts") or {}
+    return {key: [{"name": key, "type": d.get("artifactType") or {}, "uri": f"{task_root}/{key}", "metadata": {}}]
+            for key, d in defs.items()}
+
+
+def executor_input(spec: dict, name: str, inputs: dict, outputs: dict[str, list[dict]], task_root: str,
+                   to_path) -> dict:
+    """The KFP executor input of a task (what ``{{$}}`` stands for); ``to_path`` maps a gs:// URI to the
+    path the task's command sees it at."""
+    params_out = (component(spec, tasks(spec)[name]).get("outputDefinitions") or {}).get("parameters") or {}
+
+    def art(a: dict) -> dict:
+        return {"name": a.get("name", ""), "type": a.get("type") or {}, "uri": to_path(a["uri"]),
+                "metadata": a.get("metadata") or {}}
+
+    return {
+        "inputs": {"parameterValues": inputs["parameters"],
+                   "artifacts": {k: {"artifacts": [art(a) for a in v]} for k, v in inputs["artifacts"].items()}},
+        "outputs": {"parameters": {k: {"outputFile": to_path(f"{task_root}/{k}")} for k in params_out},
+                    "artifacts": {k: {"artifacts": [art(a) for a in v]} for k, v in outputs.items()},
+                    "outputFile": to_path(f"{task_root}/executor_output.json")},
+    }
+
+
+def fill(strings: list[str], ex_input: dict) -> list[str]:
+    """A container's command or args with the IR's placeholders replaced from the executor input."""
+    def one(m: re.Match) -> str:
+        side, kind, key, attr = m.groups()
+        if side is None:
+            return json.dumps(ex_input)
+        if kind == "parameters":
+            if side == "inputs":
+                value = ex_input["inputs"]["parameterValues"].get(key, "")
+                return value if isinstance(value, str) else json.dumps(value)
+            return ex_input["outputs"]["parameters"][key]["outputFile"]
+        arts = ex_input[side]["artifacts"].get(key, {}).get("artifacts") or [{}]
+        return str(arts[0].get("uri" if attr in ("uri", None) else "uri", ""))  # .path and .uri: the task's path
+    return [_PLACEHOLDER.sub(one, s) for s in strings]
+
+
+def task_outputs(spec: dict, name: str, written: dict | None, planned: dict[str, list[dict]]) -> dict:
+    """What a finished task produced: its executor output (``written``, or None when it wrote none) over
+    the artifacts planned for it; parameters typed as the component declares."""
+    written = written or {}
+    defs = (component(spec, tasks(spec)[name]).get("outputDefinitions") or {}).get("parameters") or {}
+    params = {k: v for k, v in (written.get("parameterValues") or {}).items() if k in defs}
+    arts = {}
+    for key, planned_list in planned.items():
+        reported = ((written.get("artifacts") or {}).get(key) or {}).get("artifacts") or []
+        arts[key] = [{**a, "metadata": {**(a.get("metadata") or {}), **((reported[i] if i < len(reported) else {})
+                                                                           .get("metadata") or {})}}
+                     for i, a in enumerate(planned_list)]
+    return {"parameters": params, "artifacts": arts}

@@ -1,0 +1,155 @@
+"""Issue 46: Vertex AI Pipelines. A pipeline of lightweight Python components written with the stock
+Kubeflow Pipelines SDK (kfp v2), compiled with ``kfp.compiler`` and run with the stock SDK's
+``PipelineJob(...).run()`` on the session platform: each task a CustomJob of the platform's job runner,
+the Dataset artifact in the bucket, task details and ML Metadata records as Vertex reports them; a
+failing step fails the run naming the task. The IR's variants are tested one layer down, without a
+process (test_pipeline_spec.py's cases live here too: they are cheap).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+import requests
+
+from modelyard.platform.api.errors import ApiError
+from modelyard.platform.jobs import pipeline_spec
+from tests.platform.conftest import STAGING_BUCKET, require
+from tests.platform.jobs_helpers import aiplatform, no_stray_jobs  # noqa: F401
+
+ROOT = f"gs://{STAGING_BUCKET}/pipeline-root"
+
+
+def _compile(tmp_path) -> str:
+    """The two-step pipeline compiled to its IR (YAML): make_data writes a Dataset, count reads it."""
+    require("kfp", "pip install -e '.[test]' (installs kfp, the Kubeflow Pipelines SDK)")
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_two_step
+
+    path = str(tmp_path / "two_step.yaml")
+    compiler.Compiler().compile(kfp_two_step.two_step, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sdk(aiplatform):  # noqa: F811
+    from google.cloud.aiplatform import pipeline_jobs
+
+    saved = pipeline_jobs._JOB_WAIT_TIME
+    pipeline_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls a pipeline every 5 s
+    yield aiplatform
+    pipeline_jobs._JOB_WAIT_TIME = saved
+
+
+def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform, gcs_emulator, tmp_path):
+    from google.cloud import storage
+
+    job = sdk.PipelineJob(display_name="two-step", template_path=_compile(tmp_path), pipeline_root=ROOT,
+                          parameter_values={"rows": 4}, job_id="two-step-ok", enable_caching=False)
+    job.run()
+    assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    assert job.resource_name == "projects/local/locations/us-central1/pipelineJobs/two-step-ok"
+
+    tasks = {t.task_name: t for t in job.task_details}
+    assert set(tasks) == {"two-step", "make-data", "count"}
+    made, counted = tasks["make-data"], tasks["count"]
+    assert made.state.name == counted.state.name == "SUCCEEDED"
+    assert made.start_time and made.end_time and made.end_time <= counted.start_time  # DAG order
+    dataset = made.outputs["data"].artifacts[0]
+    assert dataset.schema_title == "system.Dataset" and dataset.metadata["rows"] == 4
+    assert dataset.uri == f"{ROOT}/two-step-ok/make-data/data"
+    assert counted.inputs["data"].artifacts[0].name == dataset.name  # the same ML Metadata artifact
+    assert counted.execution.metadata["output:Output"] == 4 and counted.execution.metadata["input:fail"] is False
+    assert counted.executor_detail.custom_job_detail.job.startswith("projects/local/locations/us-central1/customJobs/")
+
+    # The artifact is an object in the bucket (written by the task through its /gcs/ path).
+    blob = storage.Blob.from_uri(dataset.uri, client=gcs_emulator["client"])
+    assert blob.download_as_text().splitlines() == ["row0", "row1", "row2", "row3"]
+
+    # Lineage: the run's context holds both executions; the dataset is make-data's OUTPUT and count's INPUT.
+    run_ctx = job.gca_resource.job_detail.pipeline_run_context
+    assert run_ctx.schema_title == "system.PipelineRun"
+    graph = requests.get(f"{platform.url}/v1/{run_ctx.name}:queryContextLineageSubgraph", timeout=10).json()
+    executions = {e["name"]: e["displayName"] for e in graph["executions"]}
+    assert sorted(executions.values()) == ["count", "make-data"]
+    kinds = {(executions[e["execution"]], e["type"]) for e in graph["events"] if e["artifact"] == dataset.name}
+    assert kinds == {("make-data", "OUTPUT"), ("count", "INPUT")}
+
+    listed = requests.get(platform.api("pipelineJobs"), params={"filter": 'display_name="two-step" AND '
+                                                                          'state="PIPELINE_STATE_SUCCEEDED"'},
+                          timeout=10).json()
+    assert "projects/local/locations/us-central1/pipelineJobs/two-step-ok" in [j["name"] for j in listed["pipelineJobs"]]
+
+
+def test_a_failing_step_fails_the_run_naming_the_task(sdk, platform, tmp_path):
+    job = sdk.PipelineJob(display_name="two-step-fails", template_path=_compile(tmp_path), pipeline_root=ROOT,
+                          parameter_values={"fail": True}, job_id="two-step-fails", enable_caching=False)
+    with pytest.raises(RuntimeError, match=r"The failed tasks are: \[count\]"):
+        job.run()
+    assert job.state.name == "PIPELINE_STATE_FAILED"
+    tasks = {t.task_name: t for t in job.task_details}
+    assert tasks["make-data"].state.name == "SUCCEEDED" and tasks["count"].state.name == "FAILED"
+    assert "count was told to fail" in tasks["count"].error.message
+
+    # Bad input, in Google's format: the id taken, an unknown parameter, no output directory.
+    spec = yaml.safe_load(open(_compile(tmp_path)))
+    taken = requests.post(platform.api("pipelineJobs"), params={"pipelineJobId": "two-step-fails"},
+                          json={"pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": ROOT}}, timeout=10)
+    assert taken.status_code == 409 and taken.json()["error"]["status"] == "ALREADY_EXISTS"
+    unknown = requests.post(platform.api("pipelineJobs"), json={
+        "pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": ROOT, "parameterValues": {"nope": 1}}}, timeout=10)
+    assert unknown.status_code == 400 and "'nope'" in unknown.json()["error"]["message"]
+    no_root = requests.post(platform.api("pipelineJobs"), json={"pipelineSpec": spec}, timeout=10)
+    assert no_root.status_code == 400 and "gcs_output_directory" in no_root.json()["error"]["message"]
+
+
+# ---- the IR, one layer down (no process) -----------------------------------------------------------
+def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
+    comps = components or {"comp-a": {"executorLabel": "exec-a"}}
+    return {"schemaVersion": "2.1.0", "pipelineInfo": {"name": "p"},
+            "root": {"dag": {"tasks": tasks}, "inputDefinitions": {"parameters": params or {}}},
+            "components": comps,
+            "deploymentSpec": {"executors": {"exec-a": {"container": {"image": "python:3.11", "command": ["sh"]}}}}}
+
+
+def _task(*deps: str, **extra) -> dict:
+    return {"componentRef": {"name": "comp-a"}, "dependentTasks": list(deps), "taskInfo": {"name": "t"}, **extra}
+
+
+def test_ir_order_puts_every_task_after_its_upstream_and_refuses_cycles():
+    spec = _spec({"c": _task("b"), "b": _task("a"), "a": _task()})
+    assert pipeline_spec.order(pipeline_spec.check(spec)) == ["a", "b", "c"]
+    with pytest.raises(ApiError, match="cycle"):
+        pipeline_spec.check(_spec({"a": _task("b"), "b": _task("a")}))
+
+
+@pytest.mark.parametrize("task, words", [
+    (_task(triggerPolicy={"condition": "x"}), "conditions and loops"),
+    (_task(parameterIterator={"items": {}}), "conditions and loops"),
+    (_task("ghost"), "'ghost', not a task"),
+])
+def test_ir_features_not_run_yet_are_refused_naming_them(task, words):
+    with pytest.raises(ApiError, match=words):
+        pipeline_spec.check(_spec({"a": task}))
+
+
+def test_ir_run_parameters_take_defaults_and_type_them():
+    spec = _spec({"a": _task()}, params={"n": {"parameterType": "NUMBER_INTEGER", "defaultValue": 3.0},
+                                         "s": {"parameterType": "STRING"}})
+    assert pipeline_spec.run_parameters(spec, {"s": "x"}) == {"n": 3, "s": "x"}
+    with pytest.raises(ApiError, match="'s'.* is required"):
+        pipeline_spec.run_parameters(spec, {})
+    with pytest.raises(ApiError, match="must be an integer"):
+        pipeline_spec.run_parameters(spec, {"s": "x", "n": 2.5})
+
+
+def test_ir_placeholders_are_filled_from_the_executor_input():
+    ex = {"inputs": {"parameterValues": {"n": 3, "s": "hi"}, "artifacts": {"d": {"artifacts": [{"uri": "/gcs/b/d"}]}}},
+          "outputs": {"parameters": {"o": {"outputFile": "/gcs/b/o"}}, "artifacts": {"m": {"artifacts": [{"uri": "/gcs/b/m"}]}},
+                      "outputFile": "/gcs/b/x.json"}}
+    got = pipeline_spec.fill(["{{$}}", "{{$.inputs.parameters['n']}}", "{{$.inputs.parameters['s']}}",
+                              "{{$.inputs.artifacts['d'].path}}", "{{$.outputs.artifacts['m'].uri}}",
+                              "{{$.outputs.parameters['o'].output_file}}"], ex)
+    assert json.loads(got[0]) == ex and got[1:] == ["3", "hi", "/gcs/b/d", "/gcs/b/m", "/gcs/b/o"]
