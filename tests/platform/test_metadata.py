@@ -69,6 +69,10 @@ def test_relation_filters_in_context_and_parent_contexts():
                     f'parent_contexts:"{ctx}exp"', "contexts")
     assert mf.top_titles(tree) == {"system.ExperimentRun", "system.PipelineRun"}
     assert mf.relations_used(tree) == {"parent_contexts"}
+    # An in_context() every match needs lets the store select the context's members first; under OR it cannot.
+    assert mf.top_contexts(mf.parse(f'schema_title="system.Model" AND in_context("{ctx}a")', "artifacts")) \
+        == {ctx + "a"}
+    assert mf.top_contexts(mf.parse(f'in_context("{ctx}a") OR uri="x"', "artifacts")) is None
 
 
 @pytest.mark.parametrize("text, kind, why", [
@@ -169,6 +173,10 @@ def test_contexts_members_children_and_their_filters(db):
     assert listed["contexts"][0]["parentContexts"] == [f"{STORE}/contexts/exp"]
     in_run = nodes.list_(db, STORE, "artifacts", {"filter": f'in_context("{STORE}/contexts/run")'})
     assert _ids(in_run, "artifacts") == ["ds", "model"]
+    either = nodes.list_(db, STORE, "artifacts", {"filter": f'in_context("{STORE}/contexts/run") OR uri="gs://b/raw"'})
+    assert _ids(either, "artifacts") == ["ds", "model", "raw"]
+    elsewhere = f"{PARENT}/metadataStores/other/contexts/run"  # the same context id in another store
+    assert nodes.list_(db, STORE, "artifacts", {"filter": f'in_context("{elsewhere}")'}) == {"artifacts": []}
     with pytest.raises(ApiError, match="cycle"):
         lineage.add_context_children(db, STORE, "run", {"childContexts": [f"{STORE}/contexts/exp"]})
     with pytest.raises(ApiError, match="has child contexts"):

@@ -297,6 +297,20 @@ def top_titles(node: Node | None) -> set[str] | None:
     return None
 
 
+def top_contexts(node: Node | None) -> set[str] | None:
+    """The context names an ``in_context(...)`` at the filter's top requires (the node is in one of
+    them whatever else the filter says), so the store can select the contexts' members first; None if
+    it has none there."""
+    if isinstance(node, Cmp) and node.field == "in_context":
+        return set(node.values)
+    if isinstance(node, And):
+        for item in node.items:
+            found = top_contexts(item)
+            if found is not None:
+                return found
+    return None
+
+
 def _compare(have: object, op: str, want: object) -> bool:
     if have is None:
         return op == "!="

@@ -106,7 +106,11 @@ def _parents_of(db: MetadataDB, store: str, ids: list[str]) -> dict[str, list[st
 def select(db: MetadataDB, store: str, kind: str, filter_text: str | None) -> list[dict]:
     """The store's nodes of ``kind`` that pass the filter, oldest first."""
     tree = metadata_filter.parse(filter_text, kind)
-    rows = db.nodes(store, kind, titles=metadata_filter.top_titles(tree))
+    contexts = metadata_filter.top_contexts(tree)
+    prefix = f"{store}/contexts/"
+    rows = db.nodes(store, kind, titles=metadata_filter.top_titles(tree),
+                    in_contexts=None if contexts is None else {c[len(prefix):] for c in contexts
+                                                               if c.startswith(prefix)})
     if tree is None:
         return rows
     used = metadata_filter.relations_used(tree)

@@ -95,9 +95,14 @@ class MetadataDB:
         return _row(row)
 
     def nodes(self, store: str, kind: str, ids: Iterable[str] | None = None,
-              titles: set[str] | None = None) -> list[dict]:
-        """A store's nodes of one kind, oldest first; only ``ids`` / ``titles`` when given."""
+              titles: set[str] | None = None, in_contexts: set[str] | None = None) -> list[dict]:
+        """A store's nodes of one kind, oldest first; only ``ids`` / ``titles`` / members of any of the
+        context ids ``in_contexts`` when given."""
         q = select(m.md_nodes).where(m.md_nodes.c.store == store, m.md_nodes.c.kind == kind)
+        if in_contexts is not None:
+            q = q.where(m.md_nodes.c.id.in_(select(m.md_members.c.node_id).where(
+                m.md_members.c.store == store, m.md_members.c.kind == kind,
+                m.md_members.c.context_id.in_(sorted(in_contexts)))))
         if ids is not None:
             ids = list(ids)
             if not ids:
