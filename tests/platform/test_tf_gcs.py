@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from tests.platform.conftest import STAGING_BUCKET, _env
 # Not jobs_helpers.no_stray_jobs (autouse: every test here would start the platform); the job test cleans up itself.
 from tests.platform.jobs_helpers import aiplatform, job_processes  # noqa: F401
 from tests.storage_server import StorageProcess
+from tests.warm_process import run_python
 
 BOOK_SCRIPT = str(Path(__file__).with_name("job_scripts") / "book_training_task.py")
 TRAIN_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12.py310:latest"
@@ -174,8 +174,10 @@ def secured_storage(tmp_path_factory):
 def _user_process(url: str, ca: Path, token: str, mode: str = "right") -> dict:
     # The storage's CA as every Python client of a TLS platform is told it (SSL_CERT_FILE).
     env = _env(SSL_CERT_FILE=str(ca), REQUESTS_CA_BUNDLE=str(ca))
-    done = subprocess.run([sys.executable, "-c", USER_PROCESS, url, token, mode], capture_output=True, text=True,
-                          env=env, timeout=300)
+    script = ca.with_name("user_process.py")
+    script.write_text(USER_PROCESS)
+    # Forked from this worker's warm interpreter (tests/warm_process.py): the user's script, not TensorFlow's import.
+    done = run_python([sys.executable, str(script), url, token, mode], env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
