@@ -175,3 +175,42 @@ def test_metrics_need_the_token(deployed):
     google_error(requests.get(url, timeout=10), 401, "UNAUTHENTICATED")
     r = requests.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
     assert r.status_code == 200 and deployed["endpoint"] in r.text
+
+
+# ---- one layer down, without processes ------------------------------------------------------------
+
+def test_private_env_drops_the_platforms_credentials_by_name_and_by_value():
+    env = {"PATH": "/bin", "MODELYARD_PLATFORM_TOKEN": "admin-secret", "MODELYARD_STORAGE_TOKEN": "admin-secret",
+           "MY_COPY": "admin-secret", "HOME": "/home/u"}
+    assert replica_secrets.private_env(env) == {"PATH": "/bin", "HOME": "/home/u"}
+
+
+def test_a_token_file_is_private_even_over_an_open_one(tmp_path):
+    (tmp_path / replica_secrets.TOKEN_FILE).write_text("old predict\n")
+    (tmp_path / replica_secrets.TOKEN_FILE).chmod(0o644)
+    path = replica_secrets.write_token_file(tmp_path, "s" * 43)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert replica_secrets.read_secret(path) == "s" * 43 and path.read_text().split()[1] == replica_secrets.SCOPES
+    assert "admin" not in replica_secrets.SCOPES.split(",")
+    flags = replica_secrets.serve_flags(path, [tmp_path, tmp_path / "model"])
+    assert flags[:2] == ["--auth_token_file", str(path)] and flags[2] == "--model_roots"
+    assert replica_secrets.serve_flags(path, [tmp_path / "a,b"]) == ["--auth_token_file", str(path)]
+
+
+def test_make_private_tightens_an_existing_state_dir_and_store(tmp_path):
+    from modelyard.platform.private_state import make_private
+
+    state, db = tmp_path / "state", tmp_path / "platform.db"
+    state.mkdir(mode=0o755)
+    db.write_bytes(b"")
+    Path(f"{db}-wal").write_bytes(b"")
+    for path in (db, Path(f"{db}-wal")):
+        path.chmod(0o644)
+    before = os.umask(0o022)
+    try:
+        make_private(state, f"sqlite:///{db}")
+        assert os.umask(0o022) == 0o077  # what the platform and its children create from now on is private
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (db, Path(f"{db}-wal"))} == {0o600}
