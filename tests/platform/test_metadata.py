@@ -274,3 +274,16 @@ def test_metadata_requests_answer_googles_errors_and_need_the_token(platform, gu
     refused = requests.get(url, timeout=10)
     assert refused.status_code == 401 and refused.json()["error"]["status"] == "UNAUTHENTICATED"
     assert requests.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
+
+
+def test_the_message_fields_are_the_sdks():
+    """tracking_messages' table is Vertex AI v1's protos as the installed SDK has them: a newer field is
+    noticed here rather than refused by the platform."""
+    from google.cloud.aiplatform_v1 import types
+
+    from modelyard.platform.api.tracking_messages import MESSAGES
+
+    sdk_name = {"PurgeRequest": "PurgeArtifactsRequest"}
+    for message, (known, _nested) in MESSAGES.items():
+        descriptor = getattr(types, sdk_name.get(message, message)).pb().DESCRIPTOR
+        assert {f.json_name for f in descriptor.fields} == set(known), message
