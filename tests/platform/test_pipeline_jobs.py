@@ -36,11 +36,19 @@ def _compile(tmp_path) -> str:
 @pytest.fixture(scope="module")
 def sdk(aiplatform):  # noqa: F811
     from google.cloud.aiplatform import pipeline_jobs
+    from google.cloud.aiplatform.utils import resource_manager_utils
 
-    saved = pipeline_jobs._JOB_WAIT_TIME
+    def no_resource_manager(*_a, **_k):
+        raise ConnectionError("no route to cloudresourcemanager.googleapis.com from this machine")
+
+    saved = pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number
     pipeline_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls a pipeline every 5 s
+    # submit() checks who owns the pipeline root's bucket through Cloud Resource Manager (not the API
+    # endpoint it was given): offline that call retries for 60 s, then the SDK logs it and goes on.
+    # Failing it at once changes nothing else (docs/pipelines.md, known limits).
+    resource_manager_utils.get_project_number = no_resource_manager
     yield aiplatform
-    pipeline_jobs._JOB_WAIT_TIME = saved
+    pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
 
 
 def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform, gcs_emulator, tmp_path):
@@ -153,3 +161,17 @@ def test_ir_placeholders_are_filled_from_the_executor_input():
                               "{{$.inputs.artifacts['d'].path}}", "{{$.outputs.artifacts['m'].uri}}",
                               "{{$.outputs.parameters['o'].output_file}}"], ex)
     assert json.loads(got[0]) == ex and got[1:] == ["3", "hi", "/gcs/b/d", "/gcs/b/m", "/gcs/b/o"]
+
+
+def test_ir_a_satisfied_pip_install_step_is_left_out_and_any_other_kept():
+    import kfp
+
+    def command(packages: str) -> list[str]:
+        return ["sh", "-c", "\nif ! [ -x \"$(command -v pip)\" ]; then\n    python3 -m ensurepip\nfi\n\n"
+                f"PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install --quiet --no-warn-script-location {packages} "
+                "&& \"$0\" \"$@\"\n", "sh", "-ec", "program", "source"]
+
+    here = command(f"'kfp=={kfp.__version__}' '--no-deps' 'typing-extensions>=3.7.4,<5; python_version<\"3.9\"'")
+    assert pipeline_spec.without_satisfied_install(here) == ["sh", "-ec", "program", "source"]
+    for other in ("'kfp==2.0.0' '--no-deps'", "'no-such-package-here'", "'kfp' '--index-url' 'http://x'"):
+        assert pipeline_spec.without_satisfied_install(command(other)) == command(other)

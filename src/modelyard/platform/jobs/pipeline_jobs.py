@@ -156,7 +156,8 @@ def _start(runner, row: dict, spec: dict, name: str, params: dict, outputs: dict
                 "jobSpec": {"workerPoolSpecs": [{"replicaCount": 1, "machineSpec": {"machineType": "e2-standard-4"},
                                                  "containerSpec": {
                     "imageUri": container.get("image", ""),
-                    "command": pipeline_spec.fill(list(container.get("command") or []), ex_input),
+                    "command": pipeline_spec.without_satisfied_install(
+                        pipeline_spec.fill(list(container.get("command") or []), ex_input)),
                     "args": pipeline_spec.fill(list(container.get("args") or []), ex_input),
                     "env": [{"name": e["name"], "value": str(e.get("value", ""))} for e in container.get("env") or []]}}]}}
         parent = row["parent"].split("/")

@@ -240,6 +240,47 @@ def fill(strings: list[str], ex_input: dict) -> list[str]:
     return [_PLACEHOLDER.sub(one, s) for s in strings]
 
 
+_PIP_PREAMBLE = re.compile(r"python3 -m pip install (?P<args>.*?) && \"\$0\" \"\$@\"", re.S)
+
+
+def without_satisfied_install(command: list[str]) -> list[str]:
+    """A lightweight component's command without its ``pip install`` step (``sh -c "...pip install
+    'kfp==X' ... && "$0" "$@"" ...``) when every requirement it installs is already importable in the
+    task's Python (which sees the platform's packages): the rest of the command is what the step would
+    have run next, so nothing changes but a pip start-up (and no network). Otherwise as it is."""
+    if len(command) < 4 or command[:2] != ["sh", "-c"]:
+        return command
+    m = _PIP_PREAMBLE.search(command[2])
+    if m is None:
+        return command
+    import shlex
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        words = shlex.split(m.group("args"))
+    except ValueError:
+        return command
+    for word in words:
+        if word.startswith("-"):
+            if word in ("--quiet", "--no-warn-script-location", "--no-deps"):
+                continue
+            return command  # an index, a --user, ...: pip's to do
+        try:
+            req = Requirement(word)
+        except InvalidRequirement:
+            return command
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            if not req.specifier.contains(metadata.version(req.name), prereleases=True):
+                return command
+        except metadata.PackageNotFoundError:
+            return command
+    return command[3:]
+
+
 def task_outputs(spec: dict, name: str, written: dict | None, planned: dict[str, list[dict]]) -> dict:
     """What a finished task produced: its executor output (``written``, or None when it wrote none) over
     the artifacts planned for it; parameters typed as the component declares."""
