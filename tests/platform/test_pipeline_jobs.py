@@ -8,6 +8,7 @@ process (test_pipeline_spec.py's cases live here too: they are cheap).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -175,3 +176,34 @@ def test_ir_a_satisfied_pip_install_step_is_left_out_and_any_other_kept():
     assert pipeline_spec.without_satisfied_install(here) == ["sh", "-ec", "program", "source"]
     for other in ("'kfp==2.0.0' '--no-deps'", "'no-such-package-here'", "'kfp' '--index-url' 'http://x'"):
         assert pipeline_spec.without_satisfied_install(command(other)) == command(other)
+
+
+def test_cancel_mid_run_cancels_the_running_task_and_leaves_no_process(platform):
+    """A container component (the IR written by hand: no kfp needed) that would sleep a minute."""
+    from tests.platform.jobs_helpers import wait_gone, wait_state
+
+    spec = _spec({"nap": {"componentRef": {"name": "comp-a"}, "taskInfo": {"name": "nap"}}})
+    spec["deploymentSpec"]["executors"]["exec-a"]["container"] = {"image": "alpine", "command": ["sleep"],
+                                                                  "args": ["60"]}
+    made = requests.post(platform.api("pipelineJobs"), params={"pipelineJobId": "napping"}, timeout=10,
+                         json={"displayName": "napping", "pipelineSpec": spec,
+                               "runtimeConfig": {"gcsOutputDirectory": ROOT}})
+    assert made.status_code == 200, made.text
+    name = made.json()["name"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the task's job is running
+        got = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
+        tasks = {t["taskName"]: t for t in got.get("jobDetail", {}).get("taskDetails", [])}
+        if tasks.get("nap", {}).get("state") == "RUNNING":
+            break
+        time.sleep(0.1)
+    job = tasks["nap"]["executorDetail"]["customJobDetail"]["job"]
+    assert requests.post(f"{platform.url}/v1/{name}:cancel", timeout=10).status_code == 200
+    got = wait_state(platform, name, ("PIPELINE_STATE_CANCELLED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_SUCCEEDED"))
+    assert got["state"] == "PIPELINE_STATE_CANCELLED" and got["error"]["code"] == 1
+    assert requests.get(f"{platform.url}/v1/{job}", timeout=10).json()["state"] == "JOB_STATE_CANCELLED"
+    assert wait_gone(platform) == []  # the sleep, its launcher and its job's process
+    again = requests.post(f"{platform.url}/v1/{name}:cancel", timeout=10)
+    assert again.status_code == 400 and again.json()["error"]["status"] == "FAILED_PRECONDITION"
+    assert requests.delete(f"{platform.url}/v1/{name}", timeout=10).status_code == 200
+    assert requests.get(f"{platform.url}/v1/{name}", timeout=10).status_code == 404
