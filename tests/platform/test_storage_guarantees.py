@@ -396,3 +396,61 @@ def test_the_default_storage_port_is_kept_while_in_time_wait():
     client.close()
     listener.close()
     assert _default_storage_port("127.0.0.1", port - 1) == port
+
+
+# ---- one layer down: a resumable session across failures and restarts (seen by bench/chaos.py) --------
+
+def _session(tmp_path, data: bytes):
+    from modelyard.platform.storage.objects import Store
+    from modelyard.platform.storage.uploads import Uploads
+
+    store = Store(tmp_path / "root")
+    store.create_bucket({"name": "bkt"})
+    uploads = Uploads(store)
+    upload_id = uploads.start("bkt", "obj", {}, {}, len(data))
+    uploads.session(upload_id).writer.write(data)
+    return store, uploads, upload_id
+
+
+def test_a_session_stopped_after_its_object_is_in_place_is_complete_after_a_restart(tmp_path, monkeypatch):
+    import sqlite3
+
+    from modelyard.platform.storage.objects import Store
+    from modelyard.platform.storage.uploads import Uploads
+
+    store, uploads, upload_id = _session(tmp_path, b"hello")
+    real = store.db.update_upload
+
+    def disk_gone_after_the_rename(uid, extra):
+        if "done" in extra:  # the object is in place; the row cannot say so (full disk, or a kill -9 here)
+            raise sqlite3.OperationalError("disk I/O error")
+        real(uid, extra)
+
+    monkeypatch.setattr(store.db, "update_upload", disk_gone_after_the_rename)
+    with pytest.raises(sqlite3.OperationalError):
+        uploads.finish(uploads.session(upload_id), None, None)
+    restarted = Uploads(Store(tmp_path / "root"))
+    s = restarted.session(upload_id)  # not a 404: the upload is complete
+    assert s.extra["done"][:2] == ["bkt", "obj"]
+    rec, f = restarted.store.open_read("bkt", "obj")
+    with f:
+        assert f.read() == b"hello" and rec.crc32c == _crc(b"hello")
+
+
+def test_a_session_whose_commit_fails_on_the_disk_keeps_its_bytes_for_the_retry(tmp_path, monkeypatch):
+    import errno
+
+    store, uploads, upload_id = _session(tmp_path, b"hello")
+    real = store._place
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "_place", full)
+    with pytest.raises(OSError):
+        uploads.finish(uploads.session(upload_id), None, None)
+    monkeypatch.setattr(store, "_place", real)
+    s = uploads.session(upload_id)  # read again from its row and file: all five bytes still held
+    assert s.persisted == 5
+    rec = uploads.finish(s, None, None)
+    assert rec.size == 5 and rec.crc32c == _crc(b"hello")

@@ -110,6 +110,10 @@ class MetaDB:
         row = self._db().execute("SELECT bucket, name, created, extra FROM uploads WHERE id=?", (upload_id,)).fetchone()
         return (row[0], row[1], row[2], json.loads(row[3])) if row else None
 
+    def update_upload(self, upload_id: str, extra: dict) -> None:
+        """A session's state in one statement (a crash leaves the old row or the new one, never none)."""
+        self._db().execute("UPDATE uploads SET extra=? WHERE id=?", (json.dumps(extra), upload_id))
+
     def drop_upload(self, upload_id: str) -> None:
         self._db().execute("DELETE FROM uploads WHERE id=?", (upload_id,))
 

@@ -342,9 +342,10 @@ class Store:
         return Writer(self, md5)
 
     def commit(self, w: Writer, bucket: str, name: str, fields: dict, cond: dict[str, int],
-               expect_crc: str | None = None, expect_md5: str | None = None) -> Record:
+               expect_crc: str | None = None, expect_md5: str | None = None, keep_on_error: bool = False) -> Record:
         """Check the written bytes against the client's checksums and the preconditions, then put the
-        object in place (rename) with its row. The temporary file is gone afterwards either way."""
+        object in place (rename) with its row. The temporary file is gone afterwards either way, except
+        after a retryable error with ``keep_on_error`` (a resumable session's bytes, kept for the retry)."""
         try:
             w.finish()
             path = object_path(self.root, bucket, name)
@@ -374,9 +375,14 @@ class Store:
             if md5 is None:
                 self._queue_md5(bucket, name, generation)
             return rec
+        except Exception as exc:
+            # A resumable session's bytes outlive an error it may retry (``keep_on_error``: a 503, a failing
+            # disk); a refusal (4xx) or any other writer's error removes them.
+            if not (keep_on_error and (not isinstance(exc, StorageApiError) or exc.code >= 500)):
+                w.tmp.unlink(missing_ok=True)
+            raise
         finally:
             w.close()
-            w.tmp.unlink(missing_ok=True)
 
     def _current(self, bucket: str, name: str) -> Record | None:
         try:

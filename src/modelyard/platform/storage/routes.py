@@ -446,9 +446,10 @@ class StorageRoutes:
         crc, md5 = _hash_header(request.headers.get("x-goog-hash"))
         try:
             rec = await asyncio.to_thread(self.uploads.finish, s, crc, md5)
-        except StorageApiError:
-            self.uploads.fail(s)  # refused (checksum, precondition, no bucket): the session's bytes are gone
-            raise
+        except StorageApiError as exc:
+            if exc.code < 500:  # refused (checksum, precondition, no bucket): the session ends
+                self.uploads.fail(s)
+            raise  # a 503 (the disk): the session keeps its bytes and the client retries
         return _json(self.store.resource(rec, self._base_url(request)))
 
     @staticmethod

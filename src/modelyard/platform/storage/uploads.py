@@ -68,7 +68,15 @@ class Uploads:
         if row is None or not re.fullmatch(r"[0-9a-f]{32}", upload_id):
             raise StorageApiError(404, "notFound", f"No such upload session: {upload_id}")
         bucket, name, _created, extra = row
-        w = Writer.resume(self.store, self.store.uploads_dir / upload_id, done=bool(extra.get("done")))
+        path = self.store.uploads_dir / upload_id
+        if not extra.get("done") and not path.exists():
+            if not extra.get("finishing"):  # its bytes are gone (removed by hand): nothing to resume
+                self._forget(upload_id)
+                raise StorageApiError(404, "notFound", f"No such upload session: {upload_id}")
+            # The process stopped after the session's file became the object and before the row said so:
+            # the upload is complete, and the session answers with the object as a finished one does.
+            extra["done"] = [bucket, name, None]
+        w = Writer.resume(self.store, path, done=bool(extra.get("done")))
         s = Session(upload_id, bucket, name, extra, w)
         self._open[upload_id] = s
         return s
@@ -89,13 +97,19 @@ class Uploads:
         return first, last, total
 
     def finish(self, s: Session, expect_crc: str | None, expect_md5: str | None):
-        """Make the object from the session's bytes; the session then answers with that object."""
-        rec = self.store.commit(s.writer, s.bucket, s.name, s.extra.get("fields", {}), s.extra.get("cond", {}),
-                                expect_crc, expect_md5)
+        """Make the object from the session's bytes; the session then answers with that object. The row says
+        "finishing" before the file is renamed into place and "done" after, each in one statement, so a
+        crash at any point leaves a session that either resumes (its file is there) or is complete."""
+        self.store.db.update_upload(s.id, {**s.extra, "finishing": True})
+        try:
+            rec = self.store.commit(s.writer, s.bucket, s.name, s.extra.get("fields", {}), s.extra.get("cond", {}),
+                                    expect_crc, expect_md5, keep_on_error=True)
+        except Exception:
+            self._open.pop(s.id, None)  # the next request reads it again: its file to resume, or its object
+            raise
         s.extra["done"] = [rec.bucket, rec.name, rec.generation]
-        self._open.pop(s.id, None)
-        self.store.db.drop_upload(s.id)
-        self.store.db.add_upload(s.id, s.bucket, s.name, time.time(), s.extra)
+        self._open[s.id] = Session(s.id, s.bucket, s.name, s.extra, Writer.resume(self.store, s.writer.tmp, done=True))
+        self.store.db.update_upload(s.id, s.extra)
         return rec
 
     def fail(self, s: Session) -> None:
