@@ -214,3 +214,19 @@ def test_make_private_tightens_an_existing_state_dir_and_store(tmp_path):
         os.umask(before)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in (db, Path(f"{db}-wal"))} == {0o600}
+
+
+def test_make_private_refuses_a_directory_other_users_share(tmp_path):
+    """A state dir such as /tmp (sticky, world-writable) is refused, never chmod-ed 0700 under its users."""
+    from modelyard.platform.private_state import SharedStateDir, make_private
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    before = os.umask(0o022)
+    try:
+        with pytest.raises(SharedStateDir, match="shared with other users"):
+            make_private(shared, f"sqlite:///{tmp_path / 'platform.db'}")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777

@@ -138,9 +138,13 @@ def run(args: argparse.Namespace) -> int:
         state_dir = Path(url[len("sqlite:///"):]).parent / "platform-state"
     else:
         state_dir = default_store_path().parent / "platform-state"
-    from modelyard.platform.private_state import make_private
+    from modelyard.platform.private_state import SharedStateDir, make_private
 
-    make_private(state_dir, url)  # 0700 / 0600, and umask 077 for everything made from here on
+    try:
+        make_private(state_dir, url)  # 0700 / 0600, and umask 077 for everything made from here on
+    except SharedStateDir as exc:
+        print(f"modelyard platform: error: {exc}", file=sys.stderr)
+        return 2
     config = Config(store_url=url, state_dir=state_dir.resolve(), host=args.host, port=args.port,
                     artifact_roots=roots,
                     auth_token=args.auth_token or None, auth_predict=args.auth_predict, console=args.console,
