@@ -506,7 +506,12 @@ class Chaos:
         for t in threads:
             t.start()
         nemesis.start()
-        self.stop.wait(self.seconds)
+        try:
+            self.stop.wait(self.seconds)
+        except KeyboardInterrupt:  # Ctrl-C: the nemesis must not start the storage again once it is stopped
+            self.stop.set()
+            nemesis.join(60)
+            raise
         self.stop.set()
         for t in [*threads, nemesis]:
             t.join(REQUEST_TIMEOUT_S * 5)
@@ -577,6 +582,7 @@ def main() -> int:
         storage = Storage(Path(tmp))
         storage.start()
         chaos = Chaos(storage, seconds, args.every, seed)
+        signal.signal(signal.SIGTERM, lambda *_: chaos.stop.set())  # stop early: still checked and reported
         try:
             elapsed = chaos.run()
         finally:
