@@ -108,8 +108,10 @@ class Uploads:
             self._open.pop(s.id, None)  # the next request reads it again: its file to resume, or its object
             raise
         s.extra["done"] = [rec.bucket, rec.name, rec.generation]
+        # Known here as done even if its row cannot say so (a full disk); forgotten once the row says it.
         self._open[s.id] = Session(s.id, s.bucket, s.name, s.extra, Writer.resume(self.store, s.writer.tmp, done=True))
         self.store.db.update_upload(s.id, s.extra)
+        self._open.pop(s.id, None)
         return rec
 
     def fail(self, s: Session) -> None:
