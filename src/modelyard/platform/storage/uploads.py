@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import weakref
 import uuid
+import weakref
 
 from modelyard.platform.storage.errors import StorageApiError, invalid
 from modelyard.platform.storage.names import object_path
