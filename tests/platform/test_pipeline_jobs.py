@@ -114,6 +114,30 @@ def test_a_failing_step_fails_the_run_naming_the_task(sdk, platform, tmp_path):
     assert no_root.status_code == 400 and "gcs_output_directory" in no_root.json()["error"]["message"]
 
 
+def test_a_second_identical_run_reuses_every_task_and_a_changed_input_reruns_only_what_depends_on_it(
+        sdk, platform, tmp_path):
+    template = _compile(tmp_path)
+
+    def run(job_id: str, **params) -> dict:
+        job = sdk.PipelineJob(display_name="cached", template_path=template, pipeline_root=ROOT, job_id=job_id,
+                              parameter_values={"rows": 5, **params}, enable_caching=True)
+        try:
+            job.run()
+        except RuntimeError:  # a failed run: its tasks say which
+            pass
+        return {t.task_name: t for t in job.task_details}
+
+    first = run("cached-1")
+    assert first["make-data"].state.name == first["count"].state.name == "SUCCEEDED"
+    second = run("cached-2")
+    assert second["make-data"].state.name == second["count"].state.name == "SKIPPED", second["count"].error
+    assert not second["count"].executor_detail.custom_job_detail.job  # no job, so no process
+    assert second["make-data"].outputs["data"].artifacts[0].name == first["make-data"].outputs["data"].artifacts[0].name
+    assert second["count"].execution.state.name == "CACHED" and second["count"].execution.metadata["output:Output"] == 5
+    third = run("cached-3", fail=True)  # count's input changed: it runs (and fails); make-data is reused
+    assert third["make-data"].state.name == "SKIPPED" and third["count"].state.name == "FAILED"
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}
@@ -207,3 +231,16 @@ def test_cancel_mid_run_cancels_the_running_task_and_leaves_no_process(platform)
     assert again.status_code == 400 and again.json()["error"]["status"] == "FAILED_PRECONDITION"
     assert requests.delete(f"{platform.url}/v1/{name}", timeout=10).status_code == 200
     assert requests.get(f"{platform.url}/v1/{name}", timeout=10).status_code == 404
+
+
+def test_ir_cache_key_follows_what_the_task_runs_and_is_given_not_where_it_writes():
+    spec = _spec({"a": _task(cachingOptions={"enableCache": True}), "b": _task()})
+    given = {"parameters": {"n": 1}, "artifacts": {"d": [{"uri": "gs://b/r1/x/d", "name": "one",
+                                                          "type": {"schemaTitle": "system.Dataset"}}]}}
+    key = pipeline_spec.cache_key(spec, "a", given)
+    assert key and key == pipeline_spec.cache_key(spec, "a", {**given, "artifacts": {"d": [
+        {**given["artifacts"]["d"][0], "name": "another name, same object"}]}})
+    assert key != pipeline_spec.cache_key(spec, "a", {**given, "parameters": {"n": 2}})
+    spec["deploymentSpec"]["executors"]["exec-a"]["container"]["command"] = ["bash"]
+    assert key != pipeline_spec.cache_key(spec, "a", given)
+    assert pipeline_spec.cache_key(spec, "b", given) is None  # its caching is off

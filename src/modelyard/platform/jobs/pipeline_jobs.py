@@ -25,6 +25,8 @@ from modelyard.platform.jobs import jobs, pipeline_metadata, pipeline_spec
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
 TASKS = "_tasks"
+DONE = ("SUCCEEDED", "SKIPPED")  # SKIPPED: Vertex's state of a task whose outputs came from the cache
+ENDED = DONE + ("FAILED", "CANCELLED")
 _TASK_STATE = {PENDING: "PENDING", RUNNING: "RUNNING", SUCCEEDED: "SUCCEEDED", FAILED: "FAILED",
                CANCELLING: "CANCELLING", CANCELLED: "CANCELLED"}
 _EXECUTION_STATE = {"SUCCEEDED": "COMPLETE", "FAILED": "FAILED", "CANCELLED": "CANCELLED", "RUNNING": "RUNNING",
@@ -81,7 +83,7 @@ def follow(runner, row: dict) -> None:
         store.update_job(row["id"], (PENDING,), state=RUNNING, started=time.time(), result=result)
         row = {**row, "state": RUNNING, "result": result, "started": time.time()}
     for name, t in tasks.items():  # tasks whose job ended since the last tick
-        if t["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if t["state"] in ENDED:
             continue
         try:
             job = store.get_job(t["job"])
@@ -109,7 +111,7 @@ def follow(runner, row: dict) -> None:
         tasks[name] = t
     if row["state"] == RUNNING:
         changed |= _start_ready(runner, row, spec, tasks)
-    active = [n for n, t in tasks.items() if t["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED")]
+    active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
         result["jobDetail"] = _job_detail(row, spec, tasks, result.get("jobDetail") or {})
@@ -122,7 +124,7 @@ def follow(runner, row: dict) -> None:
     elif failed:
         _end(store, row, FAILED, ApiError("FAILED_PRECONDITION", "The DAG failed because some tasks failed. The failed "
                                           f"tasks are: [{', '.join(failed)}].").to_rpc_status(), result)
-    elif all(tasks.get(n, {}).get("state") == "SUCCEEDED" for n in pipeline_spec.tasks(spec)):
+    elif all(tasks.get(n, {}).get("state") in DONE for n in pipeline_spec.tasks(spec)):
         _end(store, row, SUCCEEDED, None, result)
 
 
@@ -131,13 +133,14 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict) -> bool:
     default: a failed task stops only what depends on it); True if any started."""
     started = False
     params = pipeline_spec.run_parameters(spec, row["spec"]["runtimeConfig"].get("parameterValues"))
-    outputs = {n: t.get("outputs") or {} for n, t in tasks.items()}
     for name in pipeline_spec.order(spec):
         if name in tasks:
             continue
         ups = pipeline_spec.upstream(pipeline_spec.tasks(spec)[name])
-        if not all(tasks.get(u, {}).get("state") == "SUCCEEDED" for u in ups):
+        if not all(tasks.get(u, {}).get("state") in DONE for u in ups):
             continue
+        # read now: an upstream task may have been taken from the cache earlier in this pass
+        outputs = {n: t.get("outputs") or {} for n, t in tasks.items()}
         tasks[name] = _start(runner, row, spec, name, params, outputs)
         started = True
     return started
@@ -149,6 +152,13 @@ def _start(runner, row: dict, spec: dict, name: str, params: dict, outputs: dict
     now = time.time()
     try:
         inputs = pipeline_spec.task_inputs(spec, name, params, outputs)
+        key = pipeline_spec.cache_key(spec, name, inputs)
+        hit = pipeline_metadata.cached(runner.store.engine, row, key) if key else None
+        if hit is not None:  # no job: the outputs of the same task run before
+            t = {"state": "SKIPPED", "created": now, "started": now, "ended": now, "root": task_root,
+                 "inputs": inputs, "planned": {}, "outputs": hit, "cache_key": key}
+            t["execution"] = pipeline_metadata.task_execution(runner.store.engine, row, name, t, "CACHED")
+            return t
         planned = pipeline_spec.output_artifacts(spec, name, task_root)
         ex_input = pipeline_spec.executor_input(spec, name, inputs, planned, task_root, _gcs_path)
         container = pipeline_spec.container(spec, pipeline_spec.tasks(spec)[name])
@@ -168,7 +178,7 @@ def _start(runner, row: dict, spec: dict, name: str, params: dict, outputs: dict
                 "error": ApiError(exc.status, f"task {name}: {exc.message}").to_rpc_status()}
     runner.wake()
     return {"state": "PENDING", "job": job["name"].rsplit("/", 1)[-1], "created": now, "root": task_root,
-            "inputs": inputs, "planned": planned}
+            "inputs": inputs, "planned": planned, "cache_key": key}
 
 
 def _gcs_path(uri: str) -> str:
@@ -192,7 +202,7 @@ def _job_detail(row: dict, spec: dict, tasks: dict, detail: dict) -> dict:
     root_id = str(1000 + len(names))
     pipeline_name = spec["pipelineInfo"]["name"]
     states = [t["state"] for t in tasks.values()]
-    root_state = ("FAILED" if "FAILED" in states else "RUNNING" if any(s not in ("SUCCEEDED",) for s in states)
+    root_state = ("FAILED" if "FAILED" in states else "RUNNING" if any(s not in DONE for s in states)
                   or len(tasks) < len(names) else "SUCCEEDED")
     out = [{"taskId": root_id, "taskName": pipeline_name, "state": root_state,
             "createTime": rfc3339(row["created"]), **({"startTime": rfc3339(row["started"])} if row["started"] else {}),
@@ -216,7 +226,7 @@ def _job_detail(row: dict, spec: dict, tasks: dict, detail: dict) -> dict:
             entry["execution"] = t["execution"]
         entry["inputs"] = {k: {"artifacts": [pipeline_metadata.artifact_resource(a) for a in v]}
                            for k, v in (t.get("inputs") or {}).get("artifacts", {}).items()}
-        arts = (t.get("outputs") or {}).get("artifacts") or (t.get("planned") if t["state"] != "SUCCEEDED" else {})
+        arts = (t.get("outputs") or {}).get("artifacts") or (t.get("planned") if t["state"] not in DONE else {})
         entry["outputs"] = {k: {"artifacts": [pipeline_metadata.artifact_resource(a) for a in v]}
                             for k, v in (arts or {}).items()}
         out.append(entry)

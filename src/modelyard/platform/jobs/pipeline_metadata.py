@@ -40,13 +40,28 @@ def run_context(engine, row: dict) -> dict:
     return run
 
 
+def cached(engine, row: dict, key: str) -> dict | None:
+    """The outputs of the newest completed task execution with this cache key (any run), or None."""
+    db, store = _store(engine, row)
+    found = nodes.select(db, store, "executions", 'schema_title="system.ContainerExecution" AND state="COMPLETE" '
+                         f'AND metadata.cache_key.string_value="{key}"')
+    if not found:
+        return None
+    newest = max(found, key=lambda e: e.get("createTime", ""))
+    return (newest.get("metadata") or {}).get("cached_outputs")
+
+
 def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict:
-    """A finished task's execution, its output artifacts made (their names set in ``task['outputs']``),
-    its events and its membership of the run's context."""
+    """A finished (or cache-hit: ``CACHED``) task's execution, its output artifacts made unless they exist
+    (their names set in ``task['outputs']``), its events and its membership of the run's context."""
     db, store = _store(engine, row)
     inputs, outputs = task.get("inputs") or {}, task.get("outputs") or {}
     metadata = {**{f"input:{k}": v for k, v in (inputs.get("parameters") or {}).items()},
                 **{f"output:{k}": v for k, v in (outputs.get("parameters") or {}).items()}}
+    if task.get("cache_key") and state == "COMPLETE":
+        metadata["cache_key"] = task["cache_key"]
+    elif task.get("cache_key"):
+        metadata["cached_execution_key"] = task["cache_key"]
     execution = nodes.create(db, store, "executions", {
         "displayName": name, "schemaTitle": "system.ContainerExecution", "state": state, "metadata": metadata}, None)
     events = [{"artifact": a["name"], "type": "INPUT"} for arts in (inputs.get("artifacts") or {}).values()
@@ -54,6 +69,10 @@ def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict
     made = []
     for arts in (outputs.get("artifacts") or {}).values():
         for a in arts:
+            if a.get("name", "").startswith(f"{store}/artifacts/"):  # a cache hit's: the artifact it reuses
+                events.append({"artifact": a["name"], "type": "OUTPUT"})
+                made.append(a["name"])
+                continue
             title = (a.get("type") or {}).get("schemaTitle")
             created = nodes.create(db, store, "artifacts", {
                 "displayName": a.get("name") or "", "uri": a["uri"], "state": "LIVE",
@@ -62,6 +81,9 @@ def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict
             a["name"] = created["name"]
             made.append(created["name"])
             events.append({"artifact": created["name"], "type": "OUTPUT"})
+    if metadata.get("cache_key"):  # what a later identical task reuses (names set above)
+        execution = nodes.patch(db, store, "executions", nodes.node_id(execution["name"], store, "executions"),
+                                {"metadata": {**metadata, "cached_outputs": outputs}}, "metadata", False)
     ex_id = nodes.node_id(execution["name"], store, "executions")
     if events:
         lineage.add_execution_events(db, store, ex_id, {"events": events})

@@ -11,6 +11,7 @@ refused at create, naming the feature, rather than run wrongly.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -238,6 +239,21 @@ def fill(strings: list[str], ex_input: dict) -> list[str]:
         arts = ex_input[side]["artifacts"].get(key, {}).get("artifacts") or [{}]
         return str(arts[0].get("uri" if attr in ("uri", None) else "uri", ""))  # .path and .uri: the task's path
     return [_PLACEHOLDER.sub(one, s) for s in strings]
+
+
+def cache_key(spec: dict, name: str, inputs: dict) -> str | None:
+    """The task's fingerprint when its caching is on (``cachingOptions.enableCache``, which the SDK's
+    ``enable_caching`` sets), else None: what it runs (its component's interface and its container) and
+    what it is given (parameters; input artifacts by URI and type), not where its outputs go."""
+    task = tasks(spec)[name]
+    if not (task.get("cachingOptions") or {}).get("enableCache"):
+        return None
+    comp = component(spec, task)
+    what = {"inputs": comp.get("inputDefinitions") or {}, "outputs": comp.get("outputDefinitions") or {},
+            "container": container(spec, task), "parameters": inputs["parameters"],
+            "artifacts": {k: [[a.get("uri"), (a.get("type") or {}).get("schemaTitle")] for a in v]
+                          for k, v in inputs["artifacts"].items()}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 _PIP_PREAMBLE = re.compile(r"python3 -m pip install (?P<args>.*?) && \"\$0\" \"\$@\"", re.S)
