@@ -202,11 +202,13 @@ def test_ir_a_satisfied_pip_install_step_is_left_out_and_any_other_kept():
         assert pipeline_spec.without_satisfied_install(command(other)) == command(other)
 
 
-def test_cancel_mid_run_cancels_the_running_task_and_leaves_no_process(platform):
-    """A container component (the IR written by hand: no kfp needed) that would sleep a minute."""
+def test_independent_tasks_run_together_and_cancel_mid_run_leaves_no_process(platform):
+    """Two independent container components (the IR written by hand: no kfp needed) that would sleep a
+    minute: both run at once; cancelling the run cancels both tasks' jobs."""
     from tests.platform.jobs_helpers import wait_gone, wait_state
 
-    spec = _spec({"nap": {"componentRef": {"name": "comp-a"}, "taskInfo": {"name": "nap"}}})
+    nap = {"componentRef": {"name": "comp-a"}, "taskInfo": {"name": "nap"}}
+    spec = _spec({"nap-1": nap, "nap-2": nap})
     spec["deploymentSpec"]["executors"]["exec-a"]["container"] = {"image": "alpine", "command": ["sleep"],
                                                                   "args": ["60"]}
     made = requests.post(platform.api("pipelineJobs"), params={"pipelineJobId": "napping"}, timeout=10,
@@ -215,17 +217,18 @@ def test_cancel_mid_run_cancels_the_running_task_and_leaves_no_process(platform)
     assert made.status_code == 200, made.text
     name = made.json()["name"]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the task's job is running
+    while time.monotonic() < deadline:  # both tasks' jobs are running
         got = requests.get(f"{platform.url}/v1/{name}", timeout=10).json()
         tasks = {t["taskName"]: t for t in got.get("jobDetail", {}).get("taskDetails", [])}
-        if tasks.get("nap", {}).get("state") == "RUNNING":
+        if all(tasks.get(n, {}).get("state") == "RUNNING" for n in ("nap-1", "nap-2")):
             break
         time.sleep(0.1)
-    job = tasks["nap"]["executorDetail"]["customJobDetail"]["job"]
+    assert [tasks.get(n, {}).get("state") for n in ("nap-1", "nap-2")] == ["RUNNING"] * 2, got
+    jobs = [tasks[n]["executorDetail"]["customJobDetail"]["job"] for n in ("nap-1", "nap-2")]
     assert requests.post(f"{platform.url}/v1/{name}:cancel", timeout=10).status_code == 200
     got = wait_state(platform, name, ("PIPELINE_STATE_CANCELLED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_SUCCEEDED"))
     assert got["state"] == "PIPELINE_STATE_CANCELLED" and got["error"]["code"] == 1
-    assert requests.get(f"{platform.url}/v1/{job}", timeout=10).json()["state"] == "JOB_STATE_CANCELLED"
+    assert [requests.get(f"{platform.url}/v1/{j}", timeout=10).json()["state"] for j in jobs] == ["JOB_STATE_CANCELLED"] * 2
     assert wait_gone(platform) == []  # the sleep, its launcher and its job's process
     again = requests.post(f"{platform.url}/v1/{name}:cancel", timeout=10)
     assert again.status_code == 400 and again.json()["error"]["status"] == "FAILED_PRECONDITION"
