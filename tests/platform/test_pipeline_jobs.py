@@ -86,6 +86,7 @@ def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform,
     kinds = {(executions[e["execution"]], e["type"]) for e in graph["events"] if e["artifact"] == dataset.name}
     assert kinds == {("make-data", "OUTPUT"), ("count", "INPUT")}
 
+    assert job.resource_name in [j.resource_name for j in sdk.PipelineJob.list(filter='display_name="two-step"')]
     listed = requests.get(platform.api("pipelineJobs"), params={"filter": 'display_name="two-step" AND '
                                                                           'state="PIPELINE_STATE_SUCCEEDED"'},
                           timeout=10).json()

@@ -110,7 +110,9 @@ def follow(runner, row: dict) -> None:
             t["state"], changed = state, True
         tasks[name] = t
     if row["state"] == RUNNING:
-        changed |= _start_ready(runner, row, spec, tasks)
+        def save() -> None:  # each started task at once: a tick cut short never starts a task twice
+            store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
+        changed |= _start_ready(runner, row, spec, tasks, save)
     active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
@@ -128,7 +130,7 @@ def follow(runner, row: dict) -> None:
         _end(store, row, SUCCEEDED, None, result)
 
 
-def _start_ready(runner, row: dict, spec: dict, tasks: dict) -> bool:
+def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
     """Create the custom job of every task whose upstream tasks all succeeded (fail-slow, as Vertex's
     default: a failed task stops only what depends on it); True if any started."""
     started = False
@@ -142,6 +144,7 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict) -> bool:
         # read now: an upstream task may have been taken from the cache earlier in this pass
         outputs = {n: t.get("outputs") or {} for n, t in tasks.items()}
         tasks[name] = _start(runner, row, spec, name, params, outputs)
+        save()
         started = True
     return started
 
