@@ -411,9 +411,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--storage", default=os.environ.get("STORAGE_EMULATOR_HOST"),
                         help="the storage's URL (default: $STORAGE_EMULATOR_HOST)")
     parser.add_argument("--cert-dir", default=None, help="where the CA bundle is written (default: a new temp dir)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", type=_loopback_host,
+                        help="a loopback address to listen on (default 127.0.0.1): the gateway adds a "
+                        "job's token to what it forwards, so it never listens beyond this host")
     parser.add_argument("--listen-fds", default=None, help="PLAIN,PROXY: descriptors of sockets listening "
                         "already (start_process)")
+
+
+def _loopback_host(host: str) -> str:
+    """``host`` when it is a loopback address; otherwise argparse's error, saying why."""
+    import argparse
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise argparse.ArgumentTypeError(f"{host!r} is not a loopback address: the gateway forwards with a "
+                                         "job's credentials and listens on this host only (127.0.0.1, ::1)")
+    return host
 
 
 def gateway_args(args) -> dict:

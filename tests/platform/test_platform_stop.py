@@ -47,6 +47,11 @@ def test_ctrl_c_says_what_keeps_running_and_platform_stop_stops_it_all(tmp_path,
         assert all(alive(pid) for pid in replicas + jobs)
 
         p.start()  # adopts them
+        # A cross-site page can POST a form or text/plain without a preflight: the stop refuses it.
+        refused = requests.post(p.url + "/modelyard/v1/stop", data="x", timeout=10,
+                                headers={"Content-Type": "text/plain"})
+        assert refused.status_code == 400 and refused.json()["error"]["status"] == "INVALID_ARGUMENT"
+        assert p.proc.poll() is None
         assert main(["platform", "stop", "--port", str(p.port)]) == 0
         assert capsys.readouterr().out.strip() == (
             f"modelyard platform stop: {p.url} stopped 1 replica(s) and cancelled 1 job(s); it exits now")

@@ -251,3 +251,16 @@ def _run_the_book(sdk, platform, gcs_emulator):
         endpoint.undeploy_all()
         endpoint.delete()
     model.delete()
+
+
+def test_the_gateway_listens_on_loopback_only():
+    """It forwards with a job's token: a --host beyond this machine is refused at the command line."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    tf_gcs.add_arguments(parser)
+    assert parser.parse_args(["--host", "::1"]).host == "::1"
+    assert parser.parse_args([]).host == "127.0.0.1"
+    for host in ("0.0.0.0", "192.168.1.5", "example.com"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--host", host])

@@ -233,7 +233,8 @@ def _stop_platform(args: argparse.Namespace) -> int:
     url = f"{scheme}://{_client_host(args.host)}:{args.port}"
     context = ssl.create_default_context(cafile=args.tls_cert) if args.tls_cert else None
     headers = {"Authorization": f"Bearer {args.auth_token}"} if args.auth_token else {}
-    request = urllib.request.Request(url + STOP_PATH, data=b"", method="POST", headers=headers)
+    headers["Content-Type"] = "application/json"  # the platform refuses others (a cross-site form's)
+    request = urllib.request.Request(url + STOP_PATH, data=b"{}", method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120, context=context) as answer:
             stopped = json.loads(answer.read())

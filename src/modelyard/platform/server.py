@@ -125,6 +125,8 @@ def build_app(p: Platform) -> web.Application:
         """`modelyard platform stop`: its jobs cancelled, its replicas stopped, then the platform exits."""
         try:
             check_token(request)
+            if request.content_type != "application/json":  # a cross-site page cannot send it without a preflight
+                raise ApiError("INVALID_ARGUMENT", "stop takes a JSON body ({}), as `modelyard platform stop` sends")
             if not p.supervisor.leader:
                 raise ApiError("FAILED_PRECONDITION", "this platform does not supervise the store's replicas and "
                                "jobs: stop the one that does (the first started on this store)")

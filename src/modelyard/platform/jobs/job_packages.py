@@ -37,6 +37,7 @@ from pathlib import Path
 from modelyard import objstore
 from modelyard.platform.api.errors import ApiError, invalid
 from modelyard.platform.jobs import job_env
+from modelyard.platform.jobs.job_identity import without_admin_token
 
 CHECK_BYTES = 64 << 20  # larger package files are checked to exist only: their install tells the rest
 DRY_RUN_TIMEOUT_S = 120.0
@@ -178,7 +179,8 @@ def _dry_run(field: str, items: list[str]) -> None:
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
                                "--disable-pip-version-check", "--no-build-isolation", *items],
                               capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S,
-                              env={**os.environ, "PIP_NO_INPUT": "1"})
+                              # The user's setup.py may run here: never with the platform's token.
+                              env={**without_admin_token(os.environ), "PIP_NO_INPUT": "1"})
     except subprocess.TimeoutExpired:
         return  # a slow index is not a refusal: the job's own install will say
     if done.returncode != 0:
