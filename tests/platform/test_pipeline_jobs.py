@@ -139,6 +139,26 @@ def test_a_second_identical_run_reuses_every_task_and_a_changed_input_reruns_onl
     assert third["make-data"].state.name == "SKIPPED" and third["count"].state.name == "FAILED"
 
 
+def test_dsl_if_else_runs_only_the_branch_whose_condition_holds(sdk, platform, tmp_path):
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_branches
+
+    template = str(tmp_path / "branches.yaml")
+    compiler.Compiler().compile(kfp_branches.branches, template)
+    job = sdk.PipelineJob(display_name="branches", template_path=template, pipeline_root=ROOT, job_id="branches",
+                          parameter_values={"n": 7}, enable_caching=False)
+    job.run()
+    assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    tasks = {t.task_name: t for t in job.task_details}
+    assert {n: t.state.name for n, t in tasks.items()} == {
+        "branches": "SUCCEEDED", "flip": "SUCCEEDED", "condition-branches-1": "SUCCEEDED",
+        "condition-2": "SUCCEEDED", "say": "SUCCEEDED", "condition-3": "NOT_TRIGGERED"}  # say-2 never started
+    assert tasks["say"].execution.metadata["output:Output"] == "heads won"
+    assert tasks["say"].parent_task_id == tasks["condition-2"].task_id
+    assert tasks["condition-2"].parent_task_id == tasks["condition-branches-1"].task_id
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}
@@ -160,8 +180,9 @@ def test_ir_order_puts_every_task_after_its_upstream_and_refuses_cycles():
 
 
 @pytest.mark.parametrize("task, words", [
-    (_task(triggerPolicy={"condition": "x"}), "conditions and loops"),
-    (_task(parameterIterator={"items": {}}), "conditions and loops"),
+    (_task(triggerPolicy={"condition": "x"}), "conditions on groups"),
+    (_task(parameterIterator={"items": {}}), "loops"),
+    (_task(triggerPolicy={"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}), "ExitHandler"),
     (_task("ghost"), "'ghost', not a task"),
 ])
 def test_ir_features_not_run_yet_are_refused_naming_them(task, words):
@@ -177,6 +198,23 @@ def test_ir_run_parameters_take_defaults_and_type_them():
         pipeline_spec.run_parameters(spec, {})
     with pytest.raises(ApiError, match="must be an integer"):
         pipeline_spec.run_parameters(spec, {"s": "x", "n": 2.5})
+
+
+@pytest.mark.parametrize("expr, params, holds", [
+    ("inputs.parameter_values['c'] == 'heads'", {"c": "heads"}, True),
+    ("!(inputs.parameter_values['c'] == 'heads')", {"c": "heads"}, False),
+    ("int(inputs.parameter_values['n']) > 3 && inputs.parameter_values['b'] == true", {"n": 5, "b": True}, True),
+    ("inputs.parameter_values['x'] <= 0.5 || inputs.parameter_values['s'] != \"a\"", {"x": 0.7, "s": "a"}, False),
+])
+def test_ir_conditions_are_evaluated_as_cel_says(expr, params, holds):
+    assert pipeline_spec.condition_holds(expr, params) is holds
+
+
+@pytest.mark.parametrize("expr", ["__import__('os').system('true')", "inputs.parameter_values['nope'] == 1",
+                                  "inputs.parameter_values['c'].size() > 1"])
+def test_ir_conditions_it_cannot_read_are_refused(expr):
+    with pytest.raises(ApiError):
+        pipeline_spec.condition_holds(expr, {"c": "x"})
 
 
 def test_ir_placeholders_are_filled_from_the_executor_input():

@@ -25,7 +25,9 @@ from modelyard.platform.jobs import jobs, pipeline_metadata, pipeline_spec
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
 TASKS = "_tasks"
-DONE = ("SUCCEEDED", "SKIPPED")  # SKIPPED: Vertex's state of a task whose outputs came from the cache
+# SKIPPED: Vertex's state of a task whose outputs came from the cache; NOT_TRIGGERED: a dsl.If group whose
+# condition did not hold (what depends on it still runs).
+DONE = ("SUCCEEDED", "SKIPPED", "NOT_TRIGGERED")
 ENDED = DONE + ("FAILED", "CANCELLED")
 _TASK_STATE = {PENDING: "PENDING", RUNNING: "RUNNING", SUCCEEDED: "SUCCEEDED", FAILED: "FAILED",
                CANCELLING: "CANCELLING", CANCELLED: "CANCELLED"}
@@ -83,7 +85,7 @@ def follow(runner, row: dict) -> None:
         store.update_job(row["id"], (PENDING,), state=RUNNING, started=time.time(), result=result)
         row = {**row, "state": RUNNING, "result": result, "started": time.time()}
     for name, t in tasks.items():  # tasks whose job ended since the last tick
-        if t["state"] in ENDED:
+        if t["state"] in ENDED or not t.get("job"):  # ended, or a group (it runs no job: _settle_groups)
             continue
         try:
             job = store.get_job(t["job"])
@@ -113,6 +115,7 @@ def follow(runner, row: dict) -> None:
         def save() -> None:  # each started task at once: a tick cut short never starts a task twice
             store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
         changed |= _start_ready(runner, row, spec, tasks, save)
+    changed |= _settle_groups(row, spec, tasks)
     active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
@@ -120,13 +123,13 @@ def follow(runner, row: dict) -> None:
         store.update_job(row["id"], (RUNNING, CANCELLING), result=result)
     if active:
         return
-    failed = sorted(n for n, t in tasks.items() if t["state"] == "FAILED")
+    failed = sorted(n for n, t in tasks.items() if t["state"] == "FAILED" and not pipeline_spec.is_group(spec, n))
     if row["state"] == CANCELLING:
         _end(store, row, CANCELLED, ApiError("CANCELLED", "CANCELED").to_rpc_status(), result)
     elif failed:
         _end(store, row, FAILED, ApiError("FAILED_PRECONDITION", "The DAG failed because some tasks failed. The failed "
                                           f"tasks are: [{', '.join(failed)}].").to_rpc_status(), result)
-    elif all(tasks.get(n, {}).get("state") in DONE for n in pipeline_spec.tasks(spec)):
+    elif all(tasks.get(n, {}).get("state") in DONE for n in pipeline_spec.root_names(spec)):
         _end(store, row, SUCCEEDED, None, result)
 
 
@@ -138,23 +141,70 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
     for name in pipeline_spec.order(spec):
         if name in tasks:
             continue
+        group = pipeline_spec.parent_of(spec, name)
+        if group is not None and tasks.get(group, {}).get("state") != "RUNNING":
+            continue  # its group has not started, or did not hold, or ended
         ups = pipeline_spec.upstream(pipeline_spec.tasks(spec)[name])
         if not all(tasks.get(u, {}).get("state") in DONE for u in ups):
             continue
         # read now: an upstream task may have been taken from the cache earlier in this pass
         outputs = {n: t.get("outputs") or {} for n, t in tasks.items()}
-        tasks[name] = _start(runner, row, spec, name, params, outputs)
+        scope = tasks[group]["inputs"] if group is not None else {"parameters": params, "artifacts": {}}
+        if pipeline_spec.is_group(spec, name):
+            tasks[name] = _enter_group(spec, name, scope, outputs)
+        else:
+            tasks[name] = _start(runner, row, spec, name, scope, outputs)
         save()
         started = True
     return started
 
 
-def _start(runner, row: dict, spec: dict, name: str, params: dict, outputs: dict) -> dict:
+def _enter_group(spec: dict, name: str, scope: dict, outputs: dict) -> dict:
+    """A group task (dsl.If branch, nested pipeline): its inputs resolved, its condition evaluated over
+    them: RUNNING (its tasks may start) or NOT_TRIGGERED; FAILED saying why when it cannot be read."""
+    now = time.time()
+    try:
+        inputs = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
+        condition = (pipeline_spec.tasks(spec)[name].get("triggerPolicy") or {}).get("condition")
+        holds = pipeline_spec.condition_holds(condition, inputs["parameters"]) if condition else True
+    except ApiError as exc:
+        return {"state": "FAILED", "created": now, "ended": now, "inputs": {"parameters": {}, "artifacts": {}},
+                "error": ApiError(exc.status, f"task {name}: {exc.message}").to_rpc_status()}
+    return {"state": "RUNNING" if holds else "NOT_TRIGGERED", "created": now, "started": now,
+            **({} if holds else {"ended": now}), "inputs": inputs}
+
+
+def _settle_groups(row: dict, spec: dict, tasks: dict) -> bool:
+    """A running group ends when its tasks have: SUCCEEDED when each is done; FAILED (or CANCELLED) when
+    none is running any more and one failed (or the run is being cancelled). Inner groups first."""
+    changed = False
+    for name in reversed(pipeline_spec.order(spec)):
+        t = tasks.get(name)
+        if t is None or t["state"] != "RUNNING" or t.get("job"):
+            continue
+        children = [n for n in pipeline_spec.order(spec) if pipeline_spec.parent_of(spec, n) == name]
+        states = [tasks[n]["state"] if n in tasks else None for n in children]
+        if any(s is not None and s not in ENDED for s in states):
+            continue
+        if all(s in DONE for s in states):
+            end = "SUCCEEDED"
+        elif row["state"] == CANCELLING:
+            end = "CANCELLED"
+        elif any(s in ("FAILED", "CANCELLED") for s in states):
+            end = "FAILED"
+        else:
+            continue
+        t.update(state=end, ended=time.time())
+        changed = True
+    return changed
+
+
+def _start(runner, row: dict, spec: dict, name: str, scope: dict, outputs: dict) -> dict:
     root = row["spec"]["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
     task_root = f"{root}/{row['id']}/{name}"
     now = time.time()
     try:
-        inputs = pipeline_spec.task_inputs(spec, name, params, outputs)
+        inputs = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
         key = pipeline_spec.cache_key(spec, name, inputs)
         hit = pipeline_metadata.cached(runner.store.engine, row, key) if key else None
         if hit is not None:  # no job: the outputs of the same task run before
@@ -205,18 +255,22 @@ def _job_detail(row: dict, spec: dict, tasks: dict, detail: dict) -> dict:
     root_id = str(1000 + len(names))
     pipeline_name = spec["pipelineInfo"]["name"]
     states = [t["state"] for t in tasks.values()]
-    root_state = ("FAILED" if "FAILED" in states else "RUNNING" if any(s not in DONE for s in states)
-                  or len(tasks) < len(names) else "SUCCEEDED")
+    root_state = ("FAILED" if "FAILED" in states else "SUCCEEDED" if all(
+        tasks.get(n, {}).get("state") in DONE for n in pipeline_spec.root_names(spec)) else "RUNNING")
+    ids = {name: str(1000 + i) for i, name in enumerate(names)}
     out = [{"taskId": root_id, "taskName": pipeline_name, "state": root_state,
             "createTime": rfc3339(row["created"]), **({"startTime": rfc3339(row["started"])} if row["started"] else {}),
             "execution": {"displayName": pipeline_name, "schemaTitle": "system.DAGExecution"}}]
     parent = row["parent"]
-    for i, name in enumerate(names):
+    for name in names:
         t = tasks.get(name)
         if t is None:
             continue
-        entry = {"taskId": str(1000 + i), "parentTaskId": root_id, "taskName": name, "state": t["state"],
-                 "createTime": rfc3339(t["created"])}
+        group = pipeline_spec.parent_of(spec, name)
+        entry = {"taskId": ids[name], "parentTaskId": ids[group] if group else root_id, "taskName": name,
+                 "state": t["state"], "createTime": rfc3339(t["created"])}
+        if pipeline_spec.is_group(spec, name):
+            entry["execution"] = {"displayName": name, "schemaTitle": "system.DAGExecution"}
         if t.get("started"):
             entry["startTime"] = rfc3339(t["started"])
         if t.get("ended"):

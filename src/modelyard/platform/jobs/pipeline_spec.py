@@ -33,23 +33,34 @@ def check(spec: Any) -> dict:
                       "runs KFP v2 pipeline specs (schemaVersion 2.x, written by kfp>=2).")
     if not (spec.get("pipelineInfo") or {}).get("name"):
         raise invalid("pipeline_spec.pipeline_info.name is required.")
-    tasks = ((spec.get("root") or {}).get("dag") or {}).get("tasks")
-    if not isinstance(tasks, dict) or not tasks:
+    root_tasks = ((spec.get("root") or {}).get("dag") or {}).get("tasks")
+    if not isinstance(root_tasks, dict) or not root_tasks:
         raise invalid("pipeline_spec.root.dag.tasks is required: a pipeline has at least one task.")
     components = spec.get("components") or {}
     executors = (spec.get("deploymentSpec") or {}).get("executors") or {}
-    for name, task in tasks.items():
-        where = f"pipeline_spec.root.dag.tasks[{name!r}]"
-        for unsupported in ("triggerPolicy", "iteratorPolicy", "parameterIterator", "artifactIterator"):
+    for name, (task, parent) in _walk(spec).items():
+        where = f"pipeline_spec task {name!r}"
+        for unsupported in ("iteratorPolicy", "parameterIterator", "artifactIterator"):
             if task.get(unsupported):
-                raise invalid(f"{where}.{_snake(unsupported)}: conditions and loops (dsl.If, dsl.ParallelFor) are "
-                              "not run by modelyard's pipeline executor yet.")
+                raise invalid(f"{where}.{_snake(unsupported)}: loops (dsl.ParallelFor) are not run by modelyard's "
+                              "pipeline executor yet.")
+        if (task.get("triggerPolicy") or {}).get("strategy") not in (None, "ALL_UPSTREAM_TASKS_SUCCEEDED"):
+            raise invalid(f"{where}.trigger_policy.strategy: dsl.ExitHandler is not run by modelyard's pipeline "
+                          "executor yet.")
         comp = components.get((task.get("componentRef") or {}).get("name"))
         if comp is None:
             raise invalid(f"{where}.component_ref names no component of pipeline_spec.components.")
+        siblings = _dag_tasks(spec, parent)
+        for dep in task.get("dependentTasks") or []:
+            if dep not in siblings:
+                raise invalid(f"{where}.dependent_tasks names {dep!r}, not a task of the pipeline.")
         if comp.get("dag"):
-            raise invalid(f"{where}: a nested pipeline (or dsl.ExitHandler / dsl.If group) is not run by "
-                          "modelyard's pipeline executor yet.")
+            if (comp["dag"].get("outputs") or {}):
+                raise invalid(f"{where}: a group or nested pipeline with outputs (dsl.OneOf, a pipeline's "
+                              "return) is not run by modelyard's pipeline executor yet.")
+            continue
+        if (task.get("triggerPolicy") or {}).get("condition"):  # the compiler puts conditions on groups only
+            raise invalid(f"{where}.trigger_policy.condition: modelyard runs conditions on groups (dsl.If) only.")
         executor = executors.get(comp.get("executorLabel"))
         container = (executor or {}).get("container")
         if not container:
@@ -59,9 +70,6 @@ def check(spec: Any) -> dict:
         if not container.get("command") and not container.get("args"):
             raise invalid(f"{where}: its container has no command: modelyard runs the command as a local process "
                           f"and cannot run an image's entrypoint (image {container.get('image')!r}).")
-        for dep in task.get("dependentTasks") or []:
-            if dep not in tasks:
-                raise invalid(f"{where}.dependent_tasks names {dep!r}, not a task of the pipeline.")
     order(spec)  # no cycles
     return spec
 
@@ -70,13 +78,53 @@ def _snake(name: str) -> str:
     return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
 
 
+def _dag_tasks(spec: dict, group: str | None) -> dict:
+    """The tasks of the root DAG (``group`` None) or of a group task's DAG."""
+    if group is None:
+        return spec["root"]["dag"]["tasks"]
+    return component(spec, _walk(spec)[group][0])["dag"]["tasks"]
+
+
+def _walk(spec: dict) -> dict[str, tuple[dict, str | None]]:
+    """Every task of the pipeline, nested DAGs (dsl.If groups, nested pipelines) included: name ->
+    (its spec, the group task it is in, None at the root). The compiler makes task names unique."""
+    out: dict = {}
+
+    def walk(dag_tasks: dict, parent: str | None, depth: int) -> None:
+        if depth > 20:
+            raise invalid("pipeline_spec: groups are nested more than 20 deep.")
+        for name, task in dag_tasks.items():
+            if name in out:
+                raise invalid(f"pipeline_spec: two tasks are named {name!r}.")
+            out[name] = (task, parent)
+            comp = (spec.get("components") or {}).get((task.get("componentRef") or {}).get("name")) or {}
+            if comp.get("dag"):
+                walk(comp["dag"].get("tasks") or {}, name, depth + 1)
+
+    walk(spec["root"]["dag"]["tasks"], None, 0)
+    return out
+
+
 def tasks(spec: dict) -> dict[str, dict]:
-    return spec["root"]["dag"]["tasks"]
+    """Every task by name, nested ones included."""
+    return {name: task for name, (task, _) in _walk(spec).items()}
+
+
+def parent_of(spec: dict, name: str) -> str | None:
+    return _walk(spec)[name][1]
+
+
+def is_group(spec: dict, name: str) -> bool:
+    return bool(component(spec, tasks(spec)[name]).get("dag"))
+
+
+def root_names(spec: dict) -> list[str]:
+    return list(spec["root"]["dag"]["tasks"])
 
 
 def order(spec: dict) -> list[str]:
-    """The root DAG's task names, each after every task it depends on (data or ``.after``)."""
-    all_tasks = tasks(spec)
+    """Every task's name, each after its group and after every task it depends on (data or ``.after``)."""
+    walked = _walk(spec)
     done: list[str] = []
     seen: set[str] = set()
 
@@ -84,14 +132,15 @@ def order(spec: dict) -> list[str]:
         if name in seen:
             return
         if name in path:
-            raise invalid(f"pipeline_spec.root.dag: tasks depend on each other in a cycle: {' -> '.join(path + (name,))}.")
-        for dep in upstream(all_tasks[name]):
-            if dep in all_tasks:
+            raise invalid(f"pipeline_spec: tasks depend on each other in a cycle: {' -> '.join(path + (name,))}.")
+        task, parent = walked[name]
+        for dep in sorted(upstream(task)) + ([parent] if parent else []):
+            if dep in walked:
                 visit(dep, path + (name,))
         seen.add(name)
         done.append(name)
 
-    for name in sorted(all_tasks):
+    for name in sorted(walked):
         visit(name, ())
     return done
 
@@ -159,9 +208,11 @@ def convert(value: Any, kind: str | None, field: str) -> Any:
     return value
 
 
-def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict]) -> dict:
-    """A task's inputs ``{"parameters": {name: value}, "artifacts": {name: [artifact]}}`` from the run's
-    parameters and its producers' ``outputs`` (task name -> the same shape, as ``task_outputs`` reads)."""
+def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict],
+                scope_artifacts: dict | None = None) -> dict:
+    """A task's inputs ``{"parameters": {name: value}, "artifacts": {name: [artifact]}}`` from its scope's
+    parameters and artifacts (the run's at the root; its group's inputs inside a group) and its producers'
+    ``outputs`` (task name -> the same shape, as ``task_outputs`` reads)."""
     task = tasks(spec)[name]
     comp = component(spec, task)
     defs = comp.get("inputDefinitions") or {}
@@ -190,6 +241,9 @@ def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict]) -
             out_params[key] = d["defaultValue"]
     out_arts: dict = {}
     for key, value in (given.get("artifacts") or {}).items():
+        if "componentInputArtifact" in value:
+            out_arts[key] = (scope_artifacts or {}).get(value["componentInputArtifact"], [])
+            continue
         ref = value.get("taskOutputArtifact")
         if not ref:
             raise invalid(f"task {name!r}: input artifact {key!r} is set in a way modelyard does not run yet: "
@@ -254,6 +308,50 @@ def cache_key(spec: dict, name: str, inputs: dict) -> str | None:
             "artifacts": {k: [[a.get("uri"), (a.get("type") or {}).get("schemaTitle")] for a in v]
                           for k, v in inputs["artifacts"].items()}}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_CEL_TOKEN = re.compile(r"""\s*(?:(?P<param>inputs\.parameter_values\[(?P<q>['"])(?P<key>[^'"]+)(?P=q)\])
+    |(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<num>-?\d+(?:\.\d+)?)|(?P<op>==|!=|<=|>=|&&|\|\||[<>!()])
+    |(?P<word>true|false|int|double|string))""", re.X)
+
+
+def condition_holds(expr: str, params: dict) -> bool:
+    """A ``triggerPolicy.condition`` (the CEL subset the kfp compiler writes for dsl.If/Elif/Else:
+    ``inputs.parameter_values['k']`` compared with literals, ``int()``/``double()``/``string()``,
+    ``&&``, ``||``, ``!``, parentheses) over the group task's parameters; INVALID_ARGUMENT for anything else."""
+    import ast
+
+    parts, pos = [], 0
+    while pos < len(expr.rstrip()):
+        m = _CEL_TOKEN.match(expr, pos)
+        if m is None or m.end() == pos:
+            raise invalid(f"trigger_policy.condition {expr!r}: modelyard cannot read it at {expr[pos:pos + 20]!r}.")
+        pos = m.end()
+        if m.group("param"):
+            if m.group("key") not in params:
+                raise invalid(f"trigger_policy.condition {expr!r}: no parameter {m.group('key')!r}.")
+            parts.append(repr(params[m.group("key")]))
+        elif m.group("str"):
+            parts.append(repr(ast.literal_eval(m.group("str"))))
+        elif m.group("num"):
+            parts.append(m.group("num"))
+        elif m.group("op"):
+            parts.append({"&&": " and ", "||": " or ", "!": " not "}.get(m.group("op"), m.group("op")))
+        else:
+            parts.append({"true": "True", "false": "False", "double": "float", "string": "str"}.get(
+                m.group("word"), m.group("word")))
+    text = "".join(parts).strip()
+    tree = ast.parse(text, mode="eval")
+    allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare, ast.Eq,
+               ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Constant, ast.Call, ast.Name, ast.Load)
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed) or (isinstance(node, ast.Name) and node.id not in ("int", "float", "str")):
+            raise invalid(f"trigger_policy.condition {expr!r}: modelyard cannot evaluate it.")
+    try:
+        return bool(eval(compile(tree, "<condition>", "eval"), {"__builtins__": {}},  # noqa: S307 (checked above)
+                         {"int": int, "float": float, "str": str}))
+    except (TypeError, ValueError) as exc:
+        raise invalid(f"trigger_policy.condition {expr!r}: {exc}") from None
 
 
 _PIP_PREAMBLE = re.compile(r"python3 -m pip install (?P<args>.*?) && \"\$0\" \"\$@\"", re.S)
