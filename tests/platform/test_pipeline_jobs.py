@@ -159,6 +159,23 @@ def test_dsl_if_else_runs_only_the_branch_whose_condition_holds(sdk, platform, t
     assert tasks["condition-2"].parent_task_id == tasks["condition-branches-1"].task_id
 
 
+def test_an_exit_handler_runs_after_a_failing_step_and_the_run_fails_naming_it(sdk, platform, tmp_path):
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_exit
+
+    template = str(tmp_path / "exits.yaml")
+    compiler.Compiler().compile(kfp_exit.exits, template)
+    job = sdk.PipelineJob(display_name="exits", template_path=template, pipeline_root=ROOT, job_id="exits",
+                          enable_caching=False)
+    with pytest.raises(RuntimeError, match=r"The failed tasks are: \[boom\]"):
+        job.run()
+    tasks = {t.task_name: t for t in job.task_details}
+    assert tasks["boom"].state.name == "FAILED" and tasks["exit-handler-1"].state.name == "FAILED"
+    assert tasks["cleanup"].state.name == "SUCCEEDED" and tasks["cleanup"].start_time >= tasks["boom"].end_time
+    assert tasks["cleanup"].execution.metadata["output:Output"] == "FAILED exit-handler-1 13"
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}
@@ -182,7 +199,7 @@ def test_ir_order_puts_every_task_after_its_upstream_and_refuses_cycles():
 @pytest.mark.parametrize("task, words", [
     (_task(triggerPolicy={"condition": "x"}), "conditions on groups"),
     (_task(parameterIterator={"items": {}}), "loops"),
-    (_task(triggerPolicy={"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}), "ExitHandler"),
+    (_task(triggerPolicy={"strategy": "ANY_UPSTREAM"}), "strategy 'ANY_UPSTREAM'"),
     (_task("ghost"), "'ghost', not a task"),
 ])
 def test_ir_features_not_run_yet_are_refused_naming_them(task, words):

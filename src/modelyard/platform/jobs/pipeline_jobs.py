@@ -111,11 +111,15 @@ def follow(runner, row: dict) -> None:
         elif state != t["state"]:
             t["state"], changed = state, True
         tasks[name] = t
-    if row["state"] == RUNNING:
-        def save() -> None:  # each started task at once: a tick cut short never starts a task twice
-            store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
-        changed |= _start_ready(runner, row, spec, tasks, save)
-    changed |= _settle_groups(row, spec, tasks)
+    def save() -> None:  # each started task at once: a tick cut short never starts a task twice
+        store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
+
+    while True:  # a group that ends may let an exit task start, whose cache hit may end a group...
+        moved = _settle_groups(row, spec, tasks)
+        moved |= row["state"] == RUNNING and _start_ready(runner, row, spec, tasks, save)
+        changed |= moved
+        if not moved:
+            break
     active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
@@ -144,11 +148,14 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
         group = pipeline_spec.parent_of(spec, name)
         if group is not None and tasks.get(group, {}).get("state") != "RUNNING":
             continue  # its group has not started, or did not hold, or ended
-        ups = pipeline_spec.upstream(pipeline_spec.tasks(spec)[name])
-        if not all(tasks.get(u, {}).get("state") in DONE for u in ups):
+        task = pipeline_spec.tasks(spec)[name]
+        ready = ENDED if (task.get("triggerPolicy") or {}).get("strategy") == pipeline_spec.ALL_COMPLETED else DONE
+        if not all(tasks.get(u, {}).get("state") in ready for u in pipeline_spec.upstream(task)):
             continue
         # read now: an upstream task may have been taken from the cache earlier in this pass
-        outputs = {n: t.get("outputs") or {} for n, t in tasks.items()}
+        outputs = {n: {**(t.get("outputs") or {}), "status": {
+            "state": t["state"], "error": t.get("error") or {},
+            "pipelineJobResourceName": f"{row['parent']}/pipelineJobs/{row['id']}"}} for n, t in tasks.items()}
         scope = tasks[group]["inputs"] if group is not None else {"parameters": params, "artifacts": {}}
         if pipeline_spec.is_group(spec, name):
             tasks[name] = _enter_group(spec, name, scope, outputs)
@@ -195,6 +202,9 @@ def _settle_groups(row: dict, spec: dict, tasks: dict) -> bool:
         else:
             continue
         t.update(state=end, ended=time.time())
+        failed = [tasks[n] for n in children if n in tasks and tasks[n].get("error")]
+        if end != "SUCCEEDED" and failed:  # its first failed task's error (what an exit task is told)
+            t["error"] = failed[0]["error"]
         changed = True
     return changed
 

@@ -21,6 +21,8 @@ from modelyard.platform.api.errors import invalid
 # ParameterType names -> how a JSON value is checked/converted for the executor.
 _INT, _FLOAT, _STRING, _BOOL, _LIST, _STRUCT = (
     "NUMBER_INTEGER", "NUMBER_DOUBLE", "STRING", "BOOLEAN", "LIST", "STRUCT")
+# A dsl.ExitHandler's exit task: it runs once its upstream tasks ended, whatever their state.
+ALL_COMPLETED = "ALL_UPSTREAM_TASKS_COMPLETED"
 _PLACEHOLDER = re.compile(r"\{\{\$(?:\.(inputs|outputs)\.(parameters|artifacts)\['([^']+)'\]\.?(\w+)?)?\}\}")
 
 
@@ -44,9 +46,10 @@ def check(spec: Any) -> dict:
             if task.get(unsupported):
                 raise invalid(f"{where}.{_snake(unsupported)}: loops (dsl.ParallelFor) are not run by modelyard's "
                               "pipeline executor yet.")
-        if (task.get("triggerPolicy") or {}).get("strategy") not in (None, "ALL_UPSTREAM_TASKS_SUCCEEDED"):
-            raise invalid(f"{where}.trigger_policy.strategy: dsl.ExitHandler is not run by modelyard's pipeline "
-                          "executor yet.")
+        if (task.get("triggerPolicy") or {}).get("strategy") not in (None, "ALL_UPSTREAM_TASKS_SUCCEEDED",
+                                                                       ALL_COMPLETED):
+            raise invalid(f"{where}.trigger_policy.strategy {task['triggerPolicy']['strategy']!r} is not run by "
+                          "modelyard's pipeline executor.")
         comp = components.get((task.get("componentRef") or {}).get("name"))
         if comp is None:
             raise invalid(f"{where}.component_ref names no component of pipeline_spec.components.")
@@ -227,6 +230,10 @@ def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict],
             continue
         if "runtimeValue" in value:
             out_params[key] = convert((value["runtimeValue"] or {}).get("constant"), kind, f"{name}.{key}")
+            continue
+        if "taskFinalStatus" in value:  # dsl.PipelineTaskFinalStatus: how the producer (a group) ended
+            producer = value["taskFinalStatus"].get("producerTask")
+            out_params[key] = {"pipelineTaskName": producer, **(outputs.get(producer, {}).get("status") or {})}
             continue
         ref = value.get("taskOutputParameter")
         if ref:
