@@ -10,6 +10,7 @@ SDK defaults are tested one layer down, without a process.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import types
 
@@ -118,6 +119,17 @@ def test_sdk_defaults_fill_only_what_init_left_unset(monkeypatch):
     sdk_defaults.apply(number)
     assert number._project is None
 
+
+
+def test_sdk_defaults_install_applies_to_an_initializer_already_imported(monkeypatch):
+    """A job's process forked from the warm interpreter may have the SDK imported already: install()
+    applies the defaults now rather than waiting for an import that will not come."""
+    monkeypatch.setenv("MODELYARD_PLATFORM", "http://127.0.0.1:8600")
+    monkeypatch.setenv("CLOUD_ML_PROJECT_ID", "proj")
+    config = types.SimpleNamespace(_api_endpoint=None, _api_transport=None, _project=None)
+    monkeypatch.setitem(sys.modules, sdk_defaults.TARGET, types.SimpleNamespace(global_config=config))
+    sdk_defaults.install()
+    assert (config._api_endpoint, config._project) == ("http://127.0.0.1:8600", "proj")
 
 # ---- inside a CustomJob, behind --auth-token ---------------------------------------------------------
 BUCKET = "identity-staging"

@@ -152,3 +152,33 @@ def test_the_leftover_scan_kills_warm_processes_by_their_recorded_pids(tmp_path)
 def _group(pid: int) -> int | None:
     stat = proc_stat(pid)
     return int(stat[3]) if stat else None
+
+
+# Issue 44: a warm job's replica (the platform's Python, forked: no venv .pth) finds what a cold one does.
+SDK_SCRIPT = '''
+import os
+import tensorflow as tf  # a warm start: this replica is forked from the platform's warm interpreter
+from google.cloud import aiplatform
+
+aiplatform.init()  # no arguments: the platform's URL and the job's project (sdk_defaults)
+config = aiplatform.initializer.global_config
+names = [j.resource_name for j in aiplatform.CustomJob.list()]
+print("sdk:", config.project, config.api_endpoint, os.environ["CLOUD_ML_JOB_ID"] in " ".join(names), flush=True)
+print("metadata:", os.environ.get("GCE_METADATA_HOST", "-"), "gateway:", os.environ.get("HTTPS_PROXY", "-"), flush=True)
+'''
+
+
+def test_a_warm_jobs_sdk_finds_the_platform_and_its_identity(platform, tmp_path):
+    script = tmp_path / "sdk_job.py"
+    script.write_text(SDK_SCRIPT)
+    body = {"displayName": "warm-sdk", "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
+        "imageUri": "modelyard/train", "command": [sys.executable, str(script)]}}]}}
+    name = requests.post(platform.api("customJobs"), json=body, timeout=10).json()["name"]
+    job = wait_state(platform, name, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), timeout=300)
+    log = _log(platform, name)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", log
+    assert "[modelyard] warm start:" in log and "cold start" not in log, log
+    project = name.split("/")[1]
+    assert f"sdk: {project} {platform.url} True" in log, log  # the platform's API, this job in its list
+    metadata, gateway = re.search(r"metadata: (\S+) gateway: (\S+)", log).groups()
+    assert metadata.startswith("127.0.0.1:") and gateway.startswith("http://127.0.0.1:"), log  # job_identity's

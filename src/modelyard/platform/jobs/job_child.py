@@ -12,13 +12,16 @@ import traceback
 from pathlib import Path
 
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.jobs import job_identity
+from modelyard.platform.jobs import job_identity, sdk_defaults
 from modelyard.platform.jobs.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, JobFailed, kind_module, write_json
 
 def main(work_dir: str) -> int:
     root = Path(work_dir)
     job = json.loads((root / JOB_FILE).read_text())
     print(f"modelyard job {job['id']} ({job['kind']}), run {job.get('run', 1)}", flush=True)
+    # The SDK's defaults here, so a replica forked from this process (a warm job's) has them too; a
+    # fresh Python of the job's venv gets them from the venv's .pth (job_env).
+    sdk_defaults.install()
     try:
         with job_identity.job_identity(root, job):  # its metadata server and storage gateway, while it runs
             result = kind_module(job["kind"]).execute(root, job) or {}

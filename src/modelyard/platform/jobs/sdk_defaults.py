@@ -2,7 +2,7 @@
 Vertex AI, where the SDK's default endpoint is the service the job runs in.
 
 Copied into every job's virtual environment (``job_env.PythonEnv``) with a ``.pth`` line that imports
-it; it does nothing until ``google.cloud.aiplatform.initializer`` is imported, and then only sets what
+it, and installed by the job's own process (``job_child``: what a warm job's forked replica inherits); it does nothing until ``google.cloud.aiplatform.initializer`` is imported, and then only sets what
 ``aiplatform.init()`` leaves unset:
 
 - the API endpoint and REST transport: ``MODELYARD_PLATFORM`` (the platform's URL; the SDK's own
@@ -58,5 +58,17 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("MODELYARD_PLATFORM") and not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
+def install() -> None:
+    """In this process and every process forked from it: the defaults set when the SDK's initializer is
+    imported (now, when it is already). The job's process calls it (``job_child``), so a replica forked
+    from it (a warm job: the platform's Python, without the venv's ``.pth``) has it as a fresh one does."""
+    if not os.environ.get("MODELYARD_PLATFORM"):
+        return
+    loaded = sys.modules.get(TARGET)
+    if loaded is not None and hasattr(loaded, "global_config"):
+        apply(loaded.global_config)
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+install()
