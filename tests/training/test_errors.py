@@ -61,6 +61,11 @@ def test_launch_checks_the_config_before_starting_workers(tmp):
     ({"optimiser": "sgd"}, "config: unknown key(s) optimiser"),
     ({"data": {"source": "records/*.tfrecord", "shape": [28, 28]}}, "steps_per_epoch: needed for TFRecord"),
     ({"strategy": {"name": "multi_worker_mirrored", "collective_timeout": -1}}, "collective_timeout: must be"),
+    # A storage URI was read as a local relative path (<config dir>/gs:/b/run) and written there silently.
+    ({"job_dir": "gs://b/run"}, "job_dir: gs://b/run is a storage URI; modelyard train reads and writes local"),
+    ({"export_to": "gs://b/model"}, "export_to: gs://b/model is a storage URI"),
+    ({"data": {"train": "gs://b/train-*.tfrecord", "shape": [28, 28]}, "steps_per_epoch": 2},
+     "data.train: gs://b/train-*.tfrecord is a storage URI"),
 ])
 def test_config_mistakes_are_named(tmp, capsys, values, message):
     assert message in _train_error(capsys, write_config(tmp, "bad", **values))

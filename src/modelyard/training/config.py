@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,15 @@ def _mapping(raw: dict, key: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: must be a mapping")
     return dict(value)
+
+
+def _local_paths_only(paths: dict[str, Any]) -> None:
+    """A URI (``gs://b/run``) would be read as a relative path (``<config dir>/gs:/b/run``) and written
+    there without a word: refused, naming the key, until the trainer takes storage URIs."""
+    for key, value in paths.items():
+        if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
+            raise ConfigError(f"{key}: {value} is a storage URI; modelyard train reads and writes local paths "
+                              "only (copy the data in, or publish the job dir or export afterwards)")
 
 
 def _resolve_path(base: Path, value: str | None) -> str | None:
@@ -283,6 +293,8 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
     model = check_model_file(str(raw["model"]), base)
     data = _mapping(raw, "data")
     _unknown("data", data, _DATA_KEYS)
+    _local_paths_only({"job_dir": raw.get("job_dir"), "export_to": raw.get("export_to"),
+                       **{f"data.{k}": data.get(k) for k in ("source", "train", "validation")}})
     for key in ("source", "train", "validation"):
         if key in data and data[key] != "digits":
             data[key] = _resolve_path(base, data[key])
