@@ -230,3 +230,17 @@ def test_make_private_refuses_a_directory_other_users_share(tmp_path):
     finally:
         os.umask(before)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_a_jobs_virtualenv_is_private_too(tmp_path):
+    """venv copies its activate scripts with their templates' 0644 past the umask: the job's env tightens them."""
+    from modelyard.platform.jobs.job_env import PythonEnv
+
+    before = os.umask(0o077)
+    try:
+        PythonEnv(tmp_path).create()
+    finally:
+        os.umask(before)
+    opened = [str(path) for path in (tmp_path / "venv").rglob("*")
+              if not path.is_symlink() and stat.S_IMODE(path.lstat().st_mode) & 0o077]
+    assert not opened, opened

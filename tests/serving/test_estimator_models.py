@@ -39,7 +39,9 @@ def test_a_classifier_with_string_labels_through_modelyard_serve(iris, tmp_path)
         assert r.status_code == 200, r.text
         assert r.json() == {"predictions": clf.predict(X[::30]).tolist()}
         bad = requests.post(server.base + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5]]}, timeout=30)
-        assert bad.status_code == 400 and "expecting 4 features" in bad.json()["error"], bad.text
+        # The one shape rule's message (model/signatures.TensorSpec.shape_mismatch), not scikit-learn's words.
+        assert bad.status_code == 400 and bad.json()["error"] == (
+            "input 'instances' has shape [1, 2]; the model expects [-1, 4] (-1: any size)"), bad.text
         meta = requests.get(server.base + "/v1/models/iris/metadata", timeout=30).json()
         sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
         assert sig["inputs"]["instances"]["dtype"] == "DT_DOUBLE"

@@ -125,7 +125,14 @@ class PythonEnv:
         for name in ("pip", "pip3"):  # pip of the platform's interpreter, installing into this venv
             tool = self.root / "bin" / name
             tool.write_text(f'#!/bin/sh\nexec "{self.python}" -m pip "$@"\n')
-            tool.chmod(0o755)
+            tool.chmod(0o700)
+        # venv copies its activate scripts with their templates' modes (0644), past the platform's umask:
+        # the job's files are its user's alone, as the rest of the state directory.
+        for root, _dirs, files in os.walk(self.root):
+            for name in files:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    os.chmod(path, os.stat(path).st_mode & 0o700)
 
     def env(self) -> dict[str, str]:
         return {"VIRTUAL_ENV": str(self.root), "PYTHONUSERBASE": str(self.userbase),
