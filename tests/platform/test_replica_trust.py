@@ -232,6 +232,7 @@ def test_make_private_refuses_a_directory_other_users_share(tmp_path):
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
+@pytest.mark.e2e  # python -m venv
 def test_a_jobs_virtualenv_is_private_too(tmp_path):
     """venv copies its activate scripts with their templates' 0644 past the umask: the job's env tightens them."""
     from modelyard.platform.jobs.job_env import PythonEnv
