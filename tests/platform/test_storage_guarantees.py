@@ -333,7 +333,6 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 
 def test_slow_and_silent_connections_are_closed_and_capped(srv):
     addr = ("127.0.0.1", srv.port)
-    started = time.monotonic()
     slow_head = socket.create_connection(addr)
     slow_head.sendall(b"GET /storage/v1/b HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
     paused_body = socket.create_connection(addr)
@@ -346,16 +345,8 @@ def test_slow_and_silent_connections_are_closed_and_capped(srv):
         for s in (slow_head, paused_body):
             assert _closed_within(s, 3 * TIMEOUT_S + 5)
         assert all(_closed_within(s, 3 * TIMEOUT_S + 5) for s in silent)
-        assert time.monotonic() - started < 3 * TIMEOUT_S + 10
-        # Heads still arriving cannot be made room from: past the cap, a newcomer is told so.
-        half = [socket.create_connection(addr) for _ in range(MAX_CONNECTIONS)]
-        for s in half:
-            s.sendall(b"GET / HTTP/1.1\r\n")
-        time.sleep(0.2)
-        r = requests.get(f"{srv.url}/storage/v1/b/{BUCKET}", timeout=10)
-        assert r.status_code == 503 and "max_connections" in r.text
-        for s in half:
-            s.close()
+        # Past the cap with only heads under way, a newcomer gets a 503: tested one layer down, where the
+        # test can wait until the server has read those heads (test_storage_connection_limits.py).
     finally:
         for s in (slow_head, paused_body, *silent):
             s.close()
