@@ -81,6 +81,20 @@ async def list_(p, route: Route, query) -> dict:
     return out
 
 
+def follow_to_cancelled(p, row: dict, kind: str) -> dict:
+    """A pipeline kind's cancel (it runs no process of its own): CANCELLING, which its ``follow`` turns
+    into CANCELLED once what it started has ended; FAILED_PRECONDITION, in its PIPELINE_STATE_ words,
+    when the run is over already."""
+    if p.store.update_job(row["id"], (PENDING, RUNNING), state=CANCELLING):
+        p.jobs.wake()
+        return {}
+    row = p.store.get_job(row["id"])
+    if row["state"] == CANCELLING:
+        return {}
+    raise ApiError("FAILED_PRECONDITION", f"{kind} {job_name(row)} is in state "
+                   f"{row['state'].replace('JOB_STATE_', 'PIPELINE_STATE_')} and cannot be cancelled.")
+
+
 def cancel(p, route: Route) -> dict:
     """Never waits for the disk: a running job is signalled first (``JobRunner.cancel_now``), then its
     CANCELLING state written; if the store cannot take that (its disk full past its reserve), the runner

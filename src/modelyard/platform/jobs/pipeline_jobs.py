@@ -61,14 +61,7 @@ def render(out: dict, enum_ints: bool) -> None:
 
 def cancel(p, route: Route, row: dict) -> dict:
     """The run moves to CANCELLING; ``follow`` cancels its running tasks' jobs and ends it CANCELLED."""
-    if p.store.update_job(row["id"], (PENDING, RUNNING), state=CANCELLING):
-        p.jobs.wake()
-        return {}
-    row = p.store.get_job(row["id"])
-    if row["state"] == CANCELLING:
-        return {}
-    raise ApiError("FAILED_PRECONDITION", f"PipelineJob {jobs.job_name(row)} is in state "
-                   f"{row['state'].replace('JOB_STATE_', 'PIPELINE_STATE_')} and cannot be cancelled.")
+    return jobs.follow_to_cancelled(p, row, "PipelineJob")
 
 
 # ---- the runner side (the leading platform's job runner, in its worker thread) ------------------

@@ -81,14 +81,7 @@ def cancel(p, route: Route, row: dict) -> dict:
         jobs.cancel(p, Route(route.project, route.location, "customJobs", backing))
     except ApiError:  # already over (or deleted): following settles the pipeline
         pass
-    if p.store.update_job(row["id"], (PENDING, RUNNING), state=CANCELLING):
-        p.jobs.wake()
-        return {}
-    row = p.store.get_job(row["id"])
-    if row["state"] == CANCELLING:
-        return {}
-    raise ApiError("FAILED_PRECONDITION", f"TrainingPipeline {jobs.job_name(row)} is in state "
-                   f"{row['state'].replace('JOB_STATE_', 'PIPELINE_STATE_')} and cannot be cancelled.")
+    return jobs.follow_to_cancelled(p, row, "TrainingPipeline")
 
 
 # ---- the runner side (the leading platform's job runner, in its worker thread) ------------------
