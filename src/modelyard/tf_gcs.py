@@ -303,10 +303,15 @@ async def _requests(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> Non
     except ConnectionError:
         pass
     finally:
-        try:
-            dst.write_eof()
-        except (OSError, RuntimeError):
-            pass
+        _end_write(dst)
+
+
+def _end_write(dst: asyncio.StreamWriter) -> None:
+    """Half-close ``dst`` (the peer reads its end) unless it is gone already."""
+    try:
+        dst.write_eof()
+    except (OSError, RuntimeError):
+        pass
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, length: int) -> None:
@@ -341,10 +346,7 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     except ConnectionError:
         pass
     finally:
-        try:
-            dst.write_eof()
-        except (OSError, RuntimeError):
-            pass
+        _end_write(dst)
 
 
 # ---- what a TensorFlow process needs --------------------------------------------------------------
