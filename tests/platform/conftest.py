@@ -147,7 +147,7 @@ class PlatformProcess:
         spare (a `modelyard serve` no replica has claimed yet) only with ``spares``."""
         marker = str(self.workdir / "state").encode()
         return [pid for pid, cmdline, _cwd in live_processes()
-                if marker in cmdline and b"serve" in cmdline and (spares or not _unclaimed_spare(cmdline))]
+                if marker in cmdline and b"serve" in cmdline.split(b"\0") and (spares or not _unclaimed_spare(cmdline))]
 
     def cleanup(self) -> None:
         self.stop()

@@ -244,7 +244,7 @@ class LocalEngine:
                         cmdline = f.read()
                 except OSError:
                     continue
-                if b"serve" in cmdline and any(d + b"/" in cmdline for d in dirs):
+                if b"serve" in cmdline.split(b"\0") and any(d + b"/" in cmdline for d in dirs):
                     self._kill(int(entry))
 
     async def reap_orphans(self, keep: list[dict]) -> int:
