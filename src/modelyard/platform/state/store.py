@@ -41,12 +41,35 @@ _LEADER_LOCK_KEY = 0x6D7964  # any constant: one advisory lock per database
 # while it checkpoints; a few MiB take thousands of small transactions.
 RESERVE_BYTES = 16 * 1024 * 1024
 _SQLITE_FULL, _SQLITE_IOERR = 13, 10
+# Below this much free space, an I/O error from SQLite is taken for a full disk (see _disk_full).
+_NEARLY_FULL_BYTES = 1 << 20
 
 
-def _disk_full(exc: OperationalError) -> bool:
-    """A SQLite write refused for want of space (SQLITE_FULL; an I/O error on ENOSPC reads as SQLITE_IOERR)."""
+def _free_bytes(directory: Path) -> int | None:
+    """Free bytes for an unprivileged writer on ``directory``'s filesystem; None if unknown."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _disk_full(exc: OperationalError, directory: Path | None) -> bool:
+    """A SQLite write refused for want of space. SQLITE_FULL is that (SQLite's own answer to ENOSPC or a
+    short write). SQLITE_IOERR is any I/O error -- a bad block, EFBIG past a file-size limit, EIO -- and
+    SQLite gives it for some ENOSPC paths too (growing the WAL index, preallocating): taken for a full disk
+    only when the database's filesystem has (nearly) no room left. Python reports no errno, so the
+    filesystem is asked; any other I/O error stays what it is, and the reserve is not spent on it."""
     code = getattr(exc.orig, "sqlite_errorcode", None)
-    return code in (_SQLITE_FULL, _SQLITE_IOERR) or "disk is full" in str(exc.orig)
+    if code is None:
+        return False
+    primary = code & 0xFF  # the extended codes (SQLITE_IOERR_WRITE = 778, ...) carry the primary in the low byte
+    if primary == _SQLITE_FULL:
+        return True
+    if primary != _SQLITE_IOERR or directory is None:
+        return False
+    free = _free_bytes(directory)
+    return free is not None and free < _NEARLY_FULL_BYTES
 
 
 class Reserve:
@@ -54,6 +77,11 @@ class Reserve:
 
     def __init__(self, path: Path | None, size: int = RESERVE_BYTES) -> None:
         self.path, self.size = path, size
+
+    @property
+    def directory(self) -> Path | None:
+        """The database's directory (the reserve lives beside it); None for a store without a file."""
+        return self.path.parent if self.path is not None else None
 
     def keep(self) -> bool:
         """Make the reserve if it is missing and the disk has room for it and as much again; True if it is there."""
@@ -104,7 +132,7 @@ def _room_on_full(method):
         try:
             return method(self, *args, **kwargs)
         except OperationalError as exc:
-            if not _disk_full(exc):
+            if not _disk_full(exc, self.reserve.directory):
                 raise
             if not use_reserve or not self.reserve.release():
                 raise DiskFull(method.__name__, exc) from exc
@@ -113,7 +141,7 @@ def _room_on_full(method):
         try:
             return method(self, *args, **kwargs)
         except OperationalError as exc:
-            if _disk_full(exc):
+            if _disk_full(exc, self.reserve.directory):
                 raise DiskFull(method.__name__, exc) from exc
             raise
     return write
