@@ -176,6 +176,69 @@ def test_an_exit_handler_runs_after_a_failing_step_and_the_run_fails_naming_it(s
     assert tasks["cleanup"].execution.metadata["output:Output"] == "FAILED exit-handler-1 13"
 
 
+def _by_name(job) -> dict[str, list]:
+    """The run's task details by task name (a loop's task runs once per item: a list each)."""
+    out: dict = {}
+    for t in job.task_details:
+        out.setdefault(t.task_name, []).append(t)
+    return out
+
+
+def test_parallel_for_runs_six_items_two_at_a_time_into_collected_steps(sdk, platform, gcs_emulator, tmp_path):
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_loops
+
+    template = str(tmp_path / "fan.yaml")
+    compiler.Compiler().compile(kfp_loops.fan, template)
+    job = sdk.PipelineJob(display_name="fan", template_path=template, pipeline_root=ROOT, job_id="fan",
+                          enable_caching=False)
+    job.run()
+    assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    tasks = _by_name(job)
+    assert tasks["total"][0].execution.metadata["output:Output"] == 1 + 4 + 9 + 16 + 25 + 36
+    assert tasks["count-files"][0].execution.metadata["output:Output"] == "1,4,9,16,25,36"  # item order
+    assert len(tasks["count-files"][0].inputs["files"].artifacts) == 6
+    squares = tasks["square"]
+    assert len(squares) == 6 and {t.state.name for t in squares} == {"SUCCEEDED"}
+    assert len({t.outputs["out"].artifacts[0].uri for t in squares}) == 6  # one object per iteration
+    # The loop, then its six iterations (DAG tasks named after it, under it), each the parent of one square.
+    loop, *iterations = tasks["for-loop-2"]
+    assert [t.parent_task_id for t in iterations] == [loop.task_id] * 6
+    assert sorted(t.execution.metadata["iteration_index"] for t in iterations) == list(range(6))
+    assert {t.parent_task_id for t in squares} == {t.task_id for t in iterations}
+    # parallelism=2: never more than two iterations at once.
+    spans = [(t.start_time, t.end_time) for t in iterations]
+    assert max(sum(1 for s, e in spans if s <= at < e) for at, _ in spans) == 2
+
+
+def test_nested_loops_over_a_task_output_a_retried_step_and_an_importer(sdk, platform, tmp_path):
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_loops
+
+    template = str(tmp_path / "nested.yaml")
+    compiler.Compiler().compile(kfp_loops.nested, template)
+    job = sdk.PipelineJob(display_name="nested", template_path=template, pipeline_root=ROOT, job_id="nested",
+                          enable_caching=False, parameter_values={
+                              "marker": str(tmp_path / "flaky-marker"), "model_uri": f"{ROOT}/nested/shapes/model"})
+    job.run()
+    assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    tasks = _by_name(job)
+    assert sorted(t.execution.metadata["output:Output"] for t in tasks["label"]) == ["a1", "b2"]
+    assert sorted(t.execution.metadata["output:Output"] for t in tasks["label-2"]) == ["k10", "k10", "k20", "k20"]
+    assert len(tasks["for-loop-1"]) == 1 + 2 and len(tasks["for-loop-3"]) == 2 * (1 + 2)  # loops and iterations
+    flaky = tasks["flaky"][0]
+    assert flaky.state.name == "SUCCEEDED" and flaky.execution.metadata["output:Output"] == "second time lucky"
+    assert [s.state.name for s in flaky.pipeline_task_status] == ["FAILED"]  # the first attempt
+    assert "flaky fails its first attempt" in flaky.pipeline_task_status[0].error.message
+    model = tasks["importer"][0].outputs["artifact"].artifacts[0]
+    assert model.uri == f"{ROOT}/nested/shapes/model" and model.schema_title == "system.Model"
+    assert tasks["importer"][0].execution.schema_title == "system.ImporterExecution"
+    assert tasks["read-model"][0].execution.metadata["output:Output"] == "importer:weights"
+    assert tasks["read-model"][0].inputs["model"].artifacts[0].name == model.name
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}
@@ -198,7 +261,8 @@ def test_ir_order_puts_every_task_after_its_upstream_and_refuses_cycles():
 
 @pytest.mark.parametrize("task, words", [
     (_task(triggerPolicy={"condition": "x"}), "conditions on groups"),
-    (_task(parameterIterator={"items": {}}), "loops"),
+    (_task(parameterIterator={"items": {"raw": "[1]"}, "itemInput": "i"}), "loop's component must be a DAG"),
+    (_task(iteratorPolicy={"parallelismLimit": 2}), "not a loop"),
     (_task(triggerPolicy={"strategy": "ANY_UPSTREAM"}), "strategy 'ANY_UPSTREAM'"),
     (_task("ghost"), "'ghost', not a task"),
 ])
@@ -303,3 +367,79 @@ def test_ir_cache_key_follows_what_the_task_runs_and_is_given_not_where_it_write
     spec["deploymentSpec"]["executors"]["exec-a"]["container"]["command"] = ["bash"]
     assert key != pipeline_spec.cache_key(spec, "a", given)
     assert pipeline_spec.cache_key(spec, "b", given) is None  # its caching is off
+
+
+def _loop_spec(items: dict, outputs: dict | None = None) -> dict:
+    """A root loop 'loop' whose body runs 'a' (comp-a) on each item, its outputs as given."""
+    spec = _spec({"loop": {"componentRef": {"name": "comp-loop"}, "taskInfo": {"name": "loop"},
+                           "parameterIterator": {"itemInput": "item", "items": items}}})
+    spec["components"]["comp-loop"] = {"dag": {"tasks": {"a": _task()}, **({"outputs": outputs} if outputs else {})}}
+    return spec
+
+
+def test_ir_loops_items_and_collected_outputs():
+    spec = pipeline_spec.check(_loop_spec({"raw": "[1, 2]"}, {"parameters": {"xs": {"valueFromParameter": {
+        "producerSubtask": "a", "outputParameterKey": "Output"}}}}))
+    assert pipeline_spec.order(spec) == ["loop", "loop/a"] and pipeline_spec.is_loop(spec, "loop")
+    empty = {"parameters": {}, "artifacts": {}}
+    assert pipeline_spec.loop_items(spec, "loop", empty) == [1, 2]
+    assert pipeline_spec.iteration_inputs(spec, "loop", empty, 2)["parameters"] == {"item": 2}
+    # one iteration's share, then all of them in item order (an iteration that gave none adds nothing)
+    share = pipeline_spec.dag_outputs(spec, "loop", {"a": {"parameters": {"Output": 7}}})
+    assert share == {"parameters": {"xs": 7}, "artifacts": {}}
+    assert pipeline_spec.collected(spec, "loop", [share, {}, {"parameters": {"xs": 9}}])["parameters"] == {"xs": [7, 9]}
+    assert pipeline_spec.collected(spec, "loop", [])["parameters"] == {"xs": []}  # no items: an empty list
+    given = pipeline_spec.check(_loop_spec({"inputParameter": "things"}))
+    assert pipeline_spec.loop_items(given, "loop", {"parameters": {"things": '["x"]'}, "artifacts": {}}) == ["x"]
+    with pytest.raises(ApiError, match="must be a list"):
+        pipeline_spec.loop_items(given, "loop", {"parameters": {"things": 3}, "artifacts": {}})
+    with pytest.raises(ApiError, match="must be a JSON list"):
+        pipeline_spec.check(_loop_spec({"raw": "{}"}))
+    with pytest.raises(ApiError, match="'ghost', not a task of its DAG"):
+        pipeline_spec.check(_loop_spec({"raw": "[1]"}, {"parameters": {"xs": {"valueFromParameter": {
+            "producerSubtask": "ghost", "outputParameterKey": "Output"}}}}))
+
+
+def test_ir_a_oneof_takes_the_branch_that_ran_and_a_loop_item_field_is_selected():
+    spec = _spec({"g": {"componentRef": {"name": "comp-g"}, "taskInfo": {"name": "g"}}})
+    spec["components"]["comp-g"] = {"dag": {"tasks": {"c1": _task(), "c2": _task()}, "outputs": {"parameters": {
+        "o": {"valueFromOneof": {"parameterSelectors": [{"producerSubtask": "c1", "outputParameterKey": "Output"},
+                                                        {"producerSubtask": "c2", "outputParameterKey": "Output"}]}}}}}}
+    pipeline_spec.check(spec)
+    assert pipeline_spec.dag_outputs(spec, "g", {"c2": {"parameters": {"Output": "two"}}})["parameters"] == {"o": "two"}
+    assert pipeline_spec.select('{"a": {"b": 1}}', 'parseJson(string_value)["a"]', "f") == {"b": 1}
+    assert pipeline_spec.select({"n": 3}, 'parseJson(string_value)["n"]', "f") == 3
+    with pytest.raises(ApiError, match="selects nothing"):
+        pipeline_spec.select({"n": 3}, 'parseJson(string_value)["m"]', "f")
+    with pytest.raises(ApiError, match="not one modelyard runs"):
+        pipeline_spec.select({"n": 3}, "size(string_value)", "f")
+
+
+def test_ir_tasks_are_named_in_their_dag_so_a_nested_pipeline_may_reuse_a_name():
+    spec = _spec({"a": _task(), "inner": {"componentRef": {"name": "comp-inner"}, "taskInfo": {"name": "inner"}},
+                  "inner-2": {"componentRef": {"name": "comp-inner"}, "taskInfo": {"name": "inner-2"}}})
+    spec["components"]["comp-inner"] = {"dag": {"tasks": {"a": _task()}}}
+    assert sorted(pipeline_spec.order(pipeline_spec.check(spec))) == ["a", "inner", "inner-2", "inner-2/a", "inner/a"]
+    assert pipeline_spec.children(spec, "inner-2") == ["inner-2/a"] and pipeline_spec.local("inner-2/a") == "a"
+
+
+def test_ir_retry_policy_and_importer():
+    spec = _spec({"a": _task(retryPolicy={"maxRetryCount": 3, "backoffDuration": "2s", "backoffFactor": 3,
+                                          "backoffMaxDuration": "5s"}), "b": _task()})
+    assert pipeline_spec.retry_policy(spec, "a") == (3, 2.0, 3.0, 5.0)
+    assert pipeline_spec.retry_policy(spec, "b")[0] == 0
+    spec = _spec({"imp": {"componentRef": {"name": "comp-imp"}, "taskInfo": {"name": "imp"},
+                          "inputs": {"parameters": {"uri": {"componentInputParameter": "where"}}}}},
+                 {"comp-imp": {"executorLabel": "exec-imp", "outputDefinitions": {"artifacts": {"artifact": {}}}}})
+    spec["deploymentSpec"]["executors"]["exec-imp"] = {"importer": {
+        "artifactUri": {"runtimeParameter": "uri"}, "typeSchema": {"schemaTitle": "system.Model"},
+        "metadata": {"from": "{{$.inputs.parameters['uri']}}"}}}
+    pipeline_spec.check(spec)
+    got = pipeline_spec.imported(spec, "imp", {"parameters": {"uri": "gs://b/m"}, "artifacts": {}})
+    assert got["artifacts"]["artifact"][0] == {"name": "artifact", "type": {"schemaTitle": "system.Model"},
+                                               "uri": "gs://b/m", "metadata": {"from": "gs://b/m"}, "reimport": False}
+    with pytest.raises(ApiError, match="non-empty string"):
+        pipeline_spec.imported(spec, "imp", {"parameters": {}, "artifacts": {}})
+    spec["deploymentSpec"]["executors"]["exec-imp"]["importer"]["artifactUri"] = {"runtimeParameter": "nope"}
+    with pytest.raises(ApiError, match="'nope' is not one of its inputs"):
+        pipeline_spec.check(spec)

@@ -65,6 +65,24 @@ def cancel(p, route: Route, row: dict) -> dict:
 
 
 # ---- the runner side (the leading platform's job runner, in its worker thread) ------------------
+# A run's tasks are instances: a task of a loop's body runs once per item, so an instance is keyed by
+# its qualified name with each enclosing loop's iteration index after the loop, e.g. for-loop-2/3/square
+# (task for-loop-2/square, item 3). Its group's instance is the key's head (for-loop-2/3, an iteration,
+# whose head for-loop-2 is the loop); its siblings share the head. Kinds: "job" (a container task, run
+# as a custom job), "importer", "group" (dsl.If branch, ExitHandler, nested pipeline), "loop", "iteration".
+_GROUPS = ("group", "loop", "iteration")
+
+
+def _spec_name(key: str) -> str:
+    """The task (qualified name) an instance runs: its key without the iteration indexes."""
+    return "/".join(part for part in key.split("/") if not part.isdigit())
+
+
+def _head(key: str) -> str | None:
+    """The instance a task instance runs inside (None at the root)."""
+    return key.rsplit("/", 1)[0] if "/" in key else None
+
+
 def follow(runner, row: dict) -> None:
     """One step of a run: settle ended tasks, start the tasks that can start, end the run when done."""
     store = runner.store
@@ -77,36 +95,23 @@ def follow(runner, row: dict) -> None:
         result["jobDetail"] = {"pipelineRunContext": ctx, "pipelineContext": ctx}
         store.update_job(row["id"], (PENDING,), state=RUNNING, started=time.time(), result=result)
         row = {**row, "state": RUNNING, "result": result, "started": time.time()}
-    for name, t in tasks.items():  # tasks whose job ended since the last tick
-        if t["state"] in ENDED or not t.get("job"):  # ended, or a group (it runs no job: _settle_groups)
-            continue
-        try:
-            job = store.get_job(t["job"])
-        except ApiError:
-            job = {"state": FAILED, "error": {"code": 13, "message": "the task's custom job is gone"},
-                   "started": None, "ended": time.time()}
-        if row["state"] == CANCELLING and job["state"] in (PENDING, RUNNING):
-            if not store.update_job(t["job"], (PENDING,), state=CANCELLED, ended=time.time()):
-                if store.update_job(t["job"], (RUNNING,), state=CANCELLING):
-                    runner.wake()
-            continue
-        state = _TASK_STATE[job["state"]]
-        if job["started"] and not t.get("started"):
-            t["started"], changed = job["started"], True
-        if state != t["state"] and state in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            t.update(state=state, ended=job["ended"] or time.time())
-            if state == "SUCCEEDED":
-                t["outputs"] = pipeline_spec.task_outputs(spec, name, _executor_output(t["root"]), t["planned"])
-            elif job.get("error"):
-                t["error"] = job["error"]
-            t["execution"] = pipeline_metadata.task_execution(store.engine, row, name, t, _EXECUTION_STATE[state])
-            changed = True
-        elif state != t["state"]:
-            t["state"], changed = state, True
-        tasks[name] = t
+
     def save() -> None:  # each started task at once: a tick cut short never starts a task twice
         store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
 
+    for key, t in tasks.items():  # tasks whose job ended since the last tick, and retries due
+        if t["state"] in ENDED or t.get("kind", "job") != "job":
+            continue
+        if not t.get("job"):  # waiting for its next attempt (set_retry's backoff)
+            if row["state"] == CANCELLING:
+                t.update(state="CANCELLED", ended=time.time())
+                changed = True
+            elif time.time() >= t.get("retry_at", 0):
+                _launch(runner, row, spec, key, t)
+                save()
+                changed = True
+            continue
+        changed |= _poll(runner, row, spec, key, t)
     while True:  # a group that ends may let an exit task start, whose cache hit may end a group...
         moved = _settle_groups(row, spec, tasks)
         moved |= row["state"] == RUNNING and _start_ready(runner, row, spec, tasks, save)
@@ -116,11 +121,12 @@ def follow(runner, row: dict) -> None:
     active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
-        result["jobDetail"] = _job_detail(row, spec, tasks, result.get("jobDetail") or {})
+        result["jobDetail"] = _job_detail(row, tasks, result.get("jobDetail") or {})
         store.update_job(row["id"], (RUNNING, CANCELLING), result=result)
     if active:
         return
-    failed = sorted(n for n, t in tasks.items() if t["state"] == "FAILED" and not pipeline_spec.is_group(spec, n))
+    failed = sorted({pipeline_spec.local(k) for k, t in tasks.items()
+                     if t["state"] == "FAILED" and t.get("kind", "job") not in _GROUPS})
     if row["state"] == CANCELLING:
         _end(store, row, CANCELLED, ApiError("CANCELLED", "CANCELED").to_rpc_status(), result)
     elif failed:
@@ -130,95 +136,213 @@ def follow(runner, row: dict) -> None:
         _end(store, row, SUCCEEDED, None, result)
 
 
+def _poll(runner, row: dict, spec: dict, key: str, t: dict) -> bool:
+    """A container task's custom job looked at: its state taken over, its outputs read when it succeeded,
+    another attempt planned when it failed and its retries allow; True if the task changed."""
+    store = runner.store
+    try:
+        job = store.get_job(t["job"])
+    except ApiError:
+        job = {"state": FAILED, "error": {"code": 13, "message": "the task's custom job is gone"},
+               "started": None, "ended": time.time()}
+    if row["state"] == CANCELLING and job["state"] in (PENDING, RUNNING):
+        if not store.update_job(t["job"], (PENDING,), state=CANCELLED, ended=time.time()):
+            if store.update_job(t["job"], (RUNNING,), state=CANCELLING):
+                runner.wake()
+        return False
+    state = _TASK_STATE[job["state"]]
+    changed = False
+    if job["started"] and not t.get("started"):
+        t["started"], changed = job["started"], True
+    if state == t["state"] or state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if state != t["state"]:
+            t["state"], changed = state, True
+        return changed
+    ended = job["ended"] or time.time()
+    retries, backoff, factor, longest = pipeline_spec.retry_policy(spec, _spec_name(key))
+    attempts = t.setdefault("attempts", [])
+    if state == "FAILED" and row["state"] == RUNNING and len(attempts) < retries:
+        # Vertex's set_retry: the task runs again after its backoff; each attempt stays in its status list.
+        attempts.append({"job": t["job"], "state": "FAILED", "ended": ended, "error": job.get("error") or {}})
+        t.update(state="PENDING", job=None, retry_at=ended + min(backoff * factor ** (len(attempts) - 1), longest))
+        return True
+    t.update(state=state, ended=ended)
+    if state == "SUCCEEDED":
+        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), _executor_output(t["root"]), t["planned"])
+    elif job.get("error"):
+        t["error"] = job["error"]
+    t["execution"] = pipeline_metadata.task_execution(store.engine, row, pipeline_spec.local(key), t,
+                                                      _EXECUTION_STATE[state])
+    return True
+
+
 def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
-    """Create the custom job of every task whose upstream tasks all succeeded (fail-slow, as Vertex's
-    default: a failed task stops only what depends on it); True if any started."""
+    """Start every task instance whose upstream tasks all succeeded (fail-slow, as Vertex's default: a
+    failed task stops only what depends on it), in the root DAG and in every running group or loop
+    iteration; and a running loop's next iterations up to its parallelism. True if any started."""
     started = False
     params = pipeline_spec.run_parameters(spec, row["spec"]["runtimeConfig"].get("parameterValues"))
-    for name in pipeline_spec.order(spec):
-        if name in tasks:
+    scopes = [(None, {"parameters": params, "artifacts": {}})] + [
+        (k, t["inputs"]) for k, t in tasks.items() if t.get("kind") in ("group", "iteration") and t["state"] == "RUNNING"]
+    for head, scope in scopes:
+        for qname in pipeline_spec.children(spec, _spec_name(head) if head else None):
+            key = pipeline_spec.qualify(head, pipeline_spec.local(qname))
+            if key in tasks:
+                continue
+            task = pipeline_spec.tasks(spec)[qname]
+            ready = ENDED if (task.get("triggerPolicy") or {}).get("strategy") == pipeline_spec.ALL_COMPLETED else DONE
+            ups = {u: tasks.get(pipeline_spec.qualify(head, u)) for u in pipeline_spec.upstream(task)}
+            if not all(u is not None and u["state"] in ready for u in ups.values()):
+                continue
+            # read now: an upstream task may have been taken from the cache earlier in this pass
+            outputs = {n: {**(u.get("outputs") or {}), "status": {
+                "state": u["state"], "error": u.get("error") or {},
+                "pipelineJobResourceName": f"{row['parent']}/pipelineJobs/{row['id']}"}} for n, u in ups.items()}
+            if pipeline_spec.is_group(spec, qname):
+                tasks[key] = _enter_group(spec, qname, scope, outputs)
+            elif pipeline_spec.importer(spec, qname) is not None:
+                tasks[key] = _import(runner, row, spec, key, scope, outputs)
+            else:
+                tasks[key] = _start(runner, row, spec, key, scope, outputs)
+            tasks[key]["id"] = len(tasks)
+            save()
+            started = True
+    for key, t in list(tasks.items()):  # loops: their next iterations
+        if t.get("kind") != "loop" or t["state"] != "RUNNING":
             continue
-        group = pipeline_spec.parent_of(spec, name)
-        if group is not None and tasks.get(group, {}).get("state") != "RUNNING":
-            continue  # its group has not started, or did not hold, or ended
-        task = pipeline_spec.tasks(spec)[name]
-        ready = ENDED if (task.get("triggerPolicy") or {}).get("strategy") == pipeline_spec.ALL_COMPLETED else DONE
-        if not all(tasks.get(u, {}).get("state") in ready for u in pipeline_spec.upstream(task)):
-            continue
-        # read now: an upstream task may have been taken from the cache earlier in this pass
-        outputs = {n: {**(t.get("outputs") or {}), "status": {
-            "state": t["state"], "error": t.get("error") or {},
-            "pipelineJobResourceName": f"{row['parent']}/pipelineJobs/{row['id']}"}} for n, t in tasks.items()}
-        scope = tasks[group]["inputs"] if group is not None else {"parameters": params, "artifacts": {}}
-        if pipeline_spec.is_group(spec, name):
-            tasks[name] = _enter_group(spec, name, scope, outputs)
-        else:
-            tasks[name] = _start(runner, row, spec, name, scope, outputs)
-        save()
-        started = True
+        limit = pipeline_spec.parallelism(spec, _spec_name(key))
+        running = sum(1 for i in range(len(t["items"])) if tasks.get(f"{key}/{i}", {}).get("state") not in (None,) + ENDED)
+        for i, item in enumerate(t["items"]):
+            if f"{key}/{i}" in tasks:
+                continue
+            if limit and running >= limit:
+                break
+            now = time.time()
+            tasks[f"{key}/{i}"] = {"kind": "iteration", "iteration": i, "state": "RUNNING", "created": now,
+                                   "started": now, "id": len(tasks) + 1,
+                                   "inputs": pipeline_spec.iteration_inputs(spec, _spec_name(key), t["inputs"], item)}
+            running += 1
+            save()
+            started = True
     return started
 
 
 def _enter_group(spec: dict, name: str, scope: dict, outputs: dict) -> dict:
-    """A group task (dsl.If branch, nested pipeline): its inputs resolved, its condition evaluated over
-    them: RUNNING (its tasks may start) or NOT_TRIGGERED; FAILED saying why when it cannot be read."""
+    """A group task (dsl.If branch, nested pipeline, loop): its inputs resolved, its condition evaluated
+    over them: RUNNING (its tasks, or a loop's iterations, may start) or NOT_TRIGGERED; FAILED saying why
+    when it cannot be read."""
     now = time.time()
+    loop = pipeline_spec.is_loop(spec, name)
     try:
         inputs = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
         condition = (pipeline_spec.tasks(spec)[name].get("triggerPolicy") or {}).get("condition")
         holds = pipeline_spec.condition_holds(condition, inputs["parameters"]) if condition else True
+        items = pipeline_spec.loop_items(spec, name, inputs) if loop and holds else None
     except ApiError as exc:
-        return {"state": "FAILED", "created": now, "ended": now, "inputs": {"parameters": {}, "artifacts": {}},
-                "error": ApiError(exc.status, f"task {name}: {exc.message}").to_rpc_status()}
-    return {"state": "RUNNING" if holds else "NOT_TRIGGERED", "created": now, "started": now,
-            **({} if holds else {"ended": now}), "inputs": inputs}
+        return {"kind": "loop" if loop else "group", "state": "FAILED", "created": now, "ended": now,
+                "inputs": {"parameters": {}, "artifacts": {}},
+                "error": ApiError(exc.status, f"task {pipeline_spec.local(name)}: {exc.message}").to_rpc_status()}
+    t = {"kind": "loop" if loop else "group", "state": "RUNNING" if holds else "NOT_TRIGGERED", "created": now,
+         "started": now, **({} if holds else {"ended": now}), "inputs": inputs}
+    if items is not None:
+        t["items"] = items
+    return t
 
 
 def _settle_groups(row: dict, spec: dict, tasks: dict) -> bool:
-    """A running group ends when its tasks have: SUCCEEDED when each is done; FAILED (or CANCELLED) when
-    none is running any more and one failed (or the run is being cancelled). Inner groups first."""
+    """A running group ends when its tasks have: SUCCEEDED when each is done (its outputs then gathered:
+    a loop's collected over its iterations); FAILED (or CANCELLED) when none is running any more and one
+    failed (or the run is being cancelled). A loop waits for all its iterations. Inner groups first."""
     changed = False
-    for name in reversed(pipeline_spec.order(spec)):
-        t = tasks.get(name)
-        if t is None or t["state"] != "RUNNING" or t.get("job"):
+    for key in reversed(list(tasks)):  # an instance is made after the group it is in
+        t = tasks[key]
+        if t.get("kind") not in _GROUPS or t["state"] != "RUNNING":
             continue
-        children = [n for n in pipeline_spec.order(spec) if pipeline_spec.parent_of(spec, n) == name]
-        states = [tasks[n]["state"] if n in tasks else None for n in children]
+        name = _spec_name(key)
+        if t["kind"] == "loop":
+            kids = [f"{key}/{i}" for i in range(len(t["items"]))]
+        else:
+            kids = [pipeline_spec.qualify(key, pipeline_spec.local(c)) for c in pipeline_spec.children(spec, name)]
+        states = [tasks[k]["state"] if k in tasks else None for k in kids]
         if any(s is not None and s not in ENDED for s in states):
             continue
         if all(s in DONE for s in states):
             end = "SUCCEEDED"
+            if t["kind"] == "loop":
+                t["outputs"] = pipeline_spec.collected(spec, name, [tasks[k].get("outputs") or {} for k in kids])
+            else:
+                t["outputs"] = pipeline_spec.dag_outputs(spec, name, {pipeline_spec.local(k): tasks[k].get("outputs")
+                                                                      or {} for k in kids})
         elif row["state"] == CANCELLING:
             end = "CANCELLED"
+        elif t["kind"] == "loop" and None in states:
+            continue  # iterations still to start (fail-slow: a failed one stops none of the others)
         elif any(s in ("FAILED", "CANCELLED") for s in states):
             end = "FAILED"
         else:
             continue
         t.update(state=end, ended=time.time())
-        failed = [tasks[n] for n in children if n in tasks and tasks[n].get("error")]
+        failed = [tasks[k] for k in kids if k in tasks and tasks[k].get("error")]
         if end != "SUCCEEDED" and failed:  # its first failed task's error (what an exit task is told)
             t["error"] = failed[0]["error"]
         changed = True
     return changed
 
 
-def _start(runner, row: dict, spec: dict, name: str, scope: dict, outputs: dict) -> dict:
-    root = row["spec"]["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
-    task_root = f"{root}/{row['id']}/{name}"
+def _import(runner, row: dict, spec: dict, key: str, scope: dict, outputs: dict) -> dict:
+    """A ``dsl.importer`` task: no job; its artifact (an existing object's URI) is recorded in ML Metadata,
+    or, unless it says ``reimport``, the artifact already recorded for that URI and type is reused."""
     now = time.time()
+    name = _spec_name(key)
+    t = {"kind": "importer", "created": now, "started": now, "ended": now, "planned": {}}
     try:
-        inputs = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
-        key = pipeline_spec.cache_key(spec, name, inputs)
-        hit = pipeline_metadata.cached(runner.store.engine, row, key) if key else None
+        t["inputs"] = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
+        t["outputs"] = pipeline_spec.imported(spec, name, t["inputs"])
+        for arts in t["outputs"]["artifacts"].values():
+            for a in arts:
+                found = None if a.pop("reimport") else pipeline_metadata.artifact_by_uri(runner.store.engine, row, a)
+                if found:
+                    a["name"] = found
+        t["state"] = "SUCCEEDED"
+        t["execution"] = pipeline_metadata.task_execution(runner.store.engine, row, pipeline_spec.local(key), t,
+                                                          "COMPLETE", "system.ImporterExecution")
+    except ApiError as exc:
+        t.update(state="FAILED", inputs=t.get("inputs") or {"parameters": {}, "artifacts": {}}, outputs={},
+                 error=ApiError(exc.status, f"task {pipeline_spec.local(key)}: {exc.message}").to_rpc_status())
+    return t
+
+
+def _start(runner, row: dict, spec: dict, key: str, scope: dict, outputs: dict) -> dict:
+    """A container task instance: taken from the cache, or its custom job created (``_launch``)."""
+    root = row["spec"]["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
+    name = _spec_name(key)
+    now = time.time()
+    t = {"kind": "job", "created": now, "root": f"{root}/{row['id']}/{key}", "planned": {}}
+    try:
+        t["inputs"] = inputs = pipeline_spec.task_inputs(spec, name, scope["parameters"], outputs, scope["artifacts"])
+        t["cache_key"] = pipeline_spec.cache_key(spec, name, inputs)
+        hit = pipeline_metadata.cached(runner.store.engine, row, t["cache_key"]) if t["cache_key"] else None
         if hit is not None:  # no job: the outputs of the same task run before
-            t = {"state": "SKIPPED", "created": now, "started": now, "ended": now, "root": task_root,
-                 "inputs": inputs, "planned": {}, "outputs": hit, "cache_key": key}
-            t["execution"] = pipeline_metadata.task_execution(runner.store.engine, row, name, t, "CACHED")
+            t.update(state="SKIPPED", started=now, ended=now, outputs=hit)
+            t["execution"] = pipeline_metadata.task_execution(runner.store.engine, row, pipeline_spec.local(key), t,
+                                                              "CACHED")
             return t
-        planned = pipeline_spec.output_artifacts(spec, name, task_root)
-        ex_input = pipeline_spec.executor_input(spec, name, inputs, planned, task_root, _gcs_path)
+        t["planned"] = pipeline_spec.output_artifacts(spec, name, t["root"])
+    except (ApiError, objstore.StorageError) as exc:  # the task fails saying why; the run goes on (fail-slow)
+        t.setdefault("inputs", {"parameters": {}, "artifacts": {}})
+        return _failed_to_start(t, key, exc)
+    t["state"] = "PENDING"
+    return _launch(runner, row, spec, key, t)
+
+
+def _launch(runner, row: dict, spec: dict, key: str, t: dict) -> dict:
+    """Create the custom job of a task instance (its first attempt or a retry) from its resolved inputs."""
+    name = _spec_name(key)
+    try:
+        ex_input = pipeline_spec.executor_input(spec, name, t["inputs"], t["planned"], t["root"], _gcs_path)
         container = pipeline_spec.container(spec, pipeline_spec.tasks(spec)[name])
-        body = {"displayName": f"{row['display_name']}-{name}"[:128], "labels": {"modelyard-pipeline-job": row["id"]},
+        body = {"displayName": f"{row['display_name']}-{key.replace('/', '-')}"[:128],
+                "labels": {"modelyard-pipeline-job": row["id"]},
                 "jobSpec": {"workerPoolSpecs": [{"replicaCount": 1, "machineSpec": {"machineType": "e2-standard-4"},
                                                  "containerSpec": {
                     "imageUri": container.get("image", ""),
@@ -228,13 +352,18 @@ def _start(runner, row: dict, spec: dict, name: str, scope: dict, outputs: dict)
                     "env": [{"name": e["name"], "value": str(e.get("value", ""))} for e in container.get("env") or []]}}]}}
         parent = row["parent"].split("/")
         job = runner.call_platform(lambda p: jobs.create(p, Route(parent[1], parent[3], "customJobs"), body))
-    except (ApiError, objstore.StorageError) as exc:  # the task fails saying why; the run goes on (fail-slow)
-        return {"state": "FAILED", "created": now, "ended": now, "root": task_root, "planned": {},
-                "inputs": {"parameters": {}, "artifacts": {}},
-                "error": ApiError(exc.status, f"task {name}: {exc.message}").to_rpc_status()}
+    except (ApiError, objstore.StorageError) as exc:
+        return _failed_to_start(t, key, exc)
     runner.wake()
-    return {"state": "PENDING", "job": job["name"].rsplit("/", 1)[-1], "created": now, "root": task_root,
-            "inputs": inputs, "planned": planned, "cache_key": key}
+    t.update(state="PENDING", job=job["name"].rsplit("/", 1)[-1])
+    t.pop("retry_at", None)
+    return t
+
+
+def _failed_to_start(t: dict, key: str, exc) -> dict:
+    t.update(state="FAILED", ended=time.time(), job=None,
+             error=ApiError(exc.status, f"task {pipeline_spec.local(key)}: {exc.message}").to_rpc_status())
+    return t
 
 
 def _gcs_path(uri: str) -> str:
@@ -252,34 +381,38 @@ def _executor_output(task_root: str) -> dict | None:
         return None
 
 
-def _job_detail(row: dict, spec: dict, tasks: dict, detail: dict) -> dict:
-    """``jobDetail`` as Vertex reports it: the root DAG's task, then one per task that was started."""
-    names = pipeline_spec.order(spec)
-    root_id = str(1000 + len(names))
+def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:
+    """``jobDetail`` as Vertex reports it: the root DAG's task, then one per task instance that started
+    (a loop's iterations are DAG tasks named after the loop, their index in their execution's metadata)."""
+    spec = row["spec"]["pipelineSpec"]
+    root_id = "1000"
     pipeline_name = spec["pipelineInfo"]["name"]
     states = [t["state"] for t in tasks.values()]
     root_state = ("FAILED" if "FAILED" in states else "SUCCEEDED" if all(
         tasks.get(n, {}).get("state") in DONE for n in pipeline_spec.root_names(spec)) else "RUNNING")
-    ids = {name: str(1000 + i) for i, name in enumerate(names)}
+    ids = {key: str(1000 + int(t.get("id") or i + 1)) for i, (key, t) in enumerate(tasks.items())}
     out = [{"taskId": root_id, "taskName": pipeline_name, "state": root_state,
             "createTime": rfc3339(row["created"]), **({"startTime": rfc3339(row["started"])} if row["started"] else {}),
             "execution": {"displayName": pipeline_name, "schemaTitle": "system.DAGExecution"}}]
     parent = row["parent"]
-    for name in names:
-        t = tasks.get(name)
-        if t is None:
-            continue
-        group = pipeline_spec.parent_of(spec, name)
-        entry = {"taskId": ids[name], "parentTaskId": ids[group] if group else root_id, "taskName": name,
+    for key, t in tasks.items():
+        head = _head(key)
+        name = pipeline_spec.local(_spec_name(key))
+        entry = {"taskId": ids[key], "parentTaskId": ids.get(head, root_id) if head else root_id, "taskName": name,
                  "state": t["state"], "createTime": rfc3339(t["created"])}
-        if pipeline_spec.is_group(spec, name):
-            entry["execution"] = {"displayName": name, "schemaTitle": "system.DAGExecution"}
+        if t.get("kind") in _GROUPS:
+            entry["execution"] = {"displayName": name, "schemaTitle": "system.DAGExecution",
+                                  **({"metadata": {"iteration_index": t["iteration"]}} if "iteration" in t else {})}
         if t.get("started"):
             entry["startTime"] = rfc3339(t["started"])
         if t.get("ended"):
             entry["endTime"] = rfc3339(t["ended"])
-        if t.get("job"):
-            entry["executorDetail"] = {"customJobDetail": {"job": f"{parent}/customJobs/{t['job']}"}}
+        job = t.get("job") or (t.get("attempts") or [{}])[-1].get("job")
+        if job:
+            entry["executorDetail"] = {"customJobDetail": {"job": f"{parent}/customJobs/{job}"}}
+        if t.get("attempts"):  # set_retry: each failed attempt, then where the task is now
+            entry["pipelineTaskStatus"] = [{"updateTime": rfc3339(a["ended"]), "state": "FAILED",
+                                            **({"error": a["error"]} if a.get("error") else {})} for a in t["attempts"]]
         if t.get("error"):
             entry["error"] = t["error"]
         if t.get("execution"):

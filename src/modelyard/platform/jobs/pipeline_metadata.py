@@ -51,7 +51,22 @@ def cached(engine, row: dict, key: str) -> dict | None:
     return (newest.get("metadata") or {}).get("cached_outputs")
 
 
-def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict:
+def artifact_by_uri(engine, row: dict, artifact: dict) -> str | None:
+    """The name of the newest artifact recorded for this URI and type (what an importer that does not
+    ``reimport`` reuses), or None."""
+    db, store = _store(engine, row)
+    title = (artifact.get("type") or {}).get("schemaTitle")
+    uri = artifact["uri"].replace("\\", "\\\\").replace('"', '\\"')
+    found = nodes.select(db, store, "artifacts", f'uri="{uri}" AND schema_title="{_title(title)}"')
+    return max(found, key=lambda a: a.get("createTime", ""))["name"] if found else None
+
+
+def _title(title: str | None) -> str:
+    return title if title in _KNOWN_TITLES else "system.Artifact"
+
+
+def task_execution(engine, row: dict, name: str, task: dict, state: str,
+                   schema: str = "system.ContainerExecution") -> dict:
     """A finished (or cache-hit: ``CACHED``) task's execution, its output artifacts made unless they exist
     (their names set in ``task['outputs']``), its events and its membership of the run's context."""
     db, store = _store(engine, row)
@@ -63,7 +78,7 @@ def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict
     elif task.get("cache_key"):
         metadata["cached_execution_key"] = task["cache_key"]
     execution = nodes.create(db, store, "executions", {
-        "displayName": name, "schemaTitle": "system.ContainerExecution", "state": state, "metadata": metadata}, None)
+        "displayName": name, "schemaTitle": schema, "state": state, "metadata": metadata}, None)
     events = [{"artifact": a["name"], "type": "INPUT"} for arts in (inputs.get("artifacts") or {}).values()
               for a in arts if a.get("name", "").startswith(store)]
     made = []
@@ -76,7 +91,7 @@ def task_execution(engine, row: dict, name: str, task: dict, state: str) -> dict
             title = (a.get("type") or {}).get("schemaTitle")
             created = nodes.create(db, store, "artifacts", {
                 "displayName": a.get("name") or "", "uri": a["uri"], "state": "LIVE",
-                "schemaTitle": title if title in _KNOWN_TITLES else "system.Artifact",
+                "schemaTitle": _title(title),
                 "metadata": a.get("metadata") or {}}, None)
             a["name"] = created["name"]
             made.append(created["name"])

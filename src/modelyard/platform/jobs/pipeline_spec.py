@@ -3,11 +3,11 @@ the executor (``pipeline_jobs``) one task at a time.
 
 Pure functions over the spec's JSON, no process and no store: which tasks the root DAG has and what
 they wait for, each task's inputs resolved from the run's parameters and its producers' outputs, the
-executor input a KFP launcher hands a container (``{{$}}``) and its other placeholders. Artifacts
-live under the run's ``gcsOutputDirectory`` as ``gs://`` URIs (recorded) and reach the task's command
-as ``/gcs/`` paths, which the platform's job code maps to its storage's files, as it does for every
-job. What this slice does not run yet (conditions, loops, exit handlers, nested DAGs, importers) is
-refused at create, naming the feature, rather than run wrongly.
+executor input a KFP launcher hands a container (``{{$}}``) and its other placeholders, a loop's items
+and a group's outputs (``dsl.Collected``, ``dsl.OneOf``, a nested pipeline's return). Artifacts live
+under the run's ``gcsOutputDirectory`` as ``gs://`` URIs (recorded) and reach the task's command as
+``/gcs/`` paths, which the platform's job code maps to its storage's files, as it does for every job.
+What the executor does not run is refused at create, naming the feature, rather than run wrongly.
 """
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def check(spec: Any) -> dict:
     executors = (spec.get("deploymentSpec") or {}).get("executors") or {}
     for name, (task, parent) in _walk(spec).items():
         where = f"pipeline_spec task {name!r}"
-        for unsupported in ("iteratorPolicy", "parameterIterator", "artifactIterator"):
-            if task.get(unsupported):
-                raise invalid(f"{where}.{_snake(unsupported)}: loops (dsl.ParallelFor) are not run by modelyard's "
-                              "pipeline executor yet.")
+        if task.get("parameterIterator") or task.get("artifactIterator"):
+            _check_loop(where, task, components.get((task.get("componentRef") or {}).get("name")) or {})
+        elif task.get("iteratorPolicy"):
+            raise invalid(f"{where}.iterator_policy is set on a task that is not a loop (dsl.ParallelFor).")
         if (task.get("triggerPolicy") or {}).get("strategy") not in (None, "ALL_UPSTREAM_TASKS_SUCCEEDED",
                                                                        ALL_COMPLETED):
             raise invalid(f"{where}.trigger_policy.strategy {task['triggerPolicy']['strategy']!r} is not run by "
@@ -58,18 +58,19 @@ def check(spec: Any) -> dict:
             if dep not in siblings:
                 raise invalid(f"{where}.dependent_tasks names {dep!r}, not a task of the pipeline.")
         if comp.get("dag"):
-            if (comp["dag"].get("outputs") or {}):
-                raise invalid(f"{where}: a group or nested pipeline with outputs (dsl.OneOf, a pipeline's "
-                              "return) is not run by modelyard's pipeline executor yet.")
+            _check_dag_outputs(where, comp["dag"])
             continue
         if (task.get("triggerPolicy") or {}).get("condition"):  # the compiler puts conditions on groups only
             raise invalid(f"{where}.trigger_policy.condition: modelyard runs conditions on groups (dsl.If) only.")
         executor = executors.get(comp.get("executorLabel"))
+        if (executor or {}).get("importer") is not None:
+            _check_importer(where, executor["importer"], task)
+            continue
         container = (executor or {}).get("container")
         if not container:
             kind = next(iter(executor or {}), "no executor")
             raise invalid(f"{where}: its executor is {kind!r}; modelyard runs container executors "
-                          "(lightweight Python and container components) only.")
+                          "(lightweight Python and container components) and importers only.")
         if not container.get("command") and not container.get("args"):
             raise invalid(f"{where}: its container has no command: modelyard runs the command as a local process "
                           f"and cannot run an image's entrypoint (image {container.get('image')!r}).")
@@ -81,6 +82,59 @@ def _snake(name: str) -> str:
     return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
 
 
+def _check_loop(where: str, task: dict, comp: dict) -> None:
+    """A dsl.ParallelFor task: its items are a JSON list written in the spec or one of the loop's inputs."""
+    if not comp.get("dag"):
+        raise invalid(f"{where}: a loop's component must be a DAG (its body).")
+    it = task.get("parameterIterator") or task.get("artifactIterator")
+    items = it.get("items") or {}
+    if not it.get("itemInput") or not any(k in items for k in ("raw", "inputParameter", "inputArtifact")):
+        raise invalid(f"{where}: a loop's iterator needs item_input and items (raw, input_parameter or "
+                      "input_artifact).")
+    if "raw" in items:
+        try:
+            raw = json.loads(items["raw"])
+        except (TypeError, ValueError):
+            raw = None
+        if not isinstance(raw, list):
+            raise invalid(f"{where}.parameter_iterator.items.raw must be a JSON list, got {items['raw']!r}.")
+    limit = (task.get("iteratorPolicy") or {}).get("parallelismLimit", 0)
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit < 0 or int(limit) != limit:
+        raise invalid(f"{where}.iterator_policy.parallelism_limit must be a whole number >= 0, got {limit!r}.")
+
+
+def _check_dag_outputs(where: str, dag: dict) -> None:
+    """A group's outputs (dsl.Collected of a loop, dsl.OneOf of branches, a nested pipeline's return) name
+    tasks of its own DAG."""
+    outs = dag.get("outputs") or {}
+    selectors = []
+    for key, value in (outs.get("parameters") or {}).items():
+        if "valueFromParameter" in value:
+            selectors.append((key, value["valueFromParameter"]))
+        elif "valueFromOneof" in value:
+            selectors += [(key, sel) for sel in value["valueFromOneof"].get("parameterSelectors") or []]
+        else:
+            raise invalid(f"{where}: its output parameter {key!r} is set in a way modelyard does not run: "
+                          f"{sorted(value)}.")
+    for key, value in (outs.get("artifacts") or {}).items():
+        selectors += [(key, sel) for sel in value.get("artifactSelectors") or []]
+    for key, sel in selectors:
+        if sel.get("producerSubtask") not in (dag.get("tasks") or {}):
+            raise invalid(f"{where}: its output {key!r} comes from {sel.get('producerSubtask')!r}, not a task "
+                          "of its DAG.")
+
+
+def _check_importer(where: str, importer: dict, task: dict) -> None:
+    uri = importer.get("artifactUri") or {}
+    if "constant" not in uri and "runtimeParameter" not in uri:
+        raise invalid(f"{where}: an importer needs artifact_uri (a constant or a runtime parameter).")
+    if "runtimeParameter" in uri and uri["runtimeParameter"] not in ((task.get("inputs") or {}).get("parameters") or {}):
+        raise invalid(f"{where}: the importer's artifact_uri parameter {uri['runtimeParameter']!r} is not one of "
+                      "its inputs.")
+    if not (importer.get("typeSchema") or {}).get("schemaTitle"):
+        raise invalid(f"{where}: an importer needs type_schema.schema_title (its artifact class).")
+
+
 def _dag_tasks(spec: dict, group: str | None) -> dict:
     """The tasks of the root DAG (``group`` None) or of a group task's DAG."""
     if group is None:
@@ -88,28 +142,59 @@ def _dag_tasks(spec: dict, group: str | None) -> dict:
     return component(spec, _walk(spec)[group][0])["dag"]["tasks"]
 
 
+_WALKED: dict[int, tuple[dict, dict]] = {}  # id(spec) -> (spec, walk, order): a run's tick asks many times
+
+
+def _memo(spec: dict) -> dict:
+    hit = _WALKED.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    memo: dict = {"walk": _walk_uncached(spec)}
+    if len(_WALKED) > 16:
+        _WALKED.clear()
+    _WALKED[id(spec)] = (spec, memo)
+    return memo
+
+
 def _walk(spec: dict) -> dict[str, tuple[dict, str | None]]:
-    """Every task of the pipeline, nested DAGs (dsl.If groups, nested pipelines) included: name ->
-    (its spec, the group task it is in, None at the root). The compiler makes task names unique."""
+    """Every task of the pipeline, nested DAGs (dsl.If groups, loops, nested pipelines) included, by its
+    qualified name (``qualify``) -> (its spec, the qualified name of the group it is in, None at the root)."""
+    return _memo(spec)["walk"]
+
+
+def qualify(group: str | None, name: str) -> str:
+    """A task's name in the whole pipeline: its group's and its own, ``/``-joined. Names are unique only in
+    their DAG (a nested pipeline's tasks may be named as the outer ones; one may be used twice)."""
+    return f"{group}/{name}" if group else name
+
+
+def local(qname: str) -> str:
+    """A task's own name (``taskInfo``'s, as Vertex lists it) from its qualified name."""
+    return qname.rsplit("/", 1)[-1]
+
+
+def _walk_uncached(spec: dict) -> dict[str, tuple[dict, str | None]]:
     out: dict = {}
 
     def walk(dag_tasks: dict, parent: str | None, depth: int) -> None:
         if depth > 20:
             raise invalid("pipeline_spec: groups are nested more than 20 deep.")
         for name, task in dag_tasks.items():
-            if name in out:
-                raise invalid(f"pipeline_spec: two tasks are named {name!r}.")
-            out[name] = (task, parent)
+            if not isinstance(task, dict) or not re.fullmatch(r"[A-Za-z_][-\w.]*", name):
+                raise invalid(f"pipeline_spec: task {name!r} must be an object named with letters, digits, "
+                              "'-', '_' or '.', starting with a letter.")
+            q = qualify(parent, name)
+            out[q] = (task, parent)
             comp = (spec.get("components") or {}).get((task.get("componentRef") or {}).get("name")) or {}
             if comp.get("dag"):
-                walk(comp["dag"].get("tasks") or {}, name, depth + 1)
+                walk(comp["dag"].get("tasks") or {}, q, depth + 1)
 
     walk(spec["root"]["dag"]["tasks"], None, 0)
     return out
 
 
 def tasks(spec: dict) -> dict[str, dict]:
-    """Every task by name, nested ones included."""
+    """Every task by qualified name, nested ones included."""
     return {name: task for name, (task, _) in _walk(spec).items()}
 
 
@@ -125,9 +210,154 @@ def root_names(spec: dict) -> list[str]:
     return list(spec["root"]["dag"]["tasks"])
 
 
+def children(spec: dict, group: str | None) -> list[str]:
+    """The tasks of the root DAG (``group`` None) or of a group's DAG, in ``order``."""
+    memo = _memo(spec)
+    if "children" not in memo:
+        memo["children"] = {}
+        for n in order(spec):
+            memo["children"].setdefault(parent_of(spec, n), []).append(n)
+    return memo["children"].get(group, [])
+
+
+def is_loop(spec: dict, name: str) -> bool:
+    """A dsl.ParallelFor: its DAG runs once per item."""
+    task = tasks(spec)[name]
+    return bool(task.get("parameterIterator") or task.get("artifactIterator"))
+
+
+def parallelism(spec: dict, name: str) -> int:
+    """How many of a loop's iterations may run at once (0: no limit), ``ParallelFor(parallelism=)``."""
+    return int((tasks(spec)[name].get("iteratorPolicy") or {}).get("parallelismLimit") or 0)
+
+
+def loop_items(spec: dict, name: str, inputs: dict) -> list:
+    """A loop's items: the JSON list written in the spec, or the list one of its inputs holds (a task's
+    output, a pipeline parameter; a JSON string of a list too), or an artifact list."""
+    task = tasks(spec)[name]
+    if task.get("artifactIterator"):
+        key = task["artifactIterator"]["items"].get("inputArtifact")
+        return list(inputs["artifacts"].get(key) or [])
+    items = task["parameterIterator"]["items"]
+    if "raw" in items:
+        return json.loads(items["raw"])
+    value = inputs["parameters"].get(items["inputParameter"])
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass
+    if not isinstance(value, list):
+        raise invalid(f"loop {name!r}: its items ({items['inputParameter']!r}) must be a list, got {value!r}.")
+    return value
+
+
+def iteration_inputs(spec: dict, name: str, inputs: dict, item: Any) -> dict:
+    """The scope of one iteration of a loop: the loop's inputs and the item under its ``itemInput``."""
+    task = tasks(spec)[name]
+    if task.get("artifactIterator"):
+        key = task["artifactIterator"]["itemInput"]
+        return {"parameters": inputs["parameters"], "artifacts": {**inputs["artifacts"], key: [item]}}
+    key = task["parameterIterator"]["itemInput"]
+    return {"parameters": {**inputs["parameters"], key: item}, "artifacts": inputs["artifacts"]}
+
+
+def dag_outputs(spec: dict, name: str, produced: dict[str, dict]) -> dict:
+    """What one run of a group's DAG gives out (a nested pipeline's return, a dsl.OneOf's first branch
+    that ran, one loop iteration's share of a dsl.Collected) from its tasks' outputs (``produced``:
+    task name -> ``{"parameters", "artifacts"}``)."""
+    outs = component(spec, tasks(spec)[name])["dag"].get("outputs") or {}
+    params, arts = {}, {}
+    for key, value in (outs.get("parameters") or {}).items():
+        selectors = ([value["valueFromParameter"]] if "valueFromParameter" in value
+                     else value["valueFromOneof"].get("parameterSelectors") or [])
+        for sel in selectors:  # the first that produced it (a OneOf's branch that ran)
+            got = (produced.get(sel["producerSubtask"]) or {}).get("parameters") or {}
+            if sel["outputParameterKey"] in got:
+                params[key] = got[sel["outputParameterKey"]]
+                break
+    for key, value in (outs.get("artifacts") or {}).items():
+        for sel in value.get("artifactSelectors") or []:
+            got = (produced.get(sel["producerSubtask"]) or {}).get("artifacts") or {}
+            if got.get(sel["outputArtifactKey"]):
+                arts[key] = got[sel["outputArtifactKey"]]
+                break
+    return {"parameters": params, "artifacts": arts}
+
+
+def collected(spec: dict, name: str, iterations: list[dict]) -> dict:
+    """A loop's outputs (``dsl.Collected``): each output parameter as the list of its iterations' values,
+    each output artifact list as their artifacts, in item order (empty lists for no items). An iteration
+    that produced none (its branch did not run) adds nothing."""
+    outs = component(spec, tasks(spec)[name])["dag"].get("outputs") or {}
+    params: dict = {k: [] for k in outs.get("parameters") or {}}
+    arts: dict = {k: [] for k in outs.get("artifacts") or {}}
+    for out in iterations:
+        for key, value in (out.get("parameters") or {}).items():
+            params.setdefault(key, []).append(value)
+        for key, value in (out.get("artifacts") or {}).items():
+            arts.setdefault(key, []).extend(value)
+    return {"parameters": params, "artifacts": arts}
+
+
+def importer(spec: dict, name: str) -> dict | None:
+    """The importer spec of a ``dsl.importer`` task, None for any other task."""
+    comp = component(spec, tasks(spec)[name])
+    return ((spec.get("deploymentSpec") or {}).get("executors") or {}).get(comp.get("executorLabel"), {}).get("importer")
+
+
+def imported(spec: dict, name: str, inputs: dict) -> dict:
+    """The artifact a ``dsl.importer`` task gives out: its URI (a constant or its parameter), its type and
+    metadata (placeholders of its inputs filled), under the component's one output key."""
+    imp = importer(spec, name)
+    uri = imp["artifactUri"].get("constant")
+    if uri is None:
+        uri = inputs["parameters"].get(imp["artifactUri"]["runtimeParameter"])
+    if not isinstance(uri, str) or not uri:
+        raise invalid(f"importer {name!r}: its artifact_uri must be a non-empty string, got {uri!r}.")
+
+    def filled(value: Any) -> Any:
+        if isinstance(value, str):
+            m = _PLACEHOLDER.fullmatch(value)
+            if m and m.group(1) == "inputs" and m.group(2) == "parameters":
+                return inputs["parameters"].get(m.group(3))
+            return value
+        if isinstance(value, dict):
+            return {k: filled(v) for k, v in value.items()}
+        return [filled(v) for v in value] if isinstance(value, list) else value
+
+    key = next(iter((component(spec, tasks(spec)[name]).get("outputDefinitions") or {}).get("artifacts") or {}),
+               "artifact")
+    return {"parameters": {}, "artifacts": {key: [{"name": key, "type": imp["typeSchema"], "uri": uri,
+                                                   "metadata": filled(imp.get("metadata") or {}),
+                                                   "reimport": bool(imp.get("reimport"))}]}}
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+def retry_policy(spec: dict, name: str) -> tuple[int, float, float, float]:
+    """A task's ``set_retry``: (retries, first backoff s, backoff factor, longest backoff s); (0, ...) for none."""
+    policy = tasks(spec)[name].get("retryPolicy") or {}
+
+    def seconds(text: Any, default: float) -> float:
+        m = _DURATION.match(str(text)) if text is not None else None
+        return float(m.group(1)) if m else default
+
+    return (int(policy.get("maxRetryCount") or 0), seconds(policy.get("backoffDuration"), 0.0),
+            float(policy.get("backoffFactor") or 2.0), seconds(policy.get("backoffMaxDuration"), 3600.0))
+
+
 def order(spec: dict) -> list[str]:
-    """Every task's name, each after its group and after every task it depends on (data or ``.after``)."""
-    walked = _walk(spec)
+    """Every task's qualified name, each after its group and after every task it depends on (data or
+    ``.after``)."""
+    memo = _memo(spec)
+    if "order" not in memo:
+        memo["order"] = _order(memo["walk"])
+    return memo["order"]
+
+
+def _order(walked: dict) -> list[str]:
     done: list[str] = []
     seen: set[str] = set()
 
@@ -137,7 +367,7 @@ def order(spec: dict) -> list[str]:
         if name in path:
             raise invalid(f"pipeline_spec: tasks depend on each other in a cycle: {' -> '.join(path + (name,))}.")
         task, parent = walked[name]
-        for dep in sorted(upstream(task)) + ([parent] if parent else []):
+        for dep in [qualify(parent, u) for u in sorted(upstream(task))] + ([parent] if parent else []):
             if dep in walked:
                 visit(dep, path + (name,))
         seen.add(name)
@@ -226,7 +456,7 @@ def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict],
         if "componentInputParameter" in value:
             source = value["componentInputParameter"]
             if source in params:
-                out_params[key] = params[source]
+                out_params[key] = select(params[source], value.get("parameterExpressionSelector"), f"{name}.{key}")
             continue
         if "runtimeValue" in value:
             out_params[key] = convert((value["runtimeValue"] or {}).get("constant"), kind, f"{name}.{key}")
@@ -257,6 +487,29 @@ def task_inputs(spec: dict, name: str, params: dict, outputs: dict[str, dict],
                           f"{sorted(value)}.")
         out_arts[key] = outputs.get(ref["producerTask"], {}).get("artifacts", {}).get(ref["outputArtifactKey"], [])
     return {"parameters": out_params, "artifacts": out_arts}
+
+
+_SELECTOR = re.compile(r"""^parseJson\(string_value\)\[(?:"([^"]*)"|'([^']*)'|(\d+))\]$""")
+
+
+def select(value: Any, selector: str | None, field: str) -> Any:
+    """A loop item's field (``item.a`` of a dict item): the ``parameterExpressionSelector`` the compiler
+    writes, ``parseJson(string_value)["a"]``, over the item (a JSON string of it too)."""
+    if not selector:
+        return value
+    m = _SELECTOR.match(selector)
+    if m is None:
+        raise invalid(f"{field}: parameter_expression_selector {selector!r} is not one modelyard runs.")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise invalid(f"{field}: {value!r} is not JSON, so {selector!r} cannot select from it.") from None
+    try:
+        return value[int(m.group(3))] if m.group(3) is not None else value[m.group(1) if m.group(1) is not None
+                                                                           else m.group(2)]
+    except (KeyError, IndexError, TypeError):
+        raise invalid(f"{field}: {selector!r} selects nothing from {value!r}.") from None
 
 
 def output_artifacts(spec: dict, name: str, task_root: str) -> dict[str, list[dict]]:
