@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import json
 import os
 import random
 import resource
@@ -64,25 +65,17 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from harness import (Service, command_line, free_port, http_ok, log, machine, markdown_table,  # noqa: E402
                      write_results)
+from chaos_platform import FAILED, NO_ANSWER, Indeterminate, Platform, PlatformChaos  # noqa: E402
 
 BUCKET = "chaos"
 DELETE_BUCKETS = ("chaos-del-0", "chaos-del-1")
 SHARED = [f"shared/{i}" for i in range(6)]
 REQUEST_TIMEOUT_S = 30.0
-NO_ANSWER, FAILED = "no answer", "5xx"  # the two kinds of indeterminate outcome
 DISK_FULL_BYTES = 256 << 10
 
 
 def crc_of(data: bytes) -> str:
     return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
-
-
-class Indeterminate(Exception):
-    """No answer, or a 5xx: the operation may or may not have taken effect. ``outcome`` says which."""
-
-    def __init__(self, outcome: str, why: str) -> None:
-        super().__init__(why)
-        self.outcome = outcome
 
 
 class Storage:
@@ -125,6 +118,7 @@ class Storage:
 class Chaos:
     def __init__(self, storage: Storage, seconds: float, every: float, seed: int) -> None:
         self.s = storage
+        self.plat: PlatformChaos | None = None  # the platform's clients and faults (None: the storage alone)
         self.seconds = seconds
         self.every = every
         self.rng = random.Random(seed)
@@ -470,26 +464,36 @@ class Chaos:
 
     # ---- the nemesis ----------------------------------------------------------------------------
     def nemesis(self) -> None:
-        """Faults at random times (exponential gaps, mean ``every``); the two kinds take turns, so even a
-        short run has both."""
+        """Faults at random times (exponential gaps, mean ``every``); the kinds take turns (the platform's
+        first), so even a short run has each."""
         rng = random.Random(self.rng.random())  # its own: the clients' threads do not shift its schedule
-        kill = rng.random() < 0.5
+        kinds = ["platform", "storage", "replica", "disk"] if self.plat is not None else ["storage", "disk"]
+        turn = 0
         while not self.stop.wait(rng.expovariate(1 / self.every)):
             if self.s.service.proc.poll() is not None:
                 self.s.unexpected_exits += 1
                 self.violation(f"the storage exited by itself ({self.s.service.proc.returncode})")
                 self.s.start()
-            kill = not kill
-            if kill:
+            if self.plat is not None and not self.plat.p.alive():
+                self.violation(f"the platform exited by itself ({self.plat.p.service.proc.returncode})")
+                self.plat.p.start()
+            kind = kinds[turn % len(kinds)]
+            turn += 1
+            if kind == "storage":
                 self.faults["kill -9 of the storage"] += 1
                 self.s.kill9()
                 self.stop.wait(rng.uniform(0, 0.5))  # down a moment: clients meet a refused port
                 self.s.start()
-            else:
+            elif kind == "disk":
                 self.faults["disk full (RLIMIT_FSIZE 256 KiB), then freed"] += 1
                 self.s.disk_full(True)
                 self.stop.wait(rng.uniform(0.5, 3.0))
                 self.s.disk_full(False)
+            elif kind == "platform":
+                self.faults["kill -9 of the platform"] += 1
+                self.plat.kill_platform(rng.uniform(0, 0.5))
+            elif self.plat.kill_replica():
+                self.faults["kill -9 of a replica"] += 1
 
     # ---- the run and the final check ------------------------------------------------------------
     def run(self) -> float:
@@ -500,6 +504,9 @@ class Chaos:
         for b in DELETE_BUCKETS:
             workers += [lambda b=b: self.bucket_uploader(b), lambda b=b: self.bucket_uploader(b),
                         lambda b=b: self.bucket_deleter(b)]
+        if self.plat is not None:
+            self.plat.deploy()
+            workers += [self.plat.registry, self.plat.submitter, self.plat.predictor]
         threads = [threading.Thread(target=self._guarded, args=(w,), daemon=True) for w in workers]
         nemesis = threading.Thread(target=self._guarded, args=(self.nemesis,), daemon=True)
         started = time.monotonic()
@@ -508,6 +515,11 @@ class Chaos:
         nemesis.start()
         try:
             self.stop.wait(self.seconds)
+            # A short run goes on until every kind of fault struck once (at most two minutes more).
+            kinds = 4 if self.plat is not None else 2
+            overtime = time.monotonic() + 120
+            while len(self.faults) < kinds and time.monotonic() < overtime and not self.stop.wait(0.2):
+                pass
         except KeyboardInterrupt:  # Ctrl-C: the nemesis must not start the storage again once it is stopped
             self.stop.set()
             nemesis.join(60)
@@ -522,6 +534,8 @@ class Chaos:
             self.s.start()
         self.s.disk_full(False)
         self.final_check()
+        if self.plat is not None:
+            self.plat.final_check()
         return elapsed
 
     def _guarded(self, work) -> None:
@@ -555,16 +569,28 @@ class Chaos:
 
 
 def orphans(root: Path, keep: set[int]) -> list[int]:
-    """Processes (other than ``keep``) whose command line names the storage root."""
+    """Processes (other than ``keep``) whose command line names ``root`` or whose working directory is
+    under it (a job's process names neither the platform nor its state directory: it runs in its job's)."""
     found = []
+    marker = str(root).encode()
     for d in Path("/proc").iterdir():
         if d.name.isdigit() and int(d.name) not in keep:
             try:
-                if str(root).encode() in (d / "cmdline").read_bytes():
+                if marker in (d / "cmdline").read_bytes() or os.readlink(d / "cwd").startswith(str(root)):
                     found.append(int(d.name))
             except OSError:
                 continue
     return found
+
+
+def model_to_serve(model: str | None, instances: str | None) -> tuple[str, bytes]:
+    """(a model version directory, a predict body for it): ``--model``/``--instances``, else the digits demo."""
+    if model:
+        return model, json.dumps({"instances": json.loads(instances or "[]")}).encode()
+    from modelyard import demo
+
+    base = demo.ensure_demo_model(log=lambda m: log(m))
+    return str(Path(base) / "0001"), demo.demo_predict_body(1).encode()
 
 
 def main() -> int:
@@ -574,25 +600,42 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=None, help="length in minutes (overrides --seconds)")
     parser.add_argument("--every", type=float, default=3.0, help="mean seconds between faults (default 3)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
+    parser.add_argument("--storage-only", action="store_true",
+                        help="no platform: the storage's clients and faults alone")
+    parser.add_argument("--model", default=None,
+                        help="the model version directory the platform serves (default: the digits demo's)")
+    parser.add_argument("--instances", default=None, help="JSON list of instances to predict with --model")
     parser.add_argument("--out", default=None, help="results file (default bench/results/chaos.md)")
     args = parser.parse_args()
     seconds = args.minutes * 60 if args.minutes is not None else args.seconds
     seed = args.seed if args.seed is not None else int(time.time())
+    served = None if args.storage_only else model_to_serve(args.model, args.instances)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         storage = Storage(Path(tmp))
         storage.start()
         chaos = Chaos(storage, seconds, args.every, seed)
+        platform = None
         signal.signal(signal.SIGTERM, lambda *_: chaos.stop.set())  # stop early: still checked and reported
         try:
+            if served is not None:
+                platform = Platform(Path(tmp) / "platform", storage.url)
+                platform.work.mkdir()
+                platform.start()
+                chaos.plat = PlatformChaos(chaos, platform, served[0], served[1], seed)
             elapsed = chaos.run()
         finally:
+            if platform is not None and platform.alive():
+                platform.stop_everything()
             storage.stop()
-        left = orphans(storage.root, {os.getpid()})
+        left = orphans(Path(tmp), {os.getpid()})
         for pid in left:
-            chaos.violation(f"orphan process {pid} under the storage root")
+            chaos.violation(f"orphan process {pid} under the storage root or the platform's state directory")
     kinds = ["write", "read", "copy", "unique write", "resumable", "upload into deleted bucket", "bucket delete"]
     rows = [[k, sum(chaos.ops[k].values()), chaos.ops[k]["ok"], chaos.ops[k]["refused"], chaos.ops[k][FAILED],
              chaos.ops[k][NO_ANSWER]] for k in kinds]
+    plat = chaos.plat
+    if plat is not None:
+        rows += plat.rows()
     checks = [["acknowledged objects checked at the end", len(chaos.unique_acked) + len(chaos.last_acked)],
               ["lost acknowledged objects", chaos.lost], ["corrupted acknowledged objects", chaos.corrupted],
               ["mixed-generation reads", sum("mixed generations" in v for v in chaos.violations)],
@@ -600,22 +643,44 @@ def main() -> int:
                                                  for v in chaos.violations)],
               ["bucket delete violations", sum("bucket" in v and ("vanished" in v or "re-created" in v)
                                                for v in chaos.violations)],
-              ["stuck requests (no answer in 30 s)", chaos.stuck], ["resumable sessions lost", chaos.sessions_lost],
-              ["orphan processes", len(left)], ["violations, all kinds", len(chaos.violations)]]
+              ["stuck requests (no answer in 30 s)", chaos.stuck], ["resumable sessions lost", chaos.sessions_lost]]
+    if plat is not None:
+        checks += [
+            ["acknowledged registry records checked at the end (endpoints, models)", len(plat.endpoints) + len(plat.models)],
+            ["acknowledged jobs checked at the end", len(plat.jobs)],
+            ["lost registry or job records", plat.lost],
+            ["jobs stuck (not final 180 s after the run)", plat.stuck_jobs],
+            ["operations stuck (not done 180 s after the run)", plat.stuck_operations],
+            ["faults predicts did not recover from (120 s)", plat.not_recovered],
+            ["replicas beyond the deployment's one", plat.extra_replicas]]
+    checks += [["orphan processes", len(left)], ["violations, all kinds", len(chaos.violations)]]
     faults = [[k, v] for k, v in sorted(chaos.faults.items())] + [["storage starts", storage.starts]]
+    if plat is not None:
+        faults.append(["platform starts", platform.starts])
+    clients = ("2 writers (half compare-and-set), 2 readers, 1 copier, 1 unique writer, 2 resumable uploaders, "
+               "2 x (2 uploaders + 1 bucket deleter)")
+    if plat is not None:
+        clients += ("; on the platform: 1 registry client (endpoint creates, every 10th a model upload), 1 job "
+                    "submitter (a CustomJob every 1-3 s, 30 % cancelled), 1 predict client (back to back, one "
+                    "replica deployed)")
     text = "\n\n".join([
-        "# Fault schedule: the platform's Cloud Storage under kill -9 and a full disk",
+        "# Fault schedule: the platform, its Cloud Storage and its replicas under kill -9 and a full disk"
+        if plat is not None else "# Fault schedule: the platform's Cloud Storage under kill -9 and a full disk",
         machine(),
-        f"`{command_line()}` (seed {seed}): {elapsed:.0f} s; clients: 2 writers (half compare-and-set), 2 readers, "
-        "1 copier, 1 unique writer, 2 resumable uploaders, 2 x (2 uploaders + 1 bucket deleter); a fault every "
-        f"{args.every:g} s on average. Full disk: RLIMIT_FSIZE {DISK_FULL_BYTES >> 10} KiB on the storage process.",
+        f"`{command_line()}` (seed {seed}): {elapsed:.0f} s; clients: {clients}; a fault every "
+        f"{args.every:g} s on average, the kinds in turn. Full disk: RLIMIT_FSIZE {DISK_FULL_BYTES >> 10} KiB on "
+        "the storage process.",
         markdown_table(["operation", "attempted", "ok", "refused (4xx, as specified)", "failed (5xx: full disk)",
-                        "no answer (storage down)"], rows),
+                        "no answer (process down)"], rows),
         markdown_table(["fault", "count"], faults),
+        *([markdown_table(["fault", "recoveries", "median s to an answered predict", "longest s"],
+                          plat.recovery_rows()),
+           f"Predicts: {plat.predicts['ok']} answered 200, {plat.predicts['failed']} not (while a fault lasted)."]
+          if plat is not None else []),
         markdown_table(["check", "count"], checks),
-        f"Throughput under faults: {chaos.bytes_written / elapsed / 1e6:.1f} MB/s acknowledged writes, "
+        f"Storage throughput under faults: {chaos.bytes_written / elapsed / 1e6:.1f} MB/s acknowledged writes, "
         f"{chaos.bytes_read / elapsed / 1e6:.1f} MB/s reads, "
-        f"{sum(c['ok'] for c in chaos.ops.values()) / elapsed:.0f} successful operations/s.",
+        f"{sum(c['ok'] for c in chaos.ops.values()) / elapsed:.0f} successful operations/s (all clients).",
         *(["Violations (first 20):\n\n" + "\n".join(f"- {v}" for v in chaos.violations[:20])]
           if chaos.violations else []),
     ])
