@@ -46,6 +46,9 @@ import tempfile
 from pathlib import Path
 
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
+# Set beside HTTPS_PROXY by tensorflow_env: this environment's TensorFlow gs:// goes to that gateway (a
+# platform job's, or a parent process's enable()), which enable() then uses rather than start another.
+ROUTED_ENV = "MODELYARD_TF_GCS"
 READY = "modelyard tf-gcs gateway:"  # the first line the process prints: READY + JSON of its settings
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the forwarding sets itself.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -359,7 +362,7 @@ def tensorflow_env(settings: dict, token: str | None = None, environ: dict | Non
     local = "127.0.0.1,localhost,::1"
     no_proxy = ",".join(p for p in (environ.get("NO_PROXY") or environ.get("no_proxy"), local) if p)
     out = {"HTTPS_PROXY": settings["proxy"], "https_proxy": settings["proxy"], "NO_PROXY": no_proxy,
-           "no_proxy": no_proxy, "CURL_CA_BUNDLE": settings["ca_bundle"]}
+           "no_proxy": no_proxy, "CURL_CA_BUNDLE": settings["ca_bundle"], ROUTED_ENV: settings["proxy"]}
     if token:
         out["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = token
     elif not environ.get("GCE_METADATA_HOST"):
@@ -446,6 +449,20 @@ def gateway_args(args) -> dict:
             "sockets": sockets}
 
 
+def routed(environ: dict | None = None) -> bool:
+    """Whether ``environ``'s (default: this process's) TensorFlow ``gs://`` goes to a gateway that answers."""
+    environ = os.environ if environ is None else environ
+    proxy = environ.get(ROUTED_ENV)
+    if not proxy or environ.get("HTTPS_PROXY") != proxy or not environ.get("CURL_CA_BUNDLE"):
+        return False
+    host, _, port = proxy.split("://", 1)[-1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 _ENABLED: tuple[subprocess.Popen, dict] | None = None
 _SAVED: dict[str, str | None] = {}  # what enable() replaced, for disable()
 
@@ -454,8 +471,11 @@ def enable(storage_url: str | None = None, token: str | None = None) -> dict[str
     """Send this process's TensorFlow ``gs://`` to the storage at ``storage_url`` (default:
     ``STORAGE_EMULATOR_HOST``) with ``token`` (default: ``MODELYARD_STORAGE_TOKEN``, the platform's
     ``--auth-token``). Call it before the first ``gs://`` call; calling it again is a no-op. Returns
-    the variables it set."""
+    the variables it set: none when this process's TensorFlow goes to a gateway already (``routed``: in a
+    platform job, whose gateway adds the job's own token), unless ``storage_url`` is given."""
     global _ENABLED
+    if _ENABLED is None and storage_url is None and routed():
+        return {}
     storage_url = storage_url or os.environ.get("STORAGE_EMULATOR_HOST")
     if not storage_url:
         raise RuntimeError("modelyard.tf_gcs.enable: no storage to send gs:// to: set STORAGE_EMULATOR_HOST "

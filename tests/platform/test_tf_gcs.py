@@ -4,7 +4,8 @@ End to end: the textbook's training script, unchanged, as a CustomTrainingJob th
 model deploys and predicts; its checkpoints and TensorBoard events are in the bucket, and this process's
 own ``tf.io.gfile.glob`` finds them); TensorFlow in a user's process through ``modelyard.tf_gcs.enable``
 against a storage behind a token and TLS (checkpoints, BackupAndRestore, summaries, tf.data, SavedModel;
-a wrong token refused). The request mapping, the head cleaning and the variables are tested one layer
+a wrong token refused); ``modelyard train`` with gs:// data, job dir and export against the same storage.
+The request mapping, the head cleaning and the variables are tested one layer
 down, without a process.
 """
 from __future__ import annotations
@@ -191,6 +192,44 @@ def test_tensorflow_in_a_users_process_reaches_a_storage_behind_a_token_and_tls(
     refused = _user_process(url, ca, "not-the-token", "wrong")
     assert "HTTP response code 401" in refused["message"], refused  # the storage's refusal, through TensorFlow
     assert not (root / "tfbucket" / "intruder.txt").exists()
+
+
+# ---- modelyard train with gs:// data, job dir and export ----------------------------------------------
+def test_modelyard_train_reads_and_writes_gs_paths_of_a_storage_behind_a_token_and_tls(secured_storage, tmp_path):
+    """``modelyard train`` (training.uri_paths): its data is read from gs://, its checkpoints, backup,
+    TensorBoard events, metrics.json and exported model are written to gs://, all through TensorFlow's
+    own gs:// (tf_gcs.enable from STORAGE_EMULATOR_HOST and MODELYARD_STORAGE_TOKEN), TLS checked."""
+    import io
+
+    import yaml
+    from sklearn.datasets import load_digits
+
+    url, ca, root = secured_storage
+    digits = load_digits()
+    x = np.repeat(np.repeat(digits.images[:96], 4, axis=1), 4, axis=2)[:, 2:30, 2:30] * 15  # 28x28 uint8 range
+    buf = io.BytesIO()
+    np.savez(buf, x=x.astype(np.uint8), y=digits.target[:96].astype(np.int64))
+    r = requests.post(f"{url}/upload/storage/v1/b/tfbucket/o?uploadType=media&name=train/digits.npz",
+                      data=buf.getvalue(), headers={"Authorization": "Bearer tf-secret"}, verify=str(ca), timeout=10)
+    assert r.status_code == 200, r.text
+    config = tmp_path / "gs.yaml"
+    config.write_text(yaml.safe_dump({"model": "demo", "data": {"source": "gs://tfbucket/train/digits.npz"},
+                                      "global_batch_size": 16, "epochs": 2, "job_dir": "gs://tfbucket/train/run",
+                                      "export_to": "gs://tfbucket/train/model", "input_report": False}))
+    env = _env(STORAGE_EMULATOR_HOST=url, MODELYARD_STORAGE_TOKEN="tf-secret", SSL_CERT_FILE=str(ca),
+               REQUESTS_CA_BUNDLE=str(ca), TF_USE_LEGACY_KERAS="1")
+    done = run_python([sys.executable, "-m", "modelyard", "train", str(config)], env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    assert "exported gs://tfbucket/train/model/0001" in done.stdout, done.stdout
+    run = root / "tfbucket" / "train" / "run"  # the storage's own files
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["completed"] and len(metrics["epochs"]) == 2, metrics
+    assert (run / "config.resolved.json").is_file()
+    assert (run / "checkpoints" / "ckpt-0002.index").is_file(), sorted(p.name for p in run.rglob("*"))
+    assert list((run / "tensorboard" / "train").glob("events.out.tfevents.*")), sorted(p.name for p in run.rglob("*"))
+    model = root / "tfbucket" / "train" / "model" / "0001"
+    assert (model / "saved_model.pb").is_file() and (model / "variables" / "variables.index").is_file()
+    assert not (tmp_path / "gs:").exists()  # never read as a local relative path
 
 
 # ---- the textbook's training script as a CustomTrainingJob ------------------------------------------

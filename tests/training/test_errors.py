@@ -62,13 +62,24 @@ def test_launch_checks_the_config_before_starting_workers(tmp):
     ({"data": {"source": "records/*.tfrecord", "shape": [28, 28]}}, "steps_per_epoch: needed for TFRecord"),
     ({"strategy": {"name": "multi_worker_mirrored", "collective_timeout": -1}}, "collective_timeout: must be"),
     # A storage URI was read as a local relative path (<config dir>/gs:/b/run) and written there silently.
-    ({"job_dir": "gs://b/run"}, "job_dir: gs://b/run is a storage URI; modelyard train reads and writes local"),
-    ({"export_to": "gs://b/model"}, "export_to: gs://b/model is a storage URI"),
-    ({"data": {"train": "gs://b/train-*.tfrecord", "shape": [28, 28]}, "steps_per_epoch": 2},
-     "data.train: gs://b/train-*.tfrecord is a storage URI"),
+    ({"job_dir": "s3://b/run"}, "job_dir: s3://b/run is a storage URI of a scheme modelyard train does not write"),
 ])
 def test_config_mistakes_are_named(tmp, capsys, values, message):
     assert message in _train_error(capsys, write_config(tmp, "bad", **values))
+
+
+@pytest.mark.parametrize("values, key", [
+    ({"job_dir": "gs://b/run"}, "job_dir: gs://b/run"),
+    ({"export_to": "gs://b/model"}, "export_to: gs://b/model"),
+    ({"data": {"train": "gs://b/train-*.tfrecord", "shape": [28, 28]}, "steps_per_epoch": 2},
+     "data.train: gs://b/train-*.tfrecord"),
+])
+def test_a_gs_path_without_a_storage_names_storage_emulator_host(tmp, capsys, monkeypatch, values, key):
+    """gs:// paths are the platform's storage (tests/training/test_gcs_train.py); with no storage named,
+    the error says which variable names it, before anything starts."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    err = _train_error(capsys, write_config(tmp, "bad", **values))
+    assert f"{key} is a gs:// URI and no storage is named: export STORAGE_EMULATOR_HOST" in err, err
 
 
 def test_uncompiled_model_and_gpu_only_options(tmp):

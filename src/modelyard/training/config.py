@@ -11,6 +11,7 @@ Example::
     job_dir: runs/mnist
     export_to: models/my_mnist_model
 
+``job_dir``, ``export_to`` and data files may be ``gs://`` URIs of the platform's storage (``uri_paths``).
 Every check here is plain Python (the model file is parsed, not run), so a wrong config
 fails in well under a second and before ``modelyard launch`` starts any process.
 """
@@ -19,12 +20,13 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from modelyard.training import uri_paths
 
 STRATEGIES = ("default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server")
 MULTI_WORKER = ("multi_worker_mirrored", "parameter_server")
@@ -76,8 +78,8 @@ class TrainConfig:
     warmup_epochs: float
     seed: int | None
     deterministic: bool
-    job_dir: Path
-    export_to: Path | None
+    job_dir: Path | uri_paths.UriPath  # a local directory, or a gs:// one of the platform's storage
+    export_to: Path | uri_paths.UriPath | None
     verbose: bool
     input_report: bool
     tensorboard: bool
@@ -118,20 +120,29 @@ def _mapping(raw: dict, key: str) -> dict:
     return dict(value)
 
 
-def _local_paths_only(paths: dict[str, Any]) -> None:
-    """A URI (``gs://b/run``) would be read as a relative path (``<config dir>/gs:/b/run``) and written
-    there without a word: refused, naming the key, until the trainer takes storage URIs."""
+def _check_uris(paths: dict[str, Any]) -> None:
+    """A URI is never read as a relative path (``<config dir>/gs:/b/run``): a ``gs://`` one is the
+    storage's (uri_paths), refused naming the key when no storage is named; other schemes are refused."""
     for key, value in paths.items():
-        if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
-            raise ConfigError(f"{key}: {value} is a storage URI; modelyard train reads and writes local paths "
-                              "only (copy the data in, or publish the job dir or export afterwards)")
+        if uri_paths.is_uri(value):
+            try:
+                uri_paths.check(key, value)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def _resolve_path(base: Path, value: str | None) -> str | None:
     if value is None:
         return None
+    if uri_paths.is_uri(value):  # gs://: the storage's, as written
+        return value
     path = Path(value).expanduser()
     return str(path if path.is_absolute() else (base / path))
+
+
+def _dir(base: Path, value: str) -> Path | uri_paths.UriPath:
+    """A job dir or export base: a local ``Path``, or a ``gs://`` ``UriPath`` with the same methods."""
+    return uri_paths.UriPath(value) if uri_paths.is_uri(value) else Path(_resolve_path(base, value))
 
 
 def check_model_file(model: str, base: Path) -> str:
@@ -293,7 +304,7 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
     model = check_model_file(str(raw["model"]), base)
     data = _mapping(raw, "data")
     _unknown("data", data, _DATA_KEYS)
-    _local_paths_only({"job_dir": raw.get("job_dir"), "export_to": raw.get("export_to"),
+    _check_uris({"job_dir": raw.get("job_dir"), "export_to": raw.get("export_to"),
                        **{f"data.{k}": data.get(k) for k in ("source", "train", "validation")}})
     for key in ("source", "train", "validation"):
         if key in data and data[key] != "digits":
@@ -311,7 +322,7 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
     warmup = raw.get("warmup_epochs", 0)
     if not isinstance(warmup, (int, float)) or warmup < 0:
         raise ConfigError("warmup_epochs: must be a number >= 0")
-    job_dir = Path(_resolve_path(base, raw.get("job_dir") or f"runs/{path.stem}"))
+    job_dir = _dir(base, str(raw.get("job_dir") or f"runs/{path.stem}"))
     export_to = raw.get("export_to")
     cfg = TrainConfig(
         path=path,
@@ -329,7 +340,7 @@ def from_mapping(raw: dict[str, Any], path: Path) -> TrainConfig:
         seed=_int(raw, "seed", 0, minimum=0),
         deterministic=bool(raw.get("deterministic", False)),
         job_dir=job_dir,
-        export_to=Path(_resolve_path(base, export_to)) if export_to else None,
+        export_to=_dir(base, str(export_to)) if export_to else None,
         verbose=bool(raw.get("verbose", True)),
         input_report=bool(raw.get("input_report", True)),
         tensorboard=bool(raw.get("tensorboard", True)),
@@ -420,6 +431,13 @@ def _check_step_options(cfg: TrainConfig, raw: dict[str, Any]) -> None:
         raise ConfigError(f"model_parallel.micro_batches {micro} must divide global_batch_size {cfg.global_batch_size}")
     cfg.model_parallel = {"stages": stages, "devices": devices or [f"CPU:{i}" for i in range(count)],
                           "micro_batches": micro, "schedule": schedule, "weight_stashing": stashing}
+
+
+def uses_storage(cfg: TrainConfig) -> bool:
+    """Whether the config names a ``gs://`` path (job dir, export base, data): TensorFlow's gs:// must
+    reach the storage (``uri_paths.route``) before the first of them is touched."""
+    return any(uri_paths.is_uri(v) for v in (cfg.job_dir, cfg.export_to,
+                                             *(cfg.data.get(k) for k in ("source", "train", "validation"))))
 
 
 def resolved_mapping(cfg: TrainConfig) -> dict[str, Any]:

@@ -5,7 +5,7 @@ first (each worker reads only its part), parallel decode, cache after the expens
 decode, shuffle, repeat, parallel augmentation, batch per replica, prefetch with
 AUTOTUNE so input overlaps compute. ``files_dataset()`` interleaves many files. Built-in sources: the scikit-learn digits (``source: digits``), ``.npz``,
 ``.csv`` (a ``label`` column, every other column a float feature) and TFRecord files of
-``tf.train.Example`` (float feature ``x`` of ``shape``, int64 feature ``y``).
+``tf.train.Example`` (float feature ``x`` of ``shape``, int64 feature ``y``), local or ``gs://`` (uri_paths).
 
 Every dataset function takes a ``tf.distribute.InputContext`` and yields per-replica
 batches, which is what ``distribute_datasets_from_function`` and ParameterServerStrategy's
@@ -13,11 +13,11 @@ batches, which is what ``distribute_datasets_from_function`` and ParameterServer
 """
 from __future__ import annotations
 
-import glob
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from modelyard.training import uri_paths
 
 
 class DataError(ValueError):
@@ -33,8 +33,18 @@ def _split_arrays(x: np.ndarray, y: np.ndarray, split: str, fraction: float, see
     return x[idx], y[idx]
 
 
+def _npz(path: str):
+    """``np.load`` of a local ``.npz`` or a ``gs://`` one (read whole: its index is at its end)."""
+    if not uri_paths.is_uri(path):
+        return np.load(path)
+    import io
+
+    with uri_paths.open_binary(path) as f:
+        return np.load(io.BytesIO(f.read()))
+
+
 def _load_npz(path: str, split: str, fraction: float):
-    with np.load(path) as data:
+    with _npz(path) as data:
         keys = set(data.files)
         prefix = "train" if split == "train" else "test"
         if {f"x_{prefix}", f"y_{prefix}"} <= keys:
@@ -47,7 +57,7 @@ def _load_npz(path: str, split: str, fraction: float):
 def _load_csv(path: str, split: str, fraction: float, label: str):
     import csv
 
-    with open(path, newline="") as handle:
+    with uri_paths.open_text(path) as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if not header or label not in header:
@@ -68,12 +78,12 @@ def load_arrays(data: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarra
         from modelyard.datasets import load_digits_28
 
         return load_digits_28("train" if split == "train" else "test")
-    if not Path(source).exists():
+    if not uri_paths.exists(source):
         raise DataError(f"data: {source} not found")
     own_file = bool(data.get(split))  # a file per split holds that split whole
     if source.endswith(".npz"):
         if own_file:
-            with np.load(source) as arrays:
+            with _npz(source) as arrays:
                 return arrays[data.get("x_key", "x")], arrays[data.get("y_key", "y")]
         return _load_npz(source, split, fraction)
     if source.endswith(".csv"):
@@ -139,7 +149,7 @@ def files_dataset(pattern: str | list[str], reader: Callable, *, input_context=N
     """Read many files in parallel: shard the file list per worker, then interleave readers."""
     import tensorflow as tf
 
-    files = sorted(glob.glob(pattern)) if isinstance(pattern, str) else list(pattern)
+    files = uri_paths.glob(pattern) if isinstance(pattern, str) else list(pattern)
     if not files:
         raise DataError(f"data: no files match {pattern}")
     names = tf.data.Dataset.from_tensor_slices(files)

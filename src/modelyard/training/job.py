@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from modelyard.training import uri_paths
 from modelyard.training import data as data_mod
 from modelyard.training.config import ConfigError, TrainConfig
 
@@ -129,4 +130,6 @@ def export(cfg: TrainConfig, module: ModuleType, model) -> Path:
 
     plain = build_model(module)
     plain.set_weights(model.get_weights())
+    if uri_paths.is_uri(cfg.export_to):
+        return uri_paths.export(plain, cfg.export_to)
     return modelyard.export(plain, cfg.export_to, quiet=True)  # run() prints it with the task name

@@ -14,6 +14,8 @@ from typing import Any
 
 import tf_keras as keras
 
+from modelyard.training import uri_paths
+
 
 def _fmt(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 1000 else f"{value:.0f}"
@@ -108,6 +110,9 @@ class Progress(keras.callbacks.Callback):
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically so a reader (or a restarted job) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if uri_paths.is_uri(path):  # one object write is whole or absent
+        path.write_text(json.dumps(data, indent=2, default=float))
+        return
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temp.write_text(json.dumps(data, indent=2, default=float))
     os.replace(temp, path)
@@ -204,4 +209,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         import shutil
 
         # Like BackupAndRestore(delete_checkpoint=True): a finished job leaves nothing to resume.
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if uri_paths.is_uri(self.directory):
+            self.directory.rmtree()
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from modelyard.training import devices as devices_mod
 from modelyard.training import strategy as strategy_mod
-from modelyard.training.config import ConfigError, TrainConfig, check_batch
+from modelyard.training import uri_paths
+from modelyard.training.config import ConfigError, TrainConfig, check_batch, uses_storage
 from modelyard.training.job import (  # what the loops of training/loops.py share with this one
     Role, TrainError, build_model, count_steps, current_role, dataset_fns, export, load_user_module, placement,
 )
@@ -54,7 +55,7 @@ def _run_evaluator(cfg: TrainConfig, module: ModuleType) -> int:
     return 0
 
 
-def _resumable(job_dir: Path) -> bool:
+def _resumable(job_dir: Path | uri_paths.UriPath) -> bool:
     backup = job_dir / "backup"
     return backup.is_dir() and any(backup.iterdir())
 
@@ -131,6 +132,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             "ps tasks): run it under "
             "modelyard launch --workers N --ps M -- modelyard train CONFIG, or set TF_CONFIG with ps tasks"
         )
+    if uses_storage(cfg):  # before TensorFlow's first gs:// call
+        uri_paths.route()
     import tensorflow as tf  # after the checks above, so a wrong set-up fails at once
     import tf_keras as keras
 
@@ -265,6 +268,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     return writer.info | {"epochs": writer.epochs}
 
 
-def clean_job_dir(job_dir: Path) -> None:
+def clean_job_dir(job_dir: Path | uri_paths.UriPath) -> None:
     """Remove a job directory's state so the next run starts from scratch."""
-    shutil.rmtree(job_dir, ignore_errors=True)
+    if uri_paths.is_uri(job_dir):
+        uri_paths.route()
+        job_dir.rmtree()
+    else:
+        shutil.rmtree(job_dir, ignore_errors=True)
