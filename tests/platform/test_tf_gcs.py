@@ -81,6 +81,22 @@ def test_tensorflow_variables():
     assert "NO_GCE_CHECK" not in tf_gcs.tensorflow_env(settings, None, {"GCE_METADATA_HOST": "127.0.0.1:3"})
 
 
+def test_an_environment_routed_to_a_live_gateway_is_not_routed_again():
+    """enable() in a platform job (modelyard train there): the job's gateway is used, not a second one."""
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        proxy = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        env = tf_gcs.tensorflow_env({"proxy": proxy, "storage": "http://127.0.0.1:2", "ca_bundle": "/x/ca.pem"}, None, {})
+        assert env[tf_gcs.ROUTED_ENV] == proxy and tf_gcs.routed(env)
+        assert not tf_gcs.routed({**env, "HTTPS_PROXY": "http://127.0.0.1:9"})  # another proxy set since
+        assert not tf_gcs.routed({k: v for k, v in env.items() if k != "CURL_CA_BUNDLE"})
+    assert not tf_gcs.routed(env)  # its gateway is gone
+    assert not tf_gcs.routed({})
+
+
 def test_the_certificate_is_for_googles_storage_hosts_and_the_bundle_trusts_it(tmp_path):
     cert, key, bundle = tf_gcs.make_certificates(tmp_path)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
