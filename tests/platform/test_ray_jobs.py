@@ -13,7 +13,9 @@ directory is written on each node and copied back when its replica ends, so the 
 read once the job is over, and the pids of running replicas come from the job's log. Issue 31,
 must-show 3: a CustomTrainingJob (the stock SDK, its script as a package in storage) with a chief and
 a worker on the two nodes writes its model to AIP_MODEL_DIR (gs://), and the Model it uploads
-deploys; a job whose node is killed fails naming that node.
+deploys; a job whose node is killed fails naming that node. Issue 44: each replica finds its project
+and credentials (``google.auth.default()``) from a metadata server its node runs for it, and the chief
+copies the model with TensorFlow's own ``tf.io.gfile`` through its node's storage gateway.
 """
 from __future__ import annotations
 
@@ -233,9 +235,17 @@ def test_custom_training_job_on_two_nodes_writes_a_model_that_deploys(platform, 
         assert seen["env"]["AIP_MODEL_DIR"] == f"{base}/model/"
         assert "/modelyard-jobs/" in seen["python"] and "/venv/" in seen["python"], seen  # the node's own venv
         assert seen["cwd"].startswith(str(Path(seen["python"]).parents[2])), seen
+        # Issue 44 on a Ray node: its own metadata server (google.auth.default(), a storage.Client() given
+        # nothing) and storage gateway, as a local job's processes have theirs.
+        assert seen["project"] == seen["env"]["CLOUD_ML_PROJECT_ID"] == "local", seen["env"]
+        assert seen["credentials"] == "Credentials" and seen["token"], seen
+        assert seen["env"]["GCE_METADATA_HOST"].startswith("127.0.0.1:"), seen
+        assert seen["env"]["STORAGE_EMULATOR_HOST"] == "http://" + seen["env"]["GCE_METADATA_HOST"], seen
+        assert seen["env"]["HTTPS_PROXY"].startswith("http://127.0.0.1:"), seen
     written = sorted(b.name for b in bucket.client.list_blobs(STAGING_BUCKET, prefix=base.split("/", 3)[3] + "/model/"))
     assert any(n.endswith("saved_model.pb") for n in written), written
     log = _log(platform, backing)
+    assert "chief:0 | workerpool0-0: wrote" in log and "with tf.io.gfile" in log, log  # TensorFlow's own gs://
     nodes = {m[0]: m[2] for m in STARTED.findall(log)}
     assert set(nodes) == {"chief:0", "worker:0"} and nodes["chief:0"] != nodes["worker:0"], log
 

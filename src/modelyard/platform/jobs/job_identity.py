@@ -1,7 +1,8 @@
 """A job's identity, as Vertex AI gives a training container: a metadata server, credentials of its own,
 and TensorFlow's ``gs://`` reaching the platform's storage.
 
-- **Metadata server** (``metadata_server``, one process started by the job's process and gone with it):
+- **Metadata server** (``metadata_server``, one process started by the job's process and gone with it;
+  for a job on Ray nodes, one per replica, started on its node by its actor: ``serve``, the same rule):
   ``GCE_METADATA_HOST``/``GCE_METADATA_IP`` of every process of the job, so ``google.auth.default()``
   returns credentials and the job's project, and ``storage.Client()``, ``aiplatform.init()`` with no
   arguments (the job's Python points the SDK at the platform: ``sdk_defaults``) and TensorFlow find them.
@@ -21,7 +22,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, MutableMapping
 
 from modelyard import tf_gcs
 from modelyard.platform.api import job_tokens
@@ -56,42 +57,62 @@ def without_admin_token(environ: Mapping[str, str], job_token: str | None = None
     return env
 
 
-# ---- run time (the job's child process) ---------------------------------------------------------
+# ---- run time (the job's process, or its replica's Ray node) --------------------------------------
 @contextlib.contextmanager
-def job_identity(work_dir: Path, job: dict) -> Iterator[dict[str, str]]:
-    """While the job runs: its metadata server and storage gateway (one process, ``metadata_server``),
-    and this process's environment (inherited by everything the job starts) pointing at them. Yields
-    the variables set. Not for Ray jobs (their processes run on other nodes: they keep the platform's
-    storage and the job's token, without a metadata server)."""
-    storage = os.environ.get("STORAGE_EMULATOR_HOST")
-    if not storage or (job.get("engine") or {}).get("name") == "ray":
-        yield {}
-        return
-    project = job["parent"].split("/")[1]
+def serve(work_dir: Path, storage: str, token: str | None, project: str,
+          environ: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """While the block runs: a job's metadata server and storage gateway (one process,
+    ``metadata_server``, under ``work_dir/identity``) forwarding to ``storage`` with ``token``. Yields
+    the variables that point the job's processes at it (``identity_env``; hand them to ``apply``).
+    The one rule for a job whose processes run on the platform's host (``job_identity``) and for each
+    replica on a Ray node (``jobs_ray``: the node's own server, for the processes it starts).
+    ``environ``: the job processes' environment (default: this process's), which the server inherits."""
     where = work_dir / "identity"
     shutil.rmtree(where, ignore_errors=True)
-    proc, settings = tf_gcs.start_process(storage, job.get("token"), where, ["--project", project],
-                                          module="modelyard.platform.jobs.metadata_server")
+    proc, settings = tf_gcs.start_process(storage, token, where, ["--project", project],
+                                          module="modelyard.platform.jobs.metadata_server",
+                                          env=None if environ is None else dict(environ))
     try:
-        env = identity_env(settings, work_dir)
-        for name in _FOREIGN_CREDENTIALS:
-            os.environ.pop(name, None)
-        os.environ.update(env)
-        yield env
+        yield identity_env(settings, work_dir, environ)
     finally:
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
-def identity_env(settings: dict, work_dir: Path) -> dict[str, str]:
-    """The variables of a job's processes for its metadata server and storage gateway (``settings``)."""
+def apply(environ: MutableMapping[str, str], identity: Mapping[str, str]) -> None:
+    """``environ`` (a job process's environment) pointing at its metadata server and gateway: credentials
+    of the platform's user that would win over the metadata server removed, ``identity`` set."""
+    for name in _FOREIGN_CREDENTIALS:
+        environ.pop(name, None)
+    environ.update(identity)
+
+
+@contextlib.contextmanager
+def job_identity(work_dir: Path, job: dict) -> Iterator[dict[str, str]]:
+    """While a job's process runs its kind: its metadata server and storage gateway (``serve``), and this
+    process's environment (inherited by everything the job starts) pointing at them. Yields the
+    variables set. A Ray job's process starts no server here: its replicas run on Ray nodes, and each
+    node serves its own (``jobs_ray``, with the same ``serve``)."""
+    storage = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not storage or (job.get("engine") or {}).get("name") == "ray":
+        yield {}
+        return
+    with serve(work_dir, storage, job.get("token"), job["parent"].split("/")[1]) as env:
+        apply(os.environ, env)
+        yield env
+
+
+def identity_env(settings: dict, work_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of a job's processes for its metadata server and storage gateway (``settings``);
+    ``environ``: the rest of their environment (default: this process's)."""
     host = settings["storage"].split("://", 1)[1]
     env = {"GCE_METADATA_HOST": host, "GCE_METADATA_ROOT": host, "GCE_METADATA_IP": host,
            "STORAGE_EMULATOR_HOST": settings["storage"],
            # No gcloud configuration or application-default credentials of the platform's user.
            "CLOUDSDK_CONFIG": str(work_dir / "gcloud")}
-    env.update(tf_gcs.tensorflow_env(settings, None, {**os.environ, **env}))
+    env.update(tf_gcs.tensorflow_env(settings, None, {**(os.environ if environ is None else environ), **env}))
     return env

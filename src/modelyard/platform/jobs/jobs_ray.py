@@ -23,11 +23,14 @@ a scratch directory of its own):
 - ``/gcs/<bucket>/...`` paths in the command, args and env are the node's own mirror
   (``job_env.GcsMount`` without a served root): staged in from storage before the process starts,
   every file it created or changed written back to its bucket when it ends;
+- the job's Python (``job_env.PythonEnv``, with or without packages) and its identity: each replica's
+  actor starts on its node the job's metadata server and storage gateway (``job_identity.serve``, the
+  rule a local job's process follows) from the storage's address, the job's own token and project
+  (``PLATFORM_ENV``), so ``google.auth.default()``, ``storage.Client()``, a no-argument
+  ``aiplatform.init()`` and TensorFlow's own ``gs://`` work there as in a local job;
 - a ``gs://`` ``baseOutputDirectory``: ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` ... are ``gs://``
-  URIs the trainer writes itself, as on Vertex (``STORAGE_EMULATOR_HOST`` and
-  ``MODELYARD_STORAGE_TOKEN`` reach the node). TensorFlow's own ``gs://`` file system talks to
-  Google only: a trainer that must reach the platform's storage writes with google-cloud-storage or
-  gcsfs, or saves to a local directory and uploads it (docs/ray-jobs.md says how);
+  URIs the trainer writes itself (``model.save``, checkpoints, summaries: TensorFlow's ``gs://``
+  through the node's gateway; google-cloud-storage, gcsfs), as on Vertex;
 - a local base output directory (a path of the platform's host): the node writes the same tree
   under its scratch directory, and it is copied back into the host's directory (Ray's object
   store) when the replica's process ends;
@@ -41,6 +44,7 @@ naming that node (``[modelyard] started pid ... on Ray node ...`` is in its log)
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import io
 import os
@@ -67,6 +71,10 @@ CALL_TIMEOUT_S = 60.0
 READ_WAIT_S = 1.0  # how long one log read waits on the node for new lines
 
 
+# What a job's replica finds of its platform on any node: the storage (the job's own token for it, never
+# the platform's: the job's process holds none, job_identity.without_admin_token) and the API's URL
+# (sdk_defaults). The node's metadata server and gateway are made from them (JobReplicaActor._identity).
+PLATFORM_ENV = ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN", "MODELYARD_PLATFORM")
 # The command's interpreter for a python_package_spec pool: the node's job venv replaces it.
 PACKAGE_PYTHON = "<job-python>"
 
@@ -152,18 +160,18 @@ class JobReplicaActor:
         self.mount.stage_in(command + list(env.values()))
         command = [self.mount.rewrite(a) for a in command]
         env = {k: self.mount.rewrite(v) for k, v in env.items()}
-        if setup.packages:
-            uris = []
-            for name, source in setup.packages:  # a file of the platform's host came as its bytes
-                if isinstance(source, bytes):
-                    target = self.scratch / "host-packages" / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(source)
-                    source = str(target)
-                uris.append(source)
-            python = job_packages.install(self.scratch, uris)  # the one rule every job's packages follow
-            env = {**env, **python.env()}
-            command = [python.python if a == PACKAGE_PYTHON else a for a in command]
+        uris = []
+        for name, source in setup.packages:  # a file of the platform's host came as its bytes
+            if isinstance(source, bytes):
+                target = self.scratch / "host-packages" / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(source)
+                source = str(target)
+            uris.append(source)
+        # The job's own Python, packages or none, as a local job's (its venv carries sdk_defaults).
+        python = job_packages.install(self.scratch, uris)  # the one rule every job's packages follow
+        env = {**env, **python.env()}
+        command = [python.python if a == PACKAGE_PYTHON else a for a in command]
         if setup.host_output:
             here = str(self.scratch / "output")
             host = setup.host_output.rstrip("/")
@@ -226,29 +234,46 @@ class JobReplicaActor:
         return {"pid": self.proc.pid, "generation": self.generation}
 
     def _run(self, command, env, cwd, started: threading.Event, error: list[str]) -> None:
-        try:
-            self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
-        except OSError as exc:
-            error.append(f"cannot start {command[0]} on Ray node {self.node_id[:12]} ({self.host}): {exc.strerror}")
-            with self._cond:
-                self._ended = True
-                self._cond.notify_all()
-            self._exited.set()
+        with contextlib.ExitStack() as identity:
+            try:
+                self._identity(identity, env)
+                self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True, preexec_fn=_die_with_parent)
+            except Exception as exc:  # OSError of either process, or the identity's certificates
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+                error.append(f"cannot start {command[0]} on Ray node {self.node_id[:12]} ({self.host}): {why}")
+                with self._cond:
+                    self._ended = True
+                    self._cond.notify_all()
+                self._exited.set()
+                started.set()
+                return
             started.set()
-            return
-        started.set()
-        for raw in iter(self.proc.stdout.readline, b""):
-            with self._cond:
-                self._lines.append(raw)
-                self._cond.notify_all()
-        self.proc.stdout.close()
-        self.proc.wait()
+            for raw in iter(self.proc.stdout.readline, b""):
+                with self._cond:
+                    self._lines.append(raw)
+                    self._cond.notify_all()
+            self.proc.stdout.close()
+            self.proc.wait()
         with self._cond:
             self._ended = True
             self._cond.notify_all()
         self._exited.set()
+
+    def _identity(self, stack: contextlib.ExitStack, env: dict[str, str]) -> None:
+        """The job's metadata server and storage gateway on this node for the replica's process, as a
+        local job's processes have theirs (``job_identity.serve``: the same rule), ``env`` pointing at
+        it. Started from the thread that lives as long as the process, so it dies with the actor too."""
+        from modelyard.platform.jobs import job_identity
+
+        scratch = getattr(self, "scratch", None)
+        if scratch is None or not env.get("STORAGE_EMULATOR_HOST"):
+            return
+        served = stack.enter_context(job_identity.serve(
+            scratch, env["STORAGE_EMULATOR_HOST"], env.get("MODELYARD_STORAGE_TOKEN"),
+            env.get("CLOUD_ML_PROJECT_ID") or "local", env))
+        job_identity.apply(env, served)
 
     def read(self, generation: int, start: int, wait_s: float) -> tuple[list[bytes], bool]:
         """Output lines from index ``start`` on (waiting up to ``wait_s`` for some), and whether the
@@ -453,7 +478,7 @@ class RaySupervisor(launcher.Supervisor):
         from modelyard.platform.jobs.job_runner import JOB_ID_ENV
 
         delta = {k: v for k, v in env.items() if os.environ.get(k) != v and k != JOB_ID_ENV}
-        for key in ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN"):  # the platform's storage, on every node
+        for key in PLATFORM_ENV:  # the platform's storage and API, on every node
             if key in env:
                 delta[key] = env[key]
         unset = [k for k in os.environ if k not in env]
