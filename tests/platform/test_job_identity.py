@@ -221,3 +221,23 @@ def test_a_jobs_processes_find_its_metadata_server_and_gateway(tmp_path, monkeyp
     assert env["CURL_CA_BUNDLE"] == settings["ca_bundle"] and env["CLOUDSDK_CONFIG"] == str(tmp_path / "gcloud")
     assert "NO_GCE_CHECK" not in env and "GOOGLE_AUTH_TOKEN_FOR_TESTING" not in env  # TensorFlow asks the server
     assert env["NO_PROXY"].startswith("corp.example,")
+
+
+def test_a_ray_jobs_nodes_get_the_jobs_token_never_the_platforms(monkeypatch):
+    """--engine ray: what reaches a replica's node (jobs_ray.node_env) and the job's Ray runtime environment
+    (replicas_ray._storage_env, read by the job's ray.init) hold the job's own token, as the job's process
+    does; its metadata server on the node is made from them (jobs_ray.JobReplicaActor._identity)."""
+    from modelyard.platform.dataplane import replicas_ray
+    from modelyard.platform.jobs import jobs_ray
+
+    platform = {"MODELYARD_STORAGE_TOKEN": ADMIN, "MODELYARD_PLATFORM_TOKEN": ADMIN, "PATH": "/bin",
+                "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9", "MODELYARD_PLATFORM": "http://127.0.0.1:8"}
+    job_process = job_identity.without_admin_token(platform, "job-token")
+    replica = {**job_process, "CLOUD_ML_PROJECT_ID": "proj", "TF_CONFIG": "{}"}
+    delta, unset = jobs_ray.node_env(replica, job_process)
+    assert delta == {"CLOUD_ML_PROJECT_ID": "proj", "TF_CONFIG": "{}", "MODELYARD_STORAGE_TOKEN": "job-token",
+                     "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9", "MODELYARD_PLATFORM": "http://127.0.0.1:8"}
+    assert unset == []
+    monkeypatch.setattr(replicas_ray.os, "environ", job_process)
+    assert replicas_ray._storage_env()["MODELYARD_STORAGE_TOKEN"] == "job-token"
+    assert ADMIN not in json.dumps([delta, replicas_ray._storage_env()])

@@ -465,6 +465,19 @@ class Placement:
                 pass
 
 
+def node_env(env: dict[str, str], here: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """(what a replica's environment ``env`` sets beyond the job's process's own ``here``, what it unsets):
+    only that travels, the node's environment (PATH, HOME, ...) is the base there; ``PLATFORM_ENV`` always.
+    ``here`` holds the job's own token, never the platform's (the runner's ``without_admin_token``), and
+    so do the job's Ray runtime environment (``replicas_ray.connect`` reads it) and every replica."""
+    from modelyard.platform.jobs.job_runner import JOB_ID_ENV
+
+    here = os.environ if here is None else here
+    delta = {k: v for k, v in env.items() if here.get(k) != v and k != JOB_ID_ENV}
+    delta.update({k: env[k] for k in PLATFORM_ENV if k in env})
+    return delta, [k for k in here if k not in env]
+
+
 class RaySupervisor(launcher.Supervisor):
     """The launcher's supervisor, each task's process started by its actor (``placement`` is set by the caller)."""
 
@@ -473,15 +486,7 @@ class RaySupervisor(launcher.Supervisor):
     def _start_task(self, task: Task) -> launcher.Running:
         import ray
 
-        env = self._env(task)
-        # Only what the job sets travels: the node's own environment (PATH, HOME, ...) is the base there.
-        from modelyard.platform.jobs.job_runner import JOB_ID_ENV
-
-        delta = {k: v for k, v in env.items() if os.environ.get(k) != v and k != JOB_ID_ENV}
-        for key in PLATFORM_ENV:  # the platform's storage and API, on every node
-            if key in env:
-                delta[key] = env[key]
-        unset = [k for k in os.environ if k not in env]
+        delta, unset = node_env(self._env(task))
         actor = self.placement.actors[task]
         where = self.placement.where[task]
         setup = getattr(self, "node_setup", None)
