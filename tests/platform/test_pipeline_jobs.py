@@ -239,6 +239,55 @@ def test_nested_loops_over_a_task_output_a_retried_step_and_an_importer(sdk, pla
     assert tasks["read-model"][0].inputs["model"].artifacts[0].name == model.name
 
 
+def test_a_platform_killed_mid_run_resumes_it_without_repeating_finished_tasks(sdk, platform, tmp_path):
+    """kill -9 of the platform while two tasks run: one task's processes live on and the next platform
+    adopts them; the other's are killed too, so its job is lost and the task's retry runs it again. The
+    finished task is not run again, and the run completes."""
+    import os
+    import signal
+
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_resume
+    from tests.platform.jobs_helpers import wait_state
+
+    template = str(tmp_path / "resume.yaml")
+    compiler.Compiler().compile(kfp_resume.resume, template)
+    stamps, done = tmp_path / "stamps", tmp_path / "done"
+    job = sdk.PipelineJob(display_name="resume", template_path=template, pipeline_root=ROOT, job_id="resume",
+                          enable_caching=False, parameter_values={"stamp_path": str(stamps), "done_path": str(done)})
+    job.submit()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # both waiting tasks' jobs are running
+        got = requests.get(f"{platform.url}/v1/{job.resource_name}", timeout=10).json()
+        tasks = {t["taskName"]: t for t in got.get("jobDetail", {}).get("taskDetails", [])}
+        if all(tasks.get(n, {}).get("state") == "RUNNING" for n in ("wait-for", "wait-for-2")):
+            break
+        time.sleep(0.1)
+    assert [tasks.get(n, {}).get("state") for n in ("wait-for", "wait-for-2")] == ["RUNNING"] * 2, got
+    jobs_before = {n: tasks[n]["executorDetail"]["customJobDetail"]["job"] for n in ("stamp", "wait-for", "wait-for-2")}
+    lost = (platform.workdir / "state" / "jobs" / jobs_before["wait-for-2"].rsplit("/", 1)[-1]).as_posix().encode()
+
+    platform.stop(signal.SIGKILL)
+    from tests.platform.conftest import live_processes
+
+    for pid, cmdline, cwd in live_processes():  # the second task's processes die with the platform
+        if lost in cmdline or cwd.startswith(lost):
+            os.kill(pid, signal.SIGKILL)
+    platform.start()
+    done.touch()
+    got = wait_state(platform, job.resource_name, ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED"))
+    assert got["state"] == "PIPELINE_STATE_SUCCEEDED", got.get("error")
+    tasks = {t["taskName"]: t for t in got["jobDetail"]["taskDetails"]}
+    assert stamps.read_text() == "ran\n"  # the finished task did not run again
+    assert tasks["stamp"]["executorDetail"]["customJobDetail"]["job"] == jobs_before["stamp"]
+    assert tasks["wait-for"]["executorDetail"]["customJobDetail"]["job"] == jobs_before["wait-for"]  # adopted
+    retried = tasks["wait-for-2"]
+    assert retried["executorDetail"]["customJobDetail"]["job"] != jobs_before["wait-for-2"]  # a second attempt
+    assert "lost while the platform was stopped" in retried["pipelineTaskStatus"][0]["error"]["message"]
+    assert retried["execution"]["metadata"]["output:Output"] == "again"
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}

@@ -46,7 +46,9 @@ def job_name(row: dict) -> str:
     return f"{row['parent']}/{row['kind']}/{row['id']}"
 
 
-async def create(p, route: Route, body: dict) -> dict:
+async def create(p, route: Route, body: dict, job_id: str | None = None) -> dict:
+    """A job of the route's kind, PENDING; ``job_id`` lets a caller that records the id first (a pipeline
+    task) find its job again after a restart."""
     display_name = body.get("displayName")
     if not isinstance(display_name, str) or not display_name.strip():
         raise invalid(f"{route.collection[:-1]}.display_name is required.")
@@ -54,7 +56,7 @@ async def create(p, route: Route, body: dict) -> dict:
     if not isinstance(labels, dict):
         raise invalid("labels must be a map of strings.")
     spec, result = await _kind(p, route).validate(p, route, body)
-    job_id = names.new_id()
+    job_id = job_id or names.new_id()
     now = time.time()
     row = {"id": job_id, "kind": route.collection, "parent": route.parent, "display_name": display_name,
            "state": PENDING, "spec": spec, "result": result, "error": None, "labels": labels,

@@ -18,6 +18,7 @@ import json
 import time
 
 from modelyard import objstore
+from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, invalid
 from modelyard.platform.api.names import Route
 from modelyard.platform.api.timefmt import rfc3339
@@ -107,8 +108,7 @@ def follow(runner, row: dict) -> None:
                 t.update(state="CANCELLED", ended=time.time())
                 changed = True
             elif time.time() >= t.get("retry_at", 0):
-                _launch(runner, row, spec, key, t)
-                save()
+                _launch(runner, row, spec, key, t, save)
                 changed = True
             continue
         changed |= _poll(runner, row, spec, key, t)
@@ -143,6 +143,12 @@ def _poll(runner, row: dict, spec: dict, key: str, t: dict) -> bool:
     try:
         job = store.get_job(t["job"])
     except ApiError:
+        if t.get("creating"):  # the platform stopped between saving the job's id and making the job
+            if row["state"] == RUNNING:
+                _launch(runner, row, spec, key, t, lambda: None)
+            else:
+                t.update(state="CANCELLED", ended=time.time())
+            return True
         job = {"state": FAILED, "error": {"code": 13, "message": "the task's custom job is gone"},
                "started": None, "ended": time.time()}
     if row["state"] == CANCELLING and job["state"] in (PENDING, RUNNING):
@@ -205,6 +211,8 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
             else:
                 tasks[key] = _start(runner, row, spec, key, scope, outputs)
             tasks[key]["id"] = len(tasks)
+            if tasks[key]["state"] == "PENDING":
+                _launch(runner, row, spec, key, tasks[key], save)
             save()
             started = True
     for key, t in list(tasks.items()):  # loops: their next iterations
@@ -331,13 +339,18 @@ def _start(runner, row: dict, spec: dict, key: str, scope: dict, outputs: dict) 
     except (ApiError, objstore.StorageError) as exc:  # the task fails saying why; the run goes on (fail-slow)
         t.setdefault("inputs", {"parameters": {}, "artifacts": {}})
         return _failed_to_start(t, key, exc)
-    t["state"] = "PENDING"
-    return _launch(runner, row, spec, key, t)
+    t["state"] = "PENDING"  # its job is made next (_launch)
+    return t
 
 
-def _launch(runner, row: dict, spec: dict, key: str, t: dict) -> dict:
-    """Create the custom job of a task instance (its first attempt or a retry) from its resolved inputs."""
+def _launch(runner, row: dict, spec: dict, key: str, t: dict, save) -> None:
+    """Create the custom job of a task instance (its first attempt or a retry) from its resolved inputs.
+    The job's id is saved in the run first, so a platform killed in between makes the job on its next
+    tick (``_poll``) rather than losing it or making a second one."""
     name = _spec_name(key)
+    t.pop("retry_at", None)
+    t.update(state="PENDING", job=names.new_id(), creating=True)
+    save()
     try:
         ex_input = pipeline_spec.executor_input(spec, name, t["inputs"], t["planned"], t["root"], _gcs_path)
         container = pipeline_spec.container(spec, pipeline_spec.tasks(spec)[name])
@@ -351,16 +364,16 @@ def _launch(runner, row: dict, spec: dict, key: str, t: dict) -> dict:
                     "args": pipeline_spec.fill(list(container.get("args") or []), ex_input),
                     "env": [{"name": e["name"], "value": str(e.get("value", ""))} for e in container.get("env") or []]}}]}}
         parent = row["parent"].split("/")
-        job = runner.call_platform(lambda p: jobs.create(p, Route(parent[1], parent[3], "customJobs"), body))
+        runner.call_platform(lambda p: jobs.create(p, Route(parent[1], parent[3], "customJobs"), body, t["job"]))
     except (ApiError, objstore.StorageError) as exc:
-        return _failed_to_start(t, key, exc)
+        _failed_to_start(t, key, exc)
+        return
+    t.pop("creating", None)
     runner.wake()
-    t.update(state="PENDING", job=job["name"].rsplit("/", 1)[-1])
-    t.pop("retry_at", None)
-    return t
 
 
 def _failed_to_start(t: dict, key: str, exc) -> dict:
+    t.pop("creating", None)
     t.update(state="FAILED", ended=time.time(), job=None,
              error=ApiError(exc.status, f"task {pipeline_spec.local(key)}: {exc.message}").to_rpc_status())
     return t
@@ -433,5 +446,6 @@ def _end(store, row: dict, state: str, error, result: dict) -> None:
 
 def task_log_jobs(row: dict) -> list[str]:
     """The custom jobs a run's tasks ran as (their logs are the tasks')."""
-    return [t["job"] for t in ((row.get("result") or {}).get(TASKS) or {}).values() if t.get("job")]
+    return [j for t in ((row.get("result") or {}).get(TASKS) or {}).values()
+            for j in [a["job"] for a in t.get("attempts") or []] + [t.get("job")] if j]
 
