@@ -37,6 +37,17 @@ def test_docker_style_environment(tmp_path):
     assert options.model_base_path == (tmp_path / "resnet").resolve()
 
 
+def test_a_storage_uri_base_path_is_named_as_one(tmp_path):
+    """TF Serving watches gs:// base paths; modelyard serve watches local ones and says so (it read
+    gs://b/m as the local directory gs:/b/m and called it missing)."""
+    with pytest.raises(OptionsError) as err:
+        parse("--model_base_path", "gs://b/m")
+    assert str(err.value).startswith("model base path gs://b/m is a storage URI: modelyard serve watches a local "
+                                     "directory of versions"), err.value
+    with pytest.raises(OptionsError, match="gs://b/models/resnet is a storage URI.*MODEL_BASE_PATH"):
+        parse(environ={"MODEL_NAME": "resnet", "MODEL_BASE_PATH": "gs://b/models"})
+
+
 def test_boolean_flags_take_tf_serving_spelling(tmp_path):
     options = parse("--model_base_path", str(tmp_path), "--rest_api_enable_cors_support=true",
                     "--enable_model_warmup=false")

@@ -75,6 +75,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="text BatchingParameters for --enable_batching (default: TF Serving's defaults)")
     add("--enable_per_model_batching_params", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="a version's own batching_params.pbtxt replaces --batching_parameters_file (default true)")
+    add("--load_models_on_demand", **flag,
+        help="load each model of the config on its first request, not at start; with --model_memory_budget_bytes, "
+        "unload the least recently used ones to make room (modelyard's deployment resource pools run so)")
+    add("--model_memory_budget_bytes", type=int, default=0,
+        help="with --load_models_on_demand: the model file bytes kept loaded at most (0: no budget)")
     from modelyard.serving.security import options as security  # TLS, tokens, limits (issue 19)
 
     security.add_flags(parser, _bool)
@@ -111,6 +116,8 @@ class ServeOptions:
     console: bool = True
     console_token: str | None = None
     json_numbers: str = "tf_serving"  # dtypes.JSON_NUMBER_RULES: how JSON numbers meet integer inputs
+    load_models_on_demand: bool = False  # serving/manager/on_demand.py
+    model_memory_budget_bytes: int = 0
 
 
 class OptionsError(ValueError):
@@ -148,6 +155,12 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
             raise OptionsError(f"--model_name {model_name} needs --model_base_path (the directory of its versions)")
         else:
             use_demo = True
+    if base_path and "://" in str(base_path):  # Path() would make gs://b/m the local gs:/b/m
+        raise OptionsError(
+            f"model base path {base_path} is a storage URI: modelyard serve watches a local directory of "
+            f"versions; copy them to one (gsutil -m cp -r, gcsfs) or deploy the model through modelyard platform, "
+            f"whose replicas fetch gs:// artifacts themselves (fix {base_path_source})"
+        )
     if base_path and not Path(base_path).is_dir():
         raise OptionsError(
             f"model base path {base_path} is not a directory: export a model there first "
@@ -180,10 +193,14 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
             raise OptionsError(f"--{flag} must be between 0 and 65535, got {value}")
     if args.port == 0:
         raise OptionsError("--port must be a real port: the gRPC API is always served")
+    if args.model_memory_budget_bytes and not args.load_models_on_demand:
+        raise OptionsError("--model_memory_budget_bytes only applies with --load_models_on_demand: add it or drop "
+                           "the budget")
     if args.rest_api_port and args.rest_api_port == args.port:
         raise OptionsError(f"--rest_api_port and --port are both {args.port}: give them different ports")
     for flag in ("workers", "rest_api_timeout_in_ms", "rest_api_num_threads", "rest_api_max_body_bytes", "grpc_max_threads",
-                 "grpc_max_receive_message_bytes", "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup"):
+                 "grpc_max_receive_message_bytes", "model_config_file_poll_wait_seconds", "num_request_iterations_for_warmup",
+                 "model_memory_budget_bytes"):
         if getattr(args, flag) < 0:
             raise OptionsError(f"--{flag} cannot be negative")
     from modelyard.serving.security import options as security
@@ -228,4 +245,6 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         console=args.console,
         console_token=console_token,
         json_numbers=args.json_numbers,
+        load_models_on_demand=args.load_models_on_demand,
+        model_memory_budget_bytes=args.model_memory_budget_bytes,
     )
