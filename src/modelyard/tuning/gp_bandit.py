@@ -4,7 +4,9 @@ Each suggestion fits a Gaussian process (Matern-5/2 kernel with one length scale
 its hyperparameters by maximum a posteriori on the log marginal likelihood) to the completed
 trials, mapped into the unit cube (log scales in log space, categories one-hot), and proposes the
 point that maximises the upper confidence bound ``mean + UCB_COEFFICIENT * stddev`` within a trust
-region around the trials (the outputs log-warped first, as Vizier does). Trials still
+region around the trials. The outputs are warped first as Vizier's default designer warps them
+(half-rank, then log): the GP models the order of the bad half and the differences among the best,
+not the size of a few disasters (Rosenbrock's 1e5 beside 1e2). Trials still
 running count as observed at the model's own mean ("kriging believer"): their uncertainty is
 spent, so parallel workers are sent to different places. Several metrics are scalarised with a
 random Chebyshev weighting per suggestion, so successive suggestions cover the Pareto front.
@@ -27,12 +29,12 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from scipy import optimize
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
-from scipy.stats import qmc
+from scipy.stats import norm, qmc
 from threadpoolctl import threadpool_limits
 
 UCB_COEFFICIENT = 1.8  # Vizier's GP-UCB exploration weight
 SEED_TRIALS = 4  # the centre, then random points, before the GP takes over
-WARP = 10.0  # the log warping's strength: the worst value maps to 0, the best to 1, the middle to 0.26
+WARP = 4.0  # the log warping's strength (Vizier's offset): the best value maps to 0.5, the worst to -0.5
 TRUST_MIN, TRUST_GROWTH, TRUST_OFF = 0.2, 0.05, 0.5  # the trust region's radius: min + growth * trials / (dims + 1)
 _CANDIDATES_LOG2 = 10  # 1024 quasi-random candidates per suggestion
 _LOCAL = 500
@@ -97,6 +99,13 @@ class _Encoder:
                     value = float(round((value - dist.low) / dist.step) * dist.step + dist.low)
             out[name] = value
         return out
+
+    def project_many(self, xs: np.ndarray) -> np.ndarray:
+        """``project`` of each row."""
+        xs = np.clip(xs, 0.0, 1.0)
+        if self.onehot.any():
+            xs = np.array([self.project(row) for row in xs])
+        return xs
 
     def project(self, x: np.ndarray) -> np.ndarray:
         """A candidate made valid: inside the cube, exactly one category of each parameter on."""
@@ -200,25 +209,44 @@ class GP:
         return other
 
 
+def _half_rank(v: np.ndarray) -> np.ndarray:
+    """Half-rank warping (Vizier's): the values worse than the median keep their order but are replaced
+    by Gaussian quantiles of their rank, scaled by the spread of the better half. Bad values then say
+    "bad" without their size: a model fitted to them is not stretched by one disaster."""
+    med = np.median(v)
+    good = v[v >= med]
+    spread = math.sqrt(np.mean((good - med) ** 2)) or (math.sqrt(np.mean((v - med) ** 2)) or 1.0)
+    bad = np.flatnonzero(v < med)
+    if not len(bad):
+        return v
+    out = v.copy()
+    order = bad[np.argsort(v[bad], kind="stable")]  # worst first
+    ranks = np.arange(1, len(order) + 1)
+    out[order] = med + spread * norm.ppf(0.5 * (ranks - 0.5) / len(order))
+    return out
+
+
+def _warp(v: np.ndarray) -> np.ndarray:
+    """One metric (larger is better) -> the GP's target: half-rank, then log warping (the best values
+    spread apart, the worst compressed), as Vizier's default output warping."""
+    v = _half_rank(v)
+    low, high = v.min(), v.max()
+    if high <= low:
+        return np.zeros_like(v)
+    return 0.5 - np.log1p((high - v) / (high - low) * (WARP - 1.0)) / math.log(WARP)
+
+
 def _targets(values: np.ndarray, directions: Sequence[StudyDirection], rng: np.random.Generator) -> np.ndarray:
-    """One number per trial to maximise: signs by goal, each metric scaled to [0, 1] (1 the best) and
-    log-warped, several metrics scalarised, standardised."""
+    """One number per trial to maximise: signs by goal, each metric warped (``_warp``), several
+    metrics scalarised, standardised."""
     signs = np.array([1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions])
-    v = values * signs
-    low, high = v.min(0), v.max(0)
-    v = (v - low) / np.where(high > low, high - low, 1.0)
-    # Log warping (as Vizier warps its outputs): the far tail of bad values is compressed, so the GP
-    # models the differences near the best, not the size of a few disasters (Rosenbrock's 1e5 against 1).
-    v = 1.0 - np.log1p((1.0 - v) * (WARP - 1.0)) / math.log(WARP)
+    v = np.column_stack([_warp(col) for col in (values * signs).T]) + 0.5  # in [0, 1], 1 the best
     if v.shape[1] == 1:
         y = v[:, 0]
     else:
         w = rng.dirichlet(np.ones(v.shape[1]))
         y = np.min(v / np.maximum(w, 1e-9), axis=1) * w.min()
-    # Robust standardisation: a few very bad trials must not flatten the rest.
-    med = np.median(y)
-    spread = np.std(y) or 1.0
-    return np.clip((y - med) / spread, -4.0, None)
+    return (y - y.mean()) / (np.std(y) or 1.0)
 
 
 class GPBanditSampler(BaseSampler):
@@ -278,7 +306,7 @@ class GPBanditSampler(BaseSampler):
         # Around the best trials too: the acquisition's peaks are often close to them.
         top = x[np.argsort(-y)[:5]]
         near = top[self._rng.integers(len(top), size=_LOCAL)] + self._rng.normal(0, 0.05, (_LOCAL, enc.dim))
-        cands = np.array([enc.project(c) for c in np.vstack([cands, near])])
+        cands = enc.project_many(np.vstack([cands, near]))
         # A trust region, as Vizier's GP bandit has: while the trials are few for the dimension, only points
         # near one of them (L-inf distance in the unit cube) are candidates; the GP's uncertainty far from
         # every trial would otherwise send each suggestion to a corner of the space.
@@ -292,7 +320,7 @@ class GPBanditSampler(BaseSampler):
         best_score = float(scores.max())
         # A few rounds of shrinking local search around the incumbent.
         for scale in (0.02, 0.005):
-            trial = np.array([enc.project(c) for c in best + self._rng.normal(0, scale, (200, enc.dim))])
+            trial = enc.project_many(best + self._rng.normal(0, scale, (200, enc.dim)))
             s = ucb(trial)
             if s.max() > best_score:
                 best, best_score = trial[int(np.argmax(s))], float(s.max())
