@@ -15,6 +15,7 @@ from modelyard.platform.dataplane.gateway import Gateway
 from modelyard.platform.jobs.job_limits import JobLimits
 from modelyard.platform.jobs.job_runner import JobRunner
 from modelyard.platform.dataplane.metrics import Metrics
+from modelyard.platform.dataplane.pools import Pools
 from modelyard.platform.resources.operations import Operations
 from modelyard.platform.dataplane.replicas import LocalEngine
 from modelyard.platform.dataplane.replicas_ray import RayEngine
@@ -74,6 +75,13 @@ class Platform:
         self.gateway = Gateway(self.routing, self.metrics, config.upstream_deadline)
         self.supervisor = Supervisor(self.store, self.engine, self.routing, readiness=config.readiness)
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
+        # Deployment resource pools (local engine only): replicas shared by the models deployed into them.
+        self.pools: Pools | None = None
+        if config.engine == "local":
+            self.pools = Pools(self.store, self.routing, config.state_dir, config.host, config.replica_args,
+                               [r for r in config.artifact_roots if "://" not in r], self.store.identity)
+            self.pools.autoscaler = self.supervisor.autoscaler
+            self.supervisor.pools = self.pools
         self.supervisor.on_lead = self.take_lead  # a follower taking over reconciles as a start does
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None
@@ -99,6 +107,8 @@ class Platform:
 
     async def start(self) -> None:
         await self.engine.open()
+        if self.pools is not None:
+            await self.pools.open()
         self.refresh()
         if self.store.try_lead():
             await self.take_lead()
@@ -123,6 +133,9 @@ class Platform:
         self.supervisor.leader = True
         self.refresh()
         adopted, dropped = await self.supervisor.adopt()
+        if self.pools is not None:
+            pool_adopted, pool_dropped = await self.pools.adopt()
+            adopted, dropped = adopted + pool_adopted, dropped + pool_dropped
         # After adopt(): it stops the replicas a cut-short undeploy left, so those undeploys end done.
         finished, aborted = self.ops.end_pending()
         log.info("platform state: %d endpoint(s), %d deployed model(s); replicas adopted %d, dropped %d; "
@@ -139,4 +152,6 @@ class Platform:
             self._ops_task.cancel()
         await self.gateway.close()
         await self.engine.close()
+        if self.pools is not None:
+            await self.pools.close()
         self.store.close()

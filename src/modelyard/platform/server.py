@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform.resources import endpoints, models, studies, tracking_routes
+from modelyard.platform.resources import endpoints, models, pools, studies, tracking_routes
 from modelyard.platform.api import bearer, fields, names
 from modelyard.platform.jobs import jobs, pipeline_routes
 from modelyard.platform import shutdown
@@ -146,7 +146,8 @@ def build_app(p: Platform) -> web.Application:
             check_token(request)
         except ApiError as exc:
             return _error(exc)
-        return web.Response(text=p.metrics.render(p.routing), content_type="text/plain", charset="utf-8")
+        text = p.metrics.render(p.routing) + (p.pools.render_metrics() if p.pools is not None else "")
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
@@ -212,4 +213,16 @@ async def dispatch(p: Platform, route: names.Route, request: web.Request) -> dic
             return endpoints.deploy(p, route, await _body(request, "DeployModelRequest"))
         elif verb == "undeployModel" and method == "POST":
             return endpoints.undeploy(p, route, await _body(request, "UndeployModelRequest"))
+    elif coll == names.POOLS:
+        if route.resource_id is None:
+            if verb is None and method == "POST":
+                return pools.create(p, route, await _body(request, "CreateDeploymentResourcePoolRequest"))
+            if verb is None and method == "GET":
+                return pools.list_(p, route, request.query)
+        elif verb is None and method == "GET":
+            return pools.get(p, route)
+        elif verb is None and method == "DELETE":
+            return pools.delete(p, route)
+        elif verb == "queryDeployedModels" and method == "GET":
+            return pools.query_deployed_models(p, route)
     raise ApiError("NOT_FOUND", f"No API for {method} {request.path}.")

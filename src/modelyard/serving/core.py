@@ -218,6 +218,8 @@ class ServingCore:
             records = [r for r in records if r.version == version]
             if not records:
                 raise not_found(f"Could not find version {version} of model {name}")
+        elif not records and self.manager.on_demand is not None and self.manager.config_of(name) is not None:
+            return []  # configured, loaded on its first request
         elif not records:
             raise not_found(f"Could not find any versions of model {name}{self.manager.unknown_model_hint(name)}")
         return [

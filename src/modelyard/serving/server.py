@@ -49,7 +49,12 @@ class ModelServer:
         self.metrics = ServingMetrics()
         loader = VersionLoader(self.metrics, self._session_config(), self._warmup_iterations(), options.runtime,
                                batching=options.batching)
-        self.manager = Manager(loader)
+        on_demand = None
+        if options.load_models_on_demand:
+            from modelyard.serving.manager.on_demand import OnDemand
+
+            on_demand = OnDemand(options.model_memory_budget_bytes)
+        self.manager = Manager(loader, on_demand=on_demand)
         self.core = ServingCore(self.manager, self.metrics)
         self._stop = threading.Event()
         self._config_text: str | None = None
@@ -102,7 +107,7 @@ class ModelServer:
             failed = [
                 f"{{name: {c.name}}}" for c in configs
                 if not any(r.state == "AVAILABLE" for r in self.manager.version_states(c.name))
-            ]
+            ] if self.manager.on_demand is None else []  # on demand: nothing loads before its first request
             for cfg in configs:
                 if cfg.name not in known and cfg.labels and not allow:
                     self._check_labels(cfg)

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from modelyard.platform.api.errors import ApiError
 
 COLLECTIONS = ("models", "endpoints", "batchPredictionJobs", "customJobs", "hyperparameterTuningJobs",
-               "trainingPipelines")
-JOB_COLLECTIONS = COLLECTIONS[2:]
+               "trainingPipelines", "deploymentResourcePools")
+JOB_COLLECTIONS = COLLECTIONS[2:6]
+POOLS = "deploymentResourcePools"
+# CreateDeploymentResourcePoolRequest.deployment_resource_pool_id: chosen by the client, Vertex's rule.
+_POOL_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ID = re.compile(r"^[0-9]{1,30}$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 # UploadModelRequest.model_id: up to 63 characters of [a-z0-9_-], the first not a digit nor a hyphen
@@ -103,6 +106,8 @@ def parse_resource(name: str, collection: str) -> tuple[str, str | None]:
 def _split_resource(segment: str, collection: str) -> tuple[str, str | None]:
     """``12``, ``my_model@3``, ``my_model@prod`` -> (id, version reference or None)."""
     resource, at, version = segment.partition("@")
+    if collection == POOLS and not at:
+        return check_pool_id(resource), None
     if collection != "models":
         if at:
             raise ApiError("INVALID_ARGUMENT", f"Invalid {collection[:-1]} id {segment!r}: only models have versions.")
@@ -123,6 +128,14 @@ def check_model_id(value: object) -> str:
     if not isinstance(value, str) or not _MODEL_ID.match(value):
         raise ApiError("INVALID_ARGUMENT", f"Invalid model_id {value!r}: up to 63 characters of [a-z0-9_-], "
                        "the first a lowercase letter or an underscore (not a digit nor a hyphen).")
+    return value
+
+
+def check_pool_id(value: object) -> str:
+    """A deployment resource pool's id (chosen at create), checked by Vertex AI's rule."""
+    if not isinstance(value, str) or not _POOL_ID.match(value):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid deployment_resource_pool_id {value!r}: 1 to 63 characters of "
+                       "[a-z0-9-], starting with a letter and not ending with a hyphen.")
     return value
 
 
@@ -156,6 +169,10 @@ def model_name(parent: str, model_id: str, version_id: str | None = None) -> str
 
 def endpoint_name(parent: str, endpoint_id: str) -> str:
     return f"{parent}/endpoints/{endpoint_id}"
+
+
+def pool_name(parent: str, pool_id: str) -> str:
+    return f"{parent}/{POOLS}/{pool_id}"
 
 
 def operation_name(parent: str, collection: str | None, resource_id: str | None, op_id: str) -> str:

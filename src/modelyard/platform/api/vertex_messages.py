@@ -72,6 +72,13 @@ MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
     "AutomaticResources": (frozenset((
         'maxReplicaCount', 'minReplicaCount'
     )), {}),
+    "DeploymentResourcePool": (frozenset((
+        'createTime', 'dedicatedResources', 'disableContainerLogging', 'encryptionSpec', 'name',
+        'satisfiesPzi', 'satisfiesPzs', 'serviceAccount'
+    )), {"dedicatedResources": "DedicatedResources"}),
+    "CreateDeploymentResourcePoolRequest": (frozenset((
+        'deploymentResourcePool', 'deploymentResourcePoolId', 'parent'
+    )), {"deploymentResourcePool": "DeploymentResourcePool"}),
     "DeployModelRequest": (frozenset((
         'deployedModel', 'endpoint', 'trafficSplit'
     )), {"deployedModel": "DeployedModel"}),
@@ -213,6 +220,8 @@ MESSAGES: dict[str, tuple[frozenset[str], dict[str, str]]] = {
 
 # modelyard's fields beyond Vertex's, by message: accepted as known fields.
 EXTENSIONS: dict[str, frozenset[str]] = {
-    "DeployModelRequest": frozenset({"shadowTrafficPercentage"}),  # shadow deployments (README, Endpoints)
+    "DeployModelRequest": frozenset({"shadowTrafficPercentage"}),
+    # the memory budget of a pool's models loaded on demand (docs/pools.md); Vertex sizes pools by machine type
+    "DeploymentResourcePool": frozenset({"modelMemoryBudgetBytes"}),  # shadow deployments (README, Endpoints)
     "HyperparameterTuningJob": frozenset({"modelyardTrialFiles"}),  # files `jobs submit` ships with a study
 }

@@ -202,7 +202,7 @@ class Gateway:
             sent = time.monotonic()
             try:
                 status, rheaders, data = await replica.connections().request(
-                    method, target or replica.PREDICT_PATH, body, headers, timeout=timeout)
+                    method, target or d.predict_path, body, headers, timeout=timeout)
             except ConnectionError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
                 tried.add(id(replica))

@@ -58,6 +58,11 @@ class Replica:
         return self.upstream
 
 
+def predict_path(dm_id: str) -> bytes:
+    """Where a pool replica answers one deployed model's predicts: it serves each model under its id."""
+    return f"/v1/models/{dm_id}:predict".encode()
+
+
 @dataclass(eq=False)
 class Deployed:
     id: str
@@ -69,6 +74,11 @@ class Deployed:
     max_replicas: int
     shadow_percent: int = 0
     replicas: list[Replica] = field(default_factory=list)
+    # A deployment resource pool's model: its replicas are the pool's (the same list, Routing.pools), where it
+    # is served under its own id; ``home`` spreads the pool's models over those replicas (choose_replica).
+    pool_id: str | None = None
+    predict_path: bytes = Replica.PREDICT_PATH
+    home: int = 0
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if not r.draining and not r.dead]
@@ -96,6 +106,7 @@ class Routing:
     def __init__(self) -> None:
         self.endpoints: dict[str, EndpointRoute] = {}
         self.deployed: dict[str, Deployed] = {}
+        self.pools: dict[str, list[Replica]] = {}  # pool id -> its replicas (dataplane/pools.py keeps them)
         self._synced_at: float | None = None  # when the last load began (None: never loaded)
 
     def load(self, store) -> None:
@@ -129,6 +140,7 @@ class Routing:
             by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
         for ep in store.list_endpoints():
             route = self._route(ep, by_endpoint.get(ep["id"], []), old, self.endpoints.get(ep["id"]))
+            self._join_pools(route)
             endpoints[ep["id"]] = route
             deployed.update(route.deployed)
         self.deployed, self.endpoints = deployed, endpoints
@@ -145,6 +157,7 @@ class Routing:
                 dm["display_name"], dm["min_replicas"], dm["max_replicas"])
             d.min_replicas, d.max_replicas = dm["min_replicas"], dm["max_replicas"]
             d.shadow_percent = dm["shadow_percent"] or 0
+            d.pool_id = dm.get("pool_id")
             members[dm["id"]] = d
         return EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
                              [d for d in members.values() if d.shadow_percent > 0], ep["updated"])
@@ -161,6 +174,8 @@ class Routing:
         endpoint_id = endpoint_id or ep["id"]
         before = self.endpoints.get(endpoint_id)
         route = self._route(ep, dms, self.deployed, before) if ep is not None else None
+        if route is not None:
+            self._join_pools(route)
         if before is not None:
             for dm_id in before.deployed:
                 if route is None or dm_id not in route.deployed:
@@ -170,6 +185,14 @@ class Routing:
             return
         self.deployed.update(route.deployed)
         self.endpoints[endpoint_id] = route
+
+    def _join_pools(self, route: EndpointRoute) -> None:
+        """A pool's deployed models route over the pool's replicas (one list, shared), by their own path."""
+        for d in route.deployed.values():
+            if d.pool_id and d.replicas is not self.pools.get(d.pool_id):
+                d.replicas = self.pools.setdefault(d.pool_id, [])
+                d.predict_path = predict_path(d.id)
+                d.home = int(d.id) if d.id.isdigit() else hash(d.id) & 0xFFFF
 
     def add_replica(self, dm_id: str, row: dict) -> Replica | None:
         d = self.deployed.get(dm_id)
@@ -225,7 +248,11 @@ class Routing:
         replica is unready (an overloaded host can make a slow one look stuck), the least busy of them:
         the gateway's deadline still bounds the wait, and refusing would fail every request."""
         best = fallback = None
-        for r in d.replicas:
+        replicas = d.replicas
+        if d.home and len(replicas) > 1:  # a pool's model starts at its own replica: models spread, hot ones spill
+            k = d.home % len(replicas)
+            replicas = replicas[k:] + replicas[:k]
+        for r in replicas:
             if r.draining or r.dead or (exclude and id(r) in exclude):
                 continue
             if r.unready_since is not None:

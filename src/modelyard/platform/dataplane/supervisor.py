@@ -61,6 +61,7 @@ class Supervisor:
         self.routing = routing
         self.interval_s = interval_s
         self.autoscaler = None  # set by the platform: desired(d) -> int
+        self.pools = None  # set by the platform: deployment resource pools' replicas (dataplane/pools.py)
         self._starting: dict[str, int] = {}
         self._failed_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -87,7 +88,8 @@ class Supervisor:
         if not self.leader:  # a follower routes only to replicas the store still lists
             listed = {row["id"] for row in self.store.replicas()}
             for d in self.routing.deployed.values():
-                d.replicas = [r for r in d.replicas if r.id in listed]
+                if not d.pool_id:  # a pool's list is shared by its models: the pool keeps it
+                    d.replicas = [r for r in d.replicas if r.id in listed]
 
     # ---- start-up -------------------------------------------------------------------------------
     async def adopt(self) -> tuple[int, int]:
@@ -118,6 +120,8 @@ class Supervisor:
         One rule for both engines; each finds what a platform of this state directory started (local
         processes by their environment, Ray actors by the owner they were created with)."""
         keep = [r.row for d in self.routing.deployed.values() for r in d.replicas] + self.store.replicas()
+        if self.pools is not None:
+            keep += self.pools.rows()
         killed = await self.engine.reap_orphans(keep)
         if killed:
             log.warning("stopped %d replica(s) a previous platform started and no store row lists", killed)
@@ -223,6 +227,8 @@ class Supervisor:
     # ---- readiness ------------------------------------------------------------------------------
     def _probe_all(self) -> None:
         for d in self.routing.deployed.values():
+            if d.pool_id:  # a pool's replicas are probed by the pool (dataplane/pools.py)
+                continue
             for r in d.replicas:
                 if not (r.draining or r.dead or r.probing):
                     r.probing = True
@@ -294,8 +300,12 @@ class Supervisor:
             if self._reaping is None or self._reaping.done():
                 self._reaping = asyncio.get_running_loop().create_task(self._reap_on_timer())
         # A warm spare replica while anything is deployed: the next replica (scale-up, replacement) is up in ~1 s.
-        self.engine.want_spare(bool(self.routing.deployed or self._starting_ids))
+        self.engine.want_spare(bool(self._starting_ids) or any(not d.pool_id for d in self.routing.deployed.values()))
+        if self.pools is not None:
+            await self.pools.tick()
         for d in list(self.routing.deployed.values()):
+            if d.pool_id:  # its replicas are its pool's, kept by the pool
+                continue
             for r in list(d.replicas):
                 if not r.draining and (r.dead or not self.engine.alive(r.row)):
                     log.warning("replica %s of deployed model %s died; replacing it", r.id, d.id)

@@ -6,7 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from modelyard.platform.resources import models
+from modelyard.platform.resources import models, pools
 from modelyard.platform.api import list_filter, names
 from modelyard.platform.dataplane import traffic
 from modelyard.platform.api.errors import ApiError, invalid, not_found
@@ -95,6 +95,8 @@ def deploy(p, route: Route, body: dict) -> dict:
     if not isinstance(spec, dict):
         raise invalid("DeployModelRequest.deployed_model is required.")
     model, version = models.check_deployable(p, spec.get("model"), route.parent)
+    shared = spec.get("sharedResources") or spec.get("shared_resources")
+    pool_id = pools.check_deploy(p, route.parent, shared, spec, version) if shared else None
     resources = spec.get("dedicatedResources") or spec.get("automaticResources") or {}
     min_r = int(resources.get("minReplicaCount") or 1)
     max_r = int(resources.get("maxReplicaCount") or min_r)
@@ -121,10 +123,19 @@ def deploy(p, route: Route, body: dict) -> dict:
     machine = (spec.get("dedicatedResources") or {}).get("machineSpec", {}).get("machineType", "")
     dm = {"id": dm_id, "endpoint_id": endpoint["id"], "model_id": model["id"], "version_id": version["version_id"],
           "display_name": spec.get("displayName") or model["display_name"], "min_replicas": min_r,
-          "max_replicas": max_r, "machine_type": machine, "created": time.time(), "shadow_percent": shadow}
+          "max_replicas": max_r, "machine_type": machine, "created": time.time(), "shadow_percent": shadow,
+          "pool_id": pool_id}
 
     async def work() -> dict:
-        rows = await p.supervisor.start_replicas(dm_id, Path(version["local_path"]), min_r)
+        if pool_id:  # the pool's replicas serve it: they are told, not started
+            try:
+                await pools.start_serving(p, pool_id, dm_id, version)
+            except BaseException:
+                pools.stop_serving(p, pool_id, dm_id)
+                raise
+            rows = []
+        else:
+            rows = await p.supervisor.start_replicas(dm_id, Path(version["local_path"]), min_r)
         response = typed("DeployModelResponse", {"deployedModel": _render_dm(p, endpoint["parent"], dm)})
         op = current_operation()
         try:
@@ -137,6 +148,8 @@ def deploy(p, route: Route, body: dict) -> dict:
         except Exception:  # refused, or the store failed (disk full): no replica runs for it
             for row in rows:
                 await p.supervisor.discard(row)
+            if pool_id:
+                pools.stop_serving(p, pool_id, dm_id)
             raise
         p.routing.load_endpoint(p.store, endpoint["id"])
         for row in rows:
@@ -153,15 +166,20 @@ def undeploy(p, route: Route, body: dict) -> dict:
     dm_id = body.get("deployedModelId")
     if not isinstance(dm_id, str) or not dm_id:
         raise invalid("UndeployModelRequest.deployed_model_id is required.")
-    existing = {dm["id"] for dm in p.store.deployed_models(endpoint["id"])}
+    rows = {dm["id"]: dm for dm in p.store.deployed_models(endpoint["id"])}
+    existing = set(rows)
     if dm_id not in existing:
         raise ApiError("NOT_FOUND", f"Deployed model {dm_id} is not deployed on endpoint {endpoint['id']}.")
+    pool_id = rows[dm_id].get("pool_id")
     split = traffic.for_undeploy(endpoint["traffic_split"] or {}, body.get("trafficSplit"), dm_id, existing)
     leaving = p.routing.deployed.get(dm_id)
     p.store.remove_deployed_model(endpoint["id"], dm_id, split)
     p.routing.load_endpoint(p.store, endpoint["id"])
 
     async def work() -> dict:
+        if pool_id:  # its replicas are the pool's: they only drop the model
+            pools.stop_serving(p, pool_id, dm_id)
+            return typed("UndeployModelResponse", {})
         if leaving is not None:
             await p.supervisor.retire_all(list(leaving.replicas))
         for row in p.store.replicas(dm_id):  # replicas the routing never saw (e.g. still starting)
@@ -180,6 +198,8 @@ def _get_in(p, route: Route) -> dict:
 
 
 def _render_dm(p, parent: str, dm: dict) -> dict:
+    if dm.get("pool_id"):
+        return pools.render_deployed(parent, dm)
     out = {
         "id": dm["id"],
         "model": names.model_name(parent, dm["model_id"]),

@@ -18,7 +18,7 @@ from modelyard.platform.api.timefmt import rfc3339
 ENUM_INTS: contextvars.ContextVar[bool] = contextvars.ContextVar("enum_ints", default=False)
 
 # Model.DeploymentResourcesType: DEDICATED_RESOURCES = 1, AUTOMATIC_RESOURCES = 2.
-_DEPLOYMENT_TYPES = ((1, "DEDICATED_RESOURCES"), (2, "AUTOMATIC_RESOURCES"))
+_DEPLOYMENT_TYPES = ((1, "DEDICATED_RESOURCES"), (2, "AUTOMATIC_RESOURCES"), (3, "SHARED_RESOURCES"))
 
 
 async def upload(p, route: Route, body: dict) -> dict:

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from modelyard.platform.api.names import DEFAULT_ALIAS
 from modelyard.platform.state import metadata_schema
+from modelyard.platform.state import pool_schema
 from modelyard.platform.state import vizier_schema
 
 metadata = MetaData()
@@ -81,6 +82,8 @@ deployed_models = Table(
     Column("created", Float, nullable=False),
     # Schema v2: percent of the endpoint's served requests mirrored to this model (0: not a shadow).
     Column("shadow_percent", Integer, nullable=False, default=0, server_default="0"),
+    # Schema v8: the deployment resource pool whose replicas serve it (None: its own replicas).
+    Column("pool_id", String(64), nullable=True),
 )
 
 replicas = Table(
@@ -181,8 +184,15 @@ def _v7(conn: Connection) -> None:
     vizier_schema.create_tables(conn)  # Vizier's studies and trials
 
 
+def _v8(conn: Connection) -> None:
+    # Deployment resource pools: their tables, and which pool serves a deployed model.
+    pool_schema.create_tables(conn)
+    if "pool_id" not in {c["name"] for c in inspect(conn).get_columns("deployed_models")}:
+        conn.execute(text("ALTER TABLE deployed_models ADD COLUMN pool_id VARCHAR(64)"))
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 LATEST = len(MIGRATIONS)
 
 

@@ -4,6 +4,10 @@ States follow TF Serving: START -> LOADING -> AVAILABLE -> UNLOADING -> END; a f
 ends in END with its error kept for status. Requests read an immutable snapshot of the
 available versions, so loading and unloading never block them. A version stays loaded
 until a newer aspired version is AVAILABLE, so a failed or slow load never drops traffic.
+
+With ``on_demand`` (``on_demand.OnDemand``: ``--load_models_on_demand``) a configured model is not
+*resident* until its first request: ``acquire`` then asks the policy to make room and load it, and
+``evict`` unloads a model no request holds.
 """
 from __future__ import annotations
 
@@ -85,14 +89,19 @@ class ModelState:
         # whether every one of them runs inline).
         self.available: tuple[int | None, dict[int, VersionRecord], bool] = _NOTHING_AVAILABLE
         self.removed = False
+        self.resident = True  # on demand: False until a request asks for it, and again once evicted
+        self.used = 0.0  # on demand: when a request last took it (time.monotonic)
 
 
 LoadFn = Callable[[str, int, Path], Servable]
 
 
 class Manager:
-    def __init__(self, load: LoadFn, load_threads: int = 2, unload_timeout_s: float = 30.0):
+    def __init__(self, load: LoadFn, load_threads: int = 2, unload_timeout_s: float = 30.0, on_demand=None):
         self._load = load
+        self.on_demand = on_demand  # on_demand.OnDemand, or None: every configured model loads at once
+        if on_demand is not None:
+            on_demand.attach(self)
         self._models: dict[str, ModelState] = {}
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="load")
@@ -132,7 +141,8 @@ class Manager:
             for config in configs:
                 model = self._models.get(config.name)
                 if model is None or model.removed:
-                    self._models[config.name] = ModelState(config)
+                    state = self._models[config.name] = ModelState(config)
+                    state.resident = self.on_demand is None
                 else:
                     model.config = config
             for name, model in list(self._models.items()):
@@ -153,7 +163,7 @@ class Manager:
     def poll(self) -> None:
         """Look at every model's base path once and start the loads and unloads it calls for."""
         with self._lock:
-            models = [(n, m) for n, m in self._models.items() if not m.removed]
+            models = [(n, m) for n, m in self._models.items() if not m.removed and m.resident]
         for name, model in models:
             on_disk = version_dirs(model.config.base_path)
             prints = {v: fingerprint(p) for v, p in on_disk.items()}
@@ -278,8 +288,9 @@ class Manager:
         return True
 
     # ---- request path --------------------------------------------------------------------
-    def acquire(self, name: str, version: int | None = None, label: str | None = None) -> Handle:
-        """Hold an available version for one request (latest when no version or label is given)."""
+    def acquire(self, name: str, version: int | None = None, label: str | None = None, loaded: bool = False) -> Handle:
+        """Hold an available version for one request (latest when no version or label is given); on demand,
+        a model not loaded is loaded first (``loaded``: that was done, do not load again)."""
         model = self._models.get(name)
         if label is not None:
             labels = model.config.labels if model is not None and not model.removed else {}
@@ -294,10 +305,75 @@ class Manager:
             with rec.idle:
                 if rec.state == AVAILABLE:
                     rec.inflight += 1
+                    if self.on_demand is not None:
+                        model.used = time.monotonic()
                     return Handle(name, rec)
             # Lost a race with an unload; a newer snapshot has been published, so look again.
+        if self.on_demand is not None and model is not None and not model.removed and not loaded:
+            self.on_demand.ensure(name, model)
+            return self.acquire(name, version, label, loaded=True)
         what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {what}{self.unknown_model_hint(name)}")
+
+    # ---- on demand ---------------------------------------------------------------------------
+    def scan(self, name: str) -> dict[int, Path]:
+        """The version directories of ``name`` its policy aspires to load (on disk now)."""
+        model = self._models.get(name)
+        if model is None:
+            return {}
+        on_disk = version_dirs(model.config.base_path)
+        return {v: on_disk[v] for v in model.config.policy.aspired(set(on_disk))}
+
+    def make_resident(self, name: str) -> None:
+        """Start loading ``name`` (on demand), as a poll would for a model loaded at start."""
+        model = self._models.get(name)
+        if model is None or model.removed:
+            return
+        on_disk = version_dirs(model.config.base_path)
+        prints = {v: fingerprint(p) for v, p in on_disk.items()}
+        with self._lock:
+            model.resident = True
+            model.used = time.monotonic()
+            self._reconcile(name, model, on_disk, prints)
+
+    def evict(self, name: str) -> bool:
+        """Unload every version of ``name`` now, if no request holds one and none is loading (False if so).
+        The check and the state change happen under each version's lock, so no request can take the
+        version in between; requests that come later load it again."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None or not model.resident:
+                return False
+            records = list(model.records.values())
+            if any(r.state in (START, LOADING) for r in records):
+                return False
+            for r in records:
+                r.idle.acquire()
+            try:
+                if any(r.inflight for r in records):
+                    return False
+                unloading = [r for r in records if r.state == AVAILABLE]
+                for r in unloading:
+                    r.state = UNLOADING
+                model.resident = False
+                self._publish(model)
+            finally:
+                for r in records:
+                    r.idle.release()
+            for r in unloading:
+                servable, r.servable = r.servable, None
+                if servable is not None:
+                    servable.close()
+                    self._unloaded(name, r)
+                r.state = END
+                log.info("Unloaded servable version {name: %s version: %d} (least recently used)", name, r.version)
+                self._notify(name, r)
+        return True
+
+    def resident_models(self) -> list[tuple[str, float, bool]]:
+        """(name, last used, loaded now) of every resident model (on demand)."""
+        with self._lock:
+            return [(n, m.used, bool(m.available[1])) for n, m in self._models.items() if m.resident and not m.removed]
 
     def runs_inline(self, name: str) -> bool:
         """True when every available version of ``name`` answers in microseconds (LiteRT, no batching)."""

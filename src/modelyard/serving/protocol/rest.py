@@ -221,11 +221,14 @@ class RestApp:
 
     def _get(self, match) -> bytes:
         if not any(match.groups()):  # GET /v1/models: modelyard's listing (TF Serving answers 400)
-            return orjson.dumps({"models": [
+            listing: dict = {"models": [
                 {"name": name, "version_labels": {label: str(v) for label, v in sorted(labels.items())},
                  "model_version_status": _status_json(statuses)}
                 for name, labels, statuses in self.core.list_models()
-            ]})
+            ]}
+            if self.core.manager.on_demand is not None:  # what is loaded, what made room (serving/manager/on_demand)
+                listing["on_demand"] = self.core.manager.on_demand.state()
+            return orjson.dumps(listing)
         spec = self._spec(match)
         if match.group(4):
             return metadata_json(self.core, spec)

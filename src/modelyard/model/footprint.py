@@ -1,0 +1,25 @@
+"""What one model version weighs against a memory budget: the bytes of its files.
+
+One rule for both sides of a deployment resource pool: the platform refuses at deploy a model that
+could never fit its pool's budget, and each pool replica (``serving/manager/on_demand.py``) unloads
+least recently used models until the next one fits. File bytes are known before loading and the same
+on every host; what a loaded model holds in memory varies with the runtime (a LiteRT model about its
+flatbuffer, a TensorFlow session a few times its variables), so budgets are set in these units and the
+pool's resident memory is measured, not inferred (bench/many_models.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def footprint_bytes(version_dir: str | os.PathLike) -> int:
+    """The total size of the regular files under ``version_dir`` (a symlinked directory followed once)."""
+    total = 0
+    for root, _dirs, files in os.walk(os.path.realpath(version_dir)):
+        for name in files:
+            try:
+                total += os.stat(Path(root) / name).st_size
+            except OSError:  # a file removed meanwhile weighs nothing
+                pass
+    return total

@@ -1,0 +1,42 @@
+"""Deployment resource pools' tables (schema v8), beside the registry's; their queries are in ``pool_db``.
+
+A pool row keeps what its replicas are (their counts, the machine type shown back, the memory budget
+for models loaded on demand); each pool replica is a row of its own, written as soon as its process
+runs, so a restarted platform adopts it (or stops it) as it does a deployed model's replicas. Which
+models a pool serves is the ``pool_id`` column of ``deployed_models`` (schema.py), so a deploy into a
+pool commits in the same transaction as any other deploy.
+"""
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text
+from sqlalchemy.engine import Connection
+
+# Its own MetaData: schema.py imports this module for its migration, so this one cannot import schema.
+metadata = MetaData()
+
+pools = Table(
+    "deployment_resource_pools", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("parent", String(256), nullable=False, index=True),
+    Column("min_replicas", Integer, nullable=False),
+    Column("max_replicas", Integer, nullable=False),
+    Column("machine_type", String(64), nullable=False, default=""),
+    Column("budget_bytes", Integer, nullable=False, default=0),  # 0: no budget (models never unloaded)
+    Column("created", Float, nullable=False),
+)
+
+pool_replicas = Table(
+    "pool_replicas", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("pool_id", String(64), nullable=False, index=True),
+    Column("host", String(256), nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("grpc_port", Integer, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("log_path", Text, nullable=False, default=""),
+    Column("created", Float, nullable=False),
+)
+
+
+def create_tables(conn: Connection) -> None:
+    metadata.create_all(conn, checkfirst=True)

@@ -1,0 +1,124 @@
+"""Models loaded on demand under a memory budget (``--load_models_on_demand``,
+``--model_memory_budget_bytes``), as Triton's explicit model control and KServe ModelMesh do it.
+
+A configured model loads on its first request; requests that arrive while it loads wait on that one
+load (the model is marked resident once, under the manager's lock; the others only wait for it to
+settle). To make room, the least recently used resident models are unloaded first, and never one a
+request holds or one still loading (``Manager.evict`` checks and unloads atomically): when every
+resident model is busy, the request waits up to ``ROOM_WAIT_S`` for one to become free, then is
+answered RESOURCE_EXHAUSTED. A model's weight is its files' bytes (``model/footprint.py``); one that is
+larger than the whole budget is refused at once (the platform refuses it already at deploy).
+
+A request that reaches a model not loaded while on the event loop (the inline and batching paths
+look there first) is answered UNAVAILABLE, so the protocol layer hands it to the thread pool, where
+loading may block: ``ensure`` never blocks the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from modelyard.errors import Code, ServingError
+from modelyard.model.footprint import footprint_bytes
+
+LOAD_WAIT_S = 300.0  # a request waits this long for its model's load
+ROOM_WAIT_S = 30.0  # ... and this long for a resident model to be free to unload
+
+
+class _Stats:
+    __slots__ = ("loads", "unloads", "load_seconds", "size")
+
+    def __init__(self) -> None:
+        self.loads = self.unloads = 0
+        self.load_seconds = 0.0
+        self.size = 0
+
+
+class OnDemand:
+    """The on-demand policy of one ``Manager``: what is loaded, when, and what makes room."""
+
+    def __init__(self, budget_bytes: int = 0) -> None:
+        self.budget_bytes = budget_bytes  # 0: no budget (nothing is unloaded to make room)
+        self.manager = None
+        self._stats: dict[str, _Stats] = {}
+        self._room = threading.Lock()  # one request at a time chooses what to unload
+        self.peak_resident = 0  # most models resident at once, and their bytes
+        self.peak_resident_bytes = 0
+
+    def attach(self, manager) -> None:
+        self.manager = manager
+
+    def _stat(self, name: str) -> _Stats:
+        stats = self._stats.get(name)
+        if stats is None:
+            stats = self._stats[name] = _Stats()
+        return stats
+
+    def resident_bytes(self) -> int:
+        return sum(self._stat(n).size for n, _, _ in self.manager.resident_models())
+
+    def ensure(self, name: str, model) -> None:
+        """Returns once ``name`` has loaded (or failed to: the caller's acquire then says so)."""
+        if asyncio._get_running_loop() is not None:
+            raise ServingError(Code.UNAVAILABLE, f"model {name} is not loaded yet; it loads on the thread pool")
+        manager = self.manager
+        if not model.resident:
+            size = sum(footprint_bytes(p) for p in manager.scan(name).values())
+            if self.budget_bytes and size > self.budget_bytes:
+                raise ServingError(Code.RESOURCE_EXHAUSTED, f"model {name} needs {size} bytes, more than the whole "
+                                   f"model memory budget ({self.budget_bytes} bytes)")
+            self._load(name, model, size)
+        if not manager.wait_settled([name], timeout=LOAD_WAIT_S):
+            raise ServingError(Code.UNAVAILABLE, f"model {name} did not load within {LOAD_WAIT_S:.0f} s")
+
+    def _load(self, name: str, model, size: int) -> None:
+        """Make room for ``size`` bytes, then start the load: once, whoever asks meanwhile."""
+        manager = self.manager
+        deadline = time.monotonic() + ROOM_WAIT_S
+        with self._room:
+            while not model.resident and not model.removed:
+                resident = manager.resident_models()
+                used = sum(self._stat(n).size for n, _, _ in resident)
+                if not self.budget_bytes or used + size <= self.budget_bytes:
+                    stats = self._stat(name)
+                    stats.size, stats.loads = size, stats.loads + 1
+                    started = time.perf_counter()
+                    manager.make_resident(name)
+                    self.peak_resident = max(self.peak_resident, len(resident) + 1)
+                    self.peak_resident_bytes = max(self.peak_resident_bytes, used + size)
+                    break
+                # Least recently used first; a model still loading or held by a request is skipped by evict.
+                for victim, _, _ in sorted(resident, key=lambda r: r[1]):
+                    if manager.evict(victim):
+                        self._stat(victim).unloads += 1
+                        break
+                else:
+                    if time.monotonic() > deadline:
+                        raise ServingError(Code.RESOURCE_EXHAUSTED, f"no room to load model {name}: every loaded model "
+                                           f"has requests in flight (budget {self.budget_bytes} bytes)")
+                    time.sleep(0.02)
+            else:
+                return
+        if manager.wait_settled([name], timeout=LOAD_WAIT_S):
+            self._stat(name).load_seconds = time.perf_counter() - started
+
+    def state(self) -> dict:
+        """What the platform's pool probe reads (GET /v1/models): the budget, what is resident, and per
+        model its loads, unloads, last load time and how long ago it was used."""
+        now = time.monotonic()
+        resident = {n: (used, loaded) for n, used, loaded in self.manager.resident_models()}
+        models = {}
+        for name in self.manager.model_names():
+            stats = self._stats.get(name)
+            if stats is None and name not in resident:
+                continue
+            stats = stats or _Stats()
+            entry = {"loaded": resident.get(name, (0, False))[1], "loads": stats.loads, "unloads": stats.unloads,
+                     "load_seconds": round(stats.load_seconds, 6), "bytes": stats.size}
+            if name in resident:
+                entry["idle_seconds"] = round(now - resident[name][0], 3)
+            models[name] = entry
+        return {"budget_bytes": self.budget_bytes, "resident_bytes": sum(self._stat(n).size for n in resident),
+                "resident_models": len(resident), "peak_resident_models": self.peak_resident,
+                "peak_resident_bytes": self.peak_resident_bytes, "models": models}

@@ -1,0 +1,182 @@
+"""Deployment resource pools (issue 48) with the stock SDK: several models on one pool's replicas, each
+behind its own endpoint, loaded on demand under the pool's memory budget.
+
+Must-show 1: two models in one pool on two endpoints answer, one replica process serves both,
+``query_deployed_models`` lists them, undeploying one leaves the other serving, and the pool cannot be
+deleted while it holds a model. Must-show 2 and 3: a budget that fits 3 of 5 models (at most 3 loaded at
+once, loads and unloads in the platform's metrics), and ten concurrent first requests that share one load.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+
+import numpy as np
+import pytest
+import requests
+
+from modelyard.model.footprint import footprint_bytes
+from tests.platform.conftest import PARENT
+from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the SDK pointed at the session platform)
+
+pytestmark = pytest.mark.e2e
+
+
+def _metric(platform, name: str, **labels: str) -> float | None:
+    text = requests.get(f"{platform.url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _wait_metric(platform, name: str, check, **labels: str) -> float:
+    """The metric once ``check(value)`` holds (the pool's probe refreshes it every second)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        value = _metric(platform, name, **labels)
+        if value is not None and check(value):
+            return value
+        assert time.monotonic() < deadline, (name, labels, value)
+        time.sleep(0.2)
+
+
+def _wait_done(platform, operation: str) -> dict:
+    import time
+
+    deadline = time.monotonic() + 180
+    while True:
+        op = requests.get(f"{platform.url}/v1/{operation}", timeout=10).json()
+        if op.get("done"):
+            assert "error" not in op, op
+            return op
+        assert time.monotonic() < deadline, op
+        time.sleep(0.2)
+
+
+def _pool_pids(platform, pool_id: str) -> set[int]:
+    marker = f"/pools/{pool_id}/".encode()
+    return {pid for pid in platform.replica_pids() if marker in open(f"/proc/{pid}/cmdline", "rb").read()}
+
+
+def _replicas_of(platform, dm_id: str) -> set[int]:
+    rows = requests.get(f"{platform.url}/modelyard/v1/replicas", timeout=10).json()["replicas"]
+    return {r["pid"] for r in rows if r["deployedModelId"] == dm_id and r["state"] == "SERVING"}
+
+
+def test_two_models_share_one_pool_replica(aiplatform, platform, tiny_models):
+    from google.api_core import exceptions
+
+    tiny1, tiny2 = tiny_models["models"]["tiny1"], tiny_models["models"]["tiny2"]
+    X = tiny_models["instances"]
+    pool = aiplatform.DeploymentResourcePool.create(deployment_resource_pool_id="two-models",
+                                                    machine_type="n1-standard-2", min_replica_count=1,
+                                                    max_replica_count=1)
+    assert pool.resource_name == f"{PARENT}/deploymentResourcePools/two-models"
+    assert pool.gca_resource.dedicated_resources.min_replica_count == 1
+    assert "two-models" in [p.name for p in aiplatform.DeploymentResourcePool.list()]
+    models = [aiplatform.Model.upload(display_name=f"pooled-{i}", artifact_uri=t["path"],
+                                      serving_container_image_uri="modelyard/serve")
+              for i, t in enumerate((tiny1, tiny2))]
+    endpoints = [aiplatform.Endpoint.create(display_name=f"pooled-{i}") for i in range(2)]
+    for model, endpoint in zip(models, endpoints):
+        endpoint.deploy(model, deployment_resource_pool=pool)
+    answers = [endpoint.predict(instances=X) for endpoint in endpoints]
+    for answer, expected, model in zip(answers, (tiny1, tiny2), models):
+        np.testing.assert_allclose(answer.predictions, expected["predictions"], rtol=1e-5, atol=1e-6)
+        assert answer.model_resource_name == model.resource_name
+    dm_ids = [a.deployed_model_id for a in answers]
+    assert endpoints[0].list_models()[0].shared_resources == pool.resource_name
+    # One replica process serves both models.
+    pids = _pool_pids(platform, "two-models")
+    assert len(pids) == 1 and _replicas_of(platform, dm_ids[0]) == _replicas_of(platform, dm_ids[1]) == pids
+    refs = [ref for page in pool.query_deployed_models() for ref in page]
+    assert sorted(r.deployed_model_id for r in refs) == sorted(dm_ids)
+    with pytest.raises(exceptions.BadRequest, match="undeploy them"):  # FAILED_PRECONDITION is HTTP 400
+        pool.delete()
+    refused = requests.delete(f"{platform.url}/v1/{pool.resource_name}", timeout=10)
+    assert refused.status_code == 400 and refused.json()["error"]["status"] == "FAILED_PRECONDITION"
+
+    endpoints[0].undeploy_all()
+    again = endpoints[1].predict(instances=X)
+    np.testing.assert_allclose(again.predictions, tiny2["predictions"], rtol=1e-5, atol=1e-6)
+    assert [r.deployed_model_id for page in pool.query_deployed_models() for r in page] == [dm_ids[1]]
+    assert _pool_pids(platform, "two-models") == pids  # the pool's replica stays
+    endpoints[1].undeploy_all()
+    pool.delete()
+    assert not _pool_pids(platform, "two-models")  # the delete operation ended once its replica stopped
+    with pytest.raises(exceptions.NotFound):
+        aiplatform.DeploymentResourcePool("two-models")
+    for endpoint in endpoints:
+        endpoint.delete()
+    for model in models:
+        model.delete()
+
+
+def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tmp_path):
+    from google.api_core import exceptions
+
+    tiny = [tiny_models["models"]["tiny1"], tiny_models["models"]["tiny2"]]
+    X = tiny_models["instances"]
+    sizes = [footprint_bytes(t["path"]) for t in tiny]
+    budget = 3 * max(sizes) + min(sizes) // 2  # any 3 fit, no 4
+    r = requests.post(platform.api("deploymentResourcePools"), timeout=30, json={
+        "deploymentResourcePoolId": "three-of-five",
+        "deploymentResourcePool": {"dedicatedResources": {"minReplicaCount": 1, "maxReplicaCount": 1},
+                                   "modelMemoryBudgetBytes": budget}})
+    assert r.status_code == 200, r.text
+    _wait_done(platform, r.json()["name"])  # the create operation ends once the pool's replica answers
+    pool = aiplatform.DeploymentResourcePool("three-of-five")
+    assert _metric(platform, "modelyard_pool_replicas", pool="three-of-five") == 1
+
+    # A model larger than the whole budget is refused at deploy, before anything changes.
+    big = tmp_path / "big"
+    shutil.copytree(tiny[0]["path"], big)
+    (big / "assets" / "padding.bin").write_bytes(b"\0" * budget)
+    big_model = aiplatform.Model.upload(display_name="too-big", artifact_uri=str(big),
+                                        serving_container_image_uri="modelyard/serve")
+    big_endpoint = aiplatform.Endpoint.create(display_name="too-big")
+    with pytest.raises(exceptions.BadRequest, match="model memory budget"):  # FAILED_PRECONDITION
+        big_endpoint.deploy(big_model, deployment_resource_pool=pool)
+
+    models = [aiplatform.Model.upload(display_name=f"five-{i}", artifact_uri=tiny[i % 2]["path"],
+                                      serving_container_image_uri="modelyard/serve") for i in range(5)]
+    endpoints = [aiplatform.Endpoint.create(display_name=f"five-{i}") for i in range(5)]
+    with concurrent.futures.ThreadPoolExecutor(5) as pool_threads:  # five deploys at once
+        list(pool_threads.map(lambda me: me[1].deploy(me[0], deployment_resource_pool=pool), zip(models, endpoints)))
+    dm_ids = [e.list_models()[0].id for e in endpoints]
+    for _ in range(2):  # all five in turn, twice: every request needs a load, and an unload after the third
+        for i, endpoint in enumerate(endpoints):
+            np.testing.assert_allclose(endpoint.predict(instances=X).predictions, tiny[i % 2]["predictions"],
+                                       rtol=1e-5, atol=1e-6)
+    assert _wait_metric(platform, "modelyard_pool_model_unloads_total", lambda v: v >= 1,
+                        deployed_model=dm_ids[0]) >= 1
+    loads = [_wait_metric(platform, "modelyard_pool_model_loads_total", lambda v: v >= 2, deployed_model=d)
+             for d in dm_ids]
+    assert loads == [2] * 5  # each loaded twice: unloaded in between to make room
+    assert _metric(platform, "modelyard_pool_models_resident_peak", pool="three-of-five") == 3
+    assert _metric(platform, "modelyard_pool_models_resident", pool="three-of-five") <= 3
+
+    # Ten concurrent first requests to a model not loaded: one load, ten answers.
+    cold = dm_ids[1]  # loaded second in the last round: unloaded since
+    assert _wait_metric(platform, "modelyard_pool_model_loaded", lambda v: v == 0, deployed_model=cold) == 0
+    url = f"{platform.url}/v1/{endpoints[1].resource_name}:predict"
+    with concurrent.futures.ThreadPoolExecutor(10) as threads:
+        answers = list(threads.map(lambda _: requests.post(url, json={"instances": X}, timeout=60), range(10)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(answer.json()["predictions"], tiny[1]["predictions"], rtol=1e-5, atol=1e-6)
+    assert _wait_metric(platform, "modelyard_pool_model_loads_total", lambda v: v != 2, deployed_model=cold) == 3
+    assert _metric(platform, "modelyard_pool_models_resident_peak", pool="three-of-five") == 3
+
+    for endpoint in endpoints + [big_endpoint]:
+        endpoint.undeploy_all()
+        endpoint.delete()
+    pool.delete()
+    for model in models + [big_model]:
+        model.delete()
+    assert re.search(r'modelyard_pool_replicas\{pool="three-of-five"\}', requests.get(
+        f"{platform.url}/metrics", timeout=10).text) is None
