@@ -17,6 +17,7 @@ import types
 import pytest
 import requests
 
+from modelyard import read_tokens
 from modelyard.platform.api import bearer, job_tokens
 from modelyard.platform.api.errors import ApiError, check_bearer
 from modelyard.platform.jobs import job_identity, metadata_server, sdk_defaults
@@ -224,9 +225,9 @@ def test_a_jobs_processes_find_its_metadata_server_and_gateway(tmp_path, monkeyp
 
 
 def test_a_ray_jobs_nodes_get_the_jobs_token_never_the_platforms(monkeypatch):
-    """--engine ray: what reaches a replica's node (jobs_ray.node_env) and the job's Ray runtime environment
-    (replicas_ray._storage_env, read by the job's ray.init) hold the job's own token, as the job's process
-    does; its metadata server on the node is made from them (jobs_ray.JobReplicaActor._identity)."""
+    """--engine ray: what reaches a replica's node (jobs_ray.node_env) holds the job's own token, as the job's
+    process does, and the job's Ray runtime environment (replicas_ray._storage_env, read by the job's ray.init)
+    a read-only token derived from it; its metadata server on the node is made from them (jobs_ray.JobReplicaActor._identity)."""
     from modelyard.platform.dataplane import replicas_ray
     from modelyard.platform.jobs import jobs_ray
 
@@ -239,5 +240,20 @@ def test_a_ray_jobs_nodes_get_the_jobs_token_never_the_platforms(monkeypatch):
                      "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9", "MODELYARD_PLATFORM": "http://127.0.0.1:8"}
     assert unset == []
     monkeypatch.setattr(replicas_ray.os, "environ", job_process)
-    assert replicas_ray._storage_env()["MODELYARD_STORAGE_TOKEN"] == "job-token"
+    # the runtime environment's default: read-only, derived from the job's token (tests/platform/test_read_tokens.py)
+    derived = read_tokens.parse(replicas_ray._storage_env()["MODELYARD_STORAGE_TOKEN"])
+    assert derived is not None and read_tokens.signed_by("job-token", derived)
     assert ADMIN not in json.dumps([delta, replicas_ray._storage_env()])
+
+
+def test_only_a_custom_job_on_ray_has_its_identity_served_on_the_nodes():
+    """Under --engine ray a custom job's replicas run on Ray nodes (each node serves the job's identity);
+    tuning trials, batch jobs and training pipelines' own processes run on the platform's host and get
+    the job's metadata server there, as under --engine local."""
+    from modelyard.platform.jobs import job_runner
+
+    ray = {"engine": {"name": "ray", "address": "127.0.0.1:1"}}
+    elsewhere = {kind: getattr(job_runner.kind_module(kind), "processes_elsewhere", lambda job: False)
+                 for kind in job_runner.MODULES}
+    assert elsewhere["customJobs"](ray) and not elsewhere["customJobs"]({"engine": None})
+    assert [kind for kind, rule in elsewhere.items() if rule(ray)] == ["customJobs"]

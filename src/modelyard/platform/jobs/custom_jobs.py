@@ -28,6 +28,8 @@ from modelyard import objstore
 from modelyard.platform.jobs import job_env, job_packages, warm_jobs
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
+from modelyard.platform.resources import metadata_experiments
+from modelyard.platform.state.metadata_db import MetadataDB
 
 RESUMABLE = False  # a training command may not be safe to start twice; a lost one fails
 ROLES = ("chief", "worker", "ps", "evaluator")  # worker pool index -> TF_CONFIG task type
@@ -40,6 +42,8 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     check_job_spec(job_spec)
     await asyncio.to_thread(job_env.check_storage, job_spec)  # a missing bucket: refused now, nothing made
     await asyncio.to_thread(job_packages.check, job_spec)  # packages that cannot be installed: likewise
+    # Its experiment and run checked; the run made when only the experiment is named, as Vertex does.
+    job_spec.update(await asyncio.to_thread(metadata_experiments.job_experiment, MetadataDB(p.store.engine), job_spec))
     return {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state")}, {}
 
 
@@ -124,6 +128,12 @@ def warm_blocker(spec: dict, engine: dict | None, work_dir: Path) -> str | None:
 
 
 # ---- the child side -----------------------------------------------------------------------------
+def processes_elsewhere(job: dict) -> bool:
+    """For the job's process: its replicas run on Ray nodes (``--engine ray``), each with the job's
+    identity served on its node (jobs_ray), so the job's process serves none itself."""
+    return (job.get("engine") or {}).get("name") == "ray"
+
+
 def execute(work_dir: Path, job: dict) -> dict:
     run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"),
               project=job["parent"].split("/")[1], storage_root=job.get("storageRoot"))
@@ -160,6 +170,7 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
         for d in dirs.values():
             Path(d).mkdir(parents=True, exist_ok=True)
     env = job_env.vertex_env(project, job_id, dirs)
+    env.update(job_env.experiment_env(job_spec))
     mount = job_env.GcsMount(work_dir, storage_root)
     on_ray = (engine or {}).get("name") == "ray"
     node_setup = None

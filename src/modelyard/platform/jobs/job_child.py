@@ -23,8 +23,10 @@ def main(work_dir: str) -> int:
     # fresh Python of the job's venv gets them from the venv's .pth (job_env).
     sdk_defaults.install()
     try:
-        with job_identity.job_identity(root, job):  # its metadata server and storage gateway, while it runs
-            result = kind_module(job["kind"]).execute(root, job) or {}
+        kind = kind_module(job["kind"])
+        elsewhere = getattr(kind, "processes_elsewhere", None)  # its processes run on Ray nodes, served there
+        with job_identity.job_identity(root, job, bool(elsewhere and elsewhere(job))):
+            result = kind.execute(root, job) or {}
         out = {"state": SUCCEEDED, **result}
     except (JobFailed, ApiError) as exc:
         print(f"job failed: {exc}", flush=True)

@@ -92,13 +92,14 @@ def apply(environ: MutableMapping[str, str], identity: Mapping[str, str]) -> Non
 
 
 @contextlib.contextmanager
-def job_identity(work_dir: Path, job: dict) -> Iterator[dict[str, str]]:
+def job_identity(work_dir: Path, job: dict, on_nodes: bool = False) -> Iterator[dict[str, str]]:
     """While a job's process runs its kind: its metadata server and storage gateway (``serve``), and this
     process's environment (inherited by everything the job starts) pointing at them. Yields the
-    variables set. A Ray job's process starts no server here: its replicas run on Ray nodes, and each
-    node serves its own (``jobs_ray``, with the same ``serve``)."""
+    variables set. ``on_nodes``: the job's processes run on Ray nodes (a custom job under ``--engine
+    ray``, its kind's ``processes_elsewhere``), each node serving its own (``jobs_ray``, with the same
+    ``serve``): none here. Tuning trials, batch jobs and the rest run here under either engine."""
     storage = os.environ.get("STORAGE_EMULATOR_HOST")
-    if not storage or (job.get("engine") or {}).get("name") == "ray":
+    if not storage or on_nodes:
         yield {}
         return
     with serve(work_dir, storage, job.get("token"), job["parent"].split("/")[1]) as env:
