@@ -1,0 +1,135 @@
+"""Models loaded on demand under a budget (serving/manager/on_demand.py), with the manager's fake loader:
+first request loads, least recently used unloads, a model in use is never unloaded, concurrent first
+requests share one load, a model larger than the budget is refused, the event loop never waits."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from modelyard.errors import Code, ServingError
+from modelyard.model.footprint import footprint_bytes
+from modelyard.serving.manager.manager import Manager, ModelConfig
+from modelyard.serving.manager.on_demand import OnDemand
+from tests.serving.test_manager import FakeServable
+
+SIZE = 1000  # each model's file bytes
+
+
+def _models(tmp_path, count: int, size: int = SIZE) -> list[ModelConfig]:
+    configs = []
+    for i in range(count):
+        version = tmp_path / f"m{i}" / "1"
+        version.mkdir(parents=True)
+        (version / "weights").write_bytes(b"\0" * size)
+        configs.append(ModelConfig(f"m{i}", tmp_path / f"m{i}"))
+    return configs
+
+
+class CountingLoader:
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.loads: list[str] = []
+        self.gate = gate
+        self.lock = threading.Lock()
+
+    def __call__(self, name, version, path):
+        with self.lock:
+            self.loads.append(name)
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return FakeServable(path)
+
+
+def _manager(tmp_path, count: int, budget: int, loader=None) -> tuple[Manager, OnDemand, CountingLoader]:
+    loader = loader or CountingLoader()
+    on_demand = OnDemand(budget)
+    manager = Manager(loader, on_demand=on_demand)
+    manager.set_models(_models(tmp_path, count))
+    return manager, on_demand, loader
+
+
+def _use(manager, name: str) -> None:
+    with manager.acquire(name) as handle:
+        assert handle.version == 1
+
+
+def test_nothing_loads_before_its_first_request_then_the_least_recently_used_unloads(tmp_path):
+    manager, on_demand, loader = _manager(tmp_path, 5, budget=3 * SIZE)
+    assert loader.loads == [] and manager.resident_models() == []
+    for name in ("m0", "m1", "m2", "m0", "m3"):  # m1 is the least recently used when m3 needs room
+        _use(manager, name)
+    assert loader.loads == ["m0", "m1", "m2", "m3"]
+    assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m0", "m2", "m3"]
+    state = on_demand.state()
+    assert state["models"]["m1"] == {**state["models"]["m1"], "loaded": False, "loads": 1, "unloads": 1}
+    for name in ("m4", "m1", "m2", "m0"):
+        _use(manager, name)
+    assert on_demand.peak_resident == 3 and on_demand.resident_bytes() <= 3 * SIZE
+    assert state["budget_bytes"] == 3 * SIZE
+
+
+def test_a_model_held_by_a_request_is_never_unloaded(tmp_path):
+    manager, on_demand, loader = _manager(tmp_path, 3, budget=2 * SIZE)
+    _use(manager, "m1")
+    held = manager.acquire("m0")  # m0 is now the most recent; m1 would be next, but make m1 held too
+    held_too = manager.acquire("m1")
+    done = threading.Event()
+
+    def third():
+        _use(manager, "m2")  # no room until one of them is released
+        done.set()
+
+    thread = threading.Thread(target=third)
+    thread.start()
+    assert not done.wait(0.3)
+    assert not held.record.servable.closed and not held_too.record.servable.closed
+    held_too.__exit__(None, None, None)  # m1 free: it goes, m0 (held) stays
+    assert done.wait(5)
+    thread.join()
+    assert held.record.servable is not None and not held.record.servable.closed
+    held.__exit__(None, None, None)
+    assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m0", "m2"]
+
+
+def test_concurrent_first_requests_share_one_load(tmp_path):
+    gate = threading.Event()
+    manager, _, loader = _manager(tmp_path, 2, budget=0, loader=CountingLoader(gate))
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(_use, manager, "m1") for _ in range(10)]
+        while not loader.loads:
+            threading.Event().wait(0.01)
+        gate.set()
+        for f in futures:
+            f.result(timeout=10)
+    assert loader.loads == ["m1"]
+
+
+def test_a_model_larger_than_the_budget_is_refused(tmp_path):
+    manager, _, loader = _manager(tmp_path, 1, budget=SIZE // 2)
+    with pytest.raises(ServingError) as err:
+        manager.acquire("m0")
+    assert err.value.code == Code.RESOURCE_EXHAUSTED and "budget" in err.value.message and loader.loads == []
+
+
+def test_the_event_loop_never_waits_for_a_load(tmp_path):
+    manager, _, loader = _manager(tmp_path, 1, budget=0)
+
+    async def on_loop():
+        with pytest.raises(ServingError) as err:
+            manager.acquire("m0")
+        return err.value.code
+
+    assert asyncio.run(on_loop()) == Code.UNAVAILABLE and loader.loads == []
+    _use(manager, "m0")  # the thread pool loads it
+    assert loader.loads == ["m0"]
+
+
+def test_a_models_weight_is_its_files_bytes(tmp_path):
+    (tmp_path / "variables").mkdir()
+    (tmp_path / "saved_model.pb").write_bytes(b"x" * 10)
+    (tmp_path / "variables" / "data").write_bytes(b"y" * 32)
+    link = tmp_path.parent / f"{tmp_path.name}-link"
+    link.symlink_to(tmp_path, target_is_directory=True)
+    assert footprint_bytes(tmp_path) == footprint_bytes(link) == 42
