@@ -288,6 +288,28 @@ def test_a_platform_killed_mid_run_resumes_it_without_repeating_finished_tasks(s
     assert retried["execution"]["metadata"]["output:Output"] == "again"
 
 
+def test_a_run_submitted_with_an_experiment_shows_in_its_data_frame(sdk, platform, tmp_path):
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_scored
+
+    template = str(tmp_path / "scored.yaml")
+    compiler.Compiler().compile(kfp_scored.scored, template)
+    job = sdk.PipelineJob(display_name="scored", template_path=template, pipeline_root=ROOT, job_id="scored-1",
+                          parameter_values={"rows": 4}, enable_caching=False)
+    job.submit(experiment="pipeline-exp")
+    job.wait()
+    assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    assert job.get_associated_experiment().name == "pipeline-exp"
+    root = job.task_details[0]
+    assert root.execution.schema_title == "system.Run" and root.execution.state.name == "COMPLETE"
+    df = sdk.get_experiment_df("pipeline-exp")
+    row = df[df.run_name == "scored-1"].iloc[0]
+    assert row.run_type == "system.PipelineRun" and row.state == "COMPLETE"
+    assert row["param.rows"] == 4 and row["param.note"] == "first"  # given, and the default
+    assert row["metric.accuracy"] == 0.5
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}

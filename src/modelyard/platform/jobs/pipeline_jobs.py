@@ -26,6 +26,7 @@ from modelyard.platform.jobs import jobs, pipeline_metadata, pipeline_spec
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
 TASKS = "_tasks"
+RUN_EXECUTION = "_run_execution"  # the run's system.Run execution (pipeline_metadata.run_execution)
 # SKIPPED: Vertex's state of a task whose outputs came from the cache; NOT_TRIGGERED: a dsl.If group whose
 # condition did not hold (what depends on it still runs).
 DONE = ("SUCCEEDED", "SKIPPED", "NOT_TRIGGERED")
@@ -53,6 +54,18 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     stored = {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state", "jobDetail")}
     stored["runtimeConfig"] = {**runtime, "gcsOutputDirectory": root}
     return stored, {}
+
+
+def with_current_context(p, job: dict) -> dict:
+    """A rendered run whose ``jobDetail.pipelineRunContext`` is read again from ML Metadata: its parents
+    change when a client adds the run to an experiment (``submit(experiment=...)``), which the SDK's
+    ``get_associated_experiment`` reads there."""
+    ctx = (job.get("jobDetail") or {}).get("pipelineRunContext")
+    if ctx and ctx.get("name"):
+        parent = job["name"].split("/pipelineJobs/")[0]
+        job["jobDetail"] = {**job["jobDetail"],
+                            "pipelineRunContext": pipeline_metadata.current_context(p.store.engine, parent, ctx)}
+    return job
 
 
 def render(out: dict, enum_ints: bool) -> None:
@@ -92,8 +105,10 @@ def follow(runner, row: dict) -> None:
     tasks = {k: dict(v) for k, v in (result.get(TASKS) or {}).items()}
     changed = False
     if row["state"] == PENDING:
-        ctx = pipeline_metadata.run_context(store.engine, row)
-        result["jobDetail"] = {"pipelineRunContext": ctx, "pipelineContext": ctx}
+        ctx, pipeline_ctx = pipeline_metadata.run_context(store.engine, row)
+        params = pipeline_spec.run_parameters(spec, row["spec"]["runtimeConfig"].get("parameterValues"))
+        result[RUN_EXECUTION] = pipeline_metadata.run_execution(store.engine, row, ctx, params)
+        result["jobDetail"] = {"pipelineRunContext": ctx, "pipelineContext": pipeline_ctx}
         store.update_job(row["id"], (PENDING,), state=RUNNING, started=time.time(), result=result)
         row = {**row, "state": RUNNING, "result": result, "started": time.time()}
 
@@ -406,7 +421,8 @@ def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:
     ids = {key: str(1000 + int(t.get("id") or i + 1)) for i, (key, t) in enumerate(tasks.items())}
     out = [{"taskId": root_id, "taskName": pipeline_name, "state": root_state,
             "createTime": rfc3339(row["created"]), **({"startTime": rfc3339(row["started"])} if row["started"] else {}),
-            "execution": {"displayName": pipeline_name, "schemaTitle": "system.DAGExecution"}}]
+            "execution": (row.get("result") or {}).get(RUN_EXECUTION) or {"displayName": pipeline_name,
+                                                                           "schemaTitle": "system.Run"}}]
     parent = row["parent"]
     for key, t in tasks.items():
         head = _head(key)
@@ -440,6 +456,15 @@ def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:
 
 
 def _end(store, row: dict, state: str, error, result: dict) -> None:
+    if result.get(RUN_EXECUTION):
+        ended = pipeline_metadata.end_run_execution(store.engine, row, result[RUN_EXECUTION], _EXECUTION_STATE[
+            _TASK_STATE[state]])
+        if ended:
+            result[RUN_EXECUTION] = ended
+            detail = result.get("jobDetail") or {}
+            if detail.get("taskDetails"):
+                detail["taskDetails"][0] = {**detail["taskDetails"][0], "execution": ended,
+                                            "state": _TASK_STATE[state], "endTime": rfc3339(time.time())}
     store.update_job(row["id"], (PENDING, RUNNING, CANCELLING), state=state, error=error, result=result,
                      ended=time.time(), started=row["started"] or time.time())
 

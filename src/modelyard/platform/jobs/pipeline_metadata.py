@@ -1,6 +1,6 @@
 """A pipeline run's records in ML Metadata, as Vertex AI Pipelines writes them (docs/metadata.md):
-the run is a ``system.PipelineRun`` context (a child of the pipeline's ``system.Pipeline`` context), each
-task that ran a ``system.ContainerExecution`` in it (its parameters as ``input:``/``output:`` metadata),
+the run is a ``system.PipelineRun`` context (a child of the pipeline's ``system.Pipeline`` context) holding
+its own ``system.Run`` execution (its parameters and state: what an experiment's row shows), each task that ran a ``system.ContainerExecution`` in it (its parameters as ``input:``/``output:`` metadata),
 and the task's artifacts ``system.*`` artifacts joined to it by ``INPUT``/``OUTPUT`` events. Written
 through the ML Metadata resource code over the platform's store (the default metadata store of the
 run's location), so what a user queries is what any other client wrote.
@@ -21,8 +21,9 @@ def _store(engine, row: dict) -> tuple[MetadataDB, str]:
     return db, stores.resolve(db, row["parent"], "default")
 
 
-def run_context(engine, row: dict) -> dict:
-    """The run's ``system.PipelineRun`` context (made now), a child of its pipeline's context."""
+def run_context(engine, row: dict) -> tuple[dict, dict]:
+    """The run's ``system.PipelineRun`` context (made now), a child of its pipeline's ``system.Pipeline``
+    context (made unless one of that name exists); both."""
     db, store = _store(engine, row)
     spec = row["spec"]["pipelineSpec"]
     pipeline = spec["pipelineInfo"]["name"]
@@ -37,7 +38,42 @@ def run_context(engine, row: dict) -> dict:
         None)
     lineage.add_context_children(db, store, nodes.node_id(parent["name"], store, "contexts"),
                                  {"childContexts": [run["name"]]})
-    return run
+    return nodes.get(db, store, "contexts", nodes.node_id(run["name"], store, "contexts")), parent
+
+
+def current_context(engine, parent: str, context: dict) -> dict:
+    """A context as it is now (its parents: an experiment the run was added to since), or as given when
+    it is gone."""
+    db = MetadataDB(engine)
+    store = stores.resolve(db, parent, "default")
+    try:
+        return nodes.get(db, store, "contexts", nodes.node_id(context["name"], store, "contexts"))
+    except ApiError:
+        return context
+
+
+def run_execution(engine, row: dict, run: dict, params: dict) -> dict:
+    """The run's own execution (``system.Run``, RUNNING) in its context, its parameters as ``input:NAME``:
+    what the SDK reads a pipeline run's parameters and state from when the run is in an experiment
+    (``PipelineJob._query_experiment_row``), beside the metrics artifacts of the context."""
+    db, store = _store(engine, row)
+    execution = nodes.create(db, store, "executions", {
+        "displayName": row["id"], "schemaTitle": "system.Run", "state": "RUNNING",
+        "metadata": {f"input:{k}": v for k, v in params.items()}}, None)
+    lineage.add_context_members(db, store, nodes.node_id(run["name"], store, "contexts"),
+                                {"executions": [execution["name"]]})
+    return execution
+
+
+def end_run_execution(engine, row: dict, execution: dict, state: str) -> dict | None:
+    """The run's ``system.Run`` execution in its end state (COMPLETE, FAILED, CANCELLED); None if a user
+    deleted it meanwhile."""
+    db, store = _store(engine, row)
+    try:
+        return nodes.patch(db, store, "executions", nodes.node_id(execution["name"], store, "executions"),
+                           {"state": state}, "state", False)
+    except ApiError:
+        return None
 
 
 def cached(engine, row: dict, key: str) -> dict | None:

@@ -6,6 +6,7 @@ ahead of its catch-all ``/v1/`` route and answers failures in Google's error for
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -97,7 +98,7 @@ async def dispatch(p, project: str, location: str, tail: str, request: web.Reque
                               {"@type": "type.googleapis.com/google.cloud.aiplatform.v1.BatchDeletePipelineJobsResponse",
                                "pipelineJobs": [jobs.render(r) for r in rows]})
     elif verb is None and method == "GET":
-        return jobs.get(p, route)
+        return await asyncio.to_thread(pipeline_jobs.with_current_context, p, jobs.get(p, route))
     elif verb is None and method == "DELETE":
         return jobs.delete(p, route)
     elif verb == "cancel" and method == "POST":
