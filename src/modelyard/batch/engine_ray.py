@@ -25,7 +25,9 @@ machine:
   (``shards.commit_part_data``: errors part, then the results part's rename). So only the
   driver writes the job, and a remote ``--output`` is published from there as before;
 - actors get the driver's storage settings (``STORAGE_EMULATOR_HOST``, ``AWS_ENDPOINT_URL`` ...,
-  ``STORAGE_ENV``) through Ray's runtime environment, so a node needs only ``pip install``.
+  ``STORAGE_ENV``) through Ray's runtime environment, so a node needs only ``pip install``; not the
+  driver's storage token, but a read-only one derived from it for the buckets of the job's inputs
+  (``storage_runtime_env``).
 
 A node that dies (its raylet and processes killed, its machine gone) takes its actors with it:
 the chunks they held were not committed (only the driver commits), so they are handed to the
@@ -47,7 +49,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from modelyard import node_cache, objstore
+from modelyard import node_cache, objstore, read_tokens
 from modelyard.batch.readers import Chunk, file_list
 from modelyard.batch.remote import RemoteInputs, read_range
 from modelyard.batch.spec import BatchError, JobSpec
@@ -67,6 +69,7 @@ WAIT_STEP_S = 1.0
 STORAGE_ENV = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "MODELYARD_STORAGE_TOKEN",
                "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                "AWS_DEFAULT_REGION")
+TOKEN_ENV = "MODELYARD_STORAGE_TOKEN"  # never passed on as it is: storage_runtime_env
 
 
 def require_ray():
@@ -124,9 +127,23 @@ def cluster_cpus(ray) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def storage_runtime_env() -> dict:
-    """Ray ``runtime_env`` passing this process's storage settings on to actors and tasks."""
+def readable_buckets(spec: JobSpec) -> list[str]:
+    """The buckets a job's actors read: its ``gs://`` inputs' (a file list may name objects of any
+    bucket: ``*``). The model reaches them through Ray's object store, and only the driver writes."""
+    if spec.format == "file-list":
+        return ["*"]
+    return sorted({f.path[len("gs://"):].split("/", 1)[0] for f in spec.inputs if f.path.startswith("gs://")})
+
+
+def storage_runtime_env(readable: Iterable[str] = ()) -> dict:
+    """Ray ``runtime_env`` passing this process's storage settings on to actors and tasks. Its storage
+    token (the platform's, or the job's) is not: the actors get a read-only token derived from it for
+    the ``readable`` buckets (``modelyard.read_tokens``), and none when they read no bucket."""
     found = {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+    token = found.pop(TOKEN_ENV, None)
+    readable = sorted(set(readable))
+    if token and readable:
+        found[TOKEN_ENV] = token if read_tokens.parse(token) is not None else read_tokens.attenuate(token, readable)
     return {"env_vars": found} if found else {}
 
 
@@ -272,7 +289,7 @@ def run_ray(job_dir: Path, spec: JobSpec, source: Iterable[tuple[Chunk, Any]], b
     model = (digest, [ray.put(packed)])
     del packed
     actor_class = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)(ChunkWorker)
-    actor_class = actor_class.options(runtime_env=storage_runtime_env())
+    actor_class = actor_class.options(runtime_env=storage_runtime_env(readable_buckets(spec)))
     # The actors start loading the model now; the plan's first chunk (for a remote input: a size
     # lookup and ranged reads of its first rows) is made meanwhile, not before.
     pool = _Pool(ray, lambda: actor_class.remote(spec.identity(), batch_size, model), count, log)

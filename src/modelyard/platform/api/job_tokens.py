@@ -51,6 +51,12 @@ def mint(admin_token: str, job: str, project: str) -> str:
     return f"{PREFIX}{payload}.{_sign(admin_token, payload)}"
 
 
+def of_payload(admin_token: str, payload: str) -> str:
+    """The job token whose public payload is ``payload`` (what a read token derived from it names:
+    ``modelyard.read_tokens``)."""
+    return f"{PREFIX}{payload}.{_sign(admin_token, payload)}"
+
+
 def parse(admin_token: str | None, token: str) -> Grant | None:
     """The grant of a token signed with ``admin_token`` (live or not); None for anything else."""
     if not admin_token or not token.startswith(PREFIX):

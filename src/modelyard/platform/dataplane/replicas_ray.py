@@ -61,6 +61,7 @@ import threading
 import time
 from pathlib import Path
 
+from modelyard import read_tokens
 from modelyard.platform.dataplane import artifact_cache, replica_secrets
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, is_platform,
@@ -102,16 +103,30 @@ class EngineUnavailable(Exception):
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-_STORAGE_KEYS = ("STORAGE_EMULATOR_HOST", "MODELYARD_STORAGE_TOKEN", artifact_cache.STORE_ENV, "AWS_ENDPOINT_URL")
+_STORAGE_KEYS = ("STORAGE_EMULATOR_HOST", artifact_cache.STORE_ENV, "AWS_ENDPOINT_URL")
+TOKEN_ENV = "MODELYARD_STORAGE_TOKEN"
+
+
+def replica_token(token: str | None, store: str) -> str | None:
+    """The storage token a node's replicas get: read-only, to the artifact store's bucket (``store``,
+    ``gs://bucket[/prefix]``), derived from the platform's ``token`` (``modelyard.read_tokens``); never
+    the platform's own. None without a token, or for an artifact store that is not the platform's gs://."""
+    if not token or not store.startswith("gs://"):
+        return None
+    return read_tokens.attenuate(token, [store[len("gs://"):].split("/", 1)[0]])
 
 
 def _storage_env(address: str = "") -> dict[str, str]:
     """The platform's storage settings (``STORAGE_EMULATOR_HOST`` is set by ``modelyard platform`` at
-    start), for every node's replicas. A loopback storage host means this host to the platform but the
+    start), for every node's replicas, and a read-only token for the artifact store (``replica_token``)
+    in place of the platform's. A loopback storage host means this host to the platform but the
     node itself to a node: it is replaced by the address this host reaches the cluster's head from
     (a platform whose storage listens on loopback only cannot be reached by other machines at all:
     start it with ``--host 0.0.0.0`` or its own address)."""
     env = {k: os.environ[k] for k in _STORAGE_KEYS if os.environ.get(k)}
+    token = replica_token(os.environ.get(TOKEN_ENV), os.environ.get(artifact_cache.STORE_ENV, artifact_cache.DEFAULT_STORE))
+    if token:
+        env[TOKEN_ENV] = token
     url = env.get("STORAGE_EMULATOR_HOST", "")
     head = address.rpartition(":")[0]
     scheme, sep, rest = url.partition("://")

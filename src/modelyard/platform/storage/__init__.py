@@ -8,7 +8,8 @@ Modules: ``names`` (the name rules and the one mapping to files), ``errors`` (Go
 into the file it names.
 
 May import: the standard library, aiohttp and google-crc32c; of modelyard only ``platform.api.bearer`` (the
-platform's one token rule) and ``platform.api.http_limits`` (its ports' connection limits), both leaves:
+platform's one token rule), ``platform.api.read_grants`` (what a read-only token may read) and
+``platform.api.http_limits`` (its ports' connection limits), all leaves:
 this is a leaf the platform's CLI starts as a process and the job code asks for paths.
 """
 from __future__ import annotations

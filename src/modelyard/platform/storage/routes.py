@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from aiohttp import web
 
-from modelyard.platform.api import bearer, http_limits
+from modelyard.platform.api import bearer, http_limits, read_grants
 from modelyard.platform.storage.bodies import BATCH_BODY_LIMIT, parse_object, read_limited
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_object
 from modelyard.platform.storage.hashing import READ_CHUNK
@@ -98,8 +98,16 @@ class StorageRoutes:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
-    def _check_token(self, request: web.Request) -> None:
-        why = bearer.refusal(self.token, request.headers.get("Authorization"))
+    def _check_token(self, request: web.Request, path: str) -> None:
+        header = request.headers.get("Authorization")
+        read = read_grants.grant(self.token, header)
+        if read is not None:  # a replica's or a batch worker's read-only token: reads of its buckets only
+            if not read_grants.may_read(read, request.method, path):
+                allowed = ", ".join(f"gs://{b}" for b in sorted(read.buckets)) or "nothing"
+                raise StorageApiError(403, "forbidden", f"The caller's token is read-only ({allowed}): it does "
+                                      f"not have access to {request.method} {path}.")
+            return
+        why = bearer.refusal(self.token, header)
         if why == bearer.MISSING:
             raise StorageApiError(401, "required", "Anonymous caller does not have access: send "
                                   "'Authorization: Bearer <token>' (the platform's --auth-token).")
@@ -120,7 +128,7 @@ class StorageRoutes:
             query = _query(target.query)
             if target.path in ("/", "/healthz") and request.method == "GET":
                 return _json({"status": "ok"})
-            self._check_token(request)
+            self._check_token(request, target.path)
             return await self.dispatch(request, request.method, target.path, query)
         except StorageApiError as exc:
             return _error(exc)
