@@ -107,6 +107,18 @@ def run_tune(study: Path, devices: str) -> TuneRun:
 
 EARLY_TRIALS = 30
 EARLY_EPOCHS = 20
+# The digits study's metric and space (the early-stopping and peers parts here; bench/vizier.py's
+# digits row, which runs FUNCTION_TRIAL's objective in its own process).
+DIGITS_SPACE = {
+    "metrics": [{"metric_id": "val_accuracy", "goal": "MAXIMIZE"}],
+    "parameters": [
+        {"parameter_id": "learning_rate", "double_value_spec": {"min_value": 1e-4, "max_value": 0.3},
+         "scale_type": "UNIT_LOG_SCALE"},
+        {"parameter_id": "width", "integer_value_spec": {"min_value": 8, "max_value": 256},
+         "scale_type": "UNIT_LOG_SCALE"},
+        {"parameter_id": "dropout", "double_value_spec": {"min_value": 0.0, "max_value": 0.6}},
+    ],
+}
 
 
 def write_early_study(directory: Path, name: str, stopping: dict | None, algorithm: str = "RANDOM_SEARCH",
@@ -119,18 +131,7 @@ def write_early_study(directory: Path, name: str, stopping: dict | None, algorit
         "model": str(ROOT / "tuning_trial" / "digits_mlp.py"), "data": "digits", "epochs": EARLY_EPOCHS,
         "global_batch_size": 64, "input_report": False, "tensorboard": False, "seed": 0, "verbose": False,
     }))
-    spec = {
-        "metrics": [{"metric_id": "val_accuracy", "goal": "MAXIMIZE"}],
-        "parameters": [
-            {"parameter_id": "learning_rate", "double_value_spec": {"min_value": 1e-4, "max_value": 0.3},
-             "scale_type": "UNIT_LOG_SCALE"},
-            {"parameter_id": "width", "integer_value_spec": {"min_value": 8, "max_value": 256},
-             "scale_type": "UNIT_LOG_SCALE"},
-            {"parameter_id": "dropout", "double_value_spec": {"min_value": 0.0, "max_value": 0.6}},
-        ],
-        "algorithm": algorithm,
-        "measurement_selection_type": "BEST_MEASUREMENT",
-    }
+    spec = {**DIGITS_SPACE, "algorithm": algorithm, "measurement_selection_type": "BEST_MEASUREMENT"}
     spec.update(stopping or {})
     study = directory / f"{name}.yaml"
     study.write_text(yaml.safe_dump({

@@ -2,13 +2,14 @@
 modelyard.tuning.gp_bandit) against Optuna's TPE (and random search) on black-box functions, and
 the platform's suggestTrials latency at 100 completed trials.
 
-    python3 bench/vizier.py [--trials 30] [--seeds 5] [--no-digits] [--no-latency] [--out FILE]
+    python3 bench/vizier.py [--trials 30] [--seeds 5] [--digits-epochs 20] [--no-latency] [--out FILE]
 
 Quality: BBOB-style functions (sphere, ellipsoid, Rosenbrock, Rastrigin, step-ellipsoid-like
 Schwefel 1.2) in 2 to 8 dimensions on [-5, 5]^d, each with its optimum moved to a point drawn per
-(function, seed), f* = 0; plus a digits study (scikit-learn's SVC on the 8x8 digits, C and gamma on
-log scales, 3-fold error on 900 of the digits: a cheap stand-in for bench/tuning.py's digits MLP, whose trials train a
-Keras model for seconds each). Each (function, seed) runs --trials sequential suggestions through
+(function, seed), f* = 0; plus bench/tuning.py's digits study (the digits MLP: learning rate, width
+and dropout, val_accuracy maximised; its trial function bench/tuning_trial/digits_function.py, run
+in this process, --digits-epochs epochs a trial, GP bandit and TPE only: a trial trains for seconds).
+Each (function, seed) runs --trials sequential suggestions through
 ``modelyard.tuning.designers.suggest`` (the code Vizier studies, `modelyard tune` and tuning jobs
 use), one algorithm after the other in turns. The table gives each algorithm's median (over seeds)
 of the best value found, and on how many seeds the GP bandit did at least as well as TPE.
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import requests
 from harness import log, machine, markdown_table, modelyard_platform, percentile, take_turns, write_results
+from tuning import EARLY_EPOCHS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from modelyard.tuning import designers  # noqa: E402
@@ -73,27 +75,24 @@ def _bbob(name: str, fn, dim: int, seed: int):
     return spec, lambda p: fn(np.array([p[f"x{i}"] for i in range(dim)]) - shift)
 
 
-def _digits():
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import cross_val_score
-    from sklearn.svm import SVC
+def _digits(epochs: int):
+    """bench/tuning.py's digits study: its space and metric (tuning.DIGITS_SPACE), its trial
+    (bench/tuning_trial/digits_function.py: the digits MLP, Keras seed 0, best epoch's val_accuracy)
+    run here in this process."""
+    import os
 
-    x, y = load_digits(return_X_y=True)
-    x, y = x[:900] / 16.0, y[:900]  # half the set: a trial in ~0.3 s
-    spec = {"metrics": [{"metricId": "error", "goal": "MINIMIZE"}],
-            "parameters": [{"parameterId": "C", "doubleValueSpec": {"minValue": 1e-3, "maxValue": 1e3},
-                            "scaleType": "UNIT_LOG_SCALE"},
-                           {"parameterId": "gamma", "doubleValueSpec": {"minValue": 1e-4, "maxValue": 10},
-                            "scaleType": "UNIT_LOG_SCALE"}]}
+    from tuning import DIGITS_SPACE
 
-    def error(p):
-        return 1.0 - float(cross_val_score(SVC(C=p["C"], gamma=p["gamma"]), x, y, cv=3).mean())
+    os.environ["DIGITS_EPOCHS"] = str(epochs)
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tuning_trial"))
+    import digits_function  # noqa: E402  (TensorFlow and the datasets, once)
 
-    return spec, error
+    return DIGITS_SPACE, lambda p: digits_function.objective(p, lambda step, value: None)
 
 
 def run_study(spec: dict, objective, algorithm: str, trials: int, seed: int) -> tuple[float, float]:
-    """The best value after ``trials`` suggestions, and the median seconds a suggestion took."""
+    """The best value after ``trials`` suggestions (by the study's goal), and the median seconds a
+    suggestion took."""
     metrics, params, _, _ = parse_search(spec)
     history: list[designers.Observed] = []
     took = []
@@ -103,36 +102,42 @@ def run_study(spec: dict, objective, algorithm: str, trials: int, seed: int) -> 
                                      seed=seed * 10_007 + i)
         took.append(time.perf_counter() - start)
         history.append(designers.Observed(point, [objective(point)]))
-    return min(h.values[0] for h in history), statistics.median(took)
+    values = [h.values[0] for h in history]
+    return (max(values) if metrics[0].goal == "MAXIMIZE" else min(values)), statistics.median(took)
 
 
-def quality(trials: int, seeds: int, digits: bool) -> tuple[str, list[str]]:
-    problems = [(f"{name} {dim}-D", name, fn, dim) for name, fn, dim in FUNCTIONS]
-    if digits:
-        problems.append(("digits SVC (3-fold error)", "digits", None, 2))
+def quality(trials: int, seeds: int, digits_epochs: int) -> tuple[str, list[str]]:
+    """``digits_epochs`` 0: no digits row."""
+    problems = [(f"{name} {dim}-D", name, fn, dim, ALGORITHMS) for name, fn, dim in FUNCTIONS]
+    if digits_epochs:
+        # Random search left out: each trial trains a network for seconds.
+        problems.append((f"digits MLP, bench/tuning.py's study ({digits_epochs} epochs; val_accuracy, higher is "
+                         "better)", "digits", None, 3, ("gp_bandit", "tpe")))
     rows, notes = [], []
     wins_total = 0
-    for label, name, fn, dim in problems:
-        best: dict[str, list[float]] = {a: [] for a in ALGORITHMS}
-        secs: dict[str, list[float]] = {a: [] for a in ALGORITHMS}
+    for label, name, fn, dim, algorithms in problems:
+        best: dict[str, list[float]] = {a: [] for a in algorithms}
+        secs: dict[str, list[float]] = {a: [] for a in algorithms}
         for seed in range(seeds):
-            spec, objective = _digits() if name == "digits" else _bbob(name, fn, dim, seed)
+            spec, objective = _digits(digits_epochs) if name == "digits" else _bbob(name, fn, dim, seed)
 
             def one(algorithm: str, _round: int) -> dict:
                 value, took = run_study(spec, objective, algorithm, trials, seed)
                 return {"best": value, "suggest_s": took}
 
-            results = take_turns(ALGORITHMS, 1, one, report=lambda *a: None)
-            for a in ALGORITHMS:
+            results = take_turns(algorithms, 1, one, report=lambda *a: None)
+            for a in algorithms:
                 best[a].append(results[a][0]["best"])
                 secs[a].append(results[a][0]["suggest_s"])
-        wins = sum(g <= t for g, t in zip(best["gp_bandit"], best["tpe"]))
-        wins_total += statistics.median(best["gp_bandit"]) <= statistics.median(best["tpe"])
-        rows.append([label] + [f"{statistics.median(best[a]):.4g}" for a in ALGORITHMS]
+            log(f"{label} seed {seed}: " + ", ".join(f"{a} {best[a][-1]:.4g}" for a in algorithms))
+        sign = -1.0 if name == "digits" else 1.0  # lower is better after the sign
+        wins = sum(sign * g <= sign * t for g, t in zip(best["gp_bandit"], best["tpe"]))
+        wins_total += sign * statistics.median(best["gp_bandit"]) <= sign * statistics.median(best["tpe"])
+        rows.append([label] + [f"{statistics.median(best[a]):.4g}" if a in best else "not run" for a in ALGORITHMS]
                     + [f"{wins}/{seeds}"] + [f"{1000 * statistics.median(secs[a]):.0f}" for a in ("gp_bandit", "tpe")])
-        log(f"{label}: " + ", ".join(f"{a} {statistics.median(best[a]):.4g}" for a in ALGORITHMS))
+        log(f"{label}: " + ", ".join(f"{a} {statistics.median(best[a]):.4g}" for a in algorithms))
     notes.append(f"GP bandit's median best at least as good as TPE's on {wins_total} of {len(problems)} problems.")
-    table = markdown_table(["problem", "GP bandit (default)", "Optuna TPE", "random", "GP <= TPE (seeds)",
+    table = markdown_table(["problem", "GP bandit (default)", "Optuna TPE", "random", "GP at least as good as TPE (seeds)",
                             "GP suggest ms", "TPE suggest ms"], rows)
     return table, notes
 
@@ -179,13 +184,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--latency-rounds", type=int, default=20)
-    parser.add_argument("--no-digits", action="store_true")
+    parser.add_argument("--digits-epochs", type=int, default=EARLY_EPOCHS,
+                        help="epochs per digits trial (bench/tuning.py's study has 20); 0: no digits row")
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--out", default=None, help="results file (default bench/results/vizier.md)")
     args = parser.parse_args()
     parts = ["# Vizier: the default designer against Optuna TPE, and suggestTrials latency", "", machine(), ""]
-    table, notes = quality(args.trials, args.seeds, not args.no_digits)
-    parts += [f"## Best value after {args.trials} trials (median of {args.seeds} seeds; lower is better, f* = 0)",
+    table, notes = quality(args.trials, args.seeds, args.digits_epochs)
+    parts += [f"## Best value after {args.trials} trials (median of {args.seeds} seeds; BBOB: lower is better, f* = 0)",
               "", table, "", *notes, ""]
     if not args.no_latency:
         table, _ = latency(args.latency_rounds)
