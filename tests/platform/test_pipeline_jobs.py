@@ -308,6 +308,9 @@ def test_a_run_submitted_with_an_experiment_shows_in_its_data_frame(sdk, platfor
     assert row.run_type == "system.PipelineRun" and row.state == "COMPLETE"
     assert row["param.rows"] == 4 and row["param.note"] == "first"  # given, and the default
     assert row["metric.accuracy"] == 0.5
+    simple = [j for j in sdk.PipelineJob.list(enable_simple_view=True) if j.resource_name == job.resource_name]
+    assert simple and not simple[0].gca_resource.runtime_config.gcs_output_directory  # the read mask's fields only
+    assert simple[0].gca_resource.pipeline_spec["pipelineInfo"]["name"] == "scored"
 
 
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
@@ -492,6 +495,15 @@ def test_ir_tasks_are_named_in_their_dag_so_a_nested_pipeline_may_reuse_a_name()
     spec["components"]["comp-inner"] = {"dag": {"tasks": {"a": _task()}}}
     assert sorted(pipeline_spec.order(pipeline_spec.check(spec))) == ["a", "inner", "inner-2", "inner-2/a", "inner/a"]
     assert pipeline_spec.children(spec, "inner-2") == ["inner-2/a"] and pipeline_spec.local("inner-2/a") == "a"
+
+
+def test_a_read_mask_keeps_only_the_fields_it_names():
+    from modelyard.platform.jobs.pipeline_routes import _masked
+
+    job = {"name": "n", "state": "S", "pipelineSpec": {"pipelineInfo": {"name": "p"}, "root": {}},
+           "runtimeConfig": {"gcsOutputDirectory": "gs://b"}, "jobDetail": {"pipelineRunContext": {"name": "c"}}}
+    assert _masked(job, "name,pipeline_spec.pipeline_info,job_detail.pipeline_run_context,start_time") == {
+        "name": "n", "pipelineSpec": {"pipelineInfo": {"name": "p"}}, "jobDetail": {"pipelineRunContext": {"name": "c"}}}
 
 
 def test_ir_retry_policy_and_importer():

@@ -61,6 +61,26 @@ async def create(p, route: Route, body: dict, job_id: str | None) -> dict:
     return jobs.render(row)
 
 
+def _camel(path: str) -> list[str]:
+    return [re.sub(r"_([a-z])", lambda m: m.group(1).upper(), part) for part in path.strip().split(".")]
+
+
+def _masked(job: dict, mask: str) -> dict:
+    """A pipeline job with only the fields of a ``read_mask`` (snake_case or camelCase paths, ``a.b``)."""
+    out: dict = {}
+    for path in filter(None, (p.strip() for p in mask.split(","))):
+        parts = _camel(path)
+        src, dst = job, out
+        for part in parts[:-1]:
+            if not isinstance(src.get(part), dict):
+                break
+            src, dst = src[part], dst.setdefault(part, {})
+        else:
+            if parts[-1] in src:
+                dst[parts[-1]] = src[parts[-1]]
+    return out
+
+
 def _batch_names(route: Route, body: dict) -> list[str]:
     given = body.get("names")
     if not isinstance(given, list) or not given or len(given) > MAX_BATCH:
@@ -82,7 +102,11 @@ async def dispatch(p, project: str, location: str, tail: str, request: web.Reque
         if verb is None and method == "POST":
             return await create(p, route, await read_body(request), request.query.get("pipelineJobId"))
         if verb is None and method == "GET":
-            return await jobs.list_(p, route, request.query)
+            page = await jobs.list_(p, route, request.query)
+            mask = request.query.get("readMask") or request.query.get("read_mask")
+            if mask and page.get(COLLECTION):  # the SDK's list(enable_simple_view=True): the fields it names
+                page[COLLECTION] = [_masked(j, mask) for j in page[COLLECTION]]
+            return page
         if verb in ("batchDelete", "batchCancel") and method == "POST":
             ids = _batch_names(route, await read_body(request))
             rows = [jobs._get_in(p, Route(project, location, COLLECTION, i)) for i in ids]  # all exist, or nothing done
