@@ -143,6 +143,32 @@ def test_median_rule():
     assert stopping.median_should_stop({1: 0.9, 2: 0.8}, done, maximize=False)
 
 
+def test_modelyard_tune_prunes_by_the_same_median_rule():
+    """``modelyard tune``'s pruner is the Vizier rule: running averages of completed trials, not
+    (as Optuna's MedianPruner) their values at the step."""
+    from types import SimpleNamespace
+
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from modelyard.tuning.study import _pruner
+
+    pruner = _pruner(SimpleNamespace(stopping={"method": "median", "min_completed_trials": 3, "min_measurements": 1}))
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    done = [{1: 0.5, 2: 0.6, 3: 0.7}, {1: 0.6, 2: 0.7, 3: 0.8}, {1: 0.4, 2: 0.65, 3: 0.9}]
+    for curve in done:
+        study.add_trial(create_trial(params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                                     value=curve[3], intermediate_values=curve))
+    for curve, stop in (({1: 0.3, 2: 0.56}, False), ({1: 0.3, 2: 0.5}, True)):
+        trial = study.ask()
+        for step, value in curve.items():
+            trial.report(value, step)
+        # Running averages at step 2: 0.55, 0.65, 0.525 -> median 0.55 (Optuna's MedianPruner: 0.65).
+        assert trial.should_prune() is stop is stopping.median_should_stop(curve, done, maximize=True)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
 def test_decay_curve_rule():
     done = [({1: 0.5, 5: 0.8}, 0.8), ({1: 0.4, 5: 0.7}, 0.7), ({1: 0.6, 5: 0.9}, 0.9)]
     # Ratios final/value-at-step-1: 1.6, 1.75, 1.5 -> from 0.3 the best hope is 0.525 < 0.9: stop.

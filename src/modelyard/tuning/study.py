@@ -31,6 +31,7 @@ from modelyard.tuning.devices import Slot, SlotPool
 from modelyard.tuning.forkserver import start_ticks
 from modelyard.tuning.runner import TrialProcess
 from modelyard.tuning.spec import SpecError, Study
+from modelyard.tuning.stopping import MedianPruner
 
 HEARTBEAT_SECONDS = 5
 STALE_AFTER_SECONDS = 30
@@ -116,11 +117,9 @@ def _pruner(study: Study) -> optuna.pruners.BasePruner:
     stopping = study.stopping
     if stopping is None:
         return optuna.pruners.NopPruner()
-    if stopping["method"] == "median":
-        # Vertex's rule: stop a trial whose best value so far is worse than the median of
-        # the completed trials' values at the same step.
-        return optuna.pruners.MedianPruner(n_startup_trials=stopping["min_completed_trials"],
-                                           n_warmup_steps=max(stopping["min_measurements"] - 1, 0))
+    if stopping["method"] == "median":  # the rule Vizier studies' checkTrialEarlyStoppingState applies
+        return MedianPruner(min_completed=stopping["min_completed_trials"],
+                            min_measurements=stopping["min_measurements"])
     return optuna.pruners.HyperbandPruner(min_resource=stopping["min_resource"],
                                           max_resource=stopping["max_resource"],
                                           reduction_factor=stopping["reduction_factor"])
