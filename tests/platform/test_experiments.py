@@ -288,3 +288,110 @@ def test_upload_tb_log_sends_event_files_read_back_by_batch_read(sdk, tmp_path):
     assert read == {"train": pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4]),
                     "validation": pytest.approx([2.0, 2 / 2, 2 / 3, 2 / 4])}
     board.delete()
+
+
+JOB_SCRIPT = """from google.cloud import aiplatform
+aiplatform.log_params({"lr": 0.1, "layers": 2})
+aiplatform.log_metrics({"accuracy": 0.9})
+"""
+
+
+def test_custom_jobs_record_into_their_experiment_run(sdk, platform, tmp_path):
+    """CustomJob.run(experiment=, experiment_run=) (test_custom_job's experiment flows): the job's SDK finds its
+    run through Vertex's AIP_EXPERIMENT_NAME / AIP_EXPERIMENT_RUN_NAME; a job naming only the experiment gets a
+    run made for it, named in its jobSpec; the SDK ends both runs when the jobs end."""
+    store = f"{PARENT}/metadataStores/default"
+    sdk.init(experiment="exp-jobs", experiment_tensorboard=False)
+    script = tmp_path / "train.py"
+    script.write_text(JOB_SCRIPT)
+    given = sdk.ExperimentRun.create("given", experiment="exp-jobs")
+    jobs = [sdk.CustomJob.from_local_script(display_name=f"exp-job-{i}", script_path=str(script),
+                                            container_uri="python", staging_bucket=f"gs://{STAGING}/exp-jobs")
+            for i in range(2)]
+    jobs[0].run(experiment="exp-jobs", experiment_run=given, sync=False)
+    jobs[1].run(experiment="exp-jobs", sync=False)
+    for job in jobs:
+        job.wait()
+    assert jobs[0].job_spec.experiment_run == f"{store}/contexts/exp-jobs-given"
+    made = jobs[1].job_spec.experiment_run
+    assert made.startswith(f"{store}/contexts/exp-jobs-custom-job-")
+    df = sdk.get_experiment_df(include_time_series=False)
+    rows = {r["run_name"]: r for r in df.to_dict("records")}
+    assert sorted(rows) == sorted(["given", made.rsplit("/contexts/exp-jobs-", 1)[1]])
+    for row in rows.values():
+        assert (row["state"], row["param.lr"], row["param.layers"], row["metric.accuracy"]) == (
+            "COMPLETE", 0.1, 2, 0.9)
+
+    # Refused at create, in Google's format: an experiment that does not exist, a run without its experiment,
+    # a run of another experiment.
+    sdk.Experiment.create(experiment_name="exp-other")
+    pool = {"replicaCount": "1", "containerSpec": {"imageUri": "python", "command": ["true"]}}
+    for spec, status, words in (
+            ({"experiment": f"{store}/contexts/no-such-exp"}, 404, "does not exist"),
+            ({"experimentRun": f"{store}/contexts/exp-jobs-given"}, 400, "only be set with"),
+            ({"experiment": f"{store}/contexts/exp-other", "experimentRun": f"{store}/contexts/exp-jobs-given"},
+             400, "is not a run of experiment")):
+        answer = requests.post(platform.api("customJobs"), timeout=30, json={
+            "displayName": "refused", "jobSpec": {"workerPoolSpecs": [pool], **spec}})
+        assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
+
+
+def test_autolog_records_a_keras_and_a_scikit_learn_fit_into_runs_it_makes(sdk):
+    """aiplatform.autolog() (the SDK's MLflow plugin, test_autologging's flows): each fit gets a run of its
+    own, named by its framework, with the fit's parameters and metrics; Keras's epochs as time series. (The
+SDK's MLflow, mlflow<=2.16, is installed by scripts/test without its pins: see there.)"""
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.linear_model import LogisticRegression
+
+    board = sdk.Tensorboard.create(display_name="autolog-tb")  # autolog() needs the experiment's TensorBoard
+    sdk.init(experiment="exp-autolog", experiment_tensorboard=board)
+    x = np.random.default_rng(0).random((64, 3)).astype("float32")
+    y = (x[:, 0] > 0.5).astype("float32")
+    sdk.autolog()
+    try:
+        LogisticRegression(C=0.5).fit(x, y)
+        model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+        model.fit(x, y, epochs=3, batch_size=16, verbose=0)
+    finally:
+        sdk.autolog(disable=True)
+    rows = {r["run_name"].split("-", 1)[0]: r for r in sdk.get_experiment_df().to_dict("records")}
+    assert sorted(rows) == ["sklearn", "tensorflow"]
+    sk, keras = rows["sklearn"], rows["tensorflow"]
+    assert (sk["state"], float(sk["param.C"]), sk["metric.training_accuracy_score"] > 0.5) == ("COMPLETE", 0.5, True)
+    assert (keras["state"], int(keras["param.epochs"]), int(keras["param.batch_size"])) == ("COMPLETE", 3, 16)
+    series = sdk.ExperimentRun(keras["run_name"], experiment="exp-autolog").get_time_series_data_frame()
+    # The plugin logs MLflow's step 0 (the first epoch) as a summary metric, the later epochs as time series.
+    # (MLflow's async queue may log epochs 1 and 2 at once; both create the run's 'loss' series and the second
+    # create is refused, as display names are unique per run: that epoch's point is lost in the client.)
+    assert set(series["step"]) in ({1, 2}, {2}, {1}) and keras["time_series_metric.loss"] == series["loss"].iloc[-1]
+    board.delete()
+
+
+def test_a_modelyard_tune_study_recorded_as_an_experiment(sdk, platform, tmp_path):
+    """`modelyard tune --experiment`: one run per trial, with the trial's parameters, final metric and state,
+    read back through the stock SDK as any experiment's runs are."""
+    import yaml
+
+    from tests.tuning.conftest import TRIALS, run, trials, write_study
+
+    xy = [{"parameter_id": p, "double_value_spec": {"min_value": -1, "max_value": 1}} for p in ("x", "y")]
+    study = write_study(tmp_path, "Quad_Study", xy, "unused.py", max_trial_count=4, parallel_trial_count=2, seed=0)
+    body = yaml.safe_load(study.read_text())
+    body["trial"] = {"function": f"{TRIALS / 'objectives.py'}:quadratic", "env": {"OBJECTIVE_LOG": str(tmp_path / "log")}}
+    study.write_text(yaml.safe_dump(body, sort_keys=False))
+    done = run(["tune", str(study), "--devices", "cpu:0,1", "--experiment", "exp-tune", "--platform", platform.url],
+               timeout=300)
+    assert done.returncode == 0, done.stdout
+    expected = {f"quad-study-trial-{t.number + 1}": (t.params, t.value) for t in trials(study)}
+    rows = {r["run_name"]: r for r in sdk.get_experiment_df("exp-tune").to_dict("records")}
+    assert sorted(rows) == sorted(expected) and len(rows) == 4
+    for name, (params, value) in expected.items():
+        row = rows[name]
+        assert (row["state"], row["param.x"], row["param.y"]) == ("COMPLETE", params["x"], params["y"])
+        assert row["metric.score"] == pytest.approx(value)
+
+    # A platform that cannot take the experiment stops the study before it starts, saying why.
+    refused = run(["tune", str(study), "--experiment", "Not_An_Id", "--platform", platform.url], timeout=120)
+    assert refused.returncode == 2 and "must match [a-z0-9]" in refused.stdout

@@ -48,6 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="when the study ends, export the best trial's model as the next version here")
     tune.add_argument("--plots", metavar="DIR", help="when the study ends (or with status), write plots "
                                                      "(optimization history, parallel coordinates, importances) here")
+    tune.add_argument("--experiment", metavar="NAME",
+                      help="also record the study as this Vertex AI experiment of the platform: one run per trial "
+                           "with its parameters, final metrics and state (made if missing)")
+    tune.add_argument("--platform", default=None, metavar="URL",
+                      help="the platform that holds --experiment (default $MODELYARD_PLATFORM, else "
+                           "http://127.0.0.1:8600; its token: $MODELYARD_PLATFORM_TOKEN)")
+    tune.add_argument("--project", default="local", help="--experiment's project (default: local)")
+    tune.add_argument("--location", default="us-central1", help="--experiment's location (default: us-central1)")
     tune.add_argument("--grace", type=float, default=3.0,
                       help="seconds a stopped (pruned) trial gets after SIGTERM before SIGKILL (default 3)")
     tune.add_argument("--poll", type=float, default=0.2, help=argparse.SUPPRESS)
@@ -115,6 +123,15 @@ def _run(study, slots, args: argparse.Namespace) -> int:
     from modelyard.tuning.devices import SlotPool
     from modelyard.tuning.warm import start_warm
 
+    recorder = None
+    if args.experiment:  # before anything starts: a platform that cannot take the experiment stops us here
+        from modelyard.tuning.experiment import RecordError, recorder_for
+
+        try:
+            recorder = recorder_for(study, args.experiment, args.platform, args.project, args.location, None)
+        except RecordError as exc:
+            return _error(f"--experiment {args.experiment}: {exc}")
+
     # Before Optuna is imported and the study opened (seconds): the warm processes import TensorFlow meanwhile.
     warm = start_warm(study, SlotPool(slots, study.parallel).free)
     try:
@@ -122,7 +139,9 @@ def _run(study, slots, args: argparse.Namespace) -> int:
         from modelyard.tuning.study import StudyFailed, Tuner
 
         view = LiveView(study)
-        tuner = Tuner(study, slots, view, poll_interval=args.poll, grace=args.grace,
+        if recorder is not None:
+            from modelyard.tuning.experiment import tee
+        tuner = Tuner(study, slots, view if recorder is None else tee(view, recorder), poll_interval=args.poll, grace=args.grace,
                       export_model=bool(args.export_best_to), join=args.join, warm=warm)
     except BaseException:  # the study could not be opened: nobody else stops them
         for process in warm:

@@ -102,6 +102,14 @@ def vertex_env(project: str, job_id: str, dirs: dict[str, str]) -> dict[str, str
     return env
 
 
+def experiment_env(job_spec: dict) -> dict[str, str]:
+    """What Vertex sets in a job's containers for its experiment (``jobSpec.experiment`` / ``experimentRun``,
+    full resource names): the SDK's experiment tracker reads them, so ``aiplatform.log_metrics`` in the job
+    writes into that run."""
+    names = {"AIP_EXPERIMENT_NAME": job_spec.get("experiment"), "AIP_EXPERIMENT_RUN_NAME": job_spec.get("experimentRun")}
+    return {k: v for k, v in names.items() if v}
+
+
 class PythonEnv:
     """The job's own virtual environment under ``work_dir``."""
 
