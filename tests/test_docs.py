@@ -53,6 +53,20 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     # Needs a platform: run against the platform tests' session platform.
     ("docs/training.md", "cat > warm.yaml <<'YAML'"):
         "tests/platform/test_warm_jobs.py::test_a_training_config_starts_warm_and_ends_as_a_cold_run_does",
+    # The container page's lines run through podman by the image tests (ports and names the tests' own).
+    ("docs/containers.md", "./scripts/image"): "tests/image/test_serving_image.py::test_the_pages_build_line_makes_both_images",
+    **{("docs/containers.md", first): "tests/image/test_serving_image.py::test_the_textbooks_docker_line_with_podman"
+       for first in ("podman run -d --rm --name my_mnist_serving -v \"$MODELS/my_mnist_model:/models/my_mnist_model\" "
+                     "-p 8500:8500 -p 8501:8501 -e MODEL_NAME=my_mnist_model localhost/modelyard-serving",
+                     "curl -s --retry 60 --retry-connrefused --retry-delay 1 localhost:8501/v1/models/my_mnist_model",
+                     "podman stop my_mnist_serving")},
+    ("docs/containers.md", "podman run -d --rm --name my_models -v \"$MODELS:/models\" -p 8500:8500 -p 8501:8501 "
+     "localhost/modelyard-serving --model_config_file=/models/models.config --model_config_file_poll_wait_seconds=60"):
+        "tests/image/test_serving_image.py::test_a_model_config_file_with_two_models_and_labels",
+    ("docs/containers.md", "podman volume create modelyard-state"):
+        "tests/image/test_platform_image.py::test_the_textbooks_vertex_cells_against_the_platform_image_survive_a_restart",
+    ("docs/containers.md", "podman kube play deploy/serving.yaml"):
+        "tests/image/test_serving_image.py::test_kube_play_of_the_serving_manifest_becomes_ready_and_answers",
     **{("docs/vertex-sdk.md", first): "tests/platform/test_vertex_sdk_page.py::test_vertex_sdk_page_runs_as_written"
        for first in ("import os", "job = aiplatform.CustomJob(", "# trial.py",
                      "from google.cloud.aiplatform import hyperparameter_tuning as hpt", "# task.py",
