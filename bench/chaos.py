@@ -1,17 +1,23 @@
-"""A fault schedule for the platform's Cloud Storage, in the spirit of Jepsen (issue 43).
+"""A fault schedule for the platform, its Cloud Storage and its replicas, in the spirit of Jepsen (issue 43).
 
     python3 bench/chaos.py                 # 60 s
     python3 bench/chaos.py --minutes 30    # the issue's run
     python3 bench/chaos.py --seconds 20 --out /tmp/chaos.md
+    python3 bench/chaos.py --storage-only  # the storage's clients and faults alone
 
-One storage process (``python -m modelyard.platform.storage``) on a temporary root. Client threads
-work on shared names at once: writers (media and multipart uploads, half of them compare-and-set with
-``ifGenerationMatch``), readers, copiers (``rewriteTo``/``copyTo`` with ``ifSourceGenerationMatch``),
-resumable uploaders (chunks of 256 KiB multiples; now and then a chunk sent twice at once, or an
-earlier one again; after an error they ask the session what it kept and go on from there), and
-bucket deleters racing uploaders into their buckets. A nemesis, at random times (mean ``--every``
-seconds), either kills the storage with SIGKILL and starts it again on the same port, or fills the
-disk for 0.5-3 s and frees it.
+One storage process (``python -m modelyard.platform.storage``) on a temporary root, and one
+``modelyard platform`` using it as its Cloud Storage (``bench/chaos_platform.py``: its clients, faults
+and checks). Storage client threads work on shared names at once: writers (media and multipart
+uploads, half of them compare-and-set with ``ifGenerationMatch``), readers, copiers
+(``rewriteTo``/``copyTo`` with ``ifSourceGenerationMatch``), resumable uploaders (chunks of 256 KiB
+multiples; now and then a chunk sent twice at once, or an earlier one again; after an error they ask
+the session what it kept and go on from there), and bucket deleters racing uploaders into their
+buckets. Platform clients create endpoints and upload models, submit and cancel CustomJobs, and
+predict on a deployed endpoint. A nemesis, at random times (mean ``--every`` seconds), takes these
+faults in turn: kill -9 of the platform (started again on its store and state directory), kill -9 of
+the storage (started again on the same port), kill -9 of the endpoint's replica (the platform must
+start another), and a disk that fills for 0.5-3 s and is freed. A short run goes on until each kind
+struck once.
 
 The full disk is the kernel's own refusal, not a simulation in the server: ``RLIMIT_FSIZE`` set on
 the running storage process (``prlimit``) to 256 KiB, so a write past that size is cut short and the
@@ -34,7 +40,10 @@ have happened; a client backs off 50 ms after a refused connection, as a retryin
   delete racing it answers 409), and a bucket deleted with 204 can be created again (no upload left
   its folder behind without its record);
 - stuck: a request with no answer within 30 s; resumable sessions lost (404) while not finished;
-- orphans: processes left running under the storage root after the run.
+- registry and jobs: see ``chaos_platform`` (nothing acknowledged lost after the platform's kills,
+  no job or operation stuck, predicts answered again after each kill, one replica per deployment);
+- orphans: processes left running under the run's directory (the storage root, the platform's state
+  directory and its jobs' working directories) after the run and ``modelyard platform stop``.
 
 Reported: operations per kind (ok / refused / indeterminate), faults injected, violations, and
 throughput (acknowledged MB written and MB read per second under the faults). The table goes to

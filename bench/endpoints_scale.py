@@ -22,6 +22,7 @@ import argparse
 import http.client
 import json
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import threading
@@ -78,6 +79,41 @@ def predictor(base: str, endpoint: str, body: bytes, stop, out) -> None:
     out.send(seen)
 
 
+def null_server(port_out) -> None:
+    """An HTTP server that answers every request with a done operation and does nothing else (its own
+    process): the creators' load without the platform's work, for the control phase."""
+    import asyncio
+
+    import httptools
+
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n"
+              b'{"done": true}')
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            self.transport.write(answer)
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", 0)
+        port_out.send(server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve())
+
+
 def create_all(base: str, count: int, creators: int, rate: float = 0.0) -> tuple[float, list[str]]:
     """(wall seconds, failures) of ``count`` endpoint creations by ``creators`` threads; ``rate`` > 0:
     the i-th is sent no earlier than i / rate seconds after the first (else as fast as they answer)."""
@@ -109,6 +145,27 @@ def create_all(base: str, count: int, creators: int, rate: float = 0.0) -> tuple
     return time.perf_counter() - t0, failures
 
 
+def cpu_snapshot(platform_pid: int, state_dir: Path, client_pid: int, null_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each part: the platform's event-loop thread and its other
+    threads, its replicas (processes naming its state directory), the predict client, this process
+    (the creators) and the null server."""
+    import psutil
+
+    out = {"platform: event-loop thread": 0.0, "platform: other threads": 0.0, "replica": 0.0,
+           "predict client": 0.0, "creators (this process)": 0.0, "null server": 0.0}
+    platform = psutil.Process(platform_pid)
+    for t in platform.threads():
+        out["platform: event-loop thread" if t.id == platform_pid else "platform: other threads"] += t.user_time + t.system_time
+    marker = str(state_dir)
+    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        if proc.info["pid"] != platform_pid and marker in " ".join(proc.info["cmdline"] or []):
+            out["replica"] += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    for pid, role in ((client_pid, "predict client"), (None, "creators (this process)"), (null_pid, "null server")):
+        times = psutil.Process(pid).cpu_times()
+        out[role] += times.user + times.system
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--endpoints", type=int, default=3000)
@@ -135,14 +192,31 @@ def main() -> int:
         stop, (recv, send) = ctx.Event(), ctx.Pipe(duplex=False)
         client = ctx.Process(target=predictor, args=(p.base, ep, body, stop, send))
         client.start()
+        null_recv, null_send = ctx.Pipe(duplex=False)
+        null = ctx.Process(target=null_server, args=(null_send,), daemon=True)
+        null.start()
+        null_base = f"http://127.0.0.1:{null_recv.recv()}"
+
+        def snapshot() -> dict[str, float]:
+            return cpu_snapshot(p.proc.pid, p.state_dir, client.pid, null.pid)
+
         time.sleep(2.0)  # warm-up: connections, the replica's first answers (not counted)
-        idle_from = time.time()
+        idle_from, cpu_idle_from = time.time(), snapshot()
         time.sleep(args.idle_seconds)
-        idle_to = time.time()
+        idle_to, cpu_idle_to = time.time(), snapshot()
+        # The control: the same creators, at the same rate, against a server that does nothing: what the
+        # clients' own CPU and the kernel's cost the predicts on this machine, the platform's work left out.
+        log(f"control: {args.endpoints} POSTs to a null server with {args.creators} threads ...")
+        null_from = time.time()
+        null_s, _ = create_all(null_base, args.endpoints, args.creators, args.rate)
+        null_to, cpu_null_to = time.time(), snapshot()
+        time.sleep(2.0)
         log(f"creating {args.endpoints} endpoints with {args.creators} threads ...")
-        create_from = time.time()
+        create_from, cpu_create_from = time.time(), snapshot()
         create_s, failures = create_all(p.base, args.endpoints, args.creators, args.rate)
-        create_to = time.time()
+        create_to, cpu_create_to = time.time(), snapshot()
+        load_during = os.getloadavg()[0]
+        null.kill()
         time.sleep(args.idle_seconds)  # idle again: the machine's load drifts, so idle is measured on both sides
         after_to = time.time()
         stop.set()
@@ -165,18 +239,34 @@ def main() -> int:
         filter_s = time.perf_counter() - t0
 
     idle = [s for at, s, st in seen if (idle_from <= at < idle_to or create_to + 1.0 <= at < after_to) and st == 200]
+    control = [s for at, s, st in seen if null_from <= at < null_to and st == 200]
     during = [s for at, s, st in seen if create_from <= at < create_to and st == 200]
     bad = [st for at, s, st in seen if st != 200]
-    i, d = latency_summary(idle), latency_summary(during)
-    rows = [("predict p50 (ms)", f"{i['p50_ms']:.2f}", f"{d['p50_ms']:.2f}", f"{d['p50_ms'] / i['p50_ms']:.2f}x"),
-            ("predict p99 (ms)", f"{i['p99_ms']:.2f}", f"{d['p99_ms']:.2f}", f"{d['p99_ms'] / i['p99_ms']:.2f}x"),
-            ("predict max (ms)", f"{i['max_ms']:.1f}", f"{d['max_ms']:.1f}", ""),
-            ("predicts counted", len(idle), len(during), "")]
+    i, c, d = latency_summary(idle), latency_summary(control), latency_summary(during)
+    rows = [(f"predict {q} (ms)", f"{i[k]:.2f}", f"{c[k]:.2f}", f"{d[k]:.2f}", f"{c[k] / i[k]:.2f}x", f"{d[k] / i[k]:.2f}x")
+            for q, k in (("p50", "p50_ms"), ("p90", "p90_ms"), ("p99", "p99_ms"))]
+    rows += [("predict max (ms)", f"{i['max_ms']:.1f}", f"{c['max_ms']:.1f}", f"{d['max_ms']:.1f}", "", ""),
+             ("predicts counted", len(idle), len(control), len(during), "", "")]
+
+    def rate(a: dict, b: dict, ta: float, tb: float, role: str) -> str:
+        return f"{(b[role] - a[role]) / (tb - ta):.2f}"
+
+    roles = list(cpu_idle_from)
+    cpu_rows = [(role, rate(cpu_idle_from, cpu_idle_to, idle_from, idle_to, role),
+                 rate(cpu_idle_to, cpu_null_to, idle_to, null_to, role),
+                 rate(cpu_create_from, cpu_create_to, create_from, create_to, role)) for role in roles]
+    cpu_rows.append(("all of them (of 2 cores)",
+                     f"{(sum(cpu_idle_to.values()) - sum(cpu_idle_from.values())) / (idle_to - idle_from):.2f}",
+                     f"{(sum(cpu_null_to.values()) - sum(cpu_idle_to.values())) / (null_to - idle_to):.2f}",
+                     f"{(sum(cpu_create_to.values()) - sum(cpu_create_from.values())) / (create_to - create_from):.2f}"))
     text = "\n\n".join([
         "# Control-plane scale: endpoints created while a client predicts",
         machine(),
         f"`{command_line()}`",
-        markdown_table(["", "idle", f"while creating {args.endpoints} endpoints", "during / idle"], rows),
+        markdown_table(["", "idle", f"control: {args.endpoints} POSTs to a null server",
+                        f"while creating {args.endpoints} endpoints", "control / idle", "creating / idle"], rows),
+        markdown_table(["CPU cores used (CPU seconds per second)", "idle", "control", "while creating"], cpu_rows),
+        f"1-minute load average at the end of the creation: {load_during:.1f} (2 cores).",
         markdown_table(["step", "result"], [
             ("endpoints created", f"{args.endpoints} in {create_s:.1f} s ({args.endpoints / create_s:.0f}/s, "
                                   f"{args.creators} client threads, "
