@@ -56,10 +56,19 @@ def conn(base: str) -> http.client.HTTPConnection:
 
 def call(base: str, method: str, path: str, body: dict | bytes | None = None) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    c = conn(base)
-    c.request(method, path, body=data, headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    return r.status, r.read()
+    for attempt in range(2):
+        c = conn(base)
+        try:
+            c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, r.read()
+        except (ConnectionError, http.client.HTTPException):
+            # The platform closed this thread's idle keep-alive connection meanwhile: a new one, once.
+            c.close()
+            _local.conn = None
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 def api(base: str, method: str, path: str, body: dict | None = None) -> dict:
