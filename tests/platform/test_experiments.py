@@ -395,3 +395,40 @@ def test_a_modelyard_tune_study_recorded_as_an_experiment(sdk, platform, tmp_pat
     # A platform that cannot take the experiment stops the study before it starts, saying why.
     refused = run(["tune", str(study), "--experiment", "Not_An_Id", "--platform", platform.url], timeout=120)
     assert refused.returncode == 2 and "must match [a-z0-9]" in refused.stdout
+
+
+def test_a_tuning_jobs_trials_are_runs_of_its_experiment(sdk, platform):
+    """A HyperparameterTuningJob whose trialJobSpec names an experiment: each trial a run of it."""
+    import sys
+    import time
+
+    from tests.tuning.conftest import TRIALS
+
+    store = f"{PARENT}/metadataStores/default"
+    sdk.Experiment.create(experiment_name="exp-hpt")
+    body = {"displayName": "hpt-exp", "maxTrialCount": 2, "parallelTrialCount": 1,
+            "studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}],
+                          "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}},
+                                         {"parameterId": "units", "discreteValueSpec": {"values": [32, 64]}}]},
+            "trialJobSpec": {"experiment": f"{store}/contexts/exp-hpt", "workerPoolSpecs": [{
+                "replicaCount": "1", "containerSpec": {"imageUri": "x", "args": ["--epochs=1"], "command": [
+                    sys.executable, str(TRIALS / "hypertune_quadratic.py")]}}]}}
+    for spec, status in (({"experiment": f"{store}/contexts/no-such"}, 404),
+                         ({"experimentRun": f"{store}/contexts/exp-hpt-x"}, 400)):
+        refused = {**body, "trialJobSpec": {**body["trialJobSpec"], **spec}}
+        assert requests.post(platform.api("hyperparameterTuningJobs"), json=refused, timeout=30).status_code == status
+    job = requests.post(platform.api("hyperparameterTuningJobs"), json=body, timeout=30).json()
+    url = f"{platform.url}/v1/{job['name']}"
+    deadline = time.monotonic() + 240
+    while (job := requests.get(url, timeout=10).json())["state"] not in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    rows = {r["run_name"]: r for r in sdk.get_experiment_df("exp-hpt").to_dict("records")}
+    prefix = f"hpt-{job['name'].rsplit('/', 1)[1]}-trial-"
+    assert sorted(rows) == [f"{prefix}1", f"{prefix}2"]
+    for trial in job["trials"]:
+        row = rows[prefix + trial["id"]]
+        params = {p["parameterId"]: p["value"] for p in trial["parameters"]}
+        assert (row["state"], row["param.x"], row["param.units"]) == ("COMPLETE", params["x"], params["units"])
+        assert row["metric.score"] == pytest.approx(trial["finalMeasurement"]["metrics"][0]["value"])

@@ -29,6 +29,8 @@ from modelyard import objstore
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
 from modelyard.platform.jobs import job_env, job_packages
+from modelyard.platform.resources import metadata_experiments
+from modelyard.platform.state.metadata_db import MetadataDB
 
 RESUMABLE = True
 PROGRESS_FILE = "progress.json"
@@ -96,6 +98,12 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     if isinstance(trial_job, dict):  # its buckets and packages, as a CustomJob's (nothing made if refused)
         await asyncio.to_thread(job_env.check_storage, trial_job)
         await asyncio.to_thread(job_packages.check, trial_job, "trial_job_spec")
+        if trial_job.get("experiment") or trial_job.get("experimentRun"):  # the trials become the experiment's runs
+            if trial_job.get("experimentRun"):
+                raise invalid("trial_job_spec.experiment_run cannot be set: each trial is a run of its own "
+                              "(name trial_job_spec.experiment only).")
+            await asyncio.to_thread(metadata_experiments.experiment, MetadataDB(p.store.engine),
+                                    trial_job["experiment"], "trial_job_spec.experiment")
     with tempfile.TemporaryDirectory(prefix="check-", dir=Path(p.config.state_dir)) as probe_dir:
         # The study file anchors relative paths: the shipped files sit beside it, as in the job's folder.
         probe = Path(probe_dir) / STUDY_FILE
@@ -169,7 +177,8 @@ def execute(work_dir: Path, job: dict) -> dict:
     storage = f"sqlite:///{work_dir / 'study.db'}"
     sys.stdout.flush()
     # Same process group as this child: cancel (SIGTERM to the group) reaches the tuner, whose trials die with it.
-    proc = subprocess.Popen([sys.executable, "-m", "modelyard", "tune", str(study), "--storage", storage],
+    proc = subprocess.Popen([sys.executable, "-m", "modelyard", "tune", str(study), "--storage", storage,
+                             *_experiment_args(body.get("trialJobSpec") or {})],
                             stdout=sys.stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     while proc.poll() is None:
         time.sleep(1.0)
@@ -183,6 +192,15 @@ def execute(work_dir: Path, job: dict) -> dict:
     if proc.returncode != 0:
         raise JobFailed(f"modelyard tune exited with code {proc.returncode}: {log_tail(work_dir, 1500)}")
     return {"trials": trials}
+
+
+def _experiment_args(trial_job: dict) -> list[str]:
+    """``modelyard tune``'s flags recording each trial as a run of ``trialJobSpec.experiment`` (checked at create)."""
+    name = trial_job.get("experiment")
+    if not name:
+        return []
+    parts = name.split("/")  # projects/{p}/locations/{l}/metadataStores/default/contexts/{experiment}
+    return ["--experiment", parts[-1], "--project", parts[1], "--location", parts[3]]
 
 
 def _trials_setup(work_dir: Path, body: dict, storage_root: str | None):
