@@ -272,7 +272,8 @@ def test_a_grid_tuning_job_visits_every_point_once_and_is_a_study(platform, tmp_
 def check_vizier_store(url: str) -> None:
     """Vizier's tables and rules on one database (SQLite here, PostgreSQL from test_postgres): a study made
     again with its spec is the same study, trial ids count from 1 per study, completing picks the
-    measurement the spec says, the optimal trial, deletes; all without a platform process."""
+    measurement the spec says, the optimal trial, deletes; two platforms writing at once
+    (check_concurrent_vizier_writes); all without a platform process."""
     from types import SimpleNamespace
 
     from modelyard.platform.api.errors import ApiError
@@ -308,6 +309,49 @@ def check_vizier_store(url: str) -> None:
         assert studies.db.list_trials(store.engine, study["id"]) == []
     finally:
         store.close()
+    check_concurrent_vizier_writes(url)
+
+
+def check_concurrent_vizier_writes(url: str) -> None:
+    """Two platforms on one store (two Stores, two threads each) adding trials to one study and the
+    same display names at once: trial ids stay 1..n with none refused, and each name is one study."""
+    import threading
+    import time
+    import uuid
+
+    from modelyard.platform.state import vizier_schema as db
+    from modelyard.platform.state.store import Store
+
+    stores = [Store(url), Store(url)]
+    parent, tag = "projects/race/locations/l", uuid.uuid4().hex[:8]
+    study = {"id": f"9{int(tag, 16)}", "parent": parent, "display_name": f"trials-{tag}", "spec": {}, "state": "ACTIVE",
+             "inactive_reason": "", "created": time.time()}
+    db.add_study(stores[0].engine, study)
+    ids, errors, made = [], [], []
+
+    def work(store, worker: int) -> None:
+        try:
+            for i in range(8):
+                ids.extend(r["id"] for r in db.add_trials(store.engine, study["id"], [{"state": "ACTIVE", "doc": {}}] * 2))
+                made.append(db.add_study(store.engine, {**study, "id": f"{worker}{i}{study['id']}",
+                                                        "display_name": f"name-{tag}-{i}"})["id"])
+        except Exception as exc:  # noqa: BLE001  (reported by the assert below)
+            errors.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=work, args=(stores[n % 2], n)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:3]
+        assert sorted(ids) == list(range(1, 65))
+        names = [r["display_name"] for r in db.list_studies(stores[0].engine, parent) if tag in r["display_name"]]
+        assert sorted(names) == sorted({f"trials-{tag}"} | {f"name-{tag}-{i}" for i in range(8)}), names
+        assert len(set(made)) == 8  # every worker got the one study of each name
+    finally:
+        for store in stores:
+            store.close()
 
 
 def test_vizier_store_on_sqlite(tmp_path):
