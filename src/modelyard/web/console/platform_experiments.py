@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from html import escape
 from importlib import resources
 
@@ -18,7 +19,10 @@ import aiohttp
 from aiohttp import web
 from sqlalchemy import text
 
+from modelyard.web.console.tensorboard_launch import Launcher
+
 PATH = "/console/experiments"
+_TENSORBOARD = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
 MAX_RUNS = 50  # per experiment: the page stays small
 _TIMEOUT = aiohttp.ClientTimeout(total=5)
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -87,6 +91,7 @@ async def collect(session, base: str, token: str | None, parent_names: list[str]
                     ).get("contexts", [])[-MAX_RUNS:]
             details = await asyncio.gather(*(_run(session, base, headers, store, r) for r in runs))
             out.append({"name": _short(exp["name"]), "parent": parent, "description": exp.get("description", ""),
+                        "tensorboard": (exp.get("metadata") or {}).get("backing_tensorboard_resource", ""),
                         "runs": list(details)})
     return out
 
@@ -118,8 +123,10 @@ def render_live(experiments: list[dict]) -> str:
             f'<figure class="series"><figcaption>{_e(k)}</figcaption><canvas height="140" data-series="'
             f'{_e(json.dumps([{"label": r["displayName"], "points": r["series"][k]} for r in runs if k in r["series"]]))}'
             f'"></canvas></figure>' for k in keys)
+        board = (f' <button class="open-tb" data-tensorboard="{_e(exp["tensorboard"])}">open in TensorBoard</button>'
+                 if _TENSORBOARD.fullmatch(exp.get("tensorboard") or "") else "")
         parts.append(f'<section class="experiment" data-experiment="{_e(exp["name"])}"><h2>{_e(exp["name"])} '
-                     f'<small>{_e(exp["parent"])}</small></h2><p>{_e(exp["description"])}</p>'
+                     f'<small>{_e(exp["parent"])}</small>{board}</h2><p>{_e(exp["description"])}</p>'
                      f'<table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
                      f'<div class="charts">{charts}</div></section>')
     return "".join(parts)
@@ -170,14 +177,46 @@ def register(app: web.Application, platform) -> None:
         return web.Response(text=await fragment(request), content_type="text/html", charset="utf-8",
                             headers=_NO_STORE)
 
+    launcher = Launcher(platform.config.state_dir / "tensorboard-views")
+
+    async def open_tensorboard(request: web.Request) -> web.Response:
+        """POST {"tensorboard": NAME}: a TensorBoard showing that resource's scalars, started if need be;
+        answers {"url": ...} (the page's script goes there)."""
+        refused = platform.token_refusal(request.headers.get("Authorization"))
+        if refused is not None:
+            return web.json_response(refused.to_body(), status=refused.http_status, headers=_NO_STORE)
+        try:
+            name = (await request.json()).get("tensorboard")
+        except (ValueError, AttributeError):
+            name = None
+        if not isinstance(name, str) or not _TENSORBOARD.fullmatch(name):
+            return web.json_response({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message":
+                                                "give {\"tensorboard\": \"projects/P/locations/L/tensorboards/ID\"}"}},
+                                     status=400, headers=_NO_STORE)
+        if "session" not in state:
+            state["session"] = aiohttp.ClientSession(timeout=_TIMEOUT)
+        host, port = request.transport.get_extra_info("sockname")[:2]
+        token = platform.config.auth_token
+        launcher.root.mkdir(parents=True, exist_ok=True)
+        try:
+            url = await launcher.open(state["session"], f"http://{host}:{port}",
+                                      {"Authorization": f"Bearer {token}"} if token else {}, name)
+        except RuntimeError as exc:  # the resource is missing, or TensorBoard would not start: said as it is
+            code = 404 if ": 404 " in str(exc) else 500
+            return web.json_response({"error": {"code": code, "status": "NOT_FOUND" if code == 404 else "INTERNAL",
+                                                "message": str(exc)}}, status=code, headers=_NO_STORE)
+        return web.json_response({"url": url}, headers=_NO_STORE)
+
     async def asset(_request: web.Request) -> web.Response:
         return web.Response(body=script, content_type="text/javascript", charset="utf-8")
 
     async def close(_app) -> None:
+        await asyncio.to_thread(launcher.stop)
         if "session" in state:
             await state["session"].close()
 
     app.router.add_get(PATH, page)
     app.router.add_get(PATH + "/live", live)
     app.router.add_get(PATH + ".js", asset)
+    app.router.add_post(PATH + "/tensorboard", open_tensorboard)
     app.on_cleanup.append(close)

@@ -15,6 +15,23 @@ function drawCharts() {
   });
 }
 
+// "open in TensorBoard": the platform starts TensorBoard over the experiment's TensorBoard resource, then we go there.
+async function openTensorboard(button) {
+  const token = sessionStorage.getItem('modelyard-platform-token') || '';
+  button.disabled = true;
+  button.textContent = 'starting TensorBoard…';
+  const answer = await fetch('/console/experiments/tensorboard', {
+    method: 'POST', body: JSON.stringify({tensorboard: button.dataset.tensorboard}),
+    headers: {'Content-Type': 'application/json', ...(token ? {Authorization: `Bearer ${token}`} : {})}});
+  const body = await answer.json();
+  if (!answer.ok) {
+    button.disabled = false;
+    button.textContent = `TensorBoard failed: ${body.error ? body.error.message : answer.status}`;
+    return;
+  }
+  window.location.href = body.url;
+}
+
 async function start() {
   if (document.body.dataset.locked === '1') {
     const token = sessionStorage.getItem('modelyard-platform-token') || '';
@@ -24,6 +41,7 @@ async function start() {
     document.getElementById('live').innerHTML = await answer.text();  // rendered and escaped by the server
   }
   drawCharts();
+  document.querySelectorAll('button.open-tb').forEach((b) => b.addEventListener('click', () => openTensorboard(b)));
 }
 
 window.addEventListener('load', start);
