@@ -132,6 +132,10 @@ def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tm
     pool = aiplatform.DeploymentResourcePool("three-of-five")
     assert _metric(platform, "modelyard_pool_replicas", pool="three-of-five") == 1
 
+    again = requests.post(platform.api("deploymentResourcePools"), timeout=30, json={
+        "deploymentResourcePoolId": "three-of-five", "deploymentResourcePool": {"dedicatedResources": {}}})
+    assert again.status_code == 409 and again.json()["error"]["status"] == "ALREADY_EXISTS"
+
     # A model larger than the whole budget is refused at deploy, before anything changes.
     big = tmp_path / "big"
     shutil.copytree(tiny[0]["path"], big)
@@ -141,6 +145,11 @@ def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tm
     big_endpoint = aiplatform.Endpoint.create(display_name="too-big")
     with pytest.raises(exceptions.BadRequest, match="model memory budget"):  # FAILED_PRECONDITION
         big_endpoint.deploy(big_model, deployment_resource_pool=pool)
+
+    both = requests.post(f"{platform.url}/v1/{big_endpoint.resource_name}:deployModel", timeout=30, json={
+        "deployedModel": {"model": big_model.resource_name, "sharedResources": pool.resource_name,
+                          "dedicatedResources": {"minReplicaCount": 1}}})
+    assert both.status_code == 400 and "takes its pool's replicas" in both.json()["error"]["message"]
 
     models = [aiplatform.Model.upload(display_name=f"five-{i}", artifact_uri=tiny[i % 2]["path"],
                                       serving_container_image_uri="modelyard/serve") for i in range(5)]
@@ -180,3 +189,40 @@ def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tm
         model.delete()
     assert re.search(r'modelyard_pool_replicas\{pool="three-of-five"\}', requests.get(
         f"{platform.url}/metrics", timeout=10).text) is None
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({"deploymentResourcePoolId": "Bad_Id", "deploymentResourcePool": {"dedicatedResources": {}}}, 400,
+     "deployment_resource_pool_id"),
+    ({"deploymentResourcePoolId": "p1", "deploymentResourcePool": {}}, 400, "dedicated_resources is required"),
+    ({"deploymentResourcePoolId": "p1", "deploymentResourcePool": {"dedicatedResources": {
+        "minReplicaCount": 3, "maxReplicaCount": 2}}}, 400, "min_replica_count (3) <= max_replica_count (2)"),
+    ({"deploymentResourcePoolId": "p1", "deploymentResourcePool": {"dedicatedResources": {},
+                                                                   "modelMemoryBudgetBytes": -1}}, 400, "0 (no budget)"),
+    ({"deploymentResourcePoolId": "p1", "deploymentResourcePool": {"dedicatedResources": {}, "size": 3}}, 400,
+     'Unknown name "size"'),
+])
+def test_bad_pool_requests_get_googles_errors(platform, body, status, words):
+    r = requests.post(platform.api("deploymentResourcePools"), json=body, timeout=30)
+    assert r.status_code == status and words in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert requests.get(platform.api("deploymentResourcePools/p1"), timeout=10).status_code == 404  # nothing made
+
+
+def test_a_pool_that_is_not_there(platform, tiny_models):
+    missing = requests.get(platform.api("deploymentResourcePools/nowhere"), timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["status"] == "NOT_FOUND"
+    assert requests.get(platform.api("deploymentResourcePools?filter=x"), timeout=10).status_code == 400
+    assert requests.get(platform.api("deploymentResourcePools/nowhere:queryDeployedModels"),
+                        timeout=10).status_code == 404
+    model = requests.post(platform.api("models:upload"), timeout=60, json={"model": {
+        "displayName": "no-pool", "artifactUri": tiny_models["models"]["tiny1"]["path"]}}).json()
+    endpoint = requests.post(platform.api("endpoints"), json={"displayName": "no-pool"}, timeout=30).json()
+    model_name = _wait_done(platform, model["name"])["response"]["model"]
+    endpoint_name = _wait_done(platform, endpoint["name"])["response"]["name"]
+    r = requests.post(f"{platform.url}/v1/{endpoint_name}:deployModel", timeout=30, json={"deployedModel": {
+        "model": model_name, "sharedResources": f"{PARENT}/deploymentResourcePools/nowhere"}})
+    assert r.status_code == 404 and "nowhere" in r.json()["error"]["message"]
+    assert "deployedModels" not in requests.get(f"{platform.url}/v1/{endpoint_name}", timeout=10).json()
+    requests.delete(f"{platform.url}/v1/{endpoint_name}", timeout=10)
+    requests.delete(f"{platform.url}/v1/{model_name}", timeout=10)

@@ -52,6 +52,8 @@ CONFIG_POLL_S = 1  # the replica re-reads its model config this often (whole sec
 KNOW_TIMEOUT_S = 60.0  # a deploy waits this long for every replica of the pool to know the new model
 PROBE_TIMEOUT_S = 2.0
 UNREADY_REPLACE_S = 10.0
+SWEEP_S = 5.0
+PROBE_INTERVAL_S = 1.0  # how often replica rows of deleted pools are looked for
 DRAIN_TIMEOUT_S = 60.0
 
 
@@ -62,11 +64,12 @@ def config_text(rdir: Path, model_ids: list[str]) -> str:
     return "model_config_list {\n" + entries + "}\n"
 
 
-def write_config(rdir: Path, models: dict[str, Path]) -> None:
-    """Link each model's version directory under ``rdir``/models/<id>/1, then replace the config file
-    atomically (the replica never reads half of it); links of models no longer listed stay until the
-    replica stops (a request in flight may still hold one)."""
-    for dm_id, version_path in models.items():
+def write_config(rdir: Path, models: dict[str, Path], new: list[str] | None = None) -> None:
+    """Link each model's version directory under ``rdir``/models/<id>/1 (only those of ``new`` when given:
+    the others are linked already), then replace the config file atomically (the replica never reads half
+    of it); links of models no longer listed stay until the replica stops (a request may still hold one)."""
+    for dm_id in (models if new is None else new):
+        version_path = models[dm_id]
         base = rdir / MODELS_DIR / dm_id
         link = base / "1"
         if not link.is_symlink():
@@ -127,6 +130,8 @@ class Pools:
         self._children: dict[int, subprocess.Popen] = {}
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._swept_at = time.monotonic()
+        self._probed_at = 0.0
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -332,7 +337,7 @@ class Pools:
         if not replicas:
             raise ApiError("UNAVAILABLE", f"DeploymentResourcePool {pool_id} has no live replica yet; retry shortly")
         for r in replicas:
-            write_config(Path(r.row["log_path"]).parent, pool.models)
+            write_config(Path(r.row["log_path"]).parent, pool.models, new=[dm_id])
         deadline = time.monotonic() + KNOW_TIMEOUT_S
         waiting = list(replicas)
         while waiting:
@@ -351,12 +356,19 @@ class Pools:
             return
         for r in pool.replicas:
             if not r.dead:
-                write_config(Path(r.row["log_path"]).parent, pool.models)
+                write_config(Path(r.row["log_path"]).parent, pool.models, new=[])
 
     # ---- the leader's timer ------------------------------------------------------------------------
-    async def tick(self, readiness_interval_s: float = 1.0) -> None:
-        """Replace dead and stuck replicas, scale to the autoscaler's count, probe each replica's models."""
+    async def tick(self) -> None:
+        """Replace dead and stuck replicas, scale to the autoscaler's count, probe each replica's models
+        (once every ``PROBE_INTERVAL_S``: a listing of a thousand models is not free)."""
         now = time.monotonic()
+        probe = now - self._probed_at >= PROBE_INTERVAL_S
+        if probe:
+            self._probed_at = now
+        if now - self._swept_at >= SWEEP_S:
+            self._swept_at = now
+            self._spawn(self._sweep())
         for pool in list(self.pools.values()):
             for r in list(pool.replicas):
                 if r.draining:
@@ -369,7 +381,7 @@ class Pools:
                     log.warning("replica %s of deployment resource pool %s stayed unready; replacing it", r.id,
                                 pool.row["id"])
                     self._spawn(self.retire(pool, r, drain=False))
-                elif not r.probing:
+                elif probe and not r.probing:
                     r.probing = True
                     self._spawn(self._probe(pool, r))
             want = self.autoscaler.desired(pool) if self.autoscaler else pool.min_replicas
@@ -381,6 +393,16 @@ class Pools:
                 victim = min(pool.live(), key=lambda r: r.outstanding)
                 log.info("scaling deployment resource pool %s down to %d replica(s)", pool.row["id"], want)
                 self._spawn(self.retire(pool, victim))
+
+    async def _sweep(self) -> None:
+        """Replica rows of pools that are gone (a replica started while its pool was being deleted): stopped."""
+        known = {r.id for pool in self.pools.values() for r in pool.replicas}
+        for row in pool_db.replicas(self.store):
+            if row["pool_id"] not in self.pools and row["id"] not in known:
+                log.warning("stopping replica %s of deployment resource pool %s, which is gone", row["id"],
+                            row["pool_id"])
+                await self.stop(row, grace_s=5)
+                pool_db.remove_replica(self.store, row["id"])
 
     async def _grow_logged(self, pool: Pool, count: int) -> None:
         try:

@@ -42,10 +42,10 @@ def create(p, route: Route, body: dict) -> dict:
     """``POST deploymentResourcePools``: checked, stored, then its replicas started in the operation."""
     pools = _pools(p)
     pool_id = names.check_pool_id(body.get("deploymentResourcePoolId") or body.get("deployment_resource_pool_id"))
-    spec = body.get("deploymentResourcePool") or body.get("deployment_resource_pool")
+    spec = body.get("deploymentResourcePool", body.get("deployment_resource_pool"))
     if not isinstance(spec, dict):
         raise invalid("CreateDeploymentResourcePoolRequest.deployment_resource_pool is required.")
-    resources = spec.get("dedicatedResources") or spec.get("dedicated_resources")
+    resources = spec.get("dedicatedResources", spec.get("dedicated_resources"))
     if not isinstance(resources, dict):
         raise invalid("DeploymentResourcePool.dedicated_resources is required.")
     min_r = _int(resources.get("minReplicaCount"), "dedicated_resources.min_replica_count", 1)
