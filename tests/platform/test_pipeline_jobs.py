@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pytest
 import yaml
 import requests
@@ -313,6 +314,57 @@ def test_a_run_submitted_with_an_experiment_shows_in_its_data_frame(sdk, platfor
     assert simple[0].gca_resource.pipeline_spec["pipelineInfo"]["name"] == "scored"
 
 
+def test_the_textbook_as_a_pipeline_of_google_cloud_pipeline_components(sdk, platform, gcs_emulator, tiny_models,
+                                                                       tmp_path):
+    """Train (CustomTrainingJobOp) -> upload (ModelUploadOp) -> endpoint (EndpointCreateOp) -> deploy
+    (ModelDeployOp) -> batch predict (ModelBatchPredictOp), each op run by the platform's own launcher of
+    it; the endpoint answers afterwards."""
+    from google.cloud import storage
+    from kfp import compiler
+
+    from tests.platform.job_scripts import kfp_textbook
+
+    tiny = tiny_models["models"]["tiny1"]
+    base = f"gs://{STAGING_BUCKET}/textbook-pipeline"
+    bucket = gcs_emulator["client"].bucket(STAGING_BUCKET)
+    bucket.blob("textbook-pipeline/instances.jsonl").upload_from_string(
+        "\n".join(json.dumps(i) for i in tiny_models["instances"]))
+    template = str(tmp_path / "textbook.yaml")
+    compiler.Compiler().compile(kfp_textbook.textbook(tiny["path"], f"{base}/train", f"{base}/instances.jsonl",
+                                                      f"{base}/predictions"), template)
+    job = sdk.PipelineJob(display_name="textbook", template_path=template, pipeline_root=ROOT, job_id="textbook",
+                          enable_caching=False)
+    endpoint = None
+    try:
+        try:
+            job.run()
+        except RuntimeError:  # the failed tasks' errors below say why
+            pass
+        tasks = {t.task_name: t for t in job.task_details}
+        assert job.state.name == "PIPELINE_STATE_SUCCEEDED", [(n, t.state.name, t.error.message[-1500:])
+                                                              for n, t in tasks.items() if t.state.name == "FAILED"]
+        model = tasks["model-upload"].outputs["model"].artifacts[0]
+        assert model.schema_title == "google.VertexModel" and model.metadata["resourceName"].startswith(
+            "projects/local/locations/us-central1/models/")
+        endpoint = sdk.Endpoint(tasks["endpoint-create"].outputs["endpoint"].artifacts[0].metadata["resourceName"])
+        assert [m.model for m in endpoint.list_models()] == [model.metadata["resourceName"].split("@")[0]]
+        got = endpoint.predict(instances=tiny_models["instances"]).predictions
+        np.testing.assert_allclose(got, tiny["predictions"], atol=1e-5)  # the endpoint answers afterwards
+        batch = sdk.BatchPredictionJob(tasks["model-batch-predict"].outputs["batchpredictionjob"].artifacts[0]
+                                       .metadata["resourceName"])
+        assert batch.state.name == "JOB_STATE_SUCCEEDED"
+        lines = [json.loads(line) for blob in batch.iter_outputs() if "prediction.results" in blob.name
+                 for line in blob.download_as_text().splitlines()]
+        np.testing.assert_allclose(sorted(r["prediction"] for r in lines), sorted(tiny["predictions"]), atol=1e-5)
+        assert json.loads(tasks["custom-training-job"].execution.metadata["output:gcp_resources"])["resources"][0][
+            "resourceType"] == "CustomJob"
+        assert storage.Blob.from_uri(f"{base}/train/model/saved_model.pb", client=gcs_emulator["client"]).exists()
+    finally:
+        if endpoint is not None:  # its replica is a process: gone with the test
+            endpoint.undeploy_all()
+            endpoint.delete()
+
+
 # ---- the IR, one layer down (no process) -----------------------------------------------------------
 def _spec(tasks: dict, components: dict | None = None, params: dict | None = None) -> dict:
     comps = components or {"comp-a": {"executorLabel": "exec-a"}}
@@ -526,3 +578,42 @@ def test_ir_retry_policy_and_importer():
     spec["deploymentSpec"]["executors"]["exec-imp"]["importer"]["artifactUri"] = {"runtimeParameter": "nope"}
     with pytest.raises(ApiError, match="'nope' is not one of its inputs"):
         pipeline_spec.check(spec)
+
+
+def test_ir_structured_placeholders_of_google_ops_are_evaluated():
+    ex = {"inputs": {"parameterValues": {"name": "m", "labels": {"a": "b"}},
+                     "artifacts": {"model": {"artifacts": [{"uri": "gs://b/m", "metadata": {"resourceName": "r/1"}}]}}},
+          "outputs": {"parameters": {}, "artifacts": {}, "outputFile": "/gcs/b/o.json"}}
+    args = ["--payload", json.dumps({"Concat": ["{\"n\": \"", "{{$.inputs.parameters['name']}}", "\", \"labels\": ",
+                                                "{{$.inputs.parameters['labels']}}", {"IfPresent": {
+                                                    "InputName": "model", "Then": {"Concat": [
+                                                        ", \"model\": \"", "{{$.inputs.artifacts['model'].metadata"
+                                                        "['resourceName']}}", "\""]}}}, "}"]}),
+            json.dumps({"IfPresent": {"InputName": "parent", "Then": ["--parent", "x"]}}),
+            json.dumps({"IfPresent": {"InputName": "model", "Then": ["--model", "{{$.inputs.artifacts['model'].uri}}"]}}),
+            "projects/p/pipelineJobs/{{$.pipeline_job_uuid}}"]
+    got = pipeline_spec.fill(args, ex, {"pipeline_job_uuid": "run-1"})
+    assert json.loads(got[1]) == {"n": "m", "labels": {"a": "b"}, "model": "r/1"}
+    assert got[2:] == ["--model", "gs://b/m", "projects/p/pipelineJobs/run-1"]  # an absent input's IfPresent: gone
+    with pytest.raises(ApiError, match="not one modelyard runs"):
+        pipeline_spec.fill([json.dumps({"Concat": [{"Unknown": 1}]})], ex)
+
+
+def test_google_ops_map_to_the_platforms_launcher_and_others_are_refused():
+    from modelyard.platform.jobs import pipeline_gcpc
+
+    launcher = ["python3", "-u", "-m", "google_cloud_pipeline_components.container.v1.model.upload_model.launcher"]
+    assert pipeline_gcpc.mapped(launcher) == ["python3", "-u", "-m", "modelyard.platform.jobs.pipeline_gcpc",
+                                              "model.upload_model.launcher"]
+    assert pipeline_gcpc.mapped(["python3", "-m", "kfp.dsl.executor_main"]) is None
+    spec = _spec({"a": _task()})
+    spec["deploymentSpec"]["executors"]["exec-a"]["container"]["command"] = [
+        "python3", "-u", "-m", "google_cloud_pipeline_components.container.v1.dataflow.dataflow_launcher"]
+    with pytest.raises(ApiError, match="dataflow_launcher is a Google Cloud Pipeline Components op modelyard does not"):
+        pipeline_spec.check(spec)
+    # the op's payload as a REST body: camelCase, unset ("" / [] / {}) fields left out, a user's map kept
+    assert pipeline_gcpc._clean({"display_name": "x", "service_account": "", "labels": {"my_key": "v"},
+                                 "job_spec": {"worker_pool_specs": [{"machine_spec": {"machine_type": "n"}}],
+                                              "reserved_ip_ranges": [], "enable_web_access": False}}) == {
+        "displayName": "x", "labels": {"my_key": "v"},
+        "jobSpec": {"workerPoolSpecs": [{"machineSpec": {"machineType": "n"}}], "enableWebAccess": False}}

@@ -22,7 +22,7 @@ from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, invalid
 from modelyard.platform.api.names import Route
 from modelyard.platform.api.timefmt import rfc3339
-from modelyard.platform.jobs import jobs, pipeline_metadata, pipeline_spec
+from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
 TASKS = "_tasks"
@@ -189,7 +189,8 @@ def _poll(runner, row: dict, spec: dict, key: str, t: dict) -> bool:
         return True
     t.update(state=state, ended=ended)
     if state == "SUCCEEDED":
-        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), _executor_output(t["root"]), t["planned"])
+        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), _written(spec, _spec_name(key), t["root"]),
+                                                  t["planned"])
     elif job.get("error"):
         t["error"] = job["error"]
     t["execution"] = pipeline_metadata.task_execution(store.engine, row, pipeline_spec.local(key), t,
@@ -367,16 +368,26 @@ def _launch(runner, row: dict, spec: dict, key: str, t: dict, save) -> None:
     t.update(state="PENDING", job=names.new_id(), creating=True)
     save()
     try:
-        ex_input = pipeline_spec.executor_input(spec, name, t["inputs"], t["planned"], t["root"], _gcs_path)
         container = pipeline_spec.container(spec, pipeline_spec.tasks(spec)[name])
+        gcpc = pipeline_gcpc.mapped(list(container.get("command") or []))
+        # Artifacts as /gcs/ paths (the job's files) for kfp's executor; a Google op gets their gs:// URIs, as
+        # on Vertex (it hands them to the API; its output files stay /gcs/ paths).
+        ex_input = pipeline_spec.executor_input(spec, name, t["inputs"], t["planned"], t["root"], _gcs_path,
+                                                (lambda uri: uri) if gcpc else None)
+        run = {"pipeline_job_name": row["id"], "pipeline_job_uuid": row["id"], "pipeline_task_name": key,
+               "pipeline_task_uuid": f"{row['id']}-{t['id']}", "pipeline_job_resource_name":
+               f"{row['parent']}/pipelineJobs/{row['id']}",
+               "pipeline_root": row["spec"]["runtimeConfig"]["gcsOutputDirectory"]}
+        # A Google Cloud Pipeline Components op: the platform's own launcher of the same op (pipeline_gcpc).
+        command = gcpc or pipeline_spec.without_satisfied_install(
+            pipeline_spec.fill(list(container.get("command") or []), ex_input, run))
         body = {"displayName": f"{row['display_name']}-{key.replace('/', '-')}"[:128],
                 "labels": {"modelyard-pipeline-job": row["id"]},
                 "jobSpec": {"workerPoolSpecs": [{"replicaCount": 1, "machineSpec": {"machineType": "e2-standard-4"},
                                                  "containerSpec": {
                     "imageUri": container.get("image", ""),
-                    "command": pipeline_spec.without_satisfied_install(
-                        pipeline_spec.fill(list(container.get("command") or []), ex_input)),
-                    "args": pipeline_spec.fill(list(container.get("args") or []), ex_input),
+                    "command": command,
+                    "args": pipeline_spec.fill(list(container.get("args") or []), ex_input, run),
                     "env": [{"name": e["name"], "value": str(e.get("value", ""))} for e in container.get("env") or []]}}]}}
         parent = row["parent"].split("/")
         runner.call_platform(lambda p: jobs.create(p, Route(parent[1], parent[3], "customJobs"), body, t["job"]))
@@ -397,6 +408,33 @@ def _failed_to_start(t: dict, key: str, exc) -> dict:
 def _gcs_path(uri: str) -> str:
     """gs://b/k as the task sees it: /gcs/b/k (the job code maps it to the platform's storage)."""
     return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
+
+
+def _written(spec: dict, name: str, task_root: str) -> dict:
+    """What a finished task wrote: its executor output (a lightweight component's, kfp's executor writes
+    it) and each output parameter it wrote to its ``output_file`` instead (a container component's)."""
+    written = dict(_executor_output(task_root) or {})
+    params = dict(written.get("parameterValues") or {})
+    defs = (pipeline_spec.component(spec, pipeline_spec.tasks(spec)[name]).get("outputDefinitions") or {}).get(
+        "parameters") or {}
+    for key, d in defs.items():
+        if key in params:
+            continue
+        try:
+            text = objstore.read_text(f"{task_root}/{key}")
+        except objstore.StorageError:
+            continue
+        if text is None:
+            continue
+        if d.get("parameterType") == "STRING":
+            params[key] = text
+        else:
+            try:
+                params[key] = json.loads(text)
+            except ValueError:
+                continue
+    written["parameterValues"] = params
+    return written
 
 
 def _executor_output(task_root: str) -> dict | None:

@@ -17,13 +17,16 @@ import re
 from typing import Any
 
 from modelyard.platform.api.errors import invalid
+from modelyard.platform.jobs import pipeline_gcpc
 
 # ParameterType names -> how a JSON value is checked/converted for the executor.
 _INT, _FLOAT, _STRING, _BOOL, _LIST, _STRUCT = (
     "NUMBER_INTEGER", "NUMBER_DOUBLE", "STRING", "BOOLEAN", "LIST", "STRUCT")
 # A dsl.ExitHandler's exit task: it runs once its upstream tasks ended, whatever their state.
 ALL_COMPLETED = "ALL_UPSTREAM_TASKS_COMPLETED"
-_PLACEHOLDER = re.compile(r"\{\{\$(?:\.(inputs|outputs)\.(parameters|artifacts)\['([^']+)'\]\.?(\w+)?)?\}\}")
+_PLACEHOLDER = re.compile(r"\{\{\$(?:\.(inputs|outputs)\.(parameters|artifacts)\['([^']+)'\]\.?(\w+)?"
+                          r"(?:\['([^']+)'\])?|\.(pipeline_job_name|pipeline_job_uuid|pipeline_task_name|"
+                          r"pipeline_task_uuid|pipeline_root|pipeline_job_resource_name))?\}\}")
 
 
 def check(spec: Any) -> dict:
@@ -71,6 +74,10 @@ def check(spec: Any) -> dict:
             kind = next(iter(executor or {}), "no executor")
             raise invalid(f"{where}: its executor is {kind!r}; modelyard runs container executors "
                           "(lightweight Python and container components) and importers only.")
+        op = pipeline_gcpc.unmapped_op(list(container.get("command") or []))
+        if op:
+            raise invalid(f"{where}: {op} is a Google Cloud Pipeline Components op modelyard does not run (it runs "
+                          f"{', '.join(pipeline_gcpc.PREFIX + k for k in pipeline_gcpc.TABLE)}).")
         if not container.get("command") and not container.get("args"):
             raise invalid(f"{where}: its container has no command: modelyard runs the command as a local process "
                           f"and cannot run an image's entrypoint (image {container.get('image')!r}).")
@@ -521,13 +528,14 @@ def output_artifacts(spec: dict, name: str, task_root: str) -> dict[str, list[di
 
 
 def executor_input(spec: dict, name: str, inputs: dict, outputs: dict[str, list[dict]], task_root: str,
-                   to_path) -> dict:
+                   to_path, artifact_uri=None) -> dict:
     """The KFP executor input of a task (what ``{{$}}`` stands for); ``to_path`` maps a gs:// URI to the
-    path the task's command sees it at."""
+    path the task's command sees it at, ``artifact_uri`` (``to_path`` unless given) an artifact's URI."""
     params_out = (component(spec, tasks(spec)[name]).get("outputDefinitions") or {}).get("parameters") or {}
+    artifact_uri = artifact_uri or to_path
 
     def art(a: dict) -> dict:
-        return {"name": a.get("name", ""), "type": a.get("type") or {}, "uri": to_path(a["uri"]),
+        return {"name": a.get("name", ""), "type": a.get("type") or {}, "uri": artifact_uri(a["uri"]),
                 "metadata": a.get("metadata") or {}}
 
     return {
@@ -539,10 +547,15 @@ def executor_input(spec: dict, name: str, inputs: dict, outputs: dict[str, list[
     }
 
 
-def fill(strings: list[str], ex_input: dict) -> list[str]:
-    """A container's command or args with the IR's placeholders replaced from the executor input."""
+def fill(strings: list[str], ex_input: dict, run: dict | None = None) -> list[str]:
+    """A container's command or args with the IR's placeholders replaced from the executor input (and
+    ``run``: the ``{{$.pipeline_job_name}}``-style values of the run and task). An element that is a
+    structured placeholder (``{"Concat": [...]}``, ``{"IfPresent": {...}}``, as Google Cloud Pipeline
+    Components write them) is evaluated: an absent input's ``IfPresent`` drops it, a list expands."""
     def one(m: re.Match) -> str:
-        side, kind, key, attr = m.groups()
+        side, kind, key, attr, meta_key, run_key = m.groups()
+        if run_key:
+            return str((run or {}).get(run_key, ""))
         if side is None:
             return json.dumps(ex_input)
         if kind == "parameters":
@@ -551,8 +564,44 @@ def fill(strings: list[str], ex_input: dict) -> list[str]:
                 return value if isinstance(value, str) else json.dumps(value)
             return ex_input["outputs"]["parameters"][key]["outputFile"]
         arts = ex_input[side]["artifacts"].get(key, {}).get("artifacts") or [{}]
-        return str(arts[0].get("uri" if attr in ("uri", None) else "uri", ""))  # .path and .uri: the task's path
-    return [_PLACEHOLDER.sub(one, s) for s in strings]
+        if attr == "metadata":  # .metadata (the whole JSON) or .metadata['k']
+            meta = arts[0].get("metadata") or {}
+            value = meta if meta_key is None else meta.get(meta_key, "")
+            return value if isinstance(value, str) else json.dumps(value)
+        return str(arts[0].get("uri", ""))  # .path and .uri: the task's path
+
+    def present(name: str) -> bool:
+        return (name in ex_input["inputs"]["parameterValues"]
+                or bool((ex_input["inputs"]["artifacts"].get(name) or {}).get("artifacts")))
+
+    def structured(node: Any) -> Any:
+        if isinstance(node, str):
+            return _PLACEHOLDER.sub(one, node)
+        if isinstance(node, list):
+            return [structured(n) for n in node]
+        if isinstance(node, dict) and set(node) == {"Concat"}:
+            parts = [structured(n) for n in node["Concat"]]
+            return "".join(p if isinstance(p, str) else "".join(p or []) for p in parts)
+        if isinstance(node, dict) and set(node) == {"IfPresent"}:
+            cond = node["IfPresent"]
+            branch = cond.get("Then") if present(cond.get("InputName", "")) else cond.get("Else")
+            return None if branch is None else structured(branch)
+        raise invalid(f"container placeholder {json.dumps(node)[:200]} is not one modelyard runs.")
+
+    out: list[str] = []
+    for s in strings:
+        node: Any = s
+        if s.startswith(('{"Concat"', '{"IfPresent"')):
+            try:
+                node = json.loads(s)
+            except ValueError:
+                node = s
+        value = structured(node)
+        if isinstance(value, list):
+            out.extend(value)
+        elif value is not None:
+            out.append(value)
+    return out
 
 
 def cache_key(spec: dict, name: str, inputs: dict) -> str | None:
@@ -664,7 +713,17 @@ def task_outputs(spec: dict, name: str, written: dict | None, planned: dict[str,
     arts = {}
     for key, planned_list in planned.items():
         reported = ((written.get("artifacts") or {}).get(key) or {}).get("artifacts") or []
-        arts[key] = [{**a, "metadata": {**(a.get("metadata") or {}), **((reported[i] if i < len(reported) else {})
-                                                                           .get("metadata") or {})}}
-                     for i, a in enumerate(planned_list)]
+        arts[key] = [_reported(a, reported[i] if i < len(reported) else {}) for i, a in enumerate(planned_list)]
     return {"parameters": params, "artifacts": arts}
+
+
+def _reported(planned: dict, reported: dict) -> dict:
+    """A planned output artifact with what the task reported of it: its metadata, and its URI when the task
+    named another object (an op whose artifact is a resource: ``https://...``, or ``gs://``)."""
+    out = {**planned, "metadata": {**(planned.get("metadata") or {}), **(reported.get("metadata") or {})}}
+    uri = reported.get("uri") or ""
+    if uri.startswith("/gcs/"):
+        uri = "gs://" + uri[len("/gcs/"):]
+    if uri.startswith(("https://", "gs://")):
+        out["uri"] = uri
+    return out
