@@ -8,7 +8,7 @@ pool commits in the same transaction as any other deploy.
 """
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, Text
 from sqlalchemy.engine import Connection
 
 # Its own MetaData: schema.py imports this module for its migration, so this one cannot import schema.
@@ -21,7 +21,7 @@ pools = Table(
     Column("min_replicas", Integer, nullable=False),
     Column("max_replicas", Integer, nullable=False),
     Column("machine_type", String(64), nullable=False, default=""),
-    Column("budget_bytes", Integer, nullable=False, default=0),  # 0: no budget (models never unloaded)
+    Column("budget_bytes", BigInteger, nullable=False, default=0),  # 0: no budget (models never unloaded)
     Column("created", Float, nullable=False),
 )
 
