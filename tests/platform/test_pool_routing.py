@@ -1,0 +1,52 @@
+"""How a pool's models route, one layer down (no process): every model of a pool routes over the pool's one
+list of replicas, under its own path; each model starts at its own home replica, so idle models spread
+over the pool, and a busy home sends the model to another replica (a hot model ends up on several)."""
+from __future__ import annotations
+
+import time
+
+from modelyard.platform.dataplane.routing import Replica, Routing
+
+PARENT = "projects/p/locations/l"
+
+
+def _dm(dm_id: str, endpoint_id: str, pool_id: str | None) -> dict:
+    return {"id": dm_id, "endpoint_id": endpoint_id, "model_id": "7", "version_id": "1", "display_name": dm_id,
+            "min_replicas": 1, "max_replicas": 1, "shadow_percent": 0, "pool_id": pool_id}
+
+
+def _endpoint(endpoint_id: str, dm_id: str) -> dict:
+    return {"id": endpoint_id, "parent": PARENT, "traffic_split": {dm_id: 100}, "updated": time.time()}
+
+
+def _routing(pooled: list[str]) -> Routing:
+    routing = Routing()
+    for i, dm_id in enumerate(pooled):
+        routing.put_endpoint(_endpoint(f"{i + 1}", dm_id), [_dm(dm_id, f"{i + 1}", "pool-a")])
+    routing.put_endpoint(_endpoint("99", "500"), [_dm("500", "99", None)])
+    return routing
+
+
+def test_a_pools_models_share_its_replicas_and_each_has_its_own_path():
+    routing = _routing(["100", "101"])
+    shared = routing.pools["pool-a"]
+    shared += [Replica({"id": "r0", "host": "h", "port": 1}), Replica({"id": "r1", "host": "h", "port": 2})]
+    a, b, own = routing.deployed["100"], routing.deployed["101"], routing.deployed["500"]
+    assert a.replicas is shared and b.replicas is shared and own.replicas is not shared
+    assert a.predict_path == b"/v1/models/100:predict" and own.predict_path == Replica.PREDICT_PATH
+    routing.remove_replica(shared[0])  # gone for every model of the pool at once
+    assert [r.id for r in a.replicas] == [r.id for r in b.replicas] == ["r1"]
+    # A change to one endpoint (its row read again) keeps its model on the pool's list.
+    routing.put_endpoint({**_endpoint("1", "100"), "updated": time.time() + 1}, [_dm("100", "1", "pool-a")])
+    assert routing.deployed["100"].replicas is shared
+
+
+def test_idle_models_spread_over_the_pool_and_a_busy_home_spills():
+    routing = _routing([str(n) for n in range(100, 104)])
+    shared = routing.pools["pool-a"]
+    shared += [Replica({"id": f"r{i}", "host": "h", "port": i}) for i in range(2)]
+    homes = {dm_id: Routing.choose_replica(routing.deployed[dm_id]).id for dm_id in ("100", "101", "102", "103")}
+    assert homes == {"100": "r0", "101": "r1", "102": "r0", "103": "r1"}  # each model's own, spread evenly
+    assert all(Routing.choose_replica(routing.deployed["100"]).id == "r0" for _ in range(5))  # stays put
+    shared[0].outstanding = 1  # its home is busy: the next request of the hot model goes to the other
+    assert Routing.choose_replica(routing.deployed["100"]).id == "r1"
