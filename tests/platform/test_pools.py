@@ -168,6 +168,13 @@ def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tm
     assert loads == [2] * 5  # each loaded twice: unloaded in between to make room
     assert _metric(platform, "modelyard_pool_models_resident_peak", pool="three-of-five") == 3
     assert _metric(platform, "modelyard_pool_models_resident", pool="three-of-five") <= 3
+    # The console shows each pooled model's state: where it is loaded, its loads, how long since it was used.
+    state = requests.get(f"{platform.url}/console/api/state", timeout=10).json()
+    pooled = {dm["id"]: dm["pool"] for ep in state["endpoints"] for dm in ep["deployedModels"] if dm["pool"]}
+    assert {pooled[d]["loads"] for d in dm_ids} == {2} and {pooled[d]["pool"] for d in dm_ids} == {"three-of-five"}
+    last = pooled[dm_ids[-1]]  # used last: loaded now, on the pool's one replica
+    assert len(last["loadedOn"]) == 1 and last["idleSeconds"] is not None and last["lastLoadSeconds"] > 0
+    assert sum(1 for d in dm_ids if pooled[d]["loadedOn"]) <= 3
 
     # Ten concurrent first requests to a model not loaded: one load, ten answers.
     cold = dm_ids[1]  # loaded second in the last round: unloaded since

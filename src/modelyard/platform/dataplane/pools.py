@@ -424,12 +424,16 @@ class Pools:
         elif r.unready_since is None and not (r.draining or r.dead):
             r.unready_since, r.unready_served = time.monotonic(), r.served
 
-    def loaded_on(self, pool_id: str, dm_id: str) -> list[str]:
-        """The ids of the pool's replicas that had ``dm_id`` loaded when last probed."""
+    def model_state(self, pool_id: str, dm_id: str) -> dict:
+        """One pooled model as the last probes saw it (the console shows it): the replicas it is loaded on,
+        its loads and unloads over the pool, its last load's seconds, and how long since a request used it."""
         pool = self.pools.get(pool_id)
-        if pool is None:
-            return []
-        return [rid for rid, st in pool.states.items() if (st.get("models") or {}).get(dm_id, {}).get("loaded")]
+        seen = [(rid, (st.get("models") or {}).get(dm_id) or {}) for rid, st in (pool.states.items() if pool else ())]
+        idle = [m["idle_seconds"] for _, m in seen if m.get("loaded") and "idle_seconds" in m]
+        return {"pool": pool_id, "loadedOn": sorted(rid for rid, m in seen if m.get("loaded")),
+                "loads": sum(m.get("loads", 0) for _, m in seen), "unloads": sum(m.get("unloads", 0) for _, m in seen),
+                "lastLoadSeconds": max((m.get("load_seconds", 0.0) for _, m in seen), default=0.0),
+                "idleSeconds": min(idle) if idle else None}
 
     def render_metrics(self) -> str:
         """Prometheus text of every pool: its replicas, and per replica and model what the last probe saw
@@ -454,15 +458,18 @@ class Pools:
                       "recently used, to make room)", "unloads"),
                      ("modelyard_pool_model_loaded", "gauge", "1 while the model is loaded on the replica", "loaded"),
                      ("modelyard_pool_model_load_seconds", "gauge", "how long the model's last load took",
-                      "load_seconds"))
+                      "load_seconds"),
+                     ("modelyard_pool_model_idle_seconds", "gauge", "seconds since a request last used the loaded "
+                      "model", "idle_seconds"))
         for name, kind, help_, key in per_model:
             out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
             for pool in self.pools.values():
                 for rid, st in sorted(pool.states.items()):
                     for dm_id, m in sorted((st.get("models") or {}).items()):
-                        if dm_id in pool.models:
+                        if dm_id in pool.models and key in m:
+                            value = m[key] if key.endswith("seconds") else int(m[key])
                             out.append(f'{name}{{pool="{pool.row["id"]}",replica="{rid}",deployed_model="{dm_id}"}} '
-                                       f'{int(m.get(key, 0)) if key != "load_seconds" else m.get(key, 0)}')
+                                       f'{value}')
         return "\n".join(out) + "\n"
 
     def _spawn(self, coro) -> None:

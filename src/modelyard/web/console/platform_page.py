@@ -32,6 +32,16 @@ def _replica_summary(replicas: list[dict]) -> str:
     return f"{serving}/{len(replicas)} serving" if replicas else "none"
 
 
+def _pooled(dm: dict) -> str:
+    """Where a pooled model is loaded (on demand), after its replica count."""
+    pool = dm.get("pool")
+    if not pool:
+        return ""
+    where = ", ".join(pool["loadedOn"]) or "not loaded"
+    idle = "" if pool["idleSeconds"] is None else f', idle {pool["idleSeconds"]:.0f} s'
+    return f' (pool {pool["pool"]}: loaded on {where}; {pool["loads"]} load(s){idle})'
+
+
 def _shadow(dm: dict) -> str:
     s = dm["shadow"]
     if not dm["shadowTrafficPercentage"]:
@@ -51,7 +61,7 @@ def _dm_row(ep: dict, dm: dict) -> str:
             + _td("", "name", html=f'<b>{_e(dm["displayName"])}</b><br><small>{_e(dm["id"])}</small>')
             + _td("", "", "model@version", f'{_e(dm["modelDisplayName"])}<br><small>'
                   f'{_e(dm["model"].rsplit("/", 1)[-1])}@{_e(dm["modelVersionId"])}</small>')
-            + _td(f"{share}%", "share", "traffic") + _td(_replica_summary(dm["replicas"]), "replica-count", "replicas")
+            + _td(f"{share}%", "share", "traffic") + _td(_replica_summary(dm["replicas"]) + _pooled(dm), "replica-count", "replicas")
             + _td(dm["requests"]["total"], "requests", "requests")
             + _td(dm["requests"]["total"] - dm["requests"]["ok"], "errors", "errors")
             + _td("–", "rate", "rate") + _td("–", "latency", "latency") + _td(_shadow(dm), "shadow", "shadow")

@@ -77,6 +77,8 @@ def _endpoint(p, row: dict, model_names: dict[str, str]) -> dict:
             "minReplicaCount": dm["min_replicas"], "maxReplicaCount": dm["max_replicas"],
             "shadowTrafficPercentage": dm["shadow_percent"] or 0,
             "replicas": _replicas(p.routing.deployed.get(dm["id"])),
+            # A deployment resource pool's model: where it is loaded, its loads, last use (docs/pools.md).
+            "pool": p.pools.model_state(dm["pool_id"], dm["id"]) if dm.get("pool_id") and p.pools is not None else None,
             **_traffic(p.metrics, row["id"], dm["id"]),
         })
     return {"name": f'{row["parent"]}/endpoints/{row["id"]}', "id": row["id"], "parent": row["parent"],
