@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from modelyard.model.footprint import footprint_bytes
+from modelyard.platform.dataplane import replica_secrets
 from tests.platform.conftest import PARENT
 from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the SDK pointed at the session platform)
 
@@ -93,6 +94,18 @@ def test_two_models_share_one_pool_replica(aiplatform, platform, tiny_models):
     # One replica process serves both models.
     pids = _pool_pids(platform, "two-models")
     assert len(pids) == 1 and _replicas_of(platform, dm_ids[0]) == _replicas_of(platform, dm_ids[1]) == pids
+    # The pool replica trusts only its platform and has no management scope either: it learns its models from
+    # its private config file, so the repository's load stays refused even with its own secret.
+    (pid,) = pids
+    token_file = replica_secrets.token_file_of(pid)
+    secret, scopes = token_file.read_text().split()
+    assert "admin" not in scopes.split(",") and oct(token_file.stat().st_mode & 0o777) == "0o600"
+    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    assert b"--model_roots" in args and b"--model_config_file" in args
+    port = int(args[args.index(b"--rest_api_port") + 1])
+    load = f"http://127.0.0.1:{port}/v2/repository/models/{dm_ids[0]}/load"
+    assert requests.post(load, json={}, timeout=10).status_code == 401
+    assert requests.post(load, json={}, headers={"Authorization": f"Bearer {secret}"}, timeout=10).status_code == 403
     refs = [ref for page in pool.query_deployed_models() for ref in page]
     assert sorted(r.deployed_model_id for r in refs) == sorted(dm_ids)
     with pytest.raises(exceptions.BadRequest, match="undeploy them"):  # FAILED_PRECONDITION is HTTP 400
