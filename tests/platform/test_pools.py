@@ -94,6 +94,16 @@ def test_two_models_share_one_pool_replica(aiplatform, platform, tiny_models):
     # One replica process serves both models.
     pids = _pool_pids(platform, "two-models")
     assert len(pids) == 1 and _replicas_of(platform, dm_ids[0]) == _replicas_of(platform, dm_ids[1]) == pids
+    # The Open Inference Protocol through the gateway too: the endpoint's name, answered by its pooled model.
+    x = np.asarray(X, np.float32)
+    v2 = requests.post(f"{platform.url}/v2/models/{endpoints[1].name}/infer", timeout=30, json={
+        "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
+    assert v2.status_code == 200, v2.text
+    assert v2.json()["model_name"] == endpoints[1].name
+    np.testing.assert_allclose(np.reshape(v2.json()["outputs"][0]["data"], (3, 3)), tiny2["predictions"], rtol=1e-5,
+                               atol=1e-6)
+    meta = requests.get(f"{platform.url}/v2/models/{dm_ids[0]}", timeout=30).json()
+    assert meta["name"] == dm_ids[0] and meta["inputs"][0]["name"] == "x"
     # The pool replica trusts only its platform and has no management scope either: it learns its models from
     # its private config file, so the repository's load stays refused even with its own secret.
     (pid,) = pids

@@ -26,7 +26,6 @@ from modelyard import __version__
 from modelyard.platform.dataplane import v2_paths
 from modelyard.platform.dataplane.deadlines import DeadlinePolicy, LatencyWindow
 from modelyard.platform.api.errors import STATUS, ApiError
-from modelyard.platform.dataplane.replicas import MODEL
 from modelyard.platform.dataplane.routing import Deployed, Routing
 from modelyard.platform.dataplane.upstream import UpstreamTimeout
 
@@ -36,8 +35,6 @@ NO_REPLICA_WAIT_S = 30.0  # how long a request waits for a replica while one is 
 MAX_SHADOW_IN_FLIGHT = 64
 _JSON = ((b"Content-Type", b"application/json"),)
 V2_SERVER_NAME = "modelyard-platform"
-_V2_INFER = f"/v2/models/{MODEL}/infer".encode()  # every replica serves its one model as MODEL
-_V2_MODEL = f"/v2/models/{MODEL}".encode()
 _V2_HEADER_LENGTH = b"inference-header-content-length"
 _V2_ANSWER_HEADERS = (b"content-type", _V2_HEADER_LENGTH)
 
@@ -89,7 +86,7 @@ class Gateway:
                       started: float) -> tuple[int, bytes, dict[str, str]]:
         """``:rawPredict`` with a V2 body: the replica's V2 answer as it sent it (JSON or binary)."""
         sent, answer = _v2_request_headers(header_length), []
-        status, data = await self._forward(d, body, target=_V2_INFER, headers=sent, answer_headers=answer)
+        status, data = await self._forward(d, body, target=d.v2_infer_path, headers=sent, answer_headers=answer)
         if self.metrics is not None:
             self.metrics.observe_predict(d, status, time.perf_counter() - started)
         if status != 200:
@@ -135,14 +132,14 @@ class Gateway:
             return 200, list(_JSON) + extra, orjson.dumps({"name": call.name, "ready": True})
         answer: list = []
         if kind == v2_paths.MODEL_METADATA:
-            status, data = await self._forward(d, b"", target=_V2_MODEL, headers=(), method=b"GET",
+            status, data = await self._forward(d, b"", target=d.v2_model_path, headers=(), method=b"GET",
                                                answer_headers=answer)
             if status != 200:
                 raise _v2_relayed(status, data)
             meta = orjson.loads(data)
             meta.update(name=call.name, versions=[d.version_id])
             return 200, list(_JSON) + extra, orjson.dumps(meta)
-        status, data = await self._forward(d, body, target=_V2_INFER, headers=_v2_request_headers(header_length),
+        status, data = await self._forward(d, body, target=d.v2_infer_path, headers=_v2_request_headers(header_length),
                                            answer_headers=answer)
         if self.metrics is not None:
             self.metrics.observe_predict(d, status, time.perf_counter() - started)

@@ -78,6 +78,8 @@ class Deployed:
     # is served under its own id; ``home`` spreads the pool's models over those replicas (choose_replica).
     pool_id: str | None = None
     predict_path: bytes = Replica.PREDICT_PATH
+    v2_infer_path: bytes = f"/v2/models/{MODEL}/infer".encode()  # a replica of its own serves its model as MODEL
+    v2_model_path: bytes = f"/v2/models/{MODEL}".encode()
     home: int = 0
 
     def live(self) -> list[Replica]:
@@ -192,6 +194,7 @@ class Routing:
             if d.pool_id and d.replicas is not self.pools.get(d.pool_id):
                 d.replicas = self.pools.setdefault(d.pool_id, [])
                 d.predict_path = predict_path(d.id)
+                d.v2_infer_path, d.v2_model_path = f"/v2/models/{d.id}/infer".encode(), f"/v2/models/{d.id}".encode()
                 d.home = int(d.id) if d.id.isdigit() else hash(d.id) & 0xFFFF
 
     def add_replica(self, dm_id: str, row: dict) -> Replica | None:
