@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from modelyard.platform.dataplane.routing import Replica, Routing
+from tests import aio
 
 PARENT = "projects/p/locations/l"
 
@@ -50,3 +51,63 @@ def test_idle_models_spread_over_the_pool_and_a_busy_home_spills():
     assert all(Routing.choose_replica(routing.deployed["100"]).id == "r0" for _ in range(5))  # stays put
     shared[0].outstanding = 1  # its home is busy: the next request of the hot model goes to the other
     assert Routing.choose_replica(routing.deployed["100"]).id == "r1"
+
+
+def test_a_pool_scales_on_the_requests_in_flight_across_its_models(tmp_path):
+    """The pool's replica count follows the autoscaler's rule on all its models' requests in flight, within
+    min/max; dead replicas are replaced (the replica processes are stood in for: no process starts)."""
+    import asyncio
+
+    from modelyard.platform.dataplane.autoscale import Autoscaler, Policy
+    from modelyard.platform.dataplane.pools import Pool, Pools
+
+    class Counted(Pools):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.grown: list[int] = []
+            self.retired: list[str] = []
+
+        def alive(self, row: dict) -> bool:
+            return row["id"] != "dead"
+
+        async def grow(self, pool, count: int) -> None:
+            self.grown.append(count)
+            pool.replicas += [Replica({"id": f"new{len(pool.replicas) + i}", "host": "h", "port": 0})
+                              for i in range(count)]
+
+        async def retire(self, pool, replica, drain: bool = True) -> None:
+            self.retired.append(replica.id)
+            pool.replicas.remove(replica)
+
+        async def _probe(self, pool, r) -> None:
+            r.probing = False
+
+    async def scenario() -> tuple[list[int], list[str]]:
+        routing = _routing(["100"])
+        pools = Counted(None, routing, tmp_path)
+        clock = [0.0]
+        pools.autoscaler = Autoscaler(Policy(target_in_flight=1.0, up_seconds=1.0, cooldown_seconds=2.0),
+                                      clock=lambda: clock[0])
+        pool = pools.pools["pool-a"] = Pool({"id": "pool-a", "min_replicas": 1, "max_replicas": 3},
+                                            routing.pools["pool-a"])
+        pool.replicas.append(Replica({"id": "r0", "host": "h", "port": 0}))
+        pool.replicas[0].outstanding = 5  # five requests in flight on the pool's one replica: up to max (3)
+        for step in range(8):
+            clock[0] = step * 0.5
+            await pools.tick()
+            await asyncio.sleep(0)
+        assert len(pool.live()) == 3 and pools.grown == [2]
+        pool.replicas[0].outstanding = 0  # idle: back to min after the cooldown, one at a time
+        for step in range(8, 40):
+            clock[0] = step * 0.5
+            await pools.tick()
+            await asyncio.sleep(0)
+        assert len(pool.live()) == 1
+        pool.replicas[0].row["id"] = "dead"  # its process is gone: replaced
+        await pools.tick()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return pools.grown, pools.retired
+
+    grown, retired = aio.run(scenario())
+    assert grown == [2, 1] and len(retired) == 3

@@ -3,7 +3,6 @@ first request loads, least recently used unloads, a model in use is never unload
 requests share one load, a model larger than the budget is refused, the event loop never waits."""
 from __future__ import annotations
 
-import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +12,7 @@ from modelyard.errors import Code, ServingError
 from modelyard.model.footprint import footprint_bytes
 from modelyard.serving.manager.manager import Manager, ModelConfig
 from modelyard.serving.manager.on_demand import OnDemand
+from tests import aio
 from tests.serving.test_manager import FakeServable
 
 SIZE = 1000  # each model's file bytes
@@ -121,7 +121,7 @@ def test_the_event_loop_never_waits_for_a_load(tmp_path):
             manager.acquire("m0")
         return err.value.code
 
-    assert asyncio.run(on_loop()) == Code.UNAVAILABLE and loader.loads == []
+    assert aio.run(on_loop()) == Code.UNAVAILABLE and loader.loads == []
     _use(manager, "m0")  # the thread pool loads it
     assert loader.loads == ["m0"]
 
