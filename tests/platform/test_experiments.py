@@ -305,8 +305,11 @@ def test_custom_jobs_record_into_their_experiment_run(sdk, platform, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(JOB_SCRIPT)
     given = sdk.ExperimentRun.create("given", experiment="exp-jobs")
+    # A prebuilt training image: the SDK sends a python_package_spec (a custom image would have the job run
+    # `pip install --upgrade pip` first).
     jobs = [sdk.CustomJob.from_local_script(display_name=f"exp-job-{i}", script_path=str(script),
-                                            container_uri="python", staging_bucket=f"gs://{STAGING}/exp-jobs")
+                                            container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+                                            staging_bucket=f"gs://{STAGING}/exp-jobs")
             for i in range(2)]
     jobs[0].run(experiment="exp-jobs", experiment_run=given, sync=False)
     jobs[1].run(experiment="exp-jobs", sync=False)

@@ -52,3 +52,10 @@ def test_purge_pages_etags_and_schemas_on_postgres(db):
 
 def test_tensorboard_points_on_postgres(engine):
     on_sqlite.test_tensorboard_points_are_checked_sampled_and_deleted_with_their_run(engine)
+
+
+@pytest.mark.parametrize("text", [
+    'display_name:"ds*" AND labels.team="ml"',
+    'labels:team AND metadata.rows.number_value>=1 AND -uri="gs://b/ds-0"'])
+def test_filters_in_sql_on_postgres(db, text):
+    on_sqlite.test_the_store_selects_a_filters_columns_in_sql_with_the_same_answer(db, text)

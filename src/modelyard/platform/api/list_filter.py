@@ -20,6 +20,11 @@ Grammar (AIP-160), as Vertex accepts it::
 Field names are taken in snake_case or camelCase. ``labels.KEY=V`` (``labels."a key"=V``),
 ``labels.KEY:*`` and ``labels:KEY`` (the key exists), ``labels.KEY:V`` (equality), ``display_name:"a*"``
 (a wildcard match), ``create_time>"2024-01-01T00:00:00Z"``.
+
+ML Metadata's lists (``api/metadata_filter``: artifacts, contexts, executions, purges, lineage queries; and
+the TensorBoard API's lists) take the same grammar with three more kinds of field: ``metadata.KEY[.number_value
+|.string_value|.bool_value]`` (a value inside a node's metadata), a relation ``parent_contexts:"a","b"`` (any of
+the names) and a call ``in_context("a")``; and Vertex nests their filters at most 5 deep (``max_depth``).
 """
 from __future__ import annotations
 
@@ -36,8 +41,11 @@ from modelyard.platform.api.errors import ApiError
 
 # Field kinds: what a field's values are and which comparisons it takes.
 STRING, ID, ENUM, TIME, LABELS, BOOL = "string", "id", "enum", "time", "labels", "bool"
+METADATA, RELATION, CALL = "metadata", "relation", "call"  # ML Metadata's (see above)
 _OPS = {STRING: ("=", "!=", ":"), ID: ("=", "!="), ENUM: ("=", "!="),
-        TIME: ("=", "!=", "<", "<=", ">", ">="), LABELS: ("=", "!=", ":"), BOOL: ("=", "!=")}
+        TIME: ("=", "!=", "<", "<=", ">", ">="), LABELS: ("=", "!=", ":"), BOOL: ("=", "!="),
+        METADATA: ("=", "!=", "<", "<=", ">", ">=", ":"), RELATION: (":",), CALL: ()}
+_TYPED = ("number_value", "string_value", "bool_value", "struct_value")  # metadata.KEY.<typed>
 
 DEFAULT_PAGE_SIZE = 1000  # AIP-158: the API picks one when the caller does not; also the largest page
 MAX_PAGE_SIZE = 1000
@@ -47,18 +55,25 @@ MAX_TERMS = 200
 
 @dataclass(frozen=True)
 class Field:
-    """One filterable field of a resource. ``enum``: the values a client may write -> the stored value."""
+    """One filterable field of a resource. ``enum``: the values a client may write -> the stored value;
+    ``refused``: why this resource's lists do not take a field other lists do (said instead of "no field")."""
     kind: str
     enum: Mapping[str, str] | None = None
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
 class Cmp:
-    """``field op value``; for labels ``key`` is the label's key, ``value`` None means "the key exists"."""
+    """``field op value``; for labels ``key`` is the label's key, ``value`` None means "the key exists"; for
+    metadata ``path`` is the key's path and ``typed`` the value type asked for (``value`` None: present);
+    a relation or call holds the names it takes in ``values``."""
     field: str
     op: str
     value: object
     key: str | None = None
+    path: tuple[str, ...] = ()
+    typed: str | None = None
+    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,13 +154,16 @@ def _unquote(token: str) -> str:
 
 # ---- parser ------------------------------------------------------------------------------------------
 class _Parser:
-    def __init__(self, text: str, fields: Mapping[str, Field], resource: str) -> None:
+    def __init__(self, text: str, fields: Mapping[str, Field], resource: str, max_depth: int | None = None,
+                 example: str | None = None) -> None:
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
         self.fields = fields
         self.resource = resource
         self.terms = 0
+        self.depth, self.max_depth = 0, max_depth
+        self.example = example or 'display_name="my-model" AND labels.team="ml" AND create_time>"2024-01-01T00:00:00Z"'
 
     def peek(self, offset: int = 0) -> _Tok | None:
         j = self.i + offset
@@ -159,8 +177,7 @@ class _Parser:
         return tok
 
     def error(self, why: str) -> ApiError:
-        return bad(f"Invalid filter {self.text!r}: {why}. Filters are AIP-160 expressions, e.g. "
-                   'display_name="my-model" AND labels.team="ml" AND create_time>"2024-01-01T00:00:00Z".')
+        return bad(f"Invalid filter {self.text!r}: {why}. Filters are AIP-160 expressions, e.g. {self.example}.")
 
     def is_word(self, text: str, offset: int = 0) -> bool:
         tok = self.peek(offset)
@@ -175,10 +192,14 @@ class _Parser:
         return node
 
     def expression(self) -> Node:
+        self.depth += 1
+        if self.max_depth is not None and self.depth > self.max_depth:
+            raise self.error(f"it nests deeper than {self.max_depth} levels")
         items = [self.sequence()]
         while self.is_word("AND"):
             self.take()
             items.append(self.sequence())
+        self.depth -= 1
         return items[0] if len(items) == 1 else And(tuple(items))
 
     def sequence(self) -> Node:
@@ -215,6 +236,8 @@ class _Parser:
         if tok is not None and tok.kind == "paren" and tok.text == "(":
             self.take()
             node = self.expression()
+            if self.peek() is None:
+                raise self.error("a '(' is not closed: it ends too early")
             close = self.take()
             if close.kind != "paren" or close.text != ")":
                 raise self.error(f"expected ')' but found {close.text!r}")
@@ -245,8 +268,12 @@ class _Parser:
         field, key = self.field_path()
         spec = self.fields.get(field)
         if spec is None:
-            known = ", ".join(sorted(self.fields))
+            known = ", ".join(sorted(f for f, s in self.fields.items() if not s.refused))
             raise self.error(f"{self.resource} has no filterable field {field!r} (it has {known})")
+        if spec.refused:
+            raise self.error(spec.refused)
+        if spec.kind == CALL:
+            return self.call(field)
         op_tok = self.peek()
         if op_tok is None or op_tok.kind != "op":
             raise self.error(f"{field} needs a comparison (=, !=, <, <=, >, >= or :) and a value")
@@ -260,10 +287,47 @@ class _Parser:
         quoted = value_tok.kind == "str"
         raw = _unquote(value_tok.text) if quoted else value_tok.text
         if op not in _OPS[spec.kind]:
+            if spec.kind == RELATION:
+                raise self.error(f'{field} takes ":" and context names, e.g. {field}:"projects/..."')
             raise self.error(f"{field} takes {', '.join(_OPS[spec.kind])}, not {op}")
+        if spec.kind == RELATION:
+            return Cmp(field, ":", None, values=(raw, *self.more_names()))
         return self.compare(field, spec, key, op, raw, quoted)
 
+    def more_names(self) -> tuple[str, ...]:
+        """The names after a first one in ``"a","b"`` (a relation's, a call's)."""
+        out = []
+        while self.peek() is not None and self.peek().kind == "word" and self.peek().text == ",":
+            self.take()
+            tok = self.take()
+            if tok.kind not in ("str", "word") or tok.text in ("AND", "OR", "NOT", ","):
+                raise self.error(f"expected a name after ',' but found {tok.text!r}")
+            out.append(_unquote(tok.text) if tok.kind == "str" else tok.text)
+        return tuple(out)
+
+    def call(self, field: str) -> Cmp:
+        """``in_context("a"[, "b"])``."""
+        usage = f'{field} takes a context name: {field}("projects/.../contexts/c")'
+        if self.peek() is None or self.take().text != "(":
+            raise self.error(usage)
+        tok = self.take()
+        if tok.kind not in ("str", "word") or tok.text in (")", ","):
+            raise self.error(usage)
+        names = (_unquote(tok.text) if tok.kind == "str" else tok.text, *self.more_names())
+        if self.peek() is None or self.take().text != ")":
+            raise self.error(f"{field}( is not closed")
+        return Cmp(field, ":", None, values=names)
+
     def compare(self, field: str, spec: Field, key: str | None, op: str, raw: str, quoted: bool) -> Cmp:
+        if spec.kind == METADATA:
+            path = key.split(".") if key else []
+            if not path or not all(path):
+                raise self.error(f"{field} takes {field}.KEY, e.g. {field}.accuracy.number_value>0.5")
+            typed = path.pop() if path[-1] in _TYPED and len(path) > 1 else None
+            if op == ":" and raw == "*" and not quoted:
+                return Cmp(field, ":", None, path=tuple(path), typed=typed)
+            return Cmp(field, "=" if op == ":" else op, self.metadata_literal(raw, quoted, typed),
+                       path=tuple(path), typed=typed)
         if spec.kind == LABELS:
             if key is None:
                 if op != ":":
@@ -291,6 +355,22 @@ class _Parser:
         return Cmp(field, op, raw)
 
 
+    def metadata_literal(self, raw: str, quoted: bool, typed: str | None) -> object:
+        """A metadata value: strings stay strings when quoted or asked for; numbers and booleans otherwise."""
+        if typed == "string_value" or (quoted and typed is None):
+            return raw
+        if typed == "bool_value" or (not quoted and raw.lower() in ("true", "false") and typed is None):
+            if raw.lower() not in ("true", "false"):
+                raise self.error(f"a bool_value is true or false, not {raw!r}")
+            return raw.lower() == "true"
+        try:
+            return float(raw)
+        except ValueError:
+            if typed == "number_value":
+                raise self.error(f"a number_value compares with a number, not {raw!r}") from None
+            return raw
+
+
 _LABEL_KEY = re.compile(r"^[\w\- .]{1,128}$")
 
 
@@ -312,13 +392,15 @@ def parse_time(text: str, field: str = "time") -> float:
     return when.timestamp()
 
 
-def parse_filter(text: str | None, fields: Mapping[str, Field], resource: str) -> Node | None:
-    """The tree of a ``filter`` over ``fields`` (names in snake_case), or None for no filter."""
+def parse_filter(text: str | None, fields: Mapping[str, Field], resource: str, max_depth: int | None = None,
+                 example: str | None = None) -> Node | None:
+    """The tree of a ``filter`` over ``fields`` (names in snake_case), or None for no filter; ``max_depth``
+    bounds its nesting, ``example`` is the filter an error message shows."""
     if text is None or not text.strip():
         return None
     if len(text) > MAX_FILTER_CHARS:
         raise bad(f"Invalid filter: longer than {MAX_FILTER_CHARS} characters.")
-    return _Parser(text, fields, resource).parse()
+    return _Parser(text, fields, resource, max_depth, example).parse()
 
 
 def parse_order(text: str | None, orderable: tuple[str, ...], resource: str) -> tuple[tuple[str, bool], ...]:

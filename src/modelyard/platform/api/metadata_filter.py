@@ -1,8 +1,7 @@
-"""Vertex ML Metadata's list filters (artifacts, contexts, executions, purges, lineage queries):
-parsed into a small tree and checked here, evaluated against a node's row by ``matches``.
-
-The grammar is AIP-160's, as ``ListArtifactsRequest.filter`` documents it, with ML Metadata's own
-restrictions:
+"""Vertex ML Metadata's list filters (artifacts, contexts, executions, purges, lineage queries) and the
+TensorBoard API's: the fields each list takes, over the platform's one filter grammar (``api/list_filter``,
+AIP-160), and ``matches``, which evaluates a parsed filter against a row for what the store cannot select in
+SQL (``state/metadata_db`` selects by the columns; values inside ``metadata`` and relations are read here).
 
     display_name="a" AND schema_title="system.Model" AND uri="gs://b/m"
     state=LIVE  create_time>"2024-01-01T00:00:00Z"  labels.team="ml"  labels:team
@@ -18,256 +17,45 @@ would hand a purge every node of the store.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import re
-from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
-from modelyard.platform.api.errors import ApiError
+from modelyard.platform.api import list_filter as lf
+from modelyard.platform.api.list_filter import And, Cmp, Field, Node, Not, Or
 
-MAX_FILTER_CHARS = 8192
 MAX_DEPTH = 5
-TEXT_FIELDS = ("display_name", "uri", "schema_title", "schema_version", "description", "state", "name")
 TIME_FIELDS = ("create_time", "update_time")
-RELATIONS = {"artifacts": ("in_context",), "executions": ("in_context",),
-             "contexts": ("parent_contexts", "child_contexts")}
-# The TensorBoard API's lists take the same grammar over their own fields (rows hold them as text).
-_TB_TEXT = ("display_name", "description", "name")
-TENSORBOARD_FIELDS = {"tensorboards": (*_TB_TEXT, "is_default"), "experiments": (*_TB_TEXT, "source"),
-                      "runs": _TB_TEXT, "timeSeries": (*_TB_TEXT, "value_type", "plugin_name")}
-_TYPED = ("number_value", "string_value", "bool_value", "struct_value")
-
-
-@dataclass(frozen=True)
-class Cmp:
-    """``field op value``: ``path`` below ``labels``/``metadata`` (else empty); ``value`` None with
-    ``op`` ":" means "present"; ``values`` holds a relation's names (``in_context``, ``parent_contexts``)."""
-    field: str
-    op: str
-    value: object = None
-    path: tuple[str, ...] = ()
-    typed: str | None = None  # metadata's number_value | string_value | bool_value
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class And:
-    items: tuple
-
-
-@dataclass(frozen=True)
-class Or:
-    items: tuple
-
-
-@dataclass(frozen=True)
-class Not:
-    item: object
-
-
-Node = Union[Cmp, And, Or, Not]
-
-_TOKEN = re.compile(r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?P<op><=|>=|!=|=|<|>|:)"""
-                    r"""|(?P<punct>[(),])|(?P<word>[^\s(),"'<>=!:]+))""")
-
-
-def _bad(text: str, why: str) -> ApiError:
-    return ApiError("INVALID_ARGUMENT", f"Invalid filter {text!r}: {why}. Metadata filters are AIP-160 "
-                    'expressions, e.g. schema_title="system.Model" AND metadata.accuracy.number_value>0.5 '
-                    'AND in_context("projects/p/locations/l/metadataStores/default/contexts/c").')
-
-
-def _unquote(token: str) -> str:
-    return re.sub(r"\\(.)", lambda m: m.group(1), token[1:-1])
-
-
-class _Parser:
-    def __init__(self, text: str, kind: str) -> None:
-        self.text, self.kind = text, kind
-        self.toks: list[tuple[str, str]] = []
-        pos = 0
-        while text[pos:].strip():
-            m = _TOKEN.match(text, pos)
-            if m is None or m.end() == pos:
-                raise _bad(text, f"cannot read it at character {pos + 1}")
-            self.toks.append((m.lastgroup, m.group(m.lastgroup)))
-            pos = m.end()
-        self.i = 0
-        self.depth = 0
-
-    def peek(self) -> tuple[str, str] | None:
-        return self.toks[self.i] if self.i < len(self.toks) else None
-
-    def take(self) -> tuple[str, str]:
-        tok = self.peek()
-        if tok is None:
-            raise _bad(self.text, "it ends too early")
-        self.i += 1
-        return tok
-
-    def word(self, text: str) -> bool:
-        return self.peek() == ("word", text)
-
-    def parse(self) -> Node:
-        node = self.expression()
-        if self.peek() is not None:
-            raise _bad(self.text, f"unexpected {self.peek()[1]!r}")
-        return node
-
-    def expression(self) -> Node:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise _bad(self.text, f"it nests deeper than {MAX_DEPTH} levels")
-        items = [self.factor()]
-        while True:
-            tok = self.peek()
-            if tok is None or tok == ("punct", ")"):
-                break
-            if self.word("AND"):
-                self.take()
-            items.append(self.factor())  # juxtaposition is AND too
-        self.depth -= 1
-        return items[0] if len(items) == 1 else And(tuple(items))
-
-    def factor(self) -> Node:
-        items = [self.term()]
-        while self.word("OR"):
-            self.take()
-            items.append(self.term())
-        return items[0] if len(items) == 1 else Or(tuple(items))
-
-    def term(self) -> Node:
-        if self.word("NOT"):
-            self.take()
-            return Not(self.simple())
-        tok = self.peek()
-        if tok is not None and tok[0] == "word" and tok[1].startswith("-") and len(tok[1]) > 1:
-            self.toks[self.i] = ("word", tok[1][1:])
-            return Not(self.simple())
-        return self.simple()
-
-    def simple(self) -> Node:
-        if self.peek() == ("punct", "("):
-            self.take()
-            node = self.expression()
-            if self.peek() != ("punct", ")"):
-                raise _bad(self.text, "a '(' is not closed")
-            if self.take() != ("punct", ")"):
-                raise _bad(self.text, "a '(' is not closed")
-            return node
-        return self.restriction()
-
-    def value(self) -> tuple[object, bool]:
-        kind, text = self.take()
-        if kind == "str":
-            return _unquote(text), True
-        if kind != "word" or text in ("AND", "OR", "NOT"):
-            raise _bad(self.text, f"expected a value but found {text!r}")
-        return text, False
-
-    def restriction(self) -> Node:
-        kind, name = self.take()
-        if kind != "word" or name in ("AND", "OR", "NOT"):
-            raise _bad(self.text, f"expected a field but found {name!r}")
-        field, *path = name.split(".")
-        field = re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), field)
-        if field == "in_context":
-            return self.in_context(field)
-        if self.kind in TENSORBOARD_FIELDS:
-            known = (*TENSORBOARD_FIELDS[self.kind], *TIME_FIELDS, "labels")
-        else:
-            known = (*TEXT_FIELDS, *TIME_FIELDS, "labels", "metadata", *RELATIONS.get(self.kind, ()))
-        if field not in known or (field == "uri" and self.kind != "artifacts"):
-            raise _bad(self.text, f"{self.kind} have no filterable field {field!r}")
-        if path and field not in ("labels", "metadata"):
-            raise _bad(self.text, f"{field} has no sub-field {'.'.join(path)!r}")
-        kind, op = self.peek() or ("end", "")
-        self.i += 1
-        if kind != "op":
-            raise _bad(self.text, f"{name} needs a comparison (=, !=, <, <=, >, >= or :) and a value")
-        if field in ("parent_contexts", "child_contexts"):
-            if op != ":":
-                raise _bad(self.text, f'{field} takes ":" and context names, e.g. {field}:"projects/..."')
-            values = [self.value()[0]]
-            while self.peek() == ("punct", ","):
-                self.take()
-                values.append(self.value()[0])
-            return Cmp(field, ":", values=tuple(str(v) for v in values))
-        value, quoted = self.value()
-        if field == "labels":
-            if not path:
-                if op != ":":
-                    raise _bad(self.text, "labels takes labels.KEY=VALUE, labels.KEY:* or labels:KEY")
-                return Cmp("labels", ":", None, (str(value),))
-            if op == ":" and value == "*" and not quoted:
-                return Cmp("labels", ":", None, tuple(path))
-            return Cmp("labels", "=" if op == ":" else op, value, tuple(path))
-        if field == "metadata":
-            if not path:
-                raise _bad(self.text, "metadata takes metadata.KEY, e.g. metadata.accuracy.number_value>0.5")
-            typed = path.pop() if path[-1] in _TYPED and len(path) > 1 else None
-            if op == ":" and value == "*" and not quoted:
-                return Cmp("metadata", ":", None, tuple(path), typed)
-            return Cmp("metadata", "=" if op == ":" else op, _literal(value, quoted, typed, self.text),
-                       tuple(path), typed)
-        if field in TIME_FIELDS:
-            if op == ":":
-                raise _bad(self.text, f"{field} takes =, !=, <, <=, > or >=")
-            return Cmp(field, op, parse_time(str(value), self.text))
-        if op == ":" and value == "*" and not quoted:
-            return Cmp(field, "!=", "")
-        return Cmp(field, op, str(value))
-
-    def in_context(self, field: str) -> Cmp:
-        if "in_context" not in RELATIONS.get(self.kind, ()):
-            raise _bad(self.text, f"in_context() filters artifacts and executions, not {self.kind}")
-        if self.take() != ("punct", "("):
-            raise _bad(self.text, 'in_context takes a context name: in_context("projects/.../contexts/c")')
-        values = [self.value()[0]]
-        while self.peek() == ("punct", ","):
-            self.take()
-            values.append(self.value()[0])
-        if self.take() != ("punct", ")"):
-            raise _bad(self.text, "in_context( is not closed")
-        return Cmp(field, ":", values=tuple(str(v) for v in values))
-
-
-def _literal(value: object, quoted: bool, typed: str | None, text: str) -> object:
-    """A metadata value: strings stay strings when quoted or asked for; numbers and booleans otherwise."""
-    if typed == "string_value" or (quoted and typed is None):
-        return str(value)
-    if typed == "bool_value" or (not quoted and str(value).lower() in ("true", "false") and typed is None):
-        if str(value).lower() not in ("true", "false"):
-            raise _bad(text, f"a bool_value is true or false, not {value!r}")
-        return str(value).lower() == "true"
-    try:
-        return float(value)
-    except ValueError:
-        if typed == "number_value":
-            raise _bad(text, f"a number_value compares with a number, not {value!r}") from None
-        return str(value)
-
-
-def parse_time(text: str, whole: str) -> float:
-    """An RFC 3339 timestamp -> epoch seconds."""
-    try:
-        when = _dt.datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
-    except ValueError:
-        raise _bad(whole, f'times compare with an RFC 3339 timestamp such as "2024-01-01T00:00:00Z", not '
-                   f"{text!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return when.timestamp()
+_EXAMPLE = ('schema_title="system.Model" AND metadata.accuracy.number_value>0.5 '
+            'AND in_context("projects/p/locations/l/metadataStores/default/contexts/c")')
+_S, _T = Field(lf.STRING), Field(lf.TIME)
+_COMMON = {"display_name": _S, "schema_title": _S, "schema_version": _S, "description": _S, "name": _S,
+           "create_time": _T, "update_time": _T, "labels": Field(lf.LABELS), "metadata": Field(lf.METADATA)}
+_NOT_FOR_CONTEXTS = "in_context() filters artifacts and executions, not contexts"
+FIELDS = {
+    "artifacts": {**_COMMON, "uri": _S, "state": _S, "in_context": Field(lf.CALL)},
+    "executions": {**_COMMON, "state": _S, "in_context": Field(lf.CALL)},
+    "contexts": {**_COMMON, "parent_contexts": Field(lf.RELATION), "child_contexts": Field(lf.RELATION),
+                 "in_context": Field(lf.CALL, refused=_NOT_FOR_CONTEXTS)},
+}
+# The TensorBoard API's lists (rows hold their fields as text).
+_TB = {"display_name": _S, "description": _S, "name": _S, "create_time": _T, "update_time": _T,
+       "labels": Field(lf.LABELS)}
+FIELDS.update({"tensorboards": {**_TB, "is_default": _S}, "experiments": {**_TB, "source": _S}, "runs": _TB,
+               "timeSeries": {**_TB, "value_type": _S, "plugin_name": _S}})
+# What the store can select in SQL: a node row's columns (``state/metadata_db.Columns`` maps them).
+COLUMN_FIELDS = ("display_name", "schema_title", "schema_version", "description", "uri", "state", "create_time",
+                 "update_time", "labels")
 
 
 def parse(text: str | None, kind: str) -> Node | None:
     """The filter's tree for a list of ``kind`` (artifacts | contexts | executions, or a TensorBoard
     collection: tensorboards | experiments | runs | timeSeries); None: no filter."""
-    if text is None or not text.strip():
-        return None
-    if len(text) > MAX_FILTER_CHARS:
-        raise ApiError("INVALID_ARGUMENT", f"Invalid filter: longer than {MAX_FILTER_CHARS} characters.")
-    return _Parser(text, kind).parse()
+    return lf.parse_filter(text, FIELDS[kind], kind, MAX_DEPTH, _EXAMPLE)
+
+
+def parse_time(text: str, whole: str) -> float:
+    """An RFC 3339 timestamp -> epoch seconds (INVALID_ARGUMENT naming ``whole`` otherwise)."""
+    return lf.parse_time(text, whole)
 
 
 def relations_used(node: Node | None) -> set[str]:
@@ -311,6 +99,28 @@ def top_contexts(node: Node | None) -> set[str] | None:
     return None
 
 
+def in_columns(node: Node) -> bool:
+    """Whether the store can evaluate ``node`` on a node row's columns alone (no metadata value, no relation)."""
+    if isinstance(node, Cmp):
+        return node.field in COLUMN_FIELDS
+    if isinstance(node, Not):
+        return in_columns(node.item)
+    return all(in_columns(i) for i in node.items)
+
+
+def column_part(node: Node | None) -> Node | None:
+    """What of a filter every match must pass and the store can select in SQL: the whole filter if it can,
+    else the AND of its top-level parts that can; None if nothing."""
+    if node is None:
+        return None
+    if in_columns(node):
+        return node
+    if isinstance(node, And):
+        parts = tuple(i for i in node.items if in_columns(i))
+        return None if not parts else parts[0] if len(parts) == 1 else And(parts)
+    return None
+
+
 def _compare(have: object, op: str, want: object) -> bool:
     if have is None:
         return op == "!="
@@ -322,6 +132,9 @@ def _compare(have: object, op: str, want: object) -> bool:
             return op == "!="
     else:
         have = have if isinstance(have, str) else str(have)
+    if op == ":":  # a wildcard match, as list_query's LIKE
+        return isinstance(have, str) and re.fullmatch(".*".join(map(re.escape, str(want).split("*"))), have,
+                                                      re.S) is not None
     try:
         return {"=": have == want, "!=": have != want, "<": have < want, "<=": have <= want,
                 ">": have > want, ">=": have >= want}[op]
@@ -354,8 +167,8 @@ def matches(node: Node | None, row: dict, related: Callable[[str], set[str]]) ->
     if node.field == "labels":
         labels = row.get("labels") or {}
         if node.value is None:
-            return node.path[0] in labels
-        return _compare(labels.get(node.path[0]), node.op, str(node.value))
+            return node.key in labels
+        return _compare(labels.get(node.key), node.op, str(node.value))
     if node.field == "metadata":
         have = _metadata_value(row.get("metadata") or {}, node.path)
         if node.value is None and node.op == ":":

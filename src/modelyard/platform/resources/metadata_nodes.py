@@ -108,10 +108,12 @@ def select(db: MetadataDB, store: str, kind: str, filter_text: str | None) -> li
     tree = metadata_filter.parse(filter_text, kind)
     contexts = metadata_filter.top_contexts(tree)
     prefix = f"{store}/contexts/"
+    # The store selects what it can in SQL (the filter's column fields); values in metadata and relations here.
     rows = db.nodes(store, kind, titles=metadata_filter.top_titles(tree),
                     in_contexts=None if contexts is None else {c[len(prefix):] for c in contexts
-                                                               if c.startswith(prefix)})
-    if tree is None:
+                                                               if c.startswith(prefix)},
+                    where=metadata_filter.column_part(tree))
+    if tree is None or metadata_filter.in_columns(tree):
         return rows
     used = metadata_filter.relations_used(tree)
     contexts_of = db.memberships(store, kind) if "in_context" in used else {}

@@ -12,9 +12,17 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from modelyard.platform.api.errors import ApiError
+from modelyard.platform.api.list_filter import Node
+from modelyard.platform.state import list_query as lq
 from modelyard.platform.state import metadata_schema as m
 
 KINDS = ("artifacts", "contexts", "executions")
+# A metadata filter's column fields in SQL (api.metadata_filter.COLUMN_FIELDS; state.list_query compiles them).
+NODE_COLUMNS = lq.Columns({"display_name": m.md_nodes.c.display_name, "schema_title": m.md_nodes.c.schema_title,
+                           "schema_version": m.md_nodes.c.schema_version, "description": m.md_nodes.c.description,
+                           "uri": m.md_nodes.c.uri, "state": m.md_nodes.c.state, "create_time": m.md_nodes.c.created,
+                           "update_time": m.md_nodes.c.updated},
+                          lambda key: m.md_nodes.c.labels[key].as_string(), m.md_nodes.c.id)
 _SINGULAR = {"artifacts": "Artifact", "contexts": "Context", "executions": "Execution"}
 
 
@@ -95,10 +103,13 @@ class MetadataDB:
         return _row(row)
 
     def nodes(self, store: str, kind: str, ids: Iterable[str] | None = None,
-              titles: set[str] | None = None, in_contexts: set[str] | None = None) -> list[dict]:
+              titles: set[str] | None = None, in_contexts: set[str] | None = None, where: Node | None = None
+              ) -> list[dict]:
         """A store's nodes of one kind, oldest first; only ``ids`` / ``titles`` / members of any of the
-        context ids ``in_contexts`` when given."""
+        context ids ``in_contexts`` / those passing the filter tree ``where`` (on ``NODE_COLUMNS``) when given."""
         q = select(m.md_nodes).where(m.md_nodes.c.store == store, m.md_nodes.c.kind == kind)
+        if where is not None:
+            q = q.where(lq.where(where, NODE_COLUMNS))
         if in_contexts is not None:
             q = q.where(m.md_nodes.c.id.in_(select(m.md_members.c.node_id).where(
                 m.md_members.c.store == store, m.md_members.c.kind == kind,
