@@ -16,6 +16,7 @@ EPILOG = examples(
     "modelyard tune study.yaml --restart                # archive the old study and its runs/, start over",
     "modelyard tune status study.yaml                   # the trials table, from the study's database",
     "modelyard tune study.yaml --export-best-to models/mnist --plots plots/",
+    "modelyard tune study.yaml --experiment my-study  # each trial a run of a Vertex experiment on $MODELYARD_PLATFORM",
 )
 
 
