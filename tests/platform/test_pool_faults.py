@@ -1,7 +1,8 @@
 """Deployment resource pools under faults (issue 48, must-show 4 and 5), on a platform of their own (it is
 restarted): a pool replica killed under load (requests fail over, the models load on the other replica,
 none fails after the gateway's retry, the pool gets its replica back), then a platform restart that adopts
-the pool's replicas with the models they hold loaded (no reload, same processes)."""
+the pool's replicas with the models they hold loaded (no reload, same processes); a follower platform on the
+same store routes to them."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import pytest
 import requests
 
 from tests.platform.client import Api
-from tests.platform.conftest import PARENT, _env, start_platform
+from tests.platform.conftest import PARENT, PlatformProcess, _env, start_platform
 
 pytestmark = pytest.mark.e2e
 
@@ -116,5 +117,19 @@ def test_a_killed_pool_replica_fails_over_and_a_restart_adopts_the_pool(tmp_path
         after = _wait(lambda: _metrics(p.url, "modelyard_pool_model_loads_total"), 10, "metrics")
         assert {k: v for k, v in after.items() if k in loads} == loads
         assert set(p.replica_pids()) == pids  # no other serve process: nothing started, nothing orphaned
+
+        # A second platform on the same store (a follower: it serves the API and routes) routes to the pool's
+        # replicas the leader keeps.
+        follower = PlatformProcess(tmp_path_factory.mktemp("pool-follower"), _env(),
+                                   ["--store", str(p.workdir / "platform.db"), "--artifact-root", tiny_models["root"]])
+        follower.start()
+        try:
+            for name in ("tiny1", "tiny2"):
+                r = Api(follower.url).predict(endpoints[name], X)
+                assert r.status_code == 200, r.text
+                np.testing.assert_allclose(r.json()["predictions"], expected[name], rtol=1e-5, atol=1e-6)
+            assert set(p.replica_pids()) == pids
+        finally:
+            follower.stop()
     finally:
         p.cleanup()

@@ -183,6 +183,18 @@ class Pools:
                 dropped += 1
         return adopted, dropped
 
+    async def follow(self) -> None:
+        """On a follower (another platform of the store, not supervising): route to the pool replicas the
+        leader keeps, those of the store's rows that answer; a row that vanished leaves routing."""
+        rows = pool_db.replicas(self.store)
+        listed = {row["id"] for row in rows}
+        for replicas in self.routing.pools.values():
+            replicas[:] = [r for r in replicas if r.id in listed]  # in place: the list is shared by the models
+        for row in rows:
+            replicas = self.routing.pools.setdefault(row["pool_id"], [])
+            if row["id"] not in {r.id for r in replicas} and await self._answers(row):
+                replicas.append(Replica(row))
+
     # ---- processes ---------------------------------------------------------------------------------
     def _launch(self, pool: Pool, replica_id: str) -> dict:
         rdir = self.state_dir / "pools" / pool.row["id"] / replica_id

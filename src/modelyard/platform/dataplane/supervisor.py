@@ -85,6 +85,8 @@ class Supervisor:
                 continue
             if await self.engine.healthy(row) and row["id"] not in {r.id for r in d.replicas}:
                 self.routing.add_replica(d.id, row)
+        if not self.leader and self.pools is not None:  # pools' replicas too, as the leader keeps them
+            await self.pools.follow()
         if not self.leader:  # a follower routes only to replicas the store still lists
             listed = {row["id"] for row in self.store.replicas()}
             for d in self.routing.deployed.values():
