@@ -25,7 +25,7 @@ from modelyard.platform.jobs.warm_jobs import PIDS_FILE
 from modelyard.platform.state.store import Store
 from modelyard.tuning.forkserver import proc_stat, record_pid
 from tests.doc_blocks import blocks, sh, shell_env
-from tests.platform.conftest import _env
+from tests.platform.conftest import STAGING_BUCKET, _env
 from tests.platform.jobs_helpers import alive, no_stray_jobs, wait_gone, wait_state  # noqa: F401
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "training.md"
@@ -47,10 +47,11 @@ def _losses(job_dir: Path) -> list:
     return [(e["epoch"], e["loss"]) for e in metrics["epochs"]]
 
 
-def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp_path):
+def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp_path, gcs_emulator):
     """docs/training.md's block as written (its platform URL the session platform's): the config is
     written, submitted with `jobs submit --wait`, and its log shows the training process found
-    TensorFlow imported. Then the same config, cold, gives the same losses."""
+    TensorFlow imported. Then the same config, cold, gives the same losses; its job dir is a gs:// one
+    (issue 44: modelyard train in a job writes it through TensorFlow's gs:// and the job's gateway)."""
     (block,) = [b for b in blocks(DOC.read_text()) if b.lang == "bash" and b.body.startswith("cat > warm.yaml")]
     assert block.body.count("http://127.0.0.1:8600") == 2
     out = sh(block.body.replace("http://127.0.0.1:8600", platform.url), tmp_path, shell_env(tmp_path)).stdout
@@ -68,7 +69,8 @@ def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp
     config = yaml.safe_load((tmp_path / "warm.yaml").read_text())
 
     # The same config as a CustomJob whose pool sets a variable read when Python starts: cold, and says why.
-    (tmp_path / "cold.yaml").write_text(yaml.safe_dump({**config, "job_dir": "runs/cold"}))
+    cold_dir = f"{tmp_path.name}/runs/cold"  # in the platform's storage: the session storage's root
+    (tmp_path / "cold.yaml").write_text(yaml.safe_dump({**config, "job_dir": f"gs://{STAGING_BUCKET}/{cold_dir}"}))
     body = {"displayName": "cold", "jobSpec": {"workerPoolSpecs": [{"replicaCount": "1", "containerSpec": {
         "imageUri": "modelyard/train", "command": [sys.executable, "-m", "modelyard", "train", str(tmp_path / "cold.yaml")],
         "env": [{"name": "PYTHONHASHSEED", "value": "0"}]}}]}}
@@ -78,7 +80,7 @@ def test_a_training_config_starts_warm_and_ends_as_a_cold_run_does(platform, tmp
     assert cold_job["state"] == "JOB_STATE_SUCCEEDED", cold_log
     assert "cold start (not from the platform's warm interpreter): PYTHONHASHSEED differ" in cold_log, cold_log
     assert "warm start" not in cold_log, cold_log
-    warm, cold = _losses(tmp_path / "runs" / "warm"), _losses(tmp_path / "runs" / "cold")
+    warm, cold = _losses(tmp_path / "runs" / "warm"), _losses(Path(gcs_emulator["root"]) / STAGING_BUCKET / cold_dir)
     assert len(warm) == 2 and warm == cold
 
 
