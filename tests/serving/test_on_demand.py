@@ -39,6 +39,8 @@ class CountingLoader:
             self.loads.append(name)
         if self.gate is not None:
             assert self.gate.wait(10)
+        if (path / "broken").exists():
+            raise ServingError(Code.DATA_LOSS, f"cannot load {path}")
         return FakeServable(path)
 
 
@@ -133,3 +135,11 @@ def test_a_models_weight_is_its_files_bytes(tmp_path):
     link = tmp_path.parent / f"{tmp_path.name}-link"
     link.symlink_to(tmp_path, target_is_directory=True)
     assert footprint_bytes(tmp_path) == footprint_bytes(link) == 42
+
+
+def test_a_load_that_fails_answers_its_own_error(tmp_path):
+    manager, _, _ = _manager(tmp_path, 1, budget=0)
+    (tmp_path / "m0" / "1" / "broken").write_text("")  # the fake loader refuses it
+    with pytest.raises(ServingError) as err:
+        manager.acquire("m0")
+    assert err.value.code == Code.DATA_LOSS and "cannot load" in err.value.message

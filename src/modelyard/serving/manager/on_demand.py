@@ -71,6 +71,9 @@ class OnDemand:
             self._load(name, model, size)
         if not manager.wait_settled([name], timeout=LOAD_WAIT_S):
             raise ServingError(Code.UNAVAILABLE, f"model {name} did not load within {LOAD_WAIT_S:.0f} s")
+        records = manager.version_states(name)
+        if records and not any(r.state == "AVAILABLE" for r in records) and records[0].error is not None:
+            raise records[0].error  # the load's own error, rather than "not found"
 
     def _load(self, name: str, model, size: int) -> None:
         """Make room for ``size`` bytes, then start the load: once, whoever asks meanwhile."""
