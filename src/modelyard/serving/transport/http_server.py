@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 import socket
+import weakref
 from http import HTTPStatus
 from typing import Callable
 
@@ -65,6 +66,9 @@ class _Request:
 
 # Pipelined requests queue while one runs; past this many, stop reading until the queue drains.
 _PAUSE_AT = 8
+# On SIGTERM: a connection idle this long is closed; the whole drain waits at most _DRAIN_MAX_S.
+_DRAIN_IDLE_S = 0.5
+_DRAIN_MAX_S = 25.0
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -80,6 +84,7 @@ class HttpProtocol(asyncio.Protocol):
         self.paused = False
         self.owed_continue = False
         self.waiting: _Request | None = None  # the predict this connection has in a batching queue
+        self.draining = False  # SIGTERM: the next request answered is this connection's last
         self._reset()
 
     def _reset(self) -> None:
@@ -177,7 +182,7 @@ class HttpProtocol(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
-        keep_alive = self.parser.should_keep_alive()
+        keep_alive = self.parser.should_keep_alive() and not self.draining
         self.queue.append(_Request(self.method, self.path, b"".join(self.chunks), keep_alive, self.early,
                                    self.header_length))
         self._reset()
@@ -309,6 +314,24 @@ class HttpProtocol(asyncio.Protocol):
         if not request.keep_alive:
             self._close()
 
+    # ---- stopping: what is in flight is answered, no request is cut off --------------------------
+    def drain(self) -> None:
+        """The server stops (SIGTERM): requests in flight are answered; a request that arrives is answered
+        with ``connection: close``; a connection idle for ``_DRAIN_IDLE_S`` closes (a client sending on it
+        meanwhile still gets its answer, so clients see a close between requests, never a cut request)."""
+        self.draining = True
+        if self.queue:  # pipelined and not started yet: the last one closes the connection
+            self.queue[-1].keep_alive = False
+        self.loop.call_later(_DRAIN_IDLE_S, self._close_when_idle)
+
+    def _close_when_idle(self) -> None:
+        if self.transport is None:
+            return
+        if self.busy or self.queue or self.url or self.chunks:  # answering, or a request is arriving
+            self.loop.call_later(_DRAIN_IDLE_S, self._close_when_idle)
+            return
+        self._close()
+
     # Every byte goes through the loop's writer: it keeps each connection's bytes in order.
     def _send(self, data: bytes) -> None:
         self.writer.write(self.transport, self.fd, data)
@@ -343,7 +366,14 @@ def serve(app: RestApp, sock: socket.socket, guard: Guard | None = None) -> None
         factory, tls = (lambda: HttpProtocol(app, writer)), {}
         if guard is not None:
             factory, tls = guard(app, writer, loop)
-        server = await loop.create_server(factory, sock=sock, backlog=2048, **tls)
+        connections: weakref.WeakSet[HttpProtocol] = weakref.WeakSet()
+
+        def tracked() -> HttpProtocol:
+            protocol = factory()
+            connections.add(protocol)
+            return protocol
+
+        server = await loop.create_server(tracked, sock=sock, backlog=2048, **tls)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stopped.set)
@@ -351,6 +381,13 @@ def serve(app: RestApp, sock: socket.socket, guard: Guard | None = None) -> None
                 pass
         async with server:
             await stopped.wait()
+            # Drain: no new connection (refused at once), the open ones answer what they hold, then close.
+            server.close()
+            for protocol in list(connections):
+                protocol.drain()
+            deadline = loop.time() + _DRAIN_MAX_S
+            while any(p.transport is not None for p in list(connections)) and loop.time() < deadline:
+                await asyncio.sleep(0.02)
 
     try:
         loop.run_until_complete(main())
