@@ -7,6 +7,6 @@ from tests.image import podman
 
 
 @pytest.fixture(scope="session")
-def images() -> dict[str, str]:
-    """podman's environment, once both images carry this checkout's source key."""
+def images() -> str:
+    """The source key both images carry, once they are this checkout's."""
     return podman.ensure_images()

@@ -23,9 +23,9 @@ def env() -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def ensure_images() -> dict[str, str]:
+def ensure_images() -> str:
     """Build the images unless they carry this source's key (CI builds them before the suite; a worker
-    waits on the other's build through the lock). Returns podman's environment."""
+    waits on the other's build through the lock). Returns the source key scripts/image saw."""
     lock_path = REPO / "build" / "image.lock"
     lock_path.parent.mkdir(exist_ok=True)
     with open(lock_path, "w") as lock:
@@ -33,7 +33,8 @@ def ensure_images() -> dict[str, str]:
         done = subprocess.run([str(REPO / "scripts" / "image"), "--if-changed"], cwd=REPO, capture_output=True,
                               text=True, timeout=1800)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return env()
+    # Its last line: "... (source KEY)"; the source may change meanwhile in a working tree others edit.
+    return done.stdout.strip().splitlines()[-1].rsplit("(source ", 1)[1].rstrip(")")
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:

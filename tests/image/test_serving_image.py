@@ -82,15 +82,16 @@ def test_the_pages_build_line_makes_both_images(images):
     assert page_block("./scripts/image").strip() == "./scripts/image"
     key = subprocess.run([str(podman.REPO / "scripts" / "image"), "--key"], capture_output=True, text=True,
                          check=True).stdout.strip()
+    assert len(key) == 16 and len(images) == 16  # (others' edits may have changed the source since the build)
     import json
 
     serving, platform = json.loads(podman.podman("image", "inspect", podman.SERVING, podman.PLATFORM).stdout)
     for image in (serving, platform):
-        assert image["Labels"]["modelyard.source"] == key
+        assert image["Labels"]["modelyard.source"] == images
         assert image["Config"]["User"] == "1000:1000" and image["Config"]["Entrypoint"][:2] == ["/usr/bin/tini", "--"]
     assert set(serving["Config"]["ExposedPorts"]) == {"8500/tcp", "8501/tcp"}
     assert {"MODEL_BASE_PATH=/models", "MODEL_NAME=model"} <= set(serving["Config"]["Env"])
-    assert serving["Config"]["Healthcheck"]["Test"] == ["CMD", "/usr/local/bin/healthcheck"]
+    assert serving["Healthcheck"]["Test"] == ["CMD", "/usr/local/bin/healthcheck"]
     assert set(platform["Config"]["ExposedPorts"]) == {"8600/tcp", "8601/tcp"}
     assert "/var/lib/modelyard" in platform["Config"]["Volumes"]
 
