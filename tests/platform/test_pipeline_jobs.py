@@ -83,7 +83,9 @@ def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform,
     assert run_ctx.schema_title == "system.PipelineRun"
     graph = requests.get(f"{platform.url}/v1/{run_ctx.name}:queryContextLineageSubgraph", timeout=10).json()
     executions = {e["name"]: e["displayName"] for e in graph["executions"]}
-    assert sorted(executions.values()) == ["count", "make-data"]
+    assert sorted((e["displayName"], e["schemaTitle"]) for e in graph["executions"]) == [
+        ("count", "system.ContainerExecution"), ("make-data", "system.ContainerExecution"),
+        ("two-step-ok", "system.Run")]  # the run's own execution (its parameters, its state)
     kinds = {(executions[e["execution"]], e["type"]) for e in graph["events"] if e["artifact"] == dataset.name}
     assert kinds == {("make-data", "OUTPUT"), ("count", "INPUT")}
 
@@ -617,3 +619,34 @@ def test_google_ops_map_to_the_platforms_launcher_and_others_are_refused():
                                               "reserved_ip_ranges": [], "enable_web_access": False}}) == {
         "displayName": "x", "labels": {"my_key": "v"},
         "jobSpec": {"workerPoolSpecs": [{"machineSpec": {"machineType": "n"}}], "enableWebAccess": False}}
+
+
+def test_a_run_whose_steps_keep_failing_ends_failed_saying_why_not_running_forever():
+    from modelyard.platform.jobs import pipeline_jobs
+    from modelyard.platform.jobs.job_runner import FAILED, RUNNING
+
+    class Store:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def update_job(self, job_id, from_states=None, **values):
+            self.calls.append((job_id, values))
+            return True
+
+    class Runner:
+        store = Store()
+
+        def wake(self) -> None:
+            pass
+
+    runner = Runner()
+    row = {"id": "broken", "state": RUNNING, "spec": {}, "started": 1.0,  # no pipelineSpec: every step raises
+           "result": {pipeline_jobs.TASKS: {"t": {"kind": "job", "state": "RUNNING", "job": "task-job"}}}}
+    for _ in range(pipeline_jobs.MAX_BROKEN_TICKS - 1):
+        with pytest.raises(KeyError):
+            pipeline_jobs.follow(runner, row)
+    assert runner.store.calls == []
+    pipeline_jobs.follow(runner, row)
+    ended = {job: values for job, values in runner.store.calls}
+    assert ended["task-job"]["state"] == "JOB_STATE_CANCELLED"  # its tasks' jobs stop with it
+    assert ended["broken"]["state"] == FAILED and "failed 5 times in a row: KeyError" in ended["broken"]["error"]["message"]

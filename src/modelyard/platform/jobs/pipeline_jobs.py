@@ -15,6 +15,8 @@ What follow keeps between ticks is in the row's result (``_tasks``), so a restar
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 
 from modelyard import objstore
@@ -25,6 +27,7 @@ from modelyard.platform.api.timefmt import rfc3339
 from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
+log = logging.getLogger(__name__)
 TASKS = "_tasks"
 RUN_EXECUTION = "_run_execution"  # the run's system.Run execution (pipeline_metadata.run_execution)
 # SKIPPED: Vertex's state of a task whose outputs came from the cache; NOT_TRIGGERED: a dsl.If group whose
@@ -97,8 +100,32 @@ def _head(key: str) -> str | None:
     return key.rsplit("/", 1)[0] if "/" in key else None
 
 
+_BROKEN: dict[str, int] = {}  # run id -> ticks in a row that raised (a bug or a store that keeps failing)
+MAX_BROKEN_TICKS = 5
+
+
 def follow(runner, row: dict) -> None:
-    """One step of a run: settle ended tasks, start the tasks that can start, end the run when done."""
+    """One step of a run (``_follow``); a run whose steps keep raising ends FAILED saying why rather than
+    staying RUNNING."""
+    try:
+        _follow(runner, row)
+        _BROKEN.pop(row["id"], None)
+    except Exception as exc:
+        _BROKEN[row["id"]] = _BROKEN.get(row["id"], 0) + 1
+        if _BROKEN[row["id"]] < MAX_BROKEN_TICKS:
+            raise
+        for job in task_log_jobs(row):  # its tasks' jobs stop with it
+            if not runner.store.update_job(job, (PENDING,), state=CANCELLED, ended=time.time()):
+                runner.store.update_job(job, (RUNNING,), state=CANCELLING)
+        runner.wake()
+        _end(runner.store, row, FAILED, ApiError("INTERNAL", f"the pipeline's executor failed {MAX_BROKEN_TICKS} "
+                                                 f"times in a row: {type(exc).__name__}: {exc}").to_rpc_status(),
+             dict(row["result"] or {}))
+        _BROKEN.pop(row["id"], None)
+
+
+def _follow(runner, row: dict) -> None:
+    """Settle ended tasks, start the tasks that can start, end the run when done."""
     store = runner.store
     spec = row["spec"]["pipelineSpec"]
     result = dict(row["result"] or {})
@@ -118,12 +145,9 @@ def follow(runner, row: dict) -> None:
     for key, t in tasks.items():  # tasks whose job ended since the last tick, and retries due
         if t["state"] in ENDED or t.get("kind", "job") != "job":
             continue
-        if not t.get("job"):  # waiting for its next attempt (set_retry's backoff)
+        if not t.get("job"):  # queued for a slot, or waiting for its next attempt (set_retry's backoff)
             if row["state"] == CANCELLING:
                 t.update(state="CANCELLED", ended=time.time())
-                changed = True
-            elif time.time() >= t.get("retry_at", 0):
-                _launch(runner, row, spec, key, t, save)
                 changed = True
             continue
         changed |= _poll(runner, row, spec, key, t)
@@ -133,6 +157,8 @@ def follow(runner, row: dict) -> None:
         changed |= moved
         if not moved:
             break
+    if row["state"] == RUNNING:
+        changed |= _launch_queued(runner, row, spec, tasks, save)
     active = [n for n, t in tasks.items() if t["state"] not in ENDED]
     if changed:
         result[TASKS] = tasks
@@ -227,9 +253,7 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
             else:
                 tasks[key] = _start(runner, row, spec, key, scope, outputs)
             tasks[key]["id"] = len(tasks)
-            if tasks[key]["state"] == "PENDING":
-                _launch(runner, row, spec, key, tasks[key], save)
-            save()
+            save()  # a container task waits in the queue for a slot (_launch_queued)
             started = True
     for key, t in list(tasks.items()):  # loops: their next iterations
         if t.get("kind") != "loop" or t["state"] != "RUNNING":
@@ -249,6 +273,33 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
             save()
             started = True
     return started
+
+
+def slots() -> int:
+    """How many of a run's container tasks run at once: ``MODELYARD_PIPELINE_SLOTS``, else the machine's
+    CPUs (at least 2). Tasks past it wait, in the order they became ready."""
+    try:
+        return max(1, int(os.environ.get("MODELYARD_PIPELINE_SLOTS", "")))
+    except ValueError:
+        return max(2, os.cpu_count() or 1)
+
+
+def _launch_queued(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
+    """Start the custom jobs of the tasks waiting for a slot (ready, not taken from the cache, their
+    retry's backoff over), oldest first, while the run has fewer than ``slots()`` running."""
+    busy = sum(1 for t in tasks.values() if t.get("job") and t["state"] not in ENDED)
+    free = slots() - busy
+    now = time.time()
+    launched = False
+    for key, t in tasks.items():
+        if free <= 0:
+            break
+        if t.get("kind", "job") == "job" and t["state"] == "PENDING" and not t.get("job") \
+                and now >= t.get("retry_at", 0):
+            _launch(runner, row, spec, key, t, save)
+            free -= 1
+            launched = True
+    return launched
 
 
 def _enter_group(spec: dict, name: str, scope: dict, outputs: dict) -> dict:
@@ -495,8 +546,12 @@ def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:
 
 def _end(store, row: dict, state: str, error, result: dict) -> None:
     if result.get(RUN_EXECUTION):
-        ended = pipeline_metadata.end_run_execution(store.engine, row, result[RUN_EXECUTION], _EXECUTION_STATE[
-            _TASK_STATE[state]])
+        try:
+            ended = pipeline_metadata.end_run_execution(store.engine, row, result[RUN_EXECUTION], _EXECUTION_STATE[
+                _TASK_STATE[state]])
+        except Exception:  # the run ends all the same; its system.Run execution keeps its last state
+            log.exception("pipeline job %s: its system.Run execution could not be ended", row["id"])
+            ended = None
         if ended:
             result[RUN_EXECUTION] = ended
             detail = result.get("jobDetail") or {}

@@ -28,8 +28,8 @@ def run_context(engine, row: dict) -> tuple[dict, dict]:
     spec = row["spec"]["pipelineSpec"]
     pipeline = spec["pipelineInfo"]["name"]
     found = nodes.select(db, store, "contexts", f'schema_title="system.Pipeline" AND display_name="{pipeline}"')
-    parent = found[0] if found else nodes.create(db, store, "contexts", {
-        "displayName": pipeline, "schemaTitle": "system.Pipeline"}, None)
+    parent = nodes.get(db, store, "contexts", found[0]["id"]) if found else \
+        nodes.create(db, store, "contexts", {"displayName": pipeline, "schemaTitle": "system.Pipeline"}, None)
     run = nodes.create(db, store, "contexts", {
         "displayName": row["id"], "schemaTitle": "system.PipelineRun",
         "metadata": {"pipeline_job_name": f"{row['parent']}/pipelineJobs/{row['id']}",
@@ -83,8 +83,7 @@ def cached(engine, row: dict, key: str) -> dict | None:
                          f'AND metadata.cache_key.string_value="{key}"')
     if not found:
         return None
-    newest = max(found, key=lambda e: e.get("createTime", ""))
-    return (newest.get("metadata") or {}).get("cached_outputs")
+    return (found[-1].get("metadata") or {}).get("cached_outputs")  # select's rows: oldest first
 
 
 def artifact_by_uri(engine, row: dict, artifact: dict) -> str | None:
@@ -94,7 +93,7 @@ def artifact_by_uri(engine, row: dict, artifact: dict) -> str | None:
     title = (artifact.get("type") or {}).get("schemaTitle")
     uri = artifact["uri"].replace("\\", "\\\\").replace('"', '\\"')
     found = nodes.select(db, store, "artifacts", f'uri="{uri}" AND schema_title="{_title(title)}"')
-    return max(found, key=lambda a: a.get("createTime", ""))["name"] if found else None
+    return f"{store}/artifacts/{found[-1]['id']}" if found else None  # select's rows: oldest first
 
 
 def _title(title: str | None) -> str:
