@@ -141,19 +141,24 @@ def _ids(graph: dict, key: str) -> list[str]:
     'NOT state="LIVE" OR create_time>"2000-01-01T00:00:00Z"',
     'display_name="ds-2" OR metadata.rows.number_value>1',  # metadata under OR: all per row
     'labels:team AND metadata.rows.number_value>=1 AND -uri="gs://b/ds-0"',  # SQL for two parts, one per row
+    'metadata.kind.string_value="raw" AND metadata.nested.k="v1"',  # metadata text: selected in SQL, then checked
+    'metadata.kind="3" OR display_name="model"',  # a number is not the text "3"
 ])
 def test_the_store_selects_a_filters_columns_in_sql_with_the_same_answer(db, text):
     """One grammar for every list: a metadata filter's column fields go to the store's SQL (as any list's),
     and the answer is the one the filter gives row by row."""
     for i in range(4):
         _new(db, "artifacts", f"ds-{i}", "system.Dataset", displayName=f"ds-{i}", uri=f"gs://b/ds-{i}",
-             state="LIVE" if i % 2 else "PENDING", metadata={"rows": i}, labels={"team": "ml"} if i < 3 else {})
+             state="LIVE" if i % 2 else "PENDING", labels={"team": "ml"} if i < 3 else {},
+             metadata={"rows": i, "kind": "raw" if i < 2 else i, "nested": {"k": f"v{i}"}})
     _new(db, "artifacts", "other", "system.Model", displayName="model")
     tree = mf.parse(text, "artifacts")
     by_row = sorted(r["id"] for r in db.nodes(STORE, "artifacts") if mf.matches(tree, r, lambda _f: set()))
     assert sorted(n["id"] for n in nodes.select(db, STORE, "artifacts", text)) == by_row
     sql = mf.column_part(tree)
     selected = sorted(r["id"] for r in db.nodes(STORE, "artifacts", where=sql))
+    if "string_value" in text:
+        assert selected == by_row == ["ds-1"]  # ds-0 and ds-1 are "raw"; ds-1's nested.k is "v1"
     assert set(by_row) <= set(selected)
     if sql is None:
         assert len(selected) == 5

@@ -56,6 +56,7 @@ def test_tensorboard_points_on_postgres(engine):
 
 @pytest.mark.parametrize("text", [
     'display_name:"ds*" AND labels.team="ml"',
-    'labels:team AND metadata.rows.number_value>=1 AND -uri="gs://b/ds-0"'])
+    'labels:team AND metadata.rows.number_value>=1 AND -uri="gs://b/ds-0"',
+    'metadata.kind.string_value="raw" AND metadata.nested.k="v1"', 'metadata.kind="3" OR display_name="model"'])
 def test_filters_in_sql_on_postgres(db, text):
     on_sqlite.test_the_store_selects_a_filters_columns_in_sql_with_the_same_answer(db, text)

@@ -108,15 +108,22 @@ def in_columns(node: Node) -> bool:
     return all(in_columns(i) for i in node.items)
 
 
+def metadata_text_equality(node: Node) -> bool:
+    """``metadata.KEY="text"`` (or ``.string_value``): the store can select it by the JSON value's text. Only
+    as a pre-selection the rows are then checked against (a number stored as text would pass it too), so
+    never under NOT or OR."""
+    return isinstance(node, Cmp) and node.field == "metadata" and node.op == "=" and isinstance(node.value, str)
+
+
 def column_part(node: Node | None) -> Node | None:
     """What of a filter every match must pass and the store can select in SQL: the whole filter if it can,
-    else the AND of its top-level parts that can; None if nothing."""
+    else the AND of its top-level parts that can (columns, labels, a metadata value's text); None if nothing."""
     if node is None:
         return None
-    if in_columns(node):
+    if in_columns(node) or metadata_text_equality(node):
         return node
     if isinstance(node, And):
-        parts = tuple(i for i in node.items if in_columns(i))
+        parts = tuple(i for i in node.items if in_columns(i) or metadata_text_equality(i))
         return None if not parts else parts[0] if len(parts) == 1 else And(parts)
     return None
 

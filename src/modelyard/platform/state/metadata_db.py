@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.api.list_filter import Node
+from modelyard.platform.api.list_filter import And, Cmp, Node
 from modelyard.platform.state import list_query as lq
 from modelyard.platform.state import metadata_schema as m
 
@@ -24,6 +24,16 @@ NODE_COLUMNS = lq.Columns({"display_name": m.md_nodes.c.display_name, "schema_ti
                            "update_time": m.md_nodes.c.updated},
                           lambda key: m.md_nodes.c.labels[key].as_string(), m.md_nodes.c.id)
 _SINGULAR = {"artifacts": "Artifact", "contexts": "Context", "executions": "Execution"}
+
+
+def _where(node: Node):
+    """A metadata filter's SQL part (api.metadata_filter.column_part): list_query's, plus a metadata value's
+    text at a top-level AND (the JSON value at the key's path, as text)."""
+    if isinstance(node, Cmp) and node.field == "metadata":
+        return m.md_nodes.c.metadata[tuple(node.path)].as_string() == node.value
+    if isinstance(node, And):
+        return and_(*(_where(i) for i in node.items))
+    return lq.where(node, NODE_COLUMNS)
 
 
 def _row(r) -> dict:
@@ -109,7 +119,7 @@ class MetadataDB:
         context ids ``in_contexts`` / those passing the filter tree ``where`` (on ``NODE_COLUMNS``) when given."""
         q = select(m.md_nodes).where(m.md_nodes.c.store == store, m.md_nodes.c.kind == kind)
         if where is not None:
-            q = q.where(lq.where(where, NODE_COLUMNS))
+            q = q.where(_where(where))
         if in_contexts is not None:
             q = q.where(m.md_nodes.c.id.in_(select(m.md_members.c.node_id).where(
                 m.md_members.c.store == store, m.md_members.c.kind == kind,
