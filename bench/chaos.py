@@ -542,9 +542,9 @@ class Chaos:
         if self.s.service.proc.poll() is not None:
             self.s.start()
         self.s.disk_full(False)
-        self.final_check()
-        if self.plat is not None:
+        if self.plat is not None:  # first: the last fault's recovery is measured as the clients would see it
             self.plat.final_check()
+        self.final_check()
         return elapsed
 
     def _guarded(self, work) -> None:

@@ -223,6 +223,7 @@ def main() -> int:
         seen = recv.recv()
         client.join(30)
 
+        api = Conn(p.base)  # a new connection: the first one sat idle past the platform's idle timeout
         t0 = time.perf_counter()
         listed, token, pages = 0, None, 0
         while True:
