@@ -89,7 +89,8 @@ def test_the_textbooks_vertex_cells_against_the_platform_image_survive_a_restart
             # The rest of the cells: undeploy, the batch prediction job (run inside the container), clean-up.
             for number in (72, 73, 75, 76, 77, 78, 79, 80, 81, 83):
                 _run(cells[number], ns)
-            assert ns["batch_prediction_job"].state.name == "JOB_STATE_SUCCEEDED"
+                if number == 76:  # (read before cell 83 deletes the job)
+                    assert ns["batch_prediction_job"].state.name == "JOB_STATE_SUCCEEDED"
             assert len(ns["y_probas"]) == 100 and ns["accuracy"] > 0.8
     finally:
         podman.remove(container)
