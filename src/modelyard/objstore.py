@@ -307,6 +307,28 @@ def list_dirs(prefix: str) -> list[str]:
     return sorted(f"{scheme}://{e['name'].rstrip('/')}" for e in entries if e.get("type") == "directory")
 
 
+def list_tree(prefix: str) -> dict[str, str]:
+    """Every object under the remote ``prefix``: its path relative to the prefix -> a tag of its content
+    (generation, checksum and size: a replaced object gets a new tag). Empty when nothing is there."""
+    fs = filesystem(scheme_of(prefix))
+    root = prefix.split("://", 1)[1].rstrip("/")
+    try:
+        fs.invalidate_cache(root)  # a poll must see what changed since the last one
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        raise _remote_failure(prefix, exc) from None
+    tree = {}
+    for name, info in found.items():
+        rel = name.rstrip("/")[len(root):].lstrip("/")
+        if not rel or info.get("type") == "directory":
+            continue
+        check = info.get("crc32c") or info.get("md5Hash") or info.get("ETag") or ""
+        tree[rel] = f"{info.get('generation') or info.get('mtime') or ''}/{check}/{info.get('size') or 0}"
+    return tree
+
+
 def get_tree(uri: str, into: Path) -> None:
     """Download every object under the remote ``uri`` into ``into`` (made whole, then renamed)."""
     partial = into.with_name(into.name + ".partial")

@@ -37,15 +37,24 @@ def test_docker_style_environment(tmp_path):
     assert options.model_base_path == (tmp_path / "resnet").resolve()
 
 
-def test_a_storage_uri_base_path_is_named_as_one(tmp_path):
-    """TF Serving watches gs:// base paths; modelyard serve watches local ones and says so (it read
-    gs://b/m as the local directory gs:/b/m and called it missing)."""
+def test_a_gs_base_path_is_kept_as_a_uri_and_needs_the_storage(tmp_path):
+    """TF Serving serves gs:// base paths; so does modelyard serve, from the storage STORAGE_EMULATOR_HOST
+    names (it read gs://b/m as the local directory gs:/b/m, then refused every URI)."""
+    options = parse("--model_base_path", "gs://b/m/", environ={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"})
+    assert options.model_base_path == "gs://b/m"
+    options = parse(environ={"MODEL_NAME": "resnet", "MODEL_BASE_PATH": "gs://b/models",
+                             "STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"})
+    assert options.model_base_path == "gs://b/models/resnet"
     with pytest.raises(OptionsError) as err:
         parse("--model_base_path", "gs://b/m")
-    assert str(err.value).startswith("model base path gs://b/m is a storage URI: modelyard serve watches a local "
-                                     "directory of versions"), err.value
-    with pytest.raises(OptionsError, match="gs://b/models/resnet is a storage URI.*MODEL_BASE_PATH"):
+    assert str(err.value).startswith("base path gs://b/m is in Cloud Storage, and STORAGE_EMULATOR_HOST is not "
+                                     "set"), err.value
+    assert str(err.value).endswith("(fix --model_base_path)")
+    with pytest.raises(OptionsError, match="gs://b/models/resnet is in Cloud Storage.*STORAGE_EMULATOR_HOST.*"
+                                           "MODEL_BASE_PATH"):
         parse(environ={"MODEL_NAME": "resnet", "MODEL_BASE_PATH": "gs://b/models"})
+    with pytest.raises(OptionsError, match="s3://b/m is not a gs://bucket/path URI"):
+        parse("--model_base_path", "s3://b/m", environ={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"})
 
 
 def test_boolean_flags_take_tf_serving_spelling(tmp_path):

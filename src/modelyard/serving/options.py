@@ -91,7 +91,7 @@ class ServeOptions:
     rest_api_port: int
     host: str
     model_name: str | None
-    model_base_path: Path | None
+    model_base_path: Path | str | None  # str: a gs:// URI (serving/manager/remote_versions.py)
     model_config_file: Path | None
     model_config_file_poll_wait_seconds: int
     file_system_poll_wait_seconds: int
@@ -155,18 +155,19 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
             raise OptionsError(f"--model_name {model_name} needs --model_base_path (the directory of its versions)")
         else:
             use_demo = True
-    if base_path and "://" in str(base_path):  # Path() would make gs://b/m the local gs:/b/m
-        raise OptionsError(
-            f"model base path {base_path} is a storage URI: modelyard serve watches a local directory of "
-            f"versions; copy them to one (gsutil -m cp -r, gcsfs) or deploy the model through modelyard platform, "
-            f"whose replicas fetch gs:// artifacts themselves (fix {base_path_source})"
-        )
-    if base_path and not Path(base_path).is_dir():
+    remote = bool(base_path) and "://" in str(base_path)  # Path() would make gs://b/m the local gs:/b/m
+    if remote:
+        from modelyard.serving.manager.remote_versions import requirement
+
+        problem = requirement(str(base_path), environ)
+        if problem:
+            raise OptionsError(f"{problem} (fix {base_path_source})")
+    if base_path and not remote and not Path(base_path).is_dir():
         raise OptionsError(
             f"model base path {base_path} is not a directory: export a model there first "
             f"(modelyard.export(model, path)) or fix {base_path_source}"
         )
-    if base_path:
+    if base_path and not remote:
         from modelyard.serving.manager.versions import misplaced_model
 
         mistake = misplaced_model(Path(base_path))
@@ -220,7 +221,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         rest_api_port=args.rest_api_port,
         host=args.host,
         model_name=model_name or ("my_mnist_model" if use_demo else "default"),
-        model_base_path=Path(base_path).resolve() if base_path else None,
+        model_base_path=(str(base_path).rstrip("/") if remote else Path(base_path).resolve()) if base_path else None,
         model_config_file=Path(args.model_config_file).resolve() if args.model_config_file else None,
         model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,

@@ -12,6 +12,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from modelyard.errors import Code, ServingError, invalid_argument
+from modelyard.serving.manager import remote_versions
 from modelyard.serving.manager.manager import ModelConfig
 from modelyard.serving.manager.versions import VersionPolicy
 from modelyard.serving.textproto import parse_text_proto, read_flag_file
@@ -42,14 +43,18 @@ def model_configs(proto) -> list[ModelConfig]:
         if entry.model_platform not in ("", "tensorflow", "tflite"):
             raise invalid_argument(f"Model {entry.name} requests unsupported platform {entry.model_platform}")
         base = os.path.expandvars(entry.base_path)
-        if not os.path.isabs(base):
+        if remote_versions.is_remote(base):  # gs://: served from a mirror the poll keeps in step
+            problem = remote_versions.requirement(base)
+            if problem:
+                raise invalid_argument(f"Model {entry.name}: {problem}")
+        elif not os.path.isabs(base):
             raise invalid_argument(
                 f"Expected model {entry.name} to have an absolute path or URI; got base_path()={entry.base_path}"
             )
         configs.append(
             ModelConfig(
                 name=entry.name,
-                base_path=Path(base),
+                base_path=base.rstrip("/") if remote_versions.is_remote(base) else Path(base),
                 policy=VersionPolicy.from_proto(entry.model_version_policy),
                 labels=dict(entry.version_labels),
             )

@@ -31,7 +31,7 @@ START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UN
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    base_path: Path
+    base_path: Path | str  # a gs:// base path stays a URI: versions.version_dirs reads its mirror
     policy: VersionPolicy = VersionPolicy()
     labels: dict[str, int] = field(default_factory=dict)
 

@@ -2,6 +2,8 @@
 
 A version is a sub-directory with an integer name (``0001`` is version 1); hidden and
 other names are ignored, which lets exporters write ``.tmp-*`` dirs and rename atomically.
+A base path may also be a ``gs://`` URI (a ``str``, not a ``Path``): its versions are read from a
+local mirror that ``remote_versions.sync`` brings up to date each time they are listed.
 """
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.model.savedmodel import SAVED_MODEL_FILES
+from modelyard.serving.manager import remote_versions
 
 TFLITE_MODEL_FILE = "model.tflite"
 
 
-def version_dirs(base_path: Path) -> dict[int, Path]:
-    """Integer-named sub-directories of ``base_path`` by version number."""
+def version_dirs(base_path: Path | str) -> dict[int, Path]:
+    """Integer-named sub-directories of ``base_path`` by version number (of its mirror, synced now, for
+    a ``gs://`` base path)."""
     found: dict[int, Path] = {}
+    if remote_versions.is_remote(base_path):
+        base_path = remote_versions.sync(str(base_path))
     try:
         entries = list(os.scandir(base_path))
     except FileNotFoundError:
@@ -27,22 +33,28 @@ def version_dirs(base_path: Path) -> dict[int, Path]:
     return found
 
 
-def missing_base_path(base_path: Path, setting: str = "--model_base_path") -> str | None:
+def missing_base_path(base_path: Path | str, setting: str = "--model_base_path") -> str | None:
     """``base path ... does not exist`` when it does not, else None: the first thing to say about a model
     that has nothing to serve (a label's version, say, cannot be available under a path that is not there).
-    ``setting`` is what the user wrote the path in."""
+    ``setting`` is what the user wrote the path in. A ``gs://`` one is there when its last sync found objects."""
+    if remote_versions.is_remote(base_path):
+        if remote_versions.mirror_dir(str(base_path).rstrip("/")).exists():
+            return None
+        return f"base path {base_path} does not exist: no object under it (check {setting} {base_path}, or upload a version)"
     if Path(base_path).exists():
         return None
     return f"base path {base_path} does not exist (check {setting} {base_path}, or create it)"
 
 
-def misplaced_model(base_path: Path, setting: str = "--model_base_path") -> str | None:
+def misplaced_model(base_path: Path | str, setting: str = "--model_base_path") -> str | None:
     """Why ``base_path`` cannot be a base path because it holds a model itself, or None.
 
     A base path holds version directories (``1``, ``0001``, ...); pointing it at one of them, or
     at a bare SavedModel, is the most common first-hour mistake, and the fix is one line to type.
     ``setting`` is what the user wrote the path in (a flag, or the config file's ``base_path``).
     """
+    if remote_versions.is_remote(base_path):
+        return None  # its mirror holds version directories only
     base_path = Path(base_path)
     holds_model = any((base_path / name).is_file() for name in (*SAVED_MODEL_FILES, TFLITE_MODEL_FILE))
     if not holds_model or version_dirs(base_path):
