@@ -435,3 +435,55 @@ def test_a_tuning_jobs_trials_are_runs_of_its_experiment(sdk, platform):
         params = {p["parameterId"]: p["value"] for p in trial["parameters"]}
         assert (row["state"], row["param.x"], row["param.units"]) == ("COMPLETE", params["x"], params["units"])
         assert row["metric.score"] == pytest.approx(trial["finalMeasurement"]["metrics"][0]["value"])
+
+
+TB_SCRIPT = """import os
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+for run, scale in (("train", 1.0), ("validation", 2.0)):
+    writer = EventFileWriter(os.path.join(os.environ["AIP_TENSORBOARD_LOG_DIR"], run))
+    for step in range(3):
+        value = summary_pb2.Summary.Value(tag="epoch_loss", simple_value=scale / (step + 1))
+        writer.add_event(event_pb2.Event(step=step, wall_time=1.7e9 + step, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+"""
+
+
+def test_a_jobs_tensorboard_logs_reach_its_tensorboard(sdk, platform, tmp_path):
+    """CustomJob.run(tensorboard=...): the job's AIP_TENSORBOARD_LOG_DIR event files become TensorBoard experiment
+    {job id} of that resource, a run per folder (as Vertex uploads them); a missing TensorBoard is refused at create."""
+    from google.api_core import exceptions
+
+    board = sdk.Tensorboard.create(display_name="job-logs")
+    script = tmp_path / "train.py"
+    script.write_text(TB_SCRIPT)
+    job = sdk.CustomJob.from_local_script(display_name="tb-job", script_path=str(script),
+                                          container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+                                          staging_bucket=f"gs://{STAGING}/tb-job")
+    with pytest.raises(exceptions.NotFound):
+        job.run(tensorboard=f"{PARENT}/tensorboards/404")
+    job = sdk.CustomJob.from_local_script(display_name="tb-job", script_path=str(script),
+                                          container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+                                          staging_bucket=f"gs://{STAGING}/tb-job")
+    job.run(tensorboard=board.resource_name)
+    runs = sdk.TensorboardRun.list(tensorboard_experiment_name=job.name, tensorboard_id=board.name)
+    read = {r.name: [(p.step, p.scalar.value) for p in r.read_time_series_data()["epoch_loss"].values] for r in runs}
+    assert read == {"train": [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))],
+                    "validation": [(0, 2.0), (1, 1.0), (2, pytest.approx(2 / 3))]}
+    board.delete()
+
+
+def test_tensorflow_scalar_summaries_are_read_from_event_files(tmp_path):
+    """TF2's tf.summary.scalar writes a scalar tensor, not a simple_value: both are read (one layer down)."""
+    import tensorflow as tf
+
+    from modelyard.platform.jobs import tensorboard_upload
+
+    with tf.summary.create_file_writer(str(tmp_path)).as_default():
+        for step in range(3):
+            tf.summary.scalar("loss", 1.0 / (step + 1), step=step)
+            tf.summary.text("note", "not a scalar", step=step)
+    found = tensorboard_upload.read_scalars(sorted(tmp_path.glob("*tfevents*")))
+    assert list(found) == ["loss"]
+    assert [(s, v) for s, _w, v in found["loss"]] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]

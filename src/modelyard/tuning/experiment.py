@@ -131,13 +131,13 @@ def recorder_for(study, experiment: str, url: str | None, project: str, location
     """The recorder of ``study`` (a ``tuning.spec.Study``), its experiment opened; RecordError if it cannot be."""
     url = url or os.environ.get("MODELYARD_PLATFORM") or "http://127.0.0.1:8600"
     rec = ExperimentRecorder(url, experiment, study.name, project, location,
-                             token or os.environ.get("MODELYARD_PLATFORM_TOKEN") or _job_token())
+                             token or os.environ.get("MODELYARD_PLATFORM_TOKEN") or job_token())
     rec.metric_ids = [m.id for m in study.metrics] or ["objective"]
     rec.open()
     return rec
 
 
-def _job_token() -> str | None:
+def job_token() -> str | None:
     """Inside a platform job: the job's own token, from its metadata server (as the SDK finds it)."""
     host = os.environ.get("GCE_METADATA_HOST")
     if not host:

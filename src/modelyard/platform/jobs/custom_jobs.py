@@ -28,8 +28,9 @@ from modelyard import objstore
 from modelyard.platform.jobs import job_env, job_packages, warm_jobs
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
-from modelyard.platform.resources import metadata_experiments
+from modelyard.platform.resources import metadata_experiments, tensorboards
 from modelyard.platform.state.metadata_db import MetadataDB
+from modelyard.platform.state.tensorboard_db import TensorboardDB
 
 RESUMABLE = False  # a training command may not be safe to start twice; a lost one fails
 ROLES = ("chief", "worker", "ps", "evaluator")  # worker pool index -> TF_CONFIG task type
@@ -44,6 +45,11 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     await asyncio.to_thread(job_packages.check, job_spec)  # packages that cannot be installed: likewise
     # Its experiment and run checked; the run made when only the experiment is named, as Vertex does.
     job_spec.update(await asyncio.to_thread(metadata_experiments.job_experiment, MetadataDB(p.store.engine), job_spec))
+    if job_spec.get("tensorboard"):  # where its AIP_TENSORBOARD_LOG_DIR is sent (tensorboard_upload)
+        if job_spec.get("experiment"):
+            raise invalid("job_spec.experiment and job_spec.tensorboard cannot be set together.")
+        await asyncio.to_thread(tensorboards.check_tensorboard, TensorboardDB(p.store.engine),
+                                job_spec["tensorboard"], "job_spec.tensorboard")
     return {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state")}, {}
 
 
@@ -138,6 +144,22 @@ def execute(work_dir: Path, job: dict) -> dict:
     run_pools(job["spec"]["jobSpec"], work_dir, job["id"], engine=job.get("engine"),
               project=job["parent"].split("/")[1], storage_root=job.get("storageRoot"))
     return {}
+
+
+def _send_tensorboard_logs(tensorboard: str, logdir: str, job_id: str) -> None:
+    """The job's TensorBoard logs into ``jobSpec.tensorboard`` (experiment = the job's id), as Vertex does;
+    a failure is said in the job's log and does not fail the job."""
+    import os
+
+    from modelyard.platform.jobs import tensorboard_upload
+    from modelyard.tuning.experiment import job_token
+
+    try:
+        n = tensorboard_upload.upload(logdir, tensorboard, job_id, os.environ.get("MODELYARD_PLATFORM", ""),
+                                      job_token())
+        print(f"sent {n} TensorBoard scalar point(s) from {logdir} to {tensorboard}/experiments/{job_id}", flush=True)
+    except Exception as exc:  # the training itself succeeded or failed on its own
+        print(f"could not send the TensorBoard logs {logdir} to {tensorboard}: {exc}", flush=True)
 
 
 def output_env(base: str) -> dict[str, str]:
@@ -265,6 +287,8 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
         n = mount.publish()
         if n:
             print(f"wrote {n} file(s) under /gcs/ back to their buckets", flush=True)
+        if job_spec.get("tensorboard"):
+            _send_tensorboard_logs(job_spec["tensorboard"], dirs["AIP_TENSORBOARD_LOG_DIR"], job_id)
     if cancelled:
         raise JobFailed("CANCELED", "CANCELLED")
     if not ok:

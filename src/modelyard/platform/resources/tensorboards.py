@@ -36,6 +36,27 @@ def keys_of(route: TrackingRoute, upto: int | None = None) -> dict:
     return {**_parent_keys(levels), "id": levels[-1][1]}
 
 
+def check_tensorboard(db: TensorboardDB, name: object, field: str) -> str:
+    """``name`` if it names an existing TensorBoard (``projects/p/locations/l/tensorboards/id``); else
+    INVALID_ARGUMENT / NOT_FOUND naming ``field``."""
+    route = None
+    if isinstance(name, str) and name.count("/") == 5:
+        try:
+            route = parse_tracking_path(name)
+        except ApiError:
+            route = None
+    if route is None or route.leaf != "tensorboards" or route.leaf_id is None or route.verb:
+        raise invalid(f"{field} must name a TensorBoard: projects/{{p}}/locations/{{l}}/tensorboards/{{id}}, "
+                      f"got {name!r}.")
+    try:
+        db.get("tensorboards", keys_of(route))
+    except ApiError as exc:
+        if exc.status == "NOT_FOUND":
+            raise ApiError("NOT_FOUND", f"{field}: TensorBoard {name} does not exist.") from None
+        raise
+    return name
+
+
 def _parent_keys(levels) -> dict:
     """The key columns a row below ``levels[:-1]`` has for its parents."""
     return {_KEYS[c]: rid for c, rid in levels[:-1]}
