@@ -1,5 +1,6 @@
 """Cloud Storage's JSON API over plain HTTP, for the per-object calls a batch job makes many of: an
-object's metadata, a ranged read of its bytes (of one generation), a whole small object.
+object's metadata, a ranged read of its bytes (of one generation), a whole small object; and the
+listing of a prefix that ``modelyard serve`` makes each poll of a ``gs://`` base path.
 
 Used for the storage that ``STORAGE_EMULATOR_HOST`` names (the platform's own, or an emulator), which
 needs no credential discovery: no token, or the platform's (``MODELYARD_STORAGE_TOKEN``). gcsfs does
@@ -86,6 +87,24 @@ def metadata(uri: str) -> dict:
     info = json.loads(body)
     info["size"] = int(info.get("size") or 0)
     return info
+
+
+def list_objects(uri: str) -> list[dict]:
+    """The object resources of every object whose name starts with ``gs://bucket/prefix``'s prefix (all
+    pages). An absent bucket is a FileNotFoundError, as for one object."""
+    bucket, prefix = _split(uri)
+    items: list[dict] = []
+    token = ""
+    while True:
+        query = f"prefix={quote(prefix, safe='')}" + (f"&pageToken={quote(token, safe='')}" if token else "")
+        status, _headers, body = _request(f"/storage/v1/b/{quote(bucket, safe='')}/o?{query}", {})
+        if status != 200:
+            raise _failed(uri, status, body)
+        page = json.loads(body)
+        items.extend(page.get("items", []))
+        token = page.get("nextPageToken") or ""
+        if not token:
+            return items
 
 
 def read_range(uri: str, start: int, end: int, generation: str = "") -> bytes:

@@ -309,12 +309,19 @@ def list_dirs(prefix: str) -> list[str]:
 
 def list_tree(prefix: str) -> dict[str, str]:
     """Every object under the remote ``prefix``: its path relative to the prefix -> a tag of its content
-    (generation, checksum and size: a replaced object gets a new tag). Empty when nothing is there."""
-    fs = filesystem(scheme_of(prefix))
+    (generation, checksum and size: a replaced object gets a new tag). Empty when nothing is there.
+    A poll calls it each second: over plain HTTP for the storage at STORAGE_EMULATOR_HOST (one request,
+    and a refused connection fails at once, where gcsfs retries for half a minute)."""
+    scheme = scheme_of(prefix)
     root = prefix.split("://", 1)[1].rstrip("/")
     try:
-        fs.invalidate_cache(root)  # a poll must see what changed since the last one
-        found = fs.find(root, detail=True)
+        if _plain_gs(scheme):
+            found = {f"{root.split('/', 1)[0]}/{o['name']}": o
+                     for o in gcs_json.list_objects(f"{scheme}://{root}/")}
+        else:
+            fs = filesystem(scheme)
+            fs.invalidate_cache(root)  # a poll must see what changed since the last one
+            found = fs.find(root, detail=True)
     except FileNotFoundError:
         return {}
     except Exception as exc:
