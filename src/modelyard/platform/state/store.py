@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sqlalchemy import Integer, cast, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import Integer, bindparam, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -208,6 +208,14 @@ def _pick(rows: list[dict], model_id: str, ref: str | None) -> dict:
         return rows[-1]
     raise ApiError("NOT_FOUND", f"Model {model_id} has no version {'' if by_number else 'aliased '}{ref!r}: "
                    f"GET models/{model_id}:listVersions lists its versions and their aliases.")
+
+
+# Statements built once, their values passed at execution: ``insert(t).values(**row)`` builds a new
+# statement per call and computes its cache key from the values, four times the CPU (and GIL) of the
+# write itself; endpoint creates come in thousands while predicts are served (bench/endpoints_scale.py).
+_ENDPOINT_EXISTS = select(s.endpoints.c.id).where(s.endpoints.c.id == bindparam("endpoint_id"))
+_INSERT_ENDPOINT = insert(s.endpoints)
+_INSERT_OPERATION = insert(s.operations)
 
 
 class Store:
@@ -453,11 +461,11 @@ class Store:
         ALREADY_EXISTS if the (chosen) id is taken."""
         try:
             with self.engine.begin() as c:
-                if c.execute(select(s.endpoints.c.id).where(s.endpoints.c.id == endpoint["id"])).first() is not None:
+                if c.execute(_ENDPOINT_EXISTS, {"endpoint_id": endpoint["id"]}).first() is not None:
                     raise ApiError("ALREADY_EXISTS", f"Endpoint {endpoint['id']} already exists.")
-                c.execute(insert(s.endpoints).values(**endpoint))
+                c.execute(_INSERT_ENDPOINT, endpoint)
                 if operation is not None:
-                    c.execute(insert(s.operations).values(**operation))
+                    c.execute(_INSERT_OPERATION, operation)
         except IntegrityError:  # taken by a concurrent create between the check and the insert
             raise ApiError("ALREADY_EXISTS", f"Endpoint {endpoint['id']} already exists.") from None
 
