@@ -15,7 +15,7 @@ from modelyard.platform.dataplane.gateway import Gateway
 from modelyard.platform.jobs.job_limits import JobLimits
 from modelyard.platform.jobs.job_runner import JobRunner
 from modelyard.platform.dataplane.metrics import Metrics
-from modelyard.platform.dataplane.pools import Pools
+from modelyard.platform.dataplane.pools import Pools, RayPools
 from modelyard.platform.resources.operations import Operations
 from modelyard.platform.dataplane.replicas import LocalEngine
 from modelyard.platform.dataplane.replicas_ray import RayEngine
@@ -75,13 +75,15 @@ class Platform:
         self.gateway = Gateway(self.routing, self.metrics, config.upstream_deadline)
         self.supervisor = Supervisor(self.store, self.engine, self.routing, readiness=config.readiness)
         self.supervisor.autoscaler = Autoscaler(config.autoscale)
-        # Deployment resource pools (local engine only): replicas shared by the models deployed into them.
-        self.pools: Pools | None = None
-        if config.engine == "local":
-            self.pools = Pools(self.store, self.routing, config.state_dir, config.host, config.replica_args,
-                               [r for r in config.artifact_roots if "://" not in r], self.store.identity)
-            self.pools.autoscaler = self.supervisor.autoscaler
-            self.supervisor.pools = self.pools
+        # Deployment resource pools: replicas shared by the models deployed into them (Ray actors on --engine ray).
+        roots = [r for r in config.artifact_roots if "://" not in r]
+        self.pools: Pools | None = (
+            RayPools(self.store, self.routing, config.state_dir, self.engine, config.replica_args, roots,
+                     self.store.identity) if config.engine == "ray" else
+            Pools(self.store, self.routing, config.state_dir, config.host, config.replica_args, roots,
+                  self.store.identity))
+        self.pools.autoscaler = self.supervisor.autoscaler
+        self.supervisor.pools = self.pools
         self.supervisor.on_lead = self.take_lead  # a follower taking over reconciles as a start does
         self.gateway.on_replica_failure = self.supervisor.replica_failed
         self._loop_task: asyncio.Task | None = None

@@ -20,7 +20,8 @@ The pool keeps ``minReplicaCount`` replicas (more, up to ``maxReplicaCount``, by
 on the requests in flight across all its models); dead replicas are replaced, and one unready for
 ``UNREADY_REPLACE_S`` is stopped and replaced. Replica rows are in the store (``state/pool_db``) as
 soon as the process runs, with the same identity in its environment as any replica, so a restarted
-platform adopts those that still answer and stops the rest. Local engine only.
+platform adopts those that still answer and stops the rest. On the Ray engine (``RayPools``) the
+replicas are Ray actors and each actor writes its replica's config file on its node.
 """
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ class Pools:
             if row["id"] in routed:
                 continue
             if pool is not None and self.alive(row) and await self._answers(row):
-                write_config(Path(row["log_path"]).parent, pool.models)
+                self._tell(row, pool)
                 pool.replicas.append(Replica(row))
                 adopted += 1
             else:
@@ -195,7 +196,24 @@ class Pools:
             if row["id"] not in {r.id for r in replicas} and await self._answers(row):
                 replicas.append(Replica(row))
 
-    # ---- processes ---------------------------------------------------------------------------------
+    # ---- processes (RayPools: actors) -------------------------------------------------------------------
+    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None) -> None:
+        """The replica of ``row`` serves ``pool.models`` from now on (``new``: those it does not know yet)."""
+        write_config(Path(row["log_path"]).parent, pool.models, new=new)
+
+    def _flags(self, pool: Pool) -> list[str]:
+        """A pool replica's ``modelyard serve`` flags beyond its config file, address, token and roots."""
+        return ["--model_config_file_poll_wait_seconds", str(CONFIG_POLL_S), "--file_system_poll_wait_seconds", "0",
+                "--json_numbers", "vertex", *self.serve_args,
+                "--load_models_on_demand", "true", "--model_memory_budget_bytes", str(pool.row["budget_bytes"])]
+
+    async def _begin(self, pool: Pool, replica_id: str) -> dict:
+        """Start a replica's process; its row (stored next) once it runs."""
+        return self._launch(pool, replica_id)
+
+    async def _log_tail(self, row: dict) -> str:
+        return tail(Path(row["log_path"]))
+
     def _launch(self, pool: Pool, replica_id: str) -> dict:
         rdir = self.state_dir / "pools" / pool.row["id"] / replica_id
         rdir.mkdir(parents=True, exist_ok=True)
@@ -204,10 +222,7 @@ class Pools:
         log_path = rdir / "serve.log"
         token_file = replica_secrets.write_token_file(rdir, replica_secrets.new_secret())
         cmd = [*_serve_head(), "--model_config_file", str(rdir / CONFIG_FILE),
-               "--model_config_file_poll_wait_seconds", str(CONFIG_POLL_S), "--file_system_poll_wait_seconds", "0",
-               "--host", self.host, "--rest_api_port", str(port), "--port", str(grpc_port),
-               "--json_numbers", "vertex", *self.serve_args,
-               "--load_models_on_demand", "true", "--model_memory_budget_bytes", str(pool.row["budget_bytes"])]
+               "--host", self.host, "--rest_api_port", str(port), "--port", str(grpc_port), *self._flags(pool)]
         # The replica's own directory, the local artifact roots and the platform's copies of remote artifacts
         # (artifacts.resolve): no config may name anything else. With no local root the platform deploys any
         # local directory, and so may the pool's replicas.
@@ -269,7 +284,7 @@ class Pools:
     async def _start_one(self, pool: Pool) -> Replica:
         """A new replica of ``pool``, its row stored while it starts, routed once it answers."""
         replica_id = names.new_id()
-        row = self._launch(pool, replica_id)
+        row = await self._begin(pool, replica_id)
         try:
             pool_db.add_replica(self.store, row)
         except BaseException:
@@ -278,10 +293,11 @@ class Pools:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not await self._answers(row):
             if not self.alive(row) or time.monotonic() > deadline:
+                why = await self._log_tail(row)
                 await self.stop(row, grace_s=5)
                 pool_db.remove_replica(self.store, row["id"])
                 raise ApiError("FAILED_PRECONDITION", f"a replica of deployment resource pool {pool.row['id']} "
-                               f"did not start: {tail(Path(row['log_path']))}")
+                               f"did not start: {why}")
             await asyncio.sleep(READY_POLL_S)
         replica = Replica(row)
         pool.replicas.append(replica)
@@ -349,7 +365,7 @@ class Pools:
         if not replicas:
             raise ApiError("UNAVAILABLE", f"DeploymentResourcePool {pool_id} has no live replica yet; retry shortly")
         for r in replicas:
-            write_config(Path(r.row["log_path"]).parent, pool.models, new=[dm_id])
+            self._tell(r.row, pool, new=[dm_id])
         deadline = time.monotonic() + KNOW_TIMEOUT_S
         waiting = list(replicas)
         while waiting:
@@ -368,7 +384,7 @@ class Pools:
             return
         for r in pool.replicas:
             if not r.dead:
-                write_config(Path(r.row["log_path"]).parent, pool.models, new=[])
+                self._tell(r.row, pool, new=[])
 
     # ---- the leader's timer ------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -488,6 +504,70 @@ class Pools:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class RayPools(Pools):
+    """Pools on the Ray engine (``--engine ray``): each pool replica is a detached Ray actor
+    (``replicas_ray.PoolReplicaActor``) that Ray places as it places any replica (SPREAD over the nodes,
+    ``--ray-replica-cpus`` each), so a pool of two replicas spans two nodes when they have the CPUs, and a
+    node's loss costs only reloads on the other. Nodes share no disk with the platform: each model version
+    is published to object storage by content hash (``artifact_cache.publish``, as for a deployed model's
+    replicas), and the platform tells each actor the pool's models by an actor call (``set_models``: the
+    whole set, ordered); the actor fetches the files into its node's cache and writes its replica's private
+    ``--model_config_file`` on its node, which the replica re-reads as a local pool replica does. The replica
+    still takes no admin RPC. Routing, probes, scaling and adoption are ``Pools``' own."""
+
+    def __init__(self, store, routing: Routing, state_dir: Path, engine, serve_args: list[str] | None = None,
+                 model_roots: list[str] | None = None, store_id: str = "") -> None:
+        super().__init__(store, routing, state_dir, serve_args=serve_args, model_roots=model_roots,
+                         store_id=store_id)
+        self.engine = engine  # replicas_ray.RayEngine: its actors, their watches and secrets
+        self.sources: dict[str, dict] = {}  # a model version's directory -> artifact_cache.Source.as_dict()
+
+    async def _publish(self, paths) -> None:
+        from modelyard.platform.dataplane import artifact_cache
+
+        for path in {str(p) for p in paths} - set(self.sources):
+            try:
+                self.sources[path] = (await asyncio.to_thread(artifact_cache.publish, Path(path))).as_dict()
+            except artifact_cache.ArtifactError as exc:
+                raise ApiError("FAILED_PRECONDITION", f"model files {path} cannot reach the Ray nodes: {exc}") from None
+
+    def _sources(self, pool: Pool) -> dict[str, dict]:
+        return {dm: self.sources[str(path)] for dm, path in pool.models.items() if str(path) in self.sources}
+
+    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None) -> None:
+        self.engine.tell_models(row["id"], self._sources(pool))
+
+    async def _begin(self, pool: Pool, replica_id: str) -> dict:
+        await self._publish(pool.models.values())
+        # The platform's local artifact roots and its copies of remote artifacts, as a local pool replica's;
+        # the actor adds its own directory and its node's cache. None: any local directory, as the platform.
+        roots = [str(self.state_dir / "artifacts"), *self.model_roots] if self.model_roots else None
+        return await self.engine.start_pool_replica(replica_id, pool.row["id"], self._sources(pool), self._flags(pool),
+                                                    roots)
+
+    async def add_model(self, pool_id: str, dm_id: str, version_path: Path) -> None:
+        await self._publish([version_path])
+        await super().add_model(pool_id, dm_id, version_path)
+
+    async def adopt(self) -> tuple[int, int]:
+        self.load()
+        await self._publish(path for pool in self.pools.values() for path in pool.models.values())
+        return await super().adopt()
+
+    async def _answers(self, row: dict) -> bool:
+        await self.engine.learn_secret(row)  # an adopted or followed actor's: it says it
+        return await super()._answers(row)
+
+    async def _log_tail(self, row: dict) -> str:
+        return await self.engine.log_tail(row)
+
+    def alive(self, row: dict) -> bool:
+        return self.engine.alive(row)
+
+    async def stop(self, row: dict, grace_s: float = 10.0) -> None:
+        await self.engine.stop(row, grace_s)
 
 
 def _serve_head() -> list[str]:

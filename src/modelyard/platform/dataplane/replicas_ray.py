@@ -172,6 +172,17 @@ def connect(address: str, namespace: str = NAMESPACE) -> None:
         raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {exc}") from None
 
 
+def _this_node() -> tuple[str, str]:
+    """In an actor: its node's id and the address the node was started with (`ray start --node-ip-address`),
+    as the cluster knows it."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                None) or ray.util.get_node_ip_address()
+    return node_id, host
+
+
 def _die_with_parent() -> None:
     """In the serve child, before exec: SIGKILL when the actor's thread that started it ends."""
     import ctypes
@@ -204,10 +215,7 @@ class ReplicaActor:
         import ray
 
         began = time.monotonic()
-        node_id = ray.get_runtime_context().get_node_id()
-        # The address the node was started with (`ray start --node-ip-address`), as the cluster knows it.
-        host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
-                    None) or ray.util.get_node_ip_address()
+        node_id, host = _this_node()
         located = time.monotonic()  # ray.nodes() asks the cluster's GCS: timed apart from the fetch
         self.lease = artifact_cache.fetch(self.source)  # ArtifactError: the start fails saying why
         fetched = time.monotonic()
@@ -219,9 +227,19 @@ class ReplicaActor:
         log_path = self.rdir / "serve.log"
         guard = replica_secrets.serve_flags(replica_secrets.write_token_file(self.rdir, self.secret),
                                             [self.rdir, self.lease.path]) if self.secret else []
+        ports = self._launch(host, lambda ports: serve_command(base, host, ports[0], ports[1], 0, self.serve_args)
+                             + guard, log_path)
+        return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
+                "log_path": str(log_path), "node_id": node_id, "model_dir": str(self.lease.path),
+                "cached": self.lease.cached, "address_s": located - began, "fetch_s": fetched - located,
+                "listen_s": time.monotonic() - fetched}
+
+    def _launch(self, host: str, command, log_path: Path) -> list[int]:
+        """Start the serve child (``command(ports)``: its command line on those ports), again on new ports
+        while a port was taken before it could listen; returns the ports it listens on."""
         for attempt in range(PORT_RETRIES + 1):
             ports = unused_ports(2)
-            cmd = serve_command(base, host, ports[0], ports[1], 0, self.serve_args) + guard
+            cmd = command(ports)
             self._started, self._exited, self.error = threading.Event(), threading.Event(), None
             # The child is started from a thread that lives exactly as long as the child: PDEATHSIG fires when
             # the *thread* that forked it ends, and this one ends only after the child did (or with the actor).
@@ -233,10 +251,7 @@ class ReplicaActor:
                 break
             log.warning("replica %s: port %d or %d was taken before it could listen; starting it again on new "
                         "ports", self.replica_id, ports[0], ports[1])
-        return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid,
-                "log_path": str(log_path), "node_id": node_id, "model_dir": str(self.lease.path),
-                "cached": self.lease.cached, "address_s": located - began, "fetch_s": fetched - located,
-                "listen_s": time.monotonic() - fetched}
+        return ports
 
     def _port_taken(self, host: str, port: int) -> bool:
         """Wait until the child listens on its REST port (False) or exits: True when it exited because a
@@ -264,9 +279,12 @@ class ReplicaActor:
             return
         self._started.set()
         self.proc.wait()
+        self._release()
+        self._exited.set()
+
+    def _release(self) -> None:
         if self.lease is not None:
             self.lease.release()  # its cache entry may be evicted now
-        self._exited.set()
 
     def wait(self) -> int | None:
         """Returns (the exit code) when the serve child has exited."""
@@ -292,6 +310,76 @@ class ReplicaActor:
         if not self._exited.wait(grace_s):
             self.proc.kill()
             self._exited.wait()
+
+
+class PoolReplicaActor(ReplicaActor):
+    """A deployment resource pool's replica on a Ray node (``dataplane/pools.py``): one ``modelyard serve``
+    child serving the pool's models on demand from its private ``--model_config_file`` on this node. The
+    platform tells it its models by calling ``set_models`` (an actor call, which only the cluster's driver
+    can make: no network peer of the serve child can), and the actor does what a local pool replica's
+    platform does: fetches each model version into the node's cache (or uses the platform's path in place,
+    ``artifact_cache.fetch``), links it and rewrites the config atomically (``pools.write_config``); the child
+    re-reads it every second. Its token still holds no ``admin`` scope."""
+
+    def __init__(self, replica_id: str, serve_args: list[str], owner: dict | None = None, secret: str | None = None,
+                 roots: list[str] | None = None) -> None:
+        super().__init__(replica_id, {}, serve_args, owner, secret)
+        self.roots = roots  # the platform's model roots (None: any local directory, as the platform allows)
+        self.leases: dict[str, artifact_cache.Lease] = {}  # model digest -> this node's hold on its files
+        self.paths: dict[str, Path] = {}  # deployed model id -> its files on this node
+        self.seq = -1
+        self._models_lock = threading.Lock()
+
+    def set_models(self, seq: int, sources: dict[str, dict]) -> list[str]:
+        """Serve exactly ``sources`` (deployed model id -> ``artifact_cache.Source.as_dict()``). Calls may run
+        out of order (a threaded actor): one with a ``seq`` older than the last applied is ignored, since each
+        call carries the whole set. Returns the model ids now configured."""
+        from modelyard.platform.dataplane.pools import write_config
+
+        with self._models_lock:
+            self.rdir.mkdir(parents=True, exist_ok=True)
+            if seq <= self.seq:
+                return sorted(self.paths)
+            new = [dm for dm in sources if dm not in self.paths]
+            for dm in new:
+                digest = sources[dm]["digest"]
+                if digest not in self.leases:
+                    self.leases[digest] = artifact_cache.fetch(sources[dm])
+                self.paths[dm] = self.leases[digest].path
+            for dm in [dm for dm in self.paths if dm not in sources]:
+                del self.paths[dm]  # its link stays until the replica stops (a request may still hold it)
+            write_config(self.rdir, self.paths, new=new)
+            self.seq = seq
+            return sorted(self.paths)
+
+    def start(self) -> dict:
+        """Start the serve child (after a first ``set_models``); returns where it listens."""
+        import sys
+
+        from modelyard.platform.dataplane.pools import CONFIG_FILE, write_config
+
+        node_id, host = _this_node()
+        with self._models_lock:
+            self.rdir.mkdir(parents=True, exist_ok=True)
+            if not (self.rdir / CONFIG_FILE).exists():
+                write_config(self.rdir, {})
+        log_path = self.rdir / "serve.log"
+        token_file = replica_secrets.write_token_file(self.rdir, self.secret or replica_secrets.new_secret())
+        artifact_cache.cache_root().mkdir(parents=True, exist_ok=True)  # a root must exist, though no model came yet
+        # The platform's roots this node has (one it lacks cannot hold a model used in place here either).
+        roots = [str(self.rdir), str(artifact_cache.cache_root()), *(r for r in self.roots if Path(r).is_dir())] \
+            if self.roots else None
+        guard = replica_secrets.serve_flags(token_file, roots) if roots else [replica_secrets.FLAG, str(token_file)]
+        ports = self._launch(host, lambda ports: [
+            sys.executable, "-m", "modelyard", "serve", "--model_config_file", str(self.rdir / CONFIG_FILE),
+            "--host", host, "--rest_api_port", str(ports[0]), "--port", str(ports[1]), *self.serve_args, *guard],
+            log_path)
+        return {"host": host, "port": ports[0], "grpc_port": ports[1], "pid": self.proc.pid, "log_path": str(log_path),
+                "node_id": node_id}
+
+    def _release(self) -> None:
+        for lease in self.leases.values():
+            lease.release()
 
 
 async def _result(ref, timeout_s: float | None = None):
@@ -320,6 +408,8 @@ class RayEngine:
         self.namespace = namespace
         self.probe = Probe()
         self._actor_class = None
+        self._pool_actor_class = None
+        self._seq = 0  # the last set_models call's order (``_next_seq``)
         self._handles: dict[str, object] = {}  # replica id -> actor handle
         self._watches: dict[str, asyncio.Task] = {}
         self._dead: set[str] = set()
@@ -449,6 +539,71 @@ class RayEngine:
                  max(0.0, listening - published - address_s - fetch_s - listen_s), address_s, fetch_s, listen_s,
                  time.monotonic() - listening)
         return row
+
+    # ---- deployment resource pools' replicas (dataplane/pools.py: RayPools) ---------------------------
+    async def start_pool_replica(self, replica_id: str, pool_id: str, sources: dict[str, dict], serve_args: list[str],
+                                 roots: list[str] | None) -> dict:
+        """A pool replica's actor, placed by Ray as any replica (SPREAD over the nodes), told the pool's
+        models (``sources``: deployed model id -> its published source) before its serve child starts;
+        returns its row (``pool_db``'s) once the child listens."""
+        secret = replica_secrets.new_secret()
+        replica_secrets.remember(replica_id, secret)
+        if self._pool_actor_class is None:
+            import ray
+
+            self._pool_actor_class = ray.remote(PoolReplicaActor)
+        handle = self._pool_actor_class.options(
+            name=self._name(replica_id), namespace=self.namespace, lifetime="detached", num_cpus=self.num_cpus,
+            scheduling_strategy="SPREAD", max_restarts=0, max_concurrency=4,
+        ).remote(replica_id, serve_args, self.owner, secret, roots)
+        self._handles[replica_id] = handle
+        row = {"id": replica_id, "pool_id": pool_id, "pid": 0, "port": 0}
+        try:
+            await _result(handle.set_models.remote(self._next_seq(), sources), START_TIMEOUT_S)
+            info = await _result(handle.start.remote(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await self.stop(row)
+            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took a replica of deployment resource pool {pool_id} "
+                           f"within {START_TIMEOUT_S:.0f} s: each needs {self.num_cpus:g} free CPU(s)") from None
+        except Exception as exc:
+            await self.stop(row)
+            raise ApiError("FAILED_PRECONDITION", f"a replica of deployment resource pool {pool_id} could not start "
+                           f"on Ray: {exc}") from None
+        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
+                   log_path=info["log_path"], created=time.time())
+        log.info("replica %s of deployment resource pool %s on Ray node %s (%s:%d)", replica_id, pool_id,
+                 info["node_id"][:12], info["host"], info["port"])
+        self._watch(replica_id, handle)
+        return row
+
+    def _next_seq(self) -> int:
+        # Nanoseconds: a later platform's calls (after a restart) still come after its predecessor's.
+        self._seq = max(self._seq + 1, time.time_ns())
+        return self._seq
+
+    def tell_models(self, replica_id: str, sources: dict[str, dict]) -> None:
+        """The pool replica's actor serves exactly ``sources`` from now on (a call not waited for: the pool
+        waits for the replica to list a new model over HTTP, as for a local one). No handle: the actor is
+        gone or not adopted yet, and a replacement or adoption tells it the whole set again."""
+        handle = self._handles.get(replica_id)
+        if handle is not None:
+            try:
+                handle.set_models.remote(self._next_seq(), sources)
+            except Exception:  # the actor is gone: the supervisor replaces the replica
+                log.warning("replica %s: could not tell its actor the pool's models", replica_id)
+
+    async def log_tail(self, row: dict) -> str:
+        """The end of the replica's log, which is on its node."""
+        handle = await self._handle(row["id"])
+        try:
+            return await _result(handle.log_tail.remote(), 10) if handle is not None else "(its Ray actor is gone)"
+        except Exception as exc:
+            return f"(its Ray actor is gone: {type(exc).__name__})"
+
+    async def learn_secret(self, row: dict) -> None:
+        """An adopted (or followed) pool replica's secret, from its actor, unless known."""
+        if replica_secrets.secret_of(row) is None:
+            await self._learn_secret(row)
 
     async def healthy(self, row: dict) -> bool:
         if replica_secrets.secret_of(row) is None:  # another platform's replica: its actor says its secret

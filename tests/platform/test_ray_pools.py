@@ -1,0 +1,64 @@
+"""Issue 48 on the Ray engine: a deployment resource pool's replicas are Ray actors, placed as any replica
+(SPREAD over the shared test cluster's two one-CPU nodes), told the pool's models by an actor call that
+writes each replica's private model config on its node. Two models deployed into a pool of two replicas
+both answer through the gateway, the replicas are on different nodes (the second node fetched the
+models through object storage: it sees none of the head's files), and deleting the pool ends the actors."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.platform.client import Api
+from tests.platform.conftest import PARENT
+from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # the session's Ray cluster may start in this test
+
+
+@pytest.fixture(scope="module")
+def ray_pool_platform(ray_cluster, tiny_models, tmp_path_factory):
+    p = start_ray_platform(tmp_path_factory, "raypools", ray_cluster, ["--artifact-root", tiny_models["root"]])
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        cleanup_actors(ray_cluster)
+
+
+def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_pool_platform, tiny_models):
+    api = Api(ray_pool_platform.url)
+    op = api.ok("POST", "deploymentResourcePools", {
+        "deploymentResourcePoolId": "on-ray",
+        "deploymentResourcePool": {"dedicatedResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}})
+    api.wait(op)
+    deployed = {}
+    for name in ("tiny1", "tiny2"):
+        model = api.upload(tiny_models["models"][name]["path"], f"pooled-{name}")
+        ep = api.create_endpoint(f"pooled-{name}")
+        body = {"deployedModel": {"model": f"{PARENT}/models/{model}",
+                                  "sharedResources": f"{PARENT}/deploymentResourcePools/on-ray"}}
+        dm = api.wait(api.ok("POST", f"endpoints/{ep}:deployModel", body))["deployedModel"]["id"]
+        deployed[name] = (ep, dm)
+    for name, (ep, _dm) in deployed.items():
+        for _ in range(4):  # the gateway spreads over both replicas: each loads the model on its first request
+            r = api.predict(ep, tiny_models["instances"])
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(r.json()["predictions"], tiny_models["models"][name]["predictions"],
+                                       rtol=1e-5, atol=1e-6)
+
+    rows = api.replicas()
+    by_dm = {dm: {r["id"] for r in rows if r["deployedModelId"] == dm} for _ep, dm in deployed.values()}
+    ids = by_dm[deployed["tiny1"][1]]
+    assert len(ids) == 2 and by_dm[deployed["tiny2"][1]] == ids, rows  # the pool's two replicas serve both
+    infos = actor_infos(ray_cluster, sorted(ids))
+    assert None not in infos.values() and len({i["node_id"] for i in infos.values()}) == 2, infos
+
+    for ep, dm in deployed.values():
+        api.undeploy(ep, dm)
+    api.wait(api.ok("DELETE", "deploymentResourcePools/on-ray"))
+    deadline = time.monotonic() + 60
+    while set(actor_infos(ray_cluster, sorted(ids)).values()) != {None}:
+        assert time.monotonic() < deadline, "the pool's replica actors outlived its delete"
+        time.sleep(0.5)
