@@ -9,8 +9,8 @@ the remote base path that they read as any other base path, and the poll loop ca
   the version's files. ``key`` hashes every object's name, generation, checksum and size, so a
   version re-uploaded with other bytes is a new entry, never a stale one.
 - an entry is downloaded whole into a temporary directory and renamed into place (``node_cache.place``)
-  before the link is swapped (``os.replace``): a loader never sees half a version, and several
-  ``--workers`` (or servers) syncing the same mirror at once end with the same links.
+  before the link is swapped (``os.replace``): a loader never sees half a version. Several ``--workers``
+  (or servers) of one mirror sync it one at a time (a ``flock``), so they list and link the same.
 - a remote version is seen once its ``saved_model.pb`` (``.pbtxt``, or ``model.tflite``) is there:
   TensorFlow writes it after the variables, so an upload under way is not loaded half-done (and if it
   is, its next listing is another key: the manager retries a failed version whose files changed).
@@ -91,7 +91,7 @@ def sync(uri: str) -> Path:
     (the versions loaded keep serving, as TF Serving's do when a listing fails) and logs why once."""
     uri = uri.rstrip("/")
     mirror = mirror_dir(uri)
-    with _syncing:
+    with _syncing, node_cache.locked(mirror.with_name(f".{mirror.name}")):  # and one process (--workers)
         try:
             tree = objstore.list_tree(uri)
             if not tree:
