@@ -125,3 +125,22 @@ def test_the_mirror_follows_the_bucket(gcs_emulator, tiny_models, tmp_path, monk
     assert sorted(version_dirs(base)) == [1]
     _delete(client, base)
     assert version_dirs(base) == {} and not mirror.exists()
+
+
+def test_a_config_files_gs_base_path_is_kept_and_needs_the_storage(monkeypatch):
+    """A --model_config_file's gs:// base_path stays a URI (TF Serving takes it; a Path would make it the
+    relative gs:/b/m, refused as not absolute); without STORAGE_EMULATOR_HOST it is refused naming it."""
+    import pytest
+
+    from modelyard.errors import ServingError
+    from modelyard.serving.manager.config import config_proto, model_configs, parse_model_server_config
+
+    text = 'model_config_list { config { name: "m" base_path: "gs://b/models/m/" model_platform: "tensorflow" } }'
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+    [config] = model_configs(parse_model_server_config(text))
+    assert config.base_path == "gs://b/models/m"
+    assert config_proto([config]).model_config_list.config[0].base_path == "gs://b/models/m"  # to --workers' peers
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    with pytest.raises(ServingError, match="Model m: base path gs://b/models/m/ is in Cloud Storage, and "
+                                           "STORAGE_EMULATOR_HOST is not set"):
+        model_configs(parse_model_server_config(text))
