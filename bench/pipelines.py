@@ -15,10 +15,9 @@
    platform: its wall time from submit to SUCCEEDED against the sum of the tasks' own times (process start
    to return) divided by the run's slots (``MODELYARD_PIPELINE_SLOTS``, default the CPUs).
 
-Writes bench/results/pipelines.md.
+Writes bench/results/pipelines.md. No ``from __future__ import annotations``: kfp reads the component's
+annotations as types.
 """
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -28,7 +27,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from harness import env, log, machine, markdown_table, median, modelyard_platform, take_turns, write_results
+from harness import env, free_port, log, machine, markdown_table, median, modelyard_platform, take_turns, write_results
 from kfp import compiler, dsl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,10 +52,11 @@ def step(prev: str, work: float) -> str:
 
 def chain_pipeline(n: int, work: float):
     @dsl.pipeline(name="bench-chain")
-    def chain():
+    def chain() -> str:
         out = "[]"
         for _ in range(n):
             out = step(prev=out, work=work).set_caching_options(False).output
+        return out
     return chain
 
 
@@ -133,8 +133,11 @@ def main() -> None:
         compiler.Compiler().compile(fan_pipeline(args.fan, args.fan_work), fan_yaml)
     slots = int(os.environ.get("MODELYARD_PIPELINE_SLOTS") or max(2, os.cpu_count() or 1))
     child_env = env(PYTHONPATH=str(REPO / "src"), MODELYARD_PIPELINE_SLOTS=str(slots))
-    with modelyard_platform(work / "platform", "--storage-root", str(storage), "--artifact-root", f"gs://{BUCKET}",
-                            child_env=child_env) as platform:
+    storage_port = free_port()
+    # The SDK's submit() looks at the pipeline root's bucket: through the platform's storage, not Google's.
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{storage_port}"
+    with modelyard_platform(work / "platform", "--storage-root", str(storage), "--storage-port", str(storage_port),
+                            "--artifact-root", f"gs://{BUCKET}", child_env=child_env) as platform:
         aip.init(project="local", location="us-central1", api_endpoint=platform.base, api_transport="rest",
                  credentials=google.auth.credentials.AnonymousCredentials(), staging_bucket=f"gs://{BUCKET}")
 

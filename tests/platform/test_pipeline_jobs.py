@@ -303,6 +303,8 @@ def test_a_run_submitted_with_an_experiment_shows_in_its_data_frame(sdk, platfor
     job.submit(experiment="pipeline-exp")
     job.wait()
     assert job.state.name == "PIPELINE_STATE_SUCCEEDED"
+    again = job.clone(job_id="scored-2")  # made from the run as the platform returned it, not submitted
+    assert again.job_id == "scored-2" and again.runtime_config.gcs_output_directory == ROOT
     assert job.get_associated_experiment().name == "pipeline-exp"
     root = job.task_details[0]
     assert root.execution.schema_title == "system.Run" and root.execution.state.name == "COMPLETE"

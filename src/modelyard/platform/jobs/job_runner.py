@@ -358,6 +358,7 @@ class JobRunner:
         del self._ending[row["id"]]
         self._cancel_wanted.discard(row["id"])
         job_limits.release(row["id"])  # after job_limits.why read its counters
+        self.wake()  # what follows this job (a pipeline's task, a training pipeline) sees its end at once
         log.info("job %s ended: %s%s", row["id"], state, f" ({error.get('message', '')[:200]})" if error else "")
 
 
