@@ -88,7 +88,7 @@ def test_the_mirror_follows_the_bucket(gcs_emulator, tiny_models, tmp_path, monk
     """One layer down (no server): what the mirror holds as a version is uploaded, changed, half
     uploaded, removed, and while the storage cannot be read."""
     from modelyard.serving.manager import remote_versions
-    from modelyard.serving.manager.versions import fingerprint, missing_base_path, version_dirs
+    from modelyard.serving.manager.versions import VersionPolicy, fingerprint, missing_base_path, version_dirs
 
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
     client = gcs_emulator["client"]
@@ -108,6 +108,9 @@ def test_the_mirror_follows_the_bucket(gcs_emulator, tiny_models, tmp_path, monk
     before = fingerprint(found[1])
 
     _upload(client, tiny2, f"{base}/2")
+    latest = version_dirs(base, VersionPolicy())  # TF Serving's default policy: only version 2 is fetched
+    assert list(latest) == [2] and [p.name for p in latest[2].parent.joinpath(remote_versions.ENTRIES).iterdir()] \
+        == [latest[2].resolve().name]
     assert sorted(version_dirs(base)) == [1, 2]
     assert fingerprint(found[1]) == before, "an unchanged version is not fetched again"
 
@@ -124,7 +127,8 @@ def test_the_mirror_follows_the_bucket(gcs_emulator, tiny_models, tmp_path, monk
     _delete(client, f"{base}/2")
     assert sorted(version_dirs(base)) == [1]
     _delete(client, base)
-    assert version_dirs(base) == {} and not mirror.exists()
+    assert version_dirs(base) == {} and missing_base_path(base) is not None
+    assert not list((mirror / remote_versions.ENTRIES).iterdir()), "nothing is kept of a removed version"
 
 
 def test_a_config_files_gs_base_path_is_kept_and_needs_the_storage(monkeypatch):

@@ -165,7 +165,7 @@ class Manager:
         with self._lock:
             models = [(n, m) for n, m in self._models.items() if not m.removed and m.resident]
         for name, model in models:
-            on_disk = version_dirs(model.config.base_path)
+            on_disk = version_dirs(model.config.base_path, model.config.policy)
             prints = {v: fingerprint(p) for v, p in on_disk.items()}
             with self._lock:
                 if model.removed:
@@ -321,7 +321,7 @@ class Manager:
         model = self._models.get(name)
         if model is None:
             return {}
-        on_disk = version_dirs(model.config.base_path)
+        on_disk = version_dirs(model.config.base_path, model.config.policy)
         return {v: on_disk[v] for v in model.config.policy.aspired(set(on_disk))}
 
     def make_resident(self, name: str) -> None:
@@ -329,7 +329,7 @@ class Manager:
         model = self._models.get(name)
         if model is None or model.removed:
             return
-        on_disk = version_dirs(model.config.base_path)
+        on_disk = version_dirs(model.config.base_path, model.config.policy)
         prints = {v: fingerprint(p) for v, p in on_disk.items()}
         with self._lock:
             model.resident = True

@@ -14,8 +14,10 @@ the remote base path that they read as any other base path, and the poll loop ca
 - a remote version is seen once its ``saved_model.pb`` (``.pbtxt``, or ``model.tflite``) is there:
   TensorFlow writes it after the variables, so an upload under way is not loaded half-done (and if it
   is, its next listing is another key: the manager retries a failed version whose files changed).
+- only the versions the model's policy aspires to are fetched (a bucket of fifty exports served
+  ``latest`` costs one download), so the mirror is keyed by the URI and the policy.
 - a version gone from the bucket is gone from the mirror: the manager unloads it as it would locally.
-  A remote base path with no object at all removes the mirror, so it reads as a missing base path.
+  A remote base path with no object at all reads as a missing base path.
 
 The bucket is reached as every other client of the platform's storage reaches it (``objstore``:
 ``STORAGE_EMULATOR_HOST``, ``MODELYARD_STORAGE_TOKEN``, the CAs of ``SSL_CERT_FILE``): listing and
@@ -39,6 +41,7 @@ MODEL_FILES = (*SAVED_MODEL_FILES, "model.tflite")
 ENTRIES = ".v"
 
 _last_error: dict[str, str] = {}  # uri -> the last failure logged: said once, not every poll
+_found: dict[str, bool] = {}  # uri -> whether its last listing in this process found any object
 _syncing = threading.Lock()  # the poll loop and an on-demand load may sync at once: one at a time
 
 
@@ -60,11 +63,12 @@ def requirement(uri: str, environ=os.environ) -> str | None:
     return None
 
 
-def mirror_dir(uri: str) -> Path:
-    """The local directory a remote base path is mirrored in (the same for every process of this user)."""
+def mirror_dir(uri: str, policy: object = None) -> Path:
+    """The local directory a remote base path is mirrored in for a version policy (the same for every
+    process of this user: ``policy``'s repr is a dataclass's, of plain values)."""
     from modelyard.demo import default_cache_dir
 
-    name = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:20]
+    name = hashlib.sha256(f"{uri.rstrip('/')}\0{policy!r}".encode()).hexdigest()[:20]
     return default_cache_dir() / "serving-mirror" / name
 
 
@@ -85,19 +89,30 @@ def _remote_versions(tree: dict[str, str]) -> dict[int, tuple[str, str]]:
     return found
 
 
-def sync(uri: str) -> Path:
-    """Bring the mirror of ``uri`` up to date with the bucket; returns the mirror directory (absent when
-    the bucket holds nothing under ``uri``). A storage that cannot be read leaves the mirror as it was
+def exists(uri: str) -> bool:
+    """Whether the last listing of ``uri`` found any object under it (listed now if never listed here)."""
+    uri = uri.rstrip("/")
+    if uri not in _found:
+        sync(uri)
+    return _found.get(uri, False)
+
+
+def sync(uri: str, policy=None) -> Path:
+    """Bring the mirror of ``uri`` up to date with the bucket, for the versions ``policy`` (a
+    ``VersionPolicy``; None: every version) aspires to; returns the mirror directory (empty when the
+    bucket holds nothing under ``uri``). A storage that cannot be read leaves the mirror as it was
     (the versions loaded keep serving, as TF Serving's do when a listing fails) and logs why once."""
     uri = uri.rstrip("/")
-    mirror = mirror_dir(uri)
+    mirror = mirror_dir(uri, policy)
     with _syncing, node_cache.locked(mirror.with_name(f".{mirror.name}")):  # and one process (--workers)
         try:
             tree = objstore.list_tree(uri)
-            if not tree:
-                shutil.rmtree(mirror, ignore_errors=True)  # nothing there at all: a missing base path
-            else:
-                _apply(uri, mirror, _remote_versions(tree))
+            _found[uri] = bool(tree)
+            remote = _remote_versions(tree)
+            if policy is not None:
+                chosen = policy.aspired(set(remote))
+                remote = {v: remote[v] for v in chosen}
+            _apply(uri, mirror, remote)
         except (objstore.StorageError, OSError) as exc:
             message = getattr(exc, "message", None) or str(exc)
             if _last_error.get(uri) != message:

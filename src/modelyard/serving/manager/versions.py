@@ -17,12 +17,13 @@ from modelyard.serving.manager import remote_versions
 TFLITE_MODEL_FILE = "model.tflite"
 
 
-def version_dirs(base_path: Path | str) -> dict[int, Path]:
-    """Integer-named sub-directories of ``base_path`` by version number (of its mirror, synced now, for
-    a ``gs://`` base path)."""
+def version_dirs(base_path: Path | str, policy: "VersionPolicy | None" = None) -> dict[int, Path]:
+    """Integer-named sub-directories of ``base_path`` by version number. For a ``gs://`` base path: those
+    of its mirror, synced now, which holds the versions ``policy`` aspires to (every one when None); the
+    policy chooses the same among them as among all."""
     found: dict[int, Path] = {}
     if remote_versions.is_remote(base_path):
-        base_path = remote_versions.sync(str(base_path))
+        base_path = remote_versions.sync(str(base_path), policy)
     try:
         entries = list(os.scandir(base_path))
     except FileNotFoundError:
@@ -38,7 +39,7 @@ def missing_base_path(base_path: Path | str, setting: str = "--model_base_path")
     that has nothing to serve (a label's version, say, cannot be available under a path that is not there).
     ``setting`` is what the user wrote the path in. A ``gs://`` one is there when its last sync found objects."""
     if remote_versions.is_remote(base_path):
-        if remote_versions.mirror_dir(str(base_path).rstrip("/")).exists():
+        if remote_versions.exists(str(base_path)):
             return None
         return f"base path {base_path} does not exist: no object under it (check {setting} {base_path}, or upload a version)"
     if Path(base_path).exists():
