@@ -296,14 +296,24 @@ aiplatform.log_metrics({"accuracy": 0.9})
 """
 
 
-def test_custom_jobs_record_into_their_experiment_run(sdk, platform, tmp_path):
+def test_custom_jobs_record_into_their_experiment_run_and_tensorboard(sdk, platform, tmp_path):
     """CustomJob.run(experiment=, experiment_run=) (test_custom_job's experiment flows): the job's SDK finds its
     run through Vertex's AIP_EXPERIMENT_NAME / AIP_EXPERIMENT_RUN_NAME; a job naming only the experiment gets a
-    run made for it, named in its jobSpec; the SDK ends both runs when the jobs end."""
+    run made for it, named in its jobSpec; the SDK ends both runs when the jobs end. CustomJob.run(tensorboard=):
+    the job's AIP_TENSORBOARD_LOG_DIR event files become TensorBoard experiment {job id} of that resource, a run
+    per folder, as Vertex uploads them. The three jobs run at once."""
     store = f"{PARENT}/metadataStores/default"
     sdk.init(experiment="exp-jobs", experiment_tensorboard=False)
     script = tmp_path / "train.py"
     script.write_text(JOB_SCRIPT)
+    tb_script = tmp_path / "tb" / "train.py"
+    tb_script.parent.mkdir()
+    tb_script.write_text(TB_SCRIPT)
+    board = sdk.Tensorboard.create(display_name="job-logs")
+    tb_job = sdk.CustomJob.from_local_script(display_name="tb-job", script_path=str(tb_script),
+                                             container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
+                                             staging_bucket=f"gs://{STAGING}/tb-job")
+    tb_job.run(tensorboard=board.resource_name, sync=False)
     given = sdk.ExperimentRun.create("given", experiment="exp-jobs")
     # A prebuilt training image: the SDK sends a python_package_spec (a custom image would have the job run
     # `pip install --upgrade pip` first).
@@ -313,7 +323,7 @@ def test_custom_jobs_record_into_their_experiment_run(sdk, platform, tmp_path):
             for i in range(2)]
     jobs[0].run(experiment="exp-jobs", experiment_run=given, sync=False)
     jobs[1].run(experiment="exp-jobs", sync=False)
-    for job in jobs:
+    for job in [*jobs, tb_job]:
         job.wait()
     assert jobs[0].job_spec.experiment_run == f"{store}/contexts/exp-jobs-given"
     made = jobs[1].job_spec.experiment_run
@@ -337,6 +347,17 @@ def test_custom_jobs_record_into_their_experiment_run(sdk, platform, tmp_path):
         answer = requests.post(platform.api("customJobs"), timeout=30, json={
             "displayName": "refused", "jobSpec": {"workerPoolSpecs": [pool], **spec}})
         assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
+
+    runs = sdk.TensorboardRun.list(tensorboard_experiment_name=tb_job.name, tensorboard_id=board.name)
+    read = {r.name: [(p.step, p.scalar.value) for p in r.read_time_series_data()["epoch_loss"].values] for r in runs}
+    assert read == {"train": [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))],
+                    "validation": [(0, 2.0), (1, 1.0), (2, pytest.approx(2 / 3))]}
+    for spec, status in (({"tensorboard": f"{PARENT}/tensorboards/404"}, 404),
+                         ({"tensorboard": board.resource_name, "experiment": f"{store}/contexts/exp-jobs"}, 400)):
+        answer = requests.post(platform.api("customJobs"), timeout=30, json={
+            "displayName": "refused", "jobSpec": {"workerPoolSpecs": [pool], **spec}})
+        assert answer.status_code == status, answer.text
+    board.delete()
 
 
 def test_autolog_records_a_keras_and_a_scikit_learn_fit_into_runs_it_makes(sdk):
@@ -448,30 +469,6 @@ for run, scale in (("train", 1.0), ("validation", 2.0)):
         writer.add_event(event_pb2.Event(step=step, wall_time=1.7e9 + step, summary=summary_pb2.Summary(value=[value])))
     writer.close()
 """
-
-
-def test_a_jobs_tensorboard_logs_reach_its_tensorboard(sdk, platform, tmp_path):
-    """CustomJob.run(tensorboard=...): the job's AIP_TENSORBOARD_LOG_DIR event files become TensorBoard experiment
-    {job id} of that resource, a run per folder (as Vertex uploads them); a missing TensorBoard is refused at create."""
-    from google.api_core import exceptions
-
-    board = sdk.Tensorboard.create(display_name="job-logs")
-    script = tmp_path / "train.py"
-    script.write_text(TB_SCRIPT)
-    job = sdk.CustomJob.from_local_script(display_name="tb-job", script_path=str(script),
-                                          container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
-                                          staging_bucket=f"gs://{STAGING}/tb-job")
-    with pytest.raises(exceptions.NotFound):
-        job.run(tensorboard=f"{PARENT}/tensorboards/404")
-    job = sdk.CustomJob.from_local_script(display_name="tb-job", script_path=str(script),
-                                          container_uri="us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12:latest",
-                                          staging_bucket=f"gs://{STAGING}/tb-job")
-    job.run(tensorboard=board.resource_name)
-    runs = sdk.TensorboardRun.list(tensorboard_experiment_name=job.name, tensorboard_id=board.name)
-    read = {r.name: [(p.step, p.scalar.value) for p in r.read_time_series_data()["epoch_loss"].values] for r in runs}
-    assert read == {"train": [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))],
-                    "validation": [(0, 2.0), (1, 1.0), (2, pytest.approx(2 / 3))]}
-    board.delete()
 
 
 def test_tensorflow_scalar_summaries_are_read_from_event_files(tmp_path):
