@@ -7,6 +7,7 @@ The end-to-end test runs one ``modelyard serve`` on a ``--model_config_file`` wh
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -148,3 +149,36 @@ def test_a_config_files_gs_base_path_is_kept_and_needs_the_storage(monkeypatch):
     with pytest.raises(ServingError, match="Model m: base path gs://b/models/m/ is in Cloud Storage, and "
                                            "STORAGE_EMULATOR_HOST is not set"):
         model_configs(parse_model_server_config(text))
+
+
+def test_the_mirror_sends_the_storage_token(tmp_path, monkeypatch):
+    """Behind --auth-token (MODELYARD_PLATFORM_TOKEN) the storage answers a poll without the token 401,
+    logged and nothing served; with MODELYARD_STORAGE_TOKEN, as every client of the storage, the
+    listing and the download both go through."""
+    import google.oauth2.credentials
+    from google.cloud import storage
+
+    from modelyard.serving.manager.versions import version_dirs
+    from tests.platform.conftest import wait_http
+    from tests.storage_server import StorageProcess
+
+    token = "mirror-test-token"
+    server = StorageProcess(tmp_path / "root", tmp_path / "storage.log",
+                            env={**os.environ, "MODELYARD_PLATFORM_TOKEN": token})
+    try:
+        wait_http(server.url + "/storage/v1/b", 30, server.proc, server.log)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+        monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        client = storage.Client(project="local", credentials=google.oauth2.credentials.Credentials(token))
+        bucket = client.create_bucket("token-mirror")
+        bucket.blob("m/7/variables/variables.index").upload_from_string(b"index")
+        bucket.blob("m/7/saved_model.pb").upload_from_string(b"graph")
+        monkeypatch.delenv("MODELYARD_STORAGE_TOKEN", raising=False)
+        assert version_dirs("gs://token-mirror/m") == {}
+        monkeypatch.setenv("MODELYARD_STORAGE_TOKEN", token)
+        found = version_dirs("gs://token-mirror/m")
+        assert list(found) == [7] and (found[7] / "saved_model.pb").read_bytes() == b"graph"
+        assert (found[7] / "variables" / "variables.index").read_bytes() == b"index"
+    finally:
+        server.stop()
