@@ -6,6 +6,7 @@ models through object storage: it sees none of the head's files), and deleting t
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from tests.platform.client import Api
 from tests.platform.conftest import PARENT
 from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # the session's Ray cluster may start in this test
+from modelyard.platform.dataplane import artifact_cache
+from modelyard.platform.dataplane.pools import CONFIG_FILE
+from modelyard.platform.dataplane.replicas_ray import PoolReplicaActor
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,8 @@ def ray_pool_platform(ray_cluster, tiny_models, tmp_path_factory):
         cleanup_actors(ray_cluster)
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)  # the session's Ray cluster may start in this test
 def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_pool_platform, tiny_models):
     api = Api(ray_pool_platform.url)
     op = api.ok("POST", "deploymentResourcePools", {
@@ -62,3 +67,26 @@ def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_
     while set(actor_infos(ray_cluster, sorted(ids)).values()) != {None}:
         assert time.monotonic() < deadline, "the pool's replica actors outlived its delete"
         time.sleep(0.5)
+
+
+def test_a_pool_actor_writes_the_model_set_it_was_told_last(tmp_path, monkeypatch):
+    """One layer down, no Ray: the actor's ``set_models`` links each model under its replica's directory on
+    its node and rewrites the config; a call older than the last applied (a threaded actor may run two out
+    of order) changes nothing; a model left out leaves the config."""
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    actor = PoolReplicaActor("r1", [], roots=None)
+    paths = {name: tmp_path / "platform" / name for name in ("tiny1", "tiny2")}
+    for name, path in paths.items():
+        path.mkdir(parents=True)
+        (path / "saved_model.pb").write_bytes(name.encode())
+    sources = {f"dm-{name}": {"digest": artifact_cache.digest_of(path), "uri": "gs://unused/x", "path": str(path)}
+               for name, path in paths.items()}  # the node has the platform's paths: used in place, not fetched
+    assert actor.set_models(10, sources) == ["dm-tiny1", "dm-tiny2"]
+    config = (actor.rdir / CONFIG_FILE).read_text()
+    assert config.count("config {") == 2 and str(actor.rdir / "models" / "dm-tiny2") in config
+    assert (actor.rdir / "models" / "dm-tiny1" / "1").resolve() == paths["tiny1"].resolve()
+    assert actor.set_models(9, {}) == ["dm-tiny1", "dm-tiny2"]  # older: ignored
+    assert (actor.rdir / CONFIG_FILE).read_text() == config
+    assert actor.set_models(11, {"dm-tiny2": sources["dm-tiny2"]}) == ["dm-tiny2"]
+    assert "dm-tiny1" not in (actor.rdir / CONFIG_FILE).read_text()
+    actor._release()
