@@ -10,7 +10,9 @@ are stopped with the platform.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -103,7 +105,8 @@ class Launcher:
                 log = open(self.root / f"{key}.log", "wb")
                 proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                                          "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "2"],
-                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)  # its data server too: stopped as a group
                 log.close()
                 self.procs[key] = running = (proc, port)
             proc, port = running
@@ -124,13 +127,22 @@ class Launcher:
                 await asyncio.sleep(0.2)
 
     def stop(self) -> None:
+        """Every TensorBoard and its data server; what they hold is files we wrote, so SIGKILL after a short
+        grace is safe (TensorBoard can take seconds to leave after SIGTERM)."""
         for proc, _port in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
         for proc, _port in self.procs.values():
             try:
-                proc.wait(10)
+                proc.wait(2)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # a data server left behind by its parent
         self.procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
