@@ -52,7 +52,8 @@ def test_serve_a_gs_base_path_picks_up_and_drops_versions(gcs_emulator, tiny_mod
     models, instances = tiny_models["models"], tiny_models["instances"]
     _upload(client, Path(models["tiny1"]["path"]), f"{base}/1")
     config = tmp_path / "models.config"
-    config.write_text(f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" }} }}\n')
+    config.write_text(f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" '
+                      f'model_version_policy {{ all {{}} }} }} }}\n')  # all: a removed version is only unloaded
 
     def states() -> dict[int, str]:
         answer = requests.get(f"{server.base}/v1/models/m", timeout=5)
@@ -73,12 +74,12 @@ def test_serve_a_gs_base_path_picks_up_and_drops_versions(gcs_emulator, tiny_mod
         assert close(predict(), models["tiny1"]["predictions"])
 
         _upload(client, Path(models["tiny2"]["path"]), f"{base}/2")  # a new version in the bucket
-        _wait_for("version 2 loaded and 1 unloaded", lambda: states() == {2: "AVAILABLE", 1: "END"}, server)
-        assert close(predict(), models["tiny2"]["predictions"])
+        _wait_for("version 2 loaded", lambda: states() == {2: "AVAILABLE", 1: "AVAILABLE"}, server)
+        assert close(predict(), models["tiny2"]["predictions"])  # the latest
+        assert close(predict(1), models["tiny1"]["predictions"])
 
-        _delete(client, f"{base}/2")  # removed from the bucket: unloaded, the policy's latest is 1 again
-        _wait_for("version 2 unloaded and 1 back", lambda: states().get(1) == "AVAILABLE"
-                  and states().get(2) == "END", server)
+        _delete(client, f"{base}/2")  # removed from the bucket: unloaded
+        _wait_for("version 2 unloaded", lambda: states() == {2: "END", 1: "AVAILABLE"}, server)
         assert close(predict(), models["tiny1"]["predictions"])
         missing = requests.post(f"{server.base}/v1/models/m/versions/2:predict", json={"instances": instances},
                                 timeout=30)
