@@ -230,7 +230,7 @@ class ModelServer:
                 waiting.append(cfg.name)  # as TF Serving, which polls for it: an export may create it
                 log.warning("Model %s: %s; waiting for a version in it, e.g. modelyard.export(model, %r)",
                             cfg.name, missing, str(cfg.base_path))
-            elif not version_dirs(cfg.base_path):
+            elif not version_dirs(cfg.base_path, cfg.policy):  # a gs:// one: only what the policy serves
                 waiting.append(cfg.name)
                 log.warning("Model %s has no versions under %s yet (integer-named directories such as 1 or "
                             "0001): waiting for one, e.g. modelyard.export(model, %r)",
