@@ -229,12 +229,13 @@ def test_tensorboard_resources_and_data_through_the_sdk(sdk):
 
 
 def test_log_model_then_register_deploy_and_predict(sdk, gcs_emulator, tmp_path):
-    """log_model of a scikit-learn and a TensorFlow model (test_experiment_model's flows); the
+    """log_model of a scikit-learn, an XGBoost and a TensorFlow model (test_experiment_model's flows); the
     scikit-learn one registered as a Vertex model, deployed and predicting. The TensorFlow model goes to a
     local directory: the SDK has TensorFlow write it itself, and TensorFlow's own gs:// client reaches only
     storage.googleapis.com (it has no endpoint setting for a local Cloud Storage)."""
     import numpy as np
     import tensorflow as tf
+    import xgboost
     from sklearn.linear_model import LinearRegression
 
     sdk.init(experiment="exp-models", experiment_tensorboard=False)
@@ -242,12 +243,16 @@ def test_log_model_then_register_deploy_and_predict(sdk, gcs_emulator, tmp_path)
     y = np.dot(x, np.array([1, 2])) + 3
     sk = LinearRegression().fit(x, y)
     keras = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    xgb = xgboost.XGBRegressor(n_estimators=5, max_depth=2).fit(x, y)
     with sdk.start_run("models"):
         sdk.log_model(model=sk, artifact_id="sk-model", uri=f"gs://{STAGING}/exp-models/sk", input_example=x)
         sdk.log_model(model=keras, artifact_id="tf-model", uri=str(tmp_path / "tf"))
+        sdk.log_model(model=xgb, artifact_id="xgb-model", uri=f"gs://{STAGING}/exp-models/xgb")
     run = sdk.ExperimentRun("models", experiment="exp-models")
     by_name = {m.name: m for m in run.get_experiment_models()}
-    assert sorted(by_name) == ["sk-model", "tf-model"]
+    assert sorted(by_name) == ["sk-model", "tf-model", "xgb-model"]
+    assert by_name["xgb-model"].get_model_info()["framework_name"] == "xgboost"
+    assert np.allclose(by_name["xgb-model"].load_model().predict(x), xgb.predict(x))
     info = by_name["sk-model"].get_model_info()
     assert (info["framework_name"], info["model_class"]) == ("sklearn",
                                                              "sklearn.linear_model._base.LinearRegression")
