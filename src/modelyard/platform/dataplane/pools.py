@@ -548,7 +548,13 @@ class RayPools(Pools):
                                                     roots)
 
     async def add_model(self, pool_id: str, dm_id: str, version_path: Path) -> None:
+        """Each replica's actor is told the new set and answers once its node has the files (a node that
+        cannot fetch them fails the deploy saying why, at once), then each replica must list the model."""
         await self._publish([version_path])
+        pool = self.pool(pool_id)
+        pool.models[dm_id] = version_path  # a deploy that does not commit takes it out again (remove_model)
+        await asyncio.gather(*(self.engine.set_models(r.id, self._sources(pool), KNOW_TIMEOUT_S)
+                               for r in pool.live()))
         await super().add_model(pool_id, dm_id, version_path)
 
     async def adopt(self) -> tuple[int, int]:

@@ -592,6 +592,24 @@ class RayEngine:
             except Exception:  # the actor is gone: the supervisor replaces the replica
                 log.warning("replica %s: could not tell its actor the pool's models", replica_id)
 
+    async def set_models(self, replica_id: str, sources: dict[str, dict], timeout_s: float) -> None:
+        """``tell_models``, waited for: raises the actor's error (its node could not fetch a model's files)
+        as FAILED_PRECONDITION. An actor that is gone raises nothing: the supervisor replaces it."""
+        handle = await self._handle(replica_id)
+        if handle is None:
+            return
+        try:
+            await _result(handle.set_models.remote(self._next_seq(), sources), timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError("DEADLINE_EXCEEDED", f"replica {replica_id} did not take its models within "
+                           f"{timeout_s:.0f} s") from None
+        except Exception as exc:
+            if type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError"):
+                return
+            lines = str(exc).strip().splitlines()
+            raise ApiError("FAILED_PRECONDITION", f"replica {replica_id} could not take its models: "
+                           f"{lines[-1] if lines else type(exc).__name__}") from None
+
     async def log_tail(self, row: dict) -> str:
         """The end of the replica's log, which is on its node."""
         handle = await self._handle(row["id"])
