@@ -183,3 +183,23 @@ def test_the_mirror_sends_the_storage_token(tmp_path, monkeypatch):
         assert (found[7] / "variables" / "variables.index").read_bytes() == b"index"
     finally:
         server.stop()
+
+
+def test_workers_sync_one_mirror_one_at_a_time(gcs_emulator, tiny_models, tmp_path):
+    """Two processes (as --workers' are) syncing the same gs:// base path at once: one fetch, one link."""
+    import subprocess
+    import sys
+
+    base = f"gs://{STAGING_BUCKET}/workers-{uuid.uuid4().hex[:8]}/m"
+    _upload(gcs_emulator["client"], Path(tiny_models["models"]["tiny1"]["path"]), f"{base}/1")
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "from modelyard.serving.manager.versions import VersionPolicy, version_dirs\n"
+            f"print('found', {{v: str(p.resolve()) for v, p in version_dirs({base!r}, VersionPolicy()).items()}})")
+    env = {**os.environ, "MODELYARD_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    assert sum(out.count("Fetching version 1") for out in outputs) == 1, outputs
+    found = {line for out in outputs for line in out.splitlines() if line.startswith("found")}
+    assert len(found) == 1 and "/.v/1-" in found.pop(), outputs
