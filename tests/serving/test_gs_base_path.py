@@ -203,3 +203,16 @@ def test_workers_sync_one_mirror_one_at_a_time(gcs_emulator, tiny_models, tmp_pa
     assert sum(out.count("Fetching version 1") for out in outputs) == 1, outputs
     found = {line for out in outputs for line in out.splitlines() if line.startswith("found")}
     assert len(found) == 1 and "/.v/1-" in found.pop(), outputs
+
+
+def test_model_roots_refuse_a_gs_base_path_by_its_name(monkeypatch):
+    """--model_roots keeps a server to local roots: a gs:// base path is refused, named as written
+    (Path would print it as the local gs:/b/m)."""
+    import pytest
+
+    from modelyard.errors import ServingError
+    from modelyard.serving.manager.manager import ModelConfig
+    from modelyard.serving.security.paths import check_model_paths
+
+    with pytest.raises(ServingError, match="Model m: base path gs://b/m is outside --model_roots"):
+        check_model_paths([ModelConfig("m", "gs://b/m")], ("/srv/models",))

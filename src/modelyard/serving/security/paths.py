@@ -46,6 +46,9 @@ def check_model_paths(configs, roots: tuple[str, ...]) -> None:
     if not roots:
         return
     for config in configs:
+        if "://" in str(config.base_path):  # a gs:// base path (a URI, not a Path) is under no local root
+            raise _outside(f"Model {config.name}: base path {config.base_path} is outside {FLAG} "
+                           f"({', '.join(roots)}): a storage URI is not under a local root")
         base = Path(config.base_path)
         if not inside(base, roots):
             raise _outside(f"Model {config.name}: base path {base} is outside {FLAG} ({', '.join(roots)})")
