@@ -5,8 +5,9 @@ records the stock SDK's ``ExperimentRun.create`` / ``log_params`` / ``log_metric
 ``get_experiment_df`` and the console read a run made here like one a user made.
 
 Used where the platform records on a user's behalf: a CustomJob's ``jobSpec.experiment`` /
-``experimentRun`` (checked, the run made when only the experiment is named, as Vertex does), a
-HyperparameterTuningJob's trials, a pipeline run submitted with ``experiment=``."""
+``experimentRun`` (checked, the run made when only the experiment is named, as Vertex does) and a
+HyperparameterTuningJob's ``trialJobSpec.experiment`` (checked; its trials are recorded by ``modelyard tune
+--experiment``, tuning/experiment.py)."""
 from __future__ import annotations
 
 import re
@@ -48,35 +49,6 @@ def experiment(db: MetadataDB, name: str, field: str = "experiment") -> tuple[st
     return store, row
 
 
-def ensure_experiment(db: MetadataDB, parent: str, name: str, description: str = "") -> tuple[str, dict]:
-    """The experiment ``name`` of ``parent``'s default store, made if missing (``aiplatform.init(experiment=)``)."""
-    store = stores.resolve(db, parent, stores.DEFAULT)
-    if not _RUN_ID.fullmatch(name):
-        raise invalid(f"experiment name {name!r} must match [a-z0-9][a-z0-9-]{{0,127}}.")
-    try:
-        row = db.get_node(store, "contexts", name)
-    except ApiError as exc:
-        if exc.status != "NOT_FOUND":
-            raise
-        nodes.create(db, store, "contexts", {"displayName": name, "schemaTitle": EXPERIMENT,
-                                             "description": description, "metadata": {}}, name)
-        row = db.get_node(store, "contexts", name)
-    if row["schema_title"] != EXPERIMENT:
-        raise invalid(f"context {store}/contexts/{name} exists and is not an experiment.")
-    return store, row
-
-
-def run_of(db: MetadataDB, store: str, experiment_id: str, run_name: str) -> dict | None:
-    """An experiment's run by its name, or None."""
-    try:
-        row = db.get_node(store, "contexts", f"{experiment_id}-{run_name}")
-    except ApiError as exc:
-        if exc.status == "NOT_FOUND":
-            return None
-        raise
-    return row if row["schema_title"] == RUN else None
-
-
 def start_run(db: MetadataDB, store: str, experiment_id: str, run_name: str, params: dict | None = None) -> dict:
     """A new RUNNING run of the experiment (its context, made a child of the experiment's), as the SDK's
     ``start_run`` makes it; ALREADY_EXISTS if the name is taken."""
@@ -88,20 +60,6 @@ def start_run(db: MetadataDB, store: str, experiment_id: str, run_name: str, par
         "metadata": {PARAMS: dict(params or {}), METRICS: {}, STATE: "RUNNING"}}, run_id)
     lineage.add_context_children(db, store, experiment_id, {"childContexts": [row["name"]]})
     return db.get_node(store, "contexts", run_id)
-
-
-def update_run(db: MetadataDB, store: str, run_id: str, params: dict | None = None, metrics: dict | None = None,
-               state: str | None = None) -> dict:
-    """Params and summary metrics merged into a run's (as ``log_params`` / ``log_metrics`` do), its state set."""
-    row = db.get_node(store, "contexts", run_id)
-    meta = dict(row["metadata"] or {})
-    if params:
-        meta[PARAMS] = {**(meta.get(PARAMS) or {}), **params}
-    if metrics:
-        meta[METRICS] = {**(meta.get(METRICS) or {}), **metrics}
-    if state:
-        meta[STATE] = state
-    return db.update_node(store, "contexts", run_id, {"metadata": meta})
 
 
 def auto_run_name(prefix: str) -> str:
