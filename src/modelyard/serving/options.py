@@ -28,7 +28,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--rest_api_port", type=int, default=8501, help="REST port (default 8501; 0 disables REST)")
     add("--host", default="0.0.0.0", help="address to bind both ports to (default 0.0.0.0)")
     add("--model_name", default=None, help="name of the single model to serve (default 'default')")
-    add("--model_base_path", default=None, help="base path of the single model: holds version dirs 1, 2, ...")
+    add("--model_base_path", default=None, help="base path of the single model: holds version dirs 1, 2, ... "
+        "(a local directory, or gs://bucket/path in the storage STORAGE_EMULATOR_HOST names)")
     add("--model_config_file", default=None, help="text ModelServerConfig naming several models")
     add("--model_config_file_poll_wait_seconds", type=int, default=0,
         help="re-read --model_config_file this often (0: read once)")
