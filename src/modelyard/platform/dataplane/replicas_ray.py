@@ -46,6 +46,10 @@ its node for its serve child (``--auth_token_file``), and the child's environmen
 platform's credentials. A platform that adopts an actor, or follows another platform's, asks it for
 the secret (``info``).
 
+A deployment resource pool's replica is a ``PoolReplicaActor``, placed and watched the same way; the
+platform tells it the pool's models by calling ``set_models`` (``RayEngine.tell_models`` / ``set_models``),
+and the actor writes its serve child's private model config on its node (``dataplane/pools.RayPools``).
+
 ``ray`` is imported only here and only when this engine is chosen (``--engine ray``).
 """
 from __future__ import annotations
