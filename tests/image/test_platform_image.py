@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,4 +95,44 @@ def test_the_textbooks_vertex_cells_against_the_platform_image_survive_a_restart
             assert len(ns["y_probas"]) == 100 and ns["accuracy"] > 0.8
     finally:
         podman.remove(container)
+        podman.podman("volume", "rm", "--force", volume, check=False)
+
+
+def test_kube_play_of_the_platform_manifest_serves_the_api_with_its_state_on_the_claim(images, tmp_path):
+    """deploy/platform.yaml through `podman kube play`: its PersistentVolumeClaim becomes a podman volume, the
+    pod's platform answers the Vertex API and the storage API, and its store is on that volume. (The
+    readinessProbe and the Service are Kubernetes': podman 4.3 runs neither.)"""
+    import yaml
+
+    claim, deployment, service = yaml.safe_load_all((podman.REPO / "deploy" / "platform.yaml").read_text())
+    assert [claim["kind"], deployment["kind"], service["kind"]] == ["PersistentVolumeClaim", "Deployment", "Service"]
+    suffix = podman.name("t").split("-")[1]
+    volume, name = f"modelyard-state-{suffix}", f"modelyard-platform-{suffix}"
+    text = (podman.REPO / "deploy" / "platform.yaml").read_text()
+    text = text.replace("  name: modelyard-state\n", f"  name: {volume}\n").replace(
+        "claimName: modelyard-state", f"claimName: {volume}").replace(
+        "  name: modelyard-platform\n  labels", f"  name: {name}\n  labels")
+    play = tmp_path / "platform.yaml"
+    play.write_text(text)
+    try:
+        podman.podman("kube", "play", str(play), timeout=180)
+        container = f"{name}-pod-0-platform"
+        address = podman.podman("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                                container).stdout.strip()
+        probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if requests.get(f"http://{address}:{probe['port']}{probe['path']}", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert podman.running(container) and time.monotonic() < deadline, podman.logs(container)
+            time.sleep(0.5)
+        buckets = requests.get(f"http://{address}:8601/storage/v1/b", params={"project": "local"}, timeout=10)
+        assert buckets.json()["kind"] == "storage#buckets", buckets.text
+        mountpoint = podman.podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout.strip()
+        assert (Path(mountpoint) / "platform.db").is_file()
+    finally:
+        podman.podman("kube", "down", str(play), timeout=120, check=False)
         podman.podman("volume", "rm", "--force", volume, check=False)
