@@ -189,7 +189,8 @@ def main() -> None:
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--out", default=None, help="results file (default bench/results/vizier.md)")
     args = parser.parse_args()
-    parts = ["# Vizier: the default designer against Optuna TPE, and suggestTrials latency", "", machine(), ""]
+    parts = ["# Vizier: the default designer against Optuna TPE, and suggestTrials latency", "", machine(), "",
+             "`python3 bench/vizier.py " + " ".join(sys.argv[1:]) + "`", ""]
     table, notes = quality(args.trials, args.seeds, args.digits_epochs)
     parts += [f"## Best value after {args.trials} trials (median of {args.seeds} seeds; BBOB: lower is better, f* = 0)",
               "", table, "", *notes, ""]
