@@ -67,6 +67,33 @@ def test_gp_bandit_beats_random_search_on_a_smooth_function():
     assert best["gp_bandit"] < 0.5 * best["random"], best
 
 
+def test_gp_bandit_never_suggests_a_near_copy_of_a_trial():
+    """A continuous parameter: no suggestion within gp_bandit.MIN_GAP of an earlier one (the GP, converging on a
+    smooth optimum, would otherwise re-measure it); a discrete one: no combination suggested twice while others
+    are left."""
+    from modelyard.tuning.gp_bandit import MIN_GAP
+
+    spec = {"metrics": [{"metricId": "y", "goal": "MINIMIZE"}],
+            "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}}]}
+    _, params, _, _ = parse_search(spec)
+    history = []
+    for i in range(20):
+        (point,) = designers.suggest(params, ["MINIMIZE"], "gp_bandit", history, 1, seed=i)
+        gaps = [abs(point["x"] - h.params["x"]) for h in history]
+        assert not gaps or min(gaps) >= MIN_GAP - 1e-9, (i, point, sorted(h.params["x"] for h in history))
+        history.append(designers.Observed(point, [(point["x"] - 0.37) ** 2]))
+
+    spec = {"metrics": [{"metricId": "y", "goal": "MAXIMIZE"}],
+            "parameters": [{"parameterId": "n", "integerValueSpec": {"minValue": 1, "maxValue": 4}},
+                           {"parameterId": "c", "categoricalValueSpec": {"values": ["a", "b", "c"]}}]}
+    _, params, _, _ = parse_search(spec)
+    history = []
+    for i in range(12):  # exactly the 12 combinations
+        (point,) = designers.suggest(params, ["MAXIMIZE"], "gp_bandit", history, 1, seed=i)
+        history.append(designers.Observed(point, [point["n"] + (point["c"] == "b")]))
+    assert len({(h.params["n"], h.params["c"]) for h in history}) == 12
+
+
 def test_gp_bandit_starts_at_the_centre_and_treats_infeasible_trials_as_no_result():
     _, params, _, _ = parse_search({"metrics": [{"metricId": "y", "goal": "MAXIMIZE"}],
                                     "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0,

@@ -41,6 +41,11 @@ TRUST_MIN, TRUST_GROWTH, TRUST_OFF = 0.2, 0.05, 0.5  # the trust region's radius
 _CANDIDATES_LOG2 = 10  # 1024 quasi-random candidates per suggestion
 _LOCAL = 500
 _JITTER = 1e-6
+# No suggestion repeats a trial: a candidate whose every coordinate (after rounding integers and discrete values to
+# what the trial would get) lies within MIN_GAP of an evaluated or running trial's, in the unit cube, is refused.
+# A near-copy of a trial mostly measures that trial's noise again (the digits study's GP spent its last trials on
+# learning rates a few percent apart); 0.01 is 1% of each parameter's range (of its log for log scales).
+MIN_GAP = 0.01
 
 
 def _numeric(dist: CategoricalDistribution) -> bool:
@@ -251,6 +256,15 @@ def _targets(values: np.ndarray, directions: Sequence[StudyDirection], rng: np.r
     return (y - y.mean()) / (np.std(y) or 1.0)
 
 
+def _fresh(enc: _Encoder, cands: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """The candidates as the trial would get them (integers and discrete values rounded), less those within
+    ``MIN_GAP`` (L-inf, unit cube) of a ``seen`` point; all of them if none is that far (a tiny discrete space)."""
+    snapped = np.array([enc.encode(enc.decode(c)) for c in cands])
+    gap = np.min(np.max(np.abs(snapped[:, None, :] - seen[None, :, :]), axis=2), axis=1)
+    keep = snapped[gap >= MIN_GAP]
+    return keep if len(keep) else snapped
+
+
 class GPBanditSampler(BaseSampler):
     """GP-UCB over the parameters every completed trial has; the rest (conditional children
     outside that intersection) are drawn at random."""
@@ -317,12 +331,13 @@ class GPBanditSampler(BaseSampler):
             gap = np.min(np.max(np.abs(cands[:, None, :] - x[None, :, :]), axis=2), axis=1)
             inside = cands[gap <= radius]
             cands = inside if len(inside) else cands
+        cands = _fresh(enc, cands, gp.x)
         scores = ucb(cands)
         best = cands[int(np.argmax(scores))]
         best_score = float(scores.max())
         # A few rounds of shrinking local search around the incumbent.
         for scale in (0.02, 0.005):
-            trial = enc.project_many(best + self._rng.normal(0, scale, (200, enc.dim)))
+            trial = _fresh(enc, enc.project_many(best + self._rng.normal(0, scale, (200, enc.dim))), gp.x)
             s = ucb(trial)
             if s.max() > best_score:
                 best, best_score = trial[int(np.argmax(s))], float(s.max())
