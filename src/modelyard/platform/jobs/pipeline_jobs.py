@@ -132,7 +132,9 @@ def _follow(runner, row: dict) -> None:
     tasks = {k: dict(v) for k, v in (result.get(TASKS) or {}).items()}
     changed = False
     if row["state"] == PENDING:
-        ctx, pipeline_ctx = pipeline_metadata.run_context(store.engine, row)
+        detail = result.get("jobDetail") or {}
+        ctx, pipeline_ctx = (detail["pipelineRunContext"], detail["pipelineContext"]) \
+            if detail.get("pipelineRunContext") else pipeline_metadata.run_context(store.engine, row)
         params = pipeline_spec.run_parameters(spec, row["spec"]["runtimeConfig"].get("parameterValues"))
         result[RUN_EXECUTION] = pipeline_metadata.run_execution(store.engine, row, ctx, params)
         result["jobDetail"] = {"pipelineRunContext": ctx, "pipelineContext": pipeline_ctx}

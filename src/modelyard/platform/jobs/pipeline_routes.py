@@ -17,7 +17,7 @@ from aiohttp import web
 from modelyard.platform.api import bearer, names
 from modelyard.platform.api.errors import ApiError, check_bearer, invalid
 from modelyard.platform.api.names import Route
-from modelyard.platform.jobs import job_runner, jobs, pipeline_jobs
+from modelyard.platform.jobs import job_runner, jobs, pipeline_jobs, pipeline_metadata
 from modelyard.platform.jobs.job_runner import PENDING
 from modelyard.platform.resources import models
 from modelyard.platform.resources.tracking_routes import read_body
@@ -56,6 +56,11 @@ async def create(p, route: Route, body: dict, job_id: str | None) -> dict:
            "state": PENDING, "spec": spec, "result": result, "error": None, "labels": labels,
            "work_dir": str(p.jobs.work_dir(job_id)), "pid": None, "runs": 0, "created": now, "started": None,
            "ended": None, "updated": now}
+    # The run's ML Metadata context exists from its creation on, in the answer too: the SDK's
+    # submit(experiment=...) reads it from the run and gives up once the run is done, which a short
+    # pipeline here can be before the SDK's first poll.
+    run_ctx, pipeline_ctx = pipeline_metadata.run_context(p.store.engine, row)
+    row["result"] = {**result, "jobDetail": {"pipelineRunContext": run_ctx, "pipelineContext": pipeline_ctx}}
     p.store.add_job(row)
     p.jobs.wake()
     return jobs.render(row)
