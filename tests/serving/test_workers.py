@@ -95,27 +95,30 @@ class Clients:
         self.server = server
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.results: list[tuple[float, str, str, object]] = []  # (time, model, protocol, answer or error)
+        self.results: list[tuple[float, str, str, object, float]] = []  # (answered, model, protocol, answer or error, sent)
         self.models = ["m"]
         self.threads = [threading.Thread(target=self._rest) for _ in range(2)]
         self.threads += [threading.Thread(target=self._grpc)]
 
-    def _record(self, model, protocol, answer):
+    def _record(self, model, protocol, answer, sent):
+        # (answered, model, protocol, answer, sent): the thread may record its answer late on a busy machine,
+        # so what must hold for requests sent after a moment is checked on the send time.
         with self.lock:
-            self.results.append((time.monotonic(), model, protocol, answer))
+            self.results.append((time.monotonic(), model, protocol, answer, sent))
 
     def _rest(self):
         i = 0
         while not self.stop.is_set():
             model = self.models[i % len(self.models)]
             i += 1
+            sent = time.monotonic()
             try:  # no keep-alive: each request a new connection, so both workers take some
                 r = requests.post(f"{self.server.base}/v1/models/{model}:predict", data='{"instances": [[1.0]]}',
                                   headers={"Connection": "close"}, timeout=30)
                 answer = r.json()["predictions"][0][0] if r.status_code == 200 else f"HTTP {r.status_code}: {r.text}"
             except Exception as exc:  # noqa: BLE001 - every failure is a finding
                 answer = f"{type(exc).__name__}: {exc}"
-            self._record(model, "rest", answer)
+            self._record(model, "rest", answer, sent)
 
     def _grpc(self):
         i = 0
@@ -128,11 +131,12 @@ class Clients:
                     request = predict_pb2.PredictRequest()
                     request.model_spec.name = model
                     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
+                    sent = time.monotonic()
                     try:
                         answer = float(tf.make_ndarray(stub.Predict(request, timeout=30).outputs["y"])[0][0])
                     except grpc.RpcError as exc:
                         answer = f"gRPC {exc.code().name}: {exc.details()}"
-                    self._record(model, "grpc", answer)
+                    self._record(model, "grpc", answer, sent)
                     if self.stop.is_set():
                         break
 
@@ -187,8 +191,8 @@ def test_swap_and_reload_under_load_drop_nothing_and_reach_every_worker(setup):
     failures = [r for r in results if r[1] == "m" and not isinstance(r[3], float)]
     assert not failures, f"{len(failures)} of {len(results)} requests to m failed, e.g. {failures[:3]}"
     assert {r[3] for r in results if r[1] == "m"} == {1.0, 101.0}
-    # Once both workers unloaded version 1, every answer comes from version 2.
-    assert {r[3] for r in results if r[1] == "m" and r[0] > swapped} == {101.0}
+    # Once both workers unloaded version 1, every request sent from then on is answered by version 2.
+    assert {r[3] for r in results if r[1] == "m" and r[4] > swapped} == {101.0}
     # n answered on every request between its reloads (the reload returns once every worker applied it).
     added_to_removed = [r for r in results if r[1] == "n" and added < r[0] < removing]
     bad = [(round(r[0] - added, 3), r[2], r[3]) for r in added_to_removed if r[3] != -4.0]
