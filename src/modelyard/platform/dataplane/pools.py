@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane import replica_secrets
 from modelyard.platform.dataplane.replicas import (PLATFORM_PID_ENV, READY_POLL_S, START_TIMEOUT_S, STATE_ENV,
-                                                   STORE_ENV, pid_alive, serve_env, tail)
+                                                   STORE_ENV, child_alive, serve_env, stop_child, tail)
 from modelyard.platform.dataplane.routing import Replica, Routing
 from modelyard.platform.state import pool_db
 from modelyard.ports import free_ports
@@ -239,33 +238,11 @@ class Pools:
                 "pid": proc.pid, "log_path": str(log_path), "created": time.time()}
 
     def alive(self, row: dict) -> bool:
-        proc = self._children.get(row["pid"])
-        if proc is not None:
-            if proc.poll() is None:
-                return True
-            self._children.pop(row["pid"], None)
-            return False
-        return pid_alive(row["pid"], row["port"])
+        return child_alive(self._children, row)
 
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is gone."""
-        replica_secrets.forget(row["id"])
-        if not self.alive(row):
-            return
-        try:
-            os.kill(row["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace_s
-        while self.alive(row) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self.alive(row):
-            try:
-                os.kill(row["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while self.alive(row):
-                await asyncio.sleep(0.05)
+        await stop_child(self._children, row, grace_s)
 
     async def _get(self, row: dict, path: str) -> tuple[int, dict | None]:
         assert self._session is not None

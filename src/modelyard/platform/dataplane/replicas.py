@@ -76,6 +76,43 @@ def pid_alive(pid: int, port: int | None = None) -> bool:
         return False
 
 
+def child_alive(children: dict[int, subprocess.Popen], row: dict) -> bool:
+    """A replica process is running: polled when this platform started it (``children``, which forgets
+    it once it exited), else looked up by pid and port (one an earlier platform started)."""
+    proc = children.get(row["pid"])
+    if proc is not None:
+        if proc.poll() is None:
+            return True
+        children.pop(row["pid"], None)
+        return False
+    return pid_alive(row["pid"], row["port"])
+
+
+async def stop_child(children: dict[int, subprocess.Popen], row: dict, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is gone (and forgotten)."""
+    pid = row["pid"]
+    replica_secrets.forget(row["id"])
+    try:
+        if not child_alive(children, row):
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while child_alive(children, row) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if child_alive(children, row):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            while child_alive(children, row):
+                await asyncio.sleep(0.05)
+    finally:
+        children.pop(pid, None)
+
+
 def is_platform(pid: int) -> bool:
     """``pid`` is a live ``modelyard platform`` process (not a recycled pid)."""
     if pid == os.getpid():
@@ -368,33 +405,8 @@ class LocalEngine:
         return self.alive(row) and await self.healthy(row)
 
     def alive(self, row: dict) -> bool:
-        proc = self._children.get(row["pid"])
-        if proc is not None:
-            if proc.poll() is None:
-                return True
-            self._children.pop(row["pid"], None)
-            return False
-        return pid_alive(row["pid"], row["port"])
+        return child_alive(self._children, row)
 
     async def stop(self, row: dict, grace_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``; waits until the process is gone."""
-        pid = row["pid"]
-        replica_secrets.forget(row["id"])
-        if not self.alive(row):
-            self._children.pop(pid, None)
-            return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace_s
-        while self.alive(row) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        if self.alive(row):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while self.alive(row):
-                await asyncio.sleep(0.05)
-        self._children.pop(pid, None)
+        await stop_child(self._children, row, grace_s)
