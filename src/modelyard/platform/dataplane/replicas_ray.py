@@ -459,6 +459,25 @@ class RayEngine:
             self._handles[replica_id] = handle
         return handle
 
+    async def _started(self, handle, row: dict, what: str, *first) -> dict:
+        """Await ``first`` (calls the actor must take before its serve starts), then its start; a node that
+        never takes it or a start that fails ends the actor and answers in Google's format, naming ``what``.
+        ``row`` gets the started process's address and files."""
+        try:
+            for call in first:
+                await _result(call, START_TIMEOUT_S)
+            info = await _result(handle.start.remote(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await self.stop(row)
+            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took {what} within {START_TIMEOUT_S:.0f} s: each "
+                           f"needs {self.num_cpus:g} free CPU(s)") from None
+        except Exception as exc:
+            await self.stop(row)
+            raise ApiError("FAILED_PRECONDITION", f"{what} could not start on Ray: {exc}") from None
+        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
+                   log_path=info["log_path"], created=time.time())
+        return info
+
     def _watch(self, replica_id: str, handle) -> None:
         async def watch() -> None:
             try:
@@ -506,18 +525,7 @@ class RayEngine:
         ).remote(replica_id, source.as_dict(), self.serve_args, self.owner, secret)
         self._handles[replica_id] = handle
         row = {"id": replica_id, "deployed_model_id": dm_id, "pid": 0, "port": 0}
-        try:
-            info = await _result(handle.start.remote(), START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            await self.stop(row)
-            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took the replica of deployed model {dm_id} within "
-                           f"{START_TIMEOUT_S:.0f} s: each needs {self.num_cpus:g} free CPU(s)") from None
-        except Exception as exc:
-            await self.stop(row)
-            raise ApiError("FAILED_PRECONDITION", f"replica for deployed model {dm_id} could not start on "
-                           f"Ray: {exc}") from None
-        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
-                   log_path=info["log_path"], created=time.time())
+        info = await self._started(handle, row, f"the replica of deployed model {dm_id}")
         log.info("replica %s of deployed model %s on Ray node %s (%s:%d), model %s%s", replica_id, dm_id,
                  info["node_id"][:12], info["host"], info["port"], info["model_dir"],
                  " (fetched into the node's cache)" if info["cached"] else "")
@@ -562,19 +570,8 @@ class RayEngine:
         ).remote(replica_id, serve_args, self.owner, secret, roots)
         self._handles[replica_id] = handle
         row = {"id": replica_id, "pool_id": pool_id, "pid": 0, "port": 0}
-        try:
-            await _result(handle.set_models.remote(self._next_seq(), sources), START_TIMEOUT_S)
-            info = await _result(handle.start.remote(), START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            await self.stop(row)
-            raise ApiError("DEADLINE_EXCEEDED", f"no Ray node took a replica of deployment resource pool {pool_id} "
-                           f"within {START_TIMEOUT_S:.0f} s: each needs {self.num_cpus:g} free CPU(s)") from None
-        except Exception as exc:
-            await self.stop(row)
-            raise ApiError("FAILED_PRECONDITION", f"a replica of deployment resource pool {pool_id} could not start "
-                           f"on Ray: {exc}") from None
-        row.update(host=info["host"], port=info["port"], grpc_port=info["grpc_port"], pid=info["pid"],
-                   log_path=info["log_path"], created=time.time())
+        info = await self._started(handle, row, f"a replica of deployment resource pool {pool_id}",
+                                   handle.set_models.remote(self._next_seq(), sources))
         log.info("replica %s of deployment resource pool %s on Ray node %s (%s:%d)", replica_id, pool_id,
                  info["node_id"][:12], info["host"], info["port"])
         self._watch(replica_id, handle)
