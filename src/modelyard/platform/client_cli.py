@@ -14,6 +14,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from modelyard.json_http import json_request
+
 DEFAULT_URL = "http://127.0.0.1:8600"
 
 
@@ -31,13 +33,8 @@ class Client:
 
     def call(self, method: str, path: str, body: dict | None = None, absolute: bool = False) -> dict:
         url = f"{self.base}/v1/{path if absolute else f'{self.parent}/{path}'}"
-        req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=600) as resp:
-                return json.loads(resp.read() or b"{}")
+            return json_request(method, url, body, self.token, timeout=600)
         except urllib.error.HTTPError as exc:
             try:
                 err = json.loads(exc.read())["error"]

@@ -19,6 +19,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
+from modelyard.json_http import json_request
+
 EXPERIMENT, RUN = "system.Experiment", "system.ExperimentRun"
 _ID = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 
@@ -50,13 +52,8 @@ class ExperimentRecorder:
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None,
               ok: tuple[int, ...] = ()) -> dict | None:
         url = f"{self.base}/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as answer:
-                return json.loads(answer.read() or b"{}")
+            return json_request(method, url, body, self.token, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             if exc.code in ok:
                 return None

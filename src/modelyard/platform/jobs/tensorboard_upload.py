@@ -11,16 +11,15 @@ as TFRecords with TensorBoard's protos (no TensorFlow import).
 """
 from __future__ import annotations
 
-import json
 import re
 import struct
 import tempfile
 import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 from modelyard import objstore
+from modelyard.json_http import json_request
 
 WRITE_BATCH = 1000  # points per write request
 
@@ -91,13 +90,8 @@ class _Api:
     def call(self, method: str, path: str, body: dict | None = None, query: dict | None = None,
              ok: tuple[int, ...] = ()) -> dict | None:
         url = f"{self.url}/v1/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=60) as answer:
-                return json.loads(answer.read() or b"{}")
+            return json_request(method, url, body, self.token, timeout=60)
         except urllib.error.HTTPError as exc:
             if exc.code in ok:
                 return None
