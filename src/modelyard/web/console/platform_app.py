@@ -19,7 +19,7 @@ from importlib import resources
 import orjson
 from aiohttp import web
 
-from modelyard.web.console import platform_experiments, platform_jobs, platform_page, platform_state
+from modelyard.web.console import platform_experiments, platform_jobs, platform_page, platform_pipelines, platform_state
 
 PREFIX = "/console"
 _ASSETS = {"console.css": "text/css", "platform.css": "text/css", "chart.js": "text/javascript",
@@ -109,6 +109,7 @@ def register(app: web.Application, platform) -> PlatformConsole:
     app.router.add_get(PREFIX + "/api/state", console.state_json)
     app.router.add_get(PREFIX + "/api/live", console.live)
     platform_experiments.register(app, platform)  # /console/experiments, before the assets' route
+    platform_pipelines.register(app, platform)  # /console/pipelines, likewise
     app.router.add_get(PREFIX + "/{asset}", console.asset)
     app.on_cleanup.append(console.close)
     return console
