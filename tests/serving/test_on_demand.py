@@ -10,6 +10,7 @@ import pytest
 
 from modelyard.errors import Code, ServingError
 from modelyard.model.footprint import footprint_bytes
+from modelyard.serving.manager.config_changes import ChangesFile, net_changes
 from modelyard.serving.manager.manager import Manager, ModelConfig
 from modelyard.serving.manager.on_demand import OnDemand
 from tests import aio
@@ -143,3 +144,38 @@ def test_a_load_that_fails_answers_its_own_error(tmp_path):
     with pytest.raises(ServingError) as err:
         manager.acquire("m0")
     assert err.value.code == Code.DATA_LOSS and "cannot load" in err.value.message
+
+
+def test_the_config_journal_is_read_from_where_it_stopped(tmp_path):
+    journal = tmp_path / "models.changes"
+    changes = ChangesFile(journal)
+    assert changes.read() == []  # no journal yet
+    journal.write_text('{"add": "a", "base_path": "/m/a"}\n{"add": "b", "base_')  # the second line half written
+    assert changes.read() == [{"add": "a", "base_path": "/m/a"}]
+    with open(journal, "a") as f:
+        f.write('path": "/m/b"}\nnot json\n{"remove": "a"}\n')
+    assert changes.read() == [{"add": "b", "base_path": "/m/b"}, {"remove": "a"}]  # the bad line skipped
+    assert changes.read() == []
+    tmp = tmp_path / "tmp"
+    tmp.write_text("")
+    tmp.replace(journal)  # folded into the config file by its writer: read from the start again
+    with open(journal, "a") as f:
+        f.write('{"remove": "b"}\n')
+    assert changes.read() == [{"remove": "b"}]
+    added, removed = net_changes([{"add": "a", "base_path": "/m/a"}, {"add": "b", "base_path": "/m/b"},
+                                  {"remove": "a"}, {"remove": "c"}])
+    assert [(c.name, str(c.base_path)) for c in added] == [("b", "/m/b")] and removed == ["a", "c"]
+
+
+def test_a_change_to_the_models_leaves_the_others_loaded(tmp_path):
+    manager, _, loader = _manager(tmp_path, 3, budget=0)
+    _use(manager, "m0")
+    _use(manager, "m1")
+    (tmp_path / "new" / "1").mkdir(parents=True)
+    manager.update_models([ModelConfig("new", tmp_path / "new")], ["m1"])
+    _use(manager, "m0")  # still loaded: not loaded again
+    _use(manager, "new")
+    assert loader.loads == ["m0", "m1", "new"] and "m1" not in manager.model_names()
+    with pytest.raises(ServingError) as err:
+        manager.acquire("m1")
+    assert err.value.code == Code.NOT_FOUND

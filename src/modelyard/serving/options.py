@@ -33,6 +33,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add("--model_config_file", default=None, help="text ModelServerConfig naming several models")
     add("--model_config_file_poll_wait_seconds", type=int, default=0,
         help="re-read --model_config_file this often (0: read once)")
+    add("--model_config_changes_file", default=None,
+        help="a journal of changes to --model_config_file, one JSON line each ({\"add\": NAME, \"base_path\": PATH} "
+        "or {\"remove\": NAME}), read from where it stopped every 0.1 s (serving/manager/config_changes.py); "
+        "a relative path is taken from the config file's directory")
     add("--file_system_poll_wait_seconds", type=int, default=1,
         help="look for new versions this often (0: once at start)")
     add("--allow_version_labels_for_unavailable_models", **flag,
@@ -119,6 +123,7 @@ class ServeOptions:
     json_numbers: str = "tf_serving"  # dtypes.JSON_NUMBER_RULES: how JSON numbers meet integer inputs
     load_models_on_demand: bool = False  # serving/manager/on_demand.py
     model_memory_budget_bytes: int = 0
+    model_config_changes_file: Path | None = None  # serving/manager/config_changes.py
 
 
 class OptionsError(ValueError):
@@ -198,6 +203,8 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
     if args.model_memory_budget_bytes and not args.load_models_on_demand:
         raise OptionsError("--model_memory_budget_bytes only applies with --load_models_on_demand: add it or drop "
                            "the budget")
+    if args.model_config_changes_file and not args.model_config_file:
+        raise OptionsError("--model_config_changes_file changes a --model_config_file: give one")
     if args.rest_api_port and args.rest_api_port == args.port:
         raise OptionsError(f"--rest_api_port and --port are both {args.port}: give them different ports")
     for flag in ("workers", "rest_api_timeout_in_ms", "rest_api_num_threads", "rest_api_max_body_bytes", "grpc_max_threads",
@@ -249,4 +256,7 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> ServeOptions:
         json_numbers=args.json_numbers,
         load_models_on_demand=args.load_models_on_demand,
         model_memory_budget_bytes=args.model_memory_budget_bytes,
+        # A relative journal is beside the config file it changes.
+        model_config_changes_file=(Path(args.model_config_file).resolve().parent / args.model_config_changes_file)
+        if args.model_config_changes_file else None,
     )

@@ -40,6 +40,15 @@ def settle_heap_for_serving() -> None:
     gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 RELOAD_WAIT_S = 300.0
+CHANGES_POLL_S = 0.1  # --model_config_changes_file is looked at this often (a stat when nothing changed)
+
+
+def _stat(path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class ModelServer:
@@ -58,6 +67,12 @@ class ModelServer:
         self.core = ServingCore(self.manager, self.metrics)
         self._stop = threading.Event()
         self._config_text: str | None = None
+        self._config_stat: tuple | None = None  # the config file's (inode, size, mtime) when last read
+        self._changes = None  # config_changes.ChangesFile of --model_config_changes_file
+        if options.model_config_changes_file is not None:
+            from modelyard.serving.manager.config_changes import ChangesFile
+
+            self._changes = ChangesFile(options.model_config_changes_file)
         self._reload_lock = threading.Lock()
         self.grpc_server = None  # grpc_h2.LeanGrpcServer or grpc.Server: same start/stop/wait calls
         self._rest_sock = None
@@ -81,9 +96,43 @@ class ModelServer:
     def initial_configs(self) -> list[ModelConfig]:
         o = self.options
         if o.model_config_file:
+            self._config_stat = _stat(o.model_config_file)
             self._config_text = o.model_config_file.read_text()
-            return config_files.model_configs(config_files.read_model_server_config(o.model_config_file))
+            configs = config_files.model_configs(config_files.read_model_server_config(o.model_config_file))
+            return self._with_changes(configs)
         return [ModelConfig(o.model_name, o.model_base_path)]
+
+    def _with_changes(self, configs: list[ModelConfig]) -> list[ModelConfig]:
+        """``configs`` (the config file's) with the whole --model_config_changes_file applied on top."""
+        if self._changes is None:
+            return configs
+        from modelyard.serving.manager.config_changes import net_changes
+
+        self._changes.restart()
+        added, removed = net_changes(self._changes.read())
+        by_name = {c.name: c for c in configs}
+        for name in removed:
+            by_name.pop(name, None)
+        for cfg in added:
+            old = by_name.get(cfg.name)
+            by_name[cfg.name] = cfg if old is None else ModelConfig(cfg.name, cfg.base_path, old.policy, old.labels)
+        return list(by_name.values())
+
+    def _read_changes(self) -> None:
+        """Apply the lines appended to --model_config_changes_file since the last read: only those models."""
+        from modelyard.serving.manager.config_changes import net_changes
+
+        added, removed = net_changes(self._changes.read())
+        if not (added or removed):
+            return
+        self.repository.remember(added)
+        if self.options.security is not None:  # --model_roots, for the added models only
+            from modelyard.serving.security.paths import check_model_paths
+
+            check_model_paths(added, self.options.security.model_roots)
+        with self._reload_lock:
+            self.manager.update_models(added, removed)
+        log.info("Applied --model_config_changes_file: %d model(s) added, %d removed", len(added), len(removed))
 
     def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
         """Replace the served models; labels are checked once the versions they name have loaded."""
@@ -289,7 +338,8 @@ class ModelServer:
         config_interval = o.model_config_file_poll_wait_seconds if o.model_config_file else 0
         if fs_interval <= 0 and config_interval <= 0 and self.group is None:
             return
-        tick = min([i for i in (fs_interval, config_interval) if i > 0] + ([1] if self.group else []))
+        tick = min([i for i in (fs_interval, config_interval) if i > 0] + ([1] if self.group else []) +
+                   ([CHANGES_POLL_S] if self._changes is not None else []))
         next_fs = next_config = time.monotonic()
         while not self._stop.wait(tick):
             now = time.monotonic()
@@ -299,6 +349,8 @@ class ModelServer:
                 if config_interval > 0 and now >= next_config + config_interval:
                     next_config = now
                     self._reread_config_file()
+                if self._changes is not None:
+                    self._read_changes()
                 if fs_interval > 0 and now >= next_fs + fs_interval - 0.01:
                     next_fs = now
                     self.manager.poll()
@@ -306,12 +358,17 @@ class ModelServer:
                 log.exception("Polling failed; will try again")
 
     def _reread_config_file(self) -> None:
+        stat = _stat(self.options.model_config_file)
+        if stat == self._config_stat:  # not even read: a thousand models' file is not free to parse
+            return
+        self._config_stat = stat
         text = self.options.model_config_file.read_text()
         if text == self._config_text:
             return
         self._config_text = text
         try:
-            self.apply_configs(config_files.model_configs(config_files.parse_model_server_config(text)))
+            self.apply_configs(self._with_changes(
+                config_files.model_configs(config_files.parse_model_server_config(text))))
             log.info("Applied the changed --model_config_file")
         except ServingError as exc:
             log.error("Changed --model_config_file not fully applied: %s", exc.message)

@@ -26,6 +26,7 @@ replicas are Ray actors and each actor writes its replica's config file on its n
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -47,6 +48,8 @@ from modelyard.ports import free_ports
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "models.config"
+CHANGES_FILE = "models.changes"  # the config file's journal: one line a change (serving/manager/config_changes.py)
+COMPACT_MIN_BYTES = 64 * 1024  # a journal shorter than this is never folded into the config file
 MODELS_DIR = "models"
 CONFIG_POLL_S = 1  # the replica re-reads its model config this often (whole seconds: serve's flag)
 KNOW_TIMEOUT_S = 60.0  # a deploy waits this long for every replica of the pool to know the new model
@@ -64,20 +67,48 @@ def config_text(rdir: Path, model_ids: list[str]) -> str:
     return "model_config_list {\n" + entries + "}\n"
 
 
-def write_config(rdir: Path, models: dict[str, Path], new: list[str] | None = None) -> None:
-    """Link each model's version directory under ``rdir``/models/<id>/1 (only those of ``new`` when given:
-    the others are linked already), then replace the config file atomically (the replica never reads half
-    of it); links of models no longer listed stay until the replica stops (a request may still hold one)."""
+def write_config(rdir: Path, models: dict[str, Path], new: list[str] | None = None,
+                 removed: list[str] = ()) -> None:
+    """Tell the replica of ``rdir`` it serves ``models``. With ``new`` (the ids it does not know yet) and
+    ``removed`` (those it no longer serves), a change: each new model's version directory is linked under
+    ``rdir``/models/<id>/1 and one line per change is appended to the replica's journal
+    (``--model_config_changes_file``, ``serving/manager/config_changes.py``), so a change costs O(1) in the
+    pool's models. Without ``new``, or once the journal outgrows the config file (amortized O(1)), the whole
+    set: every link, the config file replaced atomically (the replica never reads half of it), then the
+    journal emptied. Links of models no longer listed stay until the replica stops (a request may hold one)."""
     for dm_id in (models if new is None else new):
-        version_path = models[dm_id]
-        base = rdir / MODELS_DIR / dm_id
-        link = base / "1"
-        if not link.is_symlink():
-            base.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(version_path, target_is_directory=True)
+        _link(rdir, dm_id, models[dm_id])
+    config, journal = rdir / CONFIG_FILE, rdir / CHANGES_FILE
+    if new is not None and config.exists():
+        lines = "".join(json.dumps({"add": dm, "base_path": str(rdir / MODELS_DIR / dm)}) + "\n" for dm in new) + \
+            "".join(json.dumps({"remove": dm}) + "\n" for dm in removed)
+        if lines:
+            with open(journal, "a", encoding="utf-8") as f:
+                f.write(lines)  # one write: the replica reads only lines its newline ended
+        if not _outgrown(config, journal):
+            return
     tmp = rdir / (CONFIG_FILE + ".tmp")
     tmp.write_text(config_text(rdir, list(models)))
-    os.replace(tmp, rdir / CONFIG_FILE)
+    os.replace(tmp, config)
+    tmp = rdir / (CHANGES_FILE + ".tmp")  # emptied after the config holds every change: replaying it is harmless
+    tmp.write_text("")
+    os.replace(tmp, journal)
+
+
+def _link(rdir: Path, dm_id: str, version_path: Path) -> None:
+    base = rdir / MODELS_DIR / dm_id
+    link = base / "1"
+    if not link.is_symlink():
+        base.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(version_path, target_is_directory=True)
+
+
+def _outgrown(config: Path, journal: Path) -> bool:
+    """The journal is longer than the config file it changes (and than a few lines): fold it in."""
+    try:
+        return journal.stat().st_size > max(config.stat().st_size, COMPACT_MIN_BYTES)
+    except OSError:
+        return True
 
 
 @dataclass(eq=False)
@@ -196,13 +227,15 @@ class Pools:
                 replicas.append(Replica(row))
 
     # ---- processes (RayPools: actors) -------------------------------------------------------------------
-    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None) -> None:
-        """The replica of ``row`` serves ``pool.models`` from now on (``new``: those it does not know yet)."""
-        write_config(Path(row["log_path"]).parent, pool.models, new=new)
+    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None, removed: list[str] = ()) -> None:
+        """The replica of ``row`` serves ``pool.models`` from now on (``new``: those it does not know yet,
+        ``removed``: those it served; neither given: the whole set)."""
+        write_config(Path(row["log_path"]).parent, pool.models, new=new, removed=removed)
 
     def _flags(self, pool: Pool) -> list[str]:
         """A pool replica's ``modelyard serve`` flags beyond its config file, address, token and roots."""
         return ["--model_config_file_poll_wait_seconds", str(CONFIG_POLL_S), "--file_system_poll_wait_seconds", "0",
+                "--model_config_changes_file", CHANGES_FILE,
                 "--json_numbers", "vertex", *self.serve_args,
                 "--load_models_on_demand", "true", "--model_memory_budget_bytes", str(pool.row["budget_bytes"])]
 
@@ -361,7 +394,7 @@ class Pools:
             return
         for r in pool.replicas:
             if not r.dead:
-                self._tell(r.row, pool, new=[])
+                self._tell(r.row, pool, new=[], removed=[dm_id])
 
     # ---- the leader's timer ------------------------------------------------------------------------
     async def tick(self) -> None:

@@ -322,8 +322,8 @@ class PoolReplicaActor(ReplicaActor):
     platform tells it its models by calling ``set_models`` (an actor call, which only the cluster's driver
     can make: no network peer of the serve child can), and the actor does what a local pool replica's
     platform does: fetches each model version into the node's cache (or uses the platform's path in place,
-    ``artifact_cache.fetch``), links it and rewrites the config atomically (``pools.write_config``); the child
-    re-reads it every second. Its token still holds no ``admin`` scope."""
+    ``artifact_cache.fetch``), links it and appends the change to the replica's journal of its config
+    (``pools.write_config``), which the child reads every 0.1 s. Its token still holds no ``admin`` scope."""
 
     def __init__(self, replica_id: str, serve_args: list[str], owner: dict | None = None, secret: str | None = None,
                  roots: list[str] | None = None) -> None:
@@ -350,9 +350,10 @@ class PoolReplicaActor(ReplicaActor):
                 if digest not in self.leases:
                     self.leases[digest] = artifact_cache.fetch(sources[dm])
                 self.paths[dm] = self.leases[digest].path
-            for dm in [dm for dm in self.paths if dm not in sources]:
+            removed = [dm for dm in self.paths if dm not in sources]
+            for dm in removed:
                 del self.paths[dm]  # its link stays until the replica stops (a request may still hold it)
-            write_config(self.rdir, self.paths, new=new)
+            write_config(self.rdir, self.paths, new=new, removed=removed)
             self.seq = seq
             return sorted(self.paths)
 

@@ -131,8 +131,8 @@ class Manager:
 
     def set_models(self, configs: list[ModelConfig]) -> None:
         """Replace the set of served models: new ones are added, missing ones unloaded."""
-        names = [c.name for c in configs]
-        dupes = {n for n in names if names.count(n) > 1}
+        names = {}
+        dupes = {c.name for c in configs if names.setdefault(c.name, c) is not c}  # a set: O(models), not O(models^2)
         if dupes:
             raise ServingError(
                 Code.INVALID_ARGUMENT, f"Illegal to list model {sorted(dupes)[0]} multiple times in config list"
@@ -154,6 +154,32 @@ class Manager:
                             self._start_unload(name, rec)
         self.poll()
 
+    def update_models(self, added: list[ModelConfig], removed: list[str]) -> None:
+        """Serve ``added`` too (a model served already keeps its state and takes the new config) and stop
+        serving ``removed``; the others are not looked at (config_changes.py: one change, not a re-read)."""
+        with self._lock:
+            for name in removed:
+                model = self._models.get(name)
+                if model is not None and not model.removed:
+                    model.removed = True
+                    model.available = _NOTHING_AVAILABLE
+                    for rec in model.records.values():
+                        if rec.state == AVAILABLE:
+                            self._start_unload(name, rec)
+            for config in added:
+                model = self._models.get(config.name)
+                if model is None or model.removed:
+                    model = self._models[config.name] = ModelState(config)
+                    model.resident = self.on_demand is None
+                elif model.config.base_path == config.base_path:
+                    continue
+                else:
+                    model.config = ModelConfig(config.name, config.base_path, model.config.policy, model.config.labels)
+        for config in added:
+            model = self._models.get(config.name)
+            if model is not None and model.resident and not model.removed:  # loaded at once (not on demand)
+                self.make_resident(config.name)
+
     def set_labels(self, name: str, labels: dict[str, int]) -> None:
         with self._lock:
             model = self._models[name]
@@ -168,7 +194,7 @@ class Manager:
             on_disk = version_dirs(model.config.base_path, model.config.policy)
             prints = {v: fingerprint(p) for v, p in on_disk.items()}
             with self._lock:
-                if model.removed:
+                if model.removed or not model.resident:  # evicted meanwhile (on demand): a reload breaks the budget
                     continue
                 self._reconcile(name, model, on_disk, prints)
 
@@ -270,9 +296,8 @@ class Manager:
     def settled(self, names: list[str] | None = None) -> bool:
         """True when no load or unload is under way for ``names`` (default: all models)."""
         with self._lock:
-            for name, model in self._models.items():
-                if names is not None and name not in names:
-                    continue
+            models = self._models.values() if names is None else filter(None, map(self._models.get, names))
+            for model in models:
                 if any(r.state in (START, LOADING, UNLOADING) for r in model.records.values()):
                     return False
         return True
