@@ -9,10 +9,15 @@ answers any request LiteRT refuses (so errors are TensorFlow's, as in TF Serving
 does not match fails the load. Signatures LiteRT cannot take at all (serialized Examples,
 strings, inputs of unknown shape: classify and regress) stay on TensorFlow under every
 runtime, so TF Serving's models still load, and the log says so.
+Where TensorFlow's runtime is not installed (the slim serving image holds only its message modules:
+``model.graph.messages_only``), or under ``graph``, SavedModels run on the TensorFlow-free executor of
+``model.graph``, which refuses at load, naming them, the ops it has no kernel for.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +32,7 @@ from modelyard.model.signatures import Signature
 
 log = logging.getLogger("modelyard.serving")
 
-RUNTIMES = ("auto", "tensorflow", "litert")
+RUNTIMES = ("auto", "tensorflow", "litert", "graph")
 TOLERANCE = 1e-5
 SAMPLE_BATCHES = (1, 3)
 
@@ -130,11 +135,53 @@ def choose_runtime(session: Servable, runtime: str, key: str | None = None) -> S
     return LiteRTFirstServable.over_session(session, fast) if fast else session
 
 
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow's runtime can be imported: not when only its message modules are installed
+    (``messages_only``'s package, the slim image's) or an import of it is blocked. Reads no more than
+    the package's ``__init__.py``: TensorFlow itself is not imported here."""
+    from modelyard.model.graph.messages_only import MARKER
+
+    if "tensorflow" in sys.modules and sys.modules["tensorflow"] is None:
+        return False
+    try:
+        spec = importlib.util.find_spec("tensorflow")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin:
+        return False
+    try:
+        return MARKER not in Path(spec.origin).read_text()
+    except OSError:
+        return False
+
+
+def graph_servable(path: Path, runtime: str) -> Servable | None:
+    """The version at ``path`` on the TensorFlow-free graph runtime when ``runtime`` is ``graph`` or
+    TensorFlow is not installed; None otherwise. ``tensorflow`` and ``litert`` need TensorFlow: without
+    it they fail the load, saying so."""
+    if runtime != "graph" and tensorflow_installed():
+        return None
+    if runtime in ("tensorflow", "litert"):
+        raise ServingError(Code.FAILED_PRECONDITION,
+                           f"--runtime {runtime} needs TensorFlow, which is not installed here (the slim serving "
+                           "image holds none: use --runtime auto, or the modelyard-serving:full image)")
+    from modelyard.model.graph.servable import load_graph
+
+    servable = load_graph(path)
+    for name in servable.signatures:
+        log.info("Signature %s of %s runs on the graph runtime (NumPy kernels, no TensorFlow)", name, path)
+    return servable
+
+
 def cached_servable(path: Path, runtime: str, session_config=None) -> Servable | None:
     """The version at ``path`` on its cached, verified LiteRT conversions, without loading TensorFlow
     (a ``LiteRTFirstServable`` that loads a session on first need), when every signature LiteRT can take has one for these
     bytes; None otherwise (a miss, a signature LiteRT failed to match, an unreadable SavedModel):
-    then ``choose_runtime`` decides over a loaded session, as on a first load."""
+    then ``choose_runtime`` decides over a loaded session, as on a first load. Where TensorFlow is not
+    installed, or under ``graph``: the graph runtime's servable (``graph_servable``)."""
+    graph = graph_servable(path, runtime)
+    if graph is not None:
+        return graph
     if runtime == "tensorflow":
         return None
     from modelyard.model.savedmodel import SavedModelError, meta_graph, read_saved_model
