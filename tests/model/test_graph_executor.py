@@ -175,7 +175,7 @@ def test_keras_exports_answer_as_tensorflow_in_a_process_without_tensorflow(expo
 
 @pytest.fixture(scope="module")
 def mlp(exported):
-    from modelyard.model.graph.servable import load_graph
+    from modelyard.model.runtime.graph_servable import load_graph
     from modelyard.model.runtime.tf_session import load_saved_model
 
     root = exported[0]
@@ -217,7 +217,7 @@ def test_metadata_is_the_meta_graphs_signature_defs(mlp):
 
 
 def test_a_corrupted_checkpoint_is_refused_at_load(exported, tmp_path):
-    from modelyard.model.graph.servable import load_graph
+    from modelyard.model.runtime.graph_servable import load_graph
 
     copy = tmp_path / "mlp"
     shutil.copytree(exported[0] / "mlp", copy)
@@ -231,7 +231,7 @@ def test_a_corrupted_checkpoint_is_refused_at_load(exported, tmp_path):
 
 
 def test_an_unsupported_op_is_refused_at_load_by_name(exported):
-    from modelyard.model.graph.servable import load_graph
+    from modelyard.model.runtime.graph_servable import load_graph
 
     with pytest.raises(ServingError) as caught:
         load_graph(exported[0] / "cumsum")

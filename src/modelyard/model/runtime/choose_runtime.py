@@ -165,7 +165,7 @@ def graph_servable(path: Path, runtime: str) -> Servable | None:
         raise ServingError(Code.FAILED_PRECONDITION,
                            f"--runtime {runtime} needs TensorFlow, which is not installed here (the slim serving "
                            "image holds none: use --runtime auto, or the modelyard-serving:full image)")
-    from modelyard.model.graph.servable import load_graph
+    from modelyard.model.runtime.graph_servable import load_graph
 
     servable = load_graph(path)
     for name in servable.signatures:

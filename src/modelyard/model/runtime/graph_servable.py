@@ -1,4 +1,4 @@
-"""A SavedModel served by the TensorFlow-free executor (``program``): the ``graph`` runtime.
+"""A SavedModel served by the TensorFlow-free executor (``model.graph.program``): the ``graph`` runtime.
 
 ``load_graph`` reads the 'serve' MetaGraph, refuses a graph with ops outside ``ops.KERNELS`` (naming
 them), restores the variables and runs the init op as TensorFlow's loader does, and compiles each
