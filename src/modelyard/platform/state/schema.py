@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from modelyard.platform.api.names import DEFAULT_ALIAS
 from modelyard.platform.state import metadata_schema
 from modelyard.platform.state import pool_schema
+from modelyard.platform.state import schedule_schema
 from modelyard.platform.state import vizier_schema
 
 metadata = MetaData()
@@ -191,8 +192,12 @@ def _v8(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE deployed_models ADD COLUMN pool_id VARCHAR(64)"))
 
 
+def _v9(conn: Connection) -> None:
+    schedule_schema.create_tables(conn)  # Vertex AI schedules of pipeline runs
+
+
 # Index i holds the migration that takes the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 LATEST = len(MIGRATIONS)
 
 
