@@ -2,27 +2,40 @@
 that sees none of the head's files (its own mount namespace)."""
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.ray_cluster import alive_nodes, ask_driver, session_cluster, start_cluster
+from tests.ray_cluster import RayCluster, alive_nodes, ask_driver, session_cluster
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared 2-core
 # machine (a node whose agents start too slowly is started again), beyond the suite's 600 s per test.
 pytestmark = pytest.mark.timeout(1800)
 
+# One actor per CPU of the cluster: each holds its node's only CPU, so the two run on two nodes at once
+# (tasks needed a sleep to overlap). They are ended at once: the next test wants every CPU free.
 _SPREAD = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 
-@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
-def where():
-    import time
-    import modelyard  # noqa: F401  (the nodes import this checkout's package)
-    time.sleep(3)  # both run at once: one CPU per node puts them on different nodes
-    return ray.get_runtime_context().get_node_id()
+@ray.remote(num_cpus=1)
+class Where:
+    def node(self):
+        import modelyard  # noqa: F401  (the nodes import this checkout's package)
+        return ray.get_runtime_context().get_node_id()
 
-print(RESULT + json.dumps(sorted(set(ray.get([where.remote() for _ in range(2)])))))
+actors = [Where.remote() for _ in range(2)]
+try:
+    print(RESULT + json.dumps(sorted(set(ray.get([a.node.remote() for a in actors], timeout=240)))))
+finally:
+    for a in actors:
+        ray.kill(a)
 """
 
 
@@ -34,30 +47,66 @@ def test_two_alive_nodes_run_tasks(ray_cluster):
     assert sorted(ran_on) == sorted(n["id"] for n in nodes), "tasks spread over both nodes"
 
 
-def test_stop_ends_only_its_own_cluster(ray_cluster):
-    """A second, one-node cluster stopped by its process groups: all its processes are gone, and the
-    session's cluster (another Ray on this machine) still has both nodes."""
-    other = start_cluster(1)
+def test_stop_ends_only_its_own_cluster(ray_cluster, tmp_path):
+    """``RayCluster.stop`` on a stand-in cluster (a real second Ray cost ~20 s to start): its node processes'
+    groups (a raylet with a worker child, one ignoring SIGTERM) and a stray that left its group but names
+    the cluster's temp dir all end; a process of another group naming nothing of it, and the session's
+    real cluster (another Ray on this machine), keep running. That ``stop`` leaves nothing of a real
+    cluster is checked at every run's end: the session cluster's teardown is this same ``stop``, which
+    raises when a process of it survives."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="myray-", dir="/tmp"))
+
+    def start(script: str, name: str) -> subprocess.Popen:  # named like a node process: argv names the temp dir
+        return subprocess.Popen(["sh", "-c", script, str(temp_dir / name)], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    head = start("sleep 300 & wait", "head")  # a worker child in the node's group
+    stubborn = start("trap '' TERM; sleep 300 & wait", "node1")  # only SIGKILL ends it
+    # A worker that left the groups (its own session): found by its command line alone.
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(temp_dir / "worker")],
+                             start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    other = RayCluster("127.0.0.1:1", temp_dir, procs=[head, stubborn])
     try:
-        assert other.group_pids() and other.stray_pids(), "the cluster's processes are found"
-        assert len(alive_nodes(other.address)) == 1
+        deadline = time.monotonic() + 10
+        while len(other.group_pids()) < 4:  # each sh and its sleep child
+            assert time.monotonic() < deadline, other.group_pids()
+            time.sleep(0.05)
+        assert stray.pid in other.stray_pids() and head.pid in other.stray_pids()
+        other.stop(grace=1.0)
+        assert other.group_pids() == [] and other.stray_pids() == []
+        assert head.wait(5) == -signal.SIGTERM  # asked first
+        assert stubborn.wait(5) == -signal.SIGKILL and stray.wait(5) == -signal.SIGKILL
+        assert not temp_dir.exists()
+        assert bystander.poll() is None, "stop ended a process that is not its cluster's"
     finally:
-        other.stop()
-    assert other.group_pids() == [] and other.stray_pids() == []
+        for proc in (head, stubborn, stray, bystander):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    cluster = session_cluster()
+    assert all(p.poll() is None for p in cluster.procs[:1] + cluster.workers())
     assert len(alive_nodes(ray_cluster, want=2)) == 2
 
 
+# As _SPREAD: one actor per node, each asked whether the path exists there.
 _LOOK = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 
-@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
-def look(path):
-    import os, time
-    time.sleep(3)  # both at once: one per node
-    return ray.get_runtime_context().get_node_id(), os.path.exists(path)
+@ray.remote(num_cpus=1)
+class Look:
+    def look(self, path):
+        import os
+        return ray.get_runtime_context().get_node_id(), os.path.exists(path)
 
-print(RESULT + json.dumps(dict(ray.get([look.remote(sys.argv[2]) for _ in range(2)]))))
+actors = [Look.remote() for _ in range(2)]
+try:
+    print(RESULT + json.dumps(dict(ray.get([a.look.remote(sys.argv[2]) for a in actors], timeout=240))))
+finally:
+    for a in actors:
+        ray.kill(a)
 """
 
 
