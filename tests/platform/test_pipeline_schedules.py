@@ -237,6 +237,36 @@ def test_bad_schedules_are_refused_in_googles_words(world):
     assert schedule_schema.get(engine, made["name"].rsplit("/", 1)[-1])["spec"]["cron"] == "0 * * * *"
 
 
+def check_schedules_store(url: str) -> None:
+    """The schedules' table and the scheduler's compare-and-set on one database (SQLite here, PostgreSQL from
+    test_postgres.py), without a platform process: times, a restart's second scheduler, pause, the list filter."""
+    from modelyard.platform.state.store import Store
+
+    store = Store(url)
+    try:
+        clock, runs = Clock("2026-03-01 10:00:30"), Runs()
+        api = pipeline_schedules.Schedules(store.engine, _accept)
+        made = _create(api, clock, displayName="on-this-store", maxRunCount="3", maxConcurrentRunCount="9")
+        first = pipeline_schedules.Scheduler(store.engine, runs.start, runs.count, clock)
+        second = pipeline_schedules.Scheduler(store.engine, runs.start, runs.count, clock)  # a restarted platform's
+        clock.at("2026-03-01 10:10:00")
+        assert asyncio.run(first.tick()) == 1 and asyncio.run(second.tick()) == 0
+        clock.at("2026-03-01 10:20:00")
+        assert asyncio.run(second.tick()) == 1 and asyncio.run(first.tick()) == 0
+        api.pause(_route(made), now=clock())
+        listed = api.list(ROUTE, {"filter": 'display_name="on-this-store" AND state="PAUSED"'})
+        assert [(s["name"], s["startedRunCount"]) for s in listed["schedules"]] == [(made["name"], "2")]
+        assert len(runs.made) == 2
+        api.delete(_route(made))
+        assert api.list(ROUTE, {"filter": 'display_name="on-this-store"'}) == {}
+    finally:
+        store.engine.dispose()
+
+
+def test_schedules_store_on_sqlite(tmp_path):
+    check_schedules_store(f"sqlite:///{tmp_path / 'store.db'}")
+
+
 def test_the_run_list_filter_schedule_name_is_the_runs_label():
     assert pipeline_routes._schedule_filter("schedule_name=projects/p/locations/l/schedules/123 AND state=1") == \
         f'labels.{pipeline_schedules.LABEL}="123" AND state=1'

@@ -21,6 +21,7 @@ from tests.platform.client import Api
 from tests.platform.conftest import PARENT, _env, live_processes, require, start_platform
 from tests.platform.fault_scenarios import operation, resume, running, wait
 from tests.platform.test_operation_commit import check_deploy_commits_its_operation
+from tests.platform.test_pipeline_schedules import check_schedules_store
 from tests.platform.test_vizier import check_vizier_store
 
 
@@ -170,6 +171,10 @@ def test_a_deploy_commits_its_operation_on_postgres(postgres):
 
 def test_vizier_store_on_postgres(postgres):
     check_vizier_store(postgres)
+
+
+def test_pipeline_schedules_store_on_postgres(postgres):
+    check_schedules_store(postgres)
 
 
 def test_a_schema_v3_registry_is_upgraded_on_postgres(postgres):
