@@ -51,7 +51,12 @@ def to_ndarray(proto, alias: str = "") -> np.ndarray:
         _check_decoded_size(shape, dtype, alias)
         import tensorflow as tf  # through the package, so a deferred one (modelyard._deferred_tf) loads first
 
-        return tf.make_ndarray(proto)
+        make_ndarray = getattr(tf, "make_ndarray", None)
+        if make_ndarray is None:  # TensorFlow's message modules only (the slim serving image)
+            from modelyard.model.graph.ops import tensor_value
+
+            return tensor_value(proto)
+        return make_ndarray(proto)
     except (TypeError, ValueError) as exc:
         raise invalid_argument(f"tensor parsing error: {alias} ({exc})") from None
 
