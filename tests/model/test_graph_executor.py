@@ -331,3 +331,32 @@ def test_constants_decode_as_tensorflow_decodes_them():
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
     compact = tf.make_tensor_proto(7.0, dtype=tf.float32, shape=[2, 2])  # one value for the whole shape
     assert np.array_equal(tensor_value(compact), tf.make_ndarray(compact))
+
+
+def test_tf1_half_plus_two_reference_variables_and_parsed_examples(generated_tfserving):
+    """TF Serving's TF1 test model (VariableV2 restored by save/restore_all, the main op's Assign, ParseExample
+    for classify and regress): every signature answers what the TensorFlow session answers."""
+    from tensorflow.core.example import example_pb2
+
+    from modelyard.model.runtime.graph_servable import load_graph
+    from modelyard.model.runtime.tf_session import load_saved_model
+
+    path = generated_tfserving / "saved_model_half_plus_two_cpu" / "00000123"
+    graph, session = load_graph(path), load_saved_model(path)
+    try:
+        x = np.array([[1.0], [2.0], [-4.0]], np.float32)
+        assert np.array_equal(inference.run_predict(graph, "", {"x": x})[1]["y"],
+                              inference.run_predict(session, "", {"x": x})[1]["y"])
+        examples = []
+        for value in (1.0, 2.0):
+            example = example_pb2.Example()
+            example.features.feature["x"].float_list.value.append(value)
+            examples.append(example.SerializeToString())
+        for name in ("regress_x_to_y", "regress_x_to_y2"):
+            got = inference.run_regress(graph, name, examples)[1]
+            assert np.array_equal(got, inference.run_regress(session, name, examples)[1]), name
+        got = inference.run_classify(graph, "classify_x_to_y", examples)[1]
+        assert np.array_equal(got.scores, inference.run_classify(session, "classify_x_to_y", examples)[1].scores)
+        assert np.array_equal(got.scores, [[2.5], [3.0]])
+    finally:
+        session.close()

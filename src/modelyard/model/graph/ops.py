@@ -57,6 +57,8 @@ def attr_value(av):
             if len(values):
                 if field == "tensor":
                     return [tensor_value(t) for t in values]
+                if field == "shape":
+                    return [None if v.unknown_rank else tuple(d.size for d in v.dim) for v in values]
                 return list(values)
         return []
     if kind == "tensor":
@@ -125,6 +127,17 @@ class Resource:
             raise ServingError(Code.FAILED_PRECONDITION,
                                f"Could not find variable {self.name}: it was not restored from the checkpoint")
         return self.value
+
+
+class RefVariable(Resource):
+    """A TF1 reference variable (``VariableV2``): ops other than ``REF_INPUT_OPS`` read its value."""
+
+    __slots__ = ()
+
+
+# Ops that take a variable itself, not its value.
+REF_INPUT_OPS = frozenset({"Assign", "ReadVariableOp", "AssignVariableOp", "ResourceGather", "VarIsInitializedOp",
+                           "DisableCopyOnRead", "IsVariableInitialized"})
 
 
 # ---- kernel builders -------------------------------------------------------------------------
@@ -253,6 +266,71 @@ def _ensure_shape(attrs, state):
 def _var_handle(attrs, state):
     resource = state.resource(attrs.get("container") or b"", attrs.get("shared_name") or attrs.node.encode())
     return lambda: (resource,)
+
+
+@kernel("VariableV2")
+def _variable_v2(attrs, state):
+    resource = state.resource(attrs.get("container") or b"", attrs.get("shared_name") or attrs.node.encode(),
+                              RefVariable)
+    return lambda: (resource,)
+
+
+@kernel("Assign")
+def _assign(attrs, state):
+    def run(ref, value):
+        ref.value = np.asarray(value)
+        return (ref.value,)
+    return run
+
+
+@kernel("ParseExample", "ParseExampleV2")
+def _parse_example(attrs, state):
+    """Dense features of serialized ``tf.Example``s (what classify and regress signatures parse)."""
+    v2 = attrs.node_op == "ParseExampleV2"
+    sparse = attrs.get("num_sparse" if v2 else "Nsparse", 0)
+    if sparse or (v2 and attrs.get("ragged_value_types")):
+        raise ServingError(Code.UNIMPLEMENTED, f"{attrs.node_op} of sparse or ragged features")
+    types = [_np(t) for t in attrs.get("Tdense") or []]
+    shapes = [tuple(s) for s in attrs.get("dense_shapes") or []]
+
+    def run(serialized, names, *rest):
+        if v2:
+            keys = [k for k in np.ravel(rest[1])]  # rest: sparse_keys, dense_keys, ragged_keys, defaults...
+            defaults = rest[3:]
+        else:
+            keys = list(rest[:len(types)])  # rest: dense_keys..., dense_defaults... (no sparse keys)
+            keys = [np.asarray(k).item() for k in keys]
+            defaults = rest[len(types):]
+        return tuple(_dense_feature(serialized, key, dtype, shape, default)
+                     for key, dtype, shape, default in zip(keys, types, shapes, defaults))
+    return run
+
+
+def _dense_feature(serialized, key, dtype: np.dtype, shape: tuple, default) -> np.ndarray:
+    from tensorflow.core.example import example_pb2  # a message module: no TensorFlow runtime
+
+    name = key.decode() if isinstance(key, bytes) else str(key)
+    count = int(np.prod(shape, dtype=np.int64))
+    rows = []
+    for i, data in enumerate(np.ravel(serialized)):
+        try:
+            example = example_pb2.Example.FromString(data)
+        except Exception:
+            raise invalid(f"Could not parse example input, value: '{data[:40]!r}'") from None
+        feature = example.features.feature.get(name)
+        kind = feature.WhichOneof("kind") if feature is not None else None
+        if kind is None:
+            if np.size(default) == 0:
+                raise invalid(f"Name: <unknown>, Feature: {name} (data type: {dtype.name}) is required but could "
+                              "not be found.")
+            rows.append(np.broadcast_to(np.asarray(default, dtype), shape))
+            continue
+        values = getattr(feature, kind).value
+        if len(values) != count:
+            raise invalid(f"Name: <unknown>, Key: {name}, Index: {i}.  Number of float values != expected.  "
+                          f"values size: {len(values)} but output shape: {list(shape)}")
+        rows.append(np.array(list(values)).astype(dtype).reshape(shape))
+    return np.stack(rows) if rows else np.zeros((0,) + shape, dtype)
 
 
 @kernel("ReadVariableOp")

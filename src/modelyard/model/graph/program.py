@@ -17,8 +17,8 @@ import numpy as np
 
 from modelyard.errors import Code, ServingError
 from modelyard.model.graph import bundle as bundle_module
-from modelyard.model.graph.ops import (CALL_OPS, FEED_OPS, KERNELS, OUTPUT_ARGS, STATEFUL, Attrs, Resource,
-                                        invalid)
+from modelyard.model.graph.ops import (CALL_OPS, FEED_OPS, KERNELS, OUTPUT_ARGS, REF_INPUT_OPS, STATEFUL, Attrs,
+                                        RefVariable, Resource, invalid)
 
 Ref = tuple  # (node key, flat output index)
 _CALL_DONE = "_CallDone"  # what a control dependency on an expanded call waits for
@@ -47,10 +47,10 @@ class State:
         self.resources: dict[tuple, Resource] = {}
         self.bundles: dict[str, bundle_module.Bundle] = {}
 
-    def resource(self, container: bytes, name: bytes) -> Resource:
+    def resource(self, container: bytes, name: bytes, kind: type = Resource) -> Resource:
         key = (container, name)
         if key not in self.resources:
-            self.resources[key] = Resource(name.decode(errors="replace"))
+            self.resources[key] = kind(name.decode(errors="replace"))
         return self.resources[key]
 
     def bundle(self, prefix: str) -> bundle_module.Bundle:
@@ -137,8 +137,9 @@ class Graph:
         keys = [self.resolve(ref)[0] for ref in node.inputs]
         return keys + node.controls if controls else keys
 
-    def order(self, roots: list[str], controls: bool) -> list[str]:
-        """Every node ``roots`` need, each after its dependencies (iterative: graphs are deep)."""
+    def order(self, roots: list[str], controls: bool, stop: frozenset = frozenset()) -> list[str]:
+        """Every node ``roots`` need, each after its dependencies (iterative: graphs are deep); nodes in
+        ``stop`` (the fed ones) are listed but not looked through."""
         done: set[str] = set()
         out: list[str] = []
         stack = [(key, False) for key in reversed(roots)]
@@ -152,17 +153,18 @@ class Graph:
                 continue
             stack.append((key, True))
             node = self.node(key)
-            if node.op in FEED_OPS:
+            if node.op in FEED_OPS or key in stop:
                 continue
             for dep in reversed(self.deps(node, controls)):
                 if dep not in done:
                     stack.append((dep, False))
         return out
 
-    def unsupported(self, roots: list[str], controls: bool) -> dict[str, str]:
-        """Op -> one node using it, for every op ``roots`` reach that no kernel runs."""
+    def unsupported(self, roots: list[str], controls: bool, stop: frozenset = frozenset()) -> dict[str, str]:
+        """Op -> one node using it, for every op ``roots`` reach (not looking through ``stop``) that no
+        kernel runs."""
         found: dict[str, str] = {}
-        seen: set[str] = set()
+        seen: set[str] = set(stop)
         stack = list(roots)
         while stack:
             key = stack.pop()
@@ -232,15 +234,15 @@ class Program:
         """Run ``targets`` with their control dependencies (the restore and init ops), fed ``feeds``."""
         feeds = {self.graph.resolve(ref): value for ref, value in feeds.items()}
         temp: dict[str, tuple] = {}
-        for key in self.graph.order(targets, controls=True):
+        for key in self.graph.order(targets, controls=True, stop=frozenset(k for k, _ in feeds)):
             if key in self.known:
                 continue
             node = self.graph.node(key)
-            if node.op in FEED_OPS:
-                if (key, 0) not in feeds:
-                    raise GraphError(f"{node.name} must be fed to run {', '.join(targets)}")
+            if (key, 0) in feeds:
                 temp[key] = (feeds[(key, 0)],)
                 continue
+            if node.op in FEED_OPS:
+                raise GraphError(f"{node.name} must be fed to run {', '.join(targets)}")
             values, constant = [], node.op not in STATEFUL
             for ref in node.inputs:
                 producer, index = self.graph.resolve(ref)
@@ -249,6 +251,8 @@ class Program:
                 else:
                     values.append(temp[producer][index])
                     constant = False
+            if node.op not in REF_INPUT_OPS:
+                values = [v.read() if type(v) is RefVariable else v for v in values]
             outputs = tuple(self.kernel(node)(*values))
             (self.known if constant else temp)[key] = outputs
 
@@ -265,7 +269,8 @@ class Program:
                 slots[ref] = len(plan.template)
                 producer, index = ref
                 if producer in self.known:
-                    plan.template.append(self.known[producer][index])
+                    value = self.known[producer][index]
+                    plan.template.append(value.read() if type(value) is RefVariable else value)
                 else:
                     plan.template.append(None)
                     outputs_of[producer].append((index, slots[ref]))
@@ -279,7 +284,7 @@ class Program:
             slots[ref] = len(plan.template)
             plan.template.append(None)
             plan.feed_slots.append(slots[ref])
-        for key in self.graph.order([ref[0] for ref in fetch_refs], controls=False):
+        for key in self.graph.order([ref[0] for ref in fetch_refs], controls=False, stop=frozenset(fed)):
             if key in fed or key in self.known:
                 continue
             node = self.graph.node(key)
@@ -290,7 +295,10 @@ class Program:
                 fn = self.kernel(node)
                 try:
                     with np.errstate(all="ignore"):
-                        self.known[key] = tuple(fn(*[self.known[p][i] for p, i in producers]))
+                        values = [self.known[p][i] for p, i in producers]
+                        if node.op not in REF_INPUT_OPS:
+                            values = [v.read() if type(v) is RefVariable else v for v in values]
+                        self.known[key] = tuple(fn(*values))
                 except ServingError as exc:
                     raise GraphError(f"node {node.name} ({node.op}): {exc.message}") from None
                 continue
@@ -308,10 +316,12 @@ def tensor_ref(name: str) -> Ref:
     return node, int(index or 0)
 
 
-def check_supported(graph: Graph, serving_roots: list[str], load_roots: list[str]) -> None:
-    """Refuse, naming them, the ops the signatures or the restore/init ops reach that no kernel runs."""
-    missing = graph.unsupported(serving_roots, controls=False)
-    missing.update(graph.unsupported(load_roots, controls=True))
+def check_supported(graph: Graph, signatures: list[tuple[list[str], list[str]]], load_roots: list[str]) -> None:
+    """Refuse, naming them, the ops that no kernel runs and that a signature (``(output nodes, input
+    nodes)``, not looked through) or the restore/init ops reach."""
+    missing = graph.unsupported(load_roots, controls=True)
+    for roots, fed in signatures:
+        missing.update(graph.unsupported(roots, controls=False, stop=frozenset(fed)))
     if missing:
         listed = ", ".join(f"{op} (node {graph.node(key).name})" for op, key in sorted(missing.items()))
         raise ServingError(

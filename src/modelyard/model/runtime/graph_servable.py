@@ -97,9 +97,10 @@ def load_graph(path: Path) -> GraphServable:
     has_variables = (path / (str(VARIABLES) + ".index")).is_file()
     init = _init_op(graph_meta)
     load_roots = [key for key in ((restore if has_variables else None), init) if key]
-    serving_roots = [tensor_ref(spec.tensor_name)[0] for sig in signatures.values() for spec in sig.outputs.values()]
+    serving = [([tensor_ref(spec.tensor_name)[0] for spec in sig.outputs.values()],
+                [tensor_ref(spec.tensor_name)[0] for spec in sig.inputs.values()]) for sig in signatures.values()]
     try:
-        check_supported(graph, serving_roots, load_roots)
+        check_supported(graph, serving, load_roots)
         program = Program(graph)
         if restore and has_variables:
             prefix = np.array(str(path / VARIABLES).encode(), dtype=object)
