@@ -23,6 +23,8 @@ from modelyard.model.graph.ops import (CALL_OPS, FEED_OPS, KERNELS, OUTPUT_ARGS,
 Ref = tuple  # (node key, flat output index)
 _CALL_DONE = "_CallDone"  # what a control dependency on an expanded call waits for
 _MISSING_FUNCTION = "_MissingFunction"
+# Ops whose one output is their first input: compiled to no step at all.
+_PASS_THROUGH = frozenset({"Identity", "StopGradient", "PreventGradient", "Snapshot"})
 
 
 class GraphError(Exception):
@@ -304,6 +306,9 @@ class Program:
                 continue
             if node.op in STATEFUL:
                 raise GraphError(f"node {node.name} ({node.op}) changes state on every request: not served here")
+            if node.op in _PASS_THROUGH and (key, 0) not in slots:
+                slots[(key, 0)] = slot(producers[0])  # no step: its consumers read its input's register
+                continue
             outputs_of[key] = []
             plan.steps.append((self.kernel(node), tuple(slot(p) for p in producers), outputs_of[key], key))
         plan.fetch_slots = [slot(ref) for ref in fetch_refs]

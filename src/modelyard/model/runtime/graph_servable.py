@@ -24,6 +24,10 @@ log = logging.getLogger("modelyard.serving")
 VARIABLES = Path("variables") / "variables"
 ASSETS = "assets"
 _INIT_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")
+# Models run inline on the event loop (as small LiteRT ones are): at most this many weights, none of these ops.
+INLINE_WEIGHTS = 500_000
+HEAVY_OPS = frozenset({"Conv2D", "DepthwiseConv2dNative", "MaxPool", "AvgPool", "BatchMatMul", "BatchMatMulV2",
+                       "BatchMatMulV3", "Einsum", "ParseExample", "ParseExampleV2"})
 
 
 class GraphServable(Servable):
@@ -122,7 +126,11 @@ def load_graph(path: Path) -> GraphServable:
             raise ServingError(Code.DATA_LOSS, str(exc)) from None
         raise
     servable = GraphServable(path, program, signatures, graph_meta.signature_def)
+    ops = set()
     for sig in signatures.values():  # compile the full output set now: a broken graph fails its load
         if sig.outputs:
-            servable.plan(sig, tuple(sig.outputs))
+            ops.update(graph.node(step[3]).op for step in servable.plan(sig, tuple(sig.outputs)).steps)
+    weights = sum(r.value.size for r in program.state.resources.values() if isinstance(r.value, np.ndarray))
+    # A small dense model answers in tens of microseconds: cheaper on the event loop than a thread hop.
+    servable.inline_ok = weights <= INLINE_WEIGHTS and not ops & HEAVY_OPS
     return servable
