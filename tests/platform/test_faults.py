@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.platform.client import Api
 from tests.platform.conftest import _env, live_processes, start_platform
@@ -49,9 +51,32 @@ def test_a_stopped_replica_is_routed_around_and_replaced(tmp_path_factory, tiny_
         replicas = api.replicas()
         assert len(replicas) == 2 and all(r["deployedModelId"] == dm and r["state"] == "SERVING" for r in replicas)
         assert set(p.replica_pids()) == {r["pid"] for r in replicas}, (p.replica_pids(), replicas)
+        # The data-plane process (the public port's predicts) killed -9: the platform starts another on the
+        # same port; predicts answer again, and the replicas are the same ones.
+        (dataplane,) = _dataplanes(p)
+        os.kill(dataplane, signal.SIGKILL)
+        wait(lambda: set(_dataplanes(p)) - {dataplane}, 30, "a new data-plane process")
+        answer = requests.post(api.url(f"endpoints/{ep}:predict"), json={"instances": tiny_models["instances"]},
+                               timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert {r["pid"] for r in api.replicas()} == {r["pid"] for r in replicas}
     finally:
         resume(stopped)
         p.cleanup()
+
+
+def _dataplanes(p) -> dict[int, int]:
+    """pid -> parent pid of each data-plane process (platform/dataplane/process.py) of ``p``'s state directory."""
+    marker = str(p.workdir / "state").encode()
+    out = {}
+    for pid, cmdline, _cwd in live_processes():
+        if marker in cmdline and b"modelyard.platform.dataplane.process" in cmdline:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    out[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except OSError:  # gone meanwhile
+                pass
+    return out
 
 
 def _orphans(p, api: Api) -> list[int]:
@@ -86,6 +111,8 @@ def test_kill_9_of_the_platform_during_deploy_and_undeploy_leaves_no_orphan(tmp_
         figures = {"before_rows": kill9_before_the_rows(p, ep, model, seen, settle_s=10)}
         figures.update(kill9_after_a_row_and_mid_undeploy(p, ep, model, tiny_models["instances"], seen, settle_s=10))
         print(f"local engine, kill -9 at three points: {figures}")
+        # Each killed platform's data-plane process died with it: the one left is the running platform's.
+        wait(lambda: list(_dataplanes(p).values()) == [p.proc.pid], 10, "one data-plane process, the platform's")
     finally:
         p.cleanup()
 

@@ -94,6 +94,9 @@ class Platform:
         self.jobs.platform = self  # training pipelines upload their model through the API's code
         self._jobs_task: asyncio.Task | None = None
         self._ops_task: asyncio.Task | None = None  # operations' outcomes the store refused, written later
+        # The data-plane process that answers predicts on the public port (dataplane/split.py), once the
+        # server started it; None: predicts are answered in this process (the gateway above).
+        self.dataplane = None
 
     def token_refusal(self, header: bytes | str | None) -> ApiError | None:
         """The API's UNAUTHENTICATED error for this ``Authorization`` header, or None when it may pass

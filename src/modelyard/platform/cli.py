@@ -211,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
                                     if roots else "artifact URIs are accepted anywhere (no --artifact-root)")
           + f"; relative ones are read from {Path.cwd()}", flush=True)
     try:
-        asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage, _api_limits(args)))
+        asyncio.run(_serve(Platform(config), args.host, args.port, tls, storage, _api_limits(args),
+                           (args.tls_cert, args.tls_key, args.tls_client_ca)))
     except OSError as exc:
         print(f"modelyard platform: error: {exc}", file=sys.stderr)
         return exit_status(bind_error(exc, str(exc)))
@@ -332,25 +333,10 @@ def _default_storage_port(host: str, port: int) -> int:
 
 
 def _tls_context(cert: str | None, key: str | None, client_ca: str | None):
-    """The server's SSL context from the --tls-* flags, or None for plain HTTP; a wrong file stops the start."""
-    if not cert and not key and not client_ca:
-        return None
-    if not (cert and key):
-        raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
-    import ssl
+    """The server's SSL context from the --tls-* flags (checked at start; the data plane makes its own)."""
+    from modelyard.platform.dataplane.public_port import tls_context
 
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert, key)
-        if client_ca:
-            context.load_verify_locations(client_ca)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except ssl.SSLError as exc:
-        raise ValueError(f"cannot use the TLS files ({exc.reason or exc}): check that --tls-key matches "
-                         "--tls-cert and that both are PEM") from None
-    context.set_alpn_protocols(["http/1.1"])
-    return context
+    return tls_context(cert, key, client_ca)
 
 
 def _api_limits(args: argparse.Namespace) -> http_limits.ConnLimits:
@@ -360,12 +346,15 @@ def _api_limits(args: argparse.Namespace) -> http_limits.ConnLimits:
     return http_limits.ConnLimits(limits.client_timeout_s, limits.max_connections, limits.client_timeout_s or None)
 
 
-async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=None) -> None:
-    """The API app on a private local port, the front server on the public one, until SIGTERM/SIGINT.
-    Stopping leaves the replicas running: the next start adopts them."""
+async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=None,
+                 tls_files=(None, None, None)) -> None:
+    """The API app on a private local port, the data-plane process (the front server, predicts) on the
+    public one (dataplane/split.py), until SIGTERM/SIGINT. Stopping leaves the replicas running: the next
+    start adopts them."""
     from aiohttp import web
 
-    from modelyard.platform.dataplane.front import Front, FrontProtocol
+    from modelyard.platform.dataplane import public_port
+    from modelyard.platform.dataplane.split import DataPlaneProcess
     from modelyard.platform.server import build_app
 
     runner = web.AppRunner(build_app(platform), access_log=None)
@@ -373,14 +362,18 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     api_port = site._server.sockets[0].getsockname()[1]
-    front = Front(platform, "127.0.0.1", api_port)
     loop = asyncio.get_running_loop()
     try:
-        guard = http_limits.Guard(limits or http_limits.ConnLimits())
-        server = await loop.create_server(guard.wrap(lambda: FrontProtocol(front)), host, port, reuse_address=True,
-                                          backlog=2048, ssl=tls,
-                                          ssl_handshake_timeout=guard.limits.handshake_timeout if tls else None)
+        sockets = public_port.bind(host, port)
     except OSError:
+        await runner.cleanup()
+        raise
+    dataplane = DataPlaneProcess(platform, sockets, api_port, tls_files, limits or http_limits.ConnLimits())
+    platform.dataplane = dataplane
+    try:
+        await dataplane.start()
+    except BaseException:
+        await dataplane.stop()
         await runner.cleanup()
         raise
     stop = asyncio.Event()
@@ -395,6 +388,6 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=
 
     everything = getattr(platform, "stopped_everything", None)
     left = (everything["replicas"], everything["jobs"]) if everything else shutdown.running(platform)
-    server.close()
+    await dataplane.stop()
     await runner.cleanup()
     print(shutdown.exit_line(*left, everything=everything is not None), flush=True)

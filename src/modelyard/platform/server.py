@@ -80,7 +80,10 @@ def build_app(p: Platform) -> web.Application:
                 return web.Response(body=data, status=status, headers=headers, content_type="application/json")
             check_token(request)
             models.ENUM_INTS.set("enum-encoding=int" in request.query.get("$alt", ""))
-            return _json(await dispatch(p, route, request))
+            answer = await dispatch(p, route, request)
+            if p.dataplane is not None:  # what this answer says (deployed, undeployed ...) holds for predicts too
+                await p.dataplane.synced()
+            return _json(answer)
         except ApiError as exc:
             return _error(exc)
         except StorageError as exc:  # a gs:// / s3:// URI a request named: its status, in Google's format
@@ -95,6 +98,8 @@ def build_app(p: Platform) -> web.Application:
             check_token(request)
         except ApiError as exc:
             return _error(exc)
+        if p.dataplane is not None:  # in-flight and served counts as the data plane has them now
+            await p.dataplane.fresh()
         out = [{"id": r.id, "deployedModelId": d.id, "endpointId": d.endpoint_id, "pid": r.row["pid"],
                 "port": r.row["port"], "host": r.row["host"], "inFlight": r.outstanding, "served": r.served,
                 "shadowTrafficPercentage": d.shadow_percent,
@@ -146,6 +151,8 @@ def build_app(p: Platform) -> web.Application:
             check_token(request)
         except ApiError as exc:
             return _error(exc)
+        if p.dataplane is not None:  # the predicts' counts, from the process that answers them
+            await p.dataplane.fresh()
         text = p.metrics.render(p.routing) + (p.pools.render_metrics() if p.pools is not None else "")
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 

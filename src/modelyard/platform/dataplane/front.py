@@ -135,11 +135,15 @@ class FrontProtocol(asyncio.Protocol):
             r = await self.queue.get()
             if r is None:
                 return
-            with http_limits.handling(self.transport):  # never closed to make room while being answered
-                status, headers, body = await self.front.handle(r)
-            if self.transport.is_closing():
-                return
-            self.transport.write(_response(status, body, headers, r.keep_alive))
+            self.front.active += 1
+            try:
+                with http_limits.handling(self.transport):  # never closed to make room while being answered
+                    status, headers, body = await self.front.handle(r)
+                if self.transport.is_closing():
+                    return
+                self.transport.write(_response(status, body, headers, r.keep_alive))
+            finally:
+                self.front.active -= 1
             if r.refused is not None:
                 asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, self.transport.close)
                 return
@@ -152,6 +156,7 @@ class Front:
     def __init__(self, platform, api_host: str, api_port: int) -> None:
         self.p = platform
         self.api = Upstream(api_host, api_port)
+        self.active = 0  # requests being answered: a stopping data plane waits for them
 
     def body_limit(self, url: bytes) -> int:
         """Predict bodies (V2 infers too) have their limit; every other request is a control-plane one."""

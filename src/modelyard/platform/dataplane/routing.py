@@ -97,6 +97,7 @@ class EndpointRoute:
     deployed: dict[str, Deployed]
     shadows: list[Deployed] = field(default_factory=list)
     updated: float = 0.0  # the row's update time: a sync skips an endpoint whose row has not changed
+    rows: tuple = ()  # (endpoint row, deployed model rows) it was made from: what the data plane's mirror is sent
 
 
 # A sync re-reads the endpoints changed this long before the last one: a change committed a little after
@@ -110,6 +111,11 @@ class Routing:
         self.deployed: dict[str, Deployed] = {}
         self.pools: dict[str, list[Replica]] = {}  # pool id -> its replicas (dataplane/pools.py keeps them)
         self._synced_at: float | None = None  # when the last load began (None: never loaded)
+        # With a data-plane process (dataplane/mirror.py): the endpoints changed since it was last sent them
+        # (FULL: all of them); None: nobody follows this routing.
+        self.journal: set[str] | None = None
+
+    FULL = "*"
 
     def load(self, store) -> None:
         """Follow the store: the whole of it the first time (or when an endpoint vanished), else only the
@@ -134,18 +140,25 @@ class Routing:
 
     def _load_all(self, store) -> None:
         """Rebuild from the store; replica objects (and their counters) of surviving models are kept."""
+        self.load_rows(store.list_endpoints(), store.deployed_models())
+
+    def load_rows(self, endpoint_rows: list[dict], dm_rows: list[dict]) -> None:
+        """Route exactly these endpoints (store rows) and deployed models, whatever was routed before;
+        replica objects of surviving models are kept."""
         old = self.deployed
         deployed: dict[str, Deployed] = {}
         endpoints: dict[str, EndpointRoute] = {}
         by_endpoint: dict[str, list[dict]] = {}
-        for dm in store.deployed_models():
+        for dm in dm_rows:
             by_endpoint.setdefault(dm["endpoint_id"], []).append(dm)
-        for ep in store.list_endpoints():
+        for ep in endpoint_rows:
             route = self._route(ep, by_endpoint.get(ep["id"], []), old, self.endpoints.get(ep["id"]))
             self._join_pools(route)
             endpoints[ep["id"]] = route
             deployed.update(route.deployed)
         self.deployed, self.endpoints = deployed, endpoints
+        if self.journal is not None:
+            self.journal.add(self.FULL)
 
     @staticmethod
     def _route(ep: dict, dms: list[dict], old: dict[str, Deployed], before: EndpointRoute | None = None
@@ -162,7 +175,7 @@ class Routing:
             d.pool_id = dm.get("pool_id")
             members[dm["id"]] = d
         return EndpointRoute(ep["id"], ep["parent"], Chooser(ep["traffic_split"] or {}), members,
-                             [d for d in members.values() if d.shadow_percent > 0], ep["updated"])
+                             [d for d in members.values() if d.shadow_percent > 0], ep["updated"], (ep, dms))
 
     def load_endpoint(self, store, endpoint_id: str) -> None:
         """Follow a change to one endpoint: it and its deployed models are read again (gone: dropped)."""
@@ -174,6 +187,8 @@ class Routing:
         ``endpoint_id`` is gone. Only this endpoint's entries change, replaced whole (never half-updated
         for a request: nothing here awaits)."""
         endpoint_id = endpoint_id or ep["id"]
+        if self.journal is not None:
+            self.journal.add(endpoint_id)
         before = self.endpoints.get(endpoint_id)
         route = self._route(ep, dms, self.deployed, before) if ep is not None else None
         if route is not None:
