@@ -39,7 +39,7 @@ from typing import Callable
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.jobs import job_identity, job_limits, warm_jobs
 from modelyard.platform.state.store import DiskFull, Store
-from modelyard.tuning.forkserver import read_pids, recorded_pids
+from modelyard.tuning.forkserver import read_pids, recorded_pids, start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ class JobRunner:
         self.platform = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.warm = warm_jobs.WarmJobs(state_dir)
+        self.tasks = warm_jobs.WarmJobs(state_dir, tensorflow=False)  # pipeline tasks' task server
+        self._exit_fds: dict[str, int] = {}  # job id -> pidfd of its process (the loop wakes on its exit)
         self._cold_because: dict[str, str | None] = {}  # job id -> why it cannot start warm (None: it can)
         self._cancel_wanted: set[str] = set()  # cancelled while the store could not record it
         self._released_at = float("-inf")  # when cgroups of ended jobs were last looked for
@@ -210,6 +212,9 @@ class JobRunner:
         if state == PENDING:
             if self._warm_blocker(row) is None and self.warm.hold(job_id):
                 return  # the warm interpreter is importing TensorFlow: faster than a cold start's own import
+            if self._warm_blocker(row) is not None and warm_jobs.task_blocker(row, self.engine) is None \
+                    and self.tasks.hold(job_id):
+                return  # a pipeline task: the task server is importing what its process would import
             if self.store.update_job(job_id, (PENDING,), state=RUNNING, started=time.time()):
                 self._spawn(row)
             return
@@ -257,6 +262,8 @@ class JobRunner:
                 why = self._warm_blocker(row)
                 if why is None:
                     proc, why = self.warm.spawn(job_id, argv, env, work_dir, work_dir / LOG_FILE)
+                elif warm_jobs.task_blocker(row, self.engine) is None:  # a pipeline task: the task server's
+                    proc, why = self.tasks.spawn(job_id, argv, env, work_dir, work_dir / LOG_FILE)
                 if proc is None:
                     with open(work_dir / LOG_FILE, "a") as logf:
                         logf.write(f"[modelyard] cold start (not from the platform's warm interpreter): {why}\n")
@@ -268,6 +275,7 @@ class JobRunner:
             self._end(row, FAILED, ApiError("INTERNAL", f"could not start the job's process: {exc}"))
             return
         self._procs[job_id] = proc
+        self._watch(job_id, proc.pid)
         try:
             applied = job_limits.apply(self.limits, job_id, proc.pid)
             with open(work_dir / LOG_FILE, "a") as logf:
@@ -278,9 +286,46 @@ class JobRunner:
         self.store.update_job(job_id, pid=proc.pid, runs=row["runs"] + 1, work_dir=str(work_dir))
         log.info("job %s (%s) started as pid %d (run %d)", job_id, row["kind"], proc.pid, row["runs"] + 1)
 
+    def _watch(self, job_id: str, pid: int) -> None:
+        """Wake the runner when the job's process exits (a pidfd on the event loop), not an interval later."""
+        loop = self._loop
+        if loop is None or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already, or a kernel without pidfds: the interval finds it
+            return
+
+        def add() -> None:
+            self._unwatch_now(job_id)
+            self._exit_fds[job_id] = fd
+            loop.add_reader(fd, exited)
+
+        def exited() -> None:
+            self._unwatch_now(job_id)
+            self._wake.set()
+
+        loop.call_soon_threadsafe(add)
+
+    def _unwatch_now(self, job_id: str) -> None:
+        """(On the event loop.) Stop watching the job's process."""
+        fd = self._exit_fds.pop(job_id, None)
+        if fd is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+
     def _alive(self, row: dict) -> bool:
         proc = self._procs.get(row["id"])
         if proc is not None:
+            if proc.poll() is None and not isinstance(proc, subprocess.Popen) and start_ticks(proc.pid) is None:
+                # A forked job process that has exited: its account (result.json) is all its end needs;
+                # without one, its status, which its server reports within its poll, says how it died.
+                if (self.work_dir(row["id"]) / RESULT_FILE).exists():
+                    return False
+                try:
+                    proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
             return proc.poll() is None
         return row["pid"] is not None and _is_job_process(row["pid"], self.work_dir(row["id"]))
 
@@ -311,6 +356,8 @@ class JobRunner:
     def _finished(self, row: dict) -> None:
         job_id = row["id"]
         proc = self._procs.pop(job_id, None)
+        if job_id in self._exit_fds and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._unwatch_now, job_id)
         # Whatever the job left behind (batch workers, replicas and trials in their own sessions).
         _kill_leftovers(job_id, self.work_dir(job_id))
         self._signalled.pop(job_id, None)

@@ -24,7 +24,7 @@ from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, invalid
 from modelyard.platform.api.names import Route
 from modelyard.platform.api.timefmt import rfc3339
-from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec
+from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec, warm_jobs
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,8 @@ def _follow(runner, row: dict) -> None:
     tasks = {k: dict(v) for k, v in (result.get(TASKS) or {}).items()}
     changed = False
     if row["state"] == PENDING:
+        if (runner.engine or {}).get("name") != "ray":  # its tasks' processes fork from it: importing meanwhile
+            runner.tasks.start()
         detail = result.get("jobDetail") or {}
         ctx, pipeline_ctx = (detail["pipelineRunContext"], detail["pipelineContext"]) \
             if detail.get("pipelineRunContext") else pipeline_metadata.run_context(store.engine, row)
@@ -435,7 +437,7 @@ def _launch(runner, row: dict, spec: dict, key: str, t: dict, save) -> None:
         command = gcpc or pipeline_spec.without_satisfied_install(
             pipeline_spec.fill(list(container.get("command") or []), ex_input, run))
         body = {"displayName": f"{row['display_name']}-{key.replace('/', '-')}"[:128],
-                "labels": {"modelyard-pipeline-job": row["id"]},
+                "labels": {warm_jobs.PIPELINE_LABEL: row["id"]},
                 "jobSpec": {"workerPoolSpecs": [{"replicaCount": 1, "machineSpec": {"machineType": "e2-standard-4"},
                                                  "containerSpec": {
                     "imageUri": container.get("image", ""),

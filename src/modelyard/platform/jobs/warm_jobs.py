@@ -23,12 +23,28 @@ parent-death signal) but not them.
 cold: Ray engine, several replicas or pools, packages to install, a command that is not a Python
 script or module of the platform's interpreter importing TensorFlow, or variables read when
 Python starts or imports TensorFlow that differ from the server's (forkserver.warm_blocker).
+
+**Pipeline tasks** (the custom jobs a ``pipelineJobs`` run makes, labelled ``modelyard-pipeline-job``)
+start from a second server, the *task server* (``WarmJobs(..., tensorflow=False)``): it imports what
+a job's process imports (``task_preload``: the job runner's modules, the launcher, the gateway's
+certificates, KFP's executor), not TensorFlow, and is started when a run starts. The job's process
+is forked from it as above (pid file, own session, limits, cancel, adoption); its replica, when it is
+a KFP lightweight component (``sh -ec 'program_path=$(mktemp -d) ... python3 -m kfp.dsl.executor_main
+...'`` with no ``pip install`` left: ``pipeline_spec.without_satisfied_install``), is forked from the
+job's process too (``fork_replica``): the program written to a fresh ``mktemp -d`` folder as the
+shell would, then ``kfp_task`` makes the fork the job's own Python (its venv: ``sys.executable``,
+prefix, site directory and ``.pth`` files) and runs KFP's executor as ``python3 -m`` would. Anything
+else (a container component, ``pip install`` still to run, variables read at start-up that differ)
+starts cold, saying why in the job's log.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +57,14 @@ READY_WAIT_S = 60.0  # how long a job waits for the server's first import before
 # trainer, the demo's digits). (Not job_child itself: it runs as __main__, which runpy warns of when
 # the module is imported already.)
 JOB_MODULES = ("modelyard.platform.jobs.job_runner", "modelyard.platform.jobs.custom_jobs")
+TASK_PRELOAD = "modelyard.platform.jobs.task_preload"  # the task server's imports (and its mark)
+TASK_READY_WAIT_S = 30.0  # a pipeline task waits this long for the task server's imports, then starts cold
+PIPELINE_LABEL = "modelyard-pipeline-job"  # on the custom job of each pipeline task (pipeline_jobs)
+# KFP's lightweight component: its command's shell script (kfp.dsl.component_factory, kfp 2.x), once the
+# platform has dropped the pip install in front of it.
+_KFP_SCRIPT = re.compile(r'\s*program_path=\$\(mktemp -d\)\s+printf "%s" "\$0" > "\$program_path/ephemeral_component\.py"'
+                         r'\s+_KFP_RUNTIME=true python3 -m (?P<module>[A-Za-z_][\w.]*)\s+--component_module_path\s+'
+                         r'"\$program_path/ephemeral_component\.py"\s+"\$@"\s*')
 
 
 def blocker(pools: list[dict], engine: dict | None, work_dir: Path) -> str | None:
@@ -65,10 +89,14 @@ def blocker(pools: list[dict], engine: dict | None, work_dir: Path) -> str | Non
 
 
 class WarmJobs:
-    """The job runner's fork server: started on demand, kept while the platform runs."""
+    """The job runner's fork server: started on demand, kept while the platform runs. The default is
+    the training jobs' (TensorFlow imported); ``tensorflow=False`` is the pipeline tasks' task server."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.log_path = state_dir / "warm" / "forkserver.log"
+    def __init__(self, state_dir: Path, tensorflow: bool = True) -> None:
+        self.tensorflow = tensorflow
+        self.what = "training jobs" if tensorflow else "pipeline tasks"
+        self.ready_wait_s = READY_WAIT_S if tensorflow else TASK_READY_WAIT_S
+        self.log_path = state_dir / "warm" / ("forkserver.log" if tensorflow else "taskserver.log")
         self.server = None
         self.failed = False  # a server died before it had imported: jobs start cold from then on
         self._asked: dict[str, float] = {}  # job id -> when it started waiting for the server
@@ -82,11 +110,11 @@ class WarmJobs:
         if server.broken or not server.alive():
             if not server.ready:
                 self.failed = True
-                log.warning("the warm interpreter for training jobs died while importing (log: %s): training "
-                            "jobs start cold", self.log_path)
+                log.warning("the warm interpreter for %s died while importing (log: %s): they start cold",
+                            self.what, self.log_path)
             else:
-                log.warning("the warm interpreter for training jobs died (log: %s): the next job starts another",
-                            self.log_path)
+                log.warning("the warm interpreter for %s died (log: %s): the next one starts another",
+                            self.what, self.log_path)
             self.close()
 
     def hold(self, job_id: str) -> bool:
@@ -95,26 +123,36 @@ class WarmJobs:
         if self.failed or (self.server is not None and self.server.ready):
             self._asked.pop(job_id, None)
             return False
-        if self.server is None:
-            from modelyard.tuning.preload import train_modules
-            from modelyard.tuning.warm import ForkServer
-
-            log.info("starting the warm interpreter for training jobs (log: %s)", self.log_path)
-            self.server = ForkServer(server_env(), self.log_path, JOB_MODULES + train_modules())
+        self.start()
         first = self._asked.setdefault(job_id, time.monotonic())
-        if time.monotonic() - first > READY_WAIT_S:
+        if time.monotonic() - first > self.ready_wait_s:
             self._asked.pop(job_id, None)
             return False
         return True
+
+    def start(self) -> None:
+        """Start the server now (it imports meanwhile), unless it runs or could not import."""
+        self._check()
+        if self.server is not None or self.failed:
+            return
+        from modelyard.tuning.warm import ForkServer
+
+        log.info("starting the warm interpreter for %s (log: %s)", self.what, self.log_path)
+        if self.tensorflow:
+            from modelyard.tuning.preload import train_modules
+
+            self.server = ForkServer(server_env(), self.log_path, JOB_MODULES + train_modules())
+        else:
+            self.server = ForkServer(server_env(), self.log_path, (TASK_PRELOAD,), tensorflow=False)
 
     def spawn(self, job_id: str, argv: list[str], env: dict[str, str], work_dir: Path, log_file: Path):
         """The job's process forked from the server (a warm.WarmChild), or ``(None, why)``."""
         self._check()
         server = self.server
         if self.failed:
-            return None, f"the warm interpreter could not import TensorFlow (its log: {self.log_path})"
+            return None, f"the warm interpreter for {self.what} could not import (its log: {self.log_path})"
         if server is None or not server.ready:
-            return None, f"the warm interpreter was not ready after {READY_WAIT_S:g} s"
+            return None, f"the warm interpreter was not ready after {self.ready_wait_s:g} s"
         from modelyard.training.launcher import TASK_ENV_DEFAULTS
 
         env = {**TASK_ENV_DEFAULTS, **env}  # as the server's (its tasks get them anyway)
@@ -164,6 +202,51 @@ def local_blocker(command: list[str], env: dict[str, str]) -> str | None:
 
 
 def in_warm_process() -> bool:
-    """This process was forked from a warm interpreter: TensorFlow is imported (and no op run: the
-    job's process runs none) before the job's command ran."""
-    return "tensorflow" in sys.modules
+    """This process was forked from a warm interpreter: TensorFlow (and no op run: the job's process
+    runs none), or the task server's modules, imported before the job's command ran."""
+    return "tensorflow" in sys.modules or TASK_PRELOAD in sys.modules
+
+
+def task_blocker(row: dict, engine: dict | None) -> str | None:
+    """Why a job cannot start from the task server (None: it can): only pipeline tasks do, on this host."""
+    if (row.get("labels") or {}).get(PIPELINE_LABEL) is None:
+        return "not a pipeline task"
+    if (engine or {}).get("name") == "ray":
+        return "its replicas run on Ray nodes"
+    return None
+
+
+def kfp_form(command: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+    """A KFP lightweight component's command (its shell script, its program, its arguments) as the Python
+    command the script would run, for a fork: the program written to a new ``mktemp -d`` folder (in the
+    replica's ``TMPDIR``, as mktemp does), ``python3`` as ``PATH`` finds it, run through ``kfp_task``
+    (which makes the fork that Python); None when ``command`` is not one."""
+    if len(command) < 4 or command[:2] != ["sh", "-ec"]:
+        return None
+    m = _KFP_SCRIPT.fullmatch(command[2])
+    python = shutil.which("python3", path=env.get("PATH", ""))
+    if m is None or python is None:
+        return None
+    folder = tempfile.mkdtemp(dir=env.get("TMPDIR") or "/tmp")
+    program = os.path.join(folder, "ephemeral_component.py")
+    with open(program, "w") as f:  # printf "%s" "$0": the program as it is
+        f.write(command[3])
+    argv = [python, "-m", "modelyard.platform.jobs.kfp_task", m.group("module"), "--component_module_path",
+            program, *command[4:]]
+    return argv, {**env, "_KFP_RUNTIME": "true"}
+
+
+def fork_replica(command: list[str], env: dict[str, str], cwd: Path, pidfile: Path):
+    """In a warm job's process: its one replica forked from it (a ``forkserver.LocalChild``) and None, or
+    None and why it must start cold. A KFP lightweight component is forked in its Python form (``kfp_form``)."""
+    kfp = kfp_form(command, env)
+    if kfp is not None:
+        command, env = kfp
+    why = local_blocker(command, env)
+    if why is not None:
+        if kfp is not None:  # the cold start's shell writes its own
+            shutil.rmtree(os.path.dirname(command[5]), ignore_errors=True)
+        return None, why
+    from modelyard.tuning.forkserver import fork_local
+
+    return fork_local(command, env, cwd, pidfile), None
