@@ -1,6 +1,6 @@
 """Warm command trials: a fork server that has imported TensorFlow and forks one child per trial.
 
-    python -m modelyard.tuning.forkserver IN_FD OUT_FD [MODULE ...]
+    python -m modelyard.tuning.forkserver IN_FD OUT_FD [--no-tensorflow] [MODULE ...]
 
 A command trial that is a Python script or module (``python3 train.py ...``, ``python3 -m
 modelyard train ...``) does not need a fresh interpreter to import TensorFlow again: this
@@ -32,6 +32,7 @@ when an interpreter starts or imports TensorFlow. Those read when TensorFlow run
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import re
@@ -376,25 +377,33 @@ def _preload(in_fd: int, out_fd: int, modules: list[str]) -> None:
                 rest = [m for m in modules if m != module]
                 for fd in (in_fd, out_fd):
                     os.set_inheritable(fd, True)
+                flag = [] if "tensorflow" in sys.modules else [NO_TENSORFLOW]
                 os.execv(sys.executable, [sys.executable, "-m", "modelyard.tuning.forkserver", str(in_fd),
-                                          str(out_fd), *rest])
+                                          str(out_fd), *flag, *rest])
     finally:
         if first is not None:
             sys.path.insert(0, first)
 
 
-def serve(in_fd: int, out_fd: int, preload: list[str] = ()) -> int:
-    # The imports every TensorFlow trial pays for: done once, here, with no op run.
-    import tensorflow  # noqa: F401
+NO_TENSORFLOW = "--no-tensorflow"  # a server for processes that need the preloaded modules only
 
-    try:
-        if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
-            import tf_keras  # noqa: F401
-        else:
-            import keras  # noqa: F401
-    except ImportError:
-        pass
+
+def serve(in_fd: int, out_fd: int, preload: list[str] = (), tensorflow: bool = True) -> int:
+    if tensorflow:  # the imports every TensorFlow trial pays for: done once, here, with no op run
+        import tensorflow  # noqa: F401
+
+        try:
+            if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+                import tf_keras  # noqa: F401
+            else:
+                import keras  # noqa: F401
+        except ImportError:
+            pass
     _preload(in_fd, out_fd, list(preload))
+    # What the imports made lives as long as the server: out of the collector's sight, so a child's
+    # collections neither scan it nor copy its pages (copy-on-write) by touching it.
+    gc.collect()
+    gc.freeze()
     _send(out_fd, "ready", pid=os.getpid(), seconds=time.process_time())
     buffer = b""
     children: set[int] = set()
@@ -419,4 +428,6 @@ def serve(in_fd: int, out_fd: int, preload: list[str] = ()) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]))
+    _rest = sys.argv[3:]
+    _tf = not (_rest and _rest[0] == NO_TENSORFLOW)
+    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), _rest if _tf else _rest[1:], _tf))

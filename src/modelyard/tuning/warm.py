@@ -50,14 +50,16 @@ class WarmChild(ForkedChild):
 class ForkServer:
     """One server per study; started at once, so it imports while the study opens."""
 
-    def __init__(self, env: dict[str, str], log: Path, preload: tuple[str, ...] = ()):
+    def __init__(self, env: dict[str, str], log: Path, preload: tuple[str, ...] = (), tensorflow: bool = True):
+        """``tensorflow=False``: a server that imports ``preload`` only (the platform's pipeline tasks)."""
         to_server_r, to_server = os.pipe()
         from_server, from_server_w = os.pipe()
         os.set_blocking(from_server, False)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w), *preload],
+                [sys.executable, "-m", "modelyard.tuning.forkserver", str(to_server_r), str(from_server_w),
+                 *([] if tensorflow else ["--no-tensorflow"]), *preload],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(to_server_r, from_server_w), start_new_session=True,
                 preexec_fn=_child_setup(None, os.getpid()))
