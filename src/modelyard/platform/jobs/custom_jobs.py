@@ -12,8 +12,8 @@ Vertex's ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR
 is refused at create.
 
 A job whose process was forked from the platform's warm interpreter (warm_jobs: one replica, a
-TensorFlow Python command) forks that replica from itself too (tuning.forkserver.fork_local)
-instead of starting a fresh Python, unless ``warm_jobs.local_blocker`` says why not (in the log).
+TensorFlow Python command, or a pipeline task) forks that replica from itself too
+(``warm_jobs.fork_replica``) instead of starting a fresh Python, unless it says why not (in the log).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from modelyard.platform.state.tensorboard_db import TensorboardDB
 
 RESUMABLE = False  # a training command may not be safe to start twice; a lost one fails
 ROLES = ("chief", "worker", "ps", "evaluator")  # worker pool index -> TF_CONFIG task type
+REPLICA_POLL_S = 0.02  # how soon a replica's end is seen: what follows the job (a pipeline's next task) waits on it
 
 
 async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
@@ -256,24 +257,22 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
 
         def _popen(self, task):
             if warm:
-                task_env = self._env(task)
-                why = warm_jobs.local_blocker(self.command, task_env)
-                if why is None:
-                    return fork_local(self.command, task_env, Path.cwd(), work_dir / warm_jobs.PIDS_FILE)
+                child, why = warm_jobs.fork_replica(self.command, self._env(task), Path.cwd(),
+                                                    work_dir / warm_jobs.PIDS_FILE)
+                if child is not None:
+                    return child
                 self._emit(task, f"[modelyard] cold start (not forked from the warm interpreter): {why}")
             return super()._popen(task)
 
     # Forked from the warm interpreter: its one replica is forked from here (see warm_jobs).
     warm = placement is None and len(tasks) == 1 and warm_jobs.in_warm_process()
-    if warm:
-        from modelyard.tuning.forkserver import fork_local
     sup = Pools(spec, tasks, by_role["chief"]["command"], out=sys.stdout)
     sup.placement = placement
     sup.node_setup = node_setup
     cancelled = False
     try:
         sup.start()
-        ok, why = sup.wait()
+        ok, why = sup.wait(poll=REPLICA_POLL_S)
     except KeyboardInterrupt:  # the launcher's loop turns the stop request into this
         ok, why, cancelled = False, "cancelled", True
     finally:
