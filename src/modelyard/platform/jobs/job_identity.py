@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Iterator, Mapping, MutableMapping
 
@@ -75,12 +74,10 @@ def serve(work_dir: Path, storage: str, token: str | None, project: str,
     try:
         yield identity_env(settings, work_dir, environ)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Killed, not asked to stop: the job's processes are done with it, and its graceful stop (closing
+        # its listeners and sessions, then Python's own exit) is time the job's end would wait for.
+        proc.kill()
+        proc.wait()
 
 
 def apply(environ: MutableMapping[str, str], identity: Mapping[str, str]) -> None:
