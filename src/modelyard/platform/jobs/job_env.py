@@ -119,9 +119,10 @@ class PythonEnv:
         self.python = str(self.root / "bin" / "python")
 
     def create(self) -> None:
-        if not Path(self.python).exists():
-            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(self.root)],
-                           check=True, capture_output=True, timeout=300)
+        if not Path(self.python).exists():  # `python -m venv --system-site-packages --without-pip`, in this process
+            import venv
+
+            venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=os.name != "nt").create(str(self.root))
         purelib = self.purelib
         # The platform's own site directories (its venv's, when it runs in one), .pth files and all.
         parents = [p for p in [*site.getsitepackages(), sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
