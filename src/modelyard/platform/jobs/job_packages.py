@@ -36,7 +36,7 @@ from pathlib import Path
 
 from modelyard import objstore
 from modelyard.platform.api.errors import ApiError, invalid
-from modelyard.platform.jobs import job_env
+from modelyard.platform.jobs import job_env, job_python
 from modelyard.platform.jobs.job_identity import without_admin_token
 
 CHECK_BYTES = 64 << 20  # larger package files are checked to exist only: their install tells the rest
@@ -126,10 +126,14 @@ def _check_installable(field: str, uris: list[str], files: list[str | None]) -> 
     for reqs in declared:
         wanted += [r for r in reqs or [] if r not in wanted]
     items = _unsatisfied(wanted, field)
-    # Requirements only a build can tell: pip builds the package's metadata in the dry run.
-    items += [f for f, reqs in zip(readable, declared) if reqs is None]
     if items:
-        _dry_run(field, items)
+        # Each one exists at a version it allows; how they resolve together, and whether beside the
+        # platform's packages or in a Python of the job's own, the job's resolution says (job_python.plan).
+        _dry_run(field, items, "--no-deps", "--ignore-installed")
+    # Requirements only a build can tell: pip builds the package's metadata in the dry run.
+    undeclared = [f for f, reqs in zip(readable, declared) if reqs is None]
+    if undeclared:
+        _dry_run(field, undeclared)
 
 
 def _readable_archive(path: str) -> bool:
@@ -148,10 +152,9 @@ def _readable_archive(path: str) -> bool:
 
 
 def _unsatisfied(requirements: list[str], field: str) -> list[str]:
-    """The requirements the platform's environment (which every job's Python sees) does not meet;
-    INVALID_ARGUMENT for one that is not a requirement at all."""
-    from importlib import metadata
-
+    """The requirements the platform's environment (which every job's Python sees) does not meet, an
+    extra's requirements included (``google-cloud-aiplatform[autologging]`` needs MLflow even where the
+    SDK itself is installed); INVALID_ARGUMENT for one that is not a requirement at all."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     out = []
@@ -160,24 +163,51 @@ def _unsatisfied(requirements: list[str], field: str) -> list[str]:
             req = Requirement(text)
         except InvalidRequirement as exc:
             raise invalid(f"{field}: the package's requirement {text!r} is not a valid requirement: {exc}") from None
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            out.append(text)
-            continue
-        if req.url or not req.specifier.contains(version, prereleases=True):
+        if not _met(req, set()):
             out.append(text)
     return out
 
 
-def _dry_run(field: str, items: list[str]) -> None:
-    """``pip install --dry-run`` of ``items`` as the job's install would run it; INVALID_ARGUMENT with
-    pip's last lines when it cannot."""
+def _met(req, seen: set[str]) -> bool:
+    """Whether the platform's environment meets ``req`` (a packaging Requirement): its version, and what
+    each extra it names requires, transitively."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        return True
+    try:
+        version = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        return False
+    if req.url or not req.specifier.contains(version, prereleases=True):
+        return False
+    for extra in sorted(req.extras):
+        if f"{req.name}[{extra}]".lower() in seen:
+            continue
+        seen.add(f"{req.name}[{extra}]".lower())
+        for text in metadata.requires(req.name) or []:
+            sub = Requirement(text)
+            if sub.marker is not None and sub.marker.evaluate({"extra": extra}) \
+                    and not sub.marker.evaluate({"extra": ""}) and not _met(_unmarked(sub), seen):
+                return False
+    return True
+
+
+def _unmarked(req):
+    """``req`` without its environment marker (already evaluated by the caller)."""
+    from packaging.requirements import Requirement
+
+    return Requirement(str(req).split(";", 1)[0])
+
+
+def _dry_run(field: str, items: list[str], *flags: str) -> None:
+    """``pip install --dry-run`` of ``items`` (with ``flags``); INVALID_ARGUMENT with pip's last lines
+    when it cannot."""
     try:
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
-                               "--disable-pip-version-check", "--no-build-isolation", *items],
+                               "--disable-pip-version-check", "--no-build-isolation", *flags, *items],
                               capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S,
                               # The user's setup.py may run here: never with the platform's token.
                               env={**without_admin_token(os.environ), "PIP_NO_INPUT": "1"})
@@ -194,10 +224,18 @@ def install(work_dir: Path, uris: list[str], mount: job_env.GcsMount | None = No
     """The job's own Python under ``work_dir`` with ``uris`` (storage URIs, /gcs/ paths through
     ``mount``, local files) installed with their requirements; JobFailed(INVALID_ARGUMENT) with
     pip's words when they cannot be."""
-    python = job_env.PythonEnv(work_dir)
+    files = fetch([mount.rewrite(u) if mount else u for u in dict.fromkeys(uris)], work_dir / "packages")
+    declared = [job_env.declared_requirements(f) for f in files]
+    wanted = sorted({r for reqs in declared for r in reqs or []})
+    # The one rule (job_python.plan): requirements that conflict with the platform's packages get a Python
+    # environment of the job's own; the others the platform's.
+    own = job_python.plan(wanted, lambda reqs: _unsatisfied(reqs, "python_package_spec"),
+                           work_dir.parent / ".python-deps") \
+        if all(r is not None for r in declared) else None
+    python = job_env.PythonEnv(work_dir) if own is None else job_python.OwnPythonEnv(work_dir, own)
     python.create()
-    if uris:
-        python.install(fetch([mount.rewrite(u) if mount else u for u in dict.fromkeys(uris)], work_dir / "packages"))
+    if files:
+        python.install(files)
     return python
 
 
