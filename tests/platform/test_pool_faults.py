@@ -1,8 +1,9 @@
 """Deployment resource pools under faults (issue 48, must-show 4 and 5), on a platform of their own (it is
-restarted): a pool replica killed under load (requests fail over, the models load on the other replica,
-none fails after the gateway's retry, the pool gets its replica back), then a platform restart that adopts
-the pool's replicas with the models they hold loaded (no reload, same processes); a follower platform on the
-same store routes to them."""
+restarted): a hot model loaded ahead on the pool's second replica (load_ahead.py), a pool replica killed
+under load (requests fail over, the models load on the other replica, none fails after the gateway's
+retry, the pool gets its replica back), then a platform restart that adopts the pool's replicas with the
+models they hold loaded (no reload, same processes); a follower platform on the same store routes to them.
+"""
 from __future__ import annotations
 
 import os
@@ -63,6 +64,19 @@ def test_a_killed_pool_replica_fails_over_and_a_restart_adopts_the_pool(tmp_path
                 "deployedModel"]["id"]
         before = {r["pid"] for r in _pool_replicas(api, dms["tiny1"])}
         assert len(before) == 2 and before == {r["pid"] for r in _pool_replicas(api, dms["tiny2"])}
+
+        # Load ahead (dataplane/load_ahead.py): one client asks tiny1 back to back, so its home replica is never
+        # busy and no request spills to the other; once its rate is hot, the pool loads it there too.
+        session = requests.Session()
+
+        def on_both() -> bool:
+            for _ in range(20):
+                assert session.post(api.url(f"endpoints/{endpoints['tiny1']}:predict"), json={"instances": X},
+                                    timeout=60).status_code == 200
+            return len({rep for (rep, dm), v in _metrics(p.url, "modelyard_pool_model_loaded").items()
+                        if dm == dms["tiny1"] and v == 1}) == 2
+
+        _wait(on_both, 60, "tiny1 loaded ahead on the second replica")
 
         # Load on both models; one pool replica is killed in the middle of it.
         failures, answered, stop = [], [0], threading.Event()

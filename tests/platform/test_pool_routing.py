@@ -111,3 +111,47 @@ def test_a_pool_scales_on_the_requests_in_flight_across_its_models(tmp_path):
 
     grown, retired = aio.run(scenario())
     assert grown == [2, 1] and len(retired) == 3
+
+
+def test_a_model_is_hot_from_its_threshold_until_it_cools():
+    from modelyard.platform.dataplane.load_ahead import HotModels, LoadAhead
+
+    hot = HotModels(LoadAhead(hot_requests_per_s=10, cool_requests_per_s=2, window_s=5, copies=2, retell_s=10))
+    hot.observe("r0", {"a": 20, "b": 5}, now=1.0)  # counters as the replicas' probes read them
+    hot.observe("r1", {"a": 20}, now=1.0)
+    assert hot.update(1.0) == set() and hot.rate("a", 1.0) == 8.0  # 40 requests over the 5 s window
+    hot.observe("r0", {"a": 35, "b": 5}, now=2.0)
+    assert hot.update(2.0) == {"a"}  # 55 / 5 s
+    assert hot.update(5.5) == {"a"}  # 11/s, then no request: still above the cool rate within the window
+    hot.observe("r0", {"a": 3}, now=6.5)  # r0 restarted: its counter starts again (3 new requests, not -32)
+    assert hot.rate("a", 6.5) == 3.6 and hot.update(6.5) == {"a"}
+    assert hot.update(8.0) == set() and hot.rate("a", 8.0) == 0.6  # below 2/s: cooled
+    assert hot.targets(7, ["r0", "r1", "r2"]) == ["r1", "r2"]  # its home (7 % 3), then the next one
+    assert hot.targets(5, ["r0"]) == ["r0"]
+    assert hot.should_tell("r1", "a", 9.0) and not hot.should_tell("r1", "a", 15.0) and hot.should_tell("r1", "a", 19.5)
+
+
+def test_a_hot_model_is_loaded_ahead_on_the_replicas_that_lack_it(tmp_path):
+    """Pools._load_ahead tells (by a line in the replica's journal) each target replica that the last probe
+    saw without the hot model, once per retell period; an idle model is told nowhere."""
+    import json
+
+    from modelyard.platform.dataplane.load_ahead import HotModels, LoadAhead
+    from modelyard.platform.dataplane.pools import CHANGES_FILE, Pool, Pools
+
+    routing = _routing(["100", "101"])
+    pools = Pools(None, routing, tmp_path)
+    pool = Pool({"id": "pool-a", "min_replicas": 2, "max_replicas": 2}, routing.pools["pool-a"],
+                hot=HotModels(LoadAhead(hot_requests_per_s=10, window_s=1)))
+    pool.models = {"100": tmp_path, "101": tmp_path}
+    for i in range(2):
+        (tmp_path / f"r{i}").mkdir()
+        pool.replicas.append(Replica({"id": f"r{i}", "host": "h", "port": i, "log_path": str(tmp_path / f"r{i}/log")}))
+    pool.states = {"r0": {"models": {"100": {"loaded": True, "requests": 50}, "101": {"loaded": True, "requests": 1}}},
+                   "r1": {"models": {}}}
+    pool.hot.observe("r0", {"100": 50, "101": 1}, now=10.0)
+    pools._load_ahead(pool, 10.0)
+    pools._load_ahead(pool, 10.5)  # told already: not again within retell_s
+    lines = {rid: (tmp_path / rid / CHANGES_FILE).read_text().splitlines() if (tmp_path / rid / CHANGES_FILE).exists()
+             else [] for rid in ("r0", "r1")}
+    assert lines == {"r0": [], "r1": [json.dumps({"load": "100"})]}  # 100's home is r0 (100 % 2), loaded there

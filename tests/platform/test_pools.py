@@ -143,8 +143,16 @@ def test_two_models_share_one_pool_replica(aiplatform, platform, tiny_models):
 def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tmp_path):
     from google.api_core import exceptions
 
-    tiny = [tiny_models["models"]["tiny1"], tiny_models["models"]["tiny2"]]
     X = tiny_models["instances"]
+    # Each model weighs max(its files, what its load was measured to cost): 2 MB of padding in its assets (never
+    # read, so never resident) makes the files the weight, so "any 3 fit, no 4" holds whatever a load measures.
+    tiny = []
+    for name in ("tiny1", "tiny2"):
+        padded = tmp_path / f"padded-{name}"
+        shutil.copytree(tiny_models["models"][name]["path"], padded)
+        (padded / "assets").mkdir(exist_ok=True)
+        (padded / "assets" / "padding.bin").write_bytes(b"\0" * (2 << 20))  # a tiny model measures ~0.4 MB
+        tiny.append({**tiny_models["models"][name], "path": str(padded)})
     sizes = [footprint_bytes(t["path"]) for t in tiny]
     budget = 3 * max(sizes) + min(sizes) // 2  # any 3 fit, no 4
     r = requests.post(platform.api("deploymentResourcePools"), timeout=30, json={

@@ -45,9 +45,10 @@ class CountingLoader:
         return FakeServable(path)
 
 
-def _manager(tmp_path, count: int, budget: int, loader=None) -> tuple[Manager, OnDemand, CountingLoader]:
+def _manager(tmp_path, count: int, budget: int, loader=None, measure=lambda: 0) -> tuple[Manager, OnDemand,
+                                                                                        CountingLoader]:
     loader = loader or CountingLoader()
-    on_demand = OnDemand(budget)
+    on_demand = OnDemand(budget, measure=measure)  # by default loads cost no memory: weights are file bytes
     manager = Manager(loader, on_demand=on_demand)
     manager.set_models(_models(tmp_path, count))
     return manager, on_demand, loader
@@ -179,3 +180,29 @@ def test_a_change_to_the_models_leaves_the_others_loaded(tmp_path):
     with pytest.raises(ServingError) as err:
         manager.acquire("m1")
     assert err.value.code == Code.NOT_FOUND
+
+
+def test_a_models_weight_is_what_its_load_was_measured_to_cost_when_more_than_its_files(tmp_path):
+    """Each load alone adds its model's cost to the process's resident memory (a fake meter); the process's
+    first load (the runtime starts with it) is not measured. Weights then are max(file bytes, measured)."""
+    rss = [0]
+    cost = {"m0": 500, "m1": 2500, "m2": 2500, "m3": 500}  # m1 and m2 hold more than their files (1000 bytes)
+
+    class Metered(CountingLoader):
+        def __call__(self, name, version, path):
+            rss[0] += cost[name]
+            return super().__call__(name, version, path)
+
+    manager, on_demand, loader = _manager(tmp_path, 4, budget=4 * SIZE, loader=Metered(), measure=lambda: rss[0])
+    _use(manager, "m0")  # the first load: not measured, weighs its files
+    _use(manager, "m1")  # measured: 2500
+    assert {n: m["bytes"] for n, m in on_demand.state()["models"].items()} == {"m0": 1000, "m1": 2500}
+    assert on_demand.state()["models"]["m1"]["measured_bytes"] == 2500
+    _use(manager, "m2")  # room for its files' 1000 (m0 goes), then measured 2500: over budget, so m1 goes too
+    assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m2"]
+    assert on_demand.resident_bytes() == 2500
+    _use(manager, "m3")  # measured 500: weighs its files' 1000
+    assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m2", "m3"]
+    _use(manager, "m1")  # its measured weight is known before it loads: room for 2500 is made (m2 goes)
+    assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m1", "m3"]
+    assert on_demand.resident_bytes() == 3500 and on_demand.peak_resident_bytes <= 4000

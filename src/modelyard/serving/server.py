@@ -120,11 +120,23 @@ class ModelServer:
 
     def _read_changes(self) -> None:
         """Apply the lines appended to --model_config_changes_file since the last read: only those models."""
-        from modelyard.serving.manager.config_changes import net_changes
+        from modelyard.serving.manager.config_changes import loads_ahead, net_changes
 
-        added, removed = net_changes(self._changes.read())
-        if not (added or removed):
-            return
+        changes = self._changes.read()
+        added, removed = net_changes(changes)
+        if added or removed:
+            self._apply_changes(added, removed)
+        if self.manager.on_demand is not None:
+            for name in loads_ahead(changes):  # a thread each: a load may wait for room (on_demand.ensure)
+                threading.Thread(target=self._load_ahead, args=(name,), name="load-ahead", daemon=True).start()
+
+    def _load_ahead(self, name: str) -> None:
+        try:
+            self.manager.acquire(name).__exit__(None, None, None)  # loads it as its first request would
+        except ServingError as exc:
+            log.warning("Could not load model %s ahead: %s", name, exc.message)
+
+    def _apply_changes(self, added: list[ModelConfig], removed: list[str]) -> None:
         self.repository.remember(added)
         if self.options.security is not None:  # --model_roots, for the added models only
             from modelyard.serving.security.paths import check_model_paths

@@ -39,6 +39,7 @@ import aiohttp
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane import replica_secrets
+from modelyard.platform.dataplane.load_ahead import HotModels
 from modelyard.platform.dataplane.replicas import (PLATFORM_PID_ENV, READY_POLL_S, START_TIMEOUT_S, STATE_ENV,
                                                    STORE_ENV, child_alive, serve_env, stop_child, tail)
 from modelyard.platform.dataplane.routing import Replica, Routing
@@ -95,6 +96,17 @@ def write_config(rdir: Path, models: dict[str, Path], new: list[str] | None = No
     os.replace(tmp, journal)
 
 
+def write_load(rdir: Path, dm_id: str) -> None:
+    """Ask the replica of ``rdir`` to load ``dm_id`` now, ahead of its requests (``load_ahead.py``)."""
+    with open(rdir / CHANGES_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"load": dm_id}) + "\n")
+
+
+def home_of(dm_id: str) -> int:
+    """A pooled model's home replica number, as the gateway counts it (``Routing._join_pools``)."""
+    return int(dm_id) if dm_id.isdigit() else hash(dm_id) & 0xFFFF
+
+
 def _link(rdir: Path, dm_id: str, version_path: Path) -> None:
     base = rdir / MODELS_DIR / dm_id
     link = base / "1"
@@ -122,6 +134,7 @@ class Pool:
     failed_at: float = -1e9
     # replica id -> the replica's on-demand state as last probed ({"models": {dm_id: {...}}, ...})
     states: dict[str, dict] = field(default_factory=dict)
+    hot: HotModels = field(default_factory=HotModels)  # request rates per model; those loaded ahead
 
     @property
     def id(self) -> str:
@@ -232,6 +245,28 @@ class Pools:
         ``removed``: those it served; neither given: the whole set)."""
         write_config(Path(row["log_path"]).parent, pool.models, new=new, removed=removed)
 
+    def _tell_load(self, row: dict, dm_id: str) -> None:
+        """The replica of ``row`` loads ``dm_id`` now (it is hot), not on its next request."""
+        write_load(Path(row["log_path"]).parent, dm_id)
+
+    def _load_ahead(self, pool: Pool, now: float) -> None:
+        """Each hot model loaded on its ``copies`` replicas (``load_ahead.py``): those the last probe saw
+        without it are told to load it."""
+        hot = pool.hot.update(now)
+        if not hot or len(pool.replicas) < 2:
+            return
+        ids = [r.id for r in pool.replicas]  # all of them, in order: the gateway counts homes so
+        usable = {r.id: r for r in pool.live() if r.unready_since is None}
+        for dm_id in hot:
+            if dm_id not in pool.models:
+                continue
+            for rid in pool.hot.targets(home_of(dm_id), ids):
+                seen = ((pool.states.get(rid) or {}).get("models") or {}).get(dm_id) or {}
+                if rid in usable and not seen.get("loaded") and pool.hot.should_tell(rid, dm_id, now):
+                    log.info("deployed model %s of pool %s is hot (%.0f requests/s): loading it ahead on replica %s",
+                             dm_id, pool.row["id"], pool.hot.rate(dm_id, now), rid)
+                    self._tell_load(usable[rid].row, dm_id)
+
     def _flags(self, pool: Pool) -> list[str]:
         """A pool replica's ``modelyard serve`` flags beyond its config file, address, token and roots."""
         return ["--model_config_file_poll_wait_seconds", str(CONFIG_POLL_S), "--file_system_poll_wait_seconds", "0",
@@ -337,6 +372,7 @@ class Pools:
         if replica in pool.replicas:
             pool.replicas.remove(replica)
         pool.states.pop(replica.id, None)
+        pool.hot.forget_replica(replica.id)
         if replica.upstream is not None:
             replica.upstream.close()
 
@@ -422,6 +458,8 @@ class Pools:
                 elif probe and not r.probing:
                     r.probing = True
                     self._spawn(self._probe(pool, r))
+            if probe:
+                self._load_ahead(pool, now)
             want = self.autoscaler.desired(pool) if self.autoscaler else pool.min_replicas
             want = max(pool.min_replicas, min(pool.max_replicas, want))
             have = len(pool.live()) + pool.starting
@@ -458,7 +496,9 @@ class Pools:
             r.probing = False
         if status == 200 and body is not None:
             r.unready_since = None
-            pool.states[r.id] = body.get("on_demand") or {}
+            state = pool.states[r.id] = body.get("on_demand") or {}
+            pool.hot.observe(r.id, {dm: m.get("requests", 0) for dm, m in (state.get("models") or {}).items()},
+                             time.monotonic())
         elif r.unready_since is None and not (r.draining or r.dead):
             r.unready_since, r.unready_served = time.monotonic(), r.served
 
@@ -546,8 +586,11 @@ class RayPools(Pools):
     def _sources(self, pool: Pool) -> dict[str, dict]:
         return {dm: self.sources[str(path)] for dm, path in pool.models.items() if str(path) in self.sources}
 
-    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None) -> None:
+    def _tell(self, row: dict, pool: Pool, new: list[str] | None = None, removed: list[str] = ()) -> None:
         self.engine.tell_models(row["id"], self._sources(pool))
+
+    def _tell_load(self, row: dict, dm_id: str) -> None:
+        self.engine.tell_load(row["id"], dm_id)
 
     async def _begin(self, pool: Pool, replica_id: str) -> dict:
         await self._publish(pool.models.values())

@@ -357,6 +357,14 @@ class PoolReplicaActor(ReplicaActor):
             self.seq = seq
             return sorted(self.paths)
 
+    def load_ahead(self, dm_id: str) -> None:
+        """The serve child loads ``dm_id`` now, ahead of its requests (the platform found it hot)."""
+        from modelyard.platform.dataplane.pools import write_load
+
+        with self._models_lock:
+            if dm_id in self.paths:
+                write_load(self.rdir, dm_id)
+
     def start(self) -> dict:
         """Start the serve child (after a first ``set_models``); returns where it listens."""
         import sys
@@ -593,6 +601,15 @@ class RayEngine:
                 handle.set_models.remote(self._next_seq(), sources)
             except Exception:  # the actor is gone: the supervisor replaces the replica
                 log.warning("replica %s: could not tell its actor the pool's models", replica_id)
+
+    def tell_load(self, replica_id: str, dm_id: str) -> None:
+        """The pool replica's actor has its child load ``dm_id`` ahead of its requests (not waited for)."""
+        handle = self._handles.get(replica_id)
+        if handle is not None:
+            try:
+                handle.load_ahead.remote(dm_id)
+            except Exception:  # the actor is gone: the supervisor replaces the replica
+                log.warning("replica %s: could not tell its actor to load model %s ahead", replica_id, dm_id)
 
     async def set_models(self, replica_id: str, sources: dict[str, dict], timeout_s: float) -> None:
         """``tell_models``, waited for: raises the actor's error (its node could not fetch a model's files)

@@ -2,12 +2,14 @@
 model added to or removed from a server of a thousand models costs one line, not a re-read of them all.
 
 Each line is one JSON object, ``{"add": NAME, "base_path": PATH}`` or ``{"remove": NAME}``, applied in
-order after the config file. The server reads the journal from where it stopped (a line not yet ended by
-its newline waits for its end); a journal that was replaced or shortened (its writer folded it into a new
-config file) is read from its start again, and so is it after the config file itself changed. Replaying a
-line is harmless: adding a model already served at that path, or removing one not served, changes
-nothing. A deployment resource pool's replicas are told their models this way (``platform/dataplane/
-pools.py`` writes it, compacting it into the config file once it outgrows it).
+order after the config file; on a server that loads models on demand, ``{"load": NAME}`` asks it to load
+that model now, ahead of its first request (``platform/dataplane/load_ahead.py`` says when). The server
+reads the journal from where it stopped (a line not yet ended by its newline waits for its end); a
+journal that was replaced or shortened (its writer folded it into a new config file) is read from its
+start again, and so is it after the config file itself changed. Replaying a line is harmless: adding a
+model already served at that path, or removing one not served, changes nothing. A deployment resource
+pool's replicas are told their models this way (``platform/dataplane/pools.py`` writes it, compacting
+it into the config file once it outgrows it).
 """
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ class ChangesFile:
             if change is not None:
                 changes.append(change)
             elif line.strip():  # skipped, said once: the lines after it still apply
-                log.error('%s: a line is neither {"add": NAME, "base_path": PATH} nor {"remove": NAME}; '
-                          "skipped: %r", self.path, line[:200])
+                log.error('%s: a line is none of {"add": NAME, "base_path": PATH}, {"remove": NAME}, '
+                          '{"load": NAME}; skipped: %r', self.path, line[:200])
         return changes
 
 
@@ -68,7 +70,7 @@ def _change(line: bytes) -> dict | None:
         return None
     ok = isinstance(change, dict) and (
         (isinstance(change.get("add"), str) and isinstance(change.get("base_path"), str))
-        or isinstance(change.get("remove"), str))
+        or isinstance(change.get("remove"), str) or isinstance(change.get("load"), str))
     return change if ok else None
 
 
@@ -77,6 +79,8 @@ def net_changes(changes: list[dict]) -> tuple[list[ModelConfig], list[str]]:
     added: dict[str, ModelConfig] = {}
     removed: dict[str, None] = {}
     for change in changes:
+        if "load" in change:
+            continue  # not a change of the set (loads_ahead)
         if "add" in change:
             removed.pop(change["add"], None)
             added[change["add"]] = ModelConfig(change["add"], Path(change["base_path"]))
@@ -84,3 +88,8 @@ def net_changes(changes: list[dict]) -> tuple[list[ModelConfig], list[str]]:
             added.pop(change["remove"], None)
             removed[change["remove"]] = None
     return list(added.values()), list(removed)
+
+
+def loads_ahead(changes: list[dict]) -> list[str]:
+    """The models the lines ask to load now, ahead of their first request (on demand only), in order."""
+    return list(dict.fromkeys(c["load"] for c in changes if "load" in c))

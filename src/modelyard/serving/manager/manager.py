@@ -91,6 +91,7 @@ class ModelState:
         self.removed = False
         self.resident = True  # on demand: False until a request asks for it, and again once evicted
         self.used = 0.0  # on demand: when a request last took it (time.monotonic)
+        self.requests = 0  # on demand: requests that took it (the platform's load-ahead rates read it)
 
 
 LoadFn = Callable[[str, int, Path], Servable]
@@ -332,6 +333,7 @@ class Manager:
                     rec.inflight += 1
                     if self.on_demand is not None:
                         model.used = time.monotonic()
+                        model.requests += 1
                     return Handle(name, rec)
             # Lost a race with an unload; a newer snapshot has been published, so look again.
         if self.on_demand is not None and model is not None and not model.removed and not loaded:
@@ -399,6 +401,10 @@ class Manager:
         """(name, last used, loaded now) of every resident model (on demand)."""
         with self._lock:
             return [(n, m.used, bool(m.available[1])) for n, m in self._models.items() if m.resident and not m.removed]
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests each model (that had any) served since it was configured (on demand)."""
+        return {n: m.requests for n, m in list(self._models.items()) if m.requests and not m.removed}
 
     def runs_inline(self, name: str) -> bool:
         """True when every available version of ``name`` answers in microseconds (LiteRT, no batching)."""
