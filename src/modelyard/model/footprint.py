@@ -1,11 +1,10 @@
-"""What one model version weighs against a memory budget: the bytes of its files.
+"""What one model version's files weigh: the floor of what it costs a deployment resource pool's budget.
 
-One rule for both sides of a deployment resource pool: the platform refuses at deploy a model that
-could never fit its pool's budget, and each pool replica (``serving/manager/on_demand.py``) unloads
-least recently used models until the next one fits. File bytes are known before loading and the same
-on every host; what a loaded model holds in memory varies with the runtime (a LiteRT model about its
-flatbuffer, a TensorFlow session a few times its variables), so budgets are set in these units and the
-pool's resident memory is measured, not inferred (bench/many_models.py).
+One rule for both sides of a pool: the platform refuses at deploy a model whose files alone could never
+fit its pool's budget, and each pool replica (``serving/manager/on_demand.py``) weighs a model not yet
+measured by its files. File bytes are known before loading and the same on every host; what a loaded
+model holds in memory varies with the runtime (a LiteRT model about its flatbuffer, a TensorFlow session
+a few times its variables), so the replica measures that at load and counts the larger of the two.
 """
 from __future__ import annotations
 

@@ -4,17 +4,20 @@ pool's memory budget (``serving/manager/on_demand.py`` does that inside each rep
 
 How a replica learns its models, without reopening the reload RPC (issue 43): the platform writes the
 replica's ``--model_config_file`` in the replica's own directory under the platform's private state
-directory (0700: only the platform's user can write there), and the replica re-reads it every second
-(``--model_config_file_poll_wait_seconds 1``). No network call changes what a replica serves: its token
-still holds no ``admin`` scope, so ``HandleReloadConfigRequest`` and V2's repository load stay refused to
-everyone, and ``--model_roots`` confines the file's paths to the replica's directory and the platform's
+directory (0700: only the platform's user can write there) when the replica starts, and appends each later
+change (a deploy, an undeploy, a hot model to load ahead) as one line to the config's journal
+(``--model_config_changes_file``, read every 0.1 s): a change costs O(1) in the pool's models. No network
+call changes what a replica serves: its token still holds no ``admin`` scope, so
+``HandleReloadConfigRequest`` and V2's repository load stay refused to everyone, and ``--model_roots`` confines the file's paths to the replica's directory and the platform's
 artifact roots. Each model is served under its deployed model id, from ``models/<id>/1`` (a link to the
 model version's directory), so the gateway sends ``/v1/models/<deployed model id>:predict``.
 
 Placement: every replica of a pool knows every model of the pool; the gateway prefers, among the
 replicas with the fewest requests in flight, one that has the model loaded already (what the probe
 saw), so a model stays where it is loaded while it is cold, and spreads over the replicas when it is
-hot (several requests in flight). A replica's loss costs only the reloads of its models elsewhere.
+hot (several requests in flight). A hot model (``load_ahead.py``: its request rate over a threshold) is
+loaded ahead on the next replica too, so its spilled requests meet it loaded. A replica's loss costs only
+the reloads of its models elsewhere.
 
 The pool keeps ``minReplicaCount`` replicas (more, up to ``maxReplicaCount``, by the autoscaler's rule
 on the requests in flight across all its models); dead replicas are replaced, and one unready for
@@ -524,7 +527,8 @@ class Pools:
                      "resident_models"),
                     ("modelyard_pool_models_resident_peak", "gauge", "most models loaded at once on a pool replica",
                      "peak_resident_models"),
-                    ("modelyard_pool_resident_bytes", "gauge", "model file bytes loaded on a pool replica",
+                    ("modelyard_pool_resident_bytes", "gauge",
+                     "what the models loaded on a pool replica weigh against its budget (bytes)",
                      "resident_bytes"))
         for name, kind, help_, key in families:
             out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]

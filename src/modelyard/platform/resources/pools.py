@@ -3,9 +3,10 @@ replicas run), get, list, delete (refused while a model is deployed into the poo
 ``queryDeployedModels``; and the parts of ``deployModel`` / ``undeployModel`` that differ for a model
 deployed into a pool (``DeployedModel.sharedResources``): its replicas are the pool's.
 
-Beyond Vertex: ``modelMemoryBudgetBytes`` on the pool (docs/pools.md), the bytes of model files
-(``model/footprint.py``) each replica keeps loaded at most; models are loaded on their first request and
-the least recently used unloaded to make room. A model larger than the budget is refused at deploy.
+Beyond Vertex: ``modelMemoryBudgetBytes`` on the pool (docs/pools.md), what the models each replica keeps
+loaded may weigh at most (each the larger of its files' bytes and the memory its load was measured to add,
+``serving/manager/on_demand.py``); models are loaded on their first request and the least recently used
+unloaded to make room. A model whose files alone exceed the budget is refused at deploy.
 """
 from __future__ import annotations
 
@@ -139,8 +140,8 @@ def check_deploy(p, parent: str, ref: object, spec: dict, version: dict) -> str:
     size = footprint_bytes(version["local_path"])
     if row["budget_bytes"] and size > row["budget_bytes"]:
         raise ApiError("FAILED_PRECONDITION", f"model version {version['model_id']}@{version['version_id']} needs "
-                       f"{size} bytes, more than the {row['budget_bytes']}-byte model memory budget of deployment "
-                       f"resource pool {pool_id}: it could never be loaded there.")
+                       f"{size} bytes of files, more than the {row['budget_bytes']}-byte model memory budget of "
+                       f"deployment resource pool {pool_id}: it could never be loaded there.")
     return pool_id
 
 

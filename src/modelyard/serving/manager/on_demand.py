@@ -6,8 +6,10 @@ load (the model is marked resident once, under the manager's lock; the others on
 settle). To make room, the least recently used resident models are unloaded first, and never one a
 request holds or one still loading (``Manager.evict`` checks and unloads atomically): when every
 resident model is busy, the request waits up to ``ROOM_WAIT_S`` for one to become free, then is
-answered RESOURCE_EXHAUSTED. A model's weight is its files' bytes (``model/footprint.py``); one that is
-larger than the whole budget is refused at once (the platform refuses it already at deploy).
+answered RESOURCE_EXHAUSTED. A model's weight is the larger of its files' bytes (``model/footprint.py``)
+and the resident memory its latest load added to this process, measured when that load ran alone and paid
+no one-time cost (a runtime's first load, a library's import); one whose files alone are larger than the
+whole budget is refused at once (the platform refuses it already at deploy).
 
 A request that reaches a model not loaded while on the event loop (the inline and batching paths
 look there first) is answered UNAVAILABLE, so the protocol layer hands it to the thread pool, where
