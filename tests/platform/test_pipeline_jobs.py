@@ -8,7 +8,10 @@ process (test_pipeline_spec.py's cases live here too: they are cheap).
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +76,13 @@ def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform,
     assert counted.inputs["data"].artifacts[0].name == dataset.name  # the same ML Metadata artifact
     assert counted.execution.metadata["output:Output"] == 4 and counted.execution.metadata["input:fail"] is False
     assert counted.executor_detail.custom_job_detail.job.startswith("projects/local/locations/us-central1/customJobs/")
+    # Each step forked from its job's process (the task server's), in the job's own Python: its venv's
+    # interpreter and prefix, as `python3` from the job's PATH gives a cold step.
+    made_job = made.executor_detail.custom_job_detail.job.rsplit("/", 1)[-1]
+    log = requests.get(f"{platform.url}/modelyard/v1/jobs/{made_job}/logs", timeout=10).text
+    assert re.search(r"^chief:0 \| \[modelyard\] warm start: pid \d+ forked from pid \d+", log, re.M), log
+    executable, prefix = dataset.metadata["python"]
+    assert prefix.endswith(f"/jobs/{made_job}/venv") and executable == f"{prefix}/bin/python3"
 
     # The artifact is an object in the bucket (written by the task through its /gcs/ path).
     blob = storage.Blob.from_uri(dataset.uri, client=gcs_emulator["client"])
@@ -450,6 +460,36 @@ def test_ir_a_satisfied_pip_install_step_is_left_out_and_any_other_kept():
     assert pipeline_spec.without_satisfied_install(here) == ["sh", "-ec", "program", "source"]
     for other in ("'kfp==2.0.0' '--no-deps'", "'no-such-package-here'", "'kfp' '--index-url' 'http://x'"):
         assert pipeline_spec.without_satisfied_install(command(other)) == command(other)
+
+
+def test_ir_a_lightweight_components_step_is_forked_in_the_python_form_its_script_runs(tmp_path):
+    """One layer down (warm_jobs.kfp_form): KFP's shell script for a lightweight component, compiled by the
+    stock SDK, becomes the command it runs (``python3 -m kfp.dsl.executor_main`` through kfp_task) with its
+    program written to a new folder under the replica's TMPDIR; anything else is left to the shell."""
+    require("kfp", "pip install -e '.[test]'")
+    from kfp import compiler
+
+    from modelyard.platform.jobs import warm_jobs
+    from tests.platform.job_scripts import kfp_two_step
+
+    path = tmp_path / "two_step.yaml"
+    compiler.Compiler().compile(kfp_two_step.two_step, str(path))
+    spec = yaml.safe_load(path.read_text())
+    container = spec["deploymentSpec"]["executors"]["exec-count"]["container"]
+    command = pipeline_spec.without_satisfied_install(container["command"]) + ["--executor_input", "{}"]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)
+    env = {"PATH": str(tmp_path / "bin"), "TMPDIR": str(tmp_path)}
+    argv, got_env = warm_jobs.kfp_form(command, env)
+    program = Path(argv[5])
+    assert argv[:6] == [str(tmp_path / "bin" / "python3"), "-m", "modelyard.platform.jobs.kfp_task",
+                        "kfp.dsl.executor_main", "--component_module_path", str(program)]
+    assert argv[6:] == ["--executor_input", "{}"] and got_env == {**env, "_KFP_RUNTIME": "true"}
+    assert program.name == "ephemeral_component.py" and program.parent.parent == tmp_path
+    assert program.read_text() == command[3] and "def count(" in command[3]
+    assert warm_jobs.kfp_form(container["command"], env) is None  # its pip install still to run: the shell's
+    assert warm_jobs.kfp_form(["sh", "-ec", "echo $0", "x"], env) is None
+    assert warm_jobs.kfp_form(command, {"PATH": str(tmp_path / "nowhere")}) is None
 
 
 def test_independent_tasks_run_together_and_cancel_mid_run_leaves_no_process(platform):

@@ -6,9 +6,12 @@ from kfp import dsl
 
 @dsl.component(base_image="python:3.11")
 def make_data(rows: int, data: dsl.Output[dsl.Dataset]):
+    import sys
+
     with open(data.path, "w") as f:
         f.write("\n".join(f"row{i}" for i in range(rows)))
     data.metadata["rows"] = rows
+    data.metadata["python"] = [sys.executable, sys.prefix]  # the job's own Python, warm or cold
 
 
 @dsl.component(base_image="python:3.11")
