@@ -65,7 +65,7 @@ def _ordered(rows: list[list[str]], preds: dict[str, list[str]], succs: dict[str
     return rows
 
 
-def layout(nodes: list[str], edges: list[tuple[str, str]], max_row: int = 6) -> Layout:
+def layout(nodes: list[str], edges: list[tuple[str, str]], max_row: int = 5) -> Layout:
     """Positions for ``nodes`` (in the order given, where nothing else decides) with ``edges`` pointing down."""
     if not nodes:
         return Layout({}, 2 * MARGIN, 2 * MARGIN)

@@ -206,7 +206,8 @@ def _document(live: str, actions: str, locked: bool) -> str:
 <script src="/console/chart.js" defer></script>
 <script src="/console/platform.js" defer></script>
 </head><body data-locked="{int(locked)}">
-<header><h1>modelyard platform console</h1><p id="updated">server-rendered; live updates start…</p>{actions}</header>
+<header><h1>modelyard platform console</h1>
+<p class="pages"><a href="/console/pipelines">pipelines</a> · <a href="/console/experiments">experiments</a></p><p id="updated">server-rendered; live updates start…</p>{actions}</header>
 <main id="live">{live}</main>
 </body></html>
 """

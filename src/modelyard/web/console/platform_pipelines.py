@@ -325,7 +325,8 @@ def _document(title: str, live: str, locked: bool) -> str:
 <link rel="stylesheet" href="/console/platform.css">
 <style>svg.dag {{ display: block; background: #fff; }} svg.dag a {{ cursor: pointer; }}
 pre.log {{ background: #1d2330; color: #e8eaed; padding: 8px; max-height: 420px; overflow: auto; white-space: pre-wrap;
-font-size: .8rem; }} table.kv th {{ width: 9em; vertical-align: top; }} .crumbs {{ margin: 6px 0; }}</style>
+font-size: .8rem; }} table.kv th {{ width: 9em; vertical-align: top; }} .crumbs {{ margin: 6px 0; }}
+.task-detail .error {{ white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: .8rem; }}</style>
 <script src="{PATH}.js" defer></script>
 </head><body data-locked="{int(locked)}">
 <header><h1>Pipelines</h1><p><a href="{PATH}">runs</a> · <a href="/console">platform console</a></p></header>

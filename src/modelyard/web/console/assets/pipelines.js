@@ -12,7 +12,13 @@ async function refresh() {
                              {headers: token ? {Authorization: `Bearer ${token}`} : {}});
   if (!answer.ok) return false;
   document.getElementById('live').innerHTML = await answer.text();
+  showLogEnds();
   return true;
+}
+
+// A task's log is shown from its end, where a failure says why.
+function showLogEnds() {
+  document.querySelectorAll('pre.log').forEach((pre) => { pre.scrollTop = pre.scrollHeight; });
 }
 
 function running() {
@@ -20,6 +26,7 @@ function running() {
 }
 
 async function start() {
+  showLogEnds();
   if (document.body.dataset.locked === '1') {
     if (!sessionStorage.getItem(TOKEN_KEY) || !(await refresh())) return;
   }
