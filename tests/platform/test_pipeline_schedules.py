@@ -324,8 +324,9 @@ def test_the_sdks_schedule_starts_a_run_at_its_cron_time(sdk, platform, tmp_path
     ran = sdk.PipelineJob.get(run.resource_name)
     assert ran.gca_resource.schedule_name == schedule.resource_name
     assert ran.gca_resource.create_time.second < 30  # at its minute, not some later one
-    assert schedule.state.name == "COMPLETED"  # max_run_count reached
-    body = requests.get(f"{platform.url}/v1/{schedule.resource_name}", timeout=10).json()
+    # max_run_count reached: COMPLETED (written just after the run was made, so maybe a moment later)
+    body = wait_state(platform, schedule.resource_name, ("COMPLETED",), timeout=30)
+    assert schedule.state.name == "COMPLETED"
     assert body["startedRunCount"] == "1" and body["lastScheduledRunResponse"]["runResponse"] == run.resource_name
     # It is a run like any other (the same create path): cancelled here (its tasks' processes stopped),
     # its running to the end is test_pipeline_jobs.py's.

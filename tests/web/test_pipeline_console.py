@@ -151,6 +151,18 @@ def test_a_runs_scopes_root_loop_iteration_and_group():
     assert "for-loop-2 #0" in html  # the breadcrumb down to the iteration shown
 
 
+def test_the_runs_list_shows_runs_and_schedules():
+    run = {**JOB, "displayName": "<i>loops</i>", "state": "PIPELINE_STATE_RUNNING", "createTime": "t",
+           "scheduleName": f"{PARENT}/schedules/77"}
+    sched = {"name": f"{PARENT}/schedules/77", "displayName": "nightly", "cron": "0 3 * * *", "state": "ACTIVE",
+             "startedRunCount": "4", "maxRunCount": "10", "nextRunTime": "2026-03-02T03:00:00Z"}
+    html = platform_pipelines.render_list([run], [sched])
+    assert 'data-running="1"' in html and "&lt;i&gt;loops&lt;/i&gt;" in html  # followed while running; escaped
+    assert "1 failed, 2 running, 5 succeeded" in html  # its tasks' states, counted
+    assert '<tr class="schedule" data-schedule="77">' in html and "4 of 10" in html and "<code>0 3 * * *</code>" in html
+    assert platform_pipelines.render_list([], []).count("No pipeline runs yet") == 1
+
+
 def test_layered_layout_puts_each_task_below_what_it_waits_for_and_wraps_wide_layers():
     edges = [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d"), ("a", "d")]
     assert dag_layout.layers(["a", "b", "c", "d"], edges) == {"a": 0, "b": 1, "c": 1, "d": 2}
