@@ -3,6 +3,7 @@ list of replicas, under its own path; each model starts at its own home replica,
 over the pool, and a busy home sends the model to another replica (a hot model ends up on several)."""
 from __future__ import annotations
 
+import re
 import time
 
 from modelyard.platform.dataplane.routing import Replica, Routing
@@ -155,3 +156,38 @@ def test_a_hot_model_is_loaded_ahead_on_the_replicas_that_lack_it(tmp_path):
     lines = {rid: (tmp_path / rid / CHANGES_FILE).read_text().splitlines() if (tmp_path / rid / CHANGES_FILE).exists()
              else [] for rid in ("r0", "r1")}
     assert lines == {"r0": [], "r1": [json.dumps({"load": "100"})]}  # 100's home is r0 (100 % 2), loaded there
+
+
+def test_a_pool_change_is_one_journal_line_until_the_journal_outgrows_the_config(tmp_path, monkeypatch):
+    """write_config: the whole set at a replica's start; then a deploy or undeploy appends one line (the config
+    file is not rewritten: O(1) in the pool's models), until the journal is longer than the config file."""
+    import json
+
+    from modelyard.platform.dataplane import pools as pools_module
+    from modelyard.platform.dataplane.pools import CHANGES_FILE, CONFIG_FILE, write_config
+    from modelyard.serving.manager.config_changes import net_changes
+
+    monkeypatch.setattr(pools_module, "COMPACT_MIN_BYTES", 0)
+    version = tmp_path / "v"
+    version.mkdir()
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    models = {str(i): version for i in range(20)}
+    write_config(rdir, models)
+    config = (rdir / CONFIG_FILE).read_text()
+    assert config.count("config {") == 20 and (rdir / CHANGES_FILE).read_text() == ""
+    models["20"] = version
+    write_config(rdir, models, new=["20"])
+    del models["3"]
+    write_config(rdir, models, new=[], removed=["3"])
+    assert (rdir / CONFIG_FILE).read_text() == config  # untouched
+    assert [json.loads(line) for line in (rdir / CHANGES_FILE).read_text().splitlines()] == [
+        {"add": "20", "base_path": str(rdir / "models" / "20")}, {"remove": "3"}]
+    assert (rdir / "models" / "20" / "1").resolve() == version.resolve()
+    for i in range(21, 60):  # the journal grows past the config file's size: folded into a new config
+        models[str(i)] = version
+        write_config(rdir, models, new=[str(i)])
+    served = set(re.findall(r'name: "([^"]+)"', (rdir / CONFIG_FILE).read_text()))
+    assert len(served) > 20 and len((rdir / CHANGES_FILE).read_text().splitlines()) < 39  # folded in at least once
+    added, removed = net_changes([json.loads(line) for line in (rdir / CHANGES_FILE).read_text().splitlines()])
+    assert (served | {c.name for c in added}) - set(removed) == set(models)  # config + journal: the pool's set
