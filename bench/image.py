@@ -7,9 +7,11 @@
 - build: `scripts/image` after removing its images, the cached base file system and the context (the
   wheelhouse pip makes again from pip's own cache); the step times are the script's.
 - size: each image as podman holds it (uncompressed) and as a registry would store it: `skopeo copy
-  --dest-compress` into an OCI layout (gzip), the blobs summed.
-- start to first answer: `podman run -d` of the textbook's line until the first 200 predict, with the
-  checked LiteRT conversion cached on a volume (a "cached model"), and the first start without it.
+  --dest-compress` into an OCI layout (gzip), the blobs summed. modelyard-serving (:latest) holds no
+  TensorFlow (SavedModels run on the graph runtime); :full does.
+- start to first answer: `podman run -d` of the textbook's line until the first 200 predict, with a cache
+  volume mounted at ~/.cache (a "cached model": what the :full image's LiteRT conversions are kept in; the
+  graph runtime needs none), and the first start without it.
 - throughput: the same wrk client (bench/serving.py's) against `modelyard serve` on the host and in the
   container (`-p`, as the textbook publishes the port), one batch-1 digits image per request, the two
   taking turns (harness.take_turns).
@@ -34,17 +36,23 @@ from modelyard.ports import free_port
 from serving import rest_load
 
 SERVING, PLATFORM = "localhost/modelyard-serving:latest", "localhost/modelyard-platform:latest"
+SERVING_FULL = "localhost/modelyard-serving:full"
+# The lower end of the range tensorflow/serving's CPU image's compressed size was put at (100-200 MB; the
+# published figure itself could not be read from here: see TF_SERVING_SIZE): at or under it, the target is met
+# whatever the figure is within that range.
+TF_SERVING_LOW_MB = 100
 # Docker Hub (no registry is reachable from the machine this ran on, and the search tools found no copy of
 # the tags page) is where tensorflow/serving's compressed size is published; what was found are public
 # `docker images` listings, which give the uncompressed size, an upper bound of the compressed one.
 TF_SERVING_SIZE = """## tensorflow/serving's size
 
-Docker Hub's tags page (hub.docker.com/r/tensorflow/serving/tags), where the compressed size is published,
-could not be read from here. Public `docker images` listings of `tensorflow/serving:latest` give its
-uncompressed size: 215-229 MB (2019 tutorials) and 459 MB (a 2023 one). A compressed size is below the
-uncompressed one, so it is at most about 459 MB; the serving image's compressed size is above that, and the
-target is not met: TensorFlow's wheel alone (libtensorflow_cc.so, 1.1 GB uncompressed) is most of it, and
-`modelyard serve` needs TensorFlow for every SavedModel (docs/containers.md)."""
+Docker Hub's tags page (hub.docker.com/r/tensorflow/serving/tags) publishes the compressed size per tag; no
+registry is reachable from this machine, and the search tools hold no copy of that page (searched: Docker Hub
+tag pages, tensorflow/serving's issues #963, #1813, #1854 on image sizes, which give uncompressed or GPU sizes
+only). Public `docker images` listings of `tensorflow/serving:latest` give its uncompressed size: 215-229 MB
+(2019 tutorials) and 459 MB (a 2023 one); the issue puts the compressed one at 100-200 MB. The serving image
+(no TensorFlow: SavedModels run on modelyard's graph runtime) is measured against the lower end, 100 MB.
+`localhost/modelyard-serving:full` keeps TensorFlow for SavedModels whose ops the graph runtime lacks."""
 CONF = REPO / "build" / "image" / "containers.conf"
 
 
@@ -130,7 +138,7 @@ def main(argv=None) -> int:
     build_seconds, steps = (0.0, []) if args.build == "skip" else build(args.build)
     log(f"build ({args.build}): {build_seconds:.0f} s")
     size_rows = []
-    for image in (SERVING, PLATFORM):
+    for image in (SERVING, SERVING_FULL, PLATFORM):
         uncompressed, compressed = sizes(image)
         size_rows.append((image, f"{uncompressed / 1e6:.0f}", f"{compressed / 1e6:.0f}"))
         log(f"{image}: {uncompressed / 1e6:.0f} MB, {compressed / 1e6:.0f} MB compressed")
@@ -187,10 +195,11 @@ def main(argv=None) -> int:
         "| measure | target | measured | met |", "| --- | --- | ---: | --- |",
         f"| build ({args.build}) | <= 300 s from clean | {build_seconds:.0f} s | "
         f"{'yes' if args.build == 'clean' and build_seconds <= 300 else ('no' if args.build == 'clean' else 'not a clean build')} |",
-        f"| serving image, compressed | <= tensorflow/serving's (see below) | {serving_compressed:.0f} MB | no |",
+        f"| serving image, compressed | <= tensorflow/serving's (100-200 MB, see below) | {serving_compressed:.0f} MB | "
+        f"{'yes' if serving_compressed <= TF_SERVING_LOW_MB else 'not shown: above ' + str(TF_SERVING_LOW_MB) + ' MB'} |",
         f"| start to first answer, cached model | <= 3 s | {median(cached):.2f} s (median of {len(cached)}; "
         f"{min(cached):.2f}-{max(cached):.2f}) | {'yes' if median(cached) <= 3 else 'no'} |",
-        f"| start to first answer, first start (conversion checked) | | {uncached:.1f} s | |",
+        f"| start to first answer, first start (no cache volume) | | {uncached:.1f} s | |",
         f"| REST predicts/s, container / host | >= 0.9 | {rps['container']:.0f} / {rps['host']:.0f} = {ratio:.2f} "
         f"| {'yes' if ratio >= 0.9 else 'no'} |",
         "", "## Build steps", "", "```text", *steps, "```", "",

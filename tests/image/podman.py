@@ -13,6 +13,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING = "localhost/modelyard-serving:latest"
+SERVING_FULL = "localhost/modelyard-serving:full"
 PLATFORM = "localhost/modelyard-platform:latest"
 CONF = REPO / "build" / "image" / "containers.conf"
 

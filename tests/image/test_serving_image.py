@@ -85,13 +85,21 @@ def test_the_pages_build_line_makes_both_images(images):
     assert len(key) == 16 and len(images) == 16  # (others' edits may have changed the source since the build)
     import json
 
-    serving, platform = json.loads(podman.podman("image", "inspect", podman.SERVING, podman.PLATFORM).stdout)
-    for image in (serving, platform):
+    serving, full, platform = json.loads(podman.podman("image", "inspect", podman.SERVING, podman.SERVING_FULL,
+                                                       podman.PLATFORM).stdout)
+    for image in (serving, full, platform):
         assert image["Labels"]["modelyard.source"] == images
         assert image["Config"]["User"] == "1000:1000" and image["Config"]["Entrypoint"][:2] == ["/usr/bin/tini", "--"]
     assert set(serving["Config"]["ExposedPorts"]) == {"8500/tcp", "8501/tcp"}
     assert {"MODEL_BASE_PATH=/models", "MODEL_NAME=model"} <= set(serving["Config"]["Env"])
     assert serving["Healthcheck"]["Test"] == ["CMD", "/usr/local/bin/healthcheck"]
+    assert full["Config"]["Entrypoint"] == serving["Config"]["Entrypoint"] and full["Config"]["Env"] == serving["Config"]["Env"]
+    # The serving image holds TensorFlow's message modules, not TensorFlow: SavedModels run on the graph runtime.
+    probe = ("from modelyard.model.runtime.choose_runtime import tensorflow_installed as t; import importlib.util as u; "
+             "print(t(), u.find_spec('tensorflow.python.framework.ops') is None, u.find_spec('tensorflow.core.framework.tensor_pb2') "
+             "is not None)")
+    said = podman.podman("run", "--rm", "--entrypoint", "python3", podman.SERVING, "-c", probe).stdout.split()
+    assert said == ["False", "True", "True"], said
     assert set(platform["Config"]["ExposedPorts"]) == {"8600/tcp", "8601/tcp"}
     assert "/var/lib/modelyard" in platform["Config"]["Volumes"]
 
@@ -111,6 +119,7 @@ def test_the_textbooks_docker_line_with_podman(images, demo_cache, tmp_path):
     try:
         base, target = run_page_line("podman run -d --rm --name my_mnist_serving", models, container)
         podman.wait_available(base, "my_mnist_model", container)
+        assert "runs on the graph runtime" in podman.logs(container)  # no TensorFlow in the image
         # The page's curl, on the test's port.
         curl = page_block("curl -s --retry").replace("localhost:8501", base.removeprefix("http://"))
         status = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
