@@ -195,3 +195,27 @@ def guarded(tmp_path_factory, tiny_models):
         yield p, root
     finally:
         p.cleanup()
+
+
+# The session's one platform on the Ray cluster, for every module testing the Ray engine (test_ray_engine,
+# test_ray_faults, test_ray_jobs): a platform start and its Ray driver's cost ~5-10 s each, once per module
+# before. It serves its Cloud Storage over the session storage's root (a job's script package and models).
+RAY_MODELS_BUCKET = "ray-models"  # test_ray_engine uploads a model here through the platform's storage
+
+
+@pytest.fixture(scope="session")
+def ray_platform(ray_cluster, tmp_path_factory, tiny_models, gcs_emulator):
+    """``modelyard platform --engine ray`` whose replicas and job replicas are actors on the session's
+    cluster. A module that kills or stops it starts it again (``PlatformProcess.start``) on the same state;
+    each module ends the replica actors it left (``ray_platform.cleanup_actors``)."""
+    from tests.platform.ray_platform import cleanup_actors  # it imports this conftest
+
+    p = start_platform(tmp_path_factory, "rayplatform", _env(),
+                       ["--engine", "ray", "--ray-address", ray_cluster, "--storage-root", str(gcs_emulator["root"]),
+                        "--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{STAGING_BUCKET}",
+                        "--artifact-root", f"gs://{RAY_MODELS_BUCKET}"])
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        cleanup_actors(ray_cluster)

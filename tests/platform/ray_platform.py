@@ -70,5 +70,13 @@ def serve_processes() -> dict[int, str]:
 
 def start_ray_platform(tmp_path_factory, name: str, ray_cluster: str, args: list[str]) -> PlatformProcess:
     """A platform whose replicas are actors on the session's Ray cluster; ``cleanup()`` it, then
-    ``cleanup_actors`` (its detached actors outlive it)."""
+    ``cleanup_actors`` (its detached actors outlive it). A module needing no flags of its own takes the
+    session's, ``ray_platform`` (tests/platform/conftest.py)."""
     return start_platform(tmp_path_factory, name, _env(), ["--engine", "ray", "--ray-address", ray_cluster, *args])
+
+
+def running(p: PlatformProcess) -> PlatformProcess:
+    """``p`` started again if an earlier module's failure left it stopped (a kill -9 test restarts it)."""
+    if p.proc is None or p.proc.poll() is not None:
+        p.start()
+    return p

@@ -21,11 +21,10 @@ import pytest
 
 from modelyard.ports import free_port
 from tests.platform.client import Api
-from tests.platform.conftest import _env, require
-from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
+from tests.platform.conftest import RAY_MODELS_BUCKET as GS_BUCKET, _env, require
+from tests.platform.ray_platform import actor_infos, cleanup_actors, running
 from tests.ray_cluster import alive_nodes, session_cluster
 
-GS_BUCKET = "ray-models"
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared 2-core
 # machine (a node whose agents start too slowly is started again), beyond the suite's 600 s per test.
@@ -57,14 +56,12 @@ def _assert_predictions(api: Api, ep: str, tiny_models: dict, model: str = "tiny
 
 
 @pytest.fixture(scope="module")
-def ray_platform(ray_cluster, tiny_models, tmp_path_factory):
-    """One platform on the Ray cluster for this module, models from the test models' folder or gs://."""
-    p = start_ray_platform(tmp_path_factory, "rayplatform", ray_cluster,
-                           ["--artifact-root", tiny_models["root"], "--artifact-root", f"gs://{GS_BUCKET}"])
+def ray_platform(ray_platform, ray_cluster):
+    """The session's platform on the Ray cluster (tests/platform/conftest.py), running; the replica actors
+    this module leaves are ended at its end."""
     try:
-        yield p
+        yield running(ray_platform)
     finally:
-        p.cleanup()
         cleanup_actors(ray_cluster)
 
 

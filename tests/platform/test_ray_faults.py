@@ -21,7 +21,8 @@ into local replicas, injected into Ray replicas.
    cluster's): the restarted platform cannot ask that actor its owner yet, but once the CPUs free and
    Ray places it, the supervisor's timer ends it; the deploy, retried, succeeds.
 
-Its own platform (this module's), since these tests stop replicas and kill the platform."""
+The platform is the session's Ray one (shared with test_ray_engine and test_ray_jobs): these tests stop
+replicas and kill it, then start it again on the same state dir, which the next module's tests then use."""
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ from tests.platform.client import Api
 from tests.platform.conftest import PARENT, _env, live_processes
 from tests.platform.fault_scenarios import (Leftovers, kill9_after_a_row_and_mid_undeploy, kill9_before_the_rows,
                                             operation, pending_operations, resume, stop_one_under_load, wait)
-from tests.platform.ray_platform import actor_infos, cleanup_actors, serve_processes, start_ray_platform
+from tests.platform.ray_platform import actor_infos, cleanup_actors, running, serve_processes
 from tests.ray_cluster import ask_driver
 
 # The session's Ray cluster starts in the first test that asks for it: minutes on the busy shared machine.
@@ -44,12 +45,12 @@ pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
-def platform(ray_cluster, tiny_models, tmp_path_factory):
-    p = start_ray_platform(tmp_path_factory, "rayfaults", ray_cluster, ["--artifact-root", tiny_models["root"]])
+def platform(ray_platform, ray_cluster):
+    """The session's platform on the Ray cluster (tests/platform/conftest.py): these tests kill it and start
+    it again on the same state, as its users would; the replica actors left are ended at the module's end."""
     try:
-        yield p
+        yield running(ray_platform)
     finally:
-        p.cleanup()
         cleanup_actors(ray_cluster)
 
 

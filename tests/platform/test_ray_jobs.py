@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import STAGING_BUCKET, _env, start_platform
+from tests.platform.conftest import STAGING_BUCKET
+from tests.platform.ray_platform import running
 from tests.platform.jobs_helpers import (aiplatform, alive, job_processes, no_stray_jobs, wait_gone,  # noqa: F401
                                          wait_state)
 from tests.ray_cluster import ask_driver, ensure_nodes, session_cluster
@@ -56,16 +57,10 @@ print(RESULT + json.dumps({"actors": [n for n in ray.util.list_named_actors() if
 
 
 @pytest.fixture(scope="module")
-def platform(ray_cluster, tmp_path_factory, gcs_emulator):
-    """This module's platform (it overrides the session one: jobs_helpers' no_stray_jobs watches it),
-    serving its Cloud Storage over the session storage's root."""
-    p = start_platform(tmp_path_factory, "rayjobs", _env(), ["--engine", "ray", "--ray-address", ray_cluster,
-                                                             "--storage-root", str(gcs_emulator["root"]),
-                                                             "--artifact-root", f"gs://{STAGING_BUCKET}"])
-    try:
-        yield p
-    finally:
-        p.cleanup()
+def platform(ray_platform):
+    """The session's platform on the Ray cluster (tests/platform/conftest.py; this overrides the session's
+    local one: jobs_helpers' no_stray_jobs watches it), serving its Cloud Storage over the session storage's root."""
+    return running(ray_platform)
 
 
 def _pool(args: list[str], gpus: int = 0) -> dict:
