@@ -6,7 +6,6 @@ one layer down: the real store (SQLite, migrated) and a clock the test moves; th
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime, timezone
 
@@ -18,6 +17,7 @@ from modelyard.platform.api.errors import ApiError
 from modelyard.platform.api.names import Route
 from modelyard.platform.jobs import cron, pipeline_routes, pipeline_schedules
 from modelyard.platform.state import schedule_schema, schema
+from tests.aio import run
 from tests.platform.conftest import STAGING_BUCKET, require
 from tests.platform.jobs_helpers import aiplatform, wait_state  # noqa: F401
 
@@ -125,7 +125,7 @@ def _body(**extra) -> dict:
 
 
 def _create(api, clock, **extra) -> dict:
-    return asyncio.run(api.create(ROUTE, _body(**extra), now=clock()))
+    return run(api.create(ROUTE, _body(**extra), now=clock()))
 
 
 def _route(made: dict) -> Route:
@@ -137,9 +137,9 @@ def test_runs_start_at_their_times_and_the_schedule_completes_at_max_run_count(w
     made = _create(api, clock, maxRunCount="2", maxConcurrentRunCount="5")
     assert made["state"] == "ACTIVE" and made["nextRunTime"] == "2026-03-01T10:10:00.000000Z"
     assert made["startTime"] == "2026-03-01T10:00:30.000000Z" and made["startedRunCount"] == "0"
-    assert asyncio.run(scheduler.tick()) == 0  # not yet
+    assert run(scheduler.tick()) == 0  # not yet
     clock.at("2026-03-01 10:10:01")
-    assert asyncio.run(scheduler.tick()) == 1 and asyncio.run(scheduler.tick()) == 0  # once per time
+    assert run(scheduler.tick()) == 1 and run(scheduler.tick()) == 0  # once per time
     sid = made["name"].rsplit("/", 1)[-1]
     (first,) = runs.made
     assert first == f"s{sid}-20260301101000"
@@ -150,11 +150,11 @@ def test_runs_start_at_their_times_and_the_schedule_completes_at_max_run_count(w
     assert got["lastScheduledRunResponse"] == {"scheduledRunTime": "2026-03-01T10:10:00.000000Z",
                                                "runResponse": f"{ROUTE.parent}/pipelineJobs/{first}"}
     clock.at("2026-03-01 10:20:00")
-    assert asyncio.run(scheduler.tick()) == 1
+    assert run(scheduler.tick()) == 1
     got = api.get(_route(made))
     assert got["state"] == "COMPLETED" and got["startedRunCount"] == "2" and "nextRunTime" not in got
     clock.at("2026-03-01 11:00:00")
-    assert asyncio.run(scheduler.tick()) == 0
+    assert run(scheduler.tick()) == 0
 
 
 def test_a_time_over_the_concurrency_limit_is_skipped_or_queued(world):
@@ -162,14 +162,14 @@ def test_a_time_over_the_concurrency_limit_is_skipped_or_queued(world):
     skip = _create(api, clock)
     queue = _create(api, clock, displayName="queued", allowQueueing=True)
     clock.at("2026-03-01 10:10:00")
-    assert asyncio.run(scheduler.tick()) == 2
+    assert run(scheduler.tick()) == 2
     clock.at("2026-03-01 10:20:00")  # both still have a run going (limit 1)
-    assert asyncio.run(scheduler.tick()) == 0
+    assert run(scheduler.tick()) == 0
     assert api.get(_route(skip))["nextRunTime"] == "2026-03-01T10:30:00.000000Z"  # skipped: on to the next time
     assert api.get(_route(queue))["nextRunTime"] == "2026-03-01T10:20:00.000000Z"  # queued: still due
     runs.active.clear()  # the runs end
     clock.at("2026-03-01 10:21:00")
-    assert asyncio.run(scheduler.tick()) == 1  # the queued time runs now
+    assert run(scheduler.tick()) == 1  # the queued time runs now
     assert sorted(r.rsplit("-", 1)[1] for r in runs.made) == ["20260301101000", "20260301101000", "20260301102000"]
     assert api.get(_route(queue))["nextRunTime"] == "2026-03-01T10:30:00.000000Z"
 
@@ -183,19 +183,19 @@ def test_pause_resume_catch_up_end_time_and_a_restart(world):
         api.pause(route)
     assert err.value.status == "FAILED_PRECONDITION"
     clock.at("2026-03-01 10:35:00")
-    assert asyncio.run(scheduler.tick()) == 0  # paused: nothing starts
+    assert run(scheduler.tick()) == 0  # paused: nothing starts
     api.resume(route, now=clock())  # no catch-up: from the next time after now
     got = api.get(route)
     assert got["state"] == "ACTIVE" and got["nextRunTime"] == "2026-03-01T10:40:00.000000Z" and got["lastPauseTime"]
     api.pause(route, now=clock())
     clock.at("2026-03-01 10:55:00")
     api.resume(route, catch_up=True, now=clock())  # 10:40 and 10:50 were missed: both run, one per tick
-    assert asyncio.run(scheduler.tick()) == 1 and asyncio.run(scheduler.tick()) == 1
-    assert asyncio.run(scheduler.tick()) == 0
+    assert run(scheduler.tick()) == 1 and run(scheduler.tick()) == 1
+    assert run(scheduler.tick()) == 0
     # A platform restarted on the same store: a new scheduler over it goes on from what the store says.
     again = pipeline_schedules.Scheduler(engine, runs.start, runs.count, clock)
     clock.at("2026-03-01 11:00:00")
-    assert asyncio.run(again.tick()) == 1  # 11:00 is its end time: the last run, then COMPLETED
+    assert run(again.tick()) == 1  # 11:00 is its end time: the last run, then COMPLETED
     got = api.get(route)
     assert got["state"] == "COMPLETED" and got["startedRunCount"] == "3"
     assert sorted(r.rsplit("-", 1)[1][8:12] for r in runs.made) == ["1040", "1050", "1100"]
@@ -207,9 +207,9 @@ def test_a_run_made_before_a_crash_is_counted_not_made_again(world):
     engine, clock, runs, api, scheduler = world
     made = _create(api, clock, maxConcurrentRunCount="3")
     sid = made["name"].rsplit("/", 1)[-1]
-    asyncio.run(runs.start(ROUTE.parent, f"s{sid}-20260301101000", {"labels": {pipeline_schedules.LABEL: sid}}, ""))
+    run(runs.start(ROUTE.parent, f"s{sid}-20260301101000", {"labels": {pipeline_schedules.LABEL: sid}}, ""))
     clock.at("2026-03-01 10:10:05")
-    assert asyncio.run(scheduler.tick()) == 1
+    assert run(scheduler.tick()) == 1
     assert len(runs.made) == 1 and api.get(_route(made))["startedRunCount"] == "1"
 
 
@@ -227,11 +227,11 @@ def test_bad_schedules_are_refused_in_googles_words(world):
         api.get(Route("local", "us-central1", "schedules", "404"))
     assert err.value.status == "NOT_FOUND"
     made = _create(api, clock)
-    patched = asyncio.run(api.patch(_route(made), {"cron": "0 * * * *", "displayName": "hourly"}, "cron,display_name",
+    patched = run(api.patch(_route(made), {"cron": "0 * * * *", "displayName": "hourly"}, "cron,display_name",
                                     now=clock()))
     assert patched["displayName"] == "hourly" and patched["nextRunTime"] == "2026-03-01T11:00:00.000000Z"
     with pytest.raises(ApiError, match="cannot be updated"):
-        asyncio.run(api.patch(_route(made), {"state": "PAUSED"}, "state"))
+        run(api.patch(_route(made), {"state": "PAUSED"}, "state"))
     listed = api.list(ROUTE, {"filter": 'display_name="hourly"'})
     assert [s["name"] for s in listed["schedules"]] == [made["name"]]
     assert schedule_schema.get(engine, made["name"].rsplit("/", 1)[-1])["spec"]["cron"] == "0 * * * *"
@@ -250,9 +250,9 @@ def check_schedules_store(url: str) -> None:
         first = pipeline_schedules.Scheduler(store.engine, runs.start, runs.count, clock)
         second = pipeline_schedules.Scheduler(store.engine, runs.start, runs.count, clock)  # a restarted platform's
         clock.at("2026-03-01 10:10:00")
-        assert asyncio.run(first.tick()) == 1 and asyncio.run(second.tick()) == 0
+        assert run(first.tick()) == 1 and run(second.tick()) == 0
         clock.at("2026-03-01 10:20:00")
-        assert asyncio.run(second.tick()) == 1 and asyncio.run(first.tick()) == 0
+        assert run(second.tick()) == 1 and run(first.tick()) == 0
         api.pause(_route(made), now=clock())
         listed = api.list(ROUTE, {"filter": 'display_name="on-this-store" AND state="PAUSED"'})
         assert [(s["name"], s["startedRunCount"]) for s in listed["schedules"]] == [(made["name"], "2")]
@@ -320,18 +320,18 @@ def test_the_sdks_schedule_starts_a_run_at_its_cron_time(sdk, platform, tmp_path
     while not (runs := schedule.list_jobs()):
         assert time.monotonic() < deadline, "the schedule started no run"
         time.sleep(0.5)
-    (run,) = runs  # list_jobs asks for the SDK's simple view: the run's own fields are read with get
-    ran = sdk.PipelineJob.get(run.resource_name)
+    (scheduled,) = runs  # list_jobs asks for the SDK's simple view: the run's own fields are read with get
+    ran = sdk.PipelineJob.get(scheduled.resource_name)
     assert ran.gca_resource.schedule_name == schedule.resource_name
     assert ran.gca_resource.create_time.second < 30  # at its minute, not some later one
     # max_run_count reached: COMPLETED (written just after the run was made, so maybe a moment later)
     body = wait_state(platform, schedule.resource_name, ("COMPLETED",), timeout=30)
     assert schedule.state.name == "COMPLETED"
-    assert body["startedRunCount"] == "1" and body["lastScheduledRunResponse"]["runResponse"] == run.resource_name
+    assert body["startedRunCount"] == "1" and body["lastScheduledRunResponse"]["runResponse"] == scheduled.resource_name
     # It is a run like any other (the same create path): cancelled here (its tasks' processes stopped),
     # its running to the end is test_pipeline_jobs.py's.
     ran.cancel()
-    ended = wait_state(platform, run.resource_name, ("PIPELINE_STATE_CANCELLED", "PIPELINE_STATE_SUCCEEDED"))
+    ended = wait_state(platform, scheduled.resource_name, ("PIPELINE_STATE_CANCELLED", "PIPELINE_STATE_SUCCEEDED"))
     assert ended["runtimeConfig"]["parameterValues"] == {"rows": 2}  # what the schedule's request said
     bad = requests.post(f"{platform.url}/v1/projects/local/locations/us-central1/schedules",
                         json={"displayName": "x", "cron": "every day", "maxConcurrentRunCount": 1,
