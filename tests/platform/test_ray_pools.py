@@ -5,6 +5,7 @@ both answer through the gateway, the replicas are on different nodes (the second
 models through object storage: it sees none of the head's files), and deleting the pool ends the actors."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tests.platform.conftest import PARENT
 from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
 
 from modelyard.platform.dataplane import artifact_cache
-from modelyard.platform.dataplane.pools import CONFIG_FILE
+from modelyard.platform.dataplane.pools import CHANGES_FILE, CONFIG_FILE
 from modelyard.platform.dataplane.replicas_ray import PoolReplicaActor
 
 
@@ -71,8 +72,9 @@ def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_
 
 def test_a_pool_actor_writes_the_model_set_it_was_told_last(tmp_path, monkeypatch):
     """One layer down, no Ray: the actor's ``set_models`` links each model under its replica's directory on
-    its node and rewrites the config; a call older than the last applied (a threaded actor may run two out
-    of order) changes nothing; a model left out leaves the config."""
+    its node and writes the config; a call older than the last applied (a threaded actor may run two out
+    of order) changes nothing; a model left out is removed by a line of the config's journal; a hot model
+    is loaded ahead by another."""
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
     actor = PoolReplicaActor("r1", [], roots=None)
     paths = {name: tmp_path / "platform" / name for name in ("tiny1", "tiny2")}
@@ -88,5 +90,10 @@ def test_a_pool_actor_writes_the_model_set_it_was_told_last(tmp_path, monkeypatc
     assert actor.set_models(9, {}) == ["dm-tiny1", "dm-tiny2"]  # older: ignored
     assert (actor.rdir / CONFIG_FILE).read_text() == config
     assert actor.set_models(11, {"dm-tiny2": sources["dm-tiny2"]}) == ["dm-tiny2"]
-    assert "dm-tiny1" not in (actor.rdir / CONFIG_FILE).read_text()
+    # The change is a line of the config's journal, which the replica applies after the config (O(1) a change).
+    changes = [json.loads(line) for line in (actor.rdir / CHANGES_FILE).read_text().splitlines()]
+    assert changes == [{"remove": "dm-tiny1"}] and (actor.rdir / CONFIG_FILE).read_text() == config
+    actor.load_ahead("dm-tiny2")  # the platform found it hot
+    actor.load_ahead("dm-tiny1")  # no longer served here: nothing to load
+    assert (actor.rdir / CHANGES_FILE).read_text().splitlines()[1:] == [json.dumps({"load": "dm-tiny2"})]
     actor._release()
