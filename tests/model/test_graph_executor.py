@@ -360,3 +360,25 @@ def test_tf1_half_plus_two_reference_variables_and_parsed_examples(generated_tfs
         assert np.array_equal(got.scores, [[2.5], [3.0]])
     finally:
         session.close()
+
+
+def test_tfrecords_read_as_tensorflow_writes_them(tmp_path):
+    """The warmup file's format (assets.extra/tf_serving_warmup_requests) without TensorFlow; damage is refused."""
+    import tensorflow as tf
+
+    from modelyard.model.graph.tfrecord import TFRecordError, records
+
+    path = tmp_path / "warmup"
+    written = [b"", b"one", bytes(range(256)) * 40]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in written:
+            writer.write(record)
+    assert list(records(path)) == written
+    raw = bytearray(path.read_bytes())
+    raw[-20] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(TFRecordError, match="corrupted record"):
+        list(records(path))
+    path.write_bytes(bytes(raw[:-3]))
+    with pytest.raises(TFRecordError, match="truncated record"):
+        list(records(path))

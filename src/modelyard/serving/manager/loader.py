@@ -114,13 +114,13 @@ class VersionLoader:
         warmup_path = path / WARMUP_FILE
         if not warmup_path.is_file():
             return
-        import tensorflow as tf
         from tensorflow_serving.apis import prediction_log_pb2
 
+        read, data_loss = _record_reader()
         started = time.perf_counter()
         count = 0
         try:
-            for record in tf.data.TFRecordDataset(str(warmup_path)).as_numpy_iterator():
+            for record in read(warmup_path):
                 count += 1
                 if count > MAX_WARMUP_RECORDS:
                     raise ServingError(
@@ -136,9 +136,9 @@ class VersionLoader:
                     ) from None
                 for _ in range(self.warmup_iterations):
                     replay(servable, entry)
-        except tf.errors.DataLossError as exc:
+        except data_loss as exc:
             raise ServingError(
-                Code.DATA_LOSS, f"{exc.message}. Please verify your warmup data is in TFRecord format."
+                Code.DATA_LOSS, f"{getattr(exc, 'message', exc)}. Please verify your warmup data is in TFRecord format."
             ) from None
         except ServingError as exc:
             self.metrics.warmup_latency.observe((time.perf_counter() - started) * 1e6, str(path), exc.code.name)
@@ -147,6 +147,20 @@ class VersionLoader:
         log.info(
             "Finished reading warmup data for model at %s. Number of warmup records read: %d.", warmup_path, count
         )
+
+
+def _record_reader():
+    """(records of a TFRecord file, the error a damaged one raises): TensorFlow's where it is installed,
+    else the graph runtime's reader (the serving image without TensorFlow)."""
+    from modelyard.model.runtime.choose_runtime import tensorflow_installed
+
+    if tensorflow_installed():
+        import tensorflow as tf
+
+        return (lambda path: tf.data.TFRecordDataset(str(path)).as_numpy_iterator()), tf.errors.DataLossError
+    from modelyard.model.graph.tfrecord import TFRecordError, records
+
+    return records, TFRecordError
 
 
 def runtimes_of(servable: Servable) -> list[str]:
