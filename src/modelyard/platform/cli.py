@@ -357,25 +357,25 @@ async def _serve(platform, host: str, port: int, tls=None, storage=None, limits=
     from modelyard.platform.dataplane.split import DataPlaneProcess
     from modelyard.platform.server import build_app
 
-    runner = web.AppRunner(build_app(platform), access_log=None)
-    await runner.setup()  # runs on_startup: the store is read and replicas adopted before ports open
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api_port = site._server.sockets[0].getsockname()[1]
-    loop = asyncio.get_running_loop()
-    try:
-        sockets = public_port.bind(host, port)
-    except OSError:
-        await runner.cleanup()
-        raise
-    dataplane = DataPlaneProcess(platform, sockets, api_port, tls_files, limits or http_limits.ConnLimits())
+    sockets = public_port.bind(host, port)  # first: a port in use stops the start before anything is done
+    dataplane = DataPlaneProcess(platform, sockets, tls_files, limits or http_limits.ConnLimits())
     platform.dataplane = dataplane
+    runner = web.AppRunner(build_app(platform), access_log=None)
     try:
-        await dataplane.start()
+        await dataplane.launch()  # its process loads while the platform starts
+        await runner.setup()  # runs on_startup: the store is read and replicas adopted before requests are taken
+    except BaseException:
+        await dataplane.stop()
+        raise
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        await dataplane.start(site._server.sockets[0].getsockname()[1])
     except BaseException:
         await dataplane.stop()
         await runner.cleanup()
         raise
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -44,11 +44,11 @@ import aiohttp
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane import replica_secrets
+from modelyard.platform.dataplane.routing import MODEL  # the name every replica serves its one model under
 from modelyard.ports import PORT_TAKEN_EXIT, free_ports
 
 log = logging.getLogger(__name__)
 
-MODEL = "model"  # the name every replica serves its one model under
 START_TIMEOUT_S = 180.0
 READY_POLL_S = 0.05  # a replica's status API is cheap; polling it fast takes ~0.2 s off every start
 SPARE_PREFIX = "spare-"  # replica directories of warm spares

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, not_found
 from modelyard.platform.dataplane import replica_secrets
-from modelyard.platform.dataplane.replicas import MODEL
 from modelyard.platform.dataplane.traffic import Chooser
 from modelyard.platform.dataplane.upstream import Upstream
+
+
+MODEL = "model"  # the name every replica of its own serves its one model under (replicas.py starts it so)
 
 
 @dataclass(eq=False)

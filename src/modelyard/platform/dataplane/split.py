@@ -34,12 +34,13 @@ log = logging.getLogger("modelyard.platform.dataplane")
 TICK_S = 0.02  # how often replica state is compared with what the data plane was last sent
 SYNC_WAIT_S = 5.0  # a control-plane answer waits at most this long for the data plane's acknowledgement
 START_TIMEOUT_S = 60.0
+STOP_WAIT_S = 15.0  # the data plane answers what it is answering (up to process.STOP_WAIT_S), then exits
 RESTART_DELAY_S = (0.2, 1.0, 5.0)  # after the data plane's 1st, 2nd, 3rd+ unexpected exit in a row
 LINK_FILE = "dataplane.sock"
 
 
 class DataPlaneProcess:
-    def __init__(self, platform, sockets: list[socket.socket], api_port: int, tls_files, limits) -> None:
+    def __init__(self, platform, sockets: list[socket.socket], tls_files, limits) -> None:
         self.p = platform
         self.routing: Routing = platform.routing
         self.sockets = sockets
@@ -48,7 +49,7 @@ class DataPlaneProcess:
                       "max_request_bytes": config.max_request_bytes, "max_predict_bytes": config.max_predict_bytes,
                       "deadline": [config.upstream_deadline.min_s, config.upstream_deadline.factor,
                                    config.upstream_deadline.max_s],
-                      "api_port": api_port, "tls": [str(Path(f).resolve()) if f else None for f in tls_files],
+                      "api_port": None, "tls": [str(Path(f).resolve()) if f else None for f in tls_files],
                       "limits": [limits.client_timeout_s, limits.max_connections, limits.idle_s]}
         self.path = Path(config.state_dir) / LINK_FILE
         self.proc: subprocess.Popen | None = None
@@ -57,6 +58,7 @@ class DataPlaneProcess:
         self.acked = 0  # the last message the data plane applied
         self._acked = asyncio.Event()
         self._ready: asyncio.Future | None = None
+        self._hello_ready = asyncio.Event()  # the API app's port is known (``start``)
         self._view: dict | None = None  # the replicas' view last sent
         self.counts = mirror.Counts()
         self._reports: dict[int, asyncio.Future] = {}  # reads waiting for the data plane's report
@@ -67,22 +69,31 @@ class DataPlaneProcess:
         self.restarts = 0
 
     # ---- the process ----------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Start the data plane and wait until it serves the public port with the routing of now."""
+    async def launch(self) -> None:
+        """Start the data plane's process: it loads its code while the control plane starts (``start``)."""
         self.routing.journal = {Routing.FULL}
         self.path.unlink(missing_ok=True)
         self._server = await asyncio.start_unix_server(self._linked, str(self.path))
         os.chmod(self.path, 0o600)
-        await self._spawn()
+        self._launch()
+
+    async def start(self, api_port: int) -> None:
+        """Give the data plane the API app's port and wait until it serves the public port with the
+        routing of now; from then on it is kept running."""
+        self.hello["api_port"] = api_port
+        self._hello_ready.set()
+        await self._wait_ready()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick()), loop.create_task(self._watch())]
 
-    async def _spawn(self) -> None:
+    def _launch(self) -> None:
         self._ready = asyncio.get_running_loop().create_future()
         fds = [s.fileno() for s in self.sockets]
         # Its own output goes where the platform's goes; its environment is the platform's (job tokens' dir).
         self.proc = subprocess.Popen([sys.executable, "-m", "modelyard.platform.dataplane.process", str(self.path),
                                       *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL)
+
+    async def _wait_ready(self) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -103,7 +114,8 @@ class DataPlaneProcess:
             await asyncio.sleep(RESTART_DELAY_S[min(in_a_row, len(RESTART_DELAY_S) - 1)])
             in_a_row += 1
             try:
-                await self._spawn()
+                self._launch()
+                await self._wait_ready()
                 self.restarts += 1
                 in_a_row = 0
             except Exception as exc:  # tried again on the next turn
@@ -114,15 +126,15 @@ class DataPlaneProcess:
         self._stopping = True
         for task in self._tasks:
             task.cancel()
-        if self.writer is not None and self.proc is not None and self.proc.poll() is None:
+        serving = self._ready is not None and self._ready.done()
+        if self.proc is not None and self.proc.poll() is None and self.writer is not None and serving:
             self._send({"stop": True})
-        if self.proc is not None:
-            deadline = time.monotonic() + 15.0
+            deadline = time.monotonic() + STOP_WAIT_S
             while self.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None and self.proc.poll() is None:  # past the wait, or never serving (a failed start)
+            self.proc.kill()
+            self.proc.wait()
         if self._server is not None:
             self._server.close()
         self.path.unlink(missing_ok=True)
@@ -134,6 +146,7 @@ class DataPlaneProcess:
         if not self._is_child(writer):
             writer.close()
             return
+        await self._hello_ready.wait()
         if self.writer is not None:
             self.writer.close()
         self.writer = writer
