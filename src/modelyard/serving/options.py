@@ -64,9 +64,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="serve the console at /console on the REST port (default true)")
     add("--console_token_file", default=None, metavar="FILE",
         help="file holding the token that enables console actions (else $MODELYARD_CONSOLE_TOKEN; none: read-only)")
-    add("--runtime", choices=("auto", "tensorflow", "litert"), default="auto",
+    add("--runtime", choices=("auto", "tensorflow", "litert", "graph"), default="auto",
         help="how SavedModel signatures run: auto (LiteRT where it gives TensorFlow's numbers, else "
-        "TensorFlow), tensorflow, or litert (fail the load if a signature cannot run on LiteRT)")
+        "TensorFlow; the graph runtime where TensorFlow is not installed), tensorflow, litert (fail the load if a "
+        "signature cannot run on LiteRT), or graph (NumPy kernels, no TensorFlow: what the slim serving image runs)")
     add("--json_numbers", choices=("tf_serving", "vertex"), default="tf_serving",
         help="how REST JSON numbers reach integer inputs: tf_serving (default: a number written with a "
         "fraction or exponent, even 0.0, is refused, as TF Serving does) or vertex (integral numbers such as "
