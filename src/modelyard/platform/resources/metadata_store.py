@@ -21,6 +21,8 @@ def render(row: dict) -> dict:
 def resolve(db: MetadataDB, parent: str, store_id: str) -> str:
     """The name of an existing store (``default`` made if missing); NOT_FOUND for another missing one."""
     name = f"{parent}/metadataStores/{store_id}"
+    if db.store_seen(name):
+        return name
     if store_id == DEFAULT:
         db.ensure_store(name, parent)
     else:

@@ -166,13 +166,12 @@ def get(db: TensorboardDB, route: TrackingRoute) -> dict:
 
 def list_(db: TensorboardDB, route: TrackingRoute, query: Mapping[str, str]) -> dict:
     level = route.leaf
-    if level == "tensorboards":
-        parent_keys = {"parent": route.parent}
-    else:
-        db.get(list(LEVELS)[len(route.ids) - 2], keys_of(route, len(route.ids) - 1))  # the parent exists
-        parent_keys = _parent_keys(route.ids)
     tree = metadata_filter.parse(query.get("filter"), level)
-    rows = [r for r in db.list(level, parent_keys)
+    if level == "tensorboards":
+        listed = db.list(level, {"parent": route.parent})
+    else:  # the parent must exist: checked by the same query's connection
+        listed = db.list(level, _parent_keys(route.ids), parent=list(LEVELS)[len(route.ids) - 2])
+    rows = [r for r in listed
             if metadata_filter.matches(tree, _filter_row(level, r, f"{route.name()}/{r['id']}"), lambda _f: set())]
     rows = tracking_pages.order(rows, query.get("orderBy") or query.get("order_by"), _ORDER)
     chunk, token = tracking_pages.page(rows, query, route.name())
@@ -342,12 +341,13 @@ def batch_read(db: TensorboardDB, route: TrackingRoute, series_names: list[str])
         raise invalid("batchRead takes time_series: the names of the time series to read.")
     if len(series_names) > MAX_BATCH_READ:
         raise invalid(f"batchRead reads at most {MAX_BATCH_READ} time series at once, not {len(series_names)}.")
-    rows = []
+    keys = []
     for name in series_names:
         ts_route = parse_tracking_path(name)
         if ts_route.leaf != "timeSeries" or ts_route.leaf_id is None or ts_route.name(1) != route.name():
             raise invalid(f"time_series {name!r} is not a time series of {route.name()}.")
-        rows.append(db.get("timeSeries", keys_of(ts_route)))
+        keys.append(keys_of(ts_route))
+    rows = db.get_many("timeSeries", keys)
     out = []
     for kind in {r["value_type"] for r in rows}:  # one query per value type: each has its default limit
         of_kind = [r for r in rows if r["value_type"] == kind]
