@@ -143,7 +143,7 @@ def _follow(runner, row: dict) -> None:
         store.update_job(row["id"], (PENDING,), state=RUNNING, started=time.time(), result=result)
         row = {**row, "state": RUNNING, "result": result, "started": time.time()}
 
-    def save() -> None:  # each started task at once: a tick cut short never starts a task twice
+    def save() -> None:  # before what must not happen twice (a job made, ML Metadata written) is done
         store.update_job(row["id"], (RUNNING, CANCELLING), result={**result, TASKS: tasks})
 
     for key, t in tasks.items():  # tasks whose job ended since the last tick, and retries due
@@ -257,7 +257,10 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
             else:
                 tasks[key] = _start(runner, row, spec, key, scope, outputs)
             tasks[key]["id"] = len(tasks)
-            save()  # a container task waits in the queue for a slot (_launch_queued)
+            if tasks[key].get("execution"):  # recorded in ML Metadata (an importer, a cache hit): kept at once
+                save()
+            # Else nothing outside the run's row changed: the pass's tasks are saved together (a container
+            # task waits in the queue for a slot; _launch saves its job's id before it makes the job).
             started = True
     for key, t in list(tasks.items()):  # loops: their next iterations
         if t.get("kind") != "loop" or t["state"] != "RUNNING":
@@ -274,8 +277,9 @@ def _start_ready(runner, row: dict, spec: dict, tasks: dict, save) -> bool:
                                    "started": now, "id": len(tasks) + 1,
                                    "inputs": pipeline_spec.iteration_inputs(spec, _spec_name(key), t["inputs"], item)}
             running += 1
-            save()
             started = True
+    if started:
+        save()
     return started
 
 
