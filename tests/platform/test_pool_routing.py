@@ -118,10 +118,13 @@ def test_a_model_is_hot_from_its_threshold_until_it_cools():
     from modelyard.platform.dataplane.load_ahead import HotModels, LoadAhead
 
     hot = HotModels(LoadAhead(hot_requests_per_s=10, cool_requests_per_s=2, window_s=5, copies=2, retell_s=10))
-    hot.observe("r0", {"a": 20, "b": 5}, now=1.0)  # counters as the replicas' probes read them
+    hot.observe("r0", {"a": 1000}, now=0.0)  # a replica's first probe is its baseline: not a burst
+    hot.observe("r1", {}, now=0.0)
+    assert hot.update(0.0) == set()
+    hot.observe("r0", {"a": 1020, "b": 5}, now=1.0)  # counters as the replicas' probes read them
     hot.observe("r1", {"a": 20}, now=1.0)
     assert hot.update(1.0) == set() and hot.rate("a", 1.0) == 8.0  # 40 requests over the 5 s window
-    hot.observe("r0", {"a": 35, "b": 5}, now=2.0)
+    hot.observe("r0", {"a": 1035, "b": 5}, now=2.0)
     assert hot.update(2.0) == {"a"}  # 55 / 5 s
     assert hot.update(5.5) == {"a"}  # 11/s, then no request: still above the cool rate within the window
     hot.observe("r0", {"a": 3}, now=6.5)  # r0 restarted: its counter starts again (3 new requests, not -32)
@@ -150,6 +153,7 @@ def test_a_hot_model_is_loaded_ahead_on_the_replicas_that_lack_it(tmp_path):
         pool.replicas.append(Replica({"id": f"r{i}", "host": "h", "port": i, "log_path": str(tmp_path / f"r{i}/log")}))
     pool.states = {"r0": {"models": {"100": {"loaded": True, "requests": 50}, "101": {"loaded": True, "requests": 1}}},
                    "r1": {"models": {}}}
+    pool.hot.observe("r0", {}, now=9.0)
     pool.hot.observe("r0", {"100": 50, "101": 1}, now=10.0)
     pools._load_ahead(pool, 10.0)
     pools._load_ahead(pool, 10.5)  # told already: not again within retell_s

@@ -11,8 +11,9 @@ then costs that model no reload either. The model stays hot until its rate falls
 a hot model (its budget unloaded it, or it is new) is told again at most once per ``retell_s``.
 
 The rates come from the replicas' own per-model request counters, which the platform's probe reads once
-a second (``GET /v1/models``'s ``on_demand``); a counter that went down (a replica restarted) counts
-from zero. Pure bookkeeping here: ``dataplane/pools.py`` probes and tells the replicas.
+a second (``GET /v1/models``'s ``on_demand``); a replica's first probe is its baseline (a restarted
+platform does not read a replica's whole history as one burst), and a counter that went down (the replica
+restarted) counts from zero. Pure bookkeeping here: ``dataplane/pools.py`` probes and tells the replicas.
 """
 from __future__ import annotations
 
@@ -43,13 +44,15 @@ class HotModels:
 
     def observe(self, replica_id: str, counters: dict[str, int], now: float) -> None:
         """A probe of one replica: each model's request counter there."""
-        last = self._last.get(replica_id, {})
+        last = self._last.get(replica_id)
+        self._last[replica_id] = dict(counters)
+        if last is None:  # first seen (a platform that just started, an adopted replica): a baseline, no burst
+            return
         for model_id, count in counters.items():
             before = last.get(model_id, 0)
             delta = count - before if count >= before else count  # went down: the replica restarted
             if delta:
                 self._seen.setdefault(model_id, deque()).append((now, delta))
-        self._last[replica_id] = dict(counters)
 
     def forget_replica(self, replica_id: str) -> None:
         self._last.pop(replica_id, None)
