@@ -73,7 +73,7 @@ def test_stop_ends_only_its_own_cluster(ray_cluster, tmp_path):
             assert time.monotonic() < deadline, other.group_pids()
             time.sleep(0.05)
         assert stray.pid in other.stray_pids() and head.pid in other.stray_pids()
-        other.stop(grace=1.0)
+        other.stop()
         assert other.group_pids() == [] and other.stray_pids() == []
         assert head.wait(5) == -signal.SIGTERM  # asked first
         assert stubborn.wait(5) == -signal.SIGKILL and stray.wait(5) == -signal.SIGKILL
