@@ -1,54 +1,65 @@
 """The rule that gives a job a Python environment of its own (platform/jobs/job_python.py), one layer
-below test_autolog_jobs.py: no process, no pip. A resolution here has the shape of pip's installation
-report as ``job_python.resolve`` returns it."""
+below test_autolog_jobs.py: no process, no resolver run (a stand-in answers as uv does)."""
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from modelyard.platform.jobs import job_packages, job_python
 
 PLATFORM = {"protobuf": "7.36.2", "pandas": "3.1.1", "numpy": "2.4.6", "google-cloud-aiplatform": "2.7.0",
-            "requests": "2.32.5"}
-AUTOLOG = ["google-cloud-aiplatform[autologging]==2.7.0", "scikit-learn", "pandas"]
-# What pip resolves for the SDK's autologging requirement on its own (pip 26, Python 3.11), cut down.
-AUTOLOG_RESOLUTION = [
-    {"name": "google-cloud-aiplatform", "version": "2.7.0", "extras": ["autologging"],
-     "requires": ["protobuf<8.0.0,>=3.20.2", "pandas>=1.0; extra == \"full\"",
-                  "mlflow<=2.16.0,>=1.27.0; python_version < \"3.13\" and extra == \"autologging\"",
-                  "mlflow>=1.27.0; python_version >= \"3.13\" and extra == \"autologging\""]},
-    {"name": "mlflow", "version": "2.16.0", "extras": [],
-     "requires": ["mlflow-skinny==2.16.0", "pandas<3", "numpy<3", "pyarrow<18,>=4.0.0"]},
-    {"name": "mlflow-skinny", "version": "2.16.0", "extras": [], "requires": ["protobuf<6,>=3.12.0", "requests<3,>=2.17.3"]},
-    {"name": "protobuf", "version": "5.29.6", "extras": [], "requires": []},
-    {"name": "pandas", "version": "2.3.3", "extras": [], "requires": ["numpy>=1.23.2; python_version == \"3.11\""]},
-    {"name": "numpy", "version": "2.4.6", "extras": [], "requires": []},
-    {"name": "pyarrow", "version": "17.0.0", "extras": [], "requires": []},
-    {"name": "scikit-learn", "version": "1.9.1", "extras": [], "requires": ["numpy>=1.22"]},
-    {"name": "requests", "version": "2.32.5", "extras": [], "requires": ["PySocks!=1.5.7,>=1.5.6; extra == \"socks\""]},
-]
+            "modelyard": "0.1.0"}
+AUTOLOG = ["google-cloud-aiplatform[autologging]==2.7.0", "pandas", "scikit-learn"]
+# What the SDK's autologging requirement resolves to on its own (uv, Python 3.11), cut down.
+AUTOLOG_RESOLUTION = [{"name": "google-cloud-aiplatform", "version": "2.7.0"}, {"name": "mlflow", "version": "2.16.0"},
+                      {"name": "protobuf", "version": "5.29.6"}, {"name": "pandas", "version": "2.3.3"},
+                      {"name": "numpy", "version": "2.4.6"}, {"name": "scikit-learn", "version": "1.9.1"}]
+NO_SOLUTION = "  And because you require google-cloud-aiplatform[autologging]==2.7.0, your requirements are unsatisfiable."
 
 
-def test_requirements_that_need_another_version_of_a_platform_package_conflict():
-    clash = job_python.conflicts(AUTOLOG_RESOLUTION, AUTOLOG, PLATFORM.get)
-    assert clash == ["pandas 3.1.1 (mlflow 2.16.0 needs pandas<3)",
-                     "protobuf 7.36.2 (mlflow-skinny 2.16.0 needs protobuf<6,>=3.12.0)"]
+def _resolver(calls: list, beside: bool):
+    """A stand-in for uv: no resolution with the platform's packages pinned unless ``beside``."""
+    def resolve(requirements, uv, constraints=(), timeout=None):
+        calls.append((list(requirements), list(constraints)))
+        if constraints and not beside:
+            raise job_python.ResolveError(NO_SOLUTION)
+        return AUTOLOG_RESOLUTION
+    return resolve
 
 
-def test_requirements_that_install_beside_the_platform_do_not_conflict():
-    # Missing packages (pyarrow, mlflow here) and newer resolved versions are no conflict: only a
-    # platform package whose version does not meet what the resolution asks of it.
-    assert job_python.conflicts(AUTOLOG_RESOLUTION, AUTOLOG, {**PLATFORM, "protobuf": "5.29.0", "pandas": "2.2"}.get) == []
-    resolution = [{"name": "cloudml-hypertune", "version": "0.1.0.dev6", "extras": [], "requires": []},
-                  {"name": "requests", "version": "2.33.0", "extras": [], "requires": ["urllib3<3,>=1.21.1"]}]
-    assert job_python.conflicts(resolution, ["cloudml-hypertune", "requests"], {**PLATFORM, "urllib3": "2.5.0"}.get) == []
-    # The job's own requirement counts too, and an extra's requirements only when that extra is asked for.
-    assert job_python.conflicts([], ["numpy<2"], PLATFORM.get) == ["numpy 2.4.6 (the job needs numpy<2)"]
-    extra = [{"name": "requests", "version": "2.32.5", "extras": [], "requires": ["PySocks<1; extra == \"socks\""]}]
-    assert job_python.conflicts(extra, ["requests"], {**PLATFORM, "PySocks": "1.7.1"}.get) == []
-    assert job_python.conflicts(extra, ["requests[socks]"], {**PLATFORM, "PySocks": "1.7.1"}.get) == [
-        "PySocks 1.7.1 (requests 2.32.5 needs PySocks<1)"]
+def test_requirements_with_no_resolution_beside_the_platform_get_their_own(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(job_python, "resolve", _resolver(calls, beside=False))
+    monkeypatch.setattr(job_python, "resolver", lambda cache: "uv")
+    said: list[str] = []
+    got = job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, said.append, lambda: PLATFORM)
+    assert got == AUTOLOG_RESOLUTION
+    # First with every platform package held at its version (modelyard, on no index, left out), then alone.
+    assert calls == [(AUTOLOG, ["google-cloud-aiplatform==2.7.0", "numpy==2.4.6", "pandas==3.1.1",
+                                "protobuf==7.36.2"]), (AUTOLOG, [])]
+    assert said == ["[modelyard] the job's requirements cannot install beside the platform's packages (protobuf 7.36.2 "
+                    "-> 5.29.6; pandas 3.1.1 -> 2.3.3): the job gets a Python environment of its own (6 packages)"]
+    # Kept per requirement set: the next job asks the resolver nothing.
+    calls.clear()
+    assert job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, said.append, lambda: PLATFORM) == AUTOLOG_RESOLUTION
+    assert calls == [] and said[-1] == said[0]
+
+
+def test_requirements_that_resolve_beside_the_platform_use_its_environment(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(job_python, "resolve", _resolver(calls, beside=True))
+    monkeypatch.setattr(job_python, "resolver", lambda cache: "uv")
+    assert job_python.plan(["cloudml-hypertune"], lambda reqs: reqs, tmp_path, print, lambda: PLATFORM) is None
+    assert len(calls) == 1 and calls[0][1]  # asked once, with the platform pinned
+    # Requirements the platform meets already: nothing is asked at all.
+    assert job_python.plan(["numpy"], lambda reqs: [], tmp_path / "other", print, lambda: PLATFORM) is None
+    assert len(calls) == 1
+
+
+def test_the_conflict_is_said_by_the_packages_held_below_the_platforms_versions():
+    assert job_python.older_than_platform(AUTOLOG_RESOLUTION, PLATFORM) == ["protobuf 7.36.2 -> 5.29.6",
+                                                                           "pandas 3.1.1 -> 2.3.3"]
+    newer = [{"name": "numpy", "version": "2.5.0"}, {"name": "pyarrow", "version": "17.0.0"}]
+    assert job_python.older_than_platform(newer, PLATFORM) == []  # newer or missing: not what conflicts
 
 
 def test_an_extra_the_platform_lacks_is_unsatisfied():
@@ -61,34 +72,16 @@ def test_an_extra_the_platform_lacks_is_unsatisfied():
     assert job_packages._unsatisfied(wanted, "f") == wanted
 
 
-def test_the_plan_asks_pip_nothing_when_satisfied_or_known(tmp_path, monkeypatch):
-    def no_pip(*a, **k):
-        raise AssertionError("pip was asked")
-
-    monkeypatch.setattr(job_python, "resolve", no_pip)
-    said: list[str] = []
-    assert job_python.plan(["numpy"], lambda reqs: [], tmp_path, said.append) is None
-    # A requirement set seen before: its resolution and verdict are kept per set, under the jobs' cache.
-    kept = tmp_path / f"plan-{job_python.requirements_key(AUTOLOG)}.json"
-    clash = job_python.conflicts(AUTOLOG_RESOLUTION, AUTOLOG, PLATFORM.get)
-    kept.write_text(json.dumps([AUTOLOG_RESOLUTION, clash]))
-    assert job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, said.append) == AUTOLOG_RESOLUTION
-    assert said == [f"[modelyard] the job's requirements conflict with the platform's packages ({'; '.join(clash)}): "
-                    f"the job gets a Python environment of its own ({len(AUTOLOG_RESOLUTION)} packages)"]
-    kept.write_text(json.dumps([AUTOLOG_RESOLUTION, []]))
-    assert job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, said.append) is None
-
-
-def test_an_unresolvable_set_fails_the_job_with_pips_words(tmp_path, monkeypatch):
+def test_an_unresolvable_set_fails_the_job_with_the_resolvers_words(tmp_path, monkeypatch):
     from modelyard.platform.jobs.job_runner import JobFailed
 
     def unresolvable(reqs, *a, **k):
-        raise job_python.ResolveError("ERROR: ResolutionImpossible: for help visit ...")
+        raise job_python.ResolveError("  Because modelyard-no-such-xq was not found in the package registry ...")
 
     monkeypatch.setattr(job_python, "resolve", unresolvable)
-    monkeypatch.setattr(job_python, "resolver", lambda cache: "python")
-    with pytest.raises(JobFailed, match="ResolutionImpossible") as info:
-        job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path)
+    monkeypatch.setattr(job_python, "resolver", lambda cache: "uv")
+    with pytest.raises(JobFailed, match="modelyard-no-such-xq was not found") as info:
+        job_python.plan(["modelyard-no-such-xq"], lambda reqs: reqs, tmp_path, print, lambda: PLATFORM)
     assert info.value.status == "INVALID_ARGUMENT"
 
 

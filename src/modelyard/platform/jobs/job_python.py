@@ -7,19 +7,20 @@ whose MLflow (<= 2.16 below Python 3.13) pins protobuf < 6 and pandas < 3 while 
 protobuf 7 and pandas 3. On Vertex such a job gets a fresh container; here it gets an environment of
 its own. The one rule (``plan``):
 
-- the requirements the job's packages declare are resolved by pip on their own, as a fresh container
-  would install them (``resolve``: ``pip install --dry-run --ignore-installed --report``, with ``HINTS``,
-  by a recent pip of the jobs' own, ``resolver``);
-- they **conflict** with the platform (``conflicts``) when that resolution asks of a package the platform
-  has a version the platform's does not satisfy (mlflow-skinny 2.16 needs protobuf<6: the platform has
-  7.36.2);
-- no conflict: the platform's environment, as before (``job_env``: what it lacks installed into a
-  shared environment that sees it). A conflict: ``OwnPythonEnv``, a virtual environment that does not
-  see the platform's site-packages, holding exactly the resolved versions. It is made once per
-  requirement set (``.python-deps/own-{hash}`` beside the jobs' folders, the hash of the requirements,
-  the hints and the interpreter), by the first job that needs it, with pip's progress in that job's log;
-  the next job with the same requirements finds it ready. Requirements pip cannot resolve fail the job
-  with pip's words (and are refused at create: ``job_packages.check``).
+- requirements the platform's environment meets (extras included) need nothing;
+- the others are resolved with every package the platform has held at its version (``platform_pins``):
+  if that resolution exists, they install beside the platform, as before (``job_env``: what is missing
+  goes into a shared environment that sees the platform's);
+- if it does not, they **conflict** with the platform: the job gets ``OwnPythonEnv``, a virtual
+  environment that does not see the platform's site-packages, holding exactly the requirements'
+  resolution on their own (the job's log says so, naming the packages it holds below the platform's
+  versions: ``protobuf 7.36.2 -> 5.29.6``). It is made once per requirement set
+  (``.python-deps/own-{hash}`` beside the jobs' folders), by the first job that needs it, with the
+  installer's progress in that job's log; the next job with the same requirements finds it ready.
+  Requirements that have no resolution at all fail the job with the resolver's words.
+
+The resolver is uv (``resolver``: a virtual environment of the jobs' own holding it, made once), with
+``HINTS``; the verdict and the resolution are kept per requirement set, so a second job asks nothing.
 
 Inside an own environment the job still finds the platform without modelyard: its variables
 (``AIP_*``, ``CLOUD_ML_*``, the experiment's, ``GCE_METADATA_HOST`` and ``STORAGE_EMULATOR_HOST`` of
@@ -40,32 +41,28 @@ from typing import Callable
 from modelyard import tf_gcs
 from modelyard.platform.jobs import job_env
 
-# Constraints pip gets with every job requirement set it resolves here. google-cloud-aiplatform[autologging]
-# allows mlflow>=1.27: given it, pip walks back through every MLflow 2 release (each pins protobuf<6, which the
-# newest google-api-core excludes) instead of taking an older google-api-core, then reaches 1.27, whose metadata
-# pip refuses, and had not ended after 5 minutes (pip 26.3, this machine); MLflow 1.x imports protos that
-# protobuf >= 4 refuses anyway. With mlflow>=2 pip resolves the set in ~20 s (mlflow 2.16, protobuf 5.29).
+# Constraints given with every job requirement set resolved here. google-cloud-aiplatform[autologging] allows
+# mlflow>=1.27; 1.x imports protos that protobuf >= 4 refuses, and 1.27's metadata pip refuses, yet a resolver
+# given the platform's protobuf and pandas falls back to it (uv does; pip walks back through every MLflow 2
+# release first). The SDK's plugin is written against MLflow 2.
 HINTS = ("mlflow>=2",)
-RESOLVE_TIMEOUT_S = 900.0  # the job's own resolution (create time has job_packages.DRY_RUN_TIMEOUT_S)
+# The resolver: uv. pip's resolver took > 5 min on the SDK's autologging set here, even with HINTS and pip 26
+# (this index serves no PEP 658 metadata, so pip fetches every candidate wheel, ~2 GB, or with fast-deps a
+# range request per candidate); uv resolves it in seconds, and installs ~90 wheels in parallel.
+UV = "uv>=0.5,<1"
+RESOLVE_TIMEOUT_S = 600.0
 
 
 class ResolveError(Exception):
-    """pip could not resolve the requirements (its words), or ran out of time (``timed_out``)."""
+    """The requirements have no resolution (the resolver's words), or it ran out of time (``timed_out``)."""
 
     def __init__(self, words: str, timed_out: bool = False) -> None:
         super().__init__(words)
         self.timed_out = timed_out
 
 
-PIP = "pip>=26"  # the resolver's pip: pip 23's resolver did not finish the SDK's autologging set in 200 s, even with HINTS
-
-
-def _pip(*args: str, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "pip", "--disable-pip-version-check", *args]
-
-
 def pip_env() -> dict[str, str]:
-    """This process's environment for pip reaching the package index: a job's process has its storage
+    """This process's environment for pip or uv reaching the package index: a job's process has its storage
     gateway as HTTPS proxy (job_identity, for TensorFlow's gs://), which is no way to the index."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     routed = env.get(tf_gcs.ROUTED_ENV)
@@ -78,111 +75,86 @@ def pip_env() -> dict[str, str]:
 
 
 def resolver(cache: Path) -> str:
-    """The interpreter of the jobs' resolver: a virtual environment under ``cache`` holding only a recent
-    pip (``PIP``), made once, as a fresh container's ``pip install --upgrade pip`` would have it."""
+    """The jobs' resolver under ``cache``: a virtual environment holding ``UV``, made once; its ``uv``."""
     import fcntl
     import venv
 
     root = cache / "resolver"
-    python = str(root / "bin" / "python")
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "resolver.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "ready").exists():
             venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(str(root))
-            done = subprocess.run(_pip("install", "--quiet", "--upgrade", PIP, python=python),
-                                  capture_output=True, text=True, env=pip_env())
+            done = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                   "--disable-pip-version-check", UV], capture_output=True, text=True, env=pip_env())
             if done.returncode != 0:
-                _fail(f"could not install {PIP} for the job's resolution: {done.stderr[-1500:]}")
-            (root / "ready").write_text(PIP + "\n")
-    return python
+                _fail(f"could not install {UV} to resolve the job's requirements: {pip_words(done.stderr)}")
+            (root / "ready").write_text(UV + "\n")
+    return str(root / "bin" / "uv")
 
 
-def resolve(requirements: list[str], python: str, timeout: float | None = RESOLVE_TIMEOUT_S) -> list[dict]:
-    """What pip (of ``python``: ``resolver``'s) would install for ``requirements`` into an empty
-    environment: ``[{"name", "version", "requires": [...], "extras": [...]}]`` (pip's installation report,
-    nothing installed). ResolveError with pip's last words when it cannot."""
+def resolve(requirements: list[str], uv: str, constraints: list[str] = (),
+            timeout: float | None = RESOLVE_TIMEOUT_S) -> list[dict]:
+    """The versions an empty environment of this interpreter gets for ``requirements`` (and
+    ``constraints``, with ``HINTS``): ``[{"name", "version"}]``, nothing installed. ResolveError with
+    the resolver's explanation when there is none."""
     with tempfile.TemporaryDirectory(prefix="modelyard-resolve-") as tmp:
-        hints = Path(tmp) / "hints.txt"
-        hints.write_text("\n".join(HINTS) + "\n")
-        report = Path(tmp) / "report.json"
+        (Path(tmp) / "in.txt").write_text("\n".join(requirements) + "\n")
+        (Path(tmp) / "c.txt").write_text("\n".join([*HINTS, *constraints]) + "\n")
         try:
-            done = subprocess.run(_pip("install", "--dry-run", "--quiet", "--ignore-installed", "--report",
-                                       str(report), "-c", str(hints), *requirements, python=python),
+            done = subprocess.run([uv, "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
+                                   sys.executable, "-c", str(Path(tmp) / "c.txt"), str(Path(tmp) / "in.txt")],
                                   capture_output=True, text=True, timeout=timeout, env=pip_env())
         except subprocess.TimeoutExpired:
-            raise ResolveError(f"pip did not resolve {requirements!r} within {timeout:.0f} s", timed_out=True) from None
-        if done.returncode != 0 or not report.exists():
-            raise ResolveError(pip_words(done.stderr))
-        items = json.loads(report.read_text())["install"]
-    return [{"name": i["metadata"]["name"], "version": i["metadata"]["version"],
-             "requires": i["metadata"].get("requires_dist") or [], "extras": i.get("requested_extras") or []}
-            for i in items]
-
-
-def pip_words(stderr: str) -> str:
-    """pip's error lines (its last lines when none says ERROR), without its notes on unused indexes."""
-    lines = [line for line in stderr.strip().splitlines() if not line.startswith("WARNING: Location")]
-    return "\n".join([line for line in lines if line.startswith("ERROR:")] or lines[-6:])
-
-
-def _installed_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def conflicts(resolution: list[dict], requirements: list[str],
-              installed: Callable[[str], str | None] = _installed_version) -> list[str]:
-    """The platform's packages that ``resolution`` (``resolve``'s, of ``requirements``) needs at another
-    version, each said as ``protobuf 7.36.2 (mlflow-skinny 2.16.0 needs protobuf<6,>=3.12.0)``; empty
-    when the resolution installs beside the platform. ``installed``: a package's version here, or None."""
-    from packaging.markers import default_environment
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name as canon
-
-    # (who asks, requirement) for every requirement in force: the job's own, then each resolved package's,
-    # an extra's only when someone asks for that extra.
-    asked = [("the job", Requirement(r)) for r in requirements]
-    extras: dict[str, set[str]] = {}
-    for item in resolution:
-        extras.setdefault(canon(item["name"]), set()).update(item["extras"])
-    for _who, req in asked:
-        extras.setdefault(canon(req.name), set()).update(req.extras)
-    pending = list(resolution)
-    parsed = {canon(i["name"]): [Requirement(r) for r in i["requires"]] for i in pending}
-    changed = True
-    while changed:  # extras asked for by a package's requirement turn on more requirements: to a fixed point
-        changed = False
-        for item in pending:
-            for req in parsed[canon(item["name"])]:
-                if _active(req, extras.get(canon(item["name"]), set()), default_environment()):
-                    new = set(req.extras) - extras.setdefault(canon(req.name), set())
-                    if new:
-                        extras[canon(req.name)] |= new
-                        changed = True
-    env = default_environment()
-    for item in pending:
-        for req in parsed[canon(item["name"])]:
-            if _active(req, extras.get(canon(item["name"]), set()), env):
-                asked.append((f"{item['name']} {item['version']}", req))
+            raise ResolveError(f"no resolution of {requirements!r} within {timeout:.0f} s", timed_out=True) from None
+    if done.returncode != 0:
+        raise ResolveError(pip_words(done.stderr))
     out = []
-    for who, req in asked:
-        have = installed(req.name)
-        if req.url or (have is not None and not req.specifier.contains(have, prereleases=True)):
-            line = f"{req.name} {have} ({who} needs {req.name}{req.specifier})"
-            if have is not None and line not in out:
-                out.append(line)
+    for line in done.stdout.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and not line.startswith("#"):
+            out.append({"name": name.split("[", 1)[0], "version": version.split(";", 1)[0].strip()})
     return out
 
 
-def _active(req, extras: set[str], env: dict) -> bool:
-    if req.marker is None:
-        return True
-    return any(req.marker.evaluate({**env, "extra": e}) for e in (extras | {""}))
+def pip_words(stderr: str) -> str:
+    """A resolver's or pip's explanation: its error lines (its last lines when none says so), without pip's
+    notes on unused indexes."""
+    lines = [line for line in stderr.strip().splitlines() if not line.startswith("WARNING: Location")]
+    return "\n".join([line for line in lines if line.startswith(("ERROR:", "error:"))] or lines[-8:])
+
+
+def _installed() -> dict[str, str]:
+    """The platform's distributions, by canonical name: version."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()
+            if d.metadata["Name"]}
+
+
+def platform_pins(installed: dict[str, str]) -> list[str]:
+    """Constraints holding every platform package at its version (modelyard itself left out: no index
+    has this checkout)."""
+    return sorted(f"{name}=={version}" for name, version in installed.items() if name != "modelyard")
+
+
+def older_than_platform(resolution: list[dict], installed: dict[str, str]) -> list[str]:
+    """The packages ``resolution`` holds at a version below the platform's (the ones a conflict is
+    about), each as ``protobuf 7.36.2 -> 5.29.6``."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for item in resolution:
+        have = installed.get(canonicalize_name(item["name"]))
+        try:
+            if have is not None and Version(item["version"]) < Version(have):
+                out.append(f"{item['name']} {have} -> {item['version']}")
+        except InvalidVersion:
+            continue
+    return out
 
 
 def requirements_key(requirements: list[str]) -> str:
@@ -191,29 +163,41 @@ def requirements_key(requirements: list[str]) -> str:
 
 
 def plan(requirements: list[str], unsatisfied: Callable[[list[str]], list[str]], cache: Path,
-         say: Callable[[str], None] = print) -> list[dict] | None:
-    """None when the platform's environment serves ``requirements`` (nothing they need is missing, or
-    what is missing installs beside it); else the resolution an own environment installs, after saying
-    why in the job's log (``say``). ``unsatisfied``: the requirements the platform does not meet
-    (``job_packages``). The answer is kept under ``cache`` per requirement set: the next job asks pip nothing."""
+         say: Callable[[str], None] = print, installed: Callable[[], dict[str, str]] = _installed
+         ) -> list[dict] | None:
+    """None when the platform's environment serves ``requirements``; else the resolution (``[{"name",
+    "version"}]``) an own environment installs, after saying why in the job's log (``say``).
+
+    The rule: requirements the platform meets (``unsatisfied``: ``job_packages``') need nothing; the
+    others are resolved with every platform package held at its version (``platform_pins``): if that
+    resolution exists they install beside the platform (None); if it does not, they conflict, and the
+    job gets their resolution on their own. The answer is kept under ``cache`` per requirement set."""
     if not requirements or not unsatisfied(requirements):
         return None
     kept = cache / f"plan-{requirements_key(requirements)}.json"
     if kept.exists():
-        resolution, clash = json.loads(kept.read_text())
+        resolution, why = json.loads(kept.read_text())
     else:
+        uv = resolver(cache)
+        have = installed()
         try:
-            resolution = resolve(requirements, resolver(cache))
+            resolve(requirements, uv, platform_pins(have))
+            resolution, why = None, ""
         except ResolveError as exc:
-            _fail(f"pip cannot resolve the packages' requirements {requirements!r}: {exc}")
-        clash = conflicts(resolution, requirements)
+            if exc.timed_out:
+                _fail(str(exc))
+            try:
+                resolution = resolve(requirements, uv)
+            except ResolveError as alone:
+                _fail(f"the packages' requirements {requirements!r} cannot be resolved: {alone}")
+            why = "; ".join(older_than_platform(resolution, have)) or str(exc).splitlines()[-1]
         cache.mkdir(parents=True, exist_ok=True)
         partial = kept.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(json.dumps([resolution, clash]))
+        partial.write_text(json.dumps([resolution, why]))
         partial.rename(kept)
-    if not clash:
+    if resolution is None:
         return None
-    say(f"[modelyard] the job's requirements conflict with the platform's packages ({'; '.join(clash)}): "
+    say(f"[modelyard] the job's requirements cannot install beside the platform's packages ({why}): "
         f"the job gets a Python environment of its own ({len(resolution)} packages)")
     return resolution
 
@@ -261,8 +245,8 @@ class OwnPythonEnv(job_env.PythonEnv):
     def _pip_into(python: str, args: list[str], progress: bool = False) -> None:
         """pip install ``args`` into the environment of ``python``; its output in the job's log when
         ``progress``; JobFailed(INVALID_ARGUMENT) with pip's words."""
-        done = subprocess.run(_pip("--python", python, "install", "--no-input", "--progress-bar", "off",
-                                   *([] if progress else ["--quiet"]), *args),
+        done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", python,
+                               "install", "--no-input", "--progress-bar", "off", *([] if progress else ["--quiet"]), *args],
                               stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=pip_env())
         if done.returncode != 0:
@@ -312,10 +296,12 @@ def _own_deps(cache: Path, resolution: list[dict]) -> job_env.PythonEnv:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="pins-", dir=cache, delete=False) as f:
             f.write("\n".join(pins) + "\n")
         try:
-            # No byte-compiling of ~100 packages up front: a job compiles what it imports.
-            OwnPythonEnv._pip_into(env.python, ["--no-deps", "--no-compile", "-r", f.name], progress=True)
+            done = subprocess.run([resolver(cache), "pip", "install", "--python", env.python, "--no-deps", "-r", f.name],
+                                  stderr=subprocess.STDOUT, text=True, env=pip_env())  # its progress: the job's log
         finally:
             os.unlink(f.name)
+        if done.returncode != 0:
+            _fail(f"the job's own environment could not be installed (uv said so above, exit {done.returncode})")
         (cache / key / "ready").write_text("\n".join(pins) + "\n")
         print(f"[modelyard] built {cache / key} in {time.monotonic() - start:.0f} s", flush=True)
     return env
