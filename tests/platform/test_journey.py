@@ -43,6 +43,8 @@ def train(rows: int, model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metri
     history = net.fit(x, y, epochs=3, batch_size=16, verbose=0)
     # TensorFlow's own gs:// (model.uri), in TF Serving's layout: a version directory under the base path.
     net.export(os.path.join(model.uri, "1"))
+    kernel, bias = net.get_weights()
+    model.metadata.update(kernel=kernel.tolist(), bias=bias.tolist())  # the test computes the answers from them
     metrics.log_metric("loss", float(history.history["loss"][-1]))
 
 
@@ -67,21 +69,6 @@ def sdk(aiplatform):  # noqa: F811
     pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
 
 
-def _own_predictions(platform, version_uri: str) -> np.ndarray:
-    """What the trained model itself answers, loaded in this process through TensorFlow's gs://."""
-    import tensorflow as tf
-
-    from modelyard import tf_gcs
-
-    tf_gcs.enable(platform.storage_url)
-    try:
-        loaded = tf.saved_model.load(version_uri)
-        (out,) = loaded.signatures["serving_default"](tf.constant(INSTANCES, tf.float32)).values()
-        return out.numpy()
-    finally:
-        tf_gcs.disable()
-
-
 def test_a_pipeline_trained_model_is_tracked_pooled_and_served_from_its_gs_path(sdk, platform, gcs_emulator,
                                                                                  tmp_path):
     from kfp import compiler
@@ -101,42 +88,46 @@ def test_a_pipeline_trained_model_is_tracked_pooled_and_served_from_its_gs_path(
     prefix = base[len(f"gs://{STAGING_BUCKET}/"):]
     names = {b.name[len(prefix) + 1:] for b in gcs_emulator["client"].list_blobs(STAGING_BUCKET, prefix=prefix + "/")}
     assert {"1/saved_model.pb", "1/variables/variables.index"} <= names, names
+    weights = step.outputs["model"].artifacts[0].metadata
+    want = np.asarray(INSTANCES) @ np.asarray(weights["kernel"]) + np.asarray(weights["bias"])  # the model's own
     loss = step.outputs["metrics"].artifacts[0].metadata["loss"]
-
     # Tracked: the run and its metric in the experiment's data frame.
     df = sdk.get_experiment_df("journey-exp")
     row = df[df.run_name == "journey-1"].iloc[0]
     assert row.run_type == "system.PipelineRun" and row.state == "COMPLETE"
     assert row["param.rows"] == 64 and row["metric.loss"] == pytest.approx(loss)
 
-    want = _own_predictions(platform, f"{base}/1")
-    assert want.shape == (3, 1)
+    # The same gs:// path served as TF Serving serves a base path (its mirror of the bucket): started now, it
+    # loads while the platform deploys.
+    server = ServerProcess("--model_name", "journey", "--model_base_path", base, log_dir=tmp_path,
+                           env={"STORAGE_EMULATOR_HOST": platform.storage_url, "MODELYARD_CACHE": str(tmp_path / "cache")})
 
     # Uploaded from the gs:// path, deployed into a deployment resource pool, predicted through the SDK.
-    model = sdk.Model.upload(display_name="journey-model", artifact_uri=f"{base}/1",
-                             serving_container_image_uri=SERVE_IMAGE)
-    pool = sdk.DeploymentResourcePool.create(deployment_resource_pool_id="journey-pool", machine_type="n1-standard-2",
-                                             min_replica_count=1, max_replica_count=1)
-    endpoint = sdk.Endpoint.create(display_name="journey-endpoint")
+    pool = endpoint = model = None
     try:
+        model = sdk.Model.upload(display_name="journey-model", artifact_uri=f"{base}/1",
+                                 serving_container_image_uri=SERVE_IMAGE)
+        pool = sdk.DeploymentResourcePool.create(deployment_resource_pool_id="journey-pool",
+                                                 machine_type="n1-standard-2", min_replica_count=1, max_replica_count=1)
+        endpoint = sdk.Endpoint.create(display_name="journey-endpoint")
         endpoint.deploy(model, deployment_resource_pool=pool)
         answer = endpoint.predict(instances=INSTANCES)
         np.testing.assert_allclose(answer.predictions, want, rtol=1e-5, atol=1e-6)
         assert answer.model_resource_name == model.resource_name
         assert endpoint.list_models()[0].shared_resources == pool.resource_name
 
-        # The same gs:// path served as TF Serving serves a base path (its mirror of the bucket).
-        with ServerProcess("--model_name", "journey", "--model_base_path", base, log_dir=tmp_path,
-                           env={"STORAGE_EMULATOR_HOST": platform.storage_url,
-                                "MODELYARD_CACHE": str(tmp_path / "cache")}) as server:
-            status = requests.get(f"{server.base}/v1/models/journey", timeout=10).json()
-            assert status["model_version_status"][0]["state"] == "AVAILABLE", status
-            served = requests.post(f"{server.base}/v1/models/journey:predict", json={"instances": INSTANCES},
-                                   timeout=30)
-            assert served.status_code == 200, served.text
-            np.testing.assert_allclose(served.json()["predictions"], want, rtol=1e-5, atol=1e-6)
+        server.wait_ready()
+        status = requests.get(f"{server.base}/v1/models/journey", timeout=10).json()
+        assert status["model_version_status"][0]["state"] == "AVAILABLE", status
+        served = requests.post(f"{server.base}/v1/models/journey:predict", json={"instances": INSTANCES}, timeout=30)
+        assert served.status_code == 200, served.text
+        np.testing.assert_allclose(served.json()["predictions"], want, rtol=1e-5, atol=1e-6)
     finally:
-        endpoint.undeploy_all()
-        endpoint.delete()
-        pool.delete()
-        model.delete()
+        server.stop()
+        if endpoint is not None:
+            endpoint.undeploy_all()
+            endpoint.delete()
+        if pool is not None:
+            pool.delete()
+        if model is not None:
+            model.delete()
