@@ -209,9 +209,15 @@ def test_a_budget_for_three_of_five_models(aiplatform, platform, tiny_models, tm
     assert sum(loads.values()) >= 7, loads
     assert _metric(platform, "modelyard_pool_models_resident_peak", pool="three-of-five") == 3
     assert _metric(platform, "modelyard_pool_models_resident", pool="three-of-five") <= 3
-    # The console shows each pooled model's state: where it is loaded, its loads, how long since it was used.
-    state = requests.get(f"{platform.url}/console/api/state", timeout=10).json()
-    pooled = {dm["id"]: dm["pool"] for ep in state["endpoints"] for dm in ep["deployedModels"] if dm["pool"]}
+    # The console shows each pooled model's state: where it is loaded, its loads, how long since it was used
+    # (as the once-a-second probe saw it: waited for until it saw the last request's load).
+    deadline = time.monotonic() + 30
+    while True:
+        state = requests.get(f"{platform.url}/console/api/state", timeout=10).json()
+        pooled = {dm["id"]: dm["pool"] for ep in state["endpoints"] for dm in ep["deployedModels"] if dm["pool"]}
+        if pooled[dm_ids[-1]]["loadedOn"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert all(pooled[d]["loads"] >= 1 for d in dm_ids) and {pooled[d]["pool"] for d in dm_ids} == {"three-of-five"}
     last = pooled[dm_ids[-1]]  # used last: loaded now, on the pool's one replica
     assert len(last["loadedOn"]) == 1 and last["idleSeconds"] is not None and last["lastLoadSeconds"] > 0

@@ -206,3 +206,43 @@ def test_a_models_weight_is_what_its_load_was_measured_to_cost_when_more_than_it
     _use(manager, "m1")  # its measured weight is known before it loads: room for 2500 is made (m2 goes)
     assert sorted(n for n, _, loaded in manager.resident_models() if loaded) == ["m1", "m3"]
     assert on_demand.resident_bytes() == 3500 and on_demand.peak_resident_bytes <= 4000
+
+
+def test_a_probe_since_its_last_seq_gets_only_the_models_resident_or_changed(tmp_path):
+    manager, on_demand, _ = _manager(tmp_path, 5, budget=2 * SIZE)
+    for name in ("m0", "m1", "m2"):  # m0 unloaded to make room for m2
+        _use(manager, name)
+    full = on_demand.state()
+    assert set(full["models"]) == {"m0", "m1", "m2"}
+    seq = full["seq"]
+    assert set(on_demand.state(since=seq)["models"]) == {"m1", "m2"}  # nothing changed: the resident ones
+    _use(manager, "m3")  # loads m3, unloads m1
+    delta = on_demand.state(since=seq)
+    assert set(delta["models"]) == {"m1", "m2", "m3"} and delta["seq"] > seq
+    assert delta["models"]["m1"]["loaded"] is False and delta["models"]["m3"]["requests"] == 1
+
+
+def test_the_on_demand_view_over_rest_and_its_bad_inputs(tmp_path):
+    import json
+
+    from modelyard.serving.core import ServingCore
+    from modelyard.serving.metrics import ServingMetrics
+    from modelyard.serving.protocol.rest import RestApp
+
+    manager, on_demand, _ = _manager(tmp_path, 2, budget=0)
+    _use(manager, "m0")
+    app = RestApp(ServingCore(manager, ServingMetrics()), threads=1)
+    try:
+        status, body = app.handle("GET", "/v1/on_demand", b"")
+        assert status == 200 and set(json.loads(body)["models"]) == {"m0"}
+        status, body = app.handle("GET", f"/v1/on_demand?since={json.loads(body)['seq']}", b"")
+        assert status == 200 and set(json.loads(body)["models"]) == {"m0"}  # resident
+        status, body = app.handle("GET", "/v1/on_demand?since=x", b"")
+        assert status == 400 and "since must be an integer" in json.loads(body)["error"]
+        status, body = app.handle("GET", "/v1/on_demandx", b"")
+        assert status == 400 and "Malformed request" in json.loads(body)["error"]
+        manager.on_demand = None  # a server that loads every model at start
+        status, body = app.handle("GET", "/v1/on_demand", b"")
+        assert status == 400 and "does not load models on demand" in json.loads(body)["error"]
+    finally:
+        app.pool.shutdown()

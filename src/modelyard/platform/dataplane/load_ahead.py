@@ -43,16 +43,18 @@ class HotModels:
     _told: dict[tuple[str, str], float] = field(default_factory=dict)  # (replica, model) -> when told
 
     def observe(self, replica_id: str, counters: dict[str, int], now: float) -> None:
-        """A probe of one replica: each model's request counter there."""
+        """A probe of one replica: the request counters there of the models it reported (those that changed;
+        the others keep the count last seen)."""
         last = self._last.get(replica_id)
-        self._last[replica_id] = dict(counters)
         if last is None:  # first seen (a platform that just started, an adopted replica): a baseline, no burst
+            self._last[replica_id] = dict(counters)
             return
         for model_id, count in counters.items():
             before = last.get(model_id, 0)
             delta = count - before if count >= before else count  # went down: the replica restarted
             if delta:
                 self._seen.setdefault(model_id, deque()).append((now, delta))
+        last.update(counters)
 
     def forget_replica(self, replica_id: str) -> None:
         self._last.pop(replica_id, None)

@@ -8,8 +8,8 @@ directory (0700: only the platform's user can write there) when the replica star
 change (a deploy, an undeploy, a hot model to load ahead) as one line to the config's journal
 (``--model_config_changes_file``, read every 0.1 s): a change costs O(1) in the pool's models. No network
 call changes what a replica serves: its token still holds no ``admin`` scope, so
-``HandleReloadConfigRequest`` and V2's repository load stay refused to everyone, and ``--model_roots`` confines the file's paths to the replica's directory and the platform's
-artifact roots. Each model is served under its deployed model id, from ``models/<id>/1`` (a link to the
+``HandleReloadConfigRequest`` and V2's repository load stay refused to everyone, and ``--model_roots``
+confines the file's paths to the replica's directory and the platform's artifact roots. Each model is served under its deployed model id, from ``models/<id>/1`` (a link to the
 model version's directory), so the gateway sends ``/v1/models/<deployed model id>:predict``.
 
 Placement: every replica of a pool knows every model of the pool; the gateway prefers, among the
@@ -492,16 +492,27 @@ class Pools:
                       getattr(exc, "message", exc))
 
     async def _probe(self, pool: Pool, r: Replica) -> None:
-        """The replica's model listing: answered, it is ready, and its on-demand state is kept."""
+        """The replica's on-demand state, only what changed since the last probe (``GET /v1/on_demand?since=``:
+        a pool of a thousand models is probed for what its active ones did, not listed whole every second);
+        answered, the replica is ready. A replica that predates that call is listed whole (``GET /v1/models``)."""
+        last = pool.states.get(r.id)
         try:
-            status, body = await self._get(r.row, "/v1/models")
+            status, body = await self._get(r.row, "/v1/on_demand" + (f"?since={last['seq']}" if last and
+                                                                      "seq" in last else ""))
+            if status == 400:
+                status, body = await self._get(r.row, "/v1/models")
+                body = (body or {}).get("on_demand") if status == 200 else None
         finally:
             r.probing = False
         if status == 200 and body is not None:
             r.unready_since = None
-            state = pool.states[r.id] = body.get("on_demand") or {}
-            pool.hot.observe(r.id, {dm: m.get("requests", 0) for dm, m in (state.get("models") or {}).items()},
-                             time.monotonic())
+            changed = body.get("models") or {}
+            if last is not None and "seq" in body and "seq" in last:
+                models = last.get("models") or {}
+                models.update(changed)  # in place: what did not change stays as last seen, O(changed)
+                body["models"] = models
+            pool.states[r.id] = body
+            pool.hot.observe(r.id, {dm: m.get("requests", 0) for dm, m in changed.items()}, time.monotonic())
         elif r.unready_since is None and not (r.draining or r.dead):
             r.unready_since, r.unready_served = time.monotonic(), r.served
 

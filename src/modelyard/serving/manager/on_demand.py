@@ -31,9 +31,10 @@ ROOM_WAIT_S = 30.0  # ... and this long for a resident model to be free to unloa
 
 
 class _Stats:
-    __slots__ = ("loads", "unloads", "load_seconds", "size", "file_bytes", "measured")
+    __slots__ = ("loads", "unloads", "load_seconds", "size", "file_bytes", "measured", "changed")
 
     def __init__(self) -> None:
+        self.changed = 0  # OnDemand.seq at its last load, unload or new weight (state(since=...) sends it then)
         self.loads = self.unloads = 0
         self.load_seconds = 0.0
         self.size = 0  # what it weighs against the budget: max(file_bytes, measured)
@@ -78,6 +79,7 @@ class OnDemand:
         self.manager = None
         self._stats: dict[str, _Stats] = {}
         self._room = threading.Lock()  # one request at a time chooses what to unload
+        self.seq = 0  # counts changes of any model's stats (a prober asks for those since the seq it last saw)
         self._loading: dict[str, bool] = {}  # models loading now -> another load ran beside it (not measured)
         # Runtimes that loaded a model in this process already: the first load of each also starts its runtime
         # (TensorFlow's kernels, LiteRT's interpreter: tens of MB that stay whatever is unloaded), so it is
@@ -88,6 +90,10 @@ class OnDemand:
 
     def attach(self, manager) -> None:
         self.manager = manager
+
+    def _touch(self, name: str) -> None:
+        self.seq += 1
+        self._stat(name).changed = self.seq
 
     def _stat(self, name: str) -> _Stats:
         stats = self._stats.get(name)
@@ -128,6 +134,7 @@ class OnDemand:
                 if not self.budget_bytes or used + size <= self.budget_bytes or not resident:
                     stats = self._stat(name)
                     stats.size, stats.loads = size, stats.loads + 1
+                    self._touch(name)
                     started = time.perf_counter()
                     for other in self._loading:
                         self._loading[other] = True
@@ -141,6 +148,7 @@ class OnDemand:
                 for victim, _, _ in sorted(resident, key=lambda r: r[1]):
                     if manager.evict(victim):
                         self._stat(victim).unloads += 1
+                        self._touch(victim)
                         _give_back_freed_memory()
                         break
                 else:
@@ -165,6 +173,7 @@ class OnDemand:
                 stats.measured = max(0, self.measure() - rss_before)
                 stats.size = max(stats.file_bytes, stats.measured)
             self._runtimes |= runtimes
+            self._touch(name)  # loaded (or failed): its state changed
             if self.budget_bytes:
                 self._within_budget(keep=name)
 
@@ -178,17 +187,26 @@ class OnDemand:
                 break
             if victim != keep and self.manager.evict(victim):
                 self._stat(victim).unloads += 1
+                self._touch(victim)
                 used -= self._stat(victim).size
                 _give_back_freed_memory()
 
-    def state(self) -> dict:
-        """What the platform's pool probe reads (GET /v1/models): the budget, what is resident, and per
-        model its loads, unloads, last load time and how long ago it was used."""
+    def state(self, since: int | None = None) -> dict:
+        """What the platform's pool probe reads (``GET /v1/models``, or ``GET /v1/on_demand?since=SEQ``): the
+        budget, what is resident, and per model its loads, unloads, last load time, requests and how long ago
+        it was used. With ``since``, only the models resident now or changed after that ``seq`` (a request
+        to a model not resident loads it, so no other model's figures moved): a probe of a pool of a thousand
+        models costs what its few active ones do."""
         now = time.monotonic()
         resident = {n: (used, loaded) for n, used, loaded in self.manager.resident_models()}
         requests = self.manager.request_counts()
         models = {}
-        for name in self.manager.model_names():
+        seq = self.seq
+        if since is None:
+            names = self.manager.model_names()
+        else:
+            names = [*resident, *(n for n, st in list(self._stats.items()) if st.changed > since and n not in resident)]
+        for name in names:
             stats = self._stats.get(name)
             if stats is None and name not in resident:
                 continue
@@ -202,4 +220,4 @@ class OnDemand:
             models[name] = entry
         return {"budget_bytes": self.budget_bytes, "resident_bytes": sum(self._stat(n).size for n in resident),
                 "resident_models": len(resident), "peak_resident_models": self.peak_resident,
-                "peak_resident_bytes": self.peak_resident_bytes, "models": models}
+                "peak_resident_bytes": self.peak_resident_bytes, "models": models, "seq": seq}

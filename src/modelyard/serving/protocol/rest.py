@@ -28,6 +28,7 @@ from modelyard.model.signatures import DEFAULT_SIGNATURE
 log = logging.getLogger("modelyard.serving")
 
 _POST = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)", re.I)
+_ON_DEMAND = "/v1/on_demand"
 _GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.I)
 
 _JSON = [(b"content-type", b"application/json")]
@@ -132,6 +133,8 @@ class RestApp:
                 if route is not None:
                     return 200, self._post(route[0], body, route[2])
             elif method == "GET":
+                if path.startswith(_ON_DEMAND):  # modelyard's: a pool probe's view (serving/manager/on_demand)
+                    return 200, self._on_demand(path)
                 match = _GET.fullmatch(path)
                 if match:
                     return 200, self._get(match)
@@ -218,6 +221,22 @@ class RestApp:
                     return rest_json.classify_body(result.classes, result.scores, len(examples))
                 _, values = core.regress(handle, signature_name, examples)
                 return rest_json.regress_body(values)
+
+    def _on_demand(self, path: str) -> bytes:
+        """``GET /v1/on_demand[?since=SEQ]``: the on-demand state, only what changed after ``SEQ`` if given."""
+        on_demand = self.core.manager.on_demand
+        rest, _, query = path.partition("?")
+        if rest != _ON_DEMAND or on_demand is None:
+            raise invalid_argument(f"Malformed request: GET {path}" if rest != _ON_DEMAND else
+                                   "this server does not load models on demand (--load_models_on_demand)")
+        since = None
+        for key, _, value in (part.partition("=") for part in query.split("&") if part):
+            if key == "since":
+                try:
+                    since = int(value)
+                except ValueError:
+                    raise invalid_argument(f"since must be an integer, got {value!r}") from None
+        return orjson.dumps(on_demand.state(since))
 
     def _get(self, match) -> bytes:
         if not any(match.groups()):  # GET /v1/models: modelyard's listing (TF Serving answers 400)
