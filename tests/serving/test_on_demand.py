@@ -246,3 +246,19 @@ def test_the_on_demand_view_over_rest_and_its_bad_inputs(tmp_path):
         assert status == 400 and "does not load models on demand" in json.loads(body)["error"]
     finally:
         app.pool.shutdown()
+
+
+def test_a_config_journal_needs_a_config_file_and_sits_beside_it(tmp_path):
+    import argparse
+
+    from modelyard.serving.options import OptionsError, add_flags, resolve
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    with pytest.raises(OptionsError, match="changes a --model_config_file"):
+        resolve(parser.parse_args(["--model_config_changes_file", "j", "--model_name", "m",
+                                   "--model_base_path", str(tmp_path)]))
+    (tmp_path / "models.config").write_text("model_config_list {}\n")
+    options = resolve(parser.parse_args(["--model_config_file", str(tmp_path / "models.config"),
+                                         "--model_config_changes_file", "models.changes"]))
+    assert options.model_config_changes_file == tmp_path.resolve() / "models.changes"
