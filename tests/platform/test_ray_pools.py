@@ -2,7 +2,9 @@
 (SPREAD over the shared test cluster's two one-CPU nodes), told the pool's models by an actor call that
 writes each replica's private model config on its node. Two models deployed into a pool of two replicas
 both answer through the gateway, the replicas are on different nodes (the second node fetched the
-models through object storage: it sees none of the head's files), and deleting the pool ends the actors."""
+models through object storage: it sees none of the head's files), and deleting the pool ends the actors.
+The platform runs behind ``--auth-token`` with ``--auth-predict`` (as a shared cluster's platform would):
+the replicas' fetches and the gateway's calls carry the platform's own credentials, a client needs the token."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.platform.client import Api
-from tests.platform.conftest import PARENT
+from tests.platform.conftest import PARENT, TOKEN
 from tests.platform.ray_platform import actor_infos, cleanup_actors, start_ray_platform
 
 from modelyard.platform.dataplane import artifact_cache
@@ -23,7 +25,8 @@ from modelyard.platform.dataplane.replicas_ray import PoolReplicaActor
 
 @pytest.fixture(scope="module")
 def ray_pool_platform(ray_cluster, tiny_models, tmp_path_factory):
-    p = start_ray_platform(tmp_path_factory, "raypools", ray_cluster, ["--artifact-root", tiny_models["root"]])
+    p = start_ray_platform(tmp_path_factory, "raypools", ray_cluster, ["--artifact-root", tiny_models["root"],
+                                                                        "--auth-token", TOKEN, "--auth-predict"])
     try:
         yield p
     finally:
@@ -34,7 +37,7 @@ def ray_pool_platform(ray_cluster, tiny_models, tmp_path_factory):
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)  # the session's Ray cluster may start in this test
 def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_pool_platform, tiny_models):
-    api = Api(ray_pool_platform.url)
+    api = Api(ray_pool_platform.url, token=TOKEN)
     op = api.ok("POST", "deploymentResourcePools", {
         "deploymentResourcePoolId": "on-ray",
         "deploymentResourcePool": {"dedicatedResources": {"minReplicaCount": 2, "maxReplicaCount": 2}}})
@@ -53,6 +56,8 @@ def test_two_models_in_a_pool_of_two_ray_replicas_on_two_nodes(ray_cluster, ray_
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(r.json()["predictions"], tiny_models["models"][name]["predictions"],
                                        rtol=1e-5, atol=1e-6)
+    no_token = Api(ray_pool_platform.url).predict(deployed["tiny1"][0], tiny_models["instances"])
+    assert no_token.status_code == 401 and no_token.json()["error"]["status"] == "UNAUTHENTICATED", no_token.text
 
     rows = api.replicas()
     by_dm = {dm: {r["id"] for r in rows if r["deployedModelId"] == dm} for _ep, dm in deployed.values()}
