@@ -380,13 +380,88 @@ def _die_with_parent() -> None:
         pass
 
 
+def _forked(module: str, args: list[str], env: dict, keep: list[int]):
+    """``python -m module args`` as ``start_process`` starts it (stdin and stdout /dev/null, only ``keep`` of
+    the caller's descriptors beyond stderr, ``env``, the caller's death its end), forked from this process;
+    a ``subprocess.Popen``-like handle (pid, poll, wait, kill)."""
+    import importlib
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _die_with_parent()
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            low = 3
+            for fd in sorted(keep) + [65536]:  # every other descriptor closed, as Popen's close_fds does
+                os.closerange(low, fd)
+                low = fd + 1
+            os.environ.clear()
+            os.environ.update(env)
+            code = importlib.import_module(module).main(args) or 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001  (never return into the caller's code)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return _Forked(pid)
+
+
+class _Forked:
+    """The part of ``subprocess.Popen`` a caller of ``start_process`` uses, for a forked child of this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # once reaped, the pid may be another process's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
 def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: list[str] = (),
-                  module: str = "modelyard.tf_gcs", env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+                  module: str = "modelyard.tf_gcs", env: dict | None = None,
+                  fork: bool = False) -> tuple[subprocess.Popen, dict]:
     """Start a gateway process (``module``'s ``main``) that dies with the caller; (process, settings).
 
     The caller makes the certificates and binds the listening sockets, then hands them to the process:
     the settings are known at once, and a client that connects before the process serves waits in the
-    socket's backlog (a job's replicas start without waiting for the gateway's imports)."""
+    socket's backlog (a job's replicas start without waiting for the gateway's imports). ``fork``: the
+    process is forked from the caller (which must run no other thread) rather than a fresh Python, when
+    the caller has imported what it needs already (a platform job's warm process: no Python start-up)."""
     _, _, bundle = make_certificates(cert_dir)
     child_env = dict(os.environ if env is None else env)
     child_env["MODELYARD_GATEWAY_TOKEN"] = token or ""  # not on the command line: ps shows that
@@ -400,9 +475,13 @@ def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: li
             sock.listen(512)
             socks.append(sock)
         fds = ",".join(str(s.fileno()) for s in socks)
-        proc = subprocess.Popen([sys.executable, "-m", module, "--storage", storage_url, "--cert-dir", str(cert_dir),
-                                 "--listen-fds", fds, *extra], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                env=child_env, pass_fds=[s.fileno() for s in socks], preexec_fn=_die_with_parent)
+        args = ["--storage", storage_url, "--cert-dir", str(cert_dir), "--listen-fds", fds, *extra]
+        if fork:
+            proc = _forked(module, args, child_env, [s.fileno() for s in socks])
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, env=child_env, pass_fds=[s.fileno() for s in socks],
+                                    preexec_fn=_die_with_parent)
         plain, proxy = (s.getsockname()[1] for s in socks)
     finally:
         for sock in socks:

@@ -59,18 +59,20 @@ def without_admin_token(environ: Mapping[str, str], job_token: str | None = None
 # ---- run time (the job's process, or its replica's Ray node) --------------------------------------
 @contextlib.contextmanager
 def serve(work_dir: Path, storage: str, token: str | None, project: str,
-          environ: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+          environ: Mapping[str, str] | None = None, fork: bool = False) -> Iterator[dict[str, str]]:
     """While the block runs: a job's metadata server and storage gateway (one process,
     ``metadata_server``, under ``work_dir/identity``) forwarding to ``storage`` with ``token``. Yields
     the variables that point the job's processes at it (``identity_env``; hand them to ``apply``).
     The one rule for a job whose processes run on the platform's host (``job_identity``) and for each
     replica on a Ray node (``jobs_ray``: the node's own server, for the processes it starts).
-    ``environ``: the job processes' environment (default: this process's), which the server inherits."""
+    ``environ``: the job processes' environment (default: this process's), which the server inherits.
+    ``fork``: the server is forked from this process (a pipeline task's warm job process, which has its
+    modules imported: ``warm_jobs.may_fork_here``) rather than a fresh Python."""
     where = work_dir / "identity"
     shutil.rmtree(where, ignore_errors=True)
     proc, settings = tf_gcs.start_process(storage, token, where, ["--project", project],
                                           module="modelyard.platform.jobs.metadata_server",
-                                          env=None if environ is None else dict(environ))
+                                          env=None if environ is None else dict(environ), fork=fork)
     try:
         yield identity_env(settings, work_dir, environ)
     finally:
@@ -89,7 +91,7 @@ def apply(environ: MutableMapping[str, str], identity: Mapping[str, str]) -> Non
 
 
 @contextlib.contextmanager
-def job_identity(work_dir: Path, job: dict, on_nodes: bool = False) -> Iterator[dict[str, str]]:
+def job_identity(work_dir: Path, job: dict, on_nodes: bool = False, fork: bool = False) -> Iterator[dict[str, str]]:
     """While a job's process runs its kind: its metadata server and storage gateway (``serve``), and this
     process's environment (inherited by everything the job starts) pointing at them. Yields the
     variables set. ``on_nodes``: the job's processes run on Ray nodes (a custom job under ``--engine
@@ -99,7 +101,7 @@ def job_identity(work_dir: Path, job: dict, on_nodes: bool = False) -> Iterator[
     if not storage or on_nodes:
         yield {}
         return
-    with serve(work_dir, storage, job.get("token"), job["parent"].split("/")[1]) as env:
+    with serve(work_dir, storage, job.get("token"), job["parent"].split("/")[1], fork=fork) as env:
         apply(os.environ, env)
         yield env
 
