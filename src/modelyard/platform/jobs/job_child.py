@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from modelyard.platform.api.errors import ApiError
-from modelyard.platform.jobs import job_identity, sdk_defaults
+from modelyard.platform.jobs import job_identity, sdk_defaults, warm_jobs
 from modelyard.platform.jobs.job_runner import FAILED, JOB_FILE, RESULT_FILE, SUCCEEDED, JobFailed, kind_module, write_json
 
 def main(work_dir: str) -> int:
@@ -25,7 +25,7 @@ def main(work_dir: str) -> int:
     try:
         kind = kind_module(job["kind"])
         elsewhere = getattr(kind, "processes_elsewhere", None)  # its processes run on Ray nodes, served there
-        with job_identity.job_identity(root, job, bool(elsewhere and elsewhere(job))):
+        with job_identity.job_identity(root, job, bool(elsewhere and elsewhere(job)), warm_jobs.may_fork_here()):
             result = kind.execute(root, job) or {}
         out = {"state": SUCCEEDED, **result}
     except (JobFailed, ApiError) as exc:

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 
 from modelyard import objstore
 from modelyard.platform.api import names
@@ -219,8 +220,8 @@ def _poll(runner, row: dict, spec: dict, key: str, t: dict) -> bool:
         return True
     t.update(state=state, ended=ended)
     if state == "SUCCEEDED":
-        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), _written(spec, _spec_name(key), t["root"]),
-                                                  t["planned"])
+        written = _written(runner, spec, _spec_name(key), t["root"])
+        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), written, t["planned"])
     elif job.get("error"):
         t["error"] = job["error"]
     t["execution"] = pipeline_metadata.task_execution(store.engine, row, pipeline_spec.local(key), t,
@@ -469,10 +470,10 @@ def _gcs_path(uri: str) -> str:
     return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
 
 
-def _written(spec: dict, name: str, task_root: str) -> dict:
+def _written(runner, spec: dict, name: str, task_root: str) -> dict:
     """What a finished task wrote: its executor output (a lightweight component's, kfp's executor writes
     it) and each output parameter it wrote to its ``output_file`` instead (a container component's)."""
-    written = dict(_executor_output(task_root) or {})
+    written = dict(_executor_output(runner, task_root) or {})
     params = dict(written.get("parameterValues") or {})
     defs = (pipeline_spec.component(spec, pipeline_spec.tasks(spec)[name]).get("outputDefinitions") or {}).get(
         "parameters") or {}
@@ -480,7 +481,7 @@ def _written(spec: dict, name: str, task_root: str) -> dict:
         if key in params:
             continue
         try:
-            text = objstore.read_text(f"{task_root}/{key}")
+            text = _read_text(runner, f"{task_root}/{key}")
         except objstore.StorageError:
             continue
         if text is None:
@@ -496,14 +497,32 @@ def _written(spec: dict, name: str, task_root: str) -> dict:
     return written
 
 
-def _executor_output(task_root: str) -> dict | None:
+def _executor_output(runner, task_root: str) -> dict | None:
     uri = f"{task_root}/executor_output.json"
     try:
-        objstore.filesystem("gs").invalidate_cache()  # written by the task, not through this client
-        text = objstore.read_text(uri)
+        text = _read_text(runner, uri)
         return json.loads(text) if text else None
     except (objstore.StorageError, ValueError):
         return None
+
+
+def _read_text(runner, uri: str) -> str | None:
+    """An object a task wrote: its own file when the platform serves its bucket (what the task wrote
+    through its /gcs/ path; no request to itself), else through the storage; None when there is none."""
+    from modelyard.platform.storage import StorageApiError, local_file
+
+    root = getattr(getattr(runner.platform, "config", None), "storage_root", None)
+    if root is not None and uri.startswith("gs://") and (Path(root) / uri[len("gs://"):].split("/", 1)[0]).is_dir():
+        try:
+            path = local_file(uri, root)
+        except StorageApiError as exc:
+            raise objstore.StorageError("INVALID_ARGUMENT", f"{uri}: {exc}") from None
+        try:
+            return path.read_text()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+    objstore.filesystem("gs").invalidate_cache()  # written by the task, not through this client
+    return objstore.read_text(uri)
 
 
 def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:

@@ -9,19 +9,24 @@ Imports only: no thread may be started here (the server forks; ``forkserver._pre
 from __future__ import annotations
 
 # The job's process: job_child, its custom job kind, the launcher, the job's identity (its gateway's
-# certificates) and Python environment.
+# certificates; its metadata server, forked from it: job_identity) and Python environment.
 # (Not job_child itself: the fork runs it as __main__, which runpy warns of when it is imported already.)
+import venv  # noqa: F401
+
+import aiohttp  # noqa: F401
+from aiohttp import web  # noqa: F401
+from cryptography import x509  # noqa: F401
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: F401
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: F401
+
 import modelyard.platform.api.errors  # noqa: F401
 import modelyard.platform.jobs.custom_jobs  # noqa: F401
 import modelyard.platform.jobs.job_identity  # noqa: F401
 import modelyard.platform.jobs.job_runner  # noqa: F401
+import modelyard.platform.jobs.metadata_server  # noqa: F401
 import modelyard.platform.jobs.sdk_defaults  # noqa: F401
 import modelyard.platform.storage  # noqa: F401  (a /gcs/ path of a served bucket: job_env.GcsMount)
 import modelyard.training.launcher  # noqa: F401
-import venv  # noqa: F401
-from cryptography import x509  # noqa: F401
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: F401
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: F401
 
 # A KFP lightweight component's step (``kfp_task``): the executor's modules, not executor_main itself
 # (runpy runs that as __main__).

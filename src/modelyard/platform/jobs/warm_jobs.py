@@ -62,7 +62,8 @@ TASK_READY_WAIT_S = 30.0  # a pipeline task waits this long for the task server'
 PIPELINE_LABEL = "modelyard-pipeline-job"  # on the custom job of each pipeline task (pipeline_jobs)
 # KFP's lightweight component: its command's shell script (kfp.dsl.component_factory, kfp 2.x), once the
 # platform has dropped the pip install in front of it.
-_KFP_SCRIPT = re.compile(r'\s*program_path=\$\(mktemp -d\)\s+printf "%s" "\$0" > "\$program_path/ephemeral_component\.py"'
+_KFP_SCRIPT = re.compile(r'\s*program_path=\$\(mktemp -d\)'
+                         r'\s+printf "%s" "\$0" > "\$program_path/ephemeral_component\.py"'
                          r'\s+_KFP_RUNTIME=true python3 -m (?P<module>[A-Za-z_][\w.]*)\s+--component_module_path\s+'
                          r'"\$program_path/ephemeral_component\.py"\s+"\$@"\s*')
 
@@ -205,6 +206,17 @@ def in_warm_process() -> bool:
     """This process was forked from a warm interpreter: TensorFlow (and no op run: the job's process
     runs none), or the task server's modules, imported before the job's command ran."""
     return "tensorflow" in sys.modules or TASK_PRELOAD in sys.modules
+
+
+def may_fork_here() -> bool:
+    """This is a pipeline task's job process, forked from the task server (its metadata server's modules
+    imported already), and runs no other thread, native ones included: what it starts besides its replica
+    (its metadata server: job_identity) may be forked from it rather than be a fresh Python."""
+    try:
+        alone = len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        alone = False
+    return TASK_PRELOAD in sys.modules and alone
 
 
 def task_blocker(row: dict, engine: dict | None) -> str | None:
