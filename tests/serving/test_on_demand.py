@@ -262,3 +262,18 @@ def test_a_config_journal_needs_a_config_file_and_sits_beside_it(tmp_path):
     options = resolve(parser.parse_args(["--model_config_file", str(tmp_path / "models.config"),
                                          "--model_config_changes_file", "models.changes"]))
     assert options.model_config_changes_file == tmp_path.resolve() / "models.changes"
+
+
+
+def test_a_journal_model_outside_the_roots_is_skipped_and_the_others_apply(tmp_path):
+    from modelyard.serving.manager.config_changes import admitted
+    from modelyard.serving.security.paths import check_model_paths
+
+    root = tmp_path / "root"
+    for name in ("a", "b"):
+        (root / name / "1").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "1").mkdir(parents=True)
+    added, removed = net_changes([{"add": "far", "base_path": str(tmp_path / "elsewhere")},
+                                  {"add": "b", "base_path": str(root / "b")}, {"remove": "a"}])
+    kept = admitted(added, lambda configs: check_model_paths(configs, (str(root.resolve()),)))
+    assert [c.name for c in kept] == ["b"] and removed == ["a"]

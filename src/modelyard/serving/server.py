@@ -137,11 +137,13 @@ class ModelServer:
             log.warning("Could not load model %s ahead: %s", name, exc.message)
 
     def _apply_changes(self, added: list[ModelConfig], removed: list[str]) -> None:
-        self.repository.remember(added)
-        if self.options.security is not None:  # --model_roots, for the added models only
+        if self.options.security is not None:  # --model_roots, for the added models only; one outside is skipped
+            from modelyard.serving.manager.config_changes import admitted
             from modelyard.serving.security.paths import check_model_paths
 
-            check_model_paths(added, self.options.security.model_roots)
+            roots = self.options.security.model_roots
+            added = admitted(added, lambda configs: check_model_paths(configs, roots))
+        self.repository.remember(added)
         with self._reload_lock:
             self.manager.update_models(added, removed)
         log.info("Applied --model_config_changes_file: %d model(s) added, %d removed", len(added), len(removed))
@@ -348,7 +350,7 @@ class ModelServer:
         o = self.options
         fs_interval = o.file_system_poll_wait_seconds
         config_interval = o.model_config_file_poll_wait_seconds if o.model_config_file else 0
-        if fs_interval <= 0 and config_interval <= 0 and self.group is None:
+        if fs_interval <= 0 and config_interval <= 0 and self.group is None and self._changes is None:
             return
         tick = min([i for i in (fs_interval, config_interval) if i > 0] + ([1] if self.group else []) +
                    ([CHANGES_POLL_S] if self._changes is not None else []))

@@ -18,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from modelyard.errors import ServingError
 from modelyard.serving.manager.manager import ModelConfig
 
 log = logging.getLogger("modelyard.serving")
@@ -93,3 +94,17 @@ def net_changes(changes: list[dict]) -> tuple[list[ModelConfig], list[str]]:
 def loads_ahead(changes: list[dict]) -> list[str]:
     """The models the lines ask to load now, ahead of their first request (on demand only), in order."""
     return list(dict.fromkeys(c["load"] for c in changes if "load" in c))
+
+
+def admitted(added: list[ModelConfig], check) -> list[ModelConfig]:
+    """The models of ``added`` that ``check([config])`` lets through (``--model_roots``); each refused one is
+    logged with its reason and skipped, so one bad line does not hold back the others."""
+    kept = []
+    for config in added:
+        try:
+            check([config])
+        except ServingError as exc:
+            log.error("--model_config_changes_file: model %s not added: %s", config.name, exc.message)
+            continue
+        kept.append(config)
+    return kept
