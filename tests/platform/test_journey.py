@@ -8,9 +8,12 @@ not the ``/gcs/`` mount), logging a metric; it is submitted with ``experiment=``
 back from ``get_experiment_df``. The model is uploaded from that ``gs://`` path with the prebuilt TF
 serving image, deployed into a deployment resource pool (issue 48) and predicted through the SDK, and
 the same ``gs://`` path is served by ``modelyard serve --model_base_path gs://...`` (issue 44's mirror)
-over TF Serving's REST API: both answer what the model itself computes, loaded here through ``gs://``.
+over TF Serving's REST API: both answer what the model computes, worked out here from the weights its
+train step recorded (no TensorFlow in the test process). Cleaned up at the end: undeployed, pool,
+endpoint and model deleted.
 
-No ``from __future__ import annotations``: kfp reads the component's annotations as types.
+It lives under tests/platform to share the session's platform (tests/platform/conftest.py) rather than
+start one. No ``from __future__ import annotations``: kfp reads the component's annotations as types.
 """
 import numpy as np
 import pytest
