@@ -8,7 +8,9 @@
   ``PYTHONUSERBASE`` is in the work dir (``pip install --user`` stays in the job). A
   ``python_package_spec``'s packages are installed into it *with* their dependencies (PyPI;
   requirements the platform already has are not installed again; a requirement set the package
-  declares is installed once into a shared environment all jobs with that set see).
+  declares is installed once into a shared environment all jobs with that set see). A job whose
+  requirements cannot install beside the platform's packages gets instead a Python that does not see
+  them (``job_python``: the one rule, and that environment).
 - **Variables.** ``CLOUD_ML_PROJECT_ID``, ``CLOUD_ML_JOB_ID``, the ``AIP_*`` output directories (as
   ``gs://`` URIs when the base output directory is one, as on Vertex) and ``STORAGE_EMULATOR_HOST``
   when the platform has one, so gs:// reads and writes of the job reach the platform's storage.
