@@ -105,7 +105,9 @@ def test_a_platform_whose_api_or_storage_port_is_taken_exits_port_taken(tmp_path
             ports[which] = port
             done = subprocess.run(
                 [sys.executable, "-m", "modelyard.platform", "--port", str(ports["--port"]),
-                 "--storage-port", str(ports["--storage-port"]), "--state-dir", str(tmp_path / which)],
+                 "--storage-port", str(ports["--storage-port"]), "--state-dir", str(tmp_path / which),
+                 # its own database too: the default one is the user's (XDG data), never a test's to migrate
+                 "--store", str(tmp_path / f"{which.strip('-')}.db")],
                 capture_output=True, text=True, timeout=120, env=_env())  # its own storage: no STORAGE_EMULATOR_HOST
         assert done.returncode == PORT_TAKEN_EXIT, (which, done.stderr[-2000:])
         assert "modelyard platform: error" in done.stderr and "in use" in done.stderr, done.stderr[-2000:]
