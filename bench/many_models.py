@@ -216,6 +216,14 @@ def hot(base: str, endpoint: str, body: bytes, clients: int, requests: int, warm
     return {**latency_summary(seconds), "rps": len(seconds) / wall, "load": (load_before + os.getloadavg()[0]) / 2}
 
 
+def loaded_on(base: str, dm_id: str) -> int:
+    """On how many pool replicas the platform's last probes saw deployed model ``dm_id`` loaded."""
+    status, data = call(base, "GET", "/metrics")
+    prefix = "modelyard_pool_model_loaded{"
+    return sum(1 for line in data.decode().splitlines()
+               if line.startswith(prefix) and f'deployed_model="{dm_id}"' in line and line.rsplit(" ", 1)[1] == "1")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=int, default=100, help="models deployed into the pool (default 100)")
@@ -313,6 +321,11 @@ def main() -> None:
                         hot_rows.append((side, n, i + 1, r["n"], f"{r['p50_ms']:.2f}", f"{r['p90_ms']:.2f}",
                                          f"{r['p99_ms']:.2f}", f"{r['max_ms']:.1f}", f"{r['rps']:.0f}",
                                          f"{r['load']:.1f}"))
+            if args.pool_replicas > 1:  # the hot model, loaded ahead on a second replica (load_ahead.py)?
+                dm_id = api(p.base, "GET", f"/v1/{PARENT}/endpoints/{pooled[-1]}")["deployedModels"][0]["id"]
+                notes.append(f"after the hot measurements the pool's hot model was loaded on "
+                             f"{loaded_on(p.base, dm_id)} of the pool's {args.pool_replicas} replicas (a hot model is "
+                             "loaded ahead on a second one: docs/pools.md).")
     title = "# Many models on one machine: a deployment resource pool vs one replica per model\n"
     text = "\n".join([
         title, header, "", f"`{command_line()}`", "",
@@ -326,7 +339,8 @@ def main() -> None:
                         "first request p50 / p99 ms", "second round p50 / p99 ms", "serve processes", "RSS MiB",
                         "MiB per model", "load"], rows), "",
         *[f"- {n}" for n in notes], "",
-        f"Hot: one loaded model of the pool (the last one asked) and one separate deployment, in turns; per "
+        "Hot: one loaded model of the pool (the last one asked)" +
+        (" and one separate deployment, in turns" if args.separate else "") + "; per "
         f"measurement {args.warmup} predicts per client first (not counted), then {args.hot_requests} counted, "
         "the clients sending back to back; load: the 1-minute load average over the measurement.", "",
         markdown_table(["deployment", "clients", "round", "requests", "p50 ms", "p90 ms", "p99 ms", "max ms",
