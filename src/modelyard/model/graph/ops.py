@@ -176,7 +176,8 @@ def _sigmoid(x):
 
 def _softmax(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    e /= e.sum(axis=-1, keepdims=True)  # in place: one array fewer per call
+    return e
 
 
 def _log_softmax(x):
@@ -386,9 +387,15 @@ def _rank(attrs, state):
 
 @kernel("Reshape")
 def _reshape(attrs, state):
+    last = [(None, None)]  # (the shape array last seen, its tuple): a folded shape is the same array every call
+
     def run(x, shape):
+        seen, dims = last[0]
+        if seen is not shape:
+            dims = tuple(int(d) for d in np.ravel(shape))
+            last[0] = (shape, dims)  # one assignment: threads see the pair whole
         try:
-            return (np.reshape(x, tuple(int(d) for d in np.ravel(shape))),)
+            return (np.reshape(x, dims),)
         except ValueError:
             raise invalid(f"Input to reshape is a tensor with {np.size(x)} values, but the requested shape "
                           f"is {[int(d) for d in np.ravel(shape)]}") from None

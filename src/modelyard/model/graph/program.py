@@ -191,6 +191,8 @@ class Plan:
     fetch_slots: list
     template: list
     steps: list = field(default_factory=list)  # (kernel, input slots, [(output index, slot)], node key)
+    feed_aliases: tuple = ()  # the signature's input aliases in ``feed_slots``' order (set by the servable)
+    fetch_dtypes: tuple = ()  # the outputs' dtypes, None for strings (set by the servable)
 
     def run(self, feeds: list) -> list:
         regs = self.template[:]
@@ -198,11 +200,12 @@ class Plan:
             regs[slot] = value
         key = ""
         try:
-            with np.errstate(all="ignore"):  # TensorFlow gives inf/nan silently too
-                for kernel, ins, outs, key in self.steps:
-                    result = kernel(*[regs[i] for i in ins])
-                    for index, slot in outs:
-                        regs[slot] = result[index]
+            # No np.errstate here: it costs more than a small model's kernels; NumPy's overflow warnings are
+            # warnings (TensorFlow gives inf/nan silently), never errors.
+            for kernel, ins, outs, key in self.steps:
+                result = kernel(*[regs[i] for i in ins])
+                for index, slot in outs:
+                    regs[slot] = result[index]
         except ServingError:
             raise
         except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as exc:

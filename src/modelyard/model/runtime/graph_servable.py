@@ -56,18 +56,22 @@ class GraphServable(Servable):
         feeds = [tensor_ref(signature.inputs[a].tensor_name) for a in sorted(signature.inputs)]
         fetches = [tensor_ref(signature.outputs[a].tensor_name) for a in output_aliases]
         try:
-            return self._program.compile(feeds, fetches)
+            plan = self._program.compile(feeds, fetches)
         except GraphError as exc:
             raise ServingError(Code.INTERNAL, f"signature {signature.name}: {exc}") from None
+        plan.feed_aliases = tuple(sorted(signature.inputs))
+        dtypes = [signature.outputs[a].numpy_dtype for a in output_aliases]
+        plan.fetch_dtypes = tuple(None if d.kind == "O" else d for d in dtypes)
+        return plan
 
     def run(self, signature, inputs, output_aliases):
-        plan = self.plan(signature, tuple(output_aliases))
-        values = plan.run([inputs[a] for a in sorted(signature.inputs)])
+        plan = self._plans.get((signature.name, output_aliases)) or self.plan(signature, tuple(output_aliases))
+        values = plan.run([inputs[a] for a in plan.feed_aliases])
         out = {}
-        for alias, value in zip(output_aliases, values):
-            value = np.asarray(value)
-            want = signature.outputs[alias].numpy_dtype
-            out[alias] = value if value.dtype == want or want.kind == "O" else value.astype(want)
+        for alias, value, want in zip(output_aliases, values, plan.fetch_dtypes):
+            if type(value) is not np.ndarray:
+                value = np.asarray(value)
+            out[alias] = value if want is None or value.dtype == want else value.astype(want)
         return out
 
     def close(self) -> None:
