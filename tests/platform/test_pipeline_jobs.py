@@ -490,6 +490,12 @@ def test_ir_a_lightweight_components_step_is_forked_in_the_python_form_its_scrip
     assert warm_jobs.kfp_form(container["command"], env) is None  # its pip install still to run: the shell's
     assert warm_jobs.kfp_form(["sh", "-ec", "echo $0", "x"], env) is None
     assert warm_jobs.kfp_form(command, {"PATH": str(tmp_path / "nowhere")}) is None
+    own = tmp_path / "own-python"  # a Python of the job's own (job_python), not seeing the platform's packages
+    own.mkdir()
+    (own / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    assert warm_jobs.kfp_form(command, {**env, "VIRTUAL_ENV": str(own)}) is None
+    (own / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = true\n")
+    assert warm_jobs.kfp_form(command, {**env, "VIRTUAL_ENV": str(own)}) is not None
 
 
 def test_independent_tasks_run_together_and_cancel_mid_run_leaves_no_process(platform):

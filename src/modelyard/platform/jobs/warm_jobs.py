@@ -237,7 +237,7 @@ def kfp_form(command: list[str], env: dict[str, str]) -> tuple[list[str], dict[s
         return None
     m = _KFP_SCRIPT.fullmatch(command[2])
     python = shutil.which("python3", path=env.get("PATH", ""))
-    if m is None or python is None:
+    if m is None or python is None or not _sees_platform(env.get("VIRTUAL_ENV")):
         return None
     folder = tempfile.mkdtemp(dir=env.get("TMPDIR") or "/tmp")
     program = os.path.join(folder, "ephemeral_component.py")
@@ -246,6 +246,19 @@ def kfp_form(command: list[str], env: dict[str, str]) -> tuple[list[str], dict[s
     argv = [python, "-m", "modelyard.platform.jobs.kfp_task", m.group("module"), "--component_module_path",
             program, *command[4:]]
     return argv, {**env, "_KFP_RUNTIME": "true"}
+
+
+def _sees_platform(venv: str | None) -> bool:
+    """The job's virtual environment (None: none) sees the platform's packages (job_env.PythonEnv), so a
+    fork of the platform's interpreter finds what its own Python would; not a Python of the job's own."""
+    if not venv:
+        return True
+    try:
+        with open(os.path.join(venv, "pyvenv.cfg")) as f:
+            cfg = dict(line.split("=", 1) for line in f if "=" in line)
+    except OSError:
+        return False
+    return {k.strip(): v.strip() for k, v in cfg.items()}.get("include-system-site-packages") == "true"
 
 
 def fork_replica(command: list[str], env: dict[str, str], cwd: Path, pidfile: Path):
