@@ -195,3 +195,25 @@ def test_a_pool_change_is_one_journal_line_until_the_journal_outgrows_the_config
     assert len(served) > 20 and len((rdir / CHANGES_FILE).read_text().splitlines()) < 39  # folded in at least once
     added, removed = net_changes([json.loads(line) for line in (rdir / CHANGES_FILE).read_text().splitlines()])
     assert (served | {c.name for c in added}) - set(removed) == set(models)  # config + journal: the pool's set
+
+
+def test_a_replica_that_predates_the_journal_is_told_the_whole_config(tmp_path):
+    """A replica adopted after an upgrade (its command line has no --model_config_changes_file) is told a
+    change by a new config file, as before; one that reads the journal, or is not on this host, by a line."""
+    import os
+
+    from modelyard.platform.dataplane.pools import CHANGES_FILE, CONFIG_FILE, Pool, Pools, reads_journal
+
+    assert not reads_journal({"pid": os.getpid()})  # this test's process: no such flag
+    assert reads_journal({"pid": 2 ** 22 + 12345})  # no such process here
+    routing = _routing(["100"])
+    pools = Pools(None, routing, tmp_path)
+    pool = Pool({"id": "pool-a", "min_replicas": 1, "max_replicas": 1}, routing.pools["pool-a"])
+    (tmp_path / "r").mkdir()
+    row = {"id": "r", "pid": os.getpid(), "log_path": str(tmp_path / "r" / "serve.log")}
+    pool.models = {"100": tmp_path}
+    pools._tell(row, pool)
+    pool.models["101"] = tmp_path
+    pools._tell(row, pool, new=["101"])
+    assert 'name: "101"' in (tmp_path / "r" / CONFIG_FILE).read_text()
+    assert (tmp_path / "r" / CHANGES_FILE).read_text() == ""

@@ -9,8 +9,9 @@ change (a deploy, an undeploy, a hot model to load ahead) as one line to the con
 (``--model_config_changes_file``, read every 0.1 s): a change costs O(1) in the pool's models. No network
 call changes what a replica serves: its token still holds no ``admin`` scope, so
 ``HandleReloadConfigRequest`` and V2's repository load stay refused to everyone, and ``--model_roots``
-confines the file's paths to the replica's directory and the platform's artifact roots. Each model is served under its deployed model id, from ``models/<id>/1`` (a link to the
-model version's directory), so the gateway sends ``/v1/models/<deployed model id>:predict``.
+confines the file's paths to the replica's directory and the platform's artifact roots. Each model is
+served under its deployed model id, from ``models/<id>/1`` (a link to the model version's directory), so
+the gateway sends ``/v1/models/<deployed model id>:predict``.
 
 Placement: every replica of a pool knows every model of the pool; the gateway prefers, among the
 replicas with the fewest requests in flight, one that has the model loaded already (what the probe
@@ -66,8 +67,8 @@ DRAIN_TIMEOUT_S = 60.0
 
 def config_text(rdir: Path, model_ids: list[str]) -> str:
     """The ModelServerConfig of a pool replica serving ``model_ids`` (text format, TF Serving's)."""
-    entries = "".join(f'  config {{ name: "{dm}" base_path: "{rdir / MODELS_DIR / dm}" model_platform: "tensorflow" }}\n'
-                      for dm in sorted(model_ids))
+    entries = "".join(f'  config {{ name: "{dm}" base_path: "{rdir / MODELS_DIR / dm}" '
+                      'model_platform: "tensorflow" }\n' for dm in sorted(model_ids))
     return "model_config_list {\n" + entries + "}\n"
 
 
@@ -103,6 +104,16 @@ def write_load(rdir: Path, dm_id: str) -> None:
     """Ask the replica of ``rdir`` to load ``dm_id`` now, ahead of its requests (``load_ahead.py``)."""
     with open(rdir / CHANGES_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps({"load": dm_id}) + "\n")
+
+
+def reads_journal(row: dict) -> bool:
+    """Whether the local replica of ``row`` reads the config's journal (its command line says so); one whose
+    command line cannot be read (gone, another host) is taken to, as every replica started since does."""
+    try:
+        with open(f"/proc/{int(row['pid'])}/cmdline", "rb") as f:
+            return b"--model_config_changes_file" in f.read().split(b"\0")
+    except (OSError, KeyError, TypeError, ValueError):
+        return True
 
 
 def home_of(dm_id: str) -> int:
@@ -246,6 +257,8 @@ class Pools:
     def _tell(self, row: dict, pool: Pool, new: list[str] | None = None, removed: list[str] = ()) -> None:
         """The replica of ``row`` serves ``pool.models`` from now on (``new``: those it does not know yet,
         ``removed``: those it served; neither given: the whole set)."""
+        if new is not None and not reads_journal(row):
+            new = None  # a replica started before the journal (adopted after an upgrade): the whole config, as then
         write_config(Path(row["log_path"]).parent, pool.models, new=new, removed=removed)
 
     def _tell_load(self, row: dict, dm_id: str) -> None:
