@@ -185,6 +185,9 @@ class JobRunner:
         if now - self._released_at > RELEASE_INTERVAL_S:
             self._released_at = now
             job_limits.release_stale({row["id"] for row in rows})
+        # Jobs with processes first, then the kinds that follow them (a pipeline, a training pipeline): a
+        # job that ends in this tick is seen by what follows it in the same tick (its next task started).
+        rows.sort(key=_follows)
         for row in rows:
             try:
                 self._step(row)
@@ -407,6 +410,14 @@ class JobRunner:
         job_limits.release(row["id"])  # after job_limits.why read its counters
         self.wake()  # what follows this job (a pipeline's task, a training pipeline) sees its end at once
         log.info("job %s ended: %s%s", row["id"], state, f" ({error.get('message', '')[:200]})" if error else "")
+
+
+def _follows(row: dict) -> bool:
+    """The row's kind follows other jobs (``follow``) rather than running a process of its own."""
+    try:
+        return hasattr(kind_module(row["kind"]), "follow")
+    except ApiError:  # its step says so
+        return False
 
 
 def _job_name(row: dict) -> str:
