@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import time
+import zlib
 
+from modelyard.platform.dataplane.pool_home import home_of
 from modelyard.platform.dataplane.routing import Replica, Routing
 from tests import aio
 
@@ -52,6 +54,14 @@ def test_idle_models_spread_over_the_pool_and_a_busy_home_spills():
     assert all(Routing.choose_replica(routing.deployed["100"]).id == "r0" for _ in range(5))  # stays put
     shared[0].outstanding = 1  # its home is busy: the next request of the hot model goes to the other
     assert Routing.choose_replica(routing.deployed["100"]).id == "r1"
+
+
+def test_a_models_home_is_one_rule_the_same_in_every_process():
+    # Routing (the gateway, in the data-plane process) and the pools' load-ahead (the control plane) count
+    # homes with pool_home.home_of; a non-numeric id by CRC-32, not hash() (randomized per process).
+    routing = _routing(["100", "model-x"])
+    assert [routing.deployed[d].home for d in ("100", "model-x")] == [home_of("100"), home_of("model-x")]
+    assert home_of("100") == 100 and home_of("model-x") == zlib.crc32(b"model-x") & 0xFFFF
 
 
 def test_a_pool_scales_on_the_requests_in_flight_across_its_models(tmp_path):

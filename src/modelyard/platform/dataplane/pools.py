@@ -44,6 +44,7 @@ from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane import replica_secrets
 from modelyard.platform.dataplane.load_ahead import HotModels
+from modelyard.platform.dataplane.pool_home import home_of
 from modelyard.platform.dataplane.replicas import (PLATFORM_PID_ENV, READY_POLL_S, START_TIMEOUT_S, STATE_ENV,
                                                    STORE_ENV, child_alive, serve_env, stop_child, tail)
 from modelyard.platform.dataplane.routing import Replica, Routing
@@ -114,11 +115,6 @@ def reads_journal(row: dict) -> bool:
             return b"--model_config_changes_file" in f.read().split(b"\0")
     except (OSError, KeyError, TypeError, ValueError):
         return True
-
-
-def home_of(dm_id: str) -> int:
-    """A pooled model's home replica number, as the gateway counts it (``Routing._join_pools``)."""
-    return int(dm_id) if dm_id.isdigit() else hash(dm_id) & 0xFFFF
 
 
 def _link(rdir: Path, dm_id: str, version_path: Path) -> None:

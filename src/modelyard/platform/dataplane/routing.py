@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, not_found
 from modelyard.platform.dataplane import replica_secrets
+from modelyard.platform.dataplane.pool_home import home_of
 from modelyard.platform.dataplane.traffic import Chooser
 from modelyard.platform.dataplane.upstream import Upstream
 
@@ -212,7 +213,7 @@ class Routing:
                 d.replicas = self.pools.setdefault(d.pool_id, [])
                 d.predict_path = predict_path(d.id)
                 d.v2_infer_path, d.v2_model_path = f"/v2/models/{d.id}/infer".encode(), f"/v2/models/{d.id}".encode()
-                d.home = int(d.id) if d.id.isdigit() else hash(d.id) & 0xFFFF
+                d.home = home_of(d.id)
 
     def add_replica(self, dm_id: str, row: dict) -> Replica | None:
         d = self.deployed.get(dm_id)
