@@ -9,8 +9,11 @@ SDK) against MLflow's tracking server (MLflow's own client), both started here, 
   time series) and ``log_metrics`` (summary metrics), against ``MlflowClient.log_batch`` of --per-call
   metrics per call. Points per second, measured inside each client (its start-up not counted).
 - Reading: an experiment of --runs runs (5 params, 5 summary metrics, 3 time series of 10 points each),
-  ``get_experiment_df`` (with and without time series) against ``mlflow.search_runs`` of the experiment;
-  seconds per call.
+  ``get_experiment_df`` (with and without time series) against ``mlflow.search_runs`` of the experiment,
+  and against ``search_runs`` plus every run's metric history (``get_metric_history`` per run and series:
+  what the SDK reads to fill its time-series columns, every point of every series); seconds per call, and
+  the CPU seconds each server spent on it. Then each kind of request the SDK sends, alone, one at a time:
+  its latency and the platform's CPU per request (the platform's own share of get_experiment_df).
 - Memory: the platform's resident memory (the platform process; its storage process apart) after
   --memory-points scalar points were written through the REST API (writeTensorboardRunData, 5,000 per
   request, into 10 series), and after a ``batchRead`` of those 10 series.
@@ -81,6 +84,8 @@ def client_platform(task: str, url: str, arg: dict) -> dict:
                 for step in range(SERIES_POINTS):
                     aip.log_time_series_metrics({f"ts{j}": float(step + j) for j in range(SERIES)}, step=step)
         return {}
+    if task == "kinds":
+        return _request_kinds(url, arg["platform_pid"])
     aip.init(experiment="df-exp", experiment_tensorboard=tb)
     calls = _count_requests()
     cpu, platform_cpu = time.process_time(), _cpu_s(arg["platform_pid"])
@@ -89,12 +94,46 @@ def client_platform(task: str, url: str, arg: dict) -> dict:
     with_series = time.perf_counter() - start
     cpu, platform_cpu = time.process_time() - cpu, _cpu_s(arg["platform_pid"]) - platform_cpu
     requests_made = calls[0]
+    plain_cpu = _cpu_s(arg["platform_pid"])
     start = time.perf_counter()
     plain = aip.get_experiment_df(include_time_series=False)
     without = time.perf_counter() - start
+    plain_cpu = _cpu_s(arg["platform_pid"]) - plain_cpu
     assert len(df) == len(plain) == arg["runs"], (len(df), len(plain))
     return {"df_s": with_series, "df_plain_s": without, "df_requests": requests_made, "df_client_cpu_s": cpu,
-            "df_platform_cpu_s": platform_cpu}
+            "df_server_cpu_s": platform_cpu, "df_plain_server_cpu_s": plain_cpu, "df_plain_requests": calls[0] - requests_made}
+
+
+# The kinds of request get_experiment_df(include_time_series=True) sends per run (besides listing the runs).
+KINDS = ("run's TensorBoard-run artifact (GET artifact)", "TensorBoard run (GET)", "its time series (list)",
+         "batchRead of its time series", "the runs (list contexts, filtered)")
+
+
+def _request_kinds(url: str, pid: int, n: int = 200) -> dict:
+    """Each kind of request the SDK sends, one at a time, ``n`` times: seconds per request on the client and
+    the platform's CPU per request (the platform's own share, without the SDK's threads around it)."""
+    import requests
+
+    s = requests.Session()
+    store = f"{url}/v1/projects/{PROJECT}/locations/{LOCATION}/metadataStores/default"
+    artifact = s.get(f"{store}/artifacts/df-exp-run-0-tb-run").json()
+    run = f"{url}/v1/{artifact['metadata']['resourceName']}"
+    series = s.get(f"{run}/timeSeries").json()["tensorboardTimeSeries"]
+    board = run.split("/experiments/")[0]
+    calls = [(f"{store}/artifacts/df-exp-run-0-tb-run", None), (run, None), (f"{run}/timeSeries", None),
+             (f"{board}:batchRead", [("timeSeries", t["name"]) for t in series]),
+             (f"{store}/contexts", {"filter": f'schema_title="system.ExperimentRun" AND '
+                                              f'parent_contexts:"{store.split("/v1/", 1)[1]}/contexts/df-exp"'})]
+    out = {}
+    for kind, (target, params) in zip(KINDS, calls):
+        count = n if "list contexts" not in kind else n // 10
+        for _ in range(5):
+            s.get(target, params=params).raise_for_status()
+        cpu, start = _cpu_s(pid), time.perf_counter()
+        for _ in range(count):
+            s.get(target, params=params).raise_for_status()
+        out[kind] = {"ms": (time.perf_counter() - start) / count * 1000, "server_ms": (_cpu_s(pid) - cpu) / count * 1000}
+    return out
 
 
 def _count_requests() -> list[int]:
@@ -153,11 +192,46 @@ def client_mlflow(task: str, url: str, arg: dict) -> dict:
             client.set_terminated(run_id)
         return {}
     exp_id = client.get_experiment_by_name("df-exp").experiment_id
+    server_cpu = _tree_cpu_s(arg["server_pid"])
     start = time.perf_counter()
     df = mlflow.search_runs(experiment_ids=[exp_id])
     elapsed = time.perf_counter() - start
+    server_cpu = _tree_cpu_s(arg["server_pid"]) - server_cpu
     assert len(df) == arg["runs"], len(df)
-    return {"df_s": elapsed, "df_plain_s": elapsed}
+    # What get_experiment_df(include_time_series=True) reads besides: every point of every time series of
+    # every run (the SDK's batchRead per run), here MLflow's metric history, one request per run and metric,
+    # as MLflow's client offers it.
+    history_cpu = _tree_cpu_s(arg["server_pid"])
+    start = time.perf_counter()
+    df = mlflow.search_runs(experiment_ids=[exp_id])
+    points = sum(len(client.get_metric_history(run_id, f"ts{j}")) for run_id in df["run_id"] for j in range(SERIES))
+    history = time.perf_counter() - start
+    history_cpu = _tree_cpu_s(arg["server_pid"]) - history_cpu
+    assert points == arg["runs"] * SERIES * SERIES_POINTS, points
+    return {"df_s": elapsed, "df_plain_s": elapsed, "df_server_cpu_s": server_cpu, "df_history_s": history,
+            "df_history_server_cpu_s": history_cpu, "df_history_requests": 1 + arg["runs"] * SERIES}
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its descendants (MLflow's server runs its workers as children)."""
+    import os
+
+    def children(p: int) -> list[int]:
+        try:
+            return [int(c) for t in os.listdir(f"/proc/{p}/task")
+                    for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        except OSError:
+            return []
+
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += _cpu_s(p)
+        except OSError:
+            continue
+        todo += children(p)
+    return total
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -248,15 +322,25 @@ def main() -> None:
                                {"round": round_no, "points": args.points, "per_call": args.per_call})
 
             for side in ("platform", "mlflow"):  # warm-up, not counted: MLflow's server starts workers after /health
-                _client(pythons[side], side, "log", urls[side], {"round": -1, "points": args.per_call * 20,
-                                                                 "per_call": args.per_call})
+                for attempt in range(3):  # and a busy machine saw its first requests cut off (IncompleteRead)
+                    try:
+                        _client(pythons[side], side, "log", urls[side], {"round": -1 - attempt,
+                                                                         "points": args.per_call * 20,
+                                                                         "per_call": args.per_call})
+                        break
+                    except RuntimeError as exc:
+                        if attempt == 2:
+                            raise
+                        log(f"{side} warm-up failed, again: {str(exc).strip().splitlines()[-1][:200]}")
             logging = take_turns(["platform", "mlflow"], args.rounds, log_round)
             for side in ("platform", "mlflow"):
                 log(f"setting up {args.runs} runs on {side}")
                 _client(pythons[side], side, "setup", urls[side], {"runs": args.runs})
             reading = take_turns(["platform", "mlflow"], args.rounds,
                                  lambda side, r: _client(pythons[side], side, "df", urls[side],
-                                                         {"runs": args.runs, "platform_pid": platform.pid}))
+                                                         {"runs": args.runs, "platform_pid": platform.pid,
+                                                          "server_pid": mlflow_server.pid}))
+            kinds = _client(sys.executable, "platform", "kinds", platform.base, {"platform_pid": platform.pid})
             memory = _memory(platform.base, platform.pid, args.memory_points)
 
     def med(results: dict, side: str, key: str) -> float:
@@ -274,7 +358,21 @@ def main() -> None:
         [f"get_experiment_df(include_time_series=False), {args.runs} runs (s)",
          f"{med(reading, 'platform', 'df_plain_s'):.2f}", f"{med(reading, 'mlflow', 'df_s'):.2f}",
          f"{med(reading, 'platform', 'df_plain_s') / med(reading, 'mlflow', 'df_s'):.2f}x"],
+        [f"get_experiment_df vs search_runs + every run's metric history, {args.runs} runs (s)",
+         f"{med(reading, 'platform', 'df_s'):.2f}", f"{med(reading, 'mlflow', 'df_history_s'):.2f}",
+         f"{med(reading, 'platform', 'df_s') / med(reading, 'mlflow', 'df_history_s'):.2f}x"],
     ]
+    server = [
+        ["get_experiment_df (with time series) / search_runs", f"{med(reading, 'platform', 'df_requests'):.0f}",
+         f"{med(reading, 'platform', 'df_server_cpu_s'):.2f}", "1", f"{med(reading, 'mlflow', 'df_server_cpu_s'):.2f}"],
+        ["get_experiment_df(include_time_series=False) / search_runs",
+         f"{med(reading, 'platform', 'df_plain_requests'):.0f}", f"{med(reading, 'platform', 'df_plain_server_cpu_s'):.2f}",
+         "1", f"{med(reading, 'mlflow', 'df_server_cpu_s'):.2f}"],
+        ["get_experiment_df (with time series) / search_runs + metric histories",
+         f"{med(reading, 'platform', 'df_requests'):.0f}", f"{med(reading, 'platform', 'df_server_cpu_s'):.2f}",
+         f"{med(reading, 'mlflow', 'df_history_requests'):.0f}", f"{med(reading, 'mlflow', 'df_history_server_cpu_s'):.2f}"],
+    ]
+    per_kind = [[kind, f"{v['ms']:.2f}", f"{v['server_ms']:.2f}"] for kind, v in kinds.items()]
     text = "\n".join([
         "# Experiment tracking: the platform (Vertex SDK) vs MLflow's tracking server", "", machine(), "",
         f"`{command_line()}`; MLflow {version}; {args.rounds} rounds, sides in turns, medians; "
@@ -288,7 +386,14 @@ def main() -> None:
         f"{med(reading, 'platform', 'df_requests'):.0f} requests (2 for the runs, then 5 per run: the run's "
         f"TensorBoard-run artifact, the TensorBoard run, its time series listed twice, a batchRead), on {args.runs} "
         f"threads; the SDK's process spends {med(reading, 'platform', 'df_client_cpu_s'):.2f} s of CPU, the platform "
-        f"{med(reading, 'platform', 'df_platform_cpu_s'):.2f} s. MLflow's search_runs is one request.",
+        f"{med(reading, 'platform', 'df_server_cpu_s'):.2f} s. MLflow's search_runs is one request, and already holds "
+        "each metric's latest value (what the SDK reads every point of every series for); the last row of the "
+        "table reads what the SDK reads: each run's metric history, one request per run and metric, in turn.", "",
+        "Server side (CPU seconds of the server's processes during the call, medians):", "",
+        markdown_table(["call", "platform requests", "platform CPU (s)", "MLflow requests", "MLflow CPU (s)"], server),
+        "", "Each kind of request the SDK sends, alone (one client, one at a time, 200 of each, the runs' list 20; "
+        "the platform's CPU per request):", "",
+        markdown_table(["request", "ms per request", "platform CPU (ms)"], per_kind),
     ])
     write_results("tracking", text, args.out)
 
