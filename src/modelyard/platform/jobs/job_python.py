@@ -242,13 +242,11 @@ class OwnPythonEnv(job_env.PythonEnv):
             self._pip_into(self.python, ["--no-deps", *files])
 
     @staticmethod
-    def _pip_into(python: str, args: list[str], progress: bool = False) -> None:
-        """pip install ``args`` into the environment of ``python``; its output in the job's log when
-        ``progress``; JobFailed(INVALID_ARGUMENT) with pip's words."""
+    def _pip_into(python: str, args: list[str]) -> None:
+        """pip install ``args`` into the environment of ``python`` (this interpreter's pip, ``--python``);
+        JobFailed(INVALID_ARGUMENT) with pip's words."""
         done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", python,
-                               "install", "--no-input", "--progress-bar", "off", *([] if progress else ["--quiet"]), *args],
-                              stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=pip_env())
+                               "install", "--no-input", "--quiet", *args], capture_output=True, text=True, env=pip_env())
         if done.returncode != 0:
             _fail(f"pip could not install {' '.join(args)}:\n" + pip_words(done.stderr)[-1500:])
 
