@@ -1,4 +1,4 @@
-"""Shared by the job tests (batch prediction, custom, tuning): the stock SDK pointed at the session
+"""Shared by the job tests (batch prediction, custom, tuning, pipelines): the stock SDK pointed at the session
 platform with a quicker poll, a wait on a job's state, and the job processes of a platform."""
 from __future__ import annotations
 
@@ -45,6 +45,26 @@ def aiplatform(platform, gcs_emulator):
     with quick_lro_polling():
         yield aip
     sdk_jobs._JOB_WAIT_TIME = saved
+
+
+@pytest.fixture(scope="module", name="sdk")
+def pipeline_sdk(aiplatform):
+    """``sdk`` of the pipeline tests: ``aiplatform`` with PipelineJob's 5 s poll cut to 0.5 s and Cloud
+    Resource Manager failing at once."""
+    from google.cloud.aiplatform import pipeline_jobs
+    from google.cloud.aiplatform.utils import resource_manager_utils
+
+    def no_resource_manager(*_a, **_k):
+        raise ConnectionError("no route to cloudresourcemanager.googleapis.com from this machine")
+
+    saved = pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number
+    pipeline_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls a pipeline every 5 s
+    # submit() checks who owns the pipeline root's bucket through Cloud Resource Manager (not the API
+    # endpoint it was given): offline that call retries for 60 s, then the SDK logs it and goes on.
+    # Failing it at once changes nothing else (docs/pipelines.md, known limits).
+    resource_manager_utils.get_project_number = no_resource_manager
+    yield aiplatform
+    pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
 
 
 def job_processes(platform) -> list[int]:

@@ -21,7 +21,7 @@ import requests
 from kfp import dsl
 
 from tests.platform.conftest import STAGING_BUCKET
-from tests.platform.jobs_helpers import aiplatform, no_stray_jobs  # noqa: F401
+from tests.platform.jobs_helpers import aiplatform, no_stray_jobs, pipeline_sdk  # noqa: F401
 from tests.serving.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -54,22 +54,6 @@ def train(rows: int, model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metri
 @dsl.pipeline(name="journey")
 def journey(rows: int = 64):
     train(rows=rows)
-
-
-@pytest.fixture(scope="module")
-def sdk(aiplatform):  # noqa: F811
-    from google.cloud.aiplatform import pipeline_jobs
-    from google.cloud.aiplatform.utils import resource_manager_utils
-
-    def no_resource_manager(*_a, **_k):
-        raise ConnectionError("no route to cloudresourcemanager.googleapis.com from this machine")
-
-    saved = pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number
-    pipeline_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls a pipeline every 5 s
-    # submit() asks Cloud Resource Manager who owns the pipeline root's bucket (docs/pipelines.md, known limits).
-    resource_manager_utils.get_project_number = no_resource_manager
-    yield aiplatform
-    pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
 
 
 def test_a_pipeline_trained_model_is_tracked_pooled_and_served_from_its_gs_path(sdk, platform, gcs_emulator,

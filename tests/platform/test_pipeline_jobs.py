@@ -21,7 +21,7 @@ import requests
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.jobs import pipeline_spec
 from tests.platform.conftest import STAGING_BUCKET, require
-from tests.platform.jobs_helpers import aiplatform, no_stray_jobs  # noqa: F401
+from tests.platform.jobs_helpers import aiplatform, no_stray_jobs, pipeline_sdk  # noqa: F401
 
 ROOT = f"gs://{STAGING_BUCKET}/pipeline-root"
 
@@ -36,24 +36,6 @@ def _compile(tmp_path) -> str:
     path = str(tmp_path / "two_step.yaml")
     compiler.Compiler().compile(kfp_two_step.two_step, path)
     return path
-
-
-@pytest.fixture(scope="module")
-def sdk(aiplatform):  # noqa: F811
-    from google.cloud.aiplatform import pipeline_jobs
-    from google.cloud.aiplatform.utils import resource_manager_utils
-
-    def no_resource_manager(*_a, **_k):
-        raise ConnectionError("no route to cloudresourcemanager.googleapis.com from this machine")
-
-    saved = pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number
-    pipeline_jobs._JOB_WAIT_TIME = 0.5  # the SDK polls a pipeline every 5 s
-    # submit() checks who owns the pipeline root's bucket through Cloud Resource Manager (not the API
-    # endpoint it was given): offline that call retries for 60 s, then the SDK logs it and goes on.
-    # Failing it at once changes nothing else (docs/pipelines.md, known limits).
-    resource_manager_utils.get_project_number = no_resource_manager
-    yield aiplatform
-    pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
 
 
 def test_two_step_pipeline_passes_a_dataset_and_reports_its_tasks(sdk, platform, gcs_emulator, tmp_path):

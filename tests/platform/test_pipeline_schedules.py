@@ -19,7 +19,7 @@ from modelyard.platform.jobs import cron, pipeline_routes, pipeline_schedules
 from modelyard.platform.state import schedule_schema, schema
 from tests.aio import run
 from tests.platform.conftest import STAGING_BUCKET, require
-from tests.platform.jobs_helpers import aiplatform, wait_state  # noqa: F401
+from tests.platform.jobs_helpers import aiplatform, pipeline_sdk, wait_state  # noqa: F401
 
 ROOT = f"gs://{STAGING_BUCKET}/schedule-root"
 
@@ -275,21 +275,6 @@ def test_the_run_list_filter_schedule_name_is_the_runs_label():
 
 
 # ---- end to end: the stock SDK, the session platform's scheduler -------------------------------------------------
-
-@pytest.fixture(scope="module")
-def sdk(aiplatform):  # noqa: F811
-    from google.cloud.aiplatform import pipeline_jobs
-    from google.cloud.aiplatform.utils import resource_manager_utils
-
-    def no_resource_manager(*_a, **_k):
-        raise ConnectionError("no route to cloudresourcemanager.googleapis.com from this machine")
-
-    saved = pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number
-    pipeline_jobs._JOB_WAIT_TIME = 0.5  # as test_pipeline_jobs.py does: the SDK polls a run every 5 s,
-    resource_manager_utils.get_project_number = no_resource_manager  # and asks Google who owns the bucket
-    yield aiplatform
-    pipeline_jobs._JOB_WAIT_TIME, resource_manager_utils.get_project_number = saved
-
 
 def test_the_sdks_schedule_starts_a_run_at_its_cron_time(sdk, platform, tmp_path):
     require("kfp", "pip install -e '.[test]' (installs kfp, the Kubeflow Pipelines SDK)")
