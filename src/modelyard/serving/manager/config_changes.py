@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from modelyard.errors import ServingError
@@ -96,7 +97,7 @@ def loads_ahead(changes: list[dict]) -> list[str]:
     return list(dict.fromkeys(c["load"] for c in changes if "load" in c))
 
 
-def admitted(added: list[ModelConfig], check) -> list[ModelConfig]:
+def admitted(added: list[ModelConfig], check: Callable[[list[ModelConfig]], object]) -> list[ModelConfig]:
     """The models of ``added`` that ``check([config])`` lets through (``--model_roots``); each refused one is
     logged with its reason and skipped, so one bad line does not hold back the others."""
     kept = []

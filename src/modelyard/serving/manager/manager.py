@@ -148,12 +148,16 @@ class Manager:
                     model.config = config
             for name, model in list(self._models.items()):
                 if name not in names and not model.removed:
-                    model.removed = True
-                    model.available = _NOTHING_AVAILABLE
-                    for rec in model.records.values():
-                        if rec.state == AVAILABLE:
-                            self._start_unload(name, rec)
+                    self._remove(name, model)
         self.poll()
+
+    def _remove(self, name: str, model: ModelState) -> None:
+        """No longer served (under the lock): nothing available at once, its loaded versions unloaded."""
+        model.removed = True
+        model.available = _NOTHING_AVAILABLE
+        for rec in model.records.values():
+            if rec.state == AVAILABLE:
+                self._start_unload(name, rec)
 
     def update_models(self, added: list[ModelConfig], removed: list[str]) -> None:
         """Serve ``added`` too (a model served already keeps its state and takes the new config) and stop
@@ -162,11 +166,7 @@ class Manager:
             for name in removed:
                 model = self._models.get(name)
                 if model is not None and not model.removed:
-                    model.removed = True
-                    model.available = _NOTHING_AVAILABLE
-                    for rec in model.records.values():
-                        if rec.state == AVAILABLE:
-                            self._start_unload(name, rec)
+                    self._remove(name, model)
             for config in added:
                 model = self._models.get(config.name)
                 if model is None or model.removed:
