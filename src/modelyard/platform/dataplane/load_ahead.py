@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from modelyard.platform.dataplane.pool_home import home_order
+
 
 @dataclass(frozen=True)
 class LoadAhead:
@@ -88,11 +90,7 @@ class HotModels:
     def targets(self, home: int, replica_ids: list[str]) -> list[str]:
         """The replicas a hot model is kept loaded on: its home (``home`` modulo the count, as the gateway
         counts it) and the next ones, ``copies`` in all."""
-        if not replica_ids:
-            return []
-        k = home % len(replica_ids)
-        ordered = replica_ids[k:] + replica_ids[:k]
-        return ordered[:max(1, self.policy.copies)]
+        return home_order(home, replica_ids)[:max(1, self.policy.copies)]
 
     def should_tell(self, replica_id: str, model_id: str, now: float) -> bool:
         """True (and remembered) unless that replica was told to load that model within ``retell_s``."""

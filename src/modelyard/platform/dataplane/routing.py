@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, not_found
 from modelyard.platform.dataplane import replica_secrets
-from modelyard.platform.dataplane.pool_home import home_of
+from modelyard.platform.dataplane.pool_home import home_of, home_order
 from modelyard.platform.dataplane.traffic import Chooser
 from modelyard.platform.dataplane.upstream import Upstream
 
@@ -271,8 +271,7 @@ class Routing:
         best = fallback = None
         replicas = d.replicas
         if d.home and len(replicas) > 1:  # a pool's model starts at its own replica: models spread, hot ones spill
-            k = d.home % len(replicas)
-            replicas = replicas[k:] + replicas[:k]
+            replicas = home_order(d.home, replicas)
         for r in replicas:
             if r.draining or r.dead or (exclude and id(r) in exclude):
                 continue
