@@ -15,15 +15,17 @@ made), because it costs little and every replica or trial would fail on it other
 - ``pythonModule`` is a dotted Python name and ``packageUris`` lists at least one file;
 - each package file exists (gs:// and /gcs/ objects in storage, local files on the platform's host)
   and is a wheel or source distribution pip can read (files up to ``CHECK_BYTES`` are read);
-- each requirement the packages declare is a valid requirement, and those the platform's
-  environment does not satisfy already are resolved by ``pip install --dry-run`` (pip asks its
-  index for those only; nothing is installed). A package whose requirements only its build can
-  tell is dry-run itself.
+- each requirement the packages declare is a valid requirement, and each one the platform's
+  environment does not satisfy already (an extra's requirements included) exists at a version it
+  allows (``pip install --dry-run --no-deps``: pip asks its index for those only; nothing is
+  installed). A package whose requirements only its build can tell is dry-run itself, with them.
 
-What can only fail the job (its error says so, with pip's or Python's words): a package whose build
-fails, an install that fails after a successful resolution (a download cut, a dependency that
-does not build), a dry run that took longer than ``DRY_RUN_TIMEOUT_S`` (then the job tries), and
-a module that is not in the packages or fails when it runs.
+How the requirements resolve together is the job's to find (``job_python.plan``: beside the platform's
+packages, or in a Python of the job's own when they cannot be), so what can only fail the job (its
+error says so, with the resolver's, pip's or Python's words) is: requirements that have no resolution
+together, a package whose build fails, an install that fails after a successful resolution (a
+download cut, a dependency that does not build), a dry run that took longer than
+``DRY_RUN_TIMEOUT_S`` (then the job tries), and a module that is not in the packages or fails when it runs.
 """
 from __future__ import annotations
 
