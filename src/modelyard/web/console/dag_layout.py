@@ -24,17 +24,22 @@ class Layout:
     height: int
 
 
+def _neighbours(nodes: list[str], edges: list[tuple[str, str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each node's predecessors and successors; edges naming unknown nodes, and self-loops, are ignored."""
+    preds: dict[str, list[str]] = {n: [] for n in nodes}
+    succs: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b in edges:
+        if a in preds and b in preds and a != b:
+            preds[b].append(a)
+            succs[a].append(b)
+    return preds, succs
+
+
 def layers(nodes: list[str], edges: list[tuple[str, str]]) -> dict[str, int]:
     """Each node's layer: 0 for a node with no predecessor, else one more than its deepest predecessor.
     Edges naming unknown nodes are ignored; a cycle (never in a compiled pipeline) leaves its nodes on
     the layer reached so far rather than looping."""
-    known = set(nodes)
-    preds: dict[str, list[str]] = {n: [] for n in nodes}
-    succs: dict[str, list[str]] = {n: [] for n in nodes}
-    for a, b in edges:
-        if a in known and b in known and a != b:
-            preds[b].append(a)
-            succs[a].append(b)
+    preds, succs = _neighbours(nodes, edges)
     waiting = {n: len(preds[n]) for n in nodes}
     layer = {n: 0 for n in nodes}
     ready = [n for n in nodes if waiting[n] == 0]
@@ -70,12 +75,7 @@ def layout(nodes: list[str], edges: list[tuple[str, str]], max_row: int = 5) -> 
     if not nodes:
         return Layout({}, 2 * MARGIN, 2 * MARGIN)
     layer = layers(nodes, edges)
-    preds: dict[str, list[str]] = {n: [] for n in nodes}
-    succs: dict[str, list[str]] = {n: [] for n in nodes}
-    for a, b in edges:
-        if a in preds and b in preds and a != b:
-            preds[b].append(a)
-            succs[a].append(b)
+    preds, succs = _neighbours(nodes, edges)
     by_layer: list[list[str]] = [[] for _ in range(max(layer.values()) + 1)]
     for n in nodes:
         by_layer[layer[n]].append(n)
