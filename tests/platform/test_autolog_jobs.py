@@ -26,8 +26,9 @@ from sklearn.linear_model import Ridge
 # A regressor: a classifier's autolog also saves plots as artifacts, copied into the SDK's file:///tmp/.
 x = np.random.default_rng(0).random((64, 3))
 Ridge(alpha=0.5).fit(x, x @ np.array([1.0, 2.0, 3.0]))
-import google.protobuf, mlflow, sys
-print("job python", sys.prefix, "protobuf", google.protobuf.__version__, "mlflow", mlflow.__version__)
+import importlib.util, google.protobuf, mlflow, sys
+print("job python", sys.prefix, "protobuf", google.protobuf.__version__, "mlflow", mlflow.__version__,
+      "modelyard", importlib.util.find_spec("modelyard") is not None)
 '''
 
 
@@ -65,7 +66,8 @@ def test_a_job_with_enable_autolog_records_its_fit_into_the_run_made_for_it(sdk,
     why = next((line for line in log.splitlines() if "the job gets a Python environment of its own" in line), "")
     assert "protobuf 7." in why and "pandas 3." in why, log[-3000:]
     job_python = next((line for line in log.splitlines() if "job python" in line), "")
-    assert " protobuf 5." in job_python and " mlflow 2." in job_python, log[-3000:]
+    # ... and it found the platform through its variables alone: nothing of modelyard is importable there.
+    assert " protobuf 5." in job_python and " mlflow 2." in job_python and "modelyard False" in job_python, log[-3000:]
 
     run = job.job_spec.experiment_run
     assert run.startswith(f"{PARENT}/metadataStores/default/contexts/{EXPERIMENT}-custom-job-")
