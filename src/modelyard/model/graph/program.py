@@ -17,6 +17,7 @@ import numpy as np
 
 from modelyard.errors import Code, ServingError
 from modelyard.model.graph import bundle as bundle_module
+from modelyard.model.graph.fuse import fuse
 from modelyard.model.graph.ops import (CALL_OPS, FEED_OPS, KERNELS, OUTPUT_ARGS, REF_INPUT_OPS, STATEFUL, Attrs,
                                         RefVariable, Resource, invalid)
 
@@ -315,6 +316,7 @@ class Program:
             outputs_of[key] = []
             plan.steps.append((self.kernel(node), tuple(slot(p) for p in producers), outputs_of[key], key))
         plan.fetch_slots = [slot(ref) for ref in fetch_refs]
+        plan.steps = fuse(plan.steps, plan.template, plan.fetch_slots, self.graph.node)
         return plan
 
 
