@@ -174,3 +174,22 @@ def test_layered_layout_puts_each_task_below_what_it_waits_for_and_wraps_wide_la
     assert len({p[1] for p in wide.positions.values()}) == 4  # the source, then 14 tasks on rows of 5, 5, 4
     assert wide.width == 5 * dag_layout.NODE_W + 4 * dag_layout.H_GAP + 2 * dag_layout.MARGIN <= 1000
     assert len(set(wide.positions.values())) == 15  # no two nodes at one place
+
+
+def test_a_schedule_that_started_no_run_yet_names_its_parent(tmp_path):
+    # The runs page lists the parents that platform_state.parents finds: a schedule's alone counts too.
+    from types import SimpleNamespace
+
+    from sqlalchemy import create_engine
+
+    from modelyard.platform.state import schedule_schema, schema
+    from modelyard.web.console import platform_state
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    schema.migrate(engine)
+    store = SimpleNamespace(engine=engine)
+    assert platform_state.parents(store) == []
+    schedule_schema.add(engine, {"id": "1", "parent": "projects/p/locations/l", "display_name": "s", "spec": {},
+                                 "state": "ACTIVE", "created": 0.0, "updated": 0.0})
+    assert platform_state.parents(store) == ["projects/p/locations/l"]
+    engine.dispose()

@@ -24,7 +24,6 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
-from sqlalchemy import text
 
 from modelyard.web.console import dag_layout, platform_state
 
@@ -199,17 +198,6 @@ async def list_runs(session, base: str, headers: dict, parents: list[str]) -> tu
     return runs[:MAX_RUNS], schedules
 
 
-def parents(store) -> list[str]:
-    """Every project/location with a job or a schedule (a schedule that has started no run yet is listed too)."""
-    found = set(platform_state.parents(store))
-    try:
-        with store.engine.connect() as c:
-            found.update(r[0] for r in c.execute(text("SELECT DISTINCT parent FROM pipeline_schedules")))
-    except Exception:  # a store older than schema v9 has no schedules
-        pass
-    return sorted(found)
-
-
 # ---- HTML ---------------------------------------------------------------------------------------------------
 
 def _state_word(state: str) -> str:
@@ -363,7 +351,7 @@ def register(app: web.Application, platform) -> None:
         token = platform.config.auth_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if not run_page:
-            return render_list(*await list_runs(session(), base, headers, parents(platform.store)))
+            return render_list(*await list_runs(session(), base, headers, platform_state.parents(platform.store)))
         name = request.query.get("name", "")
         status, job = await _get(session(), f"{base}/v1/{name}", headers) if _RUN_NAME.fullmatch(name) else (404, {})
         if status != 200:

@@ -16,11 +16,11 @@ from sqlalchemy import text
 
 # The tables whose rows name a parent (projects/{p}/locations/{l}); ``jobs`` only on schema v3+, Vizier's
 # studies on v7+.
-_PARENT_TABLES = ("models", "endpoints", "jobs", "vizier_studies")
+_PARENT_TABLES = ("models", "endpoints", "jobs", "vizier_studies", "pipeline_schedules")
 
 
 def parents(store) -> list[str]:
-    """Every project/location that holds a model, an endpoint, a job or a study, sorted.
+    """Every project/location that holds a model, an endpoint, a job, a study or a pipeline schedule, sorted.
 
     The store lists models per parent only, and the console shows all of them at once, so the
     distinct parents are read here (one read-only query per table, on SQLite and PostgreSQL alike)."""
