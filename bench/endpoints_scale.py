@@ -32,10 +32,12 @@ from urllib.parse import urlencode, urlparse
 
 ROOT = Path(__file__).resolve().parent
 PARENT = "projects/local/locations/us-central1"
+DATAPLANE_MODULE = "modelyard.platform.dataplane.process"
+SIDES = ("idle", "control", "creating")  # the platform's predicts' own process
 
 sys.path.insert(0, str(ROOT))
 from harness import (latency_summary, log, machine, markdown_table, modelyard_platform,  # noqa: E402
-                     command_line, write_results)
+                     command_line, take_turns, write_results)
 
 
 class Conn:
@@ -114,9 +116,10 @@ def null_server(port_out) -> None:
     asyncio.run(serve())
 
 
-def create_all(base: str, count: int, creators: int, rate: float = 0.0) -> tuple[float, list[str]]:
-    """(wall seconds, failures) of ``count`` endpoint creations by ``creators`` threads; ``rate`` > 0:
-    the i-th is sent no earlier than i / rate seconds after the first (else as fast as they answer)."""
+def create_all(base: str, count: int, creators: int, rate: float = 0.0, first: int = 0) -> tuple[float, list[str]]:
+    """(wall seconds, failures) of ``count`` endpoint creations by ``creators`` threads (named from number
+    ``first`` on); ``rate`` > 0: the i-th is sent no earlier than i / rate seconds after the first (else as
+    fast as they answer)."""
     failures: list[str] = []
     lock = threading.Lock()
     next_i = iter(range(count))
@@ -130,8 +133,9 @@ def create_all(base: str, count: int, creators: int, rate: float = 0.0) -> tuple
                 return
             if rate > 0:
                 time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            n = first + i
             status, data = conn.call("POST", f"/v1/{PARENT}/endpoints",
-                                     json.dumps({"displayName": f"scale-{i:05d}", "labels": {"n": str(i % 10)}}).encode())
+                                     json.dumps({"displayName": f"scale-{n:05d}", "labels": {"n": str(n % 10)}}).encode())
             if status != 200 or not json.loads(data).get("done"):
                 with lock:
                     failures.append(f"{status} {data[:200]!r}")
@@ -151,15 +155,17 @@ def cpu_snapshot(platform_pid: int, state_dir: Path, client_pid: int, null_pid: 
     (the creators) and the null server."""
     import psutil
 
-    out = {"platform: event-loop thread": 0.0, "platform: other threads": 0.0, "replica": 0.0,
-           "predict client": 0.0, "creators (this process)": 0.0, "null server": 0.0}
+    out = {"platform: event-loop thread": 0.0, "platform: other threads": 0.0, "data-plane process": 0.0,
+           "replica": 0.0, "predict client": 0.0, "creators (this process)": 0.0, "null server": 0.0}
     platform = psutil.Process(platform_pid)
     for t in platform.threads():
         out["platform: event-loop thread" if t.id == platform_pid else "platform: other threads"] += t.user_time + t.system_time
     marker = str(state_dir)
     for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-        if proc.info["pid"] != platform_pid and marker in " ".join(proc.info["cmdline"] or []):
-            out["replica"] += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] != platform_pid and marker in cmdline:
+            role = "data-plane process" if DATAPLANE_MODULE in cmdline else "replica"
+            out[role] += proc.info["cpu_times"].user + proc.info["cpu_times"].system
     for pid, role in ((client_pid, "predict client"), (None, "creators (this process)"), (null_pid, "null server")):
         times = psutil.Process(pid).cpu_times()
         out[role] += times.user + times.system
@@ -172,7 +178,9 @@ def main() -> int:
     ap.add_argument("--creators", type=int, default=8, help="threads creating endpoints at once")
     ap.add_argument("--rate", type=float, default=120.0,
                     help="creations per second (3,000 in 25 s; 0: as fast as the platform answers)")
-    ap.add_argument("--idle-seconds", type=float, default=15.0)
+    ap.add_argument("--idle-seconds", type=float, default=5.0, help="each round's idle window")
+    ap.add_argument("--turns", type=int, default=5,
+                    help="rounds of idle / control / creating windows (--endpoints split evenly over them)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/endpoints_scale.md)")
     args = ap.parse_args()
 
@@ -201,24 +209,31 @@ def main() -> int:
             return cpu_snapshot(p.proc.pid, p.state_dir, client.pid, null.pid)
 
         time.sleep(2.0)  # warm-up: connections, the replica's first answers (not counted)
-        idle_from, cpu_idle_from = time.time(), snapshot()
-        time.sleep(args.idle_seconds)
-        idle_to, cpu_idle_to = time.time(), snapshot()
-        # The control: the same creators, at the same rate, against a server that does nothing: what the
-        # clients' own CPU and the kernel's cost the predicts on this machine, the platform's work left out.
-        log(f"control: {args.endpoints} POSTs to a null server with {args.creators} threads ...")
-        null_from = time.time()
-        null_s, _ = create_all(null_base, args.endpoints, args.creators, args.rate)
-        null_to, cpu_null_to = time.time(), snapshot()
-        time.sleep(2.0)
-        log(f"creating {args.endpoints} endpoints with {args.creators} threads ...")
-        create_from, cpu_create_from = time.time(), snapshot()
-        create_s, failures = create_all(p.base, args.endpoints, args.creators, args.rate)
-        create_to, cpu_create_to = time.time(), snapshot()
-        load_during = os.getloadavg()[0]
+        # The sides take turns (the order reversed every other round), so the machine's drifting load
+        # falls on all of them alike. The control: the same creators, at the same rate, against a server
+        # that does nothing: what the clients' own CPU and the kernel's cost the predicts on this machine.
+        per_turn = args.endpoints // args.turns
+        created = iter(range(0, args.endpoints, per_turn))
+
+        def run(side: str, round_no: int) -> dict:
+            t0, cpu0 = time.time(), snapshot()
+            out: dict = {}
+            if side == "idle":
+                time.sleep(args.idle_seconds)
+            elif side == "control":
+                out["seconds"], _ = create_all(null_base, per_turn, args.creators, args.rate)
+            else:
+                out["seconds"], out["failures"] = create_all(p.base, per_turn, args.creators, args.rate, next(created))
+                out["load"] = os.getloadavg()[0]
+            t1, cpu1 = time.time(), snapshot()
+            time.sleep(1.0)  # the last answers' wake settles before the next side (not counted)
+            return {**out, "from": t0, "to": t1, "cpu": (cpu0, cpu1)}
+
+        log(f"{args.turns} rounds of: idle {args.idle_seconds:g} s, {per_turn} POSTs to a null server, "
+            f"{per_turn} endpoint creations ({args.creators} threads, {args.rate:g}/s) ...")
+        turns = take_turns(SIDES, args.turns, run, report=lambda side, n, r: log(
+            f"round {n + 1}/{args.turns} {side}: {r['to'] - r['from']:.1f} s"))
         null.kill()
-        time.sleep(args.idle_seconds)  # idle again: the machine's load drifts, so idle is measured on both sides
-        after_to = time.time()
         stop.set()
         seen = recv.recv()
         client.join(30)
@@ -239,38 +254,48 @@ def main() -> int:
         one = api.json("GET", f"/v1/{PARENT}/endpoints?" + urlencode({"filter": 'display_name="scale-01234"'}))
         filter_s = time.perf_counter() - t0
 
-    idle = [s for at, s, st in seen if (idle_from <= at < idle_to or create_to + 1.0 <= at < after_to) and st == 200]
-    control = [s for at, s, st in seen if null_from <= at < null_to and st == 200]
-    during = [s for at, s, st in seen if create_from <= at < create_to and st == 200]
-    bad = [st for at, s, st in seen if st != 200]
-    i, c, d = latency_summary(idle), latency_summary(control), latency_summary(during)
+    def window(side: str, t: dict) -> list[float]:
+        return [sec for at, sec, st in seen if t["from"] <= at < t["to"] and st == 200]
+
+    pooled = {side: [sec for t in turns[side] for sec in window(side, t)] for side in SIDES}
+    bad = [st for at, sec, st in seen if st != 200]
+    failures = [f for t in turns["creating"] for f in t["failures"]]
+    create_s = sum(t["seconds"] for t in turns["creating"])
+    i, c, d = (latency_summary(pooled[side]) for side in SIDES)
     rows = [(f"predict {q} (ms)", f"{i[k]:.2f}", f"{c[k]:.2f}", f"{d[k]:.2f}", f"{c[k] / i[k]:.2f}x", f"{d[k] / i[k]:.2f}x")
             for q, k in (("p50", "p50_ms"), ("p90", "p90_ms"), ("p99", "p99_ms"))]
     rows += [("predict max (ms)", f"{i['max_ms']:.1f}", f"{c['max_ms']:.1f}", f"{d['max_ms']:.1f}", "", ""),
-             ("predicts counted", len(idle), len(control), len(during), "", "")]
+             ("predicts counted", len(pooled["idle"]), len(pooled["control"]), len(pooled["creating"]), "", "")]
+    round_rows = []
+    for n in range(args.turns):
+        p99 = [latency_summary(window(side, turns[side][n]))["p99_ms"] for side in SIDES]
+        round_rows.append((n + 1, f"{p99[0]:.2f}", f"{p99[1]:.2f}", f"{p99[2]:.2f}", f"{p99[2] / p99[0]:.2f}x",
+                           f"{turns['creating'][n]['seconds']:.1f}", f"{turns['creating'][n]['load']:.1f}"))
 
-    def rate(a: dict, b: dict, ta: float, tb: float, role: str) -> str:
-        return f"{(b[role] - a[role]) / (tb - ta):.2f}"
+    roles = list(turns["idle"][0]["cpu"][0])
 
-    roles = list(cpu_idle_from)
-    cpu_rows = [(role, rate(cpu_idle_from, cpu_idle_to, idle_from, idle_to, role),
-                 rate(cpu_idle_to, cpu_null_to, idle_to, null_to, role),
-                 rate(cpu_create_from, cpu_create_to, create_from, create_to, role)) for role in roles]
-    cpu_rows.append(("all of them (of 2 cores)",
-                     f"{(sum(cpu_idle_to.values()) - sum(cpu_idle_from.values())) / (idle_to - idle_from):.2f}",
-                     f"{(sum(cpu_null_to.values()) - sum(cpu_idle_to.values())) / (null_to - idle_to):.2f}",
-                     f"{(sum(cpu_create_to.values()) - sum(cpu_create_from.values())) / (create_to - create_from):.2f}"))
+    def cores(side: str, role: str | None) -> str:
+        used = sum((sum(b.values()) - sum(a.values())) if role is None else (b[role] - a[role])
+                   for a, b in (t["cpu"] for t in turns[side]))
+        return f"{used / sum(t['to'] - t['from'] for t in turns[side]):.2f}"
+
+    cpu_rows = [(role, *(cores(side, role) for side in SIDES)) for role in roles]
+    cpu_rows.append(("all of them (of 2 cores)", *(cores(side, None) for side in SIDES)))
+    load_during = max(t["load"] for t in turns["creating"])
     text = "\n\n".join([
         "# Control-plane scale: endpoints created while a client predicts",
         machine(),
         f"`{command_line()}`",
         markdown_table(["", "idle", f"control: {args.endpoints} POSTs to a null server",
                         f"while creating {args.endpoints} endpoints", "control / idle", "creating / idle"], rows),
+        f"Each round's p99 (the sides took turns, the order reversed every other round; {per_turn} endpoints a round):",
+        markdown_table(["round", "idle p99 (ms)", "control p99 (ms)", "creating p99 (ms)", "creating / idle",
+                        "creation (s)", "1-min load after it"], round_rows),
         markdown_table(["CPU cores used (CPU seconds per second)", "idle", "control", "while creating"], cpu_rows),
-        f"1-minute load average at the end of the creation: {load_during:.1f} (2 cores).",
+        f"1-minute load average at the end of the creations: up to {load_during:.1f} (2 cores).",
         markdown_table(["step", "result"], [
-            ("endpoints created", f"{args.endpoints} in {create_s:.1f} s ({args.endpoints / create_s:.0f}/s, "
-                                  f"{args.creators} client threads, "
+            ("endpoints created", f"{per_turn * args.turns} in {create_s:.1f} s of creating, {args.turns} round(s) "
+                                  f"({per_turn * args.turns / create_s:.0f}/s, {args.creators} client threads, "
                                   + (f"paced at {args.rate:g}/s)" if args.rate > 0 else "as fast as answered)")),
             ("failed creations", len(failures)),
             ("failed predicts", len(bad)),
