@@ -216,6 +216,19 @@ def test_metadata_is_the_meta_graphs_signature_defs(mlp):
     assert graph.signatures == session.signatures
 
 
+def test_a_dense_model_runs_fused_and_inline_a_convolutional_one_on_threads(mlp, exported):
+    from modelyard.model.runtime.graph_servable import load_graph
+
+    graph, _session = mlp
+    plan = graph.plan(graph.signatures["serving_default"], ("output_0",))
+    # Flatten's shape arithmetic, its Reshape, then both Dense layers (MatMul, BiasAdd, activation) in one step.
+    assert len(plan.nodes) == 10 and len(plan.steps) == 3
+    # The weights one request reads, each once (Keras 3's export restores every variable twice).
+    assert plan.weights == 28 * 28 * 30 + 30 + 30 * 10 + 10 + 3 + 1 and graph.inline_ok
+    cnn = load_graph(exported[0] / "cnn")
+    assert not cnn.inline_ok  # its Conv2D is inside a fused step: still seen
+
+
 def test_a_corrupted_checkpoint_is_refused_at_load(exported, tmp_path):
     from modelyard.model.runtime.graph_servable import load_graph
 

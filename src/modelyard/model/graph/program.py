@@ -194,6 +194,8 @@ class Plan:
     steps: list = field(default_factory=list)  # (kernel, input slots, [(output index, slot)], node key)
     feed_aliases: tuple = ()  # the signature's input aliases in ``feed_slots``' order (set by the servable)
     fetch_dtypes: tuple = ()  # the outputs' dtypes, None for strings (set by the servable)
+    weights: int = 0  # elements of the distinct constant arrays the steps read: what a request reads
+    nodes: tuple = ()  # the keys of the nodes the steps run (a fused step runs several)
 
     def run(self, feeds: list) -> list:
         regs = self.template[:]
@@ -316,6 +318,10 @@ class Program:
             outputs_of[key] = []
             plan.steps.append((self.kernel(node), tuple(slot(p) for p in producers), outputs_of[key], key))
         plan.fetch_slots = [slot(ref) for ref in fetch_refs]
+        read = {id(v): v.size for _, ins, _, _ in plan.steps for v in map(plan.template.__getitem__, ins)
+                if type(v) is np.ndarray}
+        plan.weights = sum(read.values())
+        plan.nodes = tuple(step[3] for step in plan.steps)
         plan.steps = fuse(plan.steps, plan.template, plan.fetch_slots, self.graph.node)
         return plan
 

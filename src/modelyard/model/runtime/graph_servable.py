@@ -130,11 +130,13 @@ def load_graph(path: Path) -> GraphServable:
             raise ServingError(Code.DATA_LOSS, str(exc)) from None
         raise
     servable = GraphServable(path, program, signatures, graph_meta.signature_def)
-    ops = set()
+    ops, weights = set(), 0
     for sig in signatures.values():  # compile the full output set now: a broken graph fails its load
         if sig.outputs:
-            ops.update(graph.node(step[3]).op for step in servable.plan(sig, tuple(sig.outputs)).steps)
-    weights = sum(r.value.size for r in program.state.resources.values() if isinstance(r.value, np.ndarray))
+            plan = servable.plan(sig, tuple(sig.outputs))
+            ops.update(graph.node(key).op for key in plan.nodes)
+            # What one request reads, not every restored variable: Keras 3's exports restore each weight twice.
+            weights = max(weights, plan.weights)
     # A small dense model answers in tens of microseconds: cheaper on the event loop than a thread hop.
     servable.inline_ok = weights <= INLINE_WEIGHTS and not ops & HEAVY_OPS
     return servable
