@@ -27,6 +27,8 @@ from modelyard.platform.api.names import Route
 from modelyard.platform.api.timefmt import rfc3339
 from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec, warm_jobs
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
+from modelyard.platform.storage.errors import StorageApiError
+from modelyard.platform.storage.names import check_bucket
 
 log = logging.getLogger(__name__)
 TASKS = "_tasks"
@@ -50,6 +52,10 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     if not isinstance(root, str) or not root.startswith("gs://") or len(root.rstrip("/")) <= len("gs://"):
         raise invalid("PipelineJob.runtime_config.gcs_output_directory is required: a gs:// URI under which "
                       f"the run's artifacts are written (got {root!r}).")
+    try:  # storage's one rule for bucket names: a bad one fails here, not as every task's unreadable outputs
+        check_bucket(root[len("gs://"):].split("/", 1)[0])
+    except StorageApiError as exc:
+        raise invalid(f"PipelineJob.runtime_config.gcs_output_directory {root!r}: {exc.message}") from None
     if runtime.get("parameters"):
         raise invalid("runtime_config.parameters (the v1 form) is not supported: use parameter_values.")
     if runtime.get("inputArtifacts"):
