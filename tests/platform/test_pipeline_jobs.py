@@ -680,3 +680,48 @@ def test_a_run_whose_steps_keep_failing_ends_failed_saying_why_not_running_forev
     ended = {job: values for job, values in runner.store.calls}
     assert ended["task-job"]["state"] == "JOB_STATE_CANCELLED"  # its tasks' jobs stop with it
     assert ended["broken"]["state"] == FAILED and "failed 5 times in a row: KeyError" in ended["broken"]["error"]["message"]
+
+
+def test_a_run_whose_only_failure_is_a_group_failing_at_entry_ends_failed_naming_it():
+    """A group whose condition's input its upstream task never wrote fails at entry, with no failed task
+    inside it: the run ends FAILED naming the group once nothing runs (it stayed RUNNING forever)."""
+    from modelyard.platform.jobs import pipeline_jobs
+    from modelyard.platform.jobs.job_runner import FAILED, RUNNING
+
+    class Store:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def update_job(self, job_id, from_states=None, **values):
+            self.calls.append((job_id, values))
+            return True
+
+    class Runner:
+        store = Store()
+
+        def wake(self) -> None:
+            pass
+
+    out = {"parameters": {"Output": {"parameterType": "STRING"}}}
+    spec = _spec({"a": _task(taskInfo={"name": "a"}),
+                  "g": {"componentRef": {"name": "comp-g"}, "dependentTasks": ["a"], "taskInfo": {"name": "g"},
+                        "inputs": {"parameters": {"coin": {"taskOutputParameter": {
+                            "producerTask": "a", "outputParameterKey": "Output"}}}},
+                        "triggerPolicy": {"condition": "inputs.parameter_values['coin'] == 'heads'"}}},
+                 {"comp-a": {"executorLabel": "exec-a", "outputDefinitions": out},
+                  "comp-g": {"dag": {"tasks": {"b": _task(taskInfo={"name": "b"})}},
+                             "inputDefinitions": {"parameters": {"coin": {"parameterType": "STRING"}}}}})
+    spec = pipeline_spec.check(spec)
+    runner = Runner()
+    row = {"id": "run", "state": RUNNING, "created": 1.0, "started": 1.0, "display_name": "run",
+           "parent": "projects/local/locations/us-central1",
+           "spec": {"pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": "gs://b0/root"}},
+           "result": {pipeline_jobs.TASKS: {"a": {  # succeeded, but its outputs were unreadable: none
+               "kind": "job", "state": "SUCCEEDED", "id": 1, "created": 1.0, "ended": 2.0, "job": "a-job",
+               "outputs": {"parameters": {}, "artifacts": {}}}}}}
+    pipeline_jobs.follow(runner, row)
+    ended = [values for job, values in runner.store.calls if job == "run" and "state" in values]
+    assert len(ended) == 1 and ended[0]["state"] == FAILED, runner.store.calls
+    assert "The failed tasks are: [g]" in ended[0]["error"]["message"]
+    tasks = ended[0]["result"][pipeline_jobs.TASKS]
+    assert tasks["g"]["state"] == "FAILED" and "coin" in tasks["g"]["error"]["message"]

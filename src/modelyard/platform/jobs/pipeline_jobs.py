@@ -177,8 +177,11 @@ def _follow(runner, row: dict) -> None:
         store.update_job(row["id"], (RUNNING, CANCELLING), result=result)
     if active:
         return
-    failed = sorted({pipeline_spec.local(k) for k, t in tasks.items()
-                     if t["state"] == "FAILED" and t.get("kind", "job") not in _GROUPS})
+    # Any failed task ends the run once nothing runs: a group failing at entry (its inputs unreadable) has
+    # no failed task inside it, and nothing after it can start. Named: the failed tasks, else the groups.
+    failed_tasks = [(k, t) for k, t in tasks.items() if t["state"] == "FAILED"]
+    failed = sorted({pipeline_spec.local(k) for k, t in failed_tasks if t.get("kind", "job") not in _GROUPS}
+                    or {pipeline_spec.local(_spec_name(k)) for k, _ in failed_tasks})  # a loop's, not "3"
     if row["state"] == CANCELLING:
         _end(store, row, CANCELLED, ApiError("CANCELLED", "CANCELED").to_rpc_status(), result)
     elif failed:
