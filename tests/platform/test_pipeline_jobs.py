@@ -725,3 +725,32 @@ def test_a_run_whose_only_failure_is_a_group_failing_at_entry_ends_failed_naming
     assert "The failed tasks are: [g]" in ended[0]["error"]["message"]
     tasks = ended[0]["result"][pipeline_jobs.TASKS]
     assert tasks["g"]["state"] == "FAILED" and "coin" in tasks["g"]["error"]["message"]
+
+
+def test_a_task_whose_outputs_cannot_be_read_fails_saying_why_not_succeeds_with_none(tmp_path, monkeypatch):
+    """A task's job SUCCEEDED but storage refuses its output directory (here its bucket is a symlink out of
+    the storage root): the task FAILED with storage's reason, not SUCCEEDED with empty outputs."""
+    from types import SimpleNamespace
+
+    from modelyard.platform.jobs import pipeline_jobs, pipeline_metadata
+    from modelyard.platform.jobs.job_runner import RUNNING, SUCCEEDED
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "bkt").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(pipeline_metadata, "task_execution", lambda *a: {"state": a[-1]})  # no ML Metadata here
+
+    class Store:
+        engine = None
+
+        def get_job(self, job_id):
+            return {"state": SUCCEEDED, "started": 1.0, "ended": 2.0}
+
+    runner = SimpleNamespace(store=Store(), platform=SimpleNamespace(config=SimpleNamespace(
+        storage_root=tmp_path / "root")))
+    spec = pipeline_spec.check(_spec({"a": _task(taskInfo={"name": "a"})}))
+    t = {"kind": "job", "state": "RUNNING", "job": "a-job", "root": "gs://bkt/root/run/a", "planned": {}}
+    assert pipeline_jobs._poll(runner, {"id": "run", "state": RUNNING}, spec, "a", t)
+    assert t["state"] == "FAILED" and "outputs" not in t, t
+    assert t["error"]["message"].startswith("task a: its outputs could not be read:") and "symlink" in t["error"]["message"]
+    assert t["execution"] == {"state": "FAILED"}

@@ -229,8 +229,14 @@ def _poll(runner, row: dict, spec: dict, key: str, t: dict) -> bool:
         return True
     t.update(state=state, ended=ended)
     if state == "SUCCEEDED":
-        written = _written(runner, spec, _spec_name(key), t["root"])
-        t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), written, t["planned"])
+        try:
+            written = _written(runner, spec, _spec_name(key), t["root"])
+        except objstore.StorageError as exc:  # its outputs exist but cannot be read: not a success with none
+            state = "FAILED"
+            t.update(state=state, error=ApiError(exc.status, f"task {pipeline_spec.local(key)}: its outputs "
+                                                 f"could not be read: {exc.message}").to_rpc_status())
+        else:
+            t["outputs"] = pipeline_spec.task_outputs(spec, _spec_name(key), written, t["planned"])
     elif job.get("error"):
         t["error"] = job["error"]
     t["execution"] = pipeline_metadata.task_execution(store.engine, row, pipeline_spec.local(key), t,
@@ -489,10 +495,7 @@ def _written(runner, spec: dict, name: str, task_root: str) -> dict:
     for key, d in defs.items():
         if key in params:
             continue
-        try:
-            text = _read_text(runner, f"{task_root}/{key}")
-        except objstore.StorageError:
-            continue
+        text = _read_text(runner, f"{task_root}/{key}")
         if text is None:
             continue
         if d.get("parameterType") == "STRING":
@@ -507,17 +510,18 @@ def _written(runner, spec: dict, name: str, task_root: str) -> dict:
 
 
 def _executor_output(runner, task_root: str) -> dict | None:
-    uri = f"{task_root}/executor_output.json"
+    text = _read_text(runner, f"{task_root}/executor_output.json")
     try:
-        text = _read_text(runner, uri)
         return json.loads(text) if text else None
-    except (objstore.StorageError, ValueError):
+    except ValueError:
         return None
 
 
 def _read_text(runner, uri: str) -> str | None:
     """An object a task wrote: its own file when the platform serves its bucket (what the task wrote
-    through its /gcs/ path; no request to itself), else through the storage; None when there is none."""
+    through its /gcs/ path; no request to itself), else through the storage; None when there is none.
+    Any other failure (a bucket name storage refuses, storage unreachable) is a StorageError: the task
+    that wrote it then fails saying so (``_poll``) rather than passing with no outputs."""
     from modelyard.platform.storage import StorageApiError, local_file
 
     root = getattr(getattr(runner.platform, "config", None), "storage_root", None)
@@ -531,7 +535,12 @@ def _read_text(runner, uri: str) -> str | None:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
     objstore.filesystem("gs").invalidate_cache()  # written by the task, not through this client
-    return objstore.read_text(uri)
+    try:
+        return objstore.read_text(uri)
+    except objstore.StorageError as exc:
+        if exc.status == "NOT_FOUND":  # no such bucket: nothing was written there
+            return None
+        raise
 
 
 def _job_detail(row: dict, tasks: dict, detail: dict) -> dict:
