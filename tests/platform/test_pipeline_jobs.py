@@ -754,3 +754,25 @@ def test_a_task_whose_outputs_cannot_be_read_fails_saying_why_not_succeeds_with_
     assert t["state"] == "FAILED" and "outputs" not in t, t
     assert t["error"]["message"].startswith("task a: its outputs could not be read:") and "symlink" in t["error"]["message"]
     assert t["execution"] == {"state": "FAILED"}
+
+
+def test_a_gcs_path_whose_bucket_name_storage_refuses_is_refused_not_made_a_host_folder(tmp_path):
+    """/gcs/b/... (a bucket name of 2 characters) was left as it stood, so a job wrote the host's /gcs/b:
+    refused at create (check_storage) and, for a job made before, failed when its paths are mapped."""
+    from modelyard.platform.jobs import job_env
+    from modelyard.platform.jobs.job_runner import JobFailed
+
+    with pytest.raises(ApiError, match=r"/gcs/b/: Invalid bucket name: 'b'") as refused:
+        job_env.check_storage({"workerPoolSpecs": [{"containerSpec": {"imageUri": "i", "args": ["--out=/gcs/b/o"]}}]})
+    assert refused.value.status == "INVALID_ARGUMENT"
+    with pytest.raises(ApiError, match="Invalid bucket name: 'Up'"):
+        job_env.gcs_buckets(["x", "/gcs/Up/k"])
+    (tmp_path / "root" / "bkt").mkdir(parents=True)
+    mount = job_env.GcsMount(tmp_path / "work", str(tmp_path / "root"))
+    assert mount.rewrite("--out=/gcs/bkt/o") == f"--out={tmp_path}/root/bkt/o"  # a served bucket: its own file
+    for bad in (["--out=/gcs/b/o"], ["sh", "-c", "echo 1 > /gcs/a_/x"]):
+        with pytest.raises(JobFailed, match="Invalid bucket name"):
+            mount.stage_in(bad)
+        with pytest.raises(JobFailed, match="Invalid bucket name"):
+            [mount.rewrite(s) for s in bad]
+    assert not (tmp_path / "work").exists()  # nothing made for it

@@ -21,7 +21,8 @@
   ``STORAGE_EMULATOR_HOST``) ``WORK_DIR/gcs/<bucket>/<path>``, a mirror: before the job starts each
   object (or prefix) so named is copied there from storage, and when the job ends every file
   created or changed under the mirror is written back to its bucket. Paths a program builds itself
-  (not from its command line or environment) are not rewritten.
+  (not from its command line or environment) are not rewritten. A ``/gcs/<name>/`` whose name storage
+  refuses as a bucket's (``gcs_bucket``) is refused at create, or fails the job, never left a host path.
 
 - **Identity and TensorFlow's gs://.** ``job_identity``: a metadata server, the job's own token, the
   storage gateway TensorFlow's ``gs://`` goes through; the job's Python points google-cloud-aiplatform
@@ -45,15 +46,34 @@ from pathlib import Path
 from modelyard import objstore
 from modelyard.platform.api.errors import ApiError
 
-# /gcs/<bucket>/<rest>: a bucket name as Cloud Storage allows it, then the path up to a shell separator.
-_GCS_PATH = re.compile(r"(?<![\w/.-])/gcs/([a-z0-9][a-z0-9._-]{1,221}[a-z0-9])(/[^\s'\"`;&|<>()]*)?")
+# /gcs/<bucket>/<rest>: any first segment, then the path up to a shell separator. Whether the segment is a
+# bucket name is storage's one rule (``gcs_bucket``): a name it refuses is refused, never left as a host path.
+_GCS_PATH = re.compile(r"(?<![\w/.-])/gcs/([^/\s'\"`;&|<>()]+)(/[^\s'\"`;&|<>()]*)?")
 _GS_URI = re.compile(r"^gs://([^/]+)(/.*)?$")
 
 
 # ---- create time (platform side) ---------------------------------------------------------------
 def gcs_buckets(strings: list[str]) -> set[str]:
-    """The buckets named by /gcs/ paths in ``strings``."""
-    return {m.group(1) for s in strings for m in _GCS_PATH.finditer(s)}
+    """The buckets named by /gcs/ paths in ``strings``; INVALID_ARGUMENT for a name storage refuses."""
+    buckets = {m.group(1) for s in strings for m in _GCS_PATH.finditer(s)}
+    for bucket in sorted(buckets):
+        try:
+            gcs_bucket(bucket)
+        except ValueError as exc:
+            raise ApiError("INVALID_ARGUMENT", str(exc)) from None
+    return buckets
+
+
+def gcs_bucket(bucket: str) -> str:
+    """``bucket`` of a /gcs/<bucket>/ path when storage allows the name (``storage.names.check_bucket``),
+    else ValueError saying so: such a path maps to no bucket, and must not become a host folder."""
+    from modelyard.platform.storage.errors import StorageApiError
+    from modelyard.platform.storage.names import check_bucket
+
+    try:
+        return check_bucket(bucket)
+    except StorageApiError as exc:
+        raise ValueError(f"/gcs/{bucket}/: {exc.message} (a /gcs/ path names a Cloud Storage bucket).") from None
 
 
 def pool_strings(job_spec: dict) -> list[str]:
@@ -267,12 +287,16 @@ class GcsMount:
         return _GCS_PATH.sub(self._local, value)
 
     def _local(self, m: re.Match) -> str:
-        bucket, rest = m.group(1), m.group(2) or ""
-        if not self._served(bucket):
-            return f"{self.root}/{bucket}{rest}"
         from modelyard.platform.jobs.job_runner import JobFailed
         from modelyard.platform.storage import StorageApiError, local_file
 
+        bucket, rest = m.group(1), m.group(2) or ""
+        try:
+            gcs_bucket(bucket)
+        except ValueError as exc:  # a job made before this was checked at create, or a path known only now
+            raise JobFailed(str(exc), "INVALID_ARGUMENT") from None
+        if not self._served(bucket):
+            return f"{self.root}/{bucket}{rest}"
         if not rest.strip("/"):
             return f"{self.storage_root / bucket}{rest}"
         try:
@@ -283,6 +307,8 @@ class GcsMount:
 
     def stage_in(self, strings: list[str]) -> None:
         """Copy every object or prefix a /gcs/ path names from storage; remember what was there."""
+        for s in strings:  # a bad bucket name fails the job saying why (_local), before any folder is made
+            _GCS_PATH.sub(self._local, s)
         refs = sorted({(m.group(1), (m.group(2) or "/").lstrip("/")) for s in strings for m in _GCS_PATH.finditer(s)
                        if not self._served(m.group(1))})
         if not refs:
