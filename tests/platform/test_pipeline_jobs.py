@@ -108,6 +108,14 @@ def test_a_failing_step_fails_the_run_naming_the_task(sdk, platform, tmp_path):
     assert unknown.status_code == 400 and "'nope'" in unknown.json()["error"]["message"]
     no_root = requests.post(platform.api("pipelineJobs"), json={"pipelineSpec": spec}, timeout=10)
     assert no_root.status_code == 400 and "gcs_output_directory" in no_root.json()["error"]["message"]
+    # A bucket name storage refuses (here 1 character): refused now, not a run whose tasks' outputs are unreadable.
+    bad_bucket = requests.post(platform.api("pipelineJobs"), params={"pipelineJobId": "bad-bucket"}, json={
+        "pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": "gs://b"}}, timeout=10)
+    error = bad_bucket.json()["error"]
+    assert bad_bucket.status_code == 400 and error["status"] == "INVALID_ARGUMENT", error
+    assert "PipelineJob.runtime_config.gcs_output_directory 'gs://b'" in error["message"]
+    assert "Invalid bucket name: 'b'" in error["message"]
+    assert requests.get(platform.api("pipelineJobs/bad-bucket"), timeout=10).status_code == 404  # nothing made
 
 
 def test_a_second_identical_run_reuses_every_task_and_a_changed_input_reruns_only_what_depends_on_it(
