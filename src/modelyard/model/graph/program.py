@@ -196,13 +196,17 @@ class Plan:
     fetch_dtypes: tuple = ()  # the outputs' dtypes, None for strings (set by the servable)
     weights: int = 0  # elements of the distinct constant arrays the steps read: what a request reads
     nodes: tuple = ()  # the keys of the nodes the steps run (a fused step runs several)
+    direct: tuple | None = None  # (kernel, node key) when one step maps the one feed to the one fetch
 
     def run(self, feeds: list) -> list:
-        regs = self.template[:]
-        for slot, value in zip(self.feed_slots, feeds):
-            regs[slot] = value
         key = ""
         try:
+            if self.direct is not None:  # a fused small model: no registers at all
+                kernel, key = self.direct
+                return [kernel(feeds[0])[0]]
+            regs = self.template[:]
+            for slot, value in zip(self.feed_slots, feeds):
+                regs[slot] = value
             # No np.errstate here: it costs more than a small model's kernels; NumPy's overflow warnings are
             # warnings (TensorFlow gives inf/nan silently), never errors.
             for kernel, ins, outs, key in self.steps:
@@ -323,6 +327,10 @@ class Program:
         plan.weights = sum(read.values())
         plan.nodes = tuple(step[3] for step in plan.steps)
         plan.steps = fuse(plan.steps, plan.template, plan.fetch_slots, self.graph.node)
+        if len(plan.steps) == 1 and len(plan.feed_slots) == 1 and len(plan.fetch_slots) == 1:
+            kernel, ins, outs, key = plan.steps[0]
+            if ins == (plan.feed_slots[0],) and list(outs) == [(0, plan.fetch_slots[0])]:
+                plan.direct = (kernel, key)
         return plan
 
 
