@@ -118,12 +118,16 @@ def test_kill_9_of_the_platform_during_deploy_and_undeploy_leaves_no_orphan(tmp_
 
 
 def _fill(path: Path) -> None:
-    """Writes ``path`` until its file system is full."""
-    with open(path, "wb") as f:
+    """Writes ``path`` until its file system is full.
+
+    Unbuffered: a buffered file keeps the tail of a partial write (the last 4 KB page short of a
+    64 KB chunk) and raises ENOSPC again when the ``with`` closes it, so the fill failed or passed
+    with the free space modulo 64 KB (i.e. the database's size), not with the platform.
+    """
+    with open(path, "wb", buffering=0) as f:
         try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+            while f.write(b"\0" * 65536):
+                pass
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
 
