@@ -23,6 +23,7 @@ from modelyard.errors import ServingError
 from modelyard.model.graph.ops import _UNARY, Attrs, invalid
 
 _ACTIVATIONS = frozenset({"Relu", "Softmax", "Sigmoid", "Tanh", "Relu6", "Elu", "Selu", "Softplus"})
+_max, _sum, _dot = np.maximum.reduce, np.add.reduce, np.dot
 _ERRORS = (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError)
 
 
@@ -108,7 +109,7 @@ def _dense_kernel(weights: np.ndarray, matrix: np.ndarray, bias, activation: str
             raise invalid(f"In[0] and In[1] must be matrices: {list(x.shape)} and {stated}")
         if x.shape[1] != inner:
             raise invalid(f"Matrix size-incompatible: In[0]: {list(x.shape)}, In[1]: {list(matrix.shape)}")
-        h = x @ matrix
+        h = _dot(x, matrix)  # np.dot: for 2-D arrays the same product as @, with less overhead per call
         if bias is not None:
             if h.dtype == bias.dtype:
                 np.add(h, bias, out=h)
@@ -117,9 +118,10 @@ def _dense_kernel(weights: np.ndarray, matrix: np.ndarray, bias, activation: str
         if activation == "Relu":
             np.maximum(h, np.zeros((), h.dtype), out=h)
         elif activation == "Softmax":
-            h -= h.max(axis=-1, keepdims=True)
+            # The ufuncs' reduce: what ndarray.max / .sum call, without their Python wrappers (a batch-1 cost).
+            h -= _max(h, axis=-1, keepdims=True)
             np.exp(h, out=h)
-            h /= h.sum(axis=-1, keepdims=True)
+            h /= _sum(h, axis=-1, keepdims=True)
         elif other is not None:
             h = other(h)
         return (h,)
