@@ -426,7 +426,17 @@ def _transpose(attrs, state):
 @kernel("Pack")
 def _pack(attrs, state):
     axis = attrs.get("axis", 0)
-    return lambda *xs: (np.stack(xs, axis=axis),)
+
+    def run(*xs):
+        if axis == 0:  # np.array is np.stack on axis 0 for same-shaped, same-typed inputs, at a third of the cost
+            try:
+                out = np.array(xs)
+            except ValueError:
+                out = None
+            if out is not None and out.dtype == xs[0].dtype and out.shape == (len(xs),) + np.shape(xs[0]):
+                return (out,)
+        return (np.stack(xs, axis=axis),)
+    return run
 
 
 @kernel("Unpack")
