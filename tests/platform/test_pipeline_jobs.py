@@ -659,25 +659,32 @@ def test_google_ops_map_to_the_platforms_launcher_and_others_are_refused():
         "jobSpec": {"workerPoolSpecs": [{"machineSpec": {"machineType": "n"}}], "enableWebAccess": False}}
 
 
+class _RecordingStore:
+    """The store calls ``pipeline_jobs.follow`` makes, recorded: (job id, the values it set)."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def update_job(self, job_id, from_states=None, **values):
+        self.calls.append((job_id, values))
+        return True
+
+
+class _RecordingRunner:
+    """A job runner stand-in for ``pipeline_jobs.follow`` without processes: its store records, wake does nothing."""
+
+    def __init__(self) -> None:
+        self.store = _RecordingStore()
+
+    def wake(self) -> None:
+        pass
+
+
 def test_a_run_whose_steps_keep_failing_ends_failed_saying_why_not_running_forever():
     from modelyard.platform.jobs import pipeline_jobs
     from modelyard.platform.jobs.job_runner import FAILED, RUNNING
 
-    class Store:
-        def __init__(self) -> None:
-            self.calls: list = []
-
-        def update_job(self, job_id, from_states=None, **values):
-            self.calls.append((job_id, values))
-            return True
-
-    class Runner:
-        store = Store()
-
-        def wake(self) -> None:
-            pass
-
-    runner = Runner()
+    runner = _RecordingRunner()
     row = {"id": "broken", "state": RUNNING, "spec": {}, "started": 1.0,  # no pipelineSpec: every step raises
            "result": {pipeline_jobs.TASKS: {"t": {"kind": "job", "state": "RUNNING", "job": "task-job"}}}}
     for _ in range(pipeline_jobs.MAX_BROKEN_TICKS - 1):
@@ -696,20 +703,6 @@ def test_a_run_whose_only_failure_is_a_group_failing_at_entry_ends_failed_naming
     from modelyard.platform.jobs import pipeline_jobs
     from modelyard.platform.jobs.job_runner import FAILED, RUNNING
 
-    class Store:
-        def __init__(self) -> None:
-            self.calls: list = []
-
-        def update_job(self, job_id, from_states=None, **values):
-            self.calls.append((job_id, values))
-            return True
-
-    class Runner:
-        store = Store()
-
-        def wake(self) -> None:
-            pass
-
     out = {"parameters": {"Output": {"parameterType": "STRING"}}}
     spec = _spec({"a": _task(taskInfo={"name": "a"}),
                   "g": {"componentRef": {"name": "comp-g"}, "dependentTasks": ["a"], "taskInfo": {"name": "g"},
@@ -720,7 +713,7 @@ def test_a_run_whose_only_failure_is_a_group_failing_at_entry_ends_failed_naming
                   "comp-g": {"dag": {"tasks": {"b": _task(taskInfo={"name": "b"})}},
                              "inputDefinitions": {"parameters": {"coin": {"parameterType": "STRING"}}}}})
     spec = pipeline_spec.check(spec)
-    runner = Runner()
+    runner = _RecordingRunner()
     row = {"id": "run", "state": RUNNING, "created": 1.0, "started": 1.0, "display_name": "run",
            "parent": "projects/local/locations/us-central1",
            "spec": {"pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": "gs://b0/root"}},
