@@ -48,6 +48,22 @@ def aiplatform(platform, gcs_emulator):
 
 
 @pytest.fixture(scope="module", name="sdk")
+def experiments_sdk(aiplatform):
+    """``sdk`` of the experiment tests: ``aiplatform`` with ``google.auth.default()`` answering anonymous
+    credentials. The SDK asks it when an experiment reuses the global TensorBoard
+    (metadata._ExperimentTracker._get_global_tensorboard), whatever init() was given, and this machine has no
+    Google credentials, as a local platform's user need not have. The experiment tracker is reset after."""
+    import google.auth
+    import google.auth.credentials
+
+    saved = google.auth.default
+    google.auth.default = lambda *a, **k: (google.auth.credentials.AnonymousCredentials(), "local")
+    yield aiplatform
+    google.auth.default = saved
+    aiplatform.metadata.metadata._experiment_tracker.reset()
+
+
+@pytest.fixture(scope="module", name="sdk")
 def pipeline_sdk(aiplatform):
     """``sdk`` of the pipeline tests: ``aiplatform`` with PipelineJob's 5 s poll cut to 0.5 s and Cloud
     Resource Manager failing at once."""

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.platform.conftest import PARENT, STAGING_BUCKET
-from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the module's SDK fixture)
+from tests.platform.jobs_helpers import aiplatform, experiments_sdk  # noqa: F401  (the module's SDK fixtures)
 
 EXPERIMENT = "exp-autolog-job"
 SCRIPT = '''\
@@ -30,19 +30,6 @@ import importlib.util, google.protobuf, mlflow, sys
 print("job python", sys.prefix, "protobuf", google.protobuf.__version__, "mlflow", mlflow.__version__,
       "modelyard", importlib.util.find_spec("modelyard") is not None)
 '''
-
-
-@pytest.fixture(scope="module")
-def sdk(aiplatform):  # noqa: F811
-    import google.auth
-    import google.auth.credentials
-
-    # The SDK asks google.auth.default() when an init(experiment=) reuses the global TensorBoard: none here.
-    saved = google.auth.default
-    google.auth.default = lambda *a, **k: (google.auth.credentials.AnonymousCredentials(), "local")
-    yield aiplatform
-    google.auth.default = saved
-    aiplatform.metadata.metadata._experiment_tracker.reset()
 
 
 @pytest.mark.e2e

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from tests.platform.conftest import PARENT, STAGING_BUCKET as STAGING
-from tests.platform.jobs_helpers import aiplatform  # noqa: F401  (the module's SDK fixture)
+from tests.platform.jobs_helpers import aiplatform, experiments_sdk  # noqa: F401  (the module's SDK fixtures)
 
 EXPERIMENT = "exp-flows"
 PARAMS = {"sdk-param-test-1": 0.1, "sdk-param-test-2": 0.2}
@@ -20,21 +20,6 @@ CLASSIFICATION = {"display_name": "my-classification-metrics", "labels": ["cat",
                   "matrix": [[9, 1], [1, 9]], "fpr": [0.1, 0.5, 0.9], "tpr": [0.1, 0.7, 0.9],
                   "threshold": [0.9, 0.5, 0.1]}
 STATE: dict = {}
-
-
-@pytest.fixture(scope="module")
-def sdk(aiplatform):  # noqa: F811
-    import google.auth
-    import google.auth.credentials
-
-    # The SDK asks google.auth.default() for credentials when it reuses a global experiment TensorBoard
-    # (metadata._ExperimentTracker._get_global_tensorboard), whatever init() was given: this machine has
-    # no Google credentials, as a local platform's user need not have.
-    saved = google.auth.default
-    google.auth.default = lambda *a, **k: (google.auth.credentials.AnonymousCredentials(), "local")
-    yield aiplatform
-    google.auth.default = saved
-    aiplatform.metadata.metadata._experiment_tracker.reset()  # no experiment left set for other modules
 
 
 def _df_records(df: pd.DataFrame) -> list[dict]:
