@@ -19,7 +19,7 @@ import pytest
 
 from modelyard.batch import remote
 from modelyard.batch.readers import UNCOUNTED, RangedSource, iter_plan, read_chunk, reader, split
-from modelyard.batch.readers.crc32c import masked_crc
+from modelyard.crc32c import masked_crc
 from modelyard.batch.readers.lines import next_line_start
 from modelyard.batch.readers.tfrecord import next_record_start
 from modelyard.batch.spec import InputFile, JobSpec

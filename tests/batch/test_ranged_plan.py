@@ -16,7 +16,7 @@ import pytest
 from modelyard import objstore
 from modelyard.batch import remote
 from modelyard.batch.readers import FileSource, RangedSource, iter_plan, reader, source
-from modelyard.batch.readers.crc32c import masked_crc
+from modelyard.crc32c import masked_crc
 from modelyard.batch.spec import InputFile, JobSpec
 from tests.platform.conftest import STAGING_BUCKET
 from tests.batch.conftest import Recorded

@@ -6,6 +6,7 @@ what ``modelyard inspect`` shows (``inspect``), conversion of a signature to a T
 flatbuffer (``tflite``), and ``runtime/``: loading a version into TensorFlow or LiteRT and
 running predict / classify / regress on it.
 
-May import: ``modelyard.errors`` and third-party libraries. Never ``serving``, ``edge``,
+May import: ``modelyard.errors``, the checksum and framing leaves ``modelyard.crc32c`` and
+``modelyard.tfrecord_frames``, and third-party libraries. Never ``serving``, ``edge``,
 ``training`` or any other capability: they import this.
 """

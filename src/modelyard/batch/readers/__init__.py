@@ -9,8 +9,9 @@ the plan then knows each chunk's bytes but not its rows, which whoever reads the
 (``echo``: the JSON bytes to write as the output's "instance", or None to write the
 shaped instance; JSON Lines give ``RawJson`` instances, parsed only when needed) or ``BadRow(echo, message)`` for a record that cannot be read at all.
 
-May import: ``modelyard.errors``, ``modelyard.objstore`` (a file list's entries in storage) and the
-standard library; nothing of the job or the model.
+May import: ``modelyard.errors``, ``modelyard.objstore`` (a file list's entries in storage),
+``modelyard.tfrecord_frames`` and ``modelyard.crc32c`` (TFRecord's framing and checksum, shared with the
+warmup reader) and the standard library; nothing of the job or the model.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """TFRecord files: each record (a serialized tf.Example, or any bytes) is one instance ``{"b64": ...}``.
 
-The framing is TFRecord's: uint64 length, uint32 masked CRC of the length, the data, uint32
-masked CRC of the data (little-endian). Length CRCs are checked while scanning, so a
+The framing is TFRecord's (``modelyard.tfrecord_frames``: uint64 length, uint32 masked CRC of the
+length, the data, uint32 masked CRC of the data). Length CRCs are checked while scanning, so a
 truncated or corrupt file fails the plan with its offset instead of yielding garbage.
 
 Split by probes (``probe``), a boundary is the first offset at or after the nominal one where a
@@ -13,20 +13,19 @@ CRC follows.
 from __future__ import annotations
 
 import base64
-import struct
 from collections.abc import Iterator
 
 import numpy as np
 import orjson
 
+from modelyard import tfrecord_frames
 from modelyard.batch.readers.rows import BadRow, Row
-from modelyard.batch.readers.crc32c import masked_crc
 from modelyard.batch.readers import split
 from modelyard.batch.readers.source import PROBE, Source, opened
+from modelyard.tfrecord_frames import FrameError, header_length
 
-_HEADER = struct.Struct("<QI")
-_CRC = struct.Struct("<I")
-_SMALLEST = _HEADER.size + 4  # a record of no data
+_HEADER = tfrecord_frames.HEADER
+_SMALLEST = tfrecord_frames.OVERHEAD  # a record of no data
 # Records that must check one after the other for a probe to take an offset as a record start: a
 # record's data holding whole TFRecords passes the first checks, and its chain breaks where the outer
 # record's data CRC follows. More than CHAIN whole records in a row inside one record's data would
@@ -41,8 +40,8 @@ def scan(file: str | Source, chunk_rows: int):
 def _length(head: bytes, path: str, where: str) -> int:
     """A record header's data length, its CRC checked: a bad one means a corrupt file (or not a TFRecord
     file at all), never a record to read past. ``where`` says where the header is, for the message."""
-    length, length_crc = _HEADER.unpack(head)
-    if masked_crc(head[:8]) != length_crc:
+    length = header_length(head)
+    if length is None:
         raise ValueError(f"{path}: corrupt TFRecord length at {where} (CRC mismatch); not a TFRecord file?")
     return length
 
@@ -76,12 +75,11 @@ def _record_end(source: Source, pos: int) -> int | None:
     head = source.read(pos, _HEADER.size)
     if len(head) < _HEADER.size:
         return None
-    length, length_crc = _HEADER.unpack(head)
-    end = pos + _HEADER.size + length + 4
-    if masked_crc(head[:8]) != length_crc or end > source.size:
+    length = header_length(head)
+    if length is None or pos + _SMALLEST + length > source.size:
         return None
     body = source.read(pos + _HEADER.size, length + 4)
-    return end if masked_crc(body[:length]) == _CRC.unpack_from(body, length)[0] else None
+    return pos + _SMALLEST + length if tfrecord_frames.data_intact(body, 0, length) else None
 
 
 def next_record_start(source: Source, pos: int) -> int:
@@ -98,7 +96,7 @@ def next_record_start(source: Source, pos: int) -> int:
             lengths |= window[b:b + n].astype(np.uint64) << np.uint64(8 * b)
         room = (size - _SMALLEST - pos) - np.arange(n, dtype=np.int64)
         for i in np.flatnonzero(lengths.astype(np.float64) <= room.astype(np.float64)).tolist():
-            if masked_crc(data[i:i + 8]) != _CRC.unpack_from(data, i + 8)[0]:
+            if header_length(data[i:i + _HEADER.size]) is None:
                 continue
             if _chain_holds(source, pos + i):
                 return pos + i
@@ -144,24 +142,24 @@ def probe(source: Source, chunk_rows: int):
 
 def decode(data: bytes, context, path: str, first_row: int) -> list:
     rows: list = []
-    view = memoryview(data)
-    pos = n = 0
-    while pos < len(data):
-        if pos + _HEADER.size + 4 > len(data):
-            raise ValueError(f"{path}: truncated TFRecord header at byte {pos} of the chunk")
-        # Checked here too: a chunk found by probes had only its first records' headers checked.
-        length = _length(bytes(view[pos:pos + _HEADER.size]), path, f"byte {pos} of the chunk")
-        start = pos + _HEADER.size
-        if start + length + 4 > len(data):
-            raise ValueError(f"{path}: the TFRecord record at byte {pos} of the chunk runs past its end "
-                             "(a truncated file?)")
-        record = bytes(view[start:start + length])
-        (data_crc,) = struct.unpack_from("<I", view, start + length)
-        pos = start + length + 4
-        instance = {"b64": base64.b64encode(record).decode("ascii")}
-        if masked_crc(record) != data_crc:
-            rows.append(BadRow(orjson.dumps(instance), f"{path} record {first_row + n + 1}: data CRC mismatch (corrupt record)"))
-        else:
-            rows.append(Row(instance, None))
-        n += 1
+    try:
+        # Every header checked here too: a chunk found by probes had only its first records' headers checked.
+        for n, (_, record, intact) in enumerate(tfrecord_frames.walk(data)):
+            instance = {"b64": base64.b64encode(record).decode("ascii")}
+            if intact:
+                rows.append(Row(instance, None))
+            else:
+                rows.append(BadRow(orjson.dumps(instance), f"{path} record {first_row + n + 1}: data CRC mismatch (corrupt record)"))
+    except FrameError as exc:
+        raise ValueError(_CHUNK_ERRORS[exc.kind].format(path=path, pos=exc.offset)) from None
     return rows
+
+
+# How a chunk's FrameError reads in a job's error.
+_CHUNK_ERRORS = {
+    tfrecord_frames.TRUNCATED_HEADER: "{path}: truncated TFRecord header at byte {pos} of the chunk",
+    tfrecord_frames.BAD_LENGTH: "{path}: corrupt TFRecord length at byte {pos} of the chunk (CRC mismatch); "
+                                "not a TFRecord file?",
+    tfrecord_frames.TRUNCATED_DATA: "{path}: the TFRecord record at byte {pos} of the chunk runs past its end "
+                                    "(a truncated file?)",
+}

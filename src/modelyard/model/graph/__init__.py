@@ -8,5 +8,6 @@ signature into a list of kernel calls; ``model.runtime.graph_servable`` serves t
 A graph with an op outside ``ops.KERNELS`` is refused at load, naming the ops. ``messages_only`` writes the
 slim image's ``tensorflow`` package: TensorFlow's message modules without its runtime.
 
-May import: ``modelyard.model`` (not ``model.runtime``, which imports this) and ``modelyard.errors`` only.
+May import: ``modelyard.model`` (not ``model.runtime``, which imports this), ``modelyard.errors`` and the
+leaves ``modelyard.crc32c`` and ``modelyard.tfrecord_frames`` only.
 """

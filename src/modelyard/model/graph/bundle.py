@@ -13,48 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from modelyard.crc32c import crc32c, unmask  # LevelDB's checksum and its mask, as TFRecord's
 from modelyard.model import dtypes
 
 _TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48
-_MASK_DELTA = 0xA282EAD8
 
 
 class BundleError(Exception):
     """The variables cannot be read; the message names the file and what is wrong."""
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE: list[int] = []
-
-
-def crc32c(data: bytes, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``: google-crc32c's C code when installed."""
-    try:
-        import google_crc32c
-    except ImportError:  # the pure-Python fallback: slow (about 1 MB/s), right
-        if not _TABLE:
-            _TABLE.extend(_crc32c_table())
-        c = crc ^ 0xFFFFFFFF
-        for byte in data:
-            c = _TABLE[(c ^ byte) & 0xFF] ^ (c >> 8)
-        return c ^ 0xFFFFFFFF
-    return google_crc32c.extend(crc, bytes(data)) if crc else google_crc32c.value(bytes(data))
-
-
-def unmask(masked: int) -> int:
-    """LevelDB's stored CRCs are masked (rotated and offset) so a CRC of CRCs is not trivially zero."""
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
-    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
