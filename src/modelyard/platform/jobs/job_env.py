@@ -4,7 +4,9 @@
   --system-site-packages --without-pip`` over the platform's interpreter, plus a ``.pth`` adding the
   platform's own site directories, so TensorFlow, modelyard etc. stay importable even when the
   platform itself runs in a venv). Its ``bin`` is first on ``PATH`` (``python3``, ``pip`` and
-  ``pip3`` are the venv's, so a job's ``pip install --upgrade pip`` never touches the platform), and
+  ``pip3`` are the venv's, so a job's ``pip install --upgrade pip`` never touches the platform; an
+  install that conflicts with the platform's packages turns the venv into one of the job's own:
+  ``job_packages.job_pip``), and
   ``PYTHONUSERBASE`` is in the work dir (``pip install --user`` stays in the job). A
   ``python_package_spec``'s packages are installed into it *with* their dependencies (PyPI;
   requirements the platform already has are not installed again; a requirement set the package
@@ -36,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import site
 import subprocess
@@ -153,9 +156,14 @@ class PythonEnv:
         # google-cloud-aiplatform's defaults in a job: the platform's API (sdk_defaults), loaded on import.
         shutil.copyfile(Path(__file__).with_name("sdk_defaults.py"), purelib / "_modelyard_sdk_defaults.py")
         (purelib / "_modelyard_sdk_defaults.pth").write_text("import _modelyard_sdk_defaults\n")
-        for name in ("pip", "pip3"):  # pip of the platform's interpreter, installing into this venv
+        # pip of the platform's interpreter, installing into this venv; an install whose packages conflict
+        # with the platform's makes this venv one of the job's own first (job_packages.job_pip: the rule).
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[3])!r}); "
+                "from modelyard.platform.jobs.job_packages import job_pip; sys.exit(job_pip())")
+        for name in ("pip", "pip3"):
             tool = self.root / "bin" / name
-            tool.write_text(f'#!/bin/sh\nexec "{self.python}" -m pip "$@"\n')
+            tool.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} '
+                            f'{shlex.quote(str(self.root))} "$@"\n')
             tool.chmod(0o700)
         # venv copies its activate scripts with their templates' modes (0644), past the platform's umask:
         # the job's files are its user's alone, as the rest of the state directory.

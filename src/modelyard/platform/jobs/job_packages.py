@@ -7,7 +7,9 @@ installed with the requirements they declare (``CustomJob.from_local_script(requ
 and ``CustomTrainingJob`` build such a source distribution, ``aiplatform_custom_trainer_script``).
 The same rule holds for a CustomJob's every pool, a training pipeline (its backing CustomJob), every
 trial of a HyperparameterTuningJob (installed once for the job, then each trial runs the module),
-and a replica on a Ray node (``install`` there, from storage).
+and a replica on a Ray node (``install`` there, from storage). A job that installs packages itself (a
+custom container's command ``pip install ...``, as the SDK's ``from_local_script`` writes it for a custom
+image) meets the same rule through its pip (``job_pip``).
 
 What is checked when the job is created (``check``; 400 INVALID_ARGUMENT naming the field, nothing
 made), because it costs little and every replica or trial would fail on it otherwise:
@@ -278,3 +280,90 @@ def trial_pool(pool: dict, python: job_env.PythonEnv, mount: job_env.GcsMount | 
     out["containerSpec"] = {"imageUri": image, "command": command,
                             "args": [rewrite(str(a)) for a in spec.get("args") or []], "env": env}
     return out
+
+
+# ---- a job's own `pip install` (its environment's pip and pip3) ----------------------------------
+# The options of an install the rule reads (any other: pip's, as before: -e, --index-url, -c, ...).
+_PIP_QUIET_FLAGS = {"-q", "--quiet", "-U", "--upgrade", "--user", "--no-cache-dir", "--disable-pip-version-check",
+                    "--no-input", "--no-warn-script-location", "-v", "--verbose"}
+
+
+def pip_install_items(args: list[str]) -> list[str] | None:
+    """The packages and requirements of a plain ``pip install`` (``args``: pip's arguments; ``-r FILE``
+    read), None for any other pip command or an option the rule does not read."""
+    if not args or args[0] != "install":
+        return None
+    items: list[str] = []
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg in ("-r", "--requirement"):
+            try:
+                lines = Path(next(rest)).read_text().splitlines()
+            except (StopIteration, OSError):
+                return None
+            lines = [line.split(" #", 1)[0].strip() for line in lines]
+            if any(line.startswith("-") for line in lines):
+                return None
+            items += [line for line in lines if line and not line.startswith("#")]
+        elif arg.startswith("-"):
+            if arg not in _PIP_QUIET_FLAGS:
+                return None
+        else:
+            items.append(arg)
+    return items or None
+
+
+def job_pip(argv: list[str] | None = None) -> int:
+    """A job's ``pip`` (``argv``: its environment's root, then pip's arguments; default ``sys.argv[1:]``).
+
+    A plain install (``pip_install_items``) follows the rule of a ``python_package_spec``'s packages
+    (``job_python.plan``): when what it installs conflicts with the platform's packages, the job's
+    environment becomes one of its own in place (``OwnPythonEnv``: the requirements' own resolution, the
+    packages without their dependencies; ``--user`` then means that environment), so the ``python3`` the
+    job runs next sees what it asked for and the platform's packages are untouched, as in a fresh
+    container on Vertex. Anything else is pip of the job's interpreter, as before. Exit status: pip's, or 1
+    with the reason on stderr."""
+    from modelyard.platform.jobs.job_runner import JobFailed
+
+    argv = sys.argv[1:] if argv is None else argv
+    root, args = Path(argv[0]), list(argv[1:])
+    try:
+        own = _conflicting(root, args)
+        if own is not None:
+            import fcntl
+
+            resolution, files = own
+            with open(root / ".own.lock", "w") as lock:  # the replicas of one job share its environment
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                python = job_python.OwnPythonEnv(root.parent, resolution)
+                python.create()
+                python.install(files)
+            return 0
+    except JobFailed as exc:
+        print(f"[modelyard] pip {' '.join(args)}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    python = str(root / "bin" / "python")
+    os.execv(python, [python, "-m", "pip", *args])
+    return 1  # not reached
+
+
+def _conflicting(root: Path, args: list[str]) -> tuple[list[dict], list[str]] | None:
+    """``(resolution, package files)`` when the install ``args`` conflicts with the platform's packages
+    (job_python.plan, its reason said on stdout: the job's log), else None."""
+    items = pip_install_items(args)
+    if items is None:
+        return None
+    files = [i for i in items if i.endswith(_ARCHIVES) and os.path.isfile(i)]
+    named = [i for i in items if i not in files]
+    if any("/" in i or i.startswith(".") for i in named):  # a folder, a URL: only pip's build tells
+        return None
+    declared = [job_env.declared_requirements(f) for f in files]
+    if any(reqs is None for reqs in declared):
+        return None
+    wanted = sorted({*named, *(r for reqs in declared for r in reqs)})
+    try:
+        resolution = job_python.plan(wanted, lambda reqs: _unsatisfied(reqs, "pip install"),
+                                     root.parent.parent / ".python-deps", lambda words: print(words, flush=True))
+    except ApiError:  # not a requirement at all: pip says so in its words
+        return None
+    return None if resolution is None else (resolution, files)

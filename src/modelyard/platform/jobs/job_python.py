@@ -8,19 +8,26 @@ protobuf 7 and pandas 3. On Vertex such a job gets a fresh container; here it ge
 its own. The one rule (``plan``):
 
 - requirements the platform's environment meets (extras included) need nothing;
-- the others are resolved with every package the platform has held at its version (``platform_pins``):
-  if that resolution exists, they install beside the platform, as before (``job_env``: what is missing
-  goes into a shared environment that sees the platform's);
+- the others are resolved on their own first (``resolve``: what a fresh container of Vertex's would get;
+  none at all fails the job with the resolver's words), then with every package the platform has held at
+  its version (``platform_pins``) and every package the platform lacks held at the major version the
+  fresh resolution gives it (``fresh_floors``): if that resolution exists, they install beside the
+  platform, as before (``job_env``: what is missing goes into a shared environment that sees the
+  platform's);
 - if it does not, they **conflict** with the platform: the job gets ``OwnPythonEnv``, a virtual
   environment that does not see the platform's site-packages, holding exactly the requirements'
   resolution on their own (the job's log says so, naming the packages it holds below the platform's
   versions: ``protobuf 7.36.2 -> 5.29.6``). It is made once per requirement set
   (``.python-deps/own-{hash}`` beside the jobs' folders), by the first job that needs it, with the
   installer's progress in that job's log; the next job with the same requirements finds it ready.
-  Requirements that have no resolution at all fail the job with the resolver's words.
 
-The resolver is uv (``resolver``: a virtual environment of the jobs' own holding it, made once), with
-``HINTS``; the verdict and the resolution are kept per requirement set, so a second job asks nothing.
+The rule asks the same of a ``python_package_spec``'s packages (``job_packages.install``, before the job
+starts) and of a job's own ``pip install`` (``job_packages.job_pip``: a custom container's command that
+installs its package itself, as the SDK's ``from_local_script`` writes it); the latter turns the job's
+platform-seeing environment into an own one in place, so the ``python3`` that runs next sees it.
+
+The resolver is uv, a dependency of modelyard found beside this interpreter (``resolver``); the verdict
+and the resolution are kept per requirement set, so a second job asks nothing.
 
 Inside an own environment the job still finds the platform without modelyard: its variables
 (``AIP_*``, ``CLOUD_ML_*``, the experiment's, ``GCE_METADATA_HOST`` and ``STORAGE_EMULATOR_HOST`` of
@@ -41,15 +48,9 @@ from typing import Callable
 from modelyard import tf_gcs
 from modelyard.platform.jobs import job_env
 
-# Constraints given with every job requirement set resolved here. google-cloud-aiplatform[autologging] allows
-# mlflow>=1.27; 1.x imports protos that protobuf >= 4 refuses, and 1.27's metadata pip refuses, yet a resolver
-# given the platform's protobuf and pandas falls back to it (uv does; pip walks back through every MLflow 2
-# release first). The SDK's plugin is written against MLflow 2.
-HINTS = ("mlflow>=2",)
-# The resolver: uv. pip's resolver took > 5 min on the SDK's autologging set here, even with HINTS and pip 26
-# (this index serves no PEP 658 metadata, so pip fetches every candidate wheel, ~2 GB, or with fast-deps a
-# range request per candidate); uv resolves it in seconds, and installs ~90 wheels in parallel.
-UV = "uv>=0.5,<1"
+# The resolver: uv (a dependency in pyproject.toml). pip's resolver took > 5 min on the SDK's autologging set
+# here, even pip 26 (this index serves no PEP 658 metadata, so pip fetches every candidate wheel, ~2 GB, or
+# with fast-deps a range request per candidate); uv resolves it in seconds, and installs ~90 wheels in parallel.
 RESOLVE_TIMEOUT_S = 600.0
 
 
@@ -74,33 +75,30 @@ def pip_env() -> dict[str, str]:
     return {**env, "PIP_NO_INPUT": "1"}
 
 
-def resolver(cache: Path) -> str:
-    """The jobs' resolver under ``cache``: a virtual environment holding ``UV``, made once; its ``uv``."""
-    import fcntl
-    import venv
+def resolver() -> str:
+    """uv's executable, installed beside this interpreter with modelyard (its ``uv`` dependency); the job
+    fails FAILED_PRECONDITION saying how to install it when it is missing."""
+    from modelyard.platform.jobs.job_runner import JobFailed
 
-    root = cache / "resolver"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / "resolver.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "ready").exists():
-            venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(str(root))
-            done = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                                   "--disable-pip-version-check", UV], capture_output=True, text=True, env=pip_env())
-            if done.returncode != 0:
-                _fail(f"could not install {UV} to resolve the job's requirements: {pip_words(done.stderr)}")
-            (root / "ready").write_text(UV + "\n")
-    return str(root / "bin" / "uv")
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError) as exc:  # uv's UvNotFound is a FileNotFoundError
+        raise JobFailed(f"python_package_spec: uv, the resolver of jobs' requirements (a dependency of modelyard), "
+                        f"is not installed beside the platform's Python {sys.executable} ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0]}): install it there (pip install 'uv>=0.5,<1') and restart "
+                        "the platform", "FAILED_PRECONDITION") from None
 
 
 def resolve(requirements: list[str], uv: str, constraints: list[str] = (),
             timeout: float | None = RESOLVE_TIMEOUT_S) -> list[dict]:
     """The versions an empty environment of this interpreter gets for ``requirements`` (and
-    ``constraints``, with ``HINTS``): ``[{"name", "version"}]``, nothing installed. ResolveError with
-    the resolver's explanation when there is none."""
+    ``constraints``): ``[{"name", "version"}]``, nothing installed. ResolveError with the resolver's
+    explanation when there is none."""
     with tempfile.TemporaryDirectory(prefix="modelyard-resolve-") as tmp:
         (Path(tmp) / "in.txt").write_text("\n".join(requirements) + "\n")
-        (Path(tmp) / "c.txt").write_text("\n".join([*HINTS, *constraints]) + "\n")
+        (Path(tmp) / "c.txt").write_text("\n".join(constraints) + "\n")
         try:
             done = subprocess.run([uv, "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
                                    sys.executable, "-c", str(Path(tmp) / "c.txt"), str(Path(tmp) / "in.txt")],
@@ -157,9 +155,38 @@ def older_than_platform(resolution: list[dict], installed: dict[str, str]) -> li
     return out
 
 
+def fresh_floors(resolution: list[dict], installed: dict[str, str]) -> list[str]:
+    """Constraints holding each package of ``resolution`` (the requirements resolved on their own) that the
+    platform lacks at that resolution's major version (its minor, for a 0.x release): ``mlflow>=2``.
+
+    Why: resolved beside the platform, a package the platform lacks may be walked back to an old major
+    version only because the platform's pins exclude the newer ones, and that resolution "succeeds" with a
+    package the job's code was not written for. ``google-cloud-aiplatform[autologging]`` allows
+    ``mlflow>=1.27``: beside protobuf 7 a resolver settles on MLflow 1.x (uv does; pip walks back through every
+    MLflow 2 release first), whose generated protos protobuf >= 4 refuses at import, while a fresh container
+    gets MLflow 2. Held at the fresh major, such a set conflicts, and the job gets what Vertex would give it."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for item in resolution:
+        if canonicalize_name(item["name"]) in installed:
+            continue  # the platform's own: pinned at its version already
+        try:
+            release = Version(item["version"]).release
+        except InvalidVersion:
+            continue
+        floor = f"{release[0]}" if release[0] or len(release) < 2 else f"0.{release[1]}"
+        out.append(f"{item['name']}>={floor}")
+    return out
+
+
+RULE = "fresh-major"  # in the cache key: a verdict kept by an earlier rule is not this rule's
+
+
 def requirements_key(requirements: list[str]) -> str:
-    """The cache key of a requirement set: the set, the hints and the interpreter."""
-    return hashlib.sha256(json.dumps([sys.executable, sorted(requirements), list(HINTS)]).encode()).hexdigest()[:20]
+    """The cache key of a requirement set: the set, the rule and the interpreter."""
+    return hashlib.sha256(json.dumps([sys.executable, sorted(requirements), RULE]).encode()).hexdigest()[:20]
 
 
 def plan(requirements: list[str], unsatisfied: Callable[[list[str]], list[str]], cache: Path,
@@ -169,27 +196,32 @@ def plan(requirements: list[str], unsatisfied: Callable[[list[str]], list[str]],
     "version"}]``) an own environment installs, after saying why in the job's log (``say``).
 
     The rule: requirements the platform meets (``unsatisfied``: ``job_packages``') need nothing; the
-    others are resolved with every platform package held at its version (``platform_pins``): if that
-    resolution exists they install beside the platform (None); if it does not, they conflict, and the
-    job gets their resolution on their own. The answer is kept under ``cache`` per requirement set."""
+    others are resolved on their own (none: the job fails with the resolver's words), then with every
+    platform package held at its version (``platform_pins``) and the packages the platform lacks at their
+    fresh major version (``fresh_floors``): if that resolution exists they install beside the platform
+    (None); if it does not, they conflict, and the job gets their own resolution. The answer is kept under
+    ``cache`` per requirement set."""
     if not requirements or not unsatisfied(requirements):
         return None
     kept = cache / f"plan-{requirements_key(requirements)}.json"
     if kept.exists():
         resolution, why = json.loads(kept.read_text())
     else:
-        uv = resolver(cache)
+        uv = resolver()
         have = installed()
         try:
-            resolve(requirements, uv, platform_pins(have))
+            alone = resolve(requirements, uv)
+        except ResolveError as exc:
+            if exc.timed_out:
+                _fail(str(exc))
+            _fail(f"the packages' requirements {requirements!r} cannot be resolved: {exc}")
+        try:
+            resolve(requirements, uv, platform_pins(have) + fresh_floors(alone, have))
             resolution, why = None, ""
         except ResolveError as exc:
             if exc.timed_out:
                 _fail(str(exc))
-            try:
-                resolution = resolve(requirements, uv)
-            except ResolveError as alone:
-                _fail(f"the packages' requirements {requirements!r} cannot be resolved: {alone}")
+            resolution = alone
             why = "; ".join(older_than_platform(resolution, have)) or str(exc).splitlines()[-1]
         cache.mkdir(parents=True, exist_ok=True)
         partial = kept.with_suffix(f".{os.getpid()}.partial")
@@ -218,13 +250,25 @@ class OwnPythonEnv(job_env.PythonEnv):
         self.resolution = resolution
 
     def create(self) -> None:
+        """Make the environment, or turn the job's platform-seeing one (``job_env.PythonEnv``, whose pip
+        found a conflict: ``job_packages.job_pip``) into it in place: its interpreter then sees none of the
+        platform's site-packages, nor what was installed beside them."""
         _bare_venv(self.root)
+        _see_no_system_site(self.root)
         purelib = self.purelib
-        # google-cloud-aiplatform's defaults in a job (standard library only): the platform's API.
         purelib.mkdir(parents=True, exist_ok=True)
+        for name in ("_modelyard_platform_site.pth", "_modelyard_deps.pth"):
+            (purelib / name).unlink(missing_ok=True)
+        # google-cloud-aiplatform's defaults in a job (standard library only): the platform's API.
         (purelib / "_modelyard_sdk_defaults.py").write_bytes(Path(job_env.__file__).with_name("sdk_defaults.py")
                                                               .read_bytes())
         (purelib / "_modelyard_sdk_defaults.pth").write_text("import _modelyard_sdk_defaults\n")
+        # The platform's source tree, when it runs from a checkout, is on its PYTHONPATH and so on the job's
+        # unless the job's environment is made here (``env``): a job's pip that turns it own cannot change
+        # the shell it runs in, so the interpreter drops that folder itself.
+        source = os.path.realpath(Path(job_env.__file__).parents[3])
+        (purelib / "_modelyard_no_platform_path.pth").write_text(
+            f"import os, sys; sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != {source!r}]\n")
         for name in ("pip", "pip3"):  # a job's pip installs into its own environment
             tool = self.root / "bin" / name
             tool.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pip --python "{self.python}" "$@"\n')
@@ -269,6 +313,15 @@ def _bare_venv(root: Path) -> None:
         venv.EnvBuilder(system_site_packages=False, with_pip=False, symlinks=True).create(str(root))
 
 
+def _see_no_system_site(root: Path) -> None:
+    """The virtual environment at ``root`` no longer sees its base interpreter's site-packages (nor the
+    user's, which Python then leaves out too)."""
+    cfg = root / "pyvenv.cfg"
+    lines = cfg.read_text().splitlines()
+    out = [line for line in lines if line.split("=", 1)[0].strip() != "include-system-site-packages"]
+    cfg.write_text("\n".join([*out, "include-system-site-packages = false"]) + "\n")
+
+
 def _own_deps(cache: Path, resolution: list[dict]) -> job_env.PythonEnv:
     """The environment holding exactly ``resolution``, seeing nothing else; made once per resolution
     (concurrent jobs wait for the one making it), its pip output in the maker's log."""
@@ -294,7 +347,7 @@ def _own_deps(cache: Path, resolution: list[dict]) -> job_env.PythonEnv:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="pins-", dir=cache, delete=False) as f:
             f.write("\n".join(pins) + "\n")
         try:
-            done = subprocess.run([resolver(cache), "pip", "install", "--python", env.python, "--no-deps", "-r", f.name],
+            done = subprocess.run([resolver(), "pip", "install", "--python", env.python, "--no-deps", "-r", f.name],
                                   stderr=subprocess.STDOUT, text=True, env=pip_env())  # its progress: the job's log
         finally:
             os.unlink(f.name)
