@@ -246,14 +246,14 @@ def test_a_ray_jobs_nodes_get_the_jobs_token_never_the_platforms(monkeypatch):
     assert ADMIN not in json.dumps([delta, replicas_ray._storage_env()])
 
 
-def test_only_a_custom_job_on_ray_has_its_identity_served_on_the_nodes():
-    """Under --engine ray a custom job's replicas run on Ray nodes (each node serves the job's identity);
-    tuning trials, batch jobs and training pipelines' own processes run on the platform's host and get
-    the job's metadata server there, as under --engine local."""
+def test_only_custom_and_tuning_jobs_on_ray_have_their_identity_served_on_the_nodes():
+    """Under --engine ray a custom job's replicas and a tuning job's trials (each a job: trial_job) run on
+    Ray nodes (each node serves the job's identity); batch jobs and training pipelines' own processes run
+    on the platform's host and get the job's metadata server there, as under --engine local."""
     from modelyard.platform.jobs import job_runner
 
     ray = {"engine": {"name": "ray", "address": "127.0.0.1:1"}}
     elsewhere = {kind: getattr(job_runner.kind_module(kind), "processes_elsewhere", lambda job: False)
                  for kind in job_runner.MODULES}
     assert elsewhere["customJobs"](ray) and not elsewhere["customJobs"]({"engine": None})
-    assert [kind for kind, rule in elsewhere.items() if rule(ray)] == ["customJobs"]
+    assert [kind for kind, rule in elsewhere.items() if rule(ray)] == ["customJobs", "hyperparameterTuningJobs"]

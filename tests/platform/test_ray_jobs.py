@@ -16,6 +16,9 @@ a worker on the two nodes writes its model to AIP_MODEL_DIR (gs://), and the Mod
 deploys; a job whose node is killed fails naming that node. Issue 44: each replica finds its project
 and credentials (``google.auth.default()``) from a metadata server its node runs for it, and the chief
 copies the model with TensorFlow's own ``tf.io.gfile`` through its node's storage gateway.
+A HyperparameterTuningJob's trials (the stock SDK's) are jobs placed on the nodes as a CustomJob's
+replicas are: each trial's process records the Ray node its actor gave it, reports its metric with
+``cloudml-hypertune`` on the node's disk, and the SDK reads the trials' measurements back.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from tests.ray_cluster import ask_driver, ensure_nodes, session_cluster
 
 PROBE = str(Path(__file__).with_name("job_scripts") / "node_probe.py")
 TRAIN = str(Path(__file__).with_name("job_scripts") / "train_gcs.py")
+TRIAL = str(Path(__file__).with_name("job_scripts") / "trial_node.py")
 TRAIN_IMAGE = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-12.py310:latest"
 SERVE_IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-12:latest"
 STARTED = re.compile(r"(\w+:\d+) \| \[modelyard\] started pid (\d+) on Ray node (\w+) \(([^)]+)\)")
@@ -274,3 +278,38 @@ def test_a_job_whose_node_dies_fails_naming_it(platform, ray_cluster, tmp_path):
         assert _actors(ray_cluster, name) == []
     finally:
         ensure_nodes(cluster, 2)
+
+
+def test_tuning_trials_run_on_ray_nodes(platform, aiplatform, ray_cluster, tmp_path):
+    """Each trial is a job on a Ray node (tuning_jobs.engine_trials -> trial_job -> custom_jobs.run_pools):
+    its process has the node id its actor gave it, works in the node's scratch directory (where its
+    hypertune file is written), and its measurements reach the trial through the SDK."""
+    from google.cloud.aiplatform import hyperparameter_tuning as hpt
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+    from google.cloud.aiplatform.compat.types import study as gca_study
+
+    custom = aiplatform.CustomJob(display_name="trial", base_output_dir=str(tmp_path), worker_pool_specs=[{
+        "machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+        "container_spec": {"image_uri": "us-docker.pkg.dev/p/trainer:1", "command": [sys.executable, TRIAL]}}])
+    job = aiplatform.HyperparameterTuningJob(
+        display_name="trials-on-ray", custom_job=custom, metric_spec={"score": "maximize"},
+        parameter_spec={"x": hpt.DoubleParameterSpec(min=0.0, max=1.0, scale="linear")},
+        max_trial_count=2, parallel_trial_count=2)
+    job.run(sync=True)
+    assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED, _log(platform, job.resource_name)[-3000:]
+    ray_now = _ask_ray(ray_cluster, job.resource_name)
+    trials = job.trials
+    assert [t.id for t in trials] == ["1", "2"]
+    for t in trials:
+        assert t.state == gca_study.Trial.State.SUCCEEDED
+        x = t.parameters[0].value
+        assert t.final_measurement.metrics[0].value == pytest.approx(1.0 - (x - 0.3) ** 2, abs=1e-9)
+        assert [m.step_count for m in t.measurements] == [1, 2]
+        trial_dir = tmp_path / f"trial-{int(t.id):04d}"
+        where = json.loads((trial_dir / "model" / "where.json").read_text())  # copied back from its node
+        assert where["trial"] == t.id and where["node_id"] in ray_now["nodes"], (where, ray_now)
+        # On the node's own disk (a scratch dir of its actor), not in the platform's trial directory.
+        assert "/modelyard-jobs/job-" in where["cwd"] and where["metric_file"].startswith(where["cwd"]), where
+        log = (trial_dir / "trial.log").read_text()
+        assert f"[modelyard] started pid {where['pid']} on Ray node {where['node_id'][:12]}" in log, log
+    assert ray_now["actors"] == []  # every trial's actor ended with it (named modelyard-job-<job id>-trial-...)

@@ -171,12 +171,15 @@ def output_env(base: str) -> dict[str, str]:
 
 
 def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str] = (),
-              engine: dict | None = None, project: str = "local", storage_root: str | None = None) -> None:
+              engine: dict | None = None, project: str = "local", storage_root: str | None = None,
+              node_files: dict[str, bytes] | None = None) -> None:
     """Run the job's pools to the end; JobFailed (with the failed replica's last lines) if one fails,
     JobFailed(CANCELLED) on SIGTERM after stopping every replica. ``engine`` ``{"name": "ray",
     "address": ...}`` (the platform's ``--engine ray``) runs each replica on a Ray node (jobs_ray);
     otherwise they are processes of this host. The replicas' Python, variables and /gcs/ paths are
-    job_env's (``storage_root``: the Cloud Storage the platform serves, whose files /gcs/ paths are)."""
+    job_env's (``storage_root``: the Cloud Storage the platform serves, whose files /gcs/ paths are).
+    ``node_files`` (relative path -> bytes: a tuning trial's shipped files) go to each Ray node's
+    working directory; a local replica finds them in its own (the caller's)."""
     from modelyard.platform.jobs.job_runner import JobFailed
     from modelyard.training import cluster as cluster_mod
     from modelyard.training import launcher
@@ -201,7 +204,7 @@ def run_pools(job_spec: dict, work_dir: Path, job_id: str, extra_args: list[str]
         from modelyard.platform.jobs import jobs_ray
 
         node_setup = jobs_ray.NodeSetup.of([u for pool in pools for u in pool["packages"]],
-                                           None if scheme == "gs" else local_base)
+                                           None if scheme == "gs" else local_base, node_files)
         for pool in pools:
             if pool["packages"]:
                 pool["command"][0] = jobs_ray.PACKAGE_PYTHON

@@ -94,9 +94,9 @@ def apply(environ: MutableMapping[str, str], identity: Mapping[str, str]) -> Non
 def job_identity(work_dir: Path, job: dict, on_nodes: bool = False, fork: bool = False) -> Iterator[dict[str, str]]:
     """While a job's process runs its kind: its metadata server and storage gateway (``serve``), and this
     process's environment (inherited by everything the job starts) pointing at them. Yields the
-    variables set. ``on_nodes``: the job's processes run on Ray nodes (a custom job under ``--engine
-    ray``, its kind's ``processes_elsewhere``), each node serving its own (``jobs_ray``, with the same
-    ``serve``): none here. Tuning trials, batch jobs and the rest run here under either engine."""
+    variables set. ``on_nodes``: the job's processes run on Ray nodes (a custom job's replicas or a tuning
+    job's trials under ``--engine ray``, its kind's ``processes_elsewhere``), each node serving its own
+    (``jobs_ray``, with the same ``serve``): none here. Batch jobs and the rest run here under either engine."""
     storage = os.environ.get("STORAGE_EMULATOR_HOST")
     if not storage or on_nodes:
         yield {}

@@ -38,6 +38,11 @@ a scratch directory of its own):
   once its output is back.
 
 The replicas' output lines travel back to the platform's job log as they are printed (``read``).
+A tuning job's trial is a job of its own here (``trial_job``): its replica's metric files
+(``live_files``: the ``cloudml-hypertune`` file, ``metrics.json``) are brought back to the trial's
+directory on the platform while it runs (``JobReplicaActor.live``), so the tuner reads each
+measurement as it is reported; the files its command names by relative paths (``NodeSetup.files``)
+are written into its working directory first.
 A replica whose node dies ends as killed by SIGKILL; the launcher's supervision then fails the job
 naming that node (``[modelyard] started pid ... on Ray node ...`` is in its log).
 """
@@ -63,12 +68,14 @@ from modelyard import node_cache, objstore
 from modelyard.platform.dataplane.replicas_ray import NAMESPACE, _die_with_parent, connect
 from modelyard.training import launcher
 from modelyard.training.cluster import EVALUATOR, Task
+from modelyard.tuning.metrics import METRICS_JSON
 
 NODE_ID_ENV = "MODELYARD_RAY_NODE_ID"  # tells a replica which Ray node it runs on
 ACTOR_PREFIX = "modelyard-job-"
 PLACE_TIMEOUT_S = 300.0  # a busy cluster may free CPUs later; longer than that, the job cannot be placed
 CALL_TIMEOUT_S = 60.0
 READ_WAIT_S = 1.0  # how long one log read waits on the node for new lines
+LIVE_S = 0.5  # how often a trial's metric files are brought from its node while it runs
 
 
 # What a job's replica finds of its platform on any node: the storage (the job's own token for it, never
@@ -82,13 +89,17 @@ PACKAGE_PYTHON = "<job-python>"
 @dataclasses.dataclass(frozen=True)
 class NodeSetup:
     """What a node makes for a replica: the packages to install (each ``(file name, URI in storage |
-    bytes)``) and the platform's local base output directory, if the job has one."""
+    bytes)``), the platform's local base output directory, if the job has one, and files the job's
+    command names by relative paths (``(relative path, bytes)``: a tuning job's shipped trial files),
+    written into the replica's working directory."""
 
     packages: tuple[tuple[str, Any], ...] = ()
     host_output: str | None = None
+    files: tuple[tuple[str, bytes], ...] = ()
 
     @classmethod
-    def of(cls, package_uris: list[str], host_output: str | None) -> "NodeSetup":
+    def of(cls, package_uris: list[str], host_output: str | None,
+           files: dict[str, bytes] | None = None) -> "NodeSetup":
         """Packages in storage go as URIs; a file of the platform's host as its bytes."""
         packages = []
         from modelyard.platform.jobs.job_packages import storage_uri
@@ -99,7 +110,7 @@ class NodeSetup:
             else:
                 path = Path(objstore.local_path(uri))
                 packages.append((path.name, path.read_bytes()))
-        return cls(tuple(packages), host_output)
+        return cls(tuple(packages), host_output, tuple(sorted((files or {}).items())))
 
 
 def unpack_output(data: bytes, into: str) -> int:
@@ -108,6 +119,49 @@ def unpack_output(data: bytes, into: str) -> int:
         members = tar.getmembers()
         tar.extractall(into, filter="data")
     return len(members)
+
+
+def live_files(env: dict[str, str], output: Path) -> list[Path]:
+    """The files a tuning trial's metric is read from while it runs (``CLOUD_ML_HP_METRIC_FILE``, and
+    ``modelyard train``'s ``metrics.json`` in ``MODELYARD_JOB_DIR``), when they are under the node's
+    ``output`` (the trial's directory, copied back whole only at the end): the tuner on the platform
+    reads them live, for early stopping and the trial's measurements."""
+    named = [env.get("CLOUD_ML_HP_METRIC_FILE")]
+    if env.get("MODELYARD_JOB_DIR"):
+        named.append(os.path.join(env["MODELYARD_JOB_DIR"], METRICS_JSON))
+    out = []
+    for path in filter(None, named):
+        if Path(path).resolve().is_relative_to(output.resolve()):
+            out.append(Path(path))
+    return out
+
+
+def changed_files(paths: list[Path], root: Path, seen: dict[Path, int]) -> dict[str, bytes]:
+    """``paths`` (under ``root``) whose modification time changed since ``seen`` (updated), as
+    ``{path relative to root: contents}``; an absent file is left for the next call."""
+    out = {}
+    for path in paths:
+        try:
+            mtime = path.stat().st_mtime_ns
+            if seen.get(path) == mtime:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        seen[path] = mtime
+        out[path.resolve().relative_to(root.resolve()).as_posix()] = data
+    return out
+
+
+def write_live(host_output: str, files: dict[str, bytes]) -> None:
+    """``changed_files``' answer written under the platform's ``host_output``, each file replaced whole
+    (a reader never sees half of one)."""
+    for rel, data in files.items():
+        target = Path(host_output) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.live")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
 
 
 def _node() -> tuple[str, str]:
@@ -133,6 +187,8 @@ class JobReplicaActor:
         self._ended = False
         self._cond = threading.Condition()
         self._exited = threading.Event()
+        self._live: list[Path] = []  # a trial's metric files (live_files), read while it runs
+        self._live_seen: dict[Path, int] = {}
 
     def reserve(self, want_port: bool) -> dict:
         """This node's id and address, and (``want_port``) a port held free on it until ``start``."""
@@ -160,6 +216,12 @@ class JobReplicaActor:
         self.mount.stage_in(command + list(env.values()))
         command = [self.mount.rewrite(a) for a in command]
         env = {k: self.mount.rewrite(v) for k, v in env.items()}
+        for rel, data in setup.files:  # the command's relative paths find them in its working directory
+            target = (self.scratch / rel).resolve()
+            if not target.is_relative_to(self.scratch.resolve()):
+                raise ValueError(f"{rel}: not a relative path inside the job")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
         uris = []
         for name, source in setup.packages:  # a file of the platform's host came as its bytes
             if isinstance(source, bytes):
@@ -180,6 +242,7 @@ class JobReplicaActor:
             for key in ("AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
                 if env.get(key, "").startswith(here):
                     Path(env[key]).mkdir(parents=True, exist_ok=True)
+            self._live = live_files(env, self.scratch / "output")
         return command, env, str(self.scratch)
 
     def finish(self, generation: int, setup: NodeSetup) -> dict:
@@ -207,6 +270,7 @@ class JobReplicaActor:
         if self._port_socket is not None:  # the replica binds it now
             self._port_socket.close()
             self._port_socket = None
+        self._live, self._live_seen = [], {}
         if setup is not None:
             try:
                 command, env, cwd = self._localize(command, env, setup)
@@ -231,7 +295,7 @@ class JobReplicaActor:
         started.wait()
         if error:
             return {"error": error[0]}
-        return {"pid": self.proc.pid, "generation": self.generation}
+        return {"pid": self.proc.pid, "generation": self.generation, "live": bool(self._live)}
 
     def _run(self, command, env, cwd, started: threading.Event, error: list[str]) -> None:
         with contextlib.ExitStack() as identity:
@@ -288,6 +352,14 @@ class JobReplicaActor:
                 self._cond.wait(wait_s)
             return list(self._lines), self._ended
 
+    def live(self, generation: int) -> dict[str, bytes]:
+        """The trial's metric files that changed since the last call (``changed_files``, paths relative
+        to the node's output), while the process of ``generation`` runs."""
+        scratch = getattr(self, "scratch", None)
+        if generation != self.generation or scratch is None:
+            return {}
+        return changed_files(self._live, scratch / "output", self._live_seen)
+
     def wait(self, generation: int) -> int | None:
         """The exit code of the process of ``generation``, once it has exited."""
         self._exited.wait()
@@ -338,7 +410,7 @@ class RemoteProcess:
     """A replica process on a Ray node, with the parts of ``subprocess.Popen`` the launcher uses."""
 
     def __init__(self, actor, pid: int, generation: int, setup: NodeSetup | None = None,
-                 emit=lambda line: None, lost=lambda exc: None) -> None:
+                 emit=lambda line: None, lost=lambda exc: None, live: bool = False) -> None:
         self.actor = actor
         self.pid = pid
         self.returncode: int | None = None
@@ -348,6 +420,20 @@ class RemoteProcess:
         self._emit = emit
         self._lost = lost
         threading.Thread(target=self._watch, args=(generation,), daemon=True).start()
+        if live and setup is not None and setup.host_output:
+            threading.Thread(target=self._mirror, args=(generation,), daemon=True).start()
+
+    def _mirror(self, generation: int) -> None:
+        """A trial's metric files brought to the platform's copy of its directory as they change, until
+        the process ends (then ``finish`` brings everything)."""
+        import ray
+
+        while not self._done.wait(LIVE_S):
+            try:
+                write_live(self._setup.host_output, ray.get(self.actor.live.remote(generation),
+                                                            timeout=CALL_TIMEOUT_S))
+            except Exception:  # the actor is gone (its end is _watch's) or the host's disk refused: next time
+                continue
 
     def _watch(self, generation: int) -> None:
         import ray
@@ -507,7 +593,8 @@ class RaySupervisor(launcher.Supervisor):
             self._emit(task, line)
 
         run = launcher.Running(task, RemoteProcess(actor, got["pid"], got["generation"], setup,
-                                                   emit=lambda line: self._emit(task, line), lost=lost))
+                                                   emit=lambda line: self._emit(task, line), lost=lost,
+                                                   live=got.get("live", False)))
         runs.append(run)
         run.reader = threading.Thread(target=self._pump, args=(run,), daemon=True)
         run.reader.start()

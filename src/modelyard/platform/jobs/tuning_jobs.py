@@ -9,8 +9,17 @@ copies the study's trials (read-only) into ``progress.json``; the resource shows
 base output directory is written locally and published when the study ends. Killed and started
 again, the same command resumes the study (finished trials kept).
 
-Trials find what a CustomJob's replicas find (job_packages.trial_pool): the job's own Python first on
-PATH, and /gcs/ paths rewritten (job_env). A trial pool's ``python_package_spec`` follows
+Where a trial's process runs is the engine's, as for a CustomJob (``custom_jobs.processes_elsewhere``,
+the same rule): under ``--engine ray`` each trial is a job of its own (``trial_job``: the trial pool
+run by ``custom_jobs.run_pools``, so its replica is placed on a Ray node and supervised, stopped and
+failed as a CustomJob's), and the tuner runs that instead of the trial's command (``engine_trials``),
+with ``--devices none`` (the cluster's CPUs, not this host's cores, bound how many run at once: a
+trial waits for a free node). Its metric files come back while it runs, so measurements, early
+stopping, the trials' states and the experiment's runs are the same under either engine; a trial
+that failed on a node says why in its ``infeasibleReason`` (``_failure``).
+
+Under the local engine, trials find what a CustomJob's replicas find (job_packages.trial_pool): the
+job's own Python first on PATH, and /gcs/ paths rewritten (job_env). A trial pool's ``python_package_spec`` follows
 job_packages' rule, as a CustomJob's does: checked on create (a package that cannot be installed is
 refused), installed once into the job's own Python before the study starts, and every trial runs
 ``python -m module`` there.
@@ -28,13 +37,14 @@ from pathlib import Path
 from modelyard import objstore
 from modelyard.platform.api.errors import invalid
 from modelyard.platform.api.names import Route
-from modelyard.platform.jobs import job_env, job_packages
+from modelyard.platform.jobs import custom_jobs, job_env, job_packages, trial_job
 from modelyard.platform.resources import metadata_experiments
 from modelyard.platform.state.metadata_db import MetadataDB
 
 RESUMABLE = True
 PROGRESS_FILE = "progress.json"
 STUDY_FILE = "study.json"
+TRIAL_FILE = "trial.json"  # what each trial's job is (trial_job), under an engine that runs it elsewhere
 FILES_FIELD = "modelyardTrialFiles"  # what `modelyard jobs submit` ships with a study file's trial command
 PRIVATE = "_modelyard"
 
@@ -161,6 +171,12 @@ def progress(work_dir: Path, row: dict) -> dict | None:
 
 
 # ---- the child side -----------------------------------------------------------------------------
+def processes_elsewhere(job: dict) -> bool:
+    """For the job's process: its trials run where a CustomJob's replicas run (``trial_job``), each
+    served its identity there, so the job's process serves none itself under ``--engine ray``."""
+    return custom_jobs.processes_elsewhere(job)
+
+
 def execute(work_dir: Path, job: dict) -> dict:
     from modelyard.platform.jobs.job_runner import JobFailed, log_tail, write_json
 
@@ -172,13 +188,18 @@ def execute(work_dir: Path, job: dict) -> dict:
     study = work_dir / STUDY_FILE
     # The files `modelyard jobs submit` shipped, beside the study file: its relative trial command finds them.
     write_trial_files(work_dir, trial_files((body.get(PRIVATE) or {}).get("trialFiles")))
-    body, mount = _trials_setup(work_dir, body, job.get("storageRoot"))
+    devices: list[str] = []
+    if processes_elsewhere(job):
+        body, mount = engine_trials(work_dir, job, body), job_env.GcsMount(work_dir, None)
+        devices = ["--devices", "none"]  # the trials' CPUs are the cluster's, not this host's
+    else:
+        body, mount = _trials_setup(work_dir, body, job.get("storageRoot"))
     write_json(study, study_mapping(body, name, job_dir))
     storage = f"sqlite:///{work_dir / 'study.db'}"
     sys.stdout.flush()
     # Same process group as this child: cancel (SIGTERM to the group) reaches the tuner, whose trials die with it.
     proc = subprocess.Popen([sys.executable, "-m", "modelyard", "tune", str(study), "--storage", storage,
-                             *_experiment_args(body.get("trialJobSpec") or {})],
+                             *devices, *_experiment_args(body.get("trialJobSpec") or {})],
                             stdout=sys.stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     while proc.poll() is None:
         time.sleep(1.0)
@@ -201,6 +222,24 @@ def _experiment_args(trial_job: dict) -> list[str]:
         return []
     parts = name.split("/")  # projects/{p}/locations/{l}/metadataStores/default/contexts/{experiment}
     return ["--experiment", parts[-1], "--project", parts[1], "--location", parts[3]]
+
+
+def engine_trials(work_dir: Path, job: dict, body: dict) -> dict:
+    """The job's body with its trial pool replaced by ``trial_job``'s command: each trial a job of its own
+    under the platform's engine (``TRIAL_FILE`` says which pool, engine and shipped files). ``-u``: its
+    lines reach the trial's log as they come; and the tuner forks no warm TensorFlow server for it (only
+    a plain ``python -m``/script command starts warm), which a trial on a node would not use."""
+    trial_job_spec = body.get("trialJobSpec") or {}
+    pools = [p for p in trial_job_spec.get("workerPoolSpecs") or [] if isinstance(p, dict) and p]
+    spec = {"pool": pools[0], "engine": job.get("engine"), "jobId": job["id"], "project": job["parent"].split("/")[1],
+            "storageRoot": job.get("storageRoot"), "files": (body.get(PRIVATE) or {}).get("trialFiles") or {}}
+    from modelyard.platform.jobs.job_runner import write_json
+
+    write_json(work_dir / TRIAL_FILE, spec)
+    command = [sys.executable, "-u", "-m", trial_job.__name__, str(work_dir / TRIAL_FILE)]
+    pool = {"replicaCount": "1", "containerSpec": {"imageUri": (pools[0].get("containerSpec") or {}).get("imageUri", ""),
+                                                   "command": command}}
+    return {**body, "trialJobSpec": {**trial_job_spec, "workerPoolSpecs": [pool]}}
 
 
 def _trials_setup(work_dir: Path, body: dict, storage_root: str | None):
@@ -267,13 +306,23 @@ def read_trials(storage_url: str, name: str) -> list[dict]:
             step = max(series)
             trial["finalMeasurement"] = {"stepCount": str(step), "metrics": [{"metricId": first, "value": series[step]}]}
         if t.state == TrialState.FAIL:
-            trial["infeasibleReason"] = str(t.user_attrs.get("error", "the trial failed"))
+            trial["infeasibleReason"] = _failure(t.user_attrs)
         if t.datetime_start:
             trial["startTime"] = _time(t.datetime_start)
         if t.datetime_complete:
             trial["endTime"] = _time(t.datetime_complete)
         out.append(trial)
     return out
+
+
+def _failure(attrs: dict) -> str:
+    """Why a trial failed: the tuner's word (``exit code 1``), and for a trial run as a job
+    (``trial_job``) that job's own error (a node gone, its replica's last lines), as a CustomJob's."""
+    reason = str(attrs.get("error", "the trial failed"))
+    lines = [ln for ln in str(attrs.get("log_tail") or "").splitlines() if ln.startswith(trial_job.FAILED_PREFIX)]
+    if lines:
+        reason += f": {lines[-1][len(trial_job.FAILED_PREFIX):]}"
+    return reason
 
 
 def _time(value: _dt.datetime) -> str:
