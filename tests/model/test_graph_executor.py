@@ -395,3 +395,74 @@ def test_tfrecords_read_as_tensorflow_writes_them(tmp_path):
     path.write_bytes(bytes(raw[:-3]))
     with pytest.raises(TFRecordError, match="truncated record"):
         list(records(path))
+
+
+# ---- the dense layers' C kernel (model.graph.native, _densechain) -------------------------------------
+def test_small_batches_of_a_dense_model_run_in_c_and_answer_as_the_numpy_kernels(exported, monkeypatch):
+    from modelyard.model.graph import native
+    from modelyard.model.runtime.graph_servable import load_graph
+
+    root, made, _expected = exported
+    with_c = load_graph(root / "mlp")
+    plan = with_c.plan(with_c.signatures["serving_default"], ("output_0",))
+    head = plan.steps[-1][0].head  # the Dense layers' step: both layers in C
+    assert head[1:] == (2, 28 * 28, False)
+    c_kernel = native._densechain
+    monkeypatch.setattr(native, "_densechain", None)
+    numpy_only = load_graph(root / "mlp")
+    assert not hasattr(numpy_only.plan(numpy_only.signatures["serving_default"], ("output_0",)).steps[-1][0], "head")
+    alias = next(iter(made["mlp"]))
+    rng = np.random.default_rng(3)
+    for rows in (1, native.MAX_ROWS, native.MAX_ROWS + 1):  # the last one is BLAS's (NumPy's)
+        x = rng.normal(size=(rows, 28, 28)).astype(np.float32)
+        got = inference.run_predict(with_c, "", {alias: x})[1]["output_0"]
+        want = inference.run_predict(numpy_only, "", {alias: x})[1]["output_0"]
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape == (rows, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        if rows <= native.MAX_ROWS:  # what the servable answered is the C kernel's
+            out = np.empty((rows, 10), np.float32)
+            assert c_kernel.run(head[0], x.reshape(rows, -1), out) is True and np.array_equal(out, got)
+    fortran = np.asfortranarray(rng.normal(size=(2, 28, 28)).astype(np.float32))  # NumPy's turn
+    np.testing.assert_allclose(inference.run_predict(with_c, "", {alias: fortran})[1]["output_0"],
+                               inference.run_predict(numpy_only, "", {alias: fortran})[1]["output_0"], rtol=1e-5,
+                               atol=1e-7)
+
+
+def _reference_chain(x, prologue, layers):
+    x = x.astype(np.float32)
+    for op, value in prologue:
+        x = x * np.float32(value) if op == 0 else x + np.float32(value)
+    x = x.reshape(x.shape[0], -1)
+    for weights, bias, activation in layers:
+        h = x @ weights + (0 if bias is None else bias)
+        if activation == 3:
+            e = np.exp(h - h.max(axis=-1, keepdims=True))
+            h = e / e.sum(axis=-1, keepdims=True)
+        else:
+            h = [h, np.maximum(h, 0), np.clip(h, 0, 6), None, 1 / (1 + np.exp(-h)), np.tanh(h)][activation]
+        x = h.astype(np.float32)
+    return x
+
+
+def test_the_c_dense_chain_casts_rescales_and_applies_each_activation():
+    from modelyard.model.graph import native
+
+    rng = np.random.default_rng(5)
+    sizes = [12, 9, 8, 33, 7, 40, 5]  # widths below, at and above the kernel's 8 and 32 blocks
+    layers = tuple((rng.normal(size=(a, b)).astype(np.float32), rng.normal(size=b).astype(np.float32) if i % 2 else None,
+                    i) for i, (a, b) in enumerate(zip(sizes, sizes[1:])))
+    prologue = ((0, 1 / 255), (1, -0.5))
+    spec = native._densechain.spec(True, prologue, 12, layers)
+    for rows in (1, 3):
+        x = rng.integers(0, 256, size=(rows, 3, 4)).astype(np.uint8)
+        out = np.empty((rows, 5), np.float32)
+        assert native._densechain.run(spec, x, out) is True
+        np.testing.assert_allclose(out, _reference_chain(x, prologue, layers), rtol=1e-5, atol=1e-6)
+    out = np.empty((1, 5), np.float32)
+    no_cast = native._densechain.spec(False, (), 12, layers)
+    assert native._densechain.run(no_cast, np.zeros((1, 12), np.float64), out) is False  # float32 only
+    assert native._densechain.run(spec, np.zeros((1, 11), np.uint8), out) is False  # not rows x features
+    assert native._densechain.run(spec, np.zeros((1, 24), np.uint8)[:, ::2], out) is False  # not contiguous
+    assert native._densechain.run(spec, np.zeros((1, 12), np.float16), out) is False  # a cast it does not do
+    with pytest.raises(ValueError, match="previous layer"):
+        native._densechain.spec(False, (), 12, layers[1:])

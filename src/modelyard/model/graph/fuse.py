@@ -12,6 +12,10 @@ on the same values, in the same order):
 
 An intermediate value is fused away only when nothing else reads it (no other step, not a fetch). Errors keep
 their node: a fused step reports the node whose kernel failed.
+
+Then a fused step that starts with dense layers (after a Cast, Rescaling and Flatten's Reshape, if any) runs
+them in one C call for small batches (``native``; its results agree with these kernels' to float32
+rounding), and these kernels for the rest.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from modelyard.errors import ServingError
+from modelyard.model.graph.native import Dense, native_head, native_kernel
 from modelyard.model.graph.ops import _UNARY, Attrs, invalid
 
 _ACTIVATIONS = frozenset({"Relu", "Softmax", "Sigmoid", "Tanh", "Relu6", "Elu", "Selu", "Softplus"})
@@ -125,7 +130,12 @@ def _dense_kernel(weights: np.ndarray, matrix: np.ndarray, bias, activation: str
         elif other is not None:
             h = other(h)
         return (h,)
+    run.dense = Dense(matrix, bias, activation)  # what native_head reads
     return run
+
+
+def _dense_of(kernel) -> Dense | None:
+    return getattr(kernel, "dense", None)
 
 
 def _fuse_chains(steps: list, template: list, readers: dict, node_of: Callable) -> list:
@@ -136,12 +146,20 @@ def _fuse_chains(steps: list, template: list, readers: dict, node_of: Callable) 
     carried = None  # the register the run's last step writes, when only the next elementwise step reads it
 
     def close():
-        if len(links) == 1:
-            out.append(links[0][4])
-        elif links:
-            first = links[0]
-            out.append((_chain_kernel([link[:4] for link in links]), (first[4][1][first[1]],), links[-1][4][2],
-                        first[3]))
+        if not links:
+            return
+        first, chain = links[0], [link[:4] for link in links]
+        head = native_head(chain, node_of, _dense_of)
+        if head is not None:
+            taken = head[1]
+            rest = _chain_kernel(chain[taken:]) if taken < len(chain) else None
+            outputs = _dense_of(chain[taken - 1][0]).matrix.shape[1]
+            kernel = native_kernel(head, outputs, rest, _chain_kernel(chain))
+            out.append((kernel, (first[4][1][first[1]],), links[-1][4][2], first[3]))
+        elif len(links) == 1:
+            out.append(first[4])
+        else:
+            out.append((_chain_kernel(chain), (first[4][1][first[1]],), links[-1][4][2], first[3]))
         links.clear()
 
     for step in steps:
