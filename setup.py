@@ -5,8 +5,8 @@ GIL released; ``_denselines`` reads and writes batch jobs' numeric JSON lines, `
 object lines (with a key) apart for it; ``_densechain`` runs the graph runtime's fused dense layers for
 small batches (see each file).
 All are optional: without a C compiler the install still succeeds (setuptools prints a
-warning) and the server and batch jobs take their pure-Python paths, with the same answers,
-more slowly.
+warning) and the server and batch jobs take their pure-Python paths, with the same answers
+(the dense layers' to float32 rounding), more slowly.
 """
 from setuptools import Extension, setup
 
