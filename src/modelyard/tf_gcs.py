@@ -45,6 +45,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from modelyard.forked import ReapedChild
+
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 # Set beside HTTPS_PROXY by tensorflow_env: this environment's TensorFlow gs:// goes to that gateway (a
 # platform job's, or a parent process's enable()), which enable() then uses rather than start another.
@@ -383,7 +385,7 @@ def _die_with_parent() -> None:
 def _forked(module: str, args: list[str], env: dict, keep: list[int]):
     """``python -m module args`` as ``start_process`` starts it (stdin and stdout /dev/null, only ``keep`` of
     the caller's descriptors beyond stderr, ``env``, the caller's death its end), forked from this process;
-    a ``subprocess.Popen``-like handle (pid, poll, wait, kill)."""
+    a ``subprocess.Popen``-like handle (``modelyard.forked``: pid, poll, wait, kill)."""
     import importlib
 
     sys.stdout.flush()
@@ -411,45 +413,7 @@ def _forked(module: str, args: list[str], env: dict, keep: list[int]):
             traceback.print_exc()
         finally:
             os._exit(code)
-    return _Forked(pid)
-
-
-class _Forked:
-    """The part of ``subprocess.Popen`` a caller of ``start_process`` uses, for a forked child of this process."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.returncode = pid, None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.005)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # once reaped, the pid may be another process's
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGKILL)
+    return ReapedChild(pid)
 
 
 def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: list[str] = (),

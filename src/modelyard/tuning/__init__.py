@@ -8,8 +8,8 @@ the objective ``NAME(params, report)`` in warm worker processes instead (tuning.
 This package's top level stays light: a training script calls ``trial_params()`` and an
 objective catches ``TrialPruned`` without pulling in Optuna.
 
-May import: ``modelyard.model`` (export of the best trial), ``modelyard.errors``; training only as
-processes (a trial is a command), never its modules.
+May import: ``modelyard.model`` (export of the best trial), ``modelyard.errors``, ``modelyard.forked`` (the
+handle of a forked trial); training only as processes (a trial is a command), never its modules.
 """
 from __future__ import annotations
 

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from modelyard.forked import ReapedChild
+
 _PR_SET_PDEATHSIG = 1
 
 # Read when the interpreter starts or TensorFlow/Keras is imported: a child forked from an interpreter
@@ -278,59 +280,10 @@ def wait_settled(settled_r: int) -> None:
         os.read(settled_r, 1)
 
 
-class ForkedChild:
-    """The part of ``subprocess.Popen`` a forked process offers; ``poll`` is how its status arrives."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None:
-        raise NotImplementedError
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        import subprocess
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # once reaped, the pid may be another process's
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+LocalChild = ReapedChild  # what fork_local gives: a child this process reaps (modelyard.forked)
 
 
-class LocalChild(ForkedChild):
-    """A process ``fork_local`` forked, reaped by this process."""
-
-    def __init__(self, pid: int, stdout: Any = None):
-        self.pid, self.stdout = pid, stdout
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: its status is lost, it is gone
-                self.returncode = -signal.SIGKILL
-                return self.returncode
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-def fork_local(argv: list[str], env: dict[str, str], cwd: str | Path, pidfile: str | Path | None = None) -> LocalChild:
+def fork_local(argv: list[str], env: dict[str, str], cwd: str | Path, pidfile: str | Path | None = None) -> ReapedChild:
     """Fork a Python command from this warm process (see ``fork``): detached, announced, its output
     on a pipe (``.stdout``, binary) as ``Popen(stdout=PIPE, stderr=STDOUT)`` gives."""
     read, write = os.pipe()
@@ -340,7 +293,7 @@ def fork_local(argv: list[str], env: dict[str, str], cwd: str | Path, pidfile: s
         pid = fork(job, close=(read,), out_fd=write)
     finally:
         os.close(write)
-    return LocalChild(pid, os.fdopen(read, "rb"))
+    return ReapedChild(pid, os.fdopen(read, "rb"))
 
 
 def _send(out: int, event: str, **fields: Any) -> None:

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modelyard.tuning.forkserver import ForkedChild, settle, start_ticks, wait_settled, warm_blocker
+from modelyard.forked import ForkedChild, ReapedChild
+from modelyard.tuning.forkserver import settle, start_ticks, wait_settled, warm_blocker
 from modelyard.tuning.runner import _child_setup
 
 FORK_TIMEOUT = 120.0  # the server may still be importing TensorFlow when the first trials come
@@ -233,28 +234,8 @@ def _fork_blocker(env: dict[str, str]) -> str | None:
     return warm_blocker(env, dict(os.environ))
 
 
-class _ForkedProcess:
-    """The part of ``subprocess.Popen`` a ForkServer uses (pid, poll, wait), for a child forked here."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.returncode = pid, None
-
-    def _reap(self, flags: int) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:  # reaped elsewhere: its status is lost, it is gone (as LocalChild says)
-                self.returncode = -signal.SIGKILL
-                return self.returncode
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        return self._reap(os.WNOHANG)
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return self._reap(0)  # only after its SIGKILL (ForkServer.shutdown): at once
+class _ForkedProcess(ReapedChild):
+    """The part of ``subprocess.Popen`` a ForkServer uses (pid, poll, wait), for a server forked here."""
 
 
 def _serve_forked(env: dict[str, str], log: Path, in_fd: int, out_fd: int, parent: int,
