@@ -8,8 +8,10 @@ pool commits in the same transaction as any other deploy.
 """
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table
 from sqlalchemy.engine import Connection
+
+from modelyard.platform.state.replica_table import replica_table
 
 # Its own MetaData: schema.py imports this module for its migration, so this one cannot import schema.
 metadata = MetaData()
@@ -25,17 +27,7 @@ pools = Table(
     Column("created", Float, nullable=False),
 )
 
-pool_replicas = Table(
-    "pool_replicas", metadata,
-    Column("id", String(32), primary_key=True),
-    Column("pool_id", String(64), nullable=False, index=True),
-    Column("host", String(256), nullable=False),
-    Column("port", Integer, nullable=False),
-    Column("grpc_port", Integer, nullable=False),
-    Column("pid", Integer, nullable=False),
-    Column("log_path", Text, nullable=False, default=""),
-    Column("created", Float, nullable=False),
-)
+pool_replicas = replica_table("pool_replicas", metadata, Column("pool_id", String(64), nullable=False, index=True))
 
 
 def create_tables(conn: Connection) -> None:

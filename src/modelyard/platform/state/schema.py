@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from modelyard.platform.api.names import DEFAULT_ALIAS
 from modelyard.platform.state import metadata_schema
 from modelyard.platform.state import pool_schema
+from modelyard.platform.state.replica_table import replica_table
 from modelyard.platform.state import schedule_schema
 from modelyard.platform.state import vizier_schema
 
@@ -87,17 +88,7 @@ deployed_models = Table(
     Column("pool_id", String(64), nullable=True),
 )
 
-replicas = Table(
-    "replicas", metadata,
-    Column("id", String(32), primary_key=True),
-    Column("deployed_model_id", String(32), nullable=False, index=True),
-    Column("host", String(256), nullable=False),
-    Column("port", Integer, nullable=False),
-    Column("grpc_port", Integer, nullable=False),
-    Column("pid", Integer, nullable=False),
-    Column("log_path", Text, nullable=False, default=""),
-    Column("created", Float, nullable=False),
-)
+replicas = replica_table("replicas", metadata, Column("deployed_model_id", String(32), nullable=False, index=True))
 
 operations = Table(
     "operations", metadata,
