@@ -482,3 +482,17 @@ def test_tensorflow_scalar_summaries_are_read_from_event_files(tmp_path):
     found = tensorboard_upload.read_scalars(sorted(tmp_path.glob("*tfevents*")))
     assert list(found) == ["loss"]
     assert [(s, v) for s, _w, v in found["loss"]] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+
+
+def test_resource_manager_answers_a_project_number(platform):
+    """Cloud Resource Manager's projects.get, which Google's e2e_base (its staging bucket) and the SDK's
+    resource_manager_utils ask: the stock client over REST, its host the platform's."""
+    import google.auth.credentials
+    from google.cloud import resourcemanager
+
+    from modelyard.platform.resources.projects import project_number
+
+    client = resourcemanager.ProjectsClient(credentials=google.auth.credentials.AnonymousCredentials(),
+                                            transport="rest", client_options={"api_endpoint": platform.url})
+    project = client.get_project(name="projects/local")
+    assert (project.project_id, project.name) == ("local", f"projects/{project_number('local')}")

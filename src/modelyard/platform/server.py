@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from modelyard.objstore import StorageError
-from modelyard.platform.resources import endpoints, models, pools, studies, tracking_routes
+from modelyard.platform.resources import endpoints, models, pools, projects, studies, tracking_routes
 from modelyard.platform.api import bearer, fields, names
 from modelyard.platform.jobs import jobs, pipeline_routes
 from modelyard.platform import shutdown
@@ -142,6 +142,15 @@ def build_app(p: Platform) -> web.Application:
             asyncio.get_running_loop().call_later(0.2, p.exit)
         return _json(stopped)
 
+    async def get_project(request: web.Request) -> web.Response:
+        """Cloud Resource Manager's projects.get (v3): the SDK asks it a project's number."""
+        try:
+            check_bearer(token, request.headers.get("Authorization"), request.match_info["project"])
+            return _json(projects.get(f"projects/{request.match_info['project']}"))
+        except ApiError as exc:
+            return _error(exc)
+
+    app.router.add_get("/v3/projects/{project}", get_project)
     app.router.add_get("/modelyard/v1/replicas", list_replicas)
     app.router.add_post(shutdown.STOP_PATH, stop_platform)
     app.router.add_get("/modelyard/v1/jobs/{id}/logs", job_logs)

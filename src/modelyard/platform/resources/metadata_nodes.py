@@ -168,11 +168,12 @@ def patch(db: MetadataDB, store: str, kind: str, rid: str, body: dict, update_ma
 
 
 def delete(db: MetadataDB, store: str, kind: str, rid: str, force: bool) -> None:
+    """A node and its links. A context's child contexts stay, without it as their parent, as on Vertex:
+    the SDK's ``Experiment.delete`` deletes the experiment's runs, then the experiment, leaving the pipeline
+    runs it holds (Google's test_experiments deletes an experiment a pipeline run joined). ``force`` changes
+    nothing (Vertex: "the force deletion semantics is still undefined")."""
+    del force
     db.get_node(store, kind, rid)
-    if kind == "contexts" and not force:
-        if any(parent == rid for _, parent in db.parent_links(store)):
-            raise invalid(f"Context {store}/contexts/{rid} has child contexts: delete it with force=true, or "
-                          "remove its children first.")
     db.delete_nodes(store, kind, [rid])
 
 
