@@ -1,12 +1,15 @@
-"""``CustomJob.from_local_script(..., enable_autolog=True)`` (test_custom_job's two autolog flows of
-googleapis/python-aiplatform, the prebuilt-image one): the SDK adds ``google-cloud-aiplatform[autologging]``
-to the job's requirements, whose MLflow cannot install beside the platform's protobuf and pandas, so the
-job gets a Python environment of its own (platform/jobs/job_python.py); inside it the SDK finds the
-platform through the job's variables alone, and a scikit-learn fit is recorded into the run the platform
-made for the job. The rule deciding it, one layer down and without processes, is in test_autolog_rule.py.
+"""``CustomJob.from_local_script(..., enable_autolog=True)``: test_custom_job's two autolog flows of
+googleapis/python-aiplatform. The SDK adds ``google-cloud-aiplatform[autologging]`` to the job's package,
+whose MLflow cannot install beside the platform's protobuf and pandas, so the job gets a Python environment
+of its own (platform/jobs/job_python.py): before it starts for a prebuilt image (a python_package_spec), or
+when its command's own ``pip3 install`` meets the conflict for a custom image (job_packages.job_pip). Inside
+it the SDK finds the platform through the job's variables alone, and a scikit-learn fit is recorded into the
+run the platform made for the job. The rule deciding it, one layer down and without processes, is in
+test_autolog_rule.py.
 
 The first run on a machine downloads that environment's ~90 packages from PyPI; the environment is kept
-per requirement set under the session platform's jobs directory, so a run pays its build once."""
+per requirement set under the session platform's jobs directory, so a run pays its build once (both flows
+here ask the same set: the second finds it ready)."""
 from __future__ import annotations
 
 import os
@@ -32,13 +35,41 @@ print("job python", sys.prefix, "protobuf", google.protobuf.__version__, "mlflow
 '''
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)  # a machine's first run resolves and downloads the job's ~90 packages
-def test_a_job_with_enable_autolog_records_its_fit_into_the_run_made_for_it(sdk, platform, tmp_path):
-    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+def _job_log(platform, job) -> str:
+    return requests.get(f"{platform.url}/modelyard/v1/jobs/{job.name}/logs", timeout=10).text
 
+
+def _ran_in_its_own_python(log: str) -> None:
+    """The job's log says why it got its own environment; the platform's protobuf 7 is not the job's, and
+    it found the platform through its variables alone: nothing of modelyard is importable there."""
+    why = next((line for line in log.splitlines() if "the job gets a Python environment of its own" in line), "")
+    assert "protobuf 7." in why and "pandas 3." in why, log[-3000:]
+    job_python = next((line for line in log.splitlines() if "job python" in line), "")
+    assert " protobuf 5." in job_python and " mlflow 2." in job_python and "modelyard False" in job_python, log[-3000:]
+
+
+def _fit_recorded(sdk, job) -> None:
+    """The job's run (made by the platform for it) holds the fit's parameter and metric, COMPLETE."""
+    run = job.job_spec.experiment_run
+    assert run.startswith(f"{PARENT}/metadataStores/default/contexts/{EXPERIMENT}-custom-job-")
+    rows = {r["run_name"]: r for r in sdk.get_experiment_df(EXPERIMENT, include_time_series=False).to_dict("records")}
+    row = rows[run.rsplit(f"/contexts/{EXPERIMENT}-", 1)[1]]
+    assert (row["state"], float(row["param.alpha"]), row["metric.training_r2_score"] > 0.9) == ("COMPLETE", 0.5, True)
+
+
+@pytest.fixture(scope="module")
+def experiment(sdk):
     board = sdk.Tensorboard.create(display_name="autolog-job-tb")  # autolog() needs the experiment's TensorBoard
     sdk.init(experiment=EXPERIMENT, experiment_tensorboard=board)
+    yield EXPERIMENT
+    board.delete()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)  # a machine's first run resolves and downloads the job's ~90 packages
+def test_a_job_with_enable_autolog_records_its_fit_into_the_run_made_for_it(sdk, platform, experiment, tmp_path):
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     temp_mode = os.stat(tempfile.gettempdir()).st_mode
@@ -46,21 +77,36 @@ def test_a_job_with_enable_autolog_records_its_fit_into_the_run_made_for_it(sdk,
         display_name="autolog-job", script_path=str(script), requirements=["scikit-learn", "pandas"],
         container_uri="us-docker.pkg.dev/vertex-ai/training/sklearn-cpu.1-0:latest", enable_autolog=True,
         staging_bucket=f"gs://{STAGING_BUCKET}/autolog-job")
-    job.run(experiment=EXPERIMENT)  # the job makes its run, as test_custom_job's custom-container flow lets it
-    log = requests.get(f"{platform.url}/modelyard/v1/jobs/{job.name}/logs", timeout=10).text
+    job.run(experiment=experiment)  # the job makes its run, as test_custom_job's custom-container flow lets it
+    log = _job_log(platform, job)
     assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED, log[-3000:]
-    # Its own environment, said in its log with the reason; the platform's protobuf 7 is not the job's.
-    why = next((line for line in log.splitlines() if "the job gets a Python environment of its own" in line), "")
-    assert "protobuf 7." in why and "pandas 3." in why, log[-3000:]
-    job_python = next((line for line in log.splitlines() if "job python" in line), "")
-    # ... and it found the platform through its variables alone: nothing of modelyard is importable there.
-    assert " protobuf 5." in job_python and " mlflow 2." in job_python and "modelyard False" in job_python, log[-3000:]
-
-    run = job.job_spec.experiment_run
-    assert run.startswith(f"{PARENT}/metadataStores/default/contexts/{EXPERIMENT}-custom-job-")
-    rows = sdk.get_experiment_df(EXPERIMENT, include_time_series=False).to_dict("records")
-    assert [r["run_name"] for r in rows] == [run.rsplit(f"/contexts/{EXPERIMENT}-", 1)[1]]
-    row = rows[0]
-    assert (row["state"], float(row["param.alpha"]), row["metric.training_r2_score"] > 0.9) == ("COMPLETE", 0.5, True)
+    _ran_in_its_own_python(log)
+    _fit_recorded(sdk, job)
     assert os.stat(tempfile.gettempdir()).st_mode == temp_mode  # the job's autolog left /tmp as it was
-    board.delete()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_custom_image_job_with_enable_autolog_installs_its_package_into_its_own_python(sdk, platform, experiment,
+                                                                                      tmp_path):
+    """test_custom_job's custom-container flow: the SDK's command is ``sh -c "pip install --upgrade pip &&
+    pip3 install -q --user /gcs/.../package.tar.gz && python3 -m ...task"``; the job's pip3 meets the conflict
+    and the python3 after it runs in the job's own environment (the one the first test built)."""
+    from importlib import metadata
+
+    from google.cloud.aiplatform.compat.types import job_state as gca_job_state
+
+    platform_protobuf = metadata.version("protobuf")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    job = sdk.CustomJob.from_local_script(
+        display_name="autolog-custom-image", script_path=str(script), requirements=["scikit-learn", "pandas"],
+        container_uri="python:3.8", enable_autolog=True, staging_bucket=f"gs://{STAGING_BUCKET}/autolog-image")
+    command = job.job_spec.worker_pool_specs[0].container_spec.command
+    assert command[:2] == ["sh", "-c"] and "pip3 install -q --user /gcs/" in command[2]  # the SDK's, as on Vertex
+    job.run(experiment=experiment)
+    log = _job_log(platform, job)
+    assert job.state == gca_job_state.JobState.JOB_STATE_SUCCEEDED, log[-3000:]
+    _ran_in_its_own_python(log)
+    _fit_recorded(sdk, job)
+    assert metadata.version("protobuf") == platform_protobuf  # the platform's packages untouched

@@ -13,6 +13,10 @@ AUTOLOG = ["google-cloud-aiplatform[autologging]==2.7.0", "pandas", "scikit-lear
 AUTOLOG_RESOLUTION = [{"name": "google-cloud-aiplatform", "version": "2.7.0"}, {"name": "mlflow", "version": "2.16.0"},
                       {"name": "protobuf", "version": "5.29.6"}, {"name": "pandas", "version": "2.3.3"},
                       {"name": "numpy", "version": "2.4.6"}, {"name": "scikit-learn", "version": "1.9.1"}]
+# google-cloud-aiplatform 2.7.0's Requires-Dist, cut down: its own, its autologging extra's, another extra's.
+SDK_REQUIRES = ['protobuf!=4.21.0,<7.0.0,>=3.20.2', 'mlflow<=2.16.0,>=1.27.0; python_version < "3.13" and extra == '
+                '"autologging"', 'mlflow>=1.27.0; (python_version >= "3.13" and python_version < "3.15") and extra == '
+                '"autologging"', 'pytest>=7; extra == "testing"']
 NO_SOLUTION = "  And because you require google-cloud-aiplatform[autologging]==2.7.0, your requirements are unsatisfiable."
 
 
@@ -30,13 +34,17 @@ def test_requirements_with_no_resolution_beside_the_platform_get_their_own(tmp_p
     calls: list = []
     monkeypatch.setattr(job_python, "resolve", _resolver(calls, beside=False))
     monkeypatch.setattr(job_python, "resolver", lambda: "uv")
+    monkeypatch.setattr(job_python, "_requires", lambda name, version, uv: SDK_REQUIRES)
     said: list[str] = []
     got = job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, said.append, lambda: PLATFORM)
     assert got == AUTOLOG_RESOLUTION
     # First alone (a fresh container's answer), then with every platform package held at its version
     # (modelyard, on no index, left out) and the packages the platform lacks at their fresh major version.
-    assert calls == [(AUTOLOG, []), (AUTOLOG, ["google-cloud-aiplatform==2.7.0", "numpy==2.4.6", "pandas==3.1.1",
-                                               "protobuf==7.36.2", "mlflow>=2", "scikit-learn>=1"])]
+    # The fresh resolution asks again with the extra's requirement first (uv decides in that order, as pip would
+    # in a fresh container: MLflow 2.16 over protobuf 7).
+    assert calls == [(AUTOLOG, []), (["mlflow<=2.16.0,>=1.27.0", *AUTOLOG], []),
+                     (AUTOLOG, ["google-cloud-aiplatform==2.7.0", "numpy==2.4.6", "pandas==3.1.1", "protobuf==7.36.2",
+                                "mlflow>=2", "scikit-learn>=1"])]
     assert said == ["[modelyard] the job's requirements cannot install beside the platform's packages (protobuf 7.36.2 "
                     "-> 5.29.6; pandas 3.1.1 -> 2.3.3): the job gets a Python environment of its own (6 packages)"]
     # Kept per requirement set: the next job asks the resolver nothing.
@@ -105,6 +113,13 @@ def test_pip_reaches_the_index_without_the_jobs_storage_gateway(monkeypatch):
     assert job_python.pip_env()["HTTPS_PROXY"] == "http://proxy.example:3128"
 
 
+def test_the_extras_a_job_names_add_their_requirements(monkeypatch):
+    monkeypatch.setattr(job_python, "_requires", lambda name, version, uv: SDK_REQUIRES)
+    sdk = [{"name": "google-cloud-aiplatform", "version": "2.7.0"}]
+    assert job_python.extra_requirements(AUTOLOG, sdk, "uv") == ["mlflow<=2.16.0,>=1.27.0"]  # this Python's marker
+    assert job_python.extra_requirements(["google-cloud-aiplatform==2.7.0"], sdk, "uv") == []  # no extra named
+
+
 def test_packages_the_platform_lacks_are_held_at_the_major_version_a_fresh_environment_gets():
     fresh = [{"name": "mlflow", "version": "2.16.0"}, {"name": "protobuf", "version": "5.29.6"},
              {"name": "uv", "version": "0.13.9"}, {"name": "graphql-core", "version": "0"}]
@@ -115,14 +130,19 @@ def test_a_set_that_resolves_beside_the_platform_only_with_an_older_major_confli
     # As uv answers the SDK's autologging set: beside protobuf 7 it settles on MLflow 1.27 (no protobuf cap,
     # but protos protobuf >= 4 refuses at import); a fresh environment gets MLflow 2.16.
     def resolve(requirements, uv, constraints=(), timeout=None):
-        if not constraints:
+        if not constraints and requirements[0].startswith("mlflow"):  # the extra's packages decided first
             return AUTOLOG_RESOLUTION
+        walked_back = [{"name": "google-cloud-aiplatform", "version": "2.7.0"}, {"name": "mlflow", "version": "1.27.0"},
+                       {"name": "protobuf", "version": "7.36.2"}]
+        if not constraints:  # uv's own order: protobuf first, MLflow walked back
+            return walked_back
         if "mlflow>=2" in constraints:
             raise job_python.ResolveError(NO_SOLUTION)
-        return [{"name": "mlflow", "version": "1.27.0"}, {"name": "protobuf", "version": "7.36.2"}]
+        return walked_back
 
     monkeypatch.setattr(job_python, "resolve", resolve)
     monkeypatch.setattr(job_python, "resolver", lambda: "uv")
+    monkeypatch.setattr(job_python, "_requires", lambda name, version, uv: SDK_REQUIRES)
     assert job_python.plan(AUTOLOG, lambda reqs: reqs, tmp_path, print, lambda: PLATFORM) == AUTOLOG_RESOLUTION
 
 
@@ -190,13 +210,20 @@ def test_a_jobs_pip_install_that_conflicts_turns_its_environment_into_its_own(tm
 
 
 def test_a_jobs_pip_install_the_platform_serves_is_pips_as_before(tmp_path, monkeypatch):
-    import os
+    import subprocess
 
     python = _job_venv(tmp_path)
     monkeypatch.setattr(job_python, "plan", lambda *a, **k: None)
     ran = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: ran.append(argv))
-    job_packages.job_pip([str(python.root), "install", "--upgrade", "pip"])
-    job_packages.job_pip([str(python.root), "list"])
+
+    def pip(argv):  # an upgrade of pip writes pip's own scripts over the venv's
+        ran.append(argv)
+        (python.root / "bin" / "pip3").write_text("#!/venv/bin/python\nfrom pip._internal.cli.main import main\n")
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(job_packages.subprocess, "run", pip)
+    assert job_packages.job_pip([str(python.root), "install", "--upgrade", "pip"]) == 0
+    assert job_packages.job_pip([str(python.root), "list"]) == 0
     assert ran == [[python.python, "-m", "pip", "install", "--upgrade", "pip"], [python.python, "-m", "pip", "list"]]
     assert "include-system-site-packages = true" in (python.root / "pyvenv.cfg").read_text()
+    assert "job_pip" in (python.root / "bin" / "pip3").read_text()  # the rule's pip again, for the next install

@@ -156,15 +156,7 @@ class PythonEnv:
         # google-cloud-aiplatform's defaults in a job: the platform's API (sdk_defaults), loaded on import.
         shutil.copyfile(Path(__file__).with_name("sdk_defaults.py"), purelib / "_modelyard_sdk_defaults.py")
         (purelib / "_modelyard_sdk_defaults.pth").write_text("import _modelyard_sdk_defaults\n")
-        # pip of the platform's interpreter, installing into this venv; an install whose packages conflict
-        # with the platform's makes this venv one of the job's own first (job_packages.job_pip: the rule).
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[3])!r}); "
-                "from modelyard.platform.jobs.job_packages import job_pip; sys.exit(job_pip())")
-        for name in ("pip", "pip3"):
-            tool = self.root / "bin" / name
-            tool.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} '
-                            f'{shlex.quote(str(self.root))} "$@"\n')
-            tool.chmod(0o700)
+        self.write_pip()
         # venv copies its activate scripts with their templates' modes (0644), past the platform's umask:
         # the job's files are its user's alone, as the rest of the state directory.
         for root, _dirs, files in os.walk(self.root):
@@ -172,6 +164,19 @@ class PythonEnv:
                 path = os.path.join(root, name)
                 if not os.path.islink(path):
                     os.chmod(path, os.stat(path).st_mode & 0o700)
+
+    def write_pip(self) -> None:
+        """The venv's ``pip``, ``pip3`` and ``pip3.X``: pip of the platform's interpreter installing into this
+        venv, an install whose packages conflict with the platform's making the venv one of the job's own
+        first (job_packages.job_pip: the rule). Written again after each pip run (an upgrade of pip, the
+        SDK's first step in a custom image, writes pip's own scripts over them)."""
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[3])!r}); "
+                "from modelyard.platform.jobs.job_packages import job_pip; sys.exit(job_pip())")
+        for name in ("pip", "pip3", f"pip{sys.version_info[0]}.{sys.version_info[1]}"):
+            tool = self.root / "bin" / name
+            tool.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} '
+                            f'{shlex.quote(str(self.root))} "$@"\n')
+            tool.chmod(0o700)
 
     def env(self) -> dict[str, str]:
         return {"VIRTUAL_ENV": str(self.root), "PYTHONUSERBASE": str(self.userbase),

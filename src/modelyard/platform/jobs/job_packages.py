@@ -321,8 +321,8 @@ def job_pip(argv: list[str] | None = None) -> int:
     environment becomes one of its own in place (``OwnPythonEnv``: the requirements' own resolution, the
     packages without their dependencies; ``--user`` then means that environment), so the ``python3`` the
     job runs next sees what it asked for and the platform's packages are untouched, as in a fresh
-    container on Vertex. Anything else is pip of the job's interpreter, as before. Exit status: pip's, or 1
-    with the reason on stderr."""
+    container on Vertex. Anything else is pip of the job's interpreter, as before (its ``bin/pip*`` then
+    written again: ``PythonEnv.write_pip``). Exit status: pip's, or 1 with the reason on stderr."""
     from modelyard.platform.jobs.job_runner import JobFailed
 
     argv = sys.argv[1:] if argv is None else argv
@@ -342,9 +342,10 @@ def job_pip(argv: list[str] | None = None) -> int:
     except JobFailed as exc:
         print(f"[modelyard] pip {' '.join(args)}: {exc}", file=sys.stderr, flush=True)
         return 1
-    python = str(root / "bin" / "python")
-    os.execv(python, [python, "-m", "pip", *args])
-    return 1  # not reached
+    done = subprocess.run([str(root / "bin" / "python"), "-m", "pip", *args])
+    if "include-system-site-packages = true" in (root / "pyvenv.cfg").read_text():  # not turned own meanwhile
+        job_env.PythonEnv(root.parent).write_pip()  # a pip upgrade wrote pip's own scripts over the rule's
+    return done.returncode
 
 
 def _conflicting(root: Path, args: list[str]) -> tuple[list[dict], list[str]] | None:

@@ -8,7 +8,7 @@ protobuf 7 and pandas 3. On Vertex such a job gets a fresh container; here it ge
 its own. The one rule (``plan``):
 
 - requirements the platform's environment meets (extras included) need nothing;
-- the others are resolved on their own first (``resolve``: what a fresh container of Vertex's would get;
+- the others are resolved on their own first (``fresh_resolution``: what a fresh container of Vertex's gets;
   none at all fails the job with the resolver's words), then with every package the platform has held at
   its version (``platform_pins``) and every package the platform lacks held at the major version the
   fresh resolution gives it (``fresh_floors``): if that resolution exists, they install beside the
@@ -115,6 +115,70 @@ def resolve(requirements: list[str], uv: str, constraints: list[str] = (),
     return out
 
 
+def fresh_resolution(requirements: list[str], uv: str) -> list[dict]:
+    """What a fresh environment (Vertex's container) gets for ``requirements``: their resolution on their
+    own, the requirements of the extras they name (``extra_requirements``) decided first, at their newest.
+
+    Why first: which of two packages yields is the resolver's order. The SDK's autologging extra allows
+    ``mlflow>=1.27,<=2.16`` and its base allows protobuf 7; uv decides protobuf first and walks MLflow back to
+    1.27 (whose protos protobuf >= 4 refuses at import, and whose metadata pip refuses), while pip in a fresh
+    container installs MLflow 2.16 with protobuf 5. Listing what the job asked for by naming the extra ahead
+    of the rest gives uv pip's answer; it changes no requirement of the set, only the order."""
+    alone = resolve(requirements, uv)
+    extras = extra_requirements(requirements, alone, uv)
+    return resolve([*extras, *requirements], uv) if extras else alone
+
+
+def extra_requirements(requirements: list[str], resolution: list[dict], uv: str) -> list[str]:
+    """The requirements the extras named in ``requirements`` add (``X[e]``: what ``X`` requires for ``e`` at
+    the version ``resolution`` holds, markers evaluated here), read from ``X``'s metadata: the platform's
+    own copy when it has that version, else the package fetched without its dependencies (uv)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    versions = {canonicalize_name(i["name"]): i["version"] for i in resolution}
+    out: list[str] = []
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        version = versions.get(canonicalize_name(req.name))
+        if not req.extras or version is None:
+            continue
+        for line in _requires(req.name, version, uv):
+            sub = Requirement(line)
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+                continue  # the package's own requirements, not the extra's
+            if any(sub.marker.evaluate({"extra": e}) for e in req.extras):
+                sub.marker = None
+                if str(sub) not in out:
+                    out.append(str(sub))
+    return out
+
+
+def _requires(name: str, version: str, uv: str) -> list[str]:
+    """``Requires-Dist`` of ``name==version``: the platform's distribution, or the package's own metadata."""
+    from importlib import metadata
+
+    try:
+        if metadata.version(name) == version:
+            return metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="modelyard-metadata-") as tmp:
+        try:
+            done = subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--target", tmp, "--python",
+                                   sys.executable, f"{name}=={version}"], capture_output=True, text=True,
+                                  timeout=RESOLVE_TIMEOUT_S, env=pip_env())
+        except subprocess.TimeoutExpired:
+            raise ResolveError(f"{name}=={version} not fetched within {RESOLVE_TIMEOUT_S:.0f} s", timed_out=True) from None
+        found = list(Path(tmp).glob("*.dist-info"))
+        if done.returncode != 0 or not found:
+            raise ResolveError(f"could not read the requirements of {name}=={version}: {pip_words(done.stderr)}")
+        return metadata.Distribution.at(found[0]).requires or []
+
+
 def pip_words(stderr: str) -> str:
     """A resolver's or pip's explanation: its error lines (its last lines when none says so), without pip's
     notes on unused indexes."""
@@ -161,10 +225,10 @@ def fresh_floors(resolution: list[dict], installed: dict[str, str]) -> list[str]
 
     Why: resolved beside the platform, a package the platform lacks may be walked back to an old major
     version only because the platform's pins exclude the newer ones, and that resolution "succeeds" with a
-    package the job's code was not written for. ``google-cloud-aiplatform[autologging]`` allows
-    ``mlflow>=1.27``: beside protobuf 7 a resolver settles on MLflow 1.x (uv does; pip walks back through every
-    MLflow 2 release first), whose generated protos protobuf >= 4 refuses at import, while a fresh container
-    gets MLflow 2. Held at the fresh major, such a set conflicts, and the job gets what Vertex would give it."""
+    package the job's code was not written for: beside protobuf 7, the SDK's autologging extra resolves to
+    MLflow 1.27, whose protos protobuf >= 4 refuses at import, while a fresh container gets MLflow 2.16
+    (``fresh_resolution``). Held at the fresh major (``mlflow>=2``), such a set conflicts, and the job gets
+    what Vertex would give it."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
@@ -196,7 +260,7 @@ def plan(requirements: list[str], unsatisfied: Callable[[list[str]], list[str]],
     "version"}]``) an own environment installs, after saying why in the job's log (``say``).
 
     The rule: requirements the platform meets (``unsatisfied``: ``job_packages``') need nothing; the
-    others are resolved on their own (none: the job fails with the resolver's words), then with every
+    others are resolved on their own (``fresh_resolution``; none: the job fails with the resolver's words), then with every
     platform package held at its version (``platform_pins``) and the packages the platform lacks at their
     fresh major version (``fresh_floors``): if that resolution exists they install beside the platform
     (None); if it does not, they conflict, and the job gets their own resolution. The answer is kept under
@@ -210,7 +274,7 @@ def plan(requirements: list[str], unsatisfied: Callable[[list[str]], list[str]],
         uv = resolver()
         have = installed()
         try:
-            alone = resolve(requirements, uv)
+            alone = fresh_resolution(requirements, uv)
         except ResolveError as exc:
             if exc.timed_out:
                 _fail(str(exc))
