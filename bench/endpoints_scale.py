@@ -33,10 +33,11 @@ from urllib.parse import urlencode, urlparse
 ROOT = Path(__file__).resolve().parent
 PARENT = "projects/local/locations/us-central1"
 DATAPLANE_MODULE = "modelyard.platform.dataplane.process"
-SIDES = ("idle", "control", "creating")  # the platform's predicts' own process
+SIDES = ("idle", "control", "creating")
+TARGET = 1.2  # issue 43: predict p99 while creating <= 1.2x idle
 
 sys.path.insert(0, str(ROOT))
-from harness import (latency_summary, log, machine, markdown_table, modelyard_platform,  # noqa: E402
+from harness import (latency_summary, log, machine, markdown_table, median, modelyard_platform,  # noqa: E402
                      command_line, take_turns, write_results)
 
 
@@ -178,14 +179,18 @@ def main() -> int:
     ap.add_argument("--creators", type=int, default=8, help="threads creating endpoints at once")
     ap.add_argument("--rate", type=float, default=120.0,
                     help="creations per second (3,000 in 25 s; 0: as fast as the platform answers)")
-    ap.add_argument("--idle-seconds", type=float, default=5.0, help="each round's idle window")
-    ap.add_argument("--turns", type=int, default=5,
+    ap.add_argument("--idle-seconds", type=float, default=None,
+                    help="each round's idle window (default: as long as a round's creation at --rate, else 5)")
+    ap.add_argument("--turns", type=int, default=10,
                     help="rounds of idle / control / creating windows (--endpoints split evenly over them)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/endpoints_scale.md)")
     args = ap.parse_args()
+    if args.idle_seconds is None:
+        args.idle_seconds = (args.endpoints // args.turns) / args.rate if args.rate > 0 else 5.0
 
     from modelyard import demo
 
+    start_load = os.getloadavg()[0]
     base_dir = demo.ensure_demo_model(log=lambda m: print(m, file=sys.stderr))
     body = demo.demo_predict_body(1).encode()
     with tempfile.TemporaryDirectory(prefix="endpoints-scale-") as tmp, \
@@ -262,15 +267,32 @@ def main() -> int:
     failures = [f for t in turns["creating"] for f in t["failures"]]
     create_s = sum(t["seconds"] for t in turns["creating"])
     i, c, d = (latency_summary(pooled[side]) for side in SIDES)
-    rows = [(f"predict {q} (ms)", f"{i[k]:.2f}", f"{c[k]:.2f}", f"{d[k]:.2f}", f"{c[k] / i[k]:.2f}x", f"{d[k] / i[k]:.2f}x")
-            for q, k in (("p50", "p50_ms"), ("p90", "p90_ms"), ("p99", "p99_ms"))]
-    rows += [("predict max (ms)", f"{i['max_ms']:.1f}", f"{c['max_ms']:.1f}", f"{d['max_ms']:.1f}", "", ""),
-             ("predicts counted", len(pooled["idle"]), len(pooled["control"]), len(pooled["creating"]), "", "")]
-    round_rows = []
-    for n in range(args.turns):
-        p99 = [latency_summary(window(side, turns[side][n]))["p99_ms"] for side in SIDES]
-        round_rows.append((n + 1, f"{p99[0]:.2f}", f"{p99[1]:.2f}", f"{p99[2]:.2f}", f"{p99[2] / p99[0]:.2f}x",
-                           f"{turns['creating'][n]['seconds']:.1f}", f"{turns['creating'][n]['load']:.1f}"))
+    rows = [(f"predict {q} (ms)", f"{i[k]:.2f}", f"{c[k]:.2f}", f"{d[k]:.2f}", f"{c[k] / i[k]:.2f}x", f"{d[k] / i[k]:.2f}x",
+             f"{d[k] / c[k]:.2f}x") for q, k in (("p50", "p50_ms"), ("p90", "p90_ms"), ("p99", "p99_ms"))]
+    rows += [("predict max (ms)", f"{i['max_ms']:.1f}", f"{c['max_ms']:.1f}", f"{d['max_ms']:.1f}", "", "", ""),
+             ("predicts counted", len(pooled["idle"]), len(pooled["control"]), len(pooled["creating"]), "", "", "")]
+    # Each round's p99 of each window, and its ratios: a round's windows are seconds apart, so the
+    # machine's load moved less between them than over the whole run; the median of the rounds'
+    # ratios is what one run says, their spread how much one window's p99 is worth on this machine.
+    per_round = [{side: latency_summary(window(side, turns[side][n]))["p99_ms"] for side in SIDES}
+                 for n in range(args.turns)]
+    ratios = {"creating / idle": [r["creating"] / r["idle"] for r in per_round],
+              "creating / control": [r["creating"] / r["control"] for r in per_round],
+              "control / idle": [r["control"] / r["idle"] for r in per_round]}
+    round_rows = [(n + 1, f"{r['idle']:.2f}", f"{r['control']:.2f}", f"{r['creating']:.2f}",
+                   *(f"{ratios[k][n]:.2f}x" for k in ratios),
+                   f"{turns['creating'][n]['seconds']:.1f}", f"{turns['creating'][n]['load']:.1f}")
+                  for n, r in enumerate(per_round)]
+    round_rows.append(("**median**", *(f"{median(r[side] for r in per_round):.2f}" for side in SIDES),
+                       *(f"**{median(v):.2f}x**" for v in ratios.values()), "", ""))
+    round_rows.append(("min - max", *(f"{min(r[side] for r in per_round):.2f} - {max(r[side] for r in per_round):.2f}"
+                                      for side in SIDES),
+                       *(f"{min(v):.2f}x - {max(v):.2f}x" for v in ratios.values()), "", ""))
+    within = sum(v <= TARGET for v in ratios["creating / idle"])
+    summary = (f"median of the rounds' p99 ratios: creating / idle **{median(ratios['creating / idle']):.2f}x**, "
+               f"creating / control **{median(ratios['creating / control']):.2f}x**, "
+               f"control / idle **{median(ratios['control / idle']):.2f}x**; "
+               f"{within} of {args.turns} rounds within {TARGET}x idle; pooled p99 creating / idle {d['p99_ms'] / i['p99_ms']:.2f}x")
 
     roles = list(turns["idle"][0]["cpu"][0])
 
@@ -286,11 +308,15 @@ def main() -> int:
         "# Control-plane scale: endpoints created while a client predicts",
         machine(),
         f"`{command_line()}`",
+        f"Every window pooled ({args.turns} rounds):",
         markdown_table(["", "idle", f"control: {args.endpoints} POSTs to a null server",
-                        f"while creating {args.endpoints} endpoints", "control / idle", "creating / idle"], rows),
-        f"Each round's p99 (the sides took turns, the order reversed every other round; {per_turn} endpoints a round):",
+                        f"while creating {args.endpoints} endpoints", "control / idle", "creating / idle",
+                        "creating / control"], rows),
+        f"Each round's p99 (the sides took turns, the order reversed every other round; {per_turn} endpoints a "
+        f"round, windows of {args.idle_seconds:.1f} s idle and the creations' length for the others):",
         markdown_table(["round", "idle p99 (ms)", "control p99 (ms)", "creating p99 (ms)", "creating / idle",
-                        "creation (s)", "1-min load after it"], round_rows),
+                        "creating / control", "control / idle", "creation (s)", "1-min load after it"], round_rows),
+        summary[0].upper() + summary[1:] + ".",
         markdown_table(["CPU cores used (CPU seconds per second)", "idle", "control", "while creating"], cpu_rows),
         f"1-minute load average at the end of the creations: up to {load_during:.1f} (2 cores).",
         markdown_table(["step", "result"], [
@@ -309,6 +335,7 @@ def main() -> int:
         "the clients and the machine's other load share the cores.",
     ])
     write_results("endpoints_scale", text, args.out)
+    log(f"load {start_load:.1f} -> {os.getloadavg()[0]:.1f}; " + summary.replace("**", ""))
     if failures:
         print("first failures:", failures[:3], file=sys.stderr)
     return 0

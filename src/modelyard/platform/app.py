@@ -15,6 +15,7 @@ from modelyard.platform.dataplane.gateway import Gateway
 from modelyard.platform.jobs.job_limits import JobLimits
 from modelyard.platform.jobs.job_runner import JobRunner
 from modelyard.platform.dataplane.metrics import Metrics
+from modelyard.platform.dataplane import priority
 from modelyard.platform.dataplane.pools import Pools, RayPools
 from modelyard.platform.resources.operations import Operations
 from modelyard.platform.dataplane.replicas import LocalEngine
@@ -111,6 +112,8 @@ class Platform:
         self.routing.load(self.store)
 
     async def start(self) -> None:
+        # The store's writer thread gives way to predicts (dataplane/priority.py: the one rule and why).
+        await self.store.off_loop(priority.lower_this_thread, "store-writer")
         await self.engine.open()
         if self.pools is not None:
             await self.pools.open()
