@@ -241,6 +241,16 @@ def test_purge_pages_etags_and_schemas(db):
     with pytest.raises(ApiError) as err:  # the etag read before that change is stale now
         nodes.patch(db, STORE, "artifacts", "a0", {"etag": got["etag"], "description": "x"}, None, False)
     assert err.value.status == "ABORTED"
+    # A stale context etag in Vertex's words, which the SDK's Context.update parses (metadata/context.py's
+    # _ETAG_ERROR_REGEX) to read the context again and retry: Google's test_experiments and test_custom_job
+    # update a context another client changed meanwhile. (Not imported here: the SDK costs seconds to import.)
+    _new(db, "contexts", "exp-etag", "system.Experiment")
+    stale = nodes.get(db, STORE, "contexts", "exp-etag")["etag"]
+    nodes.patch(db, STORE, "contexts", "exp-etag", {"description": "changed elsewhere"}, None, False)
+    with pytest.raises(ApiError) as err:
+        nodes.patch(db, STORE, "contexts", "exp-etag", {"etag": stale, "description": "x"}, None, False)
+    assert err.value.status == "ABORTED"
+    assert err.value.message == f"Specified Context `etag`: `{stale}` does not match server `etag`: `{int(stale) + 1}`"
     made = nodes.patch(db, STORE, "executions", "run-x", {"schemaTitle": "system.Run", "state": "RUNNING"},
                        None, allow_missing=True)
     assert made["state"] == "RUNNING"

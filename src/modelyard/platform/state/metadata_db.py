@@ -157,8 +157,10 @@ class MetadataDB:
             if row is None:
                 raise ApiError("NOT_FOUND", f"{_SINGULAR[kind]} {store}/{kind}/{node_id} is not found.")
             if etag is not None and etag != row.etag:
-                raise ApiError("ABORTED", f"{_SINGULAR[kind]} {node_id} has changed since etag {etag} "
-                               f"(it is {row.etag} now): read it again.")
+                # Vertex's words: the SDK reads the two etags from them, and a Context.update whose copy is
+                # older than the server's reads the context again and retries (metadata/context.py).
+                raise ApiError("ABORTED", f"Specified {_SINGULAR[kind]} `etag`: `{etag}` does not match server "
+                               f"`etag`: `{row.etag}`")
             values = {**changes, "etag": row.etag + 1, "updated": time.time()}
             c.execute(update(m.md_nodes).where(self._key(store, kind, node_id)).values(**values))
             return {**_row(row), **values}
