@@ -277,3 +277,24 @@ def test_a_journal_model_outside_the_roots_is_skipped_and_the_others_apply(tmp_p
                                   {"add": "b", "base_path": str(root / "b")}, {"remove": "a"}])
     kept = admitted(added, lambda configs: check_model_paths(configs, (str(root.resolve()),)))
     assert [c.name for c in kept] == ["b"] and removed == ["a"]
+
+
+def test_a_journal_model_outside_the_roots_is_skipped_at_start_as_when_polled(tmp_path, caplog):
+    """At start the whole journal is applied over the config file (``ModelServer.initial_configs`` ->
+    ``over_config``): a line outside --model_roots is logged and skipped, as polling skips it (``admitted``),
+    rather than refusing every model of the replica (FAILED_PRECONDITION stops a server at start)."""
+    from modelyard.serving.manager.config_changes import over_config
+    from modelyard.serving.security.paths import check_model_paths
+
+    root = tmp_path / "root"
+    for name in ("a", "b"):
+        (root / name / "1").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "1").mkdir(parents=True)
+    from_file = [ModelConfig("a", root / "a", labels={"stable": 1})]
+    journal = [{"add": "far", "base_path": str(tmp_path / "elsewhere")}, {"add": "b", "base_path": str(root / "b")},
+               {"add": "a", "base_path": str(root / "a")}]
+    with caplog.at_level("ERROR", logger="modelyard.serving"):
+        configs = over_config(from_file, journal, lambda configs: check_model_paths(configs, (str(root.resolve()),)))
+    assert [(c.name, c.labels) for c in configs] == [("a", {"stable": 1}), ("b", {})]
+    assert "model far not added" in caplog.text and "outside --model_roots" in caplog.text
+    assert [c.name for c in over_config(from_file, journal)] == ["a", "far", "b"]  # no roots: every line

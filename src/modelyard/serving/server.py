@@ -9,6 +9,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 
 from modelyard.errors import Code, ServingError
@@ -106,17 +107,10 @@ class ModelServer:
         """``configs`` (the config file's) with the whole --model_config_changes_file applied on top."""
         if self._changes is None:
             return configs
-        from modelyard.serving.manager.config_changes import net_changes
+        from modelyard.serving.manager.config_changes import over_config
 
         self._changes.restart()
-        added, removed = net_changes(self._changes.read())
-        by_name = {c.name: c for c in configs}
-        for name in removed:
-            by_name.pop(name, None)
-        for cfg in added:
-            old = by_name.get(cfg.name)
-            by_name[cfg.name] = cfg if old is None else ModelConfig(cfg.name, cfg.base_path, old.policy, old.labels)
-        return list(by_name.values())
+        return over_config(configs, self._changes.read(), self._roots_check())
 
     def _read_changes(self) -> None:
         """Apply the lines appended to --model_config_changes_file since the last read: only those models."""
@@ -136,13 +130,19 @@ class ModelServer:
         except ServingError as exc:
             log.warning("Could not load model %s ahead: %s", name, exc.message)
 
-    def _apply_changes(self, added: list[ModelConfig], removed: list[str]) -> None:
-        if self.options.security is not None:  # --model_roots, for the added models only; one outside is skipped
-            from modelyard.serving.manager.config_changes import admitted
-            from modelyard.serving.security.paths import check_model_paths
+    def _roots_check(self) -> Callable[[list[ModelConfig]], object] | None:
+        """--model_roots' check of some models (security/paths.py), None without a security flag."""
+        if self.options.security is None:
+            return None
+        from modelyard.serving.security.paths import check_model_paths
 
-            roots = self.options.security.model_roots
-            added = admitted(added, lambda configs: check_model_paths(configs, roots))
+        roots = self.options.security.model_roots
+        return lambda configs: check_model_paths(configs, roots)
+
+    def _apply_changes(self, added: list[ModelConfig], removed: list[str]) -> None:
+        from modelyard.serving.manager.config_changes import admitted
+
+        added = admitted(added, self._roots_check())  # one model outside the roots is skipped
         self.repository.remember(added)
         with self._reload_lock:
             self.manager.update_models(added, removed)
@@ -151,10 +151,9 @@ class ModelServer:
     def apply_configs(self, configs: list[ModelConfig], wait_s: float = RELOAD_WAIT_S) -> None:
         """Replace the served models; labels are checked once the versions they name have loaded."""
         self.repository.remember(configs)  # V2's model repository: what a load may bring back
-        if self.options.security is not None:  # --model_roots (security/paths.py)
-            from modelyard.serving.security.paths import check_model_paths
-
-            check_model_paths(configs, self.options.security.model_roots)
+        check = self._roots_check()
+        if check is not None:  # the config file's and a reload's models: one outside refuses them all
+            check(configs)
         with self._reload_lock:
             allow = self.options.allow_version_labels_for_unavailable_models
             known = set(self.manager.model_names())

@@ -7,7 +7,9 @@ that model now, ahead of its first request (``platform/dataplane/load_ahead.py``
 reads the journal from where it stopped (a line not yet ended by its newline waits for its end); a
 journal that was replaced or shortened (its writer folded it into a new config file) is read from its
 start again, and so is it after the config file itself changed. Replaying a line is harmless: adding a
-model already served at that path, or removing one not served, changes nothing. A deployment resource
+model already served at that path, or removing one not served, changes nothing. A bad line (not one of
+these objects, or a model outside ``--model_roots``: ``admitted``) is logged and skipped, whether it is read
+at the server's start or later, so it never holds back the other lines or the config file's models. A deployment resource
 pool's replicas are told their models this way (``platform/dataplane/pools.py`` writes it, compacting
 it into the config file once it outgrows it).
 """
@@ -97,9 +99,27 @@ def loads_ahead(changes: list[dict]) -> list[str]:
     return list(dict.fromkeys(c["load"] for c in changes if "load" in c))
 
 
-def admitted(added: list[ModelConfig], check: Callable[[list[ModelConfig]], object]) -> list[ModelConfig]:
-    """The models of ``added`` that ``check([config])`` lets through (``--model_roots``); each refused one is
-    logged with its reason and skipped, so one bad line does not hold back the others."""
+def over_config(configs: list[ModelConfig], changes: list[dict],
+                check: Callable[[list[ModelConfig]], object] | None = None) -> list[ModelConfig]:
+    """``configs`` (the config file's) with the whole journal ``changes`` applied on top: what a server serves
+    at its start. Added models go through ``admitted`` as when the journal is polled, so one bad line is
+    skipped rather than stopping the start (a refused base path is FAILED_PRECONDITION there). A model the
+    config file names keeps its policy and labels when a line moves it to another base path."""
+    added, removed = net_changes(changes)
+    by_name = {c.name: c for c in configs}
+    for name in removed:
+        by_name.pop(name, None)
+    for cfg in admitted(added, check):
+        old = by_name.get(cfg.name)
+        by_name[cfg.name] = cfg if old is None else ModelConfig(cfg.name, cfg.base_path, old.policy, old.labels)
+    return list(by_name.values())
+
+
+def admitted(added: list[ModelConfig], check: Callable[[list[ModelConfig]], object] | None) -> list[ModelConfig]:
+    """The models of ``added`` that ``check([config])`` lets through (``--model_roots``; None: all); each refused
+    one is logged with its reason and skipped, so one bad line does not hold back the others."""
+    if check is None:
+        return list(added)
     kept = []
     for config in added:
         try:
