@@ -313,3 +313,4 @@ def test_tuning_trials_run_on_ray_nodes(platform, aiplatform, ray_cluster, tmp_p
         log = (trial_dir / "trial.log").read_text()
         assert f"[modelyard] started pid {where['pid']} on Ray node {where['node_id'][:12]}" in log, log
     assert ray_now["actors"] == []  # every trial's actor ended with it (named modelyard-job-<job id>-trial-...)
+
