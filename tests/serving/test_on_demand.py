@@ -265,17 +265,24 @@ def test_a_config_journal_needs_a_config_file_and_sits_beside_it(tmp_path):
 
 
 
-def test_a_journal_model_outside_the_roots_is_skipped_and_the_others_apply(tmp_path):
-    from modelyard.serving.manager.config_changes import admitted
+def _roots_check(tmp_path):
+    """``root/a``, ``root/b`` and ``elsewhere`` (outside the root), each with a version; --model_roots' check of ``root``."""
     from modelyard.serving.security.paths import check_model_paths
 
     root = tmp_path / "root"
     for name in ("a", "b"):
         (root / name / "1").mkdir(parents=True)
     (tmp_path / "elsewhere" / "1").mkdir(parents=True)
+    return root, lambda configs: check_model_paths(configs, (str(root.resolve()),))
+
+
+def test_a_journal_model_outside_the_roots_is_skipped_and_the_others_apply(tmp_path):
+    from modelyard.serving.manager.config_changes import admitted
+
+    root, check = _roots_check(tmp_path)
     added, removed = net_changes([{"add": "far", "base_path": str(tmp_path / "elsewhere")},
                                   {"add": "b", "base_path": str(root / "b")}, {"remove": "a"}])
-    kept = admitted(added, lambda configs: check_model_paths(configs, (str(root.resolve()),)))
+    kept = admitted(added, check)
     assert [c.name for c in kept] == ["b"] and removed == ["a"]
 
 
@@ -284,17 +291,13 @@ def test_a_journal_model_outside_the_roots_is_skipped_at_start_as_when_polled(tm
     ``over_config``): a line outside --model_roots is logged and skipped, as polling skips it (``admitted``),
     rather than refusing every model of the replica (FAILED_PRECONDITION stops a server at start)."""
     from modelyard.serving.manager.config_changes import over_config
-    from modelyard.serving.security.paths import check_model_paths
 
-    root = tmp_path / "root"
-    for name in ("a", "b"):
-        (root / name / "1").mkdir(parents=True)
-    (tmp_path / "elsewhere" / "1").mkdir(parents=True)
+    root, check = _roots_check(tmp_path)
     from_file = [ModelConfig("a", root / "a", labels={"stable": 1})]
     journal = [{"add": "far", "base_path": str(tmp_path / "elsewhere")}, {"add": "b", "base_path": str(root / "b")},
                {"add": "a", "base_path": str(root / "a")}]
     with caplog.at_level("ERROR", logger="modelyard.serving"):
-        configs = over_config(from_file, journal, lambda configs: check_model_paths(configs, (str(root.resolve()),)))
+        configs = over_config(from_file, journal, check)
     assert [(c.name, c.labels) for c in configs] == [("a", {"stable": 1}), ("b", {})]
     assert "model far not added" in caplog.text and "outside --model_roots" in caplog.text
     assert [c.name for c in over_config(from_file, journal)] == ["a", "far", "b"]  # no roots: every line
