@@ -5,14 +5,18 @@
 
 One `modelyard platform` (temporary store, SQLite) deploys the digits demo model (version 0001, one
 replica) on one endpoint. A predict client (its own process, one keep-alive connection, one batch-1
-image per request, back to back) runs throughout. First it predicts alone for ``--idle-seconds``
-(the idle latencies, measured again for as long after the creation: the machine's load drifts); then
-``--creators`` threads create ``--endpoints`` endpoints with
-``POST .../endpoints`` (each on its own keep-alive connection) while the client goes on; the latencies
-of the predicts sent during the creation are compared with the idle ones. Creations are paced at
-``--rate`` a second (default 120: 3,000 in 25 s, inside the target's 30 s); ``--rate 0`` sends them
-as fast as the platform answers (then the creators and the platform take every spare cycle). A last step lists the
-endpoints by pages of 100 (``pageSize``/``pageToken``) and times one filtered list.
+image per request, back to back) runs throughout. Three windows take turns, ``--turns`` rounds (10),
+the order reversed every other round: **idle** (the client alone), **control** (``--creators`` threads
+sending as many POSTs at the same pace to a null server: what the clients' own CPU and the kernel cost
+the predicts on this machine), and **creating** (the same threads create ``--endpoints`` / ``--turns``
+endpoints with ``POST .../endpoints``, each on its own keep-alive connection). Creations are paced at
+``--rate`` a second (default 120: 3,000 in 25 s, inside the target's 30 s); ``--rate 0`` sends them as
+fast as the platform answers. Each round's windows are seconds apart, so the result is each round's
+p99 ratios (creating / idle, creating / control, control / idle), their median and their spread, as
+well as every window pooled. ``--compare-writer`` (root) adds a fourth window each round: as many
+creations with the platform's store writer at the normal CPU policy instead of SCHED_IDLE
+(``dataplane/priority.py``). A last step lists the endpoints by pages of 100 (``pageSize``/``pageToken``)
+and times one filtered list.
 
 Issue 43's target: 3,000 endpoints created in <= 30 s with predict p99 <= 1.2 x its idle value.
 """
@@ -34,6 +38,8 @@ ROOT = Path(__file__).resolve().parent
 PARENT = "projects/local/locations/us-central1"
 DATAPLANE_MODULE = "modelyard.platform.dataplane.process"
 SIDES = ("idle", "control", "creating")
+WRITER_NORMAL = "creating, writer normal"  # --compare-writer's side
+WRITER_THREAD = "store-writer"  # its name in ps -L (dataplane/priority.py)
 TARGET = 1.2  # issue 43: predict p99 while creating <= 1.2x idle
 
 sys.path.insert(0, str(ROOT))
@@ -173,6 +179,14 @@ def cpu_snapshot(platform_pid: int, state_dir: Path, client_pid: int, null_pid: 
     return out
 
 
+def store_writer(platform_pid: int) -> int:
+    """The thread id of the platform's store writer (named by dataplane/priority.py)."""
+    for tid in os.listdir(f"/proc/{platform_pid}/task"):
+        if Path(f"/proc/{platform_pid}/task/{tid}/comm").read_text().strip() == WRITER_THREAD:
+            return int(tid)
+    raise SystemExit(f"the platform (pid {platform_pid}) has no thread named {WRITER_THREAD}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--endpoints", type=int, default=3000)
@@ -183,8 +197,16 @@ def main() -> int:
                     help="each round's idle window (default: as long as a round's creation at --rate, else 5)")
     ap.add_argument("--turns", type=int, default=10,
                     help="rounds of idle / control / creating windows (--endpoints split evenly over them)")
+    ap.add_argument("--compare-writer", action="store_true",
+                    help="a fourth window each round: as many creations with the platform's store writer at the normal "
+                         "CPU policy instead of SCHED_IDLE (dataplane/priority.py); needs root (raising a thread back "
+                         "from SCHED_IDLE takes CAP_SYS_NICE)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/endpoints_scale.md)")
     args = ap.parse_args()
+    sides = SIDES + ((WRITER_NORMAL,) if args.compare_writer else ())
+    creating_sides = [side for side in sides if side.startswith("creating")]
+    if args.compare_writer and os.geteuid() != 0:
+        ap.error("--compare-writer needs root: a thread at SCHED_IDLE is raised back only with CAP_SYS_NICE")
     if args.idle_seconds is None:
         args.idle_seconds = (args.endpoints // args.turns) / args.rate if args.rate > 0 else 5.0
 
@@ -218,7 +240,8 @@ def main() -> int:
         # falls on all of them alike. The control: the same creators, at the same rate, against a server
         # that does nothing: what the clients' own CPU and the kernel's cost the predicts on this machine.
         per_turn = args.endpoints // args.turns
-        created = iter(range(0, args.endpoints, per_turn))
+        created = iter(range(0, args.endpoints * len(creating_sides), per_turn))
+        writer = store_writer(p.proc.pid) if args.compare_writer else None
 
         def run(side: str, round_no: int) -> dict:
             t0, cpu0 = time.time(), snapshot()
@@ -228,15 +251,23 @@ def main() -> int:
             elif side == "control":
                 out["seconds"], _ = create_all(null_base, per_turn, args.creators, args.rate)
             else:
-                out["seconds"], out["failures"] = create_all(p.base, per_turn, args.creators, args.rate, next(created))
+                if side == WRITER_NORMAL:
+                    os.sched_setscheduler(writer, os.SCHED_OTHER, os.sched_param(0))
+                try:
+                    out["seconds"], out["failures"] = create_all(p.base, per_turn, args.creators, args.rate,
+                                                                 next(created))
+                finally:
+                    if side == WRITER_NORMAL:
+                        os.sched_setscheduler(writer, os.SCHED_IDLE, os.sched_param(0))
                 out["load"] = os.getloadavg()[0]
             t1, cpu1 = time.time(), snapshot()
             time.sleep(1.0)  # the last answers' wake settles before the next side (not counted)
             return {**out, "from": t0, "to": t1, "cpu": (cpu0, cpu1)}
 
         log(f"{args.turns} rounds of: idle {args.idle_seconds:g} s, {per_turn} POSTs to a null server, "
-            f"{per_turn} endpoint creations ({args.creators} threads, {args.rate:g}/s) ...")
-        turns = take_turns(SIDES, args.turns, run, report=lambda side, n, r: log(
+            f"{per_turn} endpoint creations ({args.creators} threads, {args.rate:g}/s)"
+            + (", as many with the store writer at the normal policy" if writer else "") + " ...")
+        turns = take_turns(sides, args.turns, run, report=lambda side, n, r: log(
             f"round {n + 1}/{args.turns} {side}: {r['to'] - r['from']:.1f} s"))
         null.kill()
         stop.set()
@@ -262,9 +293,9 @@ def main() -> int:
     def window(side: str, t: dict) -> list[float]:
         return [sec for at, sec, st in seen if t["from"] <= at < t["to"] and st == 200]
 
-    pooled = {side: [sec for t in turns[side] for sec in window(side, t)] for side in SIDES}
+    pooled = {side: [sec for t in turns[side] for sec in window(side, t)] for side in sides}
     bad = [st for at, sec, st in seen if st != 200]
-    failures = [f for t in turns["creating"] for f in t["failures"]]
+    failures = [f for side in creating_sides for t in turns[side] for f in t["failures"]]
     create_s = sum(t["seconds"] for t in turns["creating"])
     i, c, d = (latency_summary(pooled[side]) for side in SIDES)
     rows = [(f"predict {q} (ms)", f"{i[k]:.2f}", f"{c[k]:.2f}", f"{d[k]:.2f}", f"{c[k] / i[k]:.2f}x", f"{d[k] / i[k]:.2f}x",
@@ -294,6 +325,32 @@ def main() -> int:
                f"control / idle **{median(ratios['control / idle']):.2f}x**; "
                f"{within} of {args.turns} rounds within {TARGET}x idle; pooled p99 creating / idle {d['p99_ms'] / i['p99_ms']:.2f}x")
 
+    compare = []
+    if args.compare_writer:
+        normal = [latency_summary(window(WRITER_NORMAL, turns[WRITER_NORMAL][n]))["p99_ms"] for n in range(args.turns)]
+        lowered_over_normal = [r["creating"] / w for r, w in zip(per_round, normal)]
+        pooled_normal = latency_summary(pooled[WRITER_NORMAL])
+        compare = [
+            "The store writer's policy, compared in the same rounds (a fourth window each round: as many "
+            "creations with the writer at the normal policy; the order of the four reversed every other round):",
+            markdown_table(["round", "idle p99 (ms)", "creating, writer SCHED_IDLE: p99 (ms)",
+                            "creating, writer normal: p99 (ms)", "SCHED_IDLE / normal", "normal / idle",
+                            "creation (s), SCHED_IDLE / normal"],
+                           [(n + 1, f"{r['idle']:.2f}", f"{r['creating']:.2f}", f"{w:.2f}", f"{x:.2f}x",
+                             f"{w / r['idle']:.2f}x", f"{turns['creating'][n]['seconds']:.1f} / "
+                                                      f"{turns[WRITER_NORMAL][n]['seconds']:.1f}")
+                            for n, (r, w, x) in enumerate(zip(per_round, normal, lowered_over_normal))]
+                           + [("**median**", f"{median(r['idle'] for r in per_round):.2f}",
+                               f"{median(r['creating'] for r in per_round):.2f}", f"{median(normal):.2f}",
+                               f"**{median(lowered_over_normal):.2f}x**",
+                               f"**{median(w / r['idle'] for r, w in zip(per_round, normal)):.2f}x**", ""),
+                              ("pooled", f"{i['p99_ms']:.2f}", f"{d['p99_ms']:.2f}", f"{pooled_normal['p99_ms']:.2f}",
+                               f"{d['p99_ms'] / pooled_normal['p99_ms']:.2f}x",
+                               f"{pooled_normal['p99_ms'] / i['p99_ms']:.2f}x", "")]),
+        ]
+        summary += (f"; writer SCHED_IDLE / normal {median(lowered_over_normal):.2f}x (median of rounds), "
+                    f"{d['p99_ms'] / pooled_normal['p99_ms']:.2f}x pooled")
+
     roles = list(turns["idle"][0]["cpu"][0])
 
     def cores(side: str, role: str | None) -> str:
@@ -301,9 +358,9 @@ def main() -> int:
                    for a, b in (t["cpu"] for t in turns[side]))
         return f"{used / sum(t['to'] - t['from'] for t in turns[side]):.2f}"
 
-    cpu_rows = [(role, *(cores(side, role) for side in SIDES)) for role in roles]
-    cpu_rows.append(("all of them (of 2 cores)", *(cores(side, None) for side in SIDES)))
-    load_during = max(t["load"] for t in turns["creating"])
+    cpu_rows = [(role, *(cores(side, role) for side in sides)) for role in roles]
+    cpu_rows.append(("all of them (of 2 cores)", *(cores(side, None) for side in sides)))
+    load_during = max(t["load"] for side in creating_sides for t in turns[side])
     text = "\n\n".join([
         "# Control-plane scale: endpoints created while a client predicts",
         machine(),
@@ -317,7 +374,9 @@ def main() -> int:
         markdown_table(["round", "idle p99 (ms)", "control p99 (ms)", "creating p99 (ms)", "creating / idle",
                         "creating / control", "control / idle", "creation (s)", "1-min load after it"], round_rows),
         summary[0].upper() + summary[1:] + ".",
-        markdown_table(["CPU cores used (CPU seconds per second)", "idle", "control", "while creating"], cpu_rows),
+        *compare,
+        markdown_table(["CPU cores used (CPU seconds per second)", "idle", "control", "while creating",
+                        *(["while creating, writer normal"] if args.compare_writer else [])], cpu_rows),
         f"1-minute load average at the end of the creations: up to {load_during:.1f} (2 cores).",
         markdown_table(["step", "result"], [
             ("endpoints created", f"{per_turn * args.turns} in {create_s:.1f} s of creating, {args.turns} round(s) "
