@@ -490,7 +490,7 @@ def test_resource_manager_answers_a_project_number(platform):
     import google.auth.credentials
     from google.cloud import resourcemanager
 
-    from modelyard.platform.resources.projects import project_number
+    from modelyard.platform.api.project_numbers import project_number
 
     client = resourcemanager.ProjectsClient(credentials=google.auth.credentials.AnonymousCredentials(),
                                             transport="rest", client_options={"api_endpoint": platform.url})

@@ -29,3 +29,16 @@ def test_bad_names_are_invalid_argument(name):
     with pytest.raises(ApiError) as err:
         projects.get(name)
     assert err.value.to_body()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_a_bucket_made_for_a_project_carries_its_number(tmp_path):
+    """Cloud Storage's bucket of ``?project=local`` has local's number, as the SDK checks before it writes a
+    pipeline's artifacts there (gcs_utils._verify_bucket_ownership; else "bucket squatting" is logged)."""
+    from modelyard.platform.storage.objects import Store
+
+    store = Store(tmp_path / "root")
+    number = projects.get("projects/local")["name"].split("/")[1]
+    assert store.create_bucket({"name": "owned"}, "local")["projectNumber"] == number
+    store.patch_bucket("owned", {"labels": {"a": "b"}})
+    assert store.bucket_resource("owned")["projectNumber"] == number
+    assert store.create_bucket({"name": "nobodys"})["projectNumber"] == "0"

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+from modelyard.platform.api.project_numbers import project_number
 from modelyard.platform.storage import hashing
 from modelyard.platform.storage.errors import StorageApiError, invalid, no_bucket, no_object, precondition
 from modelyard.platform.storage.meta import MetaDB, Record
@@ -191,7 +192,9 @@ class Store:
                 "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": False},
                                      "publicAccessPrevention": "inherited"}, **extra}
 
-    def create_bucket(self, body: dict) -> dict:
+    def create_bucket(self, body: dict, project: str | None = None) -> dict:
+        """A new bucket; ``project`` (the request's ``?project=``) owns it: its ``projectNumber`` is that
+        project's (the SDK checks it before writing a pipeline's artifacts there; "0" when none was named)."""
         bucket = check_bucket(str(body.get("name", "")))
         path = bucket_dir(self.root, bucket)
         with self.locked():
@@ -205,6 +208,8 @@ class Store:
                 if k in body}
         if "location" in keep:
             keep["location"] = str(keep["location"]).upper()
+        if project:
+            keep["projectNumber"] = project_number(project)
         self.db.put_bucket(bucket, rfc3339(), 1, keep)
         return self.bucket_resource(bucket)
 

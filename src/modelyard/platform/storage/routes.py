@@ -161,7 +161,7 @@ class StorageRoutes:
                 buckets = await asyncio.to_thread(self.store.list_buckets, query.get("prefix", ""))
                 return _json({"kind": "storage#buckets", "items": buckets})
             if method == "POST":
-                return _json(self.store.create_bucket(await self._body(request)))
+                return _json(self.store.create_bucket(await self._body(request), query.get("project")))
             raise self._bad_method(method, path)
         bucket = decode(rest[0])
         if len(rest) == 1:
