@@ -18,7 +18,8 @@ and credentials (``google.auth.default()``) from a metadata server its node runs
 copies the model with TensorFlow's own ``tf.io.gfile`` through its node's storage gateway.
 A HyperparameterTuningJob's trials (the stock SDK's) are jobs placed on the nodes as a CustomJob's
 replicas are: each trial's process records the Ray node its actor gave it, reports its metric with
-``cloudml-hypertune`` on the node's disk, and the SDK reads the trials' measurements back.
+``cloudml-hypertune`` on the node's disk, and the SDK reads the trials' measurements back and finds
+them as runs of the trials' experiment.
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ import numpy as np
 import pytest
 import requests
 
-from tests.platform.conftest import STAGING_BUCKET
+from tests.platform.conftest import PARENT, STAGING_BUCKET
 from tests.platform.ray_platform import running
-from tests.platform.jobs_helpers import (aiplatform, alive, job_processes, no_stray_jobs, wait_gone,  # noqa: F401
-                                         wait_state)
+from tests.platform.jobs_helpers import (aiplatform, alive, experiments_sdk, job_processes,  # noqa: F401
+                                         no_stray_jobs, wait_gone, wait_state)
 from tests.ray_cluster import ask_driver, ensure_nodes, session_cluster
 
 PROBE = str(Path(__file__).with_name("job_scripts") / "node_probe.py")
@@ -280,18 +281,22 @@ def test_a_job_whose_node_dies_fails_naming_it(platform, ray_cluster, tmp_path):
         ensure_nodes(cluster, 2)
 
 
-def test_tuning_trials_run_on_ray_nodes(platform, aiplatform, ray_cluster, tmp_path):
+def test_tuning_trials_run_on_ray_nodes(platform, sdk, ray_cluster, tmp_path):
     """Each trial is a job on a Ray node (tuning_jobs.engine_trials -> trial_job -> custom_jobs.run_pools):
     its process has the node id its actor gave it, works in the node's scratch directory (where its
-    hypertune file is written), and its measurements reach the trial through the SDK."""
+    hypertune file is written), its measurements reach the trial through the SDK, and each trial is
+    a run of the experiment the trial job spec names, with its parameter and final metric."""
     from google.cloud.aiplatform import hyperparameter_tuning as hpt
     from google.cloud.aiplatform.compat.types import job_state as gca_job_state
     from google.cloud.aiplatform.compat.types import study as gca_study
 
-    custom = aiplatform.CustomJob(display_name="trial", base_output_dir=str(tmp_path), worker_pool_specs=[{
+    sdk.Experiment.create(experiment_name="ray-hpt")
+    custom = sdk.CustomJob(display_name="trial", base_output_dir=str(tmp_path), worker_pool_specs=[{
         "machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
         "container_spec": {"image_uri": "us-docker.pkg.dev/p/trainer:1", "command": [sys.executable, TRIAL]}}])
-    job = aiplatform.HyperparameterTuningJob(
+    # Vertex's CustomJobSpec.experiment; the SDK copies the job spec into the trial job spec.
+    custom.job_spec.experiment = f"{PARENT}/metadataStores/default/contexts/ray-hpt"
+    job = sdk.HyperparameterTuningJob(
         display_name="trials-on-ray", custom_job=custom, metric_spec={"score": "maximize"},
         parameter_spec={"x": hpt.DoubleParameterSpec(min=0.0, max=1.0, scale="linear")},
         max_trial_count=2, parallel_trial_count=2)
@@ -313,4 +318,11 @@ def test_tuning_trials_run_on_ray_nodes(platform, aiplatform, ray_cluster, tmp_p
         log = (trial_dir / "trial.log").read_text()
         assert f"[modelyard] started pid {where['pid']} on Ray node {where['node_id'][:12]}" in log, log
     assert ray_now["actors"] == []  # every trial's actor ended with it (named modelyard-job-<job id>-trial-...)
+    rows = {r["run_name"]: r for r in sdk.get_experiment_df("ray-hpt").to_dict("records")}
+    prefix = f"hpt-{job.resource_name.rsplit('/', 1)[1]}-trial-"
+    assert sorted(rows) == [f"{prefix}1", f"{prefix}2"]
+    for t in trials:
+        row = rows[prefix + t.id]
+        assert (row["state"], row["param.x"]) == ("COMPLETE", t.parameters[0].value)
+        assert row["metric.score"] == pytest.approx(t.final_measurement.metrics[0].value)
 
