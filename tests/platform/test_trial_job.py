@@ -62,3 +62,32 @@ def test_a_trials_job_spec_carries_the_trials_variables():
     assert one["containerSpec"]["env"] == [{"name": "A", "value": "1"}, {"name": "AIP_MODEL_DIR",
                                            "value": "/runs/trial-0001/model"}, {"name": "CLOUD_ML_TRIAL_ID", "value": "1"}]
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "/runs/trial-0001"}
+
+
+def test_on_ray_the_tuner_runs_each_trial_as_a_job(tmp_path):
+    """One layer down: under --engine ray the study's trial command is trial_job's (the pool, engine and
+    shipped files in trial.json beside it), which the tuner starts cold (no TensorFlow fork server) and
+    whose study file `modelyard tune` accepts; under the local engine nothing changes (no trial.json)."""
+    import json
+    import sys
+
+    from modelyard.platform.jobs import tuning_jobs
+    from modelyard.tuning.forkserver import is_warm_command
+    from modelyard.tuning.spec import from_mapping
+
+    pool = {"replicaCount": "1", "machineSpec": {"acceleratorCount": 1},
+            "containerSpec": {"imageUri": "i", "command": [sys.executable, "train.py"]}}
+    body = {"studySpec": {"metrics": [{"metricId": "score", "goal": "MAXIMIZE"}],
+                          "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}}]},
+            "trialJobSpec": {"workerPoolSpecs": [pool]}, "_modelyard": {"trialFiles": {"train.py": "cHJpbnQoMSk="}}}
+    job = {"id": "42", "parent": "projects/p/locations/l", "engine": {"name": "ray", "address": "a:1"}}
+    assert tuning_jobs.processes_elsewhere(job) and not tuning_jobs.processes_elsewhere({**job, "engine": None})
+    out = tuning_jobs.engine_trials(tmp_path, job, body)
+    (trial_pool,) = out["trialJobSpec"]["workerPoolSpecs"]
+    command = trial_pool["containerSpec"]["command"]
+    assert command[1:4] == ["-u", "-m", "modelyard.platform.jobs.trial_job"] and not is_warm_command(command)
+    assert json.loads((tmp_path / "trial.json").read_text()) == {
+        "pool": pool, "engine": job["engine"], "jobId": "42", "project": "p", "storageRoot": None,
+        "files": {"train.py": "cHJpbnQoMSk="}}
+    study = from_mapping(tuning_jobs.study_mapping(out, "s", str(tmp_path / "out")), tmp_path / "study.json")
+    assert study.command == command

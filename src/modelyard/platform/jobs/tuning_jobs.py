@@ -189,8 +189,9 @@ def execute(work_dir: Path, job: dict) -> dict:
     # The files `modelyard jobs submit` shipped, beside the study file: its relative trial command finds them.
     write_trial_files(work_dir, trial_files((body.get(PRIVATE) or {}).get("trialFiles")))
     devices: list[str] = []
+    mount = None  # trials on nodes: each node mirrors /gcs/ for its trial and writes it back (jobs_ray)
     if processes_elsewhere(job):
-        body, mount = engine_trials(work_dir, job, body), job_env.GcsMount(work_dir, None)
+        body = engine_trials(work_dir, job, body)
         devices = ["--devices", "none"]  # the trials' CPUs are the cluster's, not this host's
     else:
         body, mount = _trials_setup(work_dir, body, job.get("storageRoot"))
@@ -205,7 +206,7 @@ def execute(work_dir: Path, job: dict) -> dict:
         time.sleep(1.0)
         _write_progress(work_dir, storage, name)
     trials = _write_progress(work_dir, storage, name)
-    if mount.publish():
+    if mount is not None and mount.publish():
         print("wrote the trials' files under /gcs/ back to their buckets", flush=True)
     if remote:
         n = objstore.publish_tree(Path(job_dir), base)
@@ -229,12 +230,12 @@ def engine_trials(work_dir: Path, job: dict, body: dict) -> dict:
     under the platform's engine (``TRIAL_FILE`` says which pool, engine and shipped files). ``-u``: its
     lines reach the trial's log as they come; and the tuner forks no warm TensorFlow server for it (only
     a plain ``python -m``/script command starts warm), which a trial on a node would not use."""
+    from modelyard.platform.jobs.job_runner import write_json
+
     trial_job_spec = body.get("trialJobSpec") or {}
     pools = [p for p in trial_job_spec.get("workerPoolSpecs") or [] if isinstance(p, dict) and p]
     spec = {"pool": pools[0], "engine": job.get("engine"), "jobId": job["id"], "project": job["parent"].split("/")[1],
             "storageRoot": job.get("storageRoot"), "files": (body.get(PRIVATE) or {}).get("trialFiles") or {}}
-    from modelyard.platform.jobs.job_runner import write_json
-
     write_json(work_dir / TRIAL_FILE, spec)
     command = [sys.executable, "-u", "-m", trial_job.__name__, str(work_dir / TRIAL_FILE)]
     pool = {"replicaCount": "1", "containerSpec": {"imageUri": (pools[0].get("containerSpec") or {}).get("imageUri", ""),
