@@ -13,7 +13,10 @@ SDK) against MLflow's tracking server (MLflow's own client), both started here, 
   and against ``search_runs`` plus every run's metric history (``get_metric_history`` per run and series:
   what the SDK reads to fill its time-series columns, every point of every series); seconds per call, and
   the CPU seconds each server spent on it. Then each kind of request the SDK sends, alone, one at a time:
-  its latency and the platform's CPU per request (the platform's own share of get_experiment_df).
+  its latency and the platform's CPU per request (the platform's own share of get_experiment_df). And the
+  SDK alone: get_experiment_df against a zero-cost server (the platform's answers to it recorded, then
+  replayed in the client's process from memory, below requests: no socket, no server), the resource objects
+  the SDK builds per run, and its CPU per object, per request and per point of a batchRead answer.
 - Memory: the platform's resident memory (the platform process; its storage process apart) after
   --memory-points scalar points were written through the REST API (writeTensorboardRunData, 5,000 per
   request, into 10 series), and after a ``batchRead`` of those 10 series.
@@ -99,9 +102,190 @@ def client_platform(task: str, url: str, arg: dict) -> dict:
     plain = aip.get_experiment_df(include_time_series=False)
     without = time.perf_counter() - start
     plain_cpu = _cpu_s(arg["platform_pid"]) - plain_cpu
+    plain_requests = calls[0] - requests_made
     assert len(df) == len(plain) == arg["runs"], (len(df), len(plain))
-    return {"df_s": with_series, "df_plain_s": without, "df_requests": requests_made, "df_client_cpu_s": cpu,
-            "df_server_cpu_s": platform_cpu, "df_plain_server_cpu_s": plain_cpu, "df_plain_requests": calls[0] - requests_made}
+    # Again, warm (the first call of a process also pays the SDK's lazy imports and first uses): the
+    # platform's figure to set beside the servers below, which are all asked warm.
+    warm_cpu, warm_platform_cpu, start = time.process_time(), _cpu_s(arg["platform_pid"]), time.perf_counter()
+    aip.get_experiment_df()
+    warm_s = time.perf_counter() - start
+    warm_cpu, warm_platform_cpu = time.process_time() - warm_cpu, _cpu_s(arg["platform_pid"]) - warm_platform_cpu
+    # The SDK alone: the same call against a zero-cost server (the platform's answers to it, recorded, then
+    # replayed from memory below requests: no socket, no server). No server can answer faster than this.
+    replay = _Replay()
+    built = _count_clients()
+    recorded = aip.get_experiment_df()
+    objects = built[0]
+    replay.replaying = True
+    cpu0, start = time.process_time(), time.perf_counter()
+    replayed = aip.get_experiment_df()
+    zero_s, zero_cpu = time.perf_counter() - start, time.process_time() - cpu0
+    assert replayed.equals(recorded), "the replayed answers give another frame"
+    # The same answers from a server that does no work: another process on loopback HTTP, each answer's
+    # bytes ready in memory. What is left over the replay is the SDK's own networking (its ~4 new
+    # connections per run: each object it builds has its own session), which any server costs it.
+    replay.replaying = False
+    with _CannedServer(replay.answers) as server:
+        aip.init(api_endpoint=server.url)
+        cpu0, server_cpu0, start = time.process_time(), _cpu_s(server.proc.pid), time.perf_counter()
+        canned = aip.get_experiment_df()
+        canned_s, canned_cpu = time.perf_counter() - start, time.process_time() - cpu0
+        canned_server_cpu = _cpu_s(server.proc.pid) - server_cpu0
+        aip.init(api_endpoint=url)
+    assert canned.equals(recorded), "the canned answers give another frame"
+    replay.replaying = True
+    return {"df_canned_s": canned_s, "df_canned_cpu_s": canned_cpu, "df_canned_server_cpu_s": canned_server_cpu,
+            "df_warm_s": warm_s, "df_warm_cpu_s": warm_cpu,
+            "df_warm_server_cpu_s": warm_platform_cpu, "df_s": with_series, "df_plain_s": without, "df_requests": requests_made, "df_client_cpu_s": cpu,
+            "df_server_cpu_s": platform_cpu, "df_plain_server_cpu_s": plain_cpu, "df_plain_requests": plain_requests,
+            "df_zero_s": zero_s, "df_zero_cpu_s": zero_cpu, "df_objects": objects, **_sdk_unit_costs(aip, replay)}
+
+
+class _Replay:
+    """Records every HTTP answer this process gets (below requests' Session, at the adapter); once
+    ``replaying``, answers the same requests from memory without a socket: a server that costs nothing."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import requests.adapters
+
+        self.answers: dict = {}
+        self.replaying = False
+        lock, original, replay = threading.Lock(), requests.adapters.HTTPAdapter.send, self
+
+        def send(adapter, request, **kwargs):
+            key = (request.method, request.url, request.body)
+            if not replay.replaying:
+                got = original(adapter, request, **kwargs)
+                with lock:
+                    replay.answers[key] = (got.status_code, dict(got.headers), got.content)
+                return got
+            return replay.answer(request, *replay.answers[key])
+
+        requests.adapters.HTTPAdapter.send = send
+
+    @staticmethod
+    def answer(request, status: int, headers: dict, content: bytes):
+        from requests.models import Response
+        from requests.structures import CaseInsensitiveDict
+
+        out = Response()
+        out.status_code, out.headers, out._content = status, CaseInsensitiveDict(headers), content
+        out.url, out.request, out.encoding, out.reason = request.url, request, "utf-8", "OK"
+        return out
+
+
+class _CannedServer:
+    """``with _CannedServer(answers) as server`` (``server.url``, ``server.proc``): a process answering HTTP/1.1 (keep-alive) on loopback with
+    the recorded answers, by method and path, from memory: a server whose only cost is the socket."""
+
+    def __init__(self, answers: dict) -> None:
+        from urllib.parse import urlsplit
+
+        self.table = {}
+        for (method, url, _body), (status, _headers, content) in answers.items():
+            parts = urlsplit(url)
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            self.table[f"{method} {target}"] = [status, content.decode("latin-1")]
+
+    def __enter__(self) -> "_CannedServer":
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(self.table, f)
+        self.file = f.name
+        self.proc = subprocess.Popen([sys.executable, __file__, "--canned", self.file], stdout=subprocess.PIPE,
+                                     text=True)
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        Path(self.file).unlink()
+
+
+def serve_canned(table_file: str) -> None:
+    """The canned server's process: prints its port, then answers until terminated."""
+    import asyncio
+
+    table = {k: (v[0], v[1].encode("latin-1")) for k, v in json.loads(Path(table_file).read_text()).items()}
+    missing = (404, b'{"error": {"code": 404, "message": "not recorded", "status": "NOT_FOUND"}}')
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                length = next((int(h.split(":", 1)[1]) for h in lines[1:] if h.lower().startswith("content-length:")), 0)
+                if length:
+                    await reader.readexactly(length)
+                status, body = table.get(f"{method} {target}", missing)
+                writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % (status, len(body)) + body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _count_clients() -> list[int]:
+    """Counts the SDK's resource objects built from now on: each builds its own API clients (its v1 and
+    v1beta1 service clients, each with a session and every method wrapped)."""
+    from google.cloud.aiplatform import initializer
+
+    count, config = [0], type(initializer.global_config)
+    original = config.create_client
+
+    def counted(self, *a, **k):
+        count[0] += 1
+        return original(self, *a, **k)
+
+    config.create_client = counted
+    return count
+
+
+def _sdk_unit_costs(aip, replay: _Replay, n: int = 200) -> dict:
+    """The SDK's CPU per resource object it builds, per request (an answer replayed from memory), and per
+    point of a batchRead answer (a run's 3 series of 10 points against 3 of 1,000: Vertex's cap per series)."""
+    import json
+
+    replay.replaying = False  # the lookups below are new requests: recorded first
+    run = aip.ExperimentRun("run-0", experiment="df-exp")._backing_tensorboard_run.resource
+    series = aip.TensorboardTimeSeries._empty_constructor  # as the SDK builds one per time series listed
+
+    def per_call(fn, count: int) -> float:
+        fn()
+        start = time.process_time()
+        for _ in range(count):
+            fn()
+        return (time.process_time() - start) / count
+
+    run.read_time_series_data()
+    replay.replaying = True
+    object_s = per_call(lambda: series(), n)
+    request_s = per_call(lambda: run.api_client.get_tensorboard_run(name=run.resource_name), n)
+    small_s = per_call(run.read_time_series_data, n // 4)
+    key = next(k for k in replay.answers if ":batchRead" in k[1] and run.resource_name.split("/experiments/")[0] in k[1]
+               and all(ts in k[1] for ts in run._time_series_display_name_to_id_mapping.values()))
+    status, headers, body = replay.answers[key]
+    data = json.loads(body)
+    points = 0
+    for one in data["timeSeriesData"]:
+        one["values"] = [dict(one["values"][-1], step=str(i)) for i in range(1000)]
+        points += 1000 - 10
+    replay.answers[key] = (status, headers, json.dumps(data).encode())
+    large_s = per_call(run.read_time_series_data, n // 20)
+    replay.answers[key] = (status, headers, body)
+    return {"sdk_object_ms": object_s * 1000, "sdk_request_ms": request_s * 1000,
+            "sdk_point_us": (large_s - small_s) / points * 1e6}
 
 
 # The kinds of request get_experiment_df(include_time_series=True) sends per run (besides listing the runs).
@@ -192,12 +376,16 @@ def client_mlflow(task: str, url: str, arg: dict) -> dict:
             client.set_terminated(run_id)
         return {}
     exp_id = client.get_experiment_by_name("df-exp").experiment_id
-    server_cpu = _tree_cpu_s(arg["server_pid"])
+    server_cpu, client_cpu = _tree_cpu_s(arg["server_pid"]), time.process_time()
     start = time.perf_counter()
     df = mlflow.search_runs(experiment_ids=[exp_id])
     elapsed = time.perf_counter() - start
-    server_cpu = _tree_cpu_s(arg["server_pid"]) - server_cpu
+    server_cpu, client_cpu = _tree_cpu_s(arg["server_pid"]) - server_cpu, time.process_time() - client_cpu
     assert len(df) == arg["runs"], len(df)
+    warm_server, warm_client, start = _tree_cpu_s(arg["server_pid"]), time.process_time(), time.perf_counter()
+    mlflow.search_runs(experiment_ids=[exp_id])
+    warm_s = time.perf_counter() - start
+    warm_server, warm_client = _tree_cpu_s(arg["server_pid"]) - warm_server, time.process_time() - warm_client
     # What get_experiment_df(include_time_series=True) reads besides: every point of every time series of
     # every run (the SDK's batchRead per run), here MLflow's metric history, one request per run and metric,
     # as MLflow's client offers it.
@@ -208,7 +396,9 @@ def client_mlflow(task: str, url: str, arg: dict) -> dict:
     history = time.perf_counter() - start
     history_cpu = _tree_cpu_s(arg["server_pid"]) - history_cpu
     assert points == arg["runs"] * SERIES * SERIES_POINTS, points
-    return {"df_s": elapsed, "df_plain_s": elapsed, "df_server_cpu_s": server_cpu, "df_history_s": history,
+    return {"df_s": elapsed, "df_plain_s": elapsed, "df_server_cpu_s": server_cpu, "df_client_cpu_s": client_cpu,
+            "df_warm_s": warm_s, "df_warm_cpu_s": warm_client, "df_warm_server_cpu_s": warm_server,
+            "df_history_s": history,
             "df_history_server_cpu_s": history_cpu, "df_history_requests": 1 + arg["runs"] * SERIES}
 
 
@@ -362,6 +552,30 @@ def main() -> None:
          f"{med(reading, 'platform', 'df_s'):.2f}", f"{med(reading, 'mlflow', 'df_history_s'):.2f}",
          f"{med(reading, 'platform', 'df_s') / med(reading, 'mlflow', 'df_history_s'):.2f}x"],
     ]
+
+    def floor_row(label: str, key: str, server_cpu: str | None) -> list:
+        seconds, sdk_cpu = med(reading, "platform", f"df_{key}_s"), med(reading, "platform", f"df_{key}_cpu_s")
+        cpu = sdk_cpu + (med(reading, "platform", server_cpu) if server_cpu else 0.0)
+        return [label, f"{seconds:.2f}", f"{sdk_cpu:.2f}", f"{cpu - sdk_cpu:.2f}", f"{seconds / ml_s:.2f}x",
+                f"{cpu / ml_cpu:.2f}x"]
+
+    # Warm (each client's second call): the platform beside servers that cost less and less, down to none.
+    ml_s = med(reading, "mlflow", "df_warm_s")
+    ml_cpu = med(reading, "mlflow", "df_warm_cpu_s") + med(reading, "mlflow", "df_warm_server_cpu_s")
+    floors = [
+        floor_row("the platform", "warm", "df_warm_server_cpu_s"),
+        floor_row("a canned-answer server (the platform's answers from memory, loopback HTTP)", "canned",
+                  "df_canned_server_cpu_s"),
+        floor_row("a zero-cost server (the answers replayed in the SDK's process, no socket)", "zero", None),
+        ["MLflow's search_runs (one request)", f"{ml_s:.2f}", f"{med(reading, 'mlflow', 'df_warm_cpu_s'):.2f}",
+         f"{med(reading, 'mlflow', 'df_warm_server_cpu_s'):.2f}", "1.00x", "1.00x"],
+    ]
+    share = med(reading, "platform", "df_warm_s") / med(reading, "platform", "df_canned_s")
+    objects_per_run = med(reading, "platform", "df_objects") / args.runs
+    requests_per_run = med(reading, "platform", "df_requests") / args.runs
+    floor_ms = (objects_per_run * med(reading, "platform", "sdk_object_ms")
+                + requests_per_run * med(reading, "platform", "sdk_request_ms")
+                + SERIES * SERIES_POINTS * med(reading, "platform", "sdk_point_us") / 1000)
     server = [
         ["get_experiment_df (with time series) / search_runs", f"{med(reading, 'platform', 'df_requests'):.0f}",
          f"{med(reading, 'platform', 'df_server_cpu_s'):.2f}", "1", f"{med(reading, 'mlflow', 'df_server_cpu_s'):.2f}"],
@@ -389,6 +603,30 @@ def main() -> None:
         f"{med(reading, 'platform', 'df_server_cpu_s'):.2f} s. MLflow's search_runs is one request, and already holds "
         "each metric's latest value (what the SDK reads every point of every series for); the last row of the "
         "table reads what the SDK reads: each run's metric history, one request per run and metric, in turn.", "",
+        "The SDK's floor (a zero-cost server: the same call with the platform's answers to it recorded, then replayed "
+        "in the SDK's process from memory, below requests, no socket): "
+        f"{med(reading, 'platform', 'df_zero_s'):.2f} s, {med(reading, 'platform', 'df_zero_cpu_s'):.2f} s of the SDK's "
+        f"CPU (its threads share one interpreter lock: the CPU is a floor of the time). Per run the SDK builds "
+        f"{objects_per_run:.0f} resource objects (the experiment run, the artifact, the TensorBoard run, one per time "
+        f"series each of the two times it lists them...), each with its own API clients (v1 and v1beta1, every "
+        f"method wrapped): {med(reading, 'platform', 'sdk_object_ms'):.2f} ms of CPU per object; "
+        f"{med(reading, 'platform', 'sdk_request_ms'):.2f} ms per request answered from memory; "
+        f"{med(reading, 'platform', 'sdk_point_us'):.0f} us per point of a batchRead answer (measured with 1,000 "
+        f"points per series, Vertex's cap, which the platform applies too). {objects_per_run:.0f} objects, "
+        f"{requests_per_run:.2f} requests and {SERIES * SERIES_POINTS} points per run: {floor_ms:.1f} ms per run, "
+        f"{floor_ms * args.runs / 1000:.2f} s of the zero-cost server's {med(reading, 'platform', 'df_zero_cpu_s'):.2f} s "
+        f"for {args.runs} runs (the rest: the SDK's other work per run, its {args.runs} threads taking turns on the "
+        f"lock, the frame), against MLflow's search_runs of {ml_s:.2f} s (warm). "
+        "The cost is per object and per request (per series "
+        "listed, not per point at this size), none of it changed by what a server answers: the platform already "
+        "answers as Vertex does (at most 1,000 points of a scalar series per batchRead; Vertex's fields, with a few empty "
+        "ones Vertex would leave out).", "",
+        f"get_experiment_df (with time series) of {args.runs} runs, warm (each client's second call), against "
+        "the platform and against servers that do less and less, down to nothing; CPU: the client's process "
+        "and the server's (the CPU is what the call costs whatever else the shared machine runs; the time is not):",
+        "", markdown_table(["server", "seconds", "SDK CPU (s)", "server CPU (s)", "seconds / MLflow's",
+                            "CPU / MLflow's"], floors), "",
+        f"The platform's own share: {share:.2f}x the canned-answer server's time.", "",
         "Server side (CPU seconds of the server's processes during the call, medians):", "",
         markdown_table(["call", "platform requests", "platform CPU (s)", "MLflow requests", "MLflow CPU (s)"], server),
         "", "Each kind of request the SDK sends, alone (one client, one at a time, 200 of each, the runs' list 20; "
@@ -399,7 +637,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+    if len(sys.argv) > 1 and sys.argv[1] == "--canned":
+        serve_canned(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--client":
         side, task, url, arg = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
         out = (client_platform if side == "platform" else client_mlflow)(task, url, arg)
         print(json.dumps(out))
