@@ -419,6 +419,10 @@ class RemoteProcess:
         self._setup = setup
         self._emit = emit
         self._lost = lost
+        # Once the process has exited, its whole output comes back (_collect) and no live copy may land
+        # after it: a copy read just before the end would put an older metric file back.
+        self._live_lock = threading.Lock()
+        self._final = False
         threading.Thread(target=self._watch, args=(generation,), daemon=True).start()
         if live and setup is not None and setup.host_output:
             threading.Thread(target=self._mirror, args=(generation,), daemon=True).start()
@@ -430,8 +434,11 @@ class RemoteProcess:
 
         while not self._done.wait(LIVE_S):
             try:
-                write_live(self._setup.host_output, ray.get(self.actor.live.remote(generation),
-                                                            timeout=CALL_TIMEOUT_S))
+                files = ray.get(self.actor.live.remote(generation), timeout=CALL_TIMEOUT_S)
+                with self._live_lock:
+                    if self._final:
+                        return
+                    write_live(self._setup.host_output, files)
             except Exception:  # the actor is gone (its end is _watch's) or the host's disk refused: next time
                 continue
 
@@ -445,6 +452,8 @@ class RemoteProcess:
             self._lost(exc)
         else:
             # Exited: its output comes back before the exit is seen (the job's success means it is there).
+            with self._live_lock:
+                self._final = True
             code = self._collect(generation, code)
         self.returncode = -signal.SIGKILL if code is None else code
         self._done.set()
