@@ -1,7 +1,7 @@
-"""Serving first on the CPU (issue 43, "predict p99 unchanged while endpoints are created"): the one
-rule in ``dataplane/priority.py``. One layer down, with threads of this process (never its main
-thread: a lowered thread cannot be raised back without privileges); then on the session platform,
-whose store writer runs at SCHED_IDLE while its event loop and its data plane stay normal.
+"""Which of the platform's threads give way on the CPU (issue 43, "predict p99 unchanged while endpoints
+are created"): the one rule in ``dataplane/priority.py``. One layer down, with threads of this process
+(never its main thread: a lowered thread cannot be raised back without privileges); then on the session
+platform: its store writer named and under the table's policy, its event loop and data plane normal.
 """
 from __future__ import annotations
 
@@ -40,54 +40,52 @@ def _comm(tid: int, pid: int | None = None) -> str:
         return f.read().strip()
 
 
-def test_only_roles_that_start_nothing_are_lowered():
-    lowered = {role for role, spec in priority.POLICY.items() if spec.policy == priority.IDLE}
-    assert lowered == {"store-writer"}
-    # The roles whose processes users rely on, and the thread that starts them, keep the normal policy.
+def test_no_role_that_starts_processes_or_threads_is_lowered():
+    """What such a role starts would inherit the policy for good (the next test): replicas, jobs."""
+    for role, spec in priority.POLICY.items():
+        assert spec.policy in (priority.NORMAL, priority.IDLE), role
+        assert not (spec.starts_children and spec.policy == priority.IDLE), role
     for role in ("control-plane", "data-plane", "replica", "job"):
-        assert priority.POLICY[role].policy == priority.NORMAL
+        assert priority.POLICY[role].starts_children and priority.POLICY[role].policy == priority.NORMAL
     with pytest.raises(KeyError):
-        priority.lower_this_thread("no-such-role")
+        priority.apply_to_this_thread("no-such-role")
 
 
-def test_a_lowered_thread_runs_at_sched_idle_and_is_named_for_ps():
-    def lower():
-        result = priority.lower_this_thread("store-writer")
-        return result, priority.thread_policy(), _comm(threading.get_native_id())
+def test_what_a_lowered_thread_starts_inherits_its_policy():
+    """Why the event loop is never lowered: Linux gives a new thread (or process) its maker's policy,
+    and the thread that started the lowered one, and threads it starts later, keep theirs."""
+    def lower_then_start():
+        return priority.idle_this_thread(), priority.thread_policy(), _in_thread(priority.thread_policy)
 
-    assert _in_thread(lower) == (priority.IDLE, priority.IDLE, "store-writer")
-    # The thread that started it, and a thread that one starts afterwards, are untouched.
+    assert _in_thread(lower_then_start) == (priority.IDLE, priority.IDLE, priority.IDLE)
     assert priority.thread_policy() == priority.NORMAL
     assert _in_thread(priority.thread_policy) == priority.NORMAL
 
 
-def test_a_normal_role_leaves_the_thread_and_its_name_alone():
-    def keep():
-        before = _comm(threading.get_native_id())
-        return priority.lower_this_thread("control-plane"), priority.thread_policy(), \
-            _comm(threading.get_native_id()) == before
+def test_a_role_runs_under_its_policy_and_a_thread_of_its_own_is_named(monkeypatch):
+    def apply(role):
+        return lambda: (priority.apply_to_this_thread(role), priority.thread_policy(),
+                        _comm(threading.get_native_id()))
 
-    assert _in_thread(keep) == (priority.NORMAL, priority.NORMAL, True)
-
-
-def test_what_a_lowered_thread_starts_inherits_its_policy():
-    """Why the event loop is never lowered: Linux gives a new thread (or process) its maker's policy."""
-    def lower_then_start():
-        priority.lower_this_thread("store-writer")
-        return _in_thread(priority.thread_policy)
-
-    assert _in_thread(lower_then_start) == priority.IDLE
+    assert _in_thread(apply("store-writer")) == (priority.NORMAL, priority.NORMAL, "store-writer")
+    # The main thread's name is the process's: a role without a thread of its own leaves it alone.
+    name = _in_thread(lambda: _comm(threading.get_native_id()))
+    assert _in_thread(apply("control-plane")) == (priority.NORMAL, priority.NORMAL, name)
+    # Were the writer's policy IDLE (one word in the table), its thread would run at SCHED_IDLE.
+    monkeypatch.setitem(priority.POLICY, "store-writer",
+                        priority.Role(priority.IDLE, False, "measured", thread_name="store-writer"))
+    assert _in_thread(apply("store-writer")) == (priority.IDLE, priority.IDLE, "store-writer")
 
 
-def test_the_platform_lowers_its_store_writer_only(platform):
-    """On the session platform: the thread named store-writer is SCHED_IDLE; every other thread of the
-    control plane (its event loop first: it starts replicas and jobs) and every thread of the data-plane
-    process run under the normal policy."""
+def test_the_platform_applies_the_policy_to_its_threads(platform):
+    """On the session platform: its store writer is the thread named store-writer and runs under the
+    table's policy; every thread of the control plane (its event loop first: it starts replicas and jobs)
+    and of the data-plane process runs under the normal policy."""
     pid = platform.proc.pid
     tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     writers = [t for t in tids if _comm(t, pid) == "store-writer"]
     assert len(writers) == 1
-    assert priority.thread_policy(writers[0]) == priority.IDLE
+    assert priority.thread_policy(writers[0]) == priority.POLICY["store-writer"].policy
     others = {t: priority.thread_policy(t) for t in tids if t != writers[0]}
     assert others[pid] == priority.NORMAL  # the main thread: the event loop
     assert set(others.values()) == {priority.NORMAL}

@@ -112,8 +112,8 @@ class Platform:
         self.routing.load(self.store)
 
     async def start(self) -> None:
-        # The store's writer thread gives way to predicts (dataplane/priority.py: the one rule and why).
-        await self.store.off_loop(priority.lower_this_thread, "store-writer")
+        # The store's writer thread: its CPU policy and name (dataplane/priority.py: the one rule and why).
+        await self.store.off_loop(priority.apply_to_this_thread, "store-writer")
         await self.engine.open()
         if self.pools is not None:
             await self.pools.open()
