@@ -8,6 +8,9 @@ FILE: test files of tests/system/aiplatform in google-cloud-aiplatform, by name 
 run the same way (e.g. ``test_custom_job test_pipeline_job test_pipeline_job_schedule
 test_model_version_management test_project_id_inference test_vizier``).
 
+Needs the test extra and what ``scripts/test`` installs beside it (kfp for test_experiments' pipeline, the
+SDK's MLflow for test_autologging), as the platform tests do.
+
 What it does:
 - the sdist of the installed google-cloud-aiplatform (the tests of exactly that SDK) from PyPI with
   ``pip download --no-binary :all: --no-deps``, kept in --cache (default ``~/.cache/modelyard/google-system``);
