@@ -486,6 +486,7 @@ def main() -> None:
     ap.add_argument("--mlflow-python", default=sys.executable)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    where = machine()  # the time, load and commit at the start (the results are written at the end)
     mlflow_python = args.mlflow_python
     # mlflow.server: the server's half (the test environment has only MLflow's client, mlflow-skinny, for autolog).
     if subprocess.run([mlflow_python, "-c", "import mlflow.server"], capture_output=True).returncode != 0:
@@ -588,7 +589,7 @@ def main() -> None:
     ]
     per_kind = [[kind, f"{v['ms']:.2f}", f"{v['server_ms']:.2f}"] for kind, v in kinds.items()]
     text = "\n".join([
-        "# Experiment tracking: the platform (Vertex SDK) vs MLflow's tracking server", "", machine(), "",
+        "# Experiment tracking: the platform (Vertex SDK) vs MLflow's tracking server", "", where, "",
         f"`{command_line()}`; MLflow {version}; {args.rounds} rounds, sides in turns, medians; "
         f"{args.points} points per logging round, {args.per_call} per call.", "",
         markdown_table(["measure", "platform", "MLflow", "platform / MLflow"], rows), "",
