@@ -313,8 +313,12 @@ def test_a_run_submitted_with_an_experiment_shows_in_its_data_frame(sdk, platfor
     assert row.run_type == "system.PipelineRun" and row.state == "COMPLETE"
     assert row["param.rows"] == 4 and row["param.note"] == "first"  # given, and the default
     assert row["metric.accuracy"] == 0.5
+    # No service account given: the project's Compute Engine default one, as Vertex fills it (Google's
+    # test_pipeline_job reads it in the full view and not in the simple one).
+    assert job.gca_resource.service_account.endswith("-compute@developer.gserviceaccount.com")
     simple = [j for j in sdk.PipelineJob.list(enable_simple_view=True) if j.resource_name == job.resource_name]
     assert simple and not simple[0].gca_resource.runtime_config.gcs_output_directory  # the read mask's fields only
+    assert not simple[0].gca_resource.service_account
     assert simple[0].gca_resource.pipeline_spec["pipelineInfo"]["name"] == "scored"
 
 

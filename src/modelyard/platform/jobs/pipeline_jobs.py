@@ -24,6 +24,7 @@ from modelyard import objstore
 from modelyard.platform.api import names
 from modelyard.platform.api.errors import ApiError, invalid
 from modelyard.platform.api.names import Route
+from modelyard.platform.api.project_numbers import project_number
 from modelyard.platform.api.timefmt import rfc3339
 from modelyard.platform.jobs import jobs, pipeline_gcpc, pipeline_metadata, pipeline_spec, warm_jobs
 from modelyard.platform.jobs.job_runner import CANCELLED, CANCELLING, FAILED, PENDING, RUNNING, SUCCEEDED
@@ -63,7 +64,15 @@ async def validate(p, route: Route, body: dict) -> tuple[dict, dict]:
     pipeline_spec.run_parameters(spec, runtime.get("parameterValues"))  # refused now, nothing made
     stored = {k: v for k, v in body.items() if k not in ("displayName", "labels", "name", "state", "jobDetail")}
     stored["runtimeConfig"] = {**runtime, "gcsOutputDirectory": root}
+    # Vertex runs a pipeline without a service account as the project's Compute Engine default one, and
+    # says so in the resource (Google's test_pipeline_job reads it back).
+    stored["serviceAccount"] = body.get("serviceAccount") or default_service_account(route.project)
     return stored, {}
+
+
+def default_service_account(project: str) -> str:
+    """The project's Compute Engine default service account, as Vertex names it."""
+    return f"{project_number(project)}-compute@developer.gserviceaccount.com"
 
 
 def with_current_context(p, job: dict) -> dict:
