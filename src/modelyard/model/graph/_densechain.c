@@ -12,7 +12,9 @@
  *       features: the first layer's inputs per row (the caller checks the input's shape against it).
  *       layers: ((weights, bias or None, activation), ...): weights a C-contiguous float32 matrix (inputs x
  *             outputs), bias float32 (outputs,), activation 0 none, 1 relu, 2 relu6, 3 softmax, 4 sigmoid,
- *             5 tanh. The capsule holds buffer views of the arrays, so they stay alive and unchanged in size.
+ *             5 tanh. The capsule holds buffer views of the arrays, so they stay alive and unchanged in size,
+ *             and a copy of each weight matrix laid out in the order the product reads it (pack): the C path
+ *             holds the weights twice.
  *   run(spec, x, out) -> bool
  *       x: a C-contiguous array of rows * features values; out: a C-contiguous float32 array of rows * outputs
  *       (rows = len(out) / outputs). False, with nothing raised, when this kernel does not take x (its dtype,
@@ -41,6 +43,7 @@ typedef struct {
     int has_bias;
     Py_ssize_t in, out;
     int activation;
+    float *packed; /* the weights' columns in panels of 32, then of 8, each panel's rows in order (see pack) */
 } Layer;
 
 typedef struct {
@@ -54,9 +57,28 @@ typedef struct {
 
 static const char *CAPSULE = "modelyard.model.graph._densechain.Spec";
 
+/* A copy of w (in x out, row-major) whose columns 0..out-out%8 are laid out as the product reads them: for each
+ * block of 32 columns (then of 8), the block's rows one after another, so each block streams its weights in
+ * order instead of 32 of every row's out (a stride the prefetcher follows worse, past the caches for larger
+ * layers). The last out%8 columns are read from w itself. */
+static float *pack(const float *w, Py_ssize_t in, Py_ssize_t out) {
+    float *packed = PyMem_Malloc((in * out + 1) * sizeof(float)), *p = packed;
+    if (!packed)
+        return NULL;
+    Py_ssize_t j = 0;
+    for (; j + 32 <= out; j += 32)
+        for (Py_ssize_t i = 0; i < in; i++, p += 32)
+            memcpy(p, w + i * out + j, 32 * sizeof(float));
+    for (; j + 8 <= out; j += 8)
+        for (Py_ssize_t i = 0; i < in; i++, p += 8)
+            memcpy(p, w + i * out + j, 8 * sizeof(float));
+    return packed;
+}
+
 static void spec_free(Spec *spec) {
     for (int i = 0; i < spec->nlayers; i++) {
         PyBuffer_Release(&spec->layers[i].weights);
+        PyMem_Free(spec->layers[i].packed);
         if (spec->layers[i].has_bias)
             PyBuffer_Release(&spec->layers[i].bias);
     }
@@ -146,6 +168,10 @@ static PyObject *spec_new(PyObject *module, PyObject *args) {
                 goto fail;
             }
         }
+        if (!(layer->packed = pack(layer->weights.buf, layer->in, layer->out))) {
+            PyErr_NoMemory();
+            goto fail;
+        }
         spec->macs += (long)layer->in * layer->out;
         if (layer->out > spec->widest)
             spec->widest = layer->out;
@@ -193,18 +219,20 @@ typedef float v8f __attribute__((vector_size(32)));
 #define LOAD8(p) __extension__({ v8f v_; memcpy(&v_, (p), sizeof v_); v_; })
 #define STORE8(p, v) do { v8f v_ = (v); memcpy((p), &v_, sizeof v_); } while (0)
 
-/* y (rows x out) = x (rows x in) . w (in x out), 32 outputs at a time kept in registers across the inputs
- * (w's rows are read in order); on x86-64 Linux built for AVX2 and for the baseline, picked at load by the CPU. */
+/* y (rows x out) = x (rows x in) . w (in x out), 32 outputs at a time kept in registers across the inputs, the
+ * weights from pack's panels; on x86-64 Linux built for AVX2 and for the baseline, picked at load by the CPU. */
 CPU_CLONES
-static void matmul(const float *x, Py_ssize_t rows, Py_ssize_t in, const float *w, Py_ssize_t out, float *y) {
+static void matmul(const float *x, Py_ssize_t rows, Py_ssize_t in, const float *w, const float *packed,
+                   Py_ssize_t out, float *y) {
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const float *xr = x + r * in;
+        const float *xr = x + r * in, *panel = packed;
         float *yr = y + r * out;
         Py_ssize_t j = 0;
         for (; j + 32 <= out; j += 32) {
             v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            const float *wj = w + j;
-            for (Py_ssize_t i = 0; i < in; i++, wj += out) {
+            const float *wj = panel;
+            panel += in * 32;
+            for (Py_ssize_t i = 0; i < in; i++, wj += 32) {
                 const float s = xr[i];
                 const v8f v = {s, s, s, s, s, s, s, s};
                 a0 += v * LOAD8(wj);
@@ -216,8 +244,9 @@ static void matmul(const float *x, Py_ssize_t rows, Py_ssize_t in, const float *
         }
         for (; j + 8 <= out; j += 8) {
             v8f a0 = {0};
-            const float *wj = w + j;
-            for (Py_ssize_t i = 0; i < in; i++, wj += out) {
+            const float *wj = panel;
+            panel += in * 8;
+            for (Py_ssize_t i = 0; i < in; i++, wj += 8) {
                 const float s = xr[i];
                 const v8f v = {s, s, s, s, s, s, s, s};
                 a0 += v * LOAD8(wj);
@@ -274,7 +303,7 @@ static void forward(const Spec *spec, Py_ssize_t rows, float *x, float *scratch,
         const Layer *layer = &spec->layers[i];
         /* Intermediate layers alternate between the two halves of scratch; the last writes out. */
         float *y = i == spec->nlayers - 1 ? out : scratch + (i % 2) * rows * spec->widest;
-        matmul(in, rows, layer->in, layer->weights.buf, layer->out, y);
+        matmul(in, rows, layer->in, layer->weights.buf, layer->packed, layer->out, y);
         finish(layer, rows, y);
         in = y;
     }
