@@ -9,6 +9,8 @@ none, ReLU, ReLU6, softmax, sigmoid or tanh) and returns a kernel that runs it i
 ``MAX_ROWS`` rows and leaves everything else (bigger batches, which BLAS does better; other dtypes or
 layouts; inputs that fail a check, so TensorFlow's error is raised as before) to the NumPy kernels.
 The results agree with NumPy's to float32 rounding (the products' sums run in another order; see the C file).
+The C kernel keeps its own copy of each weight matrix, laid out in the order it reads it: a model on this path
+holds its dense weights twice.
 Without the compiled extension (no C compiler at install) every step stays NumPy.
 """
 from __future__ import annotations
