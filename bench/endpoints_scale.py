@@ -41,6 +41,7 @@ SIDES = ("idle", "control", "creating")
 WRITER_IDLE = "creating, writer SCHED_IDLE"  # --compare-writer's side
 WRITER_THREAD = "store-writer"  # its name in ps -L (dataplane/priority.py)
 TARGET = 1.2  # issue 43: predict p99 while creating <= 1.2x idle
+EXCESS_MS = 1.0  # the target proposed instead: creating p99 <= 1.2x control p99 + this (median of the rounds)
 
 sys.path.insert(0, str(ROOT))
 from harness import (latency_summary, log, machine, markdown_table, median, modelyard_platform,  # noqa: E402
@@ -320,10 +321,15 @@ def main() -> int:
                                       for side in SIDES),
                        *(f"{min(v):.2f}x - {max(v):.2f}x" for v in ratios.values()), "", ""))
     within = sum(v <= TARGET for v in ratios["creating / idle"])
+    # The target proposed in bench/results/endpoints_scale.md: creating p99 <= 1.2x the control window's + 1 ms
+    # (about one create's control-plane CPU, which a predict landing behind it waits for), median of the rounds.
+    excess = median(r["creating"] - TARGET * r["control"] for r in per_round)
     summary = (f"median of the rounds' p99 ratios: creating / idle **{median(ratios['creating / idle']):.2f}x**, "
                f"creating / control **{median(ratios['creating / control']):.2f}x**, "
                f"control / idle **{median(ratios['control / idle']):.2f}x**; "
-               f"{within} of {args.turns} rounds within {TARGET}x idle; pooled p99 creating / idle {d['p99_ms'] / i['p99_ms']:.2f}x")
+               f"{within} of {args.turns} rounds within {TARGET}x idle; pooled p99 creating / idle {d['p99_ms'] / i['p99_ms']:.2f}x; "
+               f"median of the rounds' creating p99 - {TARGET}x control p99: **{excess:+.2f} ms** "
+               f"({'within' if excess <= EXCESS_MS else 'over'} the proposed {EXCESS_MS:g} ms)")
 
     compare = []
     if args.compare_writer:
@@ -392,7 +398,8 @@ def main() -> int:
         ]),
         "Before (issue 43's run, every create reloading every endpoint on the event loop): 3,000 endpoints "
         "in 575 s, predict p50 2.7 ms idle and 654 ms while they were created. "
-        "Issue 43's target: 3,000 endpoints in <= 30 s, predict p99 during creation <= 1.2x idle. "
+        "Issue 43's target: 3,000 endpoints in <= 30 s, predict p99 during creation <= 1.2x idle; the target "
+        "proposed below instead: the median of the rounds' creating p99 - 1.2x control p99 <= 1 ms. "
         "One keep-alive predict client (its own process), batch-1 digits image; the platform, its replica, "
         "the clients and the machine's other load share the cores.",
     ])
