@@ -49,6 +49,12 @@ def test_no_role_that_starts_processes_or_threads_is_lowered():
         assert priority.POLICY[role].starts_children and priority.POLICY[role].policy == priority.NORMAL
     with pytest.raises(KeyError):
         priority.apply_to_this_thread("no-such-role")
+    # The processes that serve or run users' code lead sessions (CPU groups) of their own; the control
+    # plane's threads are the platform's, and this call leaves a role without the rule where it was.
+    assert {r for r, spec in priority.POLICY.items() if spec.own_session} == {"data-plane", "replica", "job"}
+    session = os.getsid(0)
+    assert priority.own_session("control-plane").startswith("unchanged")
+    assert os.getsid(0) == session
 
 
 def test_what_a_lowered_thread_starts_inherits_its_policy():
@@ -94,6 +100,10 @@ def test_the_platform_applies_the_policy_to_its_threads(platform):
     assert len(dataplane) == 1
     dp_tids = [int(t) for t in os.listdir(f"/proc/{dataplane[0]}/task")]
     assert {priority.thread_policy(t) for t in dp_tids} == {priority.NORMAL}
+    # The data plane leads a session of its own, so (autogroups) a CPU group of its own, not the control plane's.
+    assert os.getsid(dataplane[0]) == dataplane[0] != os.getsid(pid)
+    if os.path.exists("/proc/self/autogroup"):
+        assert priority.autogroup(dataplane[0]) != priority.autogroup(pid)
 
 
 def _parent(pid: int) -> int | None:

@@ -6,8 +6,8 @@ says, per role, under which Linux scheduling policy it runs and why; ``apply_to_
 it to the calling thread (and names a thread of its own for ``ps -L``/``top -H``).
 
 Which policy a lowered role would get, and why that is SCHED_IDLE: Linux's autogroups (on by default:
-each session its own group; replicas, jobs and the data plane each lead a session or share the
-platform's) make a thread's nice value count only against threads of its own group, so a niced
+each session its own group; replicas, jobs and the data plane each lead a session of their own, the
+``own_session`` rule) make a thread's nice value count only against threads of its own group, so a niced
 control-plane thread takes the CPU from a replica in another group as before (measured: no change).
 SCHED_BATCH changes only who preempts at a wakeup (measured: no change). A SCHED_IDLE thread is
 preempted by any waking thread of another policy, whatever its group.
@@ -49,6 +49,10 @@ class Role:
     starts_children: bool  # it starts processes or threads, which would inherit a lowered policy for good
     why: str
     thread_name: str | None = None  # a thread of its own: its name in ps -L / top -H
+    # A process that leads a session of its own, so (autogroups) a CPU group of its own: its share of the
+    # CPU is set against the control plane's group, not taken out of it. Replicas and jobs get theirs from
+    # start_new_session at their start; the data plane takes its own (``own_session``).
+    own_session: bool = False
 
 
 # The rule, as data: every role the platform has, the policy each gets, and why (docs/architecture.md,
@@ -60,9 +64,10 @@ POLICY: dict[str, Role] = {
                          thread_name="store-writer"),
     "control-plane": Role(NORMAL, True, "the event loop: supervises and starts replicas and jobs, which would "
                           "inherit it"),
-    "data-plane": Role(NORMAL, True, "answers predicts"),
-    "replica": Role(NORMAL, True, "runs the models"),
-    "job": Role(NORMAL, True, "users' training and batch jobs: their speed is theirs to choose"),
+    "data-plane": Role(NORMAL, True, "answers predicts; a session of its own: its own CPU group against "
+                       "the control plane's", own_session=True),
+    "replica": Role(NORMAL, True, "runs the models", own_session=True),
+    "job": Role(NORMAL, True, "users' training and batch jobs: their speed is theirs to choose", own_session=True),
 }
 
 _PR_SET_NAME = 15  # prctl: the calling thread's name (15 bytes)
@@ -77,6 +82,29 @@ def apply_to_this_thread(role: str) -> str:
     if spec.policy != IDLE:
         return thread_policy()
     return idle_this_thread()
+
+
+def own_session(role: str) -> str:
+    """If ``POLICY[role]`` says so, the calling process leads a new session (``setsid``), which Linux
+    gives a CPU group of its own when autogroups are on. Returns its autogroup (``/proc/self/autogroup``),
+    or why it stays where it was. Its death with its parent is not the session's business: the data
+    plane keeps PR_SET_PDEATHSIG, and is stopped and killed by its pid (``split.py``)."""
+    if not POLICY[role].own_session:
+        return "unchanged (not this role's rule)"
+    try:
+        os.setsid()
+    except (OSError, AttributeError) as exc:  # already a group leader; not POSIX
+        return f"unchanged ({getattr(exc, 'strerror', None) or exc})"
+    return autogroup()
+
+
+def autogroup(pid: int | str = "self") -> str:
+    """The CPU group Linux schedules process ``pid`` in (``/autogroup-N nice 0``), or why it cannot say."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().strip()
+    except OSError as exc:  # autogroups compiled out, not Linux
+        return f"unknown ({exc.strerror})"
 
 
 def idle_this_thread() -> str:

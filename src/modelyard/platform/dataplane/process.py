@@ -9,7 +9,8 @@ and served counts and the replicas it failed to reach back over the same socket.
 
 So a control-plane request (a create, a store write, a job's bookkeeping) never shares an event loop
 or a GIL with a predict. The process ends when told to (after its requests in flight are answered),
-when the link to the control plane closes, or with the control plane (PR_SET_PDEATHSIG).
+when the link to the control plane closes, or with the control plane (PR_SET_PDEATHSIG). It leads a
+session of its own, so Linux's autogroups give it a CPU share of its own (``priority.py``).
 
     python -m modelyard.platform.dataplane.process LINK_PATH FD [FD ...]
 """
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from modelyard.platform.api import http_limits
-from modelyard.platform.dataplane import mirror, public_port
+from modelyard.platform.dataplane import mirror, priority, public_port
 from modelyard.platform.dataplane.deadlines import DeadlinePolicy
 from modelyard.platform.dataplane.front import Front, FrontProtocol
 from modelyard.platform.dataplane.gateway import Gateway
@@ -162,8 +163,11 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
-    # Ctrl-C in the platform's terminal (and a service manager's SIGTERM) reaches the whole process group: the
-    # control plane decides when the data plane stops (after its own answers), so it does not stop on its own.
+    # A session of its own, so a CPU group of its own (Linux's autogroups): the control plane's creates
+    # no longer take the predicts' CPU from within one shared group (priority.py, docs/architecture.md).
+    priority.own_session("data-plane")
+    # The control plane decides when the data plane stops (after its own answers): a SIGINT or SIGTERM meant
+    # for the platform (a service manager's signals its whole cgroup) does not stop it on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
