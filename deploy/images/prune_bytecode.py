@@ -17,8 +17,8 @@ import pkgutil
 import sys
 
 PACKAGES = ("modelyard.serving", "modelyard.model")
-# Imported inside functions, when the first model of their kind loads.
-LAZY = ("ai_edge_litert.interpreter", "tensorflow_serving.apis.prediction_service_pb2_grpc",
+# Imported inside functions, when the first model of their kind loads; urllib.request: the HEALTHCHECK's script.
+LAZY = ("ai_edge_litert.interpreter", "urllib.request", "tensorflow_serving.apis.prediction_service_pb2_grpc",
         "tensorflow_serving.apis.model_service_pb2_grpc")
 
 
