@@ -5,11 +5,9 @@ process this one forked itself use, so a forked process stands in wherever a ``P
 ``TimeoutExpired``), and never signal a child once reaped, since its pid may by then be another
 process's. ``ReapedChild`` is a child of this process, reaped here with ``waitpid``; a child whose status
 arrives another way (the tuner's fork server reports it) subclasses ``ForkedChild`` with its own ``poll``.
-``die_with_parent`` is the other side of the same tie: in a child, the signal it gets when its parent ends.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,17 +17,6 @@ from typing import Any
 # wait()'s polling step: from 1 ms (a child told to stop usually ends within a few), doubling up to
 # 20 ms (a long wait costs a poll every 20 ms, not a busy loop).
 _FIRST_STEP_S, _LAST_STEP_S = 0.001, 0.02
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """In a child (a preexec_fn, or just after fork): Linux sends it ``sig`` when the thread that started it
-    ends, however it ends (kill -9 included), so no child outlives what supervises it. Elsewhere a no-op:
-    callers keep their own way of stopping the child."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 class ForkedChild:

@@ -38,7 +38,6 @@ import asyncio
 import datetime
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -46,7 +45,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from modelyard.forked import ReapedChild, die_with_parent
+from modelyard.forked import ReapedChild
 
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 # Set beside HTTPS_PROXY by tensorflow_env: this environment's TensorFlow gs:// goes to that gateway (a
@@ -373,6 +372,15 @@ def tensorflow_env(settings: dict, token: str | None = None, environ: dict | Non
     return out
 
 
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
 
 def _forked(module: str, args: list[str], env: dict, keep: list[int]):
     """``python -m module args`` as ``start_process`` starts it (stdin and stdout /dev/null, only ``keep`` of
@@ -386,7 +394,7 @@ def _forked(module: str, args: list[str], env: dict, keep: list[int]):
     if pid == 0:
         code = 1
         try:
-            die_with_parent(signal.SIGTERM)
+            _die_with_parent()
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
@@ -437,7 +445,7 @@ def start_process(storage_url: str, token: str | None, cert_dir: Path, extra: li
         else:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.DEVNULL,
                                     stdin=subprocess.DEVNULL, env=child_env, pass_fds=[s.fileno() for s in socks],
-                                    preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                                    preexec_fn=_die_with_parent)
         plain, proxy = (s.getsockname()[1] for s in socks)
     finally:
         for sock in socks:

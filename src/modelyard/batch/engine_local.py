@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from modelyard.batch.readers import Chunk
-from modelyard.forked import die_with_parent
 from modelyard.batch.spec import BatchError, JobSpec
 
 if TYPE_CHECKING:  # instances imports TensorFlow: only the workers need it, not the coordinator
@@ -55,9 +54,18 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan keeps writing after a kill -9
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
 
 def _worker(job_dir: str, identity: dict, batch_size: int, tasks, answers, parent: int) -> None:
-    die_with_parent(signal.SIGKILL)  # no orphan keeps writing after a kill -9
+    _die_with_parent()
     if os.getppid() != parent:
         return  # the coordinator died before the death signal was armed
     from modelyard.batch.work import process_chunk

@@ -31,6 +31,7 @@ when an interpreter starts or imports TensorFlow. Those read when TensorFlow run
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -42,8 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modelyard.forked import ReapedChild, die_with_parent
+from modelyard.forked import ReapedChild
 
+_PR_SET_PDEATHSIG = 1
 
 # Read when the interpreter starts or TensorFlow/Keras is imported: a child forked from an interpreter
 # that started with other values would not have them. PYTHONUNBUFFERED is applied in the child.
@@ -95,6 +97,12 @@ def imports_tensorflow(command: list[str], workdir: Path) -> bool:
         return False
 
 
+def _pdeathsig() -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
 
 def _child(job: dict[str, Any], server: int, out_fd: int | None = None, settled: int | None = None) -> None:
     """In the forked child: become the trial, then run its script as ``python`` would. Its output
@@ -104,7 +112,7 @@ def _child(job: dict[str, Any], server: int, out_fd: int | None = None, settled:
     try:
         os.setsid()
         if not job.get("detach"):
-            die_with_parent(signal.SIGKILL)
+            _pdeathsig()
             if os.getppid() != server:
                 os._exit(1)
         settle(settled)

@@ -26,7 +26,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from modelyard.forked import die_with_parent
 from modelyard.platform.api import http_limits
 from modelyard.platform.dataplane import mirror, priority, public_port
 from modelyard.platform.dataplane.deadlines import DeadlinePolicy
@@ -148,10 +147,20 @@ async def run(link_path: str, fds: list[int]) -> int:
         reporter.cancel()
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL when the control plane's process ends, however it ends (kill -9 included)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere the link's end stops it
+
 
 def main(argv: list[str]) -> int:
     parent = os.getppid()
-    die_with_parent(signal.SIGKILL)  # elsewhere the link's end stops it
+    _die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
     # A session of its own, so a CPU group of its own (Linux's autogroups): the control plane's creates

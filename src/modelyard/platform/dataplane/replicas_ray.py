@@ -66,7 +66,6 @@ import time
 from pathlib import Path
 
 from modelyard import read_tokens
-from modelyard.forked import die_with_parent
 from modelyard.platform.dataplane import artifact_cache, replica_secrets
 from modelyard.platform.api.errors import ApiError
 from modelyard.platform.dataplane.replicas import (MODEL, PORT_RETRIES, START_TIMEOUT_S, Probe, is_platform,
@@ -188,6 +187,12 @@ def _this_node() -> tuple[str, str]:
     return node_id, host
 
 
+def _die_with_parent() -> None:
+    """In the serve child, before exec: SIGKILL when the actor's thread that started it ends."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
 
 class ReplicaActor:
     """Runs on a Ray node (as a threaded actor): one ``modelyard serve`` child and its lifetime."""
@@ -270,7 +275,7 @@ class ReplicaActor:
         try:
             with open(log_path, "ab") as out:
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             env=serve_env(), preexec_fn=die_with_parent)
+                                             env=serve_env(), preexec_fn=_die_with_parent)
         except OSError as exc:
             self.error = f"cannot start modelyard serve on this node: {exc}"
             self._started.set()

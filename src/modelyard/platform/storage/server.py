@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import errno
 import os
 import signal
@@ -16,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from modelyard.forked import die_with_parent
 from modelyard.platform.api import http_limits
 
 ENV = "STORAGE_EMULATOR_HOST"
@@ -100,6 +100,13 @@ READ_BUFSIZE = 1 << 20
 READY_LINE = b"modelyard storage: Cloud Storage JSON API on"  # printed once it listens
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the platform dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
 
 def start_process(root: Path, host: str, port: int, token: str | None, tls_args: list[str],
                   log_path: Path, timeout: float = 30.0) -> subprocess.Popen:
@@ -116,7 +123,7 @@ def start_process(root: Path, host: str, port: int, token: str | None, tls_args:
     log = open(log_path, "ab")
     offset = log.tell()  # the log is appended to across restarts: only this start's lines count
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                            preexec_fn=_die_with_parent)
     log.close()
     deadline = time.monotonic() + timeout
     # Ready when the process itself says it listens (a connect could reach another socket on that port).
